@@ -1,0 +1,20 @@
+//! Database migrations for stagehand.
+//!
+//! The same migrations run on SQLite (the embedded default) and on PostgreSQL
+//! (production), so they are written with the portable sea-query schema
+//! builder only: no raw SQL. `Migrator::up` brings a database to the current
+//! schema; `Migrator::down` removes everything the migrations created.
+
+pub use sea_orm_migration::prelude::*;
+
+mod m20261130_000001_init;
+
+/// Every migration of the project, oldest first.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261130_000001_init::Migration)]
+    }
+}

@@ -1,0 +1,400 @@
+//! stagehand's sea-orm entities (`src/store/entities`) agree with the schema
+//! these migrations build, on SQLite and, when `STAGEHAND_TEST_POSTGRES_URL`
+//! is set, on PostgreSQL.
+//!
+//! The entity files are compiled here by path (they depend on sea-orm only),
+//! so a column added to one side and not the other, or a Rust type the
+//! database cannot decode (PostgreSQL's `integer` is not an `i64`), fails this
+//! test rather than a request at an event. For every table: the entity has as
+//! many columns as the table, and a row with every nullable column set and a
+//! row with every nullable column empty are written and read back unchanged.
+
+mod common;
+
+#[path = "../../src/store/entities/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod entities;
+
+use common::{err, on_postgres, on_sqlite, TestResult};
+use entities::{
+    experiences, idempotency_records, results, sagas, score_attempts, sessions, terminal_events,
+    terminals,
+};
+use migration::{Migrator, MigratorTrait};
+use sea_orm::entity::prelude::*;
+use sea_orm::{ActiveValue::NotSet, DbBackend, IntoActiveModel, Iterable, Set, Statement};
+
+const T0: i64 = 1_764_500_000_123;
+
+/// Number of columns of `table` in the database.
+async fn table_columns(db: &DatabaseConnection, table: &str) -> Result<i64, String> {
+    let stmt = match db.get_database_backend() {
+        DbBackend::Sqlite => Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            "SELECT COUNT(*) AS n FROM pragma_table_info(?)",
+            [table.into()],
+        ),
+        backend => Statement::from_sql_and_values(
+            backend,
+            "SELECT COUNT(*) AS n FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name = $1",
+            [table.into()],
+        ),
+    };
+    let row = db
+        .query_one_raw(stmt)
+        .await
+        .map_err(err("count columns"))?
+        .ok_or("no count row")?;
+    row.try_get("", "n").map_err(err("column count"))
+}
+
+/// The entity declares exactly the table's columns (names are checked by the
+/// round trips, which write and read every entity column).
+async fn same_column_count<E: EntityTrait + Default>(db: &DatabaseConnection) -> TestResult {
+    let table = E::default().table_name().to_owned();
+    let in_entity = E::Column::iter().count() as i64;
+    let in_table = table_columns(db, &table).await?;
+    if in_entity != in_table {
+        return Err(format!(
+            "{table}: entity has {in_entity} columns, table has {in_table}"
+        ));
+    }
+    Ok(())
+}
+
+/// Inserts `$model` (all fields set) and reads it back by `$id`.
+macro_rules! round_trip {
+    ($db:expr, $module:ident, $model:expr, $id:expr) => {{
+        let model: $module::Model = $model;
+        $module::Entity::insert(model.clone().into_active_model())
+            .exec($db)
+            .await
+            .map_err(err(concat!("insert ", stringify!($module))))?;
+        let back = $module::Entity::find_by_id($id)
+            .one($db)
+            .await
+            .map_err(err(concat!("select ", stringify!($module))))?
+            .ok_or(concat!(stringify!($module), ": row not found"))?;
+        if back != model {
+            return Err(format!(
+                "{} round trip:\n wrote {model:?}\n read  {back:?}",
+                stringify!($module)
+            ));
+        }
+    }};
+}
+
+fn uuid(n: u32) -> String {
+    format!("00000000-0000-4000-8000-{n:012}")
+}
+
+async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
+    let db = &db;
+    Migrator::up(db, None).await.map_err(err("migrate"))?;
+
+    same_column_count::<experiences::Entity>(db).await?;
+    same_column_count::<terminals::Entity>(db).await?;
+    same_column_count::<sessions::Entity>(db).await?;
+    same_column_count::<sagas::Entity>(db).await?;
+    same_column_count::<score_attempts::Entity>(db).await?;
+    same_column_count::<results::Entity>(db).await?;
+    same_column_count::<terminal_events::Entity>(db).await?;
+    same_column_count::<idempotency_records::Entity>(db).await?;
+
+    // experiences
+    let (exp_full, exp_min) = (uuid(1), uuid(2));
+    round_trip!(
+        db,
+        experiences,
+        experiences::Model {
+            id: exp_full.clone(),
+            slug: "comic-booth".into(),
+            title: "Comic booth".into(),
+            kind: "comic".into(),
+            ai_calls: 4,
+            min_success: Some(3),
+            max_in_flight: 8,
+            credits: Some(5_000_000_000),
+            closes_at_ms: Some(T0 + 3_600_000),
+            created_at_ms: T0,
+        },
+        exp_full.clone()
+    );
+    round_trip!(
+        db,
+        experiences,
+        experiences::Model {
+            id: exp_min.clone(),
+            slug: "score-booth".into(),
+            title: "Score booth".into(),
+            kind: "score".into(),
+            ai_calls: 1,
+            min_success: None,
+            max_in_flight: 5,
+            credits: None,
+            closes_at_ms: None,
+            created_at_ms: T0,
+        },
+        exp_min.clone()
+    );
+
+    // terminals
+    let terminal = uuid(10);
+    round_trip!(
+        db,
+        terminals,
+        terminals::Model {
+            id: terminal.clone(),
+            experience_id: exp_full.clone(),
+            name: "Booth A".into(),
+            token: "terminal-secret".into(),
+            last_seq: 9_000_000_000,
+            created_at_ms: T0,
+        },
+        terminal.clone()
+    );
+
+    // sessions
+    let (session_full, session_min) = (uuid(20), uuid(21));
+    round_trip!(
+        db,
+        sessions,
+        sessions::Model {
+            id: session_full.clone(),
+            experience_id: exp_full.clone(),
+            terminal_id: Some(terminal.clone()),
+            nickname: "Ada".into(),
+            participant_token: "token-1".into(),
+            status: "ABORTED".into(),
+            abort_reason: Some("AI_FAILED".into()),
+            created_at_ms: T0,
+            updated_at_ms: T0 + 1,
+        },
+        session_full.clone()
+    );
+    round_trip!(
+        db,
+        sessions,
+        sessions::Model {
+            id: session_min.clone(),
+            experience_id: exp_min.clone(),
+            terminal_id: None,
+            nickname: "Grace".into(),
+            participant_token: "token-2".into(),
+            status: "OPEN".into(),
+            abort_reason: None,
+            created_at_ms: T0,
+            updated_at_ms: T0,
+        },
+        session_min.clone()
+    );
+
+    // sagas
+    let (saga_full, saga_min) = (uuid(30), uuid(31));
+    round_trip!(
+        db,
+        sagas,
+        sagas::Model {
+            id: saga_full.clone(),
+            session_id: session_full.clone(),
+            experience_id: exp_full.clone(),
+            step: "RANKING_DONE".into(),
+            prompt: "a cat on the moon, in four panels".into(),
+            participant_score: Some(12.25),
+            lock_token: Some(uuid(300)),
+            locked_until_ms: Some(T0 + 60_000),
+            attempts: 2,
+            recoveries: 1,
+            unavailable_streak: 3,
+            next_attempt_at_ms: T0 + 500,
+            ai_base_key: uuid(301),
+            ai_job_id: Some("job-42".into()),
+            ai_submitted_at_ms: Some(T0 + 10),
+            content: Some(r#"[{"type":"image","url":"https://x/1.png"}]"#.into()),
+            ai_score: Some(0.75),
+            score: Some(12.25),
+            score_attempt_id: Some(uuid(40)),
+            rank: Some(1),
+            abort_reason: Some("AI_TIMEOUT".into()),
+            abort_detail: Some("attempt 3 timed out".into()),
+            deadline_at_ms: T0 + 900_000,
+            created_at_ms: T0,
+            updated_at_ms: T0 + 2,
+        },
+        saga_full.clone()
+    );
+    round_trip!(
+        db,
+        sagas,
+        sagas::Model {
+            id: saga_min.clone(),
+            session_id: session_min.clone(),
+            experience_id: exp_min.clone(),
+            step: "AI_PENDING".into(),
+            prompt: "p".into(),
+            participant_score: None,
+            lock_token: None,
+            locked_until_ms: None,
+            attempts: 0,
+            recoveries: 0,
+            unavailable_streak: 0,
+            next_attempt_at_ms: T0,
+            ai_base_key: uuid(302),
+            ai_job_id: None,
+            ai_submitted_at_ms: None,
+            content: None,
+            ai_score: None,
+            score: None,
+            score_attempt_id: None,
+            rank: None,
+            abort_reason: None,
+            abort_detail: None,
+            deadline_at_ms: T0 + 900_000,
+            created_at_ms: T0,
+            updated_at_ms: T0,
+        },
+        saga_min.clone()
+    );
+
+    // score_attempts
+    let attempt = uuid(40);
+    round_trip!(
+        db,
+        score_attempts,
+        score_attempts::Model {
+            id: attempt.clone(),
+            experience_id: exp_full.clone(),
+            session_id: session_full.clone(),
+            saga_id: saga_full.clone(),
+            nickname: "Ada".into(),
+            score: 12.25,
+            created_at_ms: T0,
+        },
+        attempt.clone()
+    );
+    // One ranking entry per session.
+    let second = score_attempts::Model {
+        id: uuid(41),
+        experience_id: exp_full.clone(),
+        session_id: session_full.clone(),
+        saga_id: saga_full.clone(),
+        nickname: "Ada".into(),
+        score: 99.0,
+        created_at_ms: T0,
+    };
+    if score_attempts::Entity::insert(second.into_active_model())
+        .exec(db)
+        .await
+        .is_ok()
+    {
+        return Err("a second ranking entry for the same session was accepted".into());
+    }
+
+    // results
+    let (result_full, result_min) = (uuid(50), uuid(51));
+    round_trip!(
+        db,
+        results,
+        results::Model {
+            id: result_full.clone(),
+            saga_id: saga_full.clone(),
+            session_id: session_full.clone(),
+            content: r#"[{"type":"text","text":"hi"}]"#.into(),
+            score: Some(12.25),
+            rank: Some(1),
+            created_at_ms: T0,
+        },
+        result_full.clone()
+    );
+    round_trip!(
+        db,
+        results,
+        results::Model {
+            id: result_min.clone(),
+            saga_id: saga_min.clone(),
+            session_id: session_min.clone(),
+            content: "[]".into(),
+            score: None,
+            rank: None,
+            created_at_ms: T0,
+        },
+        result_min.clone()
+    );
+
+    // terminal_events: the id comes from the database.
+    let mut ids = Vec::new();
+    for (seq, saga) in [(1i64, &saga_full), (2, &saga_min)] {
+        let event = terminal_events::ActiveModel {
+            id: NotSet,
+            terminal_id: Set(terminal.clone()),
+            seq: Set(seq),
+            session_id: Set(session_full.clone()),
+            saga_id: Set(saga.clone()),
+            event_type: Set("session.completed".into()),
+            payload: Set(r#"{"type":"session.completed"}"#.into()),
+            created_at_ms: Set(T0 + seq),
+        };
+        let inserted = terminal_events::Entity::insert(event)
+            .exec(db)
+            .await
+            .map_err(err("insert terminal event"))?;
+        let back = terminal_events::Entity::find_by_id(inserted.last_insert_id)
+            .one(db)
+            .await
+            .map_err(err("select terminal event"))?
+            .ok_or("terminal event not found by its generated id")?;
+        if back.seq != seq || back.saga_id != *saga || back.created_at_ms != T0 + seq {
+            return Err(format!("terminal event read back wrong: {back:?}"));
+        }
+        ids.push(inserted.last_insert_id);
+    }
+    if ids[0] < 1 || ids[1] <= ids[0] {
+        return Err(format!("terminal event ids do not increase: {ids:?}"));
+    }
+
+    // idempotency_records: composite primary key.
+    let scope = "session:token-1".to_owned();
+    round_trip!(
+        db,
+        idempotency_records,
+        idempotency_records::Model {
+            scope: scope.clone(),
+            key: "k".repeat(255),
+            request_hash: "ab".repeat(32),
+            state: "COMPLETED".into(),
+            response_status: Some(202),
+            response_body: Some(r#"{"status":"SUBMITTING"}"#.into()),
+            created_at_ms: T0,
+            expires_at_ms: T0 + 86_400_000,
+        },
+        (scope.clone(), "k".repeat(255))
+    );
+    round_trip!(
+        db,
+        idempotency_records,
+        idempotency_records::Model {
+            scope: scope.clone(),
+            key: "other".into(),
+            request_hash: "cd".repeat(32),
+            state: "IN_PROGRESS".into(),
+            response_status: None,
+            response_body: None,
+            created_at_ms: T0,
+            expires_at_ms: T0 + 86_400_000,
+        },
+        (scope.clone(), "other".to_owned())
+    );
+
+    Ok(())
+}
+
+#[tokio::test]
+async fn sqlite_entities_match_schema() {
+    on_sqlite(entities_match_schema).await;
+}
+
+#[tokio::test]
+async fn postgres_entities_match_schema() {
+    on_postgres(entities_match_schema).await;
+}

@@ -1,0 +1,319 @@
+//! Migrations run up, down and up again on a fresh SQLite file, and on a fresh
+//! PostgreSQL database when `STAGEHAND_TEST_POSTGRES_URL` is set (an admin URL,
+//! e.g. `postgres://postgres@127.0.0.1:5432/postgres`; the test creates a
+//! database with a random name through it and drops it afterwards).
+//!
+//! Besides "it runs", the test checks what the rest of stagehand relies on:
+//! every table exists after `up` and none after `down`, the outbox id
+//! auto-increments on both databases, and the unique indexes and foreign keys
+//! really reject what they must.
+
+mod common;
+
+use common::{err, on_postgres, on_sqlite, with_database, TestResult};
+use migration::{Migrator, MigratorTrait, SchemaManager};
+use sea_orm_migration::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use sea_orm_migration::sea_query::{Expr, InsertStatement, Order, Query};
+
+const TABLES: [&str; 8] = [
+    "experiences",
+    "terminals",
+    "sessions",
+    "sagas",
+    "score_attempts",
+    "results",
+    "terminal_events",
+    "idempotency_records",
+];
+
+const EXPERIENCE_ID: &str = "00000000-0000-4000-8000-000000000001";
+const TERMINAL_ID: &str = "00000000-0000-4000-8000-000000000002";
+const SESSION_ID: &str = "00000000-0000-4000-8000-000000000003";
+
+async fn assert_tables(db: &DatabaseConnection, present: bool) -> TestResult {
+    let manager = SchemaManager::new(db);
+    for table in TABLES {
+        let has = manager.has_table(table).await.map_err(err("has_table"))?;
+        if has != present {
+            return Err(format!(
+                "table {table}: expected present={present}, found present={has}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn insert_event(seq: i64, saga_id: &str, terminal_id: &str) -> InsertStatement {
+    Query::insert()
+        .into_table("terminal_events")
+        .columns([
+            "terminal_id",
+            "seq",
+            "session_id",
+            "saga_id",
+            "event_type",
+            "payload",
+            "created_at_ms",
+        ])
+        .values_panic([
+            terminal_id.into(),
+            seq.into(),
+            SESSION_ID.into(),
+            saga_id.into(),
+            "session.completed".into(),
+            "{}".into(),
+            1_700_000_000_000i64.into(),
+        ])
+        .to_owned()
+}
+
+/// Inserts the parents an outbox row needs (an experience and a terminal).
+async fn insert_parents(db: &DatabaseConnection) -> TestResult {
+    db.execute(
+        Query::insert()
+            .into_table("experiences")
+            .columns(["id", "slug", "title", "kind", "created_at_ms"])
+            .values_panic([
+                EXPERIENCE_ID.into(),
+                "comic-booth".into(),
+                "Comic booth".into(),
+                "comic".into(),
+                1_700_000_000_000i64.into(),
+            ]),
+    )
+    .await
+    .map_err(err("insert experience"))?;
+    db.execute(
+        Query::insert()
+            .into_table("terminals")
+            .columns(["id", "experience_id", "name", "token", "created_at_ms"])
+            .values_panic([
+                TERMINAL_ID.into(),
+                EXPERIENCE_ID.into(),
+                "Booth A".into(),
+                "secret".into(),
+                1_700_000_000_000i64.into(),
+            ]),
+    )
+    .await
+    .map_err(err("insert terminal"))?;
+
+    // Column defaults are applied.
+    let row = db
+        .query_one(
+            Query::select()
+                .columns(["ai_calls", "max_in_flight"])
+                .from("experiences"),
+        )
+        .await
+        .map_err(err("select experience"))?
+        .ok_or("experience row missing")?;
+    let ai_calls: i32 = row.try_get("", "ai_calls").map_err(err("ai_calls"))?;
+    let max_in_flight: i32 = row
+        .try_get("", "max_in_flight")
+        .map_err(err("max_in_flight"))?;
+    if (ai_calls, max_in_flight) != (1, 5) {
+        return Err(format!(
+            "defaults: ai_calls={ai_calls} max_in_flight={max_in_flight}, expected 1 and 5"
+        ));
+    }
+    let row = db
+        .query_one(Query::select().column("last_seq").from("terminals"))
+        .await
+        .map_err(err("select terminal"))?
+        .ok_or("terminal row missing")?;
+    let last_seq: i64 = row.try_get("", "last_seq").map_err(err("last_seq"))?;
+    if last_seq != 0 {
+        return Err(format!("default last_seq={last_seq}, expected 0"));
+    }
+    Ok(())
+}
+
+/// Two outbox rows get increasing ids without the id being given; the
+/// unique indexes and the terminal foreign key reject bad rows.
+async fn check_outbox(db: &DatabaseConnection) -> TestResult {
+    insert_parents(db).await?;
+
+    let saga_a = "00000000-0000-4000-8000-00000000000a";
+    let saga_b = "00000000-0000-4000-8000-00000000000b";
+    // The first insert asks for the generated id back (RETURNING works on
+    // PostgreSQL and on the bundled SQLite), the second does not.
+    let returned = db
+        .query_one(insert_event(1, saga_a, TERMINAL_ID).returning_col("id"))
+        .await
+        .map_err(err("insert event 1"))?
+        .ok_or("RETURNING gave no row")?;
+    let returned_id: i64 = returned.try_get("", "id").map_err(err("returned id"))?;
+    db.execute(&insert_event(2, saga_b, TERMINAL_ID))
+        .await
+        .map_err(err("insert event 2"))?;
+
+    let rows = db
+        .query_all(
+            Query::select()
+                .column("id")
+                .from("terminal_events")
+                .order_by("seq", Order::Asc),
+        )
+        .await
+        .map_err(err("select events"))?;
+    let ids = rows
+        .iter()
+        .map(|r| r.try_get::<i64>("", "id"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err("event id"))?;
+    if ids.len() != 2 || ids[0] != returned_id || ids[0] < 1 || ids[1] <= ids[0] {
+        return Err(format!(
+            "outbox ids do not auto-increment: {ids:?} (returned {returned_id})"
+        ));
+    }
+
+    // (terminal_id, seq) is unique.
+    if db
+        .execute(&insert_event(
+            2,
+            "00000000-0000-4000-8000-00000000000c",
+            TERMINAL_ID,
+        ))
+        .await
+        .is_ok()
+    {
+        return Err("duplicate (terminal_id, seq) was accepted".into());
+    }
+    // One terminal event per saga.
+    if db
+        .execute(&insert_event(3, saga_a, TERMINAL_ID))
+        .await
+        .is_ok()
+    {
+        return Err("second event for the same saga was accepted".into());
+    }
+    // The terminal must exist (SQLite enforces foreign keys on sqlx connections).
+    if db
+        .execute(&insert_event(
+            4,
+            "00000000-0000-4000-8000-00000000000d",
+            "00000000-0000-4000-8000-0000000000ff",
+        ))
+        .await
+        .is_ok()
+    {
+        return Err("event for an unknown terminal was accepted".into());
+    }
+    // Duplicate experience slug.
+    if db
+        .execute(
+            Query::insert()
+                .into_table("experiences")
+                .columns(["id", "slug", "title", "kind", "created_at_ms"])
+                .values_panic([
+                    "00000000-0000-4000-8000-0000000000e1".into(),
+                    "comic-booth".into(),
+                    "Again".into(),
+                    "comic".into(),
+                    Expr::val(1i64),
+                ]),
+        )
+        .await
+        .is_ok()
+    {
+        return Err("duplicate experience slug was accepted".into());
+    }
+    Ok(())
+}
+
+/// The outbox id is a real auto-increment column on each backend.
+async fn check_outbox_id_column(db: &DatabaseConnection) -> TestResult {
+    match db.get_database_backend() {
+        DbBackend::Sqlite => {
+            let row = db
+                .query_one_raw(Statement::from_string(
+                    DbBackend::Sqlite,
+                    "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'terminal_events'",
+                ))
+                .await
+                .map_err(err("sqlite_master"))?
+                .ok_or("terminal_events missing from sqlite_master")?;
+            let sql: String = row.try_get("", "sql").map_err(err("sql"))?;
+            // `integer PRIMARY KEY` makes the column the rowid alias.
+            if !sql.contains(r#""id" integer NOT NULL PRIMARY KEY AUTOINCREMENT"#) {
+                return Err(format!("terminal_events.id is not a rowid alias: {sql}"));
+            }
+        }
+        DbBackend::Postgres => {
+            let row = db
+                .query_one_raw(Statement::from_string(
+                    DbBackend::Postgres,
+                    "SELECT data_type, column_default, is_identity FROM information_schema.columns \
+                     WHERE table_name = 'terminal_events' AND column_name = 'id'",
+                ))
+                .await
+                .map_err(err("information_schema"))?
+                .ok_or("terminal_events.id missing")?;
+            let data_type: String = row.try_get("", "data_type").map_err(err("data_type"))?;
+            let default: Option<String> = row
+                .try_get("", "column_default")
+                .map_err(err("column_default"))?;
+            let identity: String = row.try_get("", "is_identity").map_err(err("is_identity"))?;
+            let generated =
+                identity == "YES" || default.as_deref().is_some_and(|d| d.starts_with("nextval"));
+            if data_type != "bigint" || !generated {
+                return Err(format!(
+                    "terminal_events.id: type {data_type}, default {default:?}, identity {identity}"
+                ));
+            }
+        }
+        other => return Err(format!("unexpected backend {other:?}")),
+    }
+    Ok(())
+}
+
+/// up, checks, down, up again, checks again.
+async fn up_down_up(db: &DatabaseConnection) -> TestResult {
+    Migrator::up(db, None).await.map_err(err("first up"))?;
+    assert_tables(db, true).await?;
+    check_outbox_id_column(db).await?;
+    check_outbox(db).await?;
+
+    Migrator::down(db, None).await.map_err(err("down"))?;
+    assert_tables(db, false).await?;
+
+    Migrator::up(db, None).await.map_err(err("second up"))?;
+    assert_tables(db, true).await?;
+    check_outbox(db).await?;
+
+    // Nothing left pending.
+    let pending = Migrator::get_pending_migrations(db)
+        .await
+        .map_err(err("pending"))?;
+    if !pending.is_empty() {
+        return Err(format!("{} migrations still pending", pending.len()));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn sqlite_up_down_up() {
+    on_sqlite(|db| async move { up_down_up(&db).await }).await;
+}
+
+#[tokio::test]
+async fn postgres_up_down_up() {
+    on_postgres(|db| async move { up_down_up(&db).await }).await;
+}
+
+#[test]
+fn with_database_replaces_only_the_path() {
+    assert_eq!(
+        with_database("postgres://postgres@127.0.0.1:5432/postgres", "x"),
+        "postgres://postgres@127.0.0.1:5432/x"
+    );
+    assert_eq!(
+        with_database("postgres://u:p@h/db?sslmode=disable", "x"),
+        "postgres://u:p@h/x?sslmode=disable"
+    );
+    assert_eq!(
+        with_database("postgres://h:5432", "x"),
+        "postgres://h:5432/x"
+    );
+}

@@ -1,0 +1,202 @@
+//! PersistenceActor: the short transactions of a saga, each fenced by the
+//! lock token. After a transaction that ends a saga commits, its outbox event
+//! goes to the [`TerminalHub`] for live delivery.
+
+use actix::prelude::*;
+
+use super::terminal_hub::{Publish, TerminalHub};
+use crate::clock::SharedClock;
+use crate::domain::failure::AiResult;
+use crate::domain::policy::{AttemptState, EpochMs};
+use crate::domain::saga::AbortReason;
+use crate::store::outbox::TerminalEvent;
+use crate::store::sagas::{Fence, RankedEntry};
+use crate::store::{Store, StoreResult};
+
+/// Extend the lease of a saga we hold.
+#[derive(Message)]
+#[rtype(result = "StoreResult<()>")]
+pub struct RenewLease {
+    pub saga_id: String,
+    pub token: String,
+}
+
+/// The provider accepted the job of the current attempt.
+#[derive(Message)]
+#[rtype(result = "StoreResult<()>")]
+pub struct RecordAiSubmitted {
+    pub saga_id: String,
+    pub token: String,
+    pub job_id: String,
+}
+
+/// AI_PENDING -> AI_DONE.
+#[derive(Message)]
+#[rtype(result = "StoreResult<()>")]
+pub struct RecordAiDone {
+    pub saga_id: String,
+    pub token: String,
+    pub result: AiResult,
+}
+
+/// AI_DONE -> RANKING_DONE.
+#[derive(Message)]
+#[rtype(result = "StoreResult<()>")]
+pub struct RecordRankingDone {
+    pub saga_id: String,
+    pub token: String,
+    pub entry: Option<RankedEntry>,
+}
+
+/// Stay in AI_PENDING, release the lease, try again at `next_attempt_at`.
+#[derive(Message)]
+#[rtype(result = "StoreResult<()>")]
+pub struct ReleaseForRetry {
+    pub saga_id: String,
+    pub token: String,
+    pub state: AttemptState,
+    pub next_attempt_at: EpochMs,
+    pub attempt_counted: bool,
+}
+
+/// RANKING_DONE -> COMPLETED with result, session status and outbox event.
+#[derive(Message)]
+#[rtype(result = "StoreResult<()>")]
+pub struct Complete {
+    pub saga_id: String,
+    pub token: String,
+}
+
+/// Any non-final step -> ABORTED with session status and outbox event.
+/// `token: None` is the cleanup actor's abort of an unowned saga.
+#[derive(Message)]
+#[rtype(result = "StoreResult<()>")]
+pub struct Abort {
+    pub saga_id: String,
+    pub token: Option<String>,
+    pub reason: AbortReason,
+    pub detail: String,
+}
+
+pub struct PersistenceActor {
+    store: Store,
+    clock: SharedClock,
+    lease_ms: i64,
+    hub: Addr<TerminalHub>,
+}
+
+impl PersistenceActor {
+    pub fn new(store: Store, clock: SharedClock, lease_ms: i64, hub: Addr<TerminalHub>) -> Self {
+        PersistenceActor {
+            store,
+            clock,
+            lease_ms,
+            hub,
+        }
+    }
+
+    fn publish(hub: &Addr<TerminalHub>, event: Option<TerminalEvent>) {
+        if let Some(event) = event {
+            hub.do_send(Publish(event));
+        }
+    }
+}
+
+impl Actor for PersistenceActor {
+    type Context = Context<Self>;
+}
+
+type Reply<T> = ResponseFuture<StoreResult<T>>;
+
+impl Handler<RenewLease> for PersistenceActor {
+    type Result = Reply<()>;
+    fn handle(&mut self, m: RenewLease, _: &mut Context<Self>) -> Self::Result {
+        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
+        Box::pin(async move { store.renew_lease(&m.saga_id, &m.token, now, lease).await })
+    }
+}
+
+impl Handler<RecordAiSubmitted> for PersistenceActor {
+    type Result = Reply<()>;
+    fn handle(&mut self, m: RecordAiSubmitted, _: &mut Context<Self>) -> Self::Result {
+        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
+        Box::pin(async move {
+            store
+                .record_ai_submitted(&m.saga_id, &m.token, &m.job_id, now, lease)
+                .await
+        })
+    }
+}
+
+impl Handler<RecordAiDone> for PersistenceActor {
+    type Result = Reply<()>;
+    fn handle(&mut self, m: RecordAiDone, _: &mut Context<Self>) -> Self::Result {
+        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
+        Box::pin(async move {
+            store
+                .record_ai_done(&m.saga_id, &m.token, &m.result, now, lease)
+                .await
+        })
+    }
+}
+
+impl Handler<RecordRankingDone> for PersistenceActor {
+    type Result = Reply<()>;
+    fn handle(&mut self, m: RecordRankingDone, _: &mut Context<Self>) -> Self::Result {
+        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
+        Box::pin(async move {
+            store
+                .record_ranking_done(&m.saga_id, &m.token, m.entry, now, lease)
+                .await
+        })
+    }
+}
+
+impl Handler<ReleaseForRetry> for PersistenceActor {
+    type Result = Reply<()>;
+    fn handle(&mut self, m: ReleaseForRetry, _: &mut Context<Self>) -> Self::Result {
+        let (store, now) = (self.store.clone(), self.clock.now_ms());
+        Box::pin(async move {
+            store
+                .release_for_retry(
+                    &m.saga_id,
+                    &m.token,
+                    m.state,
+                    m.next_attempt_at,
+                    m.attempt_counted,
+                    now,
+                )
+                .await
+        })
+    }
+}
+
+impl Handler<Complete> for PersistenceActor {
+    type Result = Reply<()>;
+    fn handle(&mut self, m: Complete, _: &mut Context<Self>) -> Self::Result {
+        let (store, now, hub) = (self.store.clone(), self.clock.now_ms(), self.hub.clone());
+        Box::pin(async move {
+            let event = store.complete(&m.saga_id, &m.token, now).await?;
+            Self::publish(&hub, event);
+            Ok(())
+        })
+    }
+}
+
+impl Handler<Abort> for PersistenceActor {
+    type Result = Reply<()>;
+    fn handle(&mut self, m: Abort, _: &mut Context<Self>) -> Self::Result {
+        let (store, now, hub) = (self.store.clone(), self.clock.now_ms(), self.hub.clone());
+        Box::pin(async move {
+            let fence = match &m.token {
+                Some(token) => Fence::Token(token),
+                None => Fence::Unowned,
+            };
+            let event = store
+                .abort(&m.saga_id, fence, m.reason, &m.detail, now)
+                .await?;
+            Self::publish(&hub, event);
+            Ok(())
+        })
+    }
+}

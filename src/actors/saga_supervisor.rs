@@ -1,0 +1,373 @@
+//! SagaSupervisor: one per running saga. Drives it step by step by sending
+//! one message per step to the AI, Ranking and Persistence actors, renews its
+//! lease while it waits, and ends with a terminal event. It holds no
+//! transaction across a step: every step is read -> outside I/O with no
+//! transaction -> one short fenced write. On `LeaseLost` it stops quietly.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use uuid::Uuid;
+
+use super::ai::{AiActor, PollJob, SubmitJob};
+use super::dispatcher::{Dispatcher, WakeAt};
+use super::persistence::{
+    Abort, Complete, PersistenceActor, RecordAiDone, RecordAiSubmitted, RecordRankingDone,
+    ReleaseForRetry, RenewLease,
+};
+use super::ranking::{RankingActor, RegisterScore};
+use crate::ai::{JobOrder, JobStatus, JobView};
+use crate::clock::SharedClock;
+use crate::domain::failure::{AiFailure, AiResult};
+use crate::domain::keys::ai_attempt_key;
+use crate::domain::policy::{AfterFailure, AttemptState, RetryPolicy};
+use crate::domain::saga::{AbortReason, Step};
+use crate::store::entities::sagas;
+use crate::store::sagas::step_of;
+use crate::store::{Store, StoreError};
+
+/// What every supervisor needs; cloned into each.
+#[derive(Clone)]
+pub struct SagaDeps {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub ai: Addr<AiActor>,
+    pub ranking: Addr<RankingActor>,
+    pub persistence: Addr<PersistenceActor>,
+    pub settings: Arc<SagaSettings>,
+}
+
+/// Timing and policy of a saga, from configuration.
+#[derive(Debug, Clone)]
+pub struct SagaSettings {
+    pub lease: Duration,
+    pub ai_timeout: Duration,
+    pub ai_poll_interval: Duration,
+    pub retry: RetryPolicy,
+}
+
+/// Why a supervisor stopped before the saga ended.
+#[derive(Debug, thiserror::Error)]
+enum Stop {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("actor mailbox: {0}")]
+    Mailbox(#[from] MailboxError),
+}
+
+pub struct SagaSupervisor {
+    saga: Option<sagas::Model>,
+    token: String,
+    deps: SagaDeps,
+    dispatcher: Addr<Dispatcher>,
+}
+
+impl SagaSupervisor {
+    /// `saga` must be a row just claimed (it carries our lock token).
+    pub fn new(saga: sagas::Model, deps: SagaDeps, dispatcher: Addr<Dispatcher>) -> Option<Self> {
+        let token = saga.lock_token.clone()?;
+        Some(SagaSupervisor {
+            saga: Some(saga),
+            token,
+            deps,
+            dispatcher,
+        })
+    }
+}
+
+impl Actor for SagaSupervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let Some(saga) = self.saga.take() else {
+            ctx.stop();
+            return;
+        };
+        let saga_id = saga.id.clone();
+        let renew_every = (self.deps.settings.lease / 3).max(Duration::from_millis(50));
+        ctx.run_interval(renew_every, move |act, ctx| {
+            let renew = act.deps.persistence.send(RenewLease {
+                saga_id: saga_id.clone(),
+                token: act.token.clone(),
+            });
+            ctx.spawn(renew.into_actor(act).map(|res, act, ctx| {
+                if let Ok(Err(e)) = res {
+                    if e.is_lease_lost() {
+                        tracing::info!(token = %act.token, "lease lost while waiting; stopping");
+                    } else {
+                        tracing::warn!(error = %e, "lease renewal failed");
+                    }
+                    // Without a renewed lease someone else may take over.
+                    if e.is_lease_lost() {
+                        ctx.stop();
+                    }
+                }
+            }));
+        });
+        let drive = drive(
+            saga,
+            self.token.clone(),
+            self.deps.clone(),
+            self.dispatcher.clone(),
+        );
+        ctx.spawn(drive.into_actor(self).map(|_, _, ctx| ctx.stop()));
+    }
+}
+
+/// Runs the saga from its recorded step to its end, or until it must wait
+/// (backoff) or the lease is lost.
+async fn drive(saga: sagas::Model, token: String, deps: SagaDeps, dispatcher: Addr<Dispatcher>) {
+    let saga_id = saga.id.clone();
+    match run(saga, &token, &deps, &dispatcher).await {
+        Ok(()) => {}
+        Err(Stop::Store(e)) if e.is_lease_lost() => {
+            tracing::info!(saga_id = %saga_id, "lease lost; another worker owns this saga now");
+        }
+        Err(e) => {
+            // The lease will expire and the dispatcher resumes the saga.
+            tracing::error!(saga_id = %saga_id, error = %e, "saga step failed; it will be resumed after its lease expires");
+        }
+    }
+}
+
+async fn run(
+    mut saga: sagas::Model,
+    token: &str,
+    deps: &SagaDeps,
+    dispatcher: &Addr<Dispatcher>,
+) -> Result<(), Stop> {
+    loop {
+        match step_of(&saga)? {
+            Step::AiPending => match ai_attempt(&saga, token, deps).await? {
+                Ok(result) => {
+                    deps.persistence
+                        .send(RecordAiDone {
+                            saga_id: saga.id.clone(),
+                            token: token.to_owned(),
+                            result: result.clone(),
+                        })
+                        .await??;
+                    tracing::info!(saga_id = %saga.id, attempt = saga.attempts, "AI result recorded");
+                    saga.content = Some(serde_json::to_string(&result.content).unwrap_or_default());
+                    saga.ai_score = result.score;
+                    saga.step = Step::AiDone.as_str().to_owned();
+                }
+                Err(failure) => {
+                    return after_failure(&saga, token, failure, deps, dispatcher).await
+                }
+            },
+            Step::AiDone => {
+                let entry = match saga.participant_score.or(saga.ai_score) {
+                    Some(score) => {
+                        let session = deps
+                            .store
+                            .session(&saga.session_id)
+                            .await?
+                            .ok_or(StoreError::NotFound("session"))?;
+                        let registered = deps
+                            .ranking
+                            .send(RegisterScore {
+                                experience_id: saga.experience_id.clone(),
+                                session_id: saga.session_id.clone(),
+                                saga_id: saga.id.clone(),
+                                nickname: session.nickname,
+                                score,
+                            })
+                            .await?;
+                        match registered {
+                            Ok(entry) => Some(entry),
+                            Err(StoreError::Conflict(detail)) => {
+                                return abort(
+                                    &saga,
+                                    token,
+                                    AbortReason::RankingFailed,
+                                    detail,
+                                    deps,
+                                )
+                                .await;
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    None => None,
+                };
+                deps.persistence
+                    .send(RecordRankingDone {
+                        saga_id: saga.id.clone(),
+                        token: token.to_owned(),
+                        entry,
+                    })
+                    .await??;
+                saga.step = Step::RankingDone.as_str().to_owned();
+            }
+            Step::RankingDone => {
+                let done = deps
+                    .persistence
+                    .send(Complete {
+                        saga_id: saga.id.clone(),
+                        token: token.to_owned(),
+                    })
+                    .await?;
+                return match done {
+                    Ok(()) => {
+                        tracing::info!(saga_id = %saga.id, "saga COMPLETED");
+                        Ok(())
+                    }
+                    Err(StoreError::Transition(
+                        crate::domain::saga::TransitionError::Conflict { detail, .. },
+                    )) => abort(&saga, token, AbortReason::PersistFailed, detail, deps).await,
+                    Err(e) => Err(e.into()),
+                };
+            }
+            Step::Completed | Step::Aborted => return Ok(()),
+        }
+    }
+}
+
+/// One AI attempt: submit with the attempt's key (or pick up the job a
+/// previous worker already submitted), then poll until a final status or
+/// the attempt timeout. Outer error: we must stop; inner: the AI's answer.
+async fn ai_attempt(
+    saga: &sagas::Model,
+    token: &str,
+    deps: &SagaDeps,
+) -> Result<Result<AiResult, AiFailure>, Stop> {
+    let settings = &deps.settings;
+    let timeout_ms = settings.ai_timeout.as_millis() as i64;
+    let (job_id, submitted_at) = match (&saga.ai_job_id, saga.ai_submitted_at_ms) {
+        (Some(job_id), Some(at)) => (job_id.clone(), at),
+        _ => {
+            let base = Uuid::parse_str(&saga.ai_base_key).map_err(|e| {
+                StoreError::Corrupt(format!("ai_base_key of saga {}: {e}", saga.id))
+            })?;
+            let order = JobOrder {
+                kind: experience_kind(saga, deps).await?,
+                prompt: saga.prompt.clone(),
+                params: serde_json::json!({"session_id": saga.session_id}),
+                idempotency_key: ai_attempt_key(base, saga.attempts as u32),
+            };
+            let submitted_at = deps.clock.now_ms();
+            let view = match deps.ai.send(SubmitJob(order)).await? {
+                Ok(view) => view,
+                Err(failure) => return Ok(Err(failure)),
+            };
+            deps.persistence
+                .send(RecordAiSubmitted {
+                    saga_id: saga.id.clone(),
+                    token: token.to_owned(),
+                    job_id: view.job_id.clone(),
+                })
+                .await??;
+            tracing::info!(saga_id = %saga.id, job_id = %view.job_id, attempt = saga.attempts, "AI job submitted");
+            if let Some(outcome) = final_outcome(&view) {
+                return Ok(outcome);
+            }
+            (view.job_id, submitted_at)
+        }
+    };
+    loop {
+        tokio::time::sleep(settings.ai_poll_interval).await;
+        match deps.ai.send(PollJob(job_id.clone())).await? {
+            Ok(view) => {
+                if let Some(outcome) = final_outcome(&view) {
+                    return Ok(outcome);
+                }
+            }
+            Err(failure) => return Ok(Err(failure)),
+        }
+        if deps.clock.now_ms() - submitted_at > timeout_ms {
+            return Ok(Err(AiFailure::Timeout));
+        }
+    }
+}
+
+fn final_outcome(view: &JobView) -> Option<Result<AiResult, AiFailure>> {
+    let error = || {
+        view.error
+            .clone()
+            .unwrap_or_else(|| "no reason given".into())
+    };
+    match view.status {
+        JobStatus::Succeeded => Some(Ok(view.result.clone().unwrap_or_default())),
+        JobStatus::Failed => Some(Err(AiFailure::JobFailed(error()))),
+        JobStatus::Rejected => Some(Err(AiFailure::ContentRejected(error()))),
+        JobStatus::Queued | JobStatus::Running => None,
+    }
+}
+
+async fn experience_kind(saga: &sagas::Model, deps: &SagaDeps) -> Result<String, Stop> {
+    Ok(deps
+        .store
+        .experience_by_id(&saga.experience_id)
+        .await?
+        .ok_or(StoreError::NotFound("experience"))?
+        .kind)
+}
+
+/// Applies the retry policy to a failed attempt.
+async fn after_failure(
+    saga: &sagas::Model,
+    token: &str,
+    failure: AiFailure,
+    deps: &SagaDeps,
+    dispatcher: &Addr<Dispatcher>,
+) -> Result<(), Stop> {
+    let before = AttemptState {
+        attempts: saga.attempts as u32,
+        unavailable_streak: saga.unavailable_streak as u32,
+    };
+    let now = deps.clock.now_ms();
+    let jitter: f64 = rand::random();
+    match deps
+        .settings
+        .retry
+        .after_failure(&failure, before, now, saga.deadline_at_ms, jitter)
+    {
+        AfterFailure::Abort { reason, detail } => abort(saga, token, reason, detail, deps).await,
+        AfterFailure::RetryLater {
+            state,
+            next_attempt_at,
+        } => {
+            let attempt_counted = state.attempts > before.attempts;
+            tracing::warn!(
+                saga_id = %saga.id, %failure, attempts = state.attempts, in_ms = next_attempt_at - now,
+                "AI attempt failed; retrying later"
+            );
+            deps.persistence
+                .send(ReleaseForRetry {
+                    saga_id: saga.id.clone(),
+                    token: token.to_owned(),
+                    state,
+                    next_attempt_at,
+                    attempt_counted,
+                })
+                .await??;
+            dispatcher.do_send(WakeAt(next_attempt_at));
+            Ok(())
+        }
+    }
+}
+
+async fn abort(
+    saga: &sagas::Model,
+    token: &str,
+    reason: AbortReason,
+    detail: String,
+    deps: &SagaDeps,
+) -> Result<(), Stop> {
+    if reason == AbortReason::InputRejected {
+        tracing::warn!(saga_id = %saga.id, %reason, %detail, "saga ABORTED: input rejected by moderation");
+    } else {
+        tracing::error!(saga_id = %saga.id, %reason, %detail, "saga ABORTED");
+    }
+    deps.persistence
+        .send(Abort {
+            saga_id: saga.id.clone(),
+            token: Some(token.to_owned()),
+            reason,
+            detail,
+        })
+        .await??;
+    Ok(())
+}

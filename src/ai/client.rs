@@ -1,0 +1,511 @@
+//! Client of the AI provider's job API (DESIGN.md "The AI provider"): submit a
+//! job under an idempotency key, poll it by id. It owns the translation of every
+//! outside error (transport errors, HTTP statuses, malformed answers) into an
+//! [`AiFailure`], done in one place: [`classify`]. Job statuses `failed` and
+//! `rejected` are not errors here; the caller reads [`JobView::status`].
+
+use std::time::Duration;
+
+use reqwest::{RequestBuilder, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use crate::domain::failure::{AiFailure, AiResult};
+
+/// Everything needed to submit one AI job. The same `idempotency_key` always
+/// designates the same job at the provider.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobOrder {
+    pub kind: String,
+    pub prompt: String,
+    pub params: serde_json::Value,
+    pub idempotency_key: uuid::Uuid,
+}
+
+/// Status of a job as the provider reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Rejected,
+}
+
+impl JobStatus {
+    /// True when the job will not change any more.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobStatus::Succeeded | JobStatus::Failed | JobStatus::Rejected
+        )
+    }
+}
+
+/// A job as the provider answers it to a submit or a poll.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobView {
+    pub job_id: String,
+    pub status: JobStatus,
+    #[serde(default)]
+    pub result: Option<AiResult>,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// Body of `POST /v1/jobs`.
+#[derive(Serialize)]
+struct SubmitBody<'a> {
+    kind: &'a str,
+    prompt: &'a str,
+    params: &'a serde_json::Value,
+}
+
+/// Cheap clonable client of one provider's job API.
+#[derive(Debug, Clone)]
+pub struct AiClient {
+    http: reqwest::Client,
+    /// Provider base URL without a trailing slash, e.g. `http://127.0.0.1:9000`.
+    base_url: String,
+}
+
+impl AiClient {
+    /// `connect_timeout` bounds establishing the connection, `request_timeout`
+    /// one whole HTTP exchange (not a whole job: that is the caller's
+    /// `AI_TIMEOUT`).
+    pub fn new(base_url: &str, connect_timeout: Duration, request_timeout: Duration) -> Self {
+        ensure_crypto_provider();
+        let http = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .timeout(request_timeout)
+            // The job API never redirects; a redirect is a misconfigured URL and
+            // is reported as such instead of being followed.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("the AI HTTP client configuration is static and valid");
+        Self {
+            http,
+            base_url: base_url.trim_end_matches('/').to_owned(),
+        }
+    }
+
+    /// The provider base URL this client talks to.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// POST {base}/v1/jobs with header Idempotency-Key, body {"kind","prompt","params"}.
+    pub async fn submit(&self, order: &JobOrder) -> Result<JobView, AiFailure> {
+        let body = SubmitBody {
+            kind: &order.kind,
+            prompt: &order.prompt,
+            params: &order.params,
+        };
+        let request = self
+            .http
+            .post(format!("{}/v1/jobs", self.base_url))
+            .header("Idempotency-Key", order.idempotency_key.to_string())
+            .json(&body);
+        exchange(request).await
+    }
+
+    /// GET {base}/v1/jobs/{job_id}
+    pub async fn poll(&self, job_id: &str) -> Result<JobView, AiFailure> {
+        let request = self.http.get(format!(
+            "{}/v1/jobs/{}",
+            self.base_url,
+            path_segment(job_id)
+        ));
+        exchange(request).await
+    }
+}
+
+/// reqwest is built with `rustls-no-provider`: building a client without a
+/// process-wide crypto provider would panic. Installs ring unless some provider
+/// is already installed (by `main` or an earlier client); losing a race against
+/// another installer is fine.
+fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters, so a job id
+/// from the provider stays one path segment.
+fn path_segment(raw: &str) -> String {
+    let mut encoded = String::with_capacity(raw.len());
+    for byte in raw.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// Sends one request and reads the whole answer; all interpretation is left to
+/// [`classify`].
+async fn exchange(request: RequestBuilder) -> Result<JobView, AiFailure> {
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(error) => return classify(Exchange::Transport(&error)),
+    };
+    let status = response.status();
+    match response.bytes().await {
+        Ok(body) => classify(Exchange::Answer {
+            status,
+            body: &String::from_utf8_lossy(&body),
+        }),
+        Err(error) => classify(Exchange::Transport(&error)),
+    }
+}
+
+/// What one HTTP exchange with the provider produced, before interpretation.
+enum Exchange<'a> {
+    /// No complete answer: bad URL, connect error, timeout, broken connection.
+    Transport(&'a reqwest::Error),
+    /// The provider answered with this status and body.
+    Answer { status: StatusCode, body: &'a str },
+}
+
+/// The one place where outside errors become [`AiFailure`] (DESIGN.md rule 6):
+/// connect error, timeout, broken connection, 5xx, 429 -> `Unavailable`;
+/// 422 `content_rejected` -> `ContentRejected`; any other 4xx, a bad URL, an
+/// unexpected status or a malformed 2xx answer -> `RequestRejected`.
+fn classify(exchange: Exchange<'_>) -> Result<JobView, AiFailure> {
+    match exchange {
+        Exchange::Transport(error) => {
+            let cause = root_cause(error);
+            Err(if error.is_builder() {
+                AiFailure::RequestRejected(format!("invalid request: {cause}"))
+            } else if error.is_timeout() {
+                AiFailure::Unavailable("no answer in time".to_owned())
+            } else if error.is_connect() {
+                AiFailure::Unavailable(format!("cannot connect: {cause}"))
+            } else {
+                AiFailure::Unavailable(format!("connection broken: {cause}"))
+            })
+        }
+        Exchange::Answer { status, body } => {
+            if status.is_success() {
+                return serde_json::from_str::<JobView>(body).map_err(|error| {
+                    AiFailure::RequestRejected(format!(
+                        "malformed provider answer (HTTP {}): {error}",
+                        status.as_u16()
+                    ))
+                });
+            }
+            let answer = ErrorAnswer::parse(body);
+            let described = answer.describe(status);
+            Err(
+                if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+                    AiFailure::Unavailable(described)
+                } else if status == StatusCode::UNPROCESSABLE_ENTITY
+                    && answer.error.as_deref() == Some("content_rejected")
+                {
+                    AiFailure::ContentRejected(
+                        answer
+                            .message
+                            .unwrap_or_else(|| "input blocked by moderation".to_owned()),
+                    )
+                } else if status.is_client_error() {
+                    AiFailure::RequestRejected(described)
+                } else {
+                    AiFailure::RequestRejected(format!("unexpected answer, {described}"))
+                },
+            )
+        }
+    }
+}
+
+/// The innermost error of a chain, which says what actually happened
+/// ("Connection refused") where the outer ones only say where.
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut current = error;
+    while let Some(source) = current.source() {
+        current = source;
+    }
+    current.to_string()
+}
+
+/// What a non-2xx answer says about itself, when it says anything.
+#[derive(Debug, Default)]
+struct ErrorAnswer {
+    error: Option<String>,
+    message: Option<String>,
+    /// Start of a body that is not the usual JSON error object.
+    raw: Option<String>,
+}
+
+impl ErrorAnswer {
+    const RAW_CHARS: usize = 80;
+
+    fn parse(body: &str) -> Self {
+        #[derive(Deserialize)]
+        struct Fields {
+            error: Option<serde_json::Value>,
+            message: Option<serde_json::Value>,
+        }
+        let as_text = |value: serde_json::Value| match value {
+            serde_json::Value::String(text) => text,
+            other => other.to_string(),
+        };
+        match serde_json::from_str::<Fields>(body) {
+            Ok(fields) => Self {
+                error: fields.error.map(as_text),
+                message: fields.message.map(as_text),
+                raw: None,
+            },
+            Err(_) => {
+                let trimmed = body.trim();
+                Self {
+                    raw: (!trimmed.is_empty())
+                        .then(|| trimmed.chars().take(Self::RAW_CHARS).collect()),
+                    ..Self::default()
+                }
+            }
+        }
+    }
+
+    /// "HTTP 404: not_found", "HTTP 503", ...
+    fn describe(&self, status: StatusCode) -> String {
+        let reason = self
+            .message
+            .as_deref()
+            .or(self.error.as_deref())
+            .or(self.raw.as_deref());
+        match reason {
+            Some(reason) => format!("HTTP {}: {reason}", status.as_u16()),
+            None => format!("HTTP {}", status.as_u16()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, body: &str) -> Result<JobView, AiFailure> {
+        let status = StatusCode::from_u16(status).expect("valid status in test");
+        classify(Exchange::Answer { status, body })
+    }
+
+    fn transport_failure(result: Result<JobView, AiFailure>) -> AiFailure {
+        result.expect_err("the exchange must fail")
+    }
+
+    fn client(base_url: &str) -> AiClient {
+        AiClient::new(
+            base_url,
+            Duration::from_millis(500),
+            Duration::from_millis(300),
+        )
+    }
+
+    #[test]
+    fn accepted_job_parses() {
+        let view = answer(202, r#"{"job_id":"job-1","status":"running"}"#).expect("parses");
+        assert_eq!(view.job_id, "job-1");
+        assert_eq!(view.status, JobStatus::Running);
+        assert!(view.result.is_none());
+        assert!(view.error.is_none());
+    }
+
+    #[test]
+    fn succeeded_job_with_result_parses() {
+        let body = r#"{"job_id":"job-2","status":"succeeded","result":{"content":[{"type":"image","url":"https://x/y.png","text":"t"}],"score":42}}"#;
+        let view = answer(200, body).expect("parses");
+        assert_eq!(view.status, JobStatus::Succeeded);
+        let result = view.result.expect("has a result");
+        assert_eq!(result.content.len(), 1);
+        assert_eq!(result.content[0].kind, "image");
+        assert_eq!(result.score, Some(42.0));
+    }
+
+    #[test]
+    fn failed_and_rejected_jobs_are_not_errors() {
+        let failed = answer(
+            200,
+            r#"{"job_id":"j","status":"failed","error":"generation failed"}"#,
+        )
+        .expect("a failed job is a valid answer");
+        assert_eq!(failed.status, JobStatus::Failed);
+        assert_eq!(failed.error.as_deref(), Some("generation failed"));
+        let rejected = answer(201, r#"{"job_id":"j","status":"rejected"}"#)
+            .expect("a rejected job is a valid answer");
+        assert_eq!(rejected.status, JobStatus::Rejected);
+    }
+
+    #[test]
+    fn malformed_success_answer_is_a_rejected_request() {
+        for body in [
+            "",
+            "not json",
+            r#"{"status":"running"}"#,
+            r#"{"job_id":"j","status":"exploded"}"#,
+        ] {
+            match answer(200, body) {
+                Err(AiFailure::RequestRejected(message)) => {
+                    assert!(message.contains("malformed"), "{message}")
+                }
+                other => panic!("body {body:?}: unexpected {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn server_errors_and_rate_limits_are_unavailable() {
+        for status in [500, 502, 503, 504, 429] {
+            match answer(status, r#"{"error":"unavailable"}"#) {
+                Err(AiFailure::Unavailable(message)) => {
+                    assert_eq!(message, format!("HTTP {status}: unavailable"))
+                }
+                other => panic!("HTTP {status}: unexpected {other:?}"),
+            }
+        }
+        assert_eq!(
+            answer(503, "").expect_err("fails"),
+            AiFailure::Unavailable("HTTP 503".to_owned())
+        );
+    }
+
+    #[test]
+    fn moderation_refusal_is_content_rejected() {
+        assert_eq!(
+            answer(
+                422,
+                r#"{"error":"content_rejected","message":"input blocked by moderation"}"#
+            )
+            .expect_err("fails"),
+            AiFailure::ContentRejected("input blocked by moderation".to_owned())
+        );
+        assert_eq!(
+            answer(422, r#"{"error":"content_rejected"}"#).expect_err("fails"),
+            AiFailure::ContentRejected("input blocked by moderation".to_owned())
+        );
+    }
+
+    #[test]
+    fn other_client_errors_are_rejected_requests() {
+        assert_eq!(
+            answer(422, r#"{"error":"bad_params"}"#).expect_err("fails"),
+            AiFailure::RequestRejected("HTTP 422: bad_params".to_owned())
+        );
+        assert_eq!(
+            answer(422, "<html>nope</html>").expect_err("fails"),
+            AiFailure::RequestRejected("HTTP 422: <html>nope</html>".to_owned())
+        );
+        assert_eq!(
+            answer(404, r#"{"error":"not_found"}"#).expect_err("fails"),
+            AiFailure::RequestRejected("HTTP 404: not_found".to_owned())
+        );
+        assert_eq!(
+            answer(400, "").expect_err("fails"),
+            AiFailure::RequestRejected("HTTP 400".to_owned())
+        );
+        assert!(matches!(
+            answer(401, r#"{"error":"unauthorized"}"#),
+            Err(AiFailure::RequestRejected(_))
+        ));
+    }
+
+    #[test]
+    fn unexpected_statuses_are_rejected_requests() {
+        match answer(302, "") {
+            Err(AiFailure::RequestRejected(message)) => {
+                assert_eq!(message, "unexpected answer, HTTP 302")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn long_error_bodies_are_cut() {
+        let body = "x".repeat(1000);
+        match answer(400, &body) {
+            Err(AiFailure::RequestRejected(message)) => assert!(message.len() < 100),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn job_ids_stay_one_path_segment() {
+        assert_eq!(path_segment("job-abc_1.2~"), "job-abc_1.2~");
+        assert_eq!(path_segment("a/b c?"), "a%2Fb%20c%3F");
+    }
+
+    #[test]
+    fn final_statuses() {
+        assert!(!JobStatus::Queued.is_final());
+        assert!(!JobStatus::Running.is_final());
+        assert!(JobStatus::Succeeded.is_final());
+        assert!(JobStatus::Failed.is_final());
+        assert!(JobStatus::Rejected.is_final());
+    }
+
+    #[tokio::test]
+    async fn connect_error_is_unavailable() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        drop(listener);
+        let failure = transport_failure(client(&format!("http://{addr}")).poll("job-1").await);
+        assert!(
+            matches!(&failure, AiFailure::Unavailable(message) if message.starts_with("cannot connect")),
+            "{failure:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn request_timeout_is_unavailable() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // Accepts and holds the connection without ever answering.
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let failure = transport_failure(client(&format!("http://{addr}")).poll("job-1").await);
+        assert_eq!(
+            failure,
+            AiFailure::Unavailable("no answer in time".to_owned())
+        );
+        silent.abort();
+    }
+
+    #[tokio::test]
+    async fn broken_connection_is_unavailable() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // Reads the request, then hangs up without an answer.
+        let rude = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut buffer = [0u8; 1024];
+                let _ = stream.read(&mut buffer).await;
+                drop(stream);
+            }
+        });
+        let failure = transport_failure(client(&format!("http://{addr}")).poll("job-1").await);
+        assert!(
+            matches!(&failure, AiFailure::Unavailable(message) if message.starts_with("connection broken")),
+            "{failure:?}"
+        );
+        rude.abort();
+    }
+
+    #[tokio::test]
+    async fn invalid_base_url_is_a_rejected_request() {
+        let failure = transport_failure(client("not a url").poll("job-1").await);
+        assert!(
+            matches!(&failure, AiFailure::RequestRejected(message) if message.starts_with("invalid request")),
+            "{failure:?}"
+        );
+    }
+}

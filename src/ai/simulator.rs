@@ -1,0 +1,613 @@
+//! The built-in simulator of the AI provider's job API (DESIGN.md "The AI
+//! provider"), an actix-web server that behaves on the wire like the contract
+//! fake (`contract/fakeai.py`). It owns the simulated jobs, their idempotency
+//! keys and the counters tests read. `stagehand sim-ai` serves it,
+//! `stagehand serve` starts it in-process when no AI URL is configured, and
+//! tests use it as the fake provider, changing its behaviour at run time
+//! through [`SimControl`].
+//!
+//! Job timing uses real monotonic time (`std::time::Instant`), not the app's
+//! injectable clock: the simulator stands for a provider outside the app.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use actix_web::dev::ServerHandle;
+use actix_web::http::StatusCode;
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// Largest request body the simulator reads.
+const MAX_BODY_BYTES: usize = 64 * 1024;
+/// How many characters of the prompt the generated text quotes.
+const PROMPT_EXCERPT_CHARS: usize = 40;
+
+/// How the simulator behaves.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Time from a job's creation until it is done.
+    pub latency: Duration,
+    /// A prompt containing this word (case-insensitive) is refused by
+    /// "moderation" with 422 `content_rejected`.
+    pub reject_word: Option<String>,
+    /// Probability, decided at creation, that a job ends `failed`.
+    pub fail_rate: f64,
+    /// Probability that any submit or poll answers 503.
+    pub unavailable_rate: f64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            latency: Duration::from_secs(2),
+            reject_word: Some("forbidden".to_owned()),
+            fail_rate: 0.0,
+            unavailable_rate: 0.0,
+        }
+    }
+}
+
+/// Counters that let tests prove there are no duplicate jobs and that the
+/// concurrency cap holds. Served by `GET /v1/stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimStats {
+    /// Jobs created (a repeated idempotency key creates none).
+    pub jobs_created: u64,
+    /// Submit requests handled (outage answers not counted).
+    pub submits: u64,
+    /// Poll requests handled (outage answers not counted).
+    pub polls: u64,
+    /// Highest number of unfinished jobs seen right after a creation.
+    pub max_concurrent_jobs: u64,
+    /// Jobs not yet done now.
+    pub running: u64,
+    /// Submits that came without an `Idempotency-Key`.
+    pub missing_key: u64,
+}
+
+/// One simulated job.
+#[derive(Debug)]
+struct SimJob {
+    job_id: String,
+    kind: String,
+    prompt: String,
+    done_at: Instant,
+    will_fail: bool,
+    score: u64,
+}
+
+impl SimJob {
+    fn is_done(&self, now: Instant) -> bool {
+        self.done_at <= now
+    }
+
+    /// The job as `GET /v1/jobs/{id}` answers it at `now`.
+    fn view(&self, now: Instant) -> Value {
+        if !self.is_done(now) {
+            return json!({ "job_id": self.job_id, "status": "running" });
+        }
+        if self.will_fail {
+            return json!({
+                "job_id": self.job_id,
+                "status": "failed",
+                "error": "generation failed",
+            });
+        }
+        let excerpt: String = self.prompt.chars().take(PROMPT_EXCERPT_CHARS).collect();
+        json!({
+            "job_id": self.job_id,
+            "status": "succeeded",
+            "result": {
+                "content": [{
+                    "type": "image",
+                    "url": format!("https://sim.invalid/{}.png", self.job_id),
+                    "text": format!("{} for {}", self.kind, excerpt),
+                }],
+                "score": self.score,
+            },
+        })
+    }
+}
+
+/// Everything the simulator knows, behind one lock.
+#[derive(Debug)]
+struct SimState {
+    config: SimConfig,
+    down: bool,
+    jobs: HashMap<String, SimJob>,
+    job_id_by_key: HashMap<String, String>,
+    submits: u64,
+    polls: u64,
+    max_concurrent_jobs: u64,
+    missing_key: u64,
+}
+
+impl SimState {
+    fn running_jobs(&self, now: Instant) -> u64 {
+        let running = self.jobs.values().filter(|job| !job.is_done(now)).count();
+        u64::try_from(running).unwrap_or(u64::MAX)
+    }
+
+    fn is_rejected(&self, prompt: &str) -> bool {
+        match self.config.reject_word.as_deref() {
+            Some(word) if !word.is_empty() => prompt.to_lowercase().contains(&word.to_lowercase()),
+            _ => false,
+        }
+    }
+}
+
+/// Cheap clonable handle to the simulator's state; tests use it to change behaviour at run time.
+#[derive(Clone)]
+pub struct SimControl {
+    state: Arc<Mutex<SimState>>,
+}
+
+impl std::fmt::Debug for SimControl {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("SimControl")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl SimControl {
+    pub fn new(cfg: SimConfig) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(SimState {
+                config: cfg,
+                down: false,
+                jobs: HashMap::new(),
+                job_id_by_key: HashMap::new(),
+                submits: 0,
+                polls: 0,
+                max_concurrent_jobs: 0,
+                missing_key: 0,
+            })),
+        }
+    }
+
+    /// A panic while holding the lock leaves counters that are still
+    /// meaningful, so a poisoned lock is used as is.
+    fn lock(&self) -> MutexGuard<'_, SimState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn stats(&self) -> SimStats {
+        let state = self.lock();
+        SimStats {
+            jobs_created: u64::try_from(state.jobs.len()).unwrap_or(u64::MAX),
+            submits: state.submits,
+            polls: state.polls,
+            max_concurrent_jobs: state.max_concurrent_jobs,
+            running: state.running_jobs(Instant::now()),
+            missing_key: state.missing_key,
+        }
+    }
+
+    /// When down: every request answers 503 `{"error":"unavailable"}`.
+    pub fn set_down(&self, down: bool) {
+        self.lock().down = down;
+    }
+
+    /// Applies to jobs created afterwards.
+    pub fn set_latency(&self, latency: Duration) {
+        self.lock().config.latency = latency;
+    }
+
+    /// Applies to jobs created afterwards.
+    pub fn set_fail_rate(&self, rate: f64) {
+        self.lock().config.fail_rate = rate;
+    }
+
+    /// Number of created jobs whose prompt contains `needle` (tests prove no
+    /// duplicate jobs with it).
+    pub fn jobs_for_prompt(&self, needle: &str) -> usize {
+        self.lock()
+            .jobs
+            .values()
+            .filter(|job| job.prompt.contains(needle))
+            .count()
+    }
+
+    /// True when this request must be answered 503: the simulator is down, or
+    /// (for submits and polls) the `unavailable_rate` draw says so.
+    fn is_unavailable(&self, draws_outage: bool) -> bool {
+        let state = self.lock();
+        state.down || (draws_outage && rand::random::<f64>() < state.config.unavailable_rate)
+    }
+
+    /// `POST /v1/jobs` once the body is read: returns the status and the body.
+    fn submit(&self, idempotency_key: Option<&str>, body: &Value) -> (StatusCode, Value) {
+        let mut state = self.lock();
+        state.submits += 1;
+        let key = match idempotency_key {
+            Some(key) => key.to_owned(),
+            None => {
+                state.missing_key += 1;
+                format!("nokey-{}", uuid::Uuid::new_v4().simple())
+            }
+        };
+        let now = Instant::now();
+        if let Some(job) = state
+            .job_id_by_key
+            .get(&key)
+            .and_then(|job_id| state.jobs.get(job_id))
+        {
+            return (StatusCode::OK, job.view(now));
+        }
+        let prompt = text_field(body, "prompt").unwrap_or_default();
+        if state.is_rejected(&prompt) {
+            return (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({ "error": "content_rejected", "message": "input blocked by moderation" }),
+            );
+        }
+        let job_uuid = uuid::Uuid::new_v4();
+        let job = SimJob {
+            job_id: format!("job-{}", job_uuid.simple()),
+            kind: text_field(body, "kind").unwrap_or_else(|| "content".to_owned()),
+            prompt,
+            done_at: now + state.config.latency,
+            will_fail: rand::random::<f64>() < state.config.fail_rate,
+            // The last six hex digits of the id, modulo 1000, like the contract fake.
+            score: u64::try_from((job_uuid.as_u128() & 0xFF_FFFF) % 1000).unwrap_or(0),
+        };
+        tracing::debug!(
+            job_id = %job.job_id,
+            idempotency_key = %key,
+            kind = %job.kind,
+            latency_ms = u64::try_from(state.config.latency.as_millis()).unwrap_or(u64::MAX),
+            will_fail = job.will_fail,
+            "simulator created a job"
+        );
+        let view = job.view(now);
+        state.job_id_by_key.insert(key, job.job_id.clone());
+        state.jobs.insert(job.job_id.clone(), job);
+        let running = state.running_jobs(now);
+        state.max_concurrent_jobs = state.max_concurrent_jobs.max(running);
+        (StatusCode::ACCEPTED, view)
+    }
+
+    /// `GET /v1/jobs/{id}`: returns the status and the body.
+    fn poll(&self, job_id: &str) -> (StatusCode, Value) {
+        let mut state = self.lock();
+        state.polls += 1;
+        match state.jobs.get(job_id) {
+            Some(job) => (StatusCode::OK, job.view(Instant::now())),
+            None => (StatusCode::NOT_FOUND, json!({ "error": "not_found" })),
+        }
+    }
+}
+
+/// A JSON field as text: strings as they are, other values in JSON notation.
+fn text_field(body: &Value, name: &str) -> Option<String> {
+    match body.get(name)? {
+        Value::Null => None,
+        Value::String(text) => Some(text.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+fn json_answer(status: StatusCode, body: Value) -> HttpResponse {
+    HttpResponse::build(status).json(body)
+}
+
+fn unavailable_answer() -> HttpResponse {
+    json_answer(
+        StatusCode::SERVICE_UNAVAILABLE,
+        json!({ "error": "unavailable" }),
+    )
+}
+
+async fn submit_job(
+    control: web::Data<SimControl>,
+    request: HttpRequest,
+    body: web::Bytes,
+) -> HttpResponse {
+    if control.is_unavailable(true) {
+        return unavailable_answer();
+    }
+    let parsed: Value = if body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(parsed) => parsed,
+            Err(_) => return json_answer(StatusCode::BAD_REQUEST, json!({ "error": "bad_json" })),
+        }
+    };
+    if !parsed.is_object() {
+        return json_answer(StatusCode::BAD_REQUEST, json!({ "error": "bad_json" }));
+    }
+    let idempotency_key = request
+        .headers()
+        .get("Idempotency-Key")
+        .and_then(|value| value.to_str().ok())
+        .map(str::trim)
+        .filter(|key| !key.is_empty());
+    let (status, answer) = control.submit(idempotency_key, &parsed);
+    json_answer(status, answer)
+}
+
+async fn poll_job(control: web::Data<SimControl>, job_id: web::Path<String>) -> HttpResponse {
+    if control.is_unavailable(true) {
+        return unavailable_answer();
+    }
+    let (status, answer) = control.poll(&job_id);
+    json_answer(status, answer)
+}
+
+async fn serve_stats(control: web::Data<SimControl>) -> HttpResponse {
+    if control.is_unavailable(false) {
+        return unavailable_answer();
+    }
+    HttpResponse::Ok().json(control.stats())
+}
+
+async fn not_found(control: web::Data<SimControl>) -> HttpResponse {
+    if control.is_unavailable(false) {
+        return unavailable_answer();
+    }
+    json_answer(StatusCode::NOT_FOUND, json!({ "error": "not_found" }))
+}
+
+/// A simulator serving in the background.
+pub struct RunningSim {
+    pub addr: SocketAddr,
+    pub control: SimControl,
+    handle: ServerHandle,
+}
+
+impl RunningSim {
+    /// Base URL for an [`AiClient`](super::AiClient), e.g. `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops serving at once (open connections are closed) and waits until the
+    /// server is down.
+    pub async fn stop(self) {
+        self.handle.stop(false).await;
+    }
+}
+
+/// Binds (port 0 allowed), starts the server on the current actix runtime (actix_rt::spawn / tokio spawn of the Server future) and returns at once.
+///
+/// The server does not listen to OS signals: whoever embeds it (`serve`,
+/// `sim-ai`, tests) stops it through [`RunningSim::stop`].
+pub async fn start(bind: &str, control: SimControl) -> std::io::Result<RunningSim> {
+    let app_control = web::Data::new(control.clone());
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(app_control.clone())
+            .app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
+            .route("/v1/jobs", web::post().to(submit_job))
+            .route("/v1/jobs/{job_id}", web::get().to(poll_job))
+            .route("/v1/stats", web::get().to(serve_stats))
+            .default_service(web::to(not_found))
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(1)
+    .bind(bind)?;
+    let addr = server
+        .addrs()
+        .into_iter()
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("no address to bind for {bind:?}")))?;
+    let server = server.run();
+    let handle = server.handle();
+    tokio::spawn(async move {
+        if let Err(error) = server.await {
+            tracing::error!(%error, "AI simulator stopped with an error");
+        }
+    });
+    Ok(RunningSim {
+        addr,
+        control,
+        handle,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ai::{AiClient, JobOrder, JobStatus};
+    use crate::domain::failure::AiFailure;
+
+    fn test_config() -> SimConfig {
+        SimConfig {
+            latency: Duration::from_millis(50),
+            ..SimConfig::default()
+        }
+    }
+
+    async fn start_sim() -> RunningSim {
+        start("127.0.0.1:0", SimControl::new(test_config()))
+            .await
+            .expect("the simulator starts")
+    }
+
+    fn client_for(url: &str) -> AiClient {
+        AiClient::new(url, Duration::from_secs(1), Duration::from_secs(2))
+    }
+
+    /// A bare reqwest client for requests `AiClient` does not make; installs
+    /// the crypto provider reqwest needs, as `AiClient::new` does.
+    fn plain_http() -> reqwest::Client {
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        reqwest::Client::new()
+    }
+
+    fn order(prompt: &str) -> JobOrder {
+        JobOrder {
+            kind: "panel".to_owned(),
+            prompt: prompt.to_owned(),
+            params: json!({ "style": "comic" }),
+            idempotency_key: uuid::Uuid::new_v4(),
+        }
+    }
+
+    #[actix_web::test]
+    async fn same_key_returns_the_same_job() {
+        let sim = start_sim().await;
+        let client = client_for(&sim.url());
+        let order = order("a cat on stage");
+        let first = client.submit(&order).await.expect("first submit");
+        let second = client.submit(&order).await.expect("second submit");
+        assert_eq!(first.job_id, second.job_id);
+        let stats = sim.control.stats();
+        assert_eq!(stats.jobs_created, 1);
+        assert_eq!(stats.submits, 2);
+        assert_eq!(stats.missing_key, 0);
+        assert_eq!(sim.control.jobs_for_prompt("cat on stage"), 1);
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn reject_word_is_content_rejected() {
+        let sim = start_sim().await;
+        let client = client_for(&sim.url());
+        let failure = client
+            .submit(&order("something FORBIDDEN here"))
+            .await
+            .expect_err("moderation refuses");
+        assert!(
+            matches!(failure, AiFailure::ContentRejected(_)),
+            "{failure:?}"
+        );
+        assert_eq!(sim.control.stats().jobs_created, 0);
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn down_simulator_is_unavailable() {
+        let sim = start_sim().await;
+        let client = client_for(&sim.url());
+        sim.control.set_down(true);
+        let failure = client
+            .submit(&order("a dog"))
+            .await
+            .expect_err("the simulator is down");
+        assert!(matches!(failure, AiFailure::Unavailable(_)), "{failure:?}");
+        sim.control.set_down(false);
+        client
+            .submit(&order("a dog"))
+            .await
+            .expect("the simulator is back");
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn job_succeeds_with_content() {
+        let sim = start_sim().await;
+        let client = client_for(&sim.url());
+        let submitted = client
+            .submit(&order("a juggler in the spotlight"))
+            .await
+            .expect("submit");
+        assert_eq!(submitted.status, JobStatus::Running);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let finished = loop {
+            let view = client.poll(&submitted.job_id).await.expect("poll");
+            if view.status.is_final() {
+                break view;
+            }
+            assert!(Instant::now() < deadline, "the job did not finish in time");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(finished.status, JobStatus::Succeeded);
+        let result = finished.result.expect("a succeeded job has a result");
+        assert_eq!(result.content.len(), 1);
+        assert_eq!(result.content[0].kind, "image");
+        assert_eq!(
+            result.content[0].text.as_deref(),
+            Some("panel for a juggler in the spotlight")
+        );
+        let score = result.score.expect("a score");
+        assert!((0.0..1000.0).contains(&score), "{score}");
+        let stats = sim.control.stats();
+        assert_eq!(stats.running, 0);
+        assert_eq!(stats.max_concurrent_jobs, 1);
+        assert!(stats.polls >= 1);
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn failing_jobs_end_failed() {
+        let sim = start_sim().await;
+        sim.control.set_fail_rate(1.0);
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let submitted = client.submit(&order("a mime")).await.expect("submit");
+        let view = client.poll(&submitted.job_id).await.expect("poll");
+        assert_eq!(view.status, JobStatus::Failed);
+        assert_eq!(view.error.as_deref(), Some("generation failed"));
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn unknown_job_is_a_rejected_request() {
+        let sim = start_sim().await;
+        let client = client_for(&sim.url());
+        let failure = client.poll("job-unknown").await.expect_err("no such job");
+        assert!(
+            matches!(failure, AiFailure::RequestRejected(_)),
+            "{failure:?}"
+        );
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn stats_are_served_over_http() {
+        let sim = start_sim().await;
+        let client = client_for(&sim.url());
+        client.submit(&order("one")).await.expect("submit");
+        let answer = plain_http()
+            .get(format!("{}/v1/stats", sim.url()))
+            .send()
+            .await
+            .expect("stats answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::OK);
+        let stats: SimStats = answer.json().await.expect("stats JSON");
+        assert_eq!(stats.jobs_created, 1);
+        assert_eq!(stats.submits, 1);
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn missing_key_is_counted_and_creates_a_fresh_job() {
+        let sim = start_sim().await;
+        let http = plain_http();
+        for _ in 0..2 {
+            let answer = http
+                .post(format!("{}/v1/jobs", sim.url()))
+                .json(&json!({ "kind": "panel", "prompt": "no key", "params": {} }))
+                .send()
+                .await
+                .expect("submit answer");
+            assert_eq!(answer.status(), reqwest::StatusCode::ACCEPTED);
+        }
+        let stats = sim.control.stats();
+        assert_eq!(stats.missing_key, 2);
+        assert_eq!(stats.jobs_created, 2);
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn closed_port_is_unavailable() {
+        let sim = start_sim().await;
+        let url = sim.url();
+        sim.stop().await;
+        let failure = client_for(&url)
+            .submit(&order("anyone there?"))
+            .await
+            .expect_err("nobody listens");
+        assert!(matches!(failure, AiFailure::Unavailable(_)), "{failure:?}");
+    }
+}

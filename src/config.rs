@@ -1,0 +1,113 @@
+//! Configuration: command-line flags with `STAGEHAND_*` environment
+//! fallbacks and human durations (`250ms`, `10s`, `7m`), so tests run the same
+//! code with short times.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::domain::policy::{RecoveryLimits, RetryPolicy};
+
+/// Parses `250ms`, `10s`, `7m`, `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{s:?} is not a duration like 250ms, 10s or 7m: {e}"))
+}
+
+/// Everything `stagehand serve` needs.
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// Database URL: `sqlite://FILE?mode=rwc` (embedded) or `postgres://...`.
+    #[arg(
+        long,
+        env = "STAGEHAND_DATABASE_URL",
+        default_value = "sqlite://stagehand.db?mode=rwc"
+    )]
+    pub database_url: String,
+    /// Address the HTTP server listens on (port 0 picks a free one).
+    #[arg(long, env = "STAGEHAND_BIND", default_value = "127.0.0.1:8080")]
+    pub bind: String,
+    /// Base URL of the AI job API. Unset: the built-in simulator is started
+    /// in-process on a loopback port.
+    #[arg(long, env = "STAGEHAND_AI_URL")]
+    pub ai_url: Option<String>,
+    /// Bearer token of operators. Unset: one is generated and printed once.
+    #[arg(long, env = "STAGEHAND_OPERATOR_TOKEN")]
+    pub operator_token: Option<String>,
+    /// Safety-net period of the dispatcher (it is also woken on submit).
+    #[arg(long, env = "STAGEHAND_POLL_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// How long a claimed saga stays owned without renewal.
+    #[arg(long, env = "STAGEHAND_LEASE", default_value = "60s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// Period of the cleanup actor.
+    #[arg(long, env = "STAGEHAND_CLEANUP_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub cleanup_interval: Duration,
+    /// Bound of one AI attempt, from submit to a final job status.
+    #[arg(long, env = "STAGEHAND_AI_TIMEOUT", default_value = "7m", value_parser = parse_duration)]
+    pub ai_timeout: Duration,
+    /// How often a running AI job is polled.
+    #[arg(long, env = "STAGEHAND_AI_POLL_INTERVAL", default_value = "500ms", value_parser = parse_duration)]
+    pub ai_poll_interval: Duration,
+    /// Counted AI attempts before a saga aborts.
+    #[arg(long, env = "STAGEHAND_MAX_ATTEMPTS", default_value_t = 3)]
+    pub max_attempts: u32,
+    /// Times a saga is resumed after a lost lease before it is ORPHANED.
+    #[arg(long, env = "STAGEHAND_MAX_RECOVERIES", default_value_t = 2)]
+    pub max_recoveries: u32,
+    /// Time from submission after which an unowned saga is ORPHANED.
+    #[arg(long, env = "STAGEHAND_SAGA_DEADLINE", default_value = "15m", value_parser = parse_duration)]
+    pub saga_deadline: Duration,
+    /// First retry delay after an AI failure (doubles, with jitter).
+    #[arg(long, env = "STAGEHAND_BACKOFF_BASE", default_value = "1s", value_parser = parse_duration)]
+    pub backoff_base: Duration,
+    /// Cap of the retry delay.
+    #[arg(long, env = "STAGEHAND_BACKOFF_MAX", default_value = "60s", value_parser = parse_duration)]
+    pub backoff_max: Duration,
+    /// Database connections in the pool.
+    #[arg(long, env = "STAGEHAND_DB_POOL", default_value_t = 10)]
+    pub db_pool: u32,
+}
+
+impl Config {
+    /// The defaults, as `stagehand serve` with no flags and no environment.
+    pub fn defaults() -> Config {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            config: Config,
+        }
+        <Wrapper as clap::Parser>::parse_from(["stagehand"]).config
+    }
+
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: self.max_attempts.max(1),
+            backoff_base_ms: self.backoff_base.as_millis() as i64,
+            backoff_max_ms: self.backoff_max.as_millis() as i64,
+        }
+    }
+
+    pub fn recovery_limits(&self) -> RecoveryLimits {
+        RecoveryLimits {
+            max_recoveries: self.max_recoveries,
+        }
+    }
+
+    pub fn lease_ms(&self) -> i64 {
+        self.lease.as_millis() as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_in_human_form() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("7m"), Ok(Duration::from_secs(420)));
+        assert!(parse_duration("soon").is_err());
+    }
+}

@@ -1,0 +1,48 @@
+//! Failure kinds: every outside error of the AI provider is translated into one
+//! of these (in `crate::ai::client`), and the retry policy decides from the kind
+//! alone what happens to the saga (DESIGN.md rule 6).
+
+use serde::{Deserialize, Serialize};
+
+/// What went wrong with one AI call, in the project's own words.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AiFailure {
+    /// Connect error, 5xx or 429: the provider is not there right now. Not an
+    /// attempt; the saga waits with backoff.
+    #[error("AI provider unavailable: {0}")]
+    Unavailable(String),
+    /// Any other 4xx on submit: our request was refused. Counts as an attempt.
+    #[error("AI provider refused the request: {0}")]
+    RequestRejected(String),
+    /// Moderation refused the participant's input (422 `content_rejected` on
+    /// submit, or a job that ends `rejected`). Aborts at once.
+    #[error("input rejected by moderation: {0}")]
+    ContentRejected(String),
+    /// The job ended `failed`. Counts as an attempt.
+    #[error("AI job failed: {0}")]
+    JobFailed(String),
+    /// One attempt took longer than `AI_TIMEOUT` from submit to a final status.
+    /// Counts as an attempt.
+    #[error("AI job did not finish within the attempt timeout")]
+    Timeout,
+}
+
+/// One piece of generated content, as the provider returns it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContentItem {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// A successful AI result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct AiResult {
+    #[serde(default)]
+    pub content: Vec<ContentItem>,
+    #[serde(default)]
+    pub score: Option<f64>,
+}

@@ -1,0 +1,388 @@
+//! Retry, backoff, lease and recovery policy (rules 6, 8 and 10). Pure: every
+//! decision is given `now` (milliseconds since the epoch) and, where chance is
+//! involved, the random jitter, so tests pin both.
+
+use super::failure::AiFailure;
+use super::saga::AbortReason;
+
+/// Milliseconds since the Unix epoch; the database stores times this way.
+pub type EpochMs = i64;
+
+/// Settings of the retry policy, from configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Counted AI attempts before the saga aborts (`MAX_ATTEMPTS`).
+    pub max_attempts: u32,
+    /// First backoff delay; doubled per consecutive failure.
+    pub backoff_base_ms: i64,
+    /// Cap of the backoff delay.
+    pub backoff_max_ms: i64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 3,
+            backoff_base_ms: 1_000,
+            backoff_max_ms: 60_000,
+        }
+    }
+}
+
+/// The AI bookkeeping of a saga before a failure is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptState {
+    /// Counted attempts so far (the next attempt's number).
+    pub attempts: u32,
+    /// Consecutive `Unavailable` answers, for the backoff exponent.
+    pub unavailable_streak: u32,
+}
+
+/// What to do after a failed AI call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AfterFailure {
+    /// End the saga now.
+    Abort { reason: AbortReason, detail: String },
+    /// Stay in AI_PENDING, release the lease, and try again at
+    /// `next_attempt_at` with the given counters.
+    RetryLater {
+        state: AttemptState,
+        next_attempt_at: EpochMs,
+    },
+}
+
+impl RetryPolicy {
+    /// Exponential backoff with "equal jitter": half the delay is fixed, half
+    /// is random (`jitter` in `0.0..=1.0`).
+    pub fn backoff_ms(&self, exponent: u32, jitter: f64) -> i64 {
+        let exp = exponent.min(30);
+        let full = self
+            .backoff_base_ms
+            .saturating_mul(1_i64 << exp)
+            .min(self.backoff_max_ms);
+        let jitter = jitter.clamp(0.0, 1.0);
+        full / 2 + ((full - full / 2) as f64 * jitter) as i64
+    }
+
+    /// Rule 6 and 10: decide what a failure means for the saga.
+    pub fn after_failure(
+        &self,
+        failure: &AiFailure,
+        before: AttemptState,
+        now: EpochMs,
+        deadline: EpochMs,
+        jitter: f64,
+    ) -> AfterFailure {
+        let (state, exponent) = match failure {
+            AiFailure::ContentRejected(detail) => {
+                return AfterFailure::Abort {
+                    reason: AbortReason::InputRejected,
+                    detail: detail.clone(),
+                }
+            }
+            AiFailure::Unavailable(_) => (
+                AttemptState {
+                    attempts: before.attempts,
+                    unavailable_streak: before.unavailable_streak + 1,
+                },
+                before.unavailable_streak,
+            ),
+            AiFailure::RequestRejected(_) | AiFailure::JobFailed(_) | AiFailure::Timeout => {
+                let attempts = before.attempts + 1;
+                if attempts >= self.max_attempts {
+                    let reason = if *failure == AiFailure::Timeout {
+                        AbortReason::AiTimeout
+                    } else {
+                        AbortReason::AiFailed
+                    };
+                    return AfterFailure::Abort {
+                        reason,
+                        detail: format!("{failure} (attempt {attempts} of {})", self.max_attempts),
+                    };
+                }
+                (
+                    AttemptState {
+                        attempts,
+                        unavailable_streak: 0,
+                    },
+                    attempts - 1,
+                )
+            }
+        };
+        let next_attempt_at = now + self.backoff_ms(exponent, jitter);
+        if next_attempt_at > deadline {
+            return AfterFailure::Abort {
+                reason: AbortReason::AiFailed,
+                detail: format!("{failure}; no time left before the saga deadline"),
+            };
+        }
+        AfterFailure::RetryLater {
+            state,
+            next_attempt_at,
+        }
+    }
+}
+
+/// When a lease granted at `now` ends.
+pub fn lease_until(now: EpochMs, lease_ms: i64) -> EpochMs {
+    now + lease_ms
+}
+
+/// Who owns a non-final saga, as its lease columns say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ownership {
+    /// No token: never claimed, or released on purpose (backoff).
+    Free,
+    /// A worker holds an unexpired lease.
+    Held,
+    /// A worker held it and its lease ran out: it died or hangs.
+    Expired,
+}
+
+pub fn ownership(
+    lock_token: Option<&str>,
+    locked_until: Option<EpochMs>,
+    now: EpochMs,
+) -> Ownership {
+    match (lock_token, locked_until) {
+        (None, _) => Ownership::Free,
+        (Some(_), Some(until)) if until >= now => Ownership::Held,
+        (Some(_), _) => Ownership::Expired,
+    }
+}
+
+/// Rule 8: what the dispatcher and the cleanup actor may do with a non-final
+/// saga. The claim SQL in `store::sagas` mirrors this function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Leave it alone (someone holds it, or it waits for its backoff).
+    Wait,
+    /// The dispatcher may claim it; `counts_as_recovery` when it resumes after
+    /// a lost lease.
+    Claim { counts_as_recovery: bool },
+    /// Nobody will finish it: the cleanup actor aborts it as ORPHANED.
+    Orphan,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryLimits {
+    pub max_recoveries: u32,
+}
+
+pub fn recovery(
+    ownership: Ownership,
+    recoveries: u32,
+    next_attempt_at: EpochMs,
+    deadline: EpochMs,
+    now: EpochMs,
+    limits: RecoveryLimits,
+) -> Recovery {
+    match ownership {
+        Ownership::Held => Recovery::Wait,
+        _ if deadline < now => Recovery::Orphan,
+        Ownership::Expired if recoveries >= limits.max_recoveries => Recovery::Orphan,
+        _ if next_attempt_at > now => Recovery::Wait,
+        Ownership::Expired => Recovery::Claim {
+            counts_as_recovery: true,
+        },
+        Ownership::Free => Recovery::Claim {
+            counts_as_recovery: false,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: EpochMs = 1_800_000_000_000;
+    const DEADLINE: EpochMs = NOW + 900_000;
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 3,
+            backoff_base_ms: 1_000,
+            backoff_max_ms: 30_000,
+        }
+    }
+
+    fn st(attempts: u32, streak: u32) -> AttemptState {
+        AttemptState {
+            attempts,
+            unavailable_streak: streak,
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_caps_and_jitters_within_half() {
+        let p = policy();
+        assert_eq!(p.backoff_ms(0, 0.0), 500);
+        assert_eq!(p.backoff_ms(0, 1.0), 1_000);
+        assert_eq!(p.backoff_ms(1, 0.0), 1_000);
+        assert_eq!(p.backoff_ms(3, 1.0), 8_000);
+        assert_eq!(p.backoff_ms(10, 1.0), 30_000);
+        assert_eq!(p.backoff_ms(60, 0.0), 15_000);
+        let mid = p.backoff_ms(2, 0.5);
+        assert!((2_000..=4_000).contains(&mid));
+    }
+
+    #[test]
+    fn unavailable_counts_no_attempt_and_backs_off() {
+        let d = policy().after_failure(
+            &AiFailure::Unavailable("503".into()),
+            st(1, 2),
+            NOW,
+            DEADLINE,
+            1.0,
+        );
+        assert_eq!(
+            d,
+            AfterFailure::RetryLater {
+                state: st(1, 3),
+                next_attempt_at: NOW + 4_000
+            }
+        );
+    }
+
+    #[test]
+    fn unavailable_many_times_never_aborts_for_attempts() {
+        let d = policy().after_failure(
+            &AiFailure::Unavailable("x".into()),
+            st(2, 50),
+            NOW,
+            DEADLINE,
+            0.0,
+        );
+        assert!(matches!(d, AfterFailure::RetryLater { state, .. } if state.attempts == 2));
+    }
+
+    #[test]
+    fn unavailable_past_the_deadline_aborts_ai_failed() {
+        let d = policy().after_failure(
+            &AiFailure::Unavailable("x".into()),
+            st(0, 5),
+            NOW,
+            NOW + 100,
+            0.0,
+        );
+        assert!(matches!(
+            d,
+            AfterFailure::Abort {
+                reason: AbortReason::AiFailed,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn content_rejected_aborts_at_once() {
+        let d = policy().after_failure(
+            &AiFailure::ContentRejected("mod".into()),
+            st(0, 0),
+            NOW,
+            DEADLINE,
+            0.0,
+        );
+        assert_eq!(
+            d,
+            AfterFailure::Abort {
+                reason: AbortReason::InputRejected,
+                detail: "mod".into()
+            }
+        );
+    }
+
+    #[test]
+    fn counted_failures_retry_until_the_limit() {
+        for failure in [
+            AiFailure::RequestRejected("400".into()),
+            AiFailure::JobFailed("boom".into()),
+            AiFailure::Timeout,
+        ] {
+            let d = policy().after_failure(&failure, st(0, 4), NOW, DEADLINE, 0.0);
+            assert_eq!(
+                d,
+                AfterFailure::RetryLater {
+                    state: st(1, 0),
+                    next_attempt_at: NOW + 500
+                },
+                "{failure:?}"
+            );
+            let d = policy().after_failure(&failure, st(1, 0), NOW, DEADLINE, 0.0);
+            assert!(matches!(d, AfterFailure::RetryLater { state, .. } if state.attempts == 2));
+        }
+    }
+
+    #[test]
+    fn reaching_the_limit_aborts_with_the_right_reason() {
+        let d = policy().after_failure(&AiFailure::Timeout, st(2, 0), NOW, DEADLINE, 0.0);
+        assert!(matches!(
+            d,
+            AfterFailure::Abort {
+                reason: AbortReason::AiTimeout,
+                ..
+            }
+        ));
+        let d = policy().after_failure(
+            &AiFailure::JobFailed("x".into()),
+            st(2, 0),
+            NOW,
+            DEADLINE,
+            0.0,
+        );
+        assert!(matches!(
+            d,
+            AfterFailure::Abort {
+                reason: AbortReason::AiFailed,
+                ..
+            }
+        ));
+        let d = policy().after_failure(
+            &AiFailure::RequestRejected("x".into()),
+            st(2, 0),
+            NOW,
+            DEADLINE,
+            0.0,
+        );
+        assert!(matches!(
+            d,
+            AfterFailure::Abort {
+                reason: AbortReason::AiFailed,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn ownership_from_lease_columns() {
+        assert_eq!(ownership(None, None, NOW), Ownership::Free);
+        assert_eq!(ownership(None, Some(NOW - 1), NOW), Ownership::Free);
+        assert_eq!(ownership(Some("t"), Some(NOW), NOW), Ownership::Held);
+        assert_eq!(ownership(Some("t"), Some(NOW - 1), NOW), Ownership::Expired);
+        assert_eq!(ownership(Some("t"), None, NOW), Ownership::Expired);
+        assert_eq!(lease_until(NOW, 60_000), NOW + 60_000);
+    }
+
+    #[test]
+    fn recovery_policy() {
+        let lim = RecoveryLimits { max_recoveries: 2 };
+        let r = |o, rec, next, dl| recovery(o, rec, next, dl, NOW, lim);
+        assert_eq!(r(Ownership::Held, 0, NOW, NOW - 1), Recovery::Wait);
+        assert_eq!(
+            r(Ownership::Free, 0, NOW, DEADLINE),
+            Recovery::Claim {
+                counts_as_recovery: false
+            }
+        );
+        assert_eq!(r(Ownership::Free, 0, NOW + 1, DEADLINE), Recovery::Wait);
+        assert_eq!(
+            r(Ownership::Expired, 1, NOW, DEADLINE),
+            Recovery::Claim {
+                counts_as_recovery: true
+            }
+        );
+        assert_eq!(r(Ownership::Expired, 2, NOW, DEADLINE), Recovery::Orphan);
+        assert_eq!(r(Ownership::Expired, 0, NOW, NOW - 1), Recovery::Orphan);
+        assert_eq!(r(Ownership::Free, 0, NOW, NOW - 1), Recovery::Orphan);
+    }
+}

@@ -1,0 +1,368 @@
+//! The saga state machine: steps, the one-way transitions between them, the
+//! abort reasons with their human messages, and the judgement of a fenced
+//! write that touched no row (rules 2, 3 and 7 of DESIGN.md).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a saga stands. Steps only move forward:
+/// `AI_PENDING -> AI_DONE -> RANKING_DONE -> COMPLETED`, and `ABORTED` from any
+/// non-final step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Step {
+    AiPending,
+    AiDone,
+    RankingDone,
+    Completed,
+    Aborted,
+}
+
+impl Step {
+    pub const ALL: [Step; 5] = [
+        Step::AiPending,
+        Step::AiDone,
+        Step::RankingDone,
+        Step::Completed,
+        Step::Aborted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::AiPending => "AI_PENDING",
+            Step::AiDone => "AI_DONE",
+            Step::RankingDone => "RANKING_DONE",
+            Step::Completed => "COMPLETED",
+            Step::Aborted => "ABORTED",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, Step::Completed | Step::Aborted)
+    }
+
+    /// The step that follows this one on the happy path.
+    pub fn next(self) -> Option<Step> {
+        match self {
+            Step::AiPending => Some(Step::AiDone),
+            Step::AiDone => Some(Step::RankingDone),
+            Step::RankingDone => Some(Step::Completed),
+            Step::Completed | Step::Aborted => None,
+        }
+    }
+
+    /// Whether `from -> to` is a legal move.
+    pub fn can_move(from: Step, to: Step) -> bool {
+        (to == Step::Aborted && !from.is_final()) || from.next() == Some(to)
+    }
+
+    /// The non-final steps, which a worker may hold a lease on.
+    pub fn runnable() -> [Step; 3] {
+        [Step::AiPending, Step::AiDone, Step::RankingDone]
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown value {0:?}")]
+pub struct UnknownValue(pub String);
+
+impl FromStr for Step {
+    type Err = UnknownValue;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Step::ALL
+            .into_iter()
+            .find(|step| step.as_str() == s)
+            .ok_or_else(|| UnknownValue(s.to_owned()))
+    }
+}
+
+/// Why a saga ended ABORTED (rule 7). Each has a message a booth display can
+/// show as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AbortReason {
+    InputRejected,
+    AiFailed,
+    AiTimeout,
+    RankingFailed,
+    PersistFailed,
+    Orphaned,
+    Cancelled,
+}
+
+impl AbortReason {
+    pub const ALL: [AbortReason; 7] = [
+        AbortReason::InputRejected,
+        AbortReason::AiFailed,
+        AbortReason::AiTimeout,
+        AbortReason::RankingFailed,
+        AbortReason::PersistFailed,
+        AbortReason::Orphaned,
+        AbortReason::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AbortReason::InputRejected => "INPUT_REJECTED",
+            AbortReason::AiFailed => "AI_FAILED",
+            AbortReason::AiTimeout => "AI_TIMEOUT",
+            AbortReason::RankingFailed => "RANKING_FAILED",
+            AbortReason::PersistFailed => "PERSIST_FAILED",
+            AbortReason::Orphaned => "ORPHANED",
+            AbortReason::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// What the display and the participant read.
+    pub fn human_message(self) -> &'static str {
+        match self {
+            AbortReason::InputRejected => {
+                "blocked: inappropriate input. Please try a different prompt."
+            }
+            AbortReason::AiFailed => "The AI could not create your result. Please try again.",
+            AbortReason::AiTimeout => "The AI took too long to answer. Please try again.",
+            AbortReason::RankingFailed => "Your score could not be ranked. Please ask the staff.",
+            AbortReason::PersistFailed => "Your result could not be saved. Please ask the staff.",
+            AbortReason::Orphaned => {
+                "Your request was interrupted and could not be finished. Please try again."
+            }
+            AbortReason::Cancelled => "Your request was cancelled by the staff.",
+        }
+    }
+
+    /// The terminal event type this reason is announced with.
+    pub fn event_type(self) -> &'static str {
+        match self {
+            AbortReason::InputRejected => "session.rejected",
+            _ => "session.aborted",
+        }
+    }
+}
+
+impl fmt::Display for AbortReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for AbortReason {
+    type Err = UnknownValue;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        AbortReason::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| UnknownValue(s.to_owned()))
+    }
+}
+
+/// Why a fenced write was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    /// Another worker holds the saga now (or it ended): stop quietly.
+    #[error("lease lost: another worker owns this saga or it has ended")]
+    LeaseLost,
+    /// The step was reached already, but with other data: a real bug or a
+    /// provider that answered differently; reported, never overwritten.
+    #[error("conflicting transition to {step}: {detail}")]
+    Conflict { step: Step, detail: String },
+    /// The move is not one of the legal ones.
+    #[error("illegal transition {from} -> {to}")]
+    Illegal { from: Step, to: Step },
+}
+
+/// What a fenced write found when it touched no row, seen from the row as it
+/// is now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowNow<'a, D: PartialEq> {
+    pub step: Step,
+    pub lock_token: Option<&'a str>,
+    /// The data the row holds for `step` (e.g. the AI content for AI_DONE).
+    pub data: &'a D,
+}
+
+/// Rule 3: a fenced transition `expected -> target` with `data` touched no
+/// row. Decide whether that is success (the step was already reached with the
+/// same data under our token), a lost lease, or a conflict.
+pub fn judge_unapplied<D: PartialEq + fmt::Debug>(
+    expected: Step,
+    target: Step,
+    token: &str,
+    data: &D,
+    now: RowNow<'_, D>,
+) -> Result<(), TransitionError> {
+    if !Step::can_move(expected, target) {
+        return Err(TransitionError::Illegal {
+            from: expected,
+            to: target,
+        });
+    }
+    if now.lock_token != Some(token) {
+        return Err(TransitionError::LeaseLost);
+    }
+    if now.step != target {
+        return Err(TransitionError::Conflict {
+            step: target,
+            detail: format!("saga is at {} where {} was expected", now.step, expected),
+        });
+    }
+    if now.data == data {
+        Ok(())
+    } else {
+        Err(TransitionError::Conflict {
+            step: target,
+            detail: format!("recorded {:?}, offered {:?}", now.data, data),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_only_move_forward_or_abort() {
+        use Step::*;
+        let legal = [
+            (AiPending, AiDone),
+            (AiDone, RankingDone),
+            (RankingDone, Completed),
+            (AiPending, Aborted),
+            (AiDone, Aborted),
+            (RankingDone, Aborted),
+        ];
+        for from in Step::ALL {
+            for to in Step::ALL {
+                assert_eq!(
+                    Step::can_move(from, to),
+                    legal.contains(&(from, to)),
+                    "{from} -> {to}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in Step::ALL {
+            assert_eq!(s.as_str().parse::<Step>(), Ok(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
+        for r in AbortReason::ALL {
+            assert_eq!(r.as_str().parse::<AbortReason>(), Ok(r));
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
+            assert!(!r.human_message().to_lowercase().contains("error"));
+        }
+        assert!("NOPE".parse::<Step>().is_err());
+    }
+
+    #[test]
+    fn only_input_rejected_is_a_rejection_event() {
+        for r in AbortReason::ALL {
+            let expected = if r == AbortReason::InputRejected {
+                "session.rejected"
+            } else {
+                "session.aborted"
+            };
+            assert_eq!(r.event_type(), expected);
+        }
+        assert!(AbortReason::InputRejected
+            .human_message()
+            .starts_with("blocked: inappropriate input"));
+    }
+
+    fn row<'a>(step: Step, token: Option<&'a str>, data: &'a i32) -> RowNow<'a, i32> {
+        RowNow {
+            step,
+            lock_token: token,
+            data,
+        }
+    }
+
+    #[test]
+    fn same_step_same_data_same_token_is_success() {
+        let r = judge_unapplied(
+            Step::AiPending,
+            Step::AiDone,
+            "t1",
+            &7,
+            row(Step::AiDone, Some("t1"), &7),
+        );
+        assert_eq!(r, Ok(()));
+    }
+
+    #[test]
+    fn same_step_other_data_is_conflict() {
+        let r = judge_unapplied(
+            Step::AiPending,
+            Step::AiDone,
+            "t1",
+            &7,
+            row(Step::AiDone, Some("t1"), &8),
+        );
+        assert!(matches!(
+            r,
+            Err(TransitionError::Conflict {
+                step: Step::AiDone,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn other_token_is_lease_lost_even_if_step_reached() {
+        let r = judge_unapplied(
+            Step::AiPending,
+            Step::AiDone,
+            "old",
+            &7,
+            row(Step::AiDone, Some("new"), &7),
+        );
+        assert_eq!(r, Err(TransitionError::LeaseLost));
+        let r = judge_unapplied(
+            Step::AiPending,
+            Step::AiDone,
+            "old",
+            &7,
+            row(Step::Aborted, None, &7),
+        );
+        assert_eq!(r, Err(TransitionError::LeaseLost));
+    }
+
+    #[test]
+    fn our_token_but_step_elsewhere_is_conflict() {
+        let r = judge_unapplied(
+            Step::AiDone,
+            Step::RankingDone,
+            "t",
+            &1,
+            row(Step::AiPending, Some("t"), &1),
+        );
+        assert!(matches!(r, Err(TransitionError::Conflict { .. })));
+    }
+
+    #[test]
+    fn illegal_moves_are_refused_before_anything_else() {
+        let r = judge_unapplied(
+            Step::Completed,
+            Step::Aborted,
+            "t",
+            &1,
+            row(Step::Completed, Some("t"), &1),
+        );
+        assert_eq!(
+            r,
+            Err(TransitionError::Illegal {
+                from: Step::Completed,
+                to: Step::Aborted
+            })
+        );
+    }
+}

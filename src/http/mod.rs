@@ -1,0 +1,69 @@
+//! HTTP and WebSocket: routes, extractors, the idempotency rules and the one
+//! error mapping. Handlers validate, call the store, and wake actors; they
+//! never talk to the AI provider.
+
+pub mod auth;
+pub mod body;
+pub mod error;
+pub mod idempotency;
+pub mod operators;
+pub mod pages;
+pub mod participants;
+pub mod service;
+pub mod terminals;
+
+use actix::Addr;
+use actix_web::web;
+
+use crate::actors::dispatcher::Dispatcher;
+use crate::actors::terminal_hub::TerminalHub;
+use crate::clock::SharedClock;
+use crate::store::Store;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub dispatcher: Addr<Dispatcher>,
+    pub hub: Addr<TerminalHub>,
+    pub operator_token: String,
+    /// `SAGA_DEADLINE` in milliseconds.
+    pub saga_deadline_ms: i64,
+}
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/healthz", web::get().to(service::healthz))
+        .route("/readyz", web::get().to(service::readyz))
+        .route(
+            "/api/experiences",
+            web::post().to(operators::create_experience),
+        )
+        .route(
+            "/api/experiences",
+            web::get().to(operators::list_experiences),
+        )
+        .route("/api/terminals", web::post().to(operators::create_terminal))
+        .route(
+            "/api/experiences/{slug}/sessions",
+            web::post().to(participants::create_session),
+        )
+        .route(
+            "/api/experiences/{slug}/ranking",
+            web::get().to(participants::ranking),
+        )
+        .route(
+            "/api/sessions/{id}/submission",
+            web::post().to(participants::submit),
+        )
+        .route(
+            "/api/sessions/{id}",
+            web::get().to(participants::get_session),
+        )
+        .route(
+            "/ws/terminals/{id}",
+            web::get().to(terminals::terminal_socket),
+        )
+        .route("/", web::get().to(pages::index))
+        .default_service(web::to(service::not_found));
+}

@@ -1,0 +1,202 @@
+//! Operator endpoints (bearer operator token): experiences and terminals.
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::auth::{new_secret, require_operator};
+use super::body::{parse_json, read_body};
+use super::error::ApiError;
+use super::idempotency::{key_of, respond, run_idempotent, Reply};
+use super::AppState;
+use crate::clock::rfc3339;
+use crate::store::entities::experiences;
+use crate::store::experiences::NewExperience;
+
+const KINDS: [&str; 5] = ["comic", "image", "video", "music", "score"];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExperienceBody {
+    slug: String,
+    title: String,
+    kind: String,
+    #[serde(default)]
+    ai_calls: Option<i32>,
+    #[serde(default)]
+    min_success: Option<i32>,
+    #[serde(default)]
+    max_in_flight: Option<i32>,
+    #[serde(default)]
+    credits: Option<i64>,
+    #[serde(default)]
+    closes_at: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TerminalBody {
+    experience: String,
+    name: String,
+}
+
+fn validate_experience(b: ExperienceBody) -> Result<NewExperience, ApiError> {
+    let slug_ok = !b.slug.is_empty()
+        && b.slug.len() <= 64
+        && b.slug
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+    if !slug_ok {
+        return Err(ApiError::Validation(
+            "slug must be 1 to 64 of a-z, 0-9 and -".into(),
+        ));
+    }
+    let title_len = b.title.trim().chars().count();
+    if title_len == 0 || title_len > 200 {
+        return Err(ApiError::Validation(
+            "title must be 1 to 200 characters".into(),
+        ));
+    }
+    if !KINDS.contains(&b.kind.as_str()) {
+        return Err(ApiError::Validation(format!(
+            "kind must be one of {}",
+            KINDS.join(", ")
+        )));
+    }
+    let ai_calls = b.ai_calls.unwrap_or(1);
+    if ai_calls != 1 {
+        return Err(ApiError::Unsupported(
+            "fan-out (ai_calls > 1) is not available yet".into(),
+        ));
+    }
+    let max_in_flight = b.max_in_flight.unwrap_or(5);
+    if !(1..=10_000).contains(&max_in_flight) {
+        return Err(ApiError::Validation(
+            "max_in_flight must be 1 to 10000".into(),
+        ));
+    }
+    if b.min_success.is_some_and(|m| m < 1 || m > ai_calls) {
+        return Err(ApiError::Validation(
+            "min_success must be between 1 and ai_calls".into(),
+        ));
+    }
+    if b.credits.is_some_and(|c| c < 0) {
+        return Err(ApiError::Validation("credits must not be negative".into()));
+    }
+    let closes_at_ms = match &b.closes_at {
+        Some(text) => Some(
+            chrono::DateTime::parse_from_rfc3339(text)
+                .map_err(|_| ApiError::Validation("closes_at must be an RFC 3339 time".into()))?
+                .timestamp_millis(),
+        ),
+        None => None,
+    };
+    Ok(NewExperience {
+        slug: b.slug,
+        title: b.title.trim().to_owned(),
+        kind: b.kind,
+        ai_calls,
+        min_success: b.min_success,
+        max_in_flight,
+        credits: b.credits,
+        closes_at_ms,
+    })
+}
+
+fn experience_json(e: &experiences::Model) -> serde_json::Value {
+    json!({
+        "id": e.id,
+        "slug": e.slug,
+        "title": e.title,
+        "kind": e.kind,
+        "ai_calls": e.ai_calls,
+        "min_success": e.min_success,
+        "max_in_flight": e.max_in_flight,
+        "credits": e.credits,
+        "closes_at": e.closes_at_ms.map(rfc3339),
+        "created_at": rfc3339(e.created_at_ms),
+    })
+}
+
+/// `POST /api/experiences`
+pub async fn create_experience(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    require_operator(&state, &req)?;
+    let key = key_of(&req)?;
+    let body = read_body(payload).await?;
+    let (reply, replayed) = run_idempotent(&state, "operator", key, &body, || async {
+        let new = validate_experience(parse_json(&body)?)?;
+        let created = state
+            .store
+            .create_experience(new, state.clock.now_ms())
+            .await?;
+        tracing::info!(slug = %created.slug, "experience created");
+        Ok(Reply {
+            status: StatusCode::CREATED,
+            body: experience_json(&created),
+        })
+    })
+    .await?;
+    Ok(respond(reply, replayed, None))
+}
+
+/// `GET /api/experiences`
+pub async fn list_experiences(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    require_operator(&state, &req)?;
+    let list: Vec<_> = state
+        .store
+        .list_experiences()
+        .await?
+        .iter()
+        .map(experience_json)
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({"experiences": list})))
+}
+
+/// `POST /api/terminals` -> 201 `{"terminal_id", "token"}`
+pub async fn create_terminal(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    require_operator(&state, &req)?;
+    let key = key_of(&req)?;
+    let body = read_body(payload).await?;
+    let (reply, replayed) = run_idempotent(&state, "operator", key, &body, || async {
+        let b: TerminalBody = parse_json(&body)?;
+        let name_len = b.name.trim().chars().count();
+        if name_len == 0 || name_len > 80 {
+            return Err(ApiError::Validation(
+                "name must be 1 to 80 characters".into(),
+            ));
+        }
+        let experience = state
+            .store
+            .experience_by_slug(&b.experience)
+            .await?
+            .ok_or(ApiError::NotFound("experience"))?;
+        let token = new_secret();
+        let terminal = state
+            .store
+            .create_terminal(&experience.id, b.name.trim(), &token, state.clock.now_ms())
+            .await?;
+        Ok(Reply {
+            status: StatusCode::CREATED,
+            body: json!({
+                "terminal_id": terminal.id,
+                "token": token,
+                "experience": experience.slug,
+                "name": terminal.name,
+            }),
+        })
+    })
+    .await?;
+    Ok(respond(reply, replayed, None))
+}

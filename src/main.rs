@@ -1,0 +1,122 @@
+//! The `stagehand` command: `serve`, `migrate`, `sim-ai`.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use stagehand::ai::simulator::{self, SimConfig, SimControl};
+use stagehand::config::{parse_duration, Config};
+use stagehand::startup::Application;
+use stagehand::store::Store;
+
+#[derive(Parser)]
+#[command(
+    name = "stagehand",
+    version,
+    about = "Backstage server for AI-powered experiences at live events"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server (migrates the database first).
+    Serve(Config),
+    /// Apply pending database migrations and exit.
+    Migrate {
+        #[arg(
+            long,
+            env = "STAGEHAND_DATABASE_URL",
+            default_value = "sqlite://stagehand.db?mode=rwc"
+        )]
+        database_url: String,
+    },
+    /// Run the AI provider simulator.
+    SimAi {
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        bind: String,
+        /// Time from job creation until it finishes.
+        #[arg(long, default_value = "2s", value_parser = parse_duration)]
+        latency: Duration,
+        /// Prompts containing this word are refused by "moderation".
+        #[arg(long, default_value = "forbidden")]
+        reject_word: String,
+        /// Share of jobs that end `failed`.
+        #[arg(long, default_value_t = 0.0)]
+        fail_rate: f64,
+        /// Share of requests answered 503.
+        #[arg(long, default_value_t = 0.0)]
+        unavailable_rate: f64,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let outcome = actix_web::rt::System::new().block_on(async move {
+        match cli.command {
+            Command::Serve(config) => serve(config).await,
+            Command::Migrate { database_url } => {
+                let store = Store::connect(&database_url, 2)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                store.migrate().await.map_err(|e| e.to_string())?;
+                println!("migrations applied");
+                Ok(())
+            }
+            Command::SimAi {
+                bind,
+                latency,
+                reject_word,
+                fail_rate,
+                unavailable_rate,
+            } => {
+                let config = SimConfig {
+                    latency,
+                    reject_word: Some(reject_word).filter(|w| !w.is_empty()),
+                    fail_rate,
+                    unavailable_rate,
+                };
+                let sim = simulator::start(&bind, SimControl::new(config))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!("AI simulator listening on {}", sim.url());
+                wait_for_ctrl_c().await;
+                sim.stop().await;
+                Ok(())
+            }
+        }
+    });
+    match outcome {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("stagehand: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Config) -> Result<(), String> {
+    let app = Application::build(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (server, _simulator) = app.into_server();
+    let handle = server.handle();
+    let run = actix_web::rt::spawn(server);
+    wait_for_ctrl_c().await;
+    tracing::info!("shutting down");
+    handle.stop(true).await;
+    let _ = run.await;
+    Ok(())
+}
+
+async fn wait_for_ctrl_c() {
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -1,0 +1,211 @@
+//! Wiring: connect and migrate the database, start the AI simulator when no
+//! provider is configured, start the actors, and bind the HTTP server. Tests
+//! build the same [`Application`] on port 0 with a fresh database.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Actor, Addr};
+use actix_web::dev::Server;
+use actix_web::{web, App, HttpServer};
+
+use crate::actors::ai::AiActor;
+use crate::actors::cleanup::CleanupActor;
+use crate::actors::dispatcher::Dispatcher;
+use crate::actors::persistence::PersistenceActor;
+use crate::actors::ranking::RankingActor;
+use crate::actors::saga_supervisor::{SagaDeps, SagaSettings};
+use crate::actors::terminal_hub::TerminalHub;
+use crate::ai::simulator::{self, RunningSim, SimConfig, SimControl};
+use crate::ai::AiClient;
+use crate::clock::{SharedClock, SystemClock};
+use crate::config::Config;
+use crate::http::auth::new_secret;
+use crate::http::{routes, AppState};
+use crate::store::sagas::ClaimRules;
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("cannot start the AI simulator: {0}")]
+    Simulator(std::io::Error),
+}
+
+/// A built server, not yet awaited.
+pub struct Application {
+    port: u16,
+    server: Server,
+    state: AppState,
+    cleanup: Addr<CleanupActor>,
+    simulator: Option<RunningSim>,
+}
+
+impl Application {
+    pub async fn build(config: Config) -> Result<Application, StartupError> {
+        Self::build_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    pub async fn build_with_clock(
+        config: Config,
+        clock: SharedClock,
+    ) -> Result<Application, StartupError> {
+        install_crypto_provider();
+        let store = Store::connect(&config.database_url, config.db_pool).await?;
+        store.migrate().await?;
+        tracing::info!(database = %redact(&config.database_url), "database ready (migrations applied)");
+
+        let (ai_url, simulator) = match &config.ai_url {
+            Some(url) => (url.clone(), None),
+            None => {
+                let sim = simulator::start("127.0.0.1:0", SimControl::new(SimConfig::default()))
+                    .await
+                    .map_err(StartupError::Simulator)?;
+                tracing::info!(url = %sim.url(), "no STAGEHAND_AI_URL set: started the built-in AI simulator in-process");
+                (sim.url(), Some(sim))
+            }
+        };
+        let operator_token = match &config.operator_token {
+            Some(token) => token.clone(),
+            None => {
+                let token = new_secret();
+                println!("No STAGEHAND_OPERATOR_TOKEN set; generated operator token (shown once): {token}");
+                token
+            }
+        };
+
+        let rules = ClaimRules {
+            lease_ms: config.lease_ms(),
+            max_recoveries: config.max_recoveries,
+        };
+        let hub = TerminalHub::default().start();
+        let persistence =
+            PersistenceActor::new(store.clone(), clock.clone(), rules.lease_ms, hub.clone())
+                .start();
+        let ai_client = AiClient::new(&ai_url, Duration::from_secs(5), Duration::from_secs(30));
+        let deps = SagaDeps {
+            store: store.clone(),
+            clock: clock.clone(),
+            ai: AiActor::new(ai_client).start(),
+            ranking: RankingActor::new(store.clone(), clock.clone()).start(),
+            persistence: persistence.clone(),
+            settings: Arc::new(SagaSettings {
+                lease: config.lease,
+                ai_timeout: config.ai_timeout,
+                ai_poll_interval: config.ai_poll_interval,
+                retry: config.retry_policy(),
+            }),
+        };
+        let dispatcher = Dispatcher::new(deps, rules, config.poll_interval).start();
+        let cleanup = CleanupActor::new(
+            store.clone(),
+            clock.clone(),
+            persistence,
+            hub.clone(),
+            rules,
+            config.cleanup_interval,
+        )
+        .start();
+
+        let state = AppState {
+            store,
+            clock,
+            dispatcher,
+            hub,
+            operator_token,
+            saga_deadline_ms: config.saga_deadline.as_millis() as i64,
+        };
+        let listener = TcpListener::bind(&config.bind).map_err(|source| StartupError::Bind {
+            addr: config.bind.clone(),
+            source,
+        })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| StartupError::Bind {
+                addr: config.bind.clone(),
+                source,
+            })?
+            .port();
+        let data = web::Data::new(state.clone());
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap(tracing_actix_web::TracingLogger::default())
+                .app_data(data.clone())
+                .configure(routes)
+        })
+        .listen(listener)
+        .map_err(|source| StartupError::Bind {
+            addr: config.bind.clone(),
+            source,
+        })?
+        .disable_signals()
+        .shutdown_timeout(5)
+        .run();
+        tracing::info!(
+            port,
+            "stagehand listening on http://{}",
+            config.bind.replace(":0", &format!(":{port}"))
+        );
+        Ok(Application {
+            port,
+            server,
+            state,
+            cleanup,
+            simulator,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    pub fn cleanup(&self) -> Addr<CleanupActor> {
+        self.cleanup.clone()
+    }
+
+    /// The in-process simulator, when one was started.
+    pub fn simulator(&self) -> Option<&SimControl> {
+        self.simulator.as_ref().map(|s| &s.control)
+    }
+
+    /// Hands the server to the caller: the future runs until it stops.
+    pub fn into_server(self) -> (Server, Option<RunningSim>) {
+        (self.server, self.simulator)
+    }
+}
+
+/// reqwest is built without a default TLS provider; ring is the one sqlx
+/// already brings, so one crypto stack is compiled.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The URL without its password, for logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &creds[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,25 @@
+//! An experience: one booth activity, its AI kind and its limits.
+
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+#[sea_orm(table_name = "experiences")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    #[sea_orm(unique)]
+    pub slug: String,
+    pub title: String,
+    pub kind: String,
+    pub ai_calls: i32,
+    pub min_success: Option<i32>,
+    pub max_in_flight: i32,
+    pub credits: Option<i64>,
+    pub closes_at_ms: Option<i64>,
+    pub created_at_ms: i64,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,23 @@
+//! sea-orm entities, one per table of the `migration` crate's schema. Ids are
+//! UUID text, times are `i64` milliseconds since the epoch (`*_ms`), JSON is
+//! text.
+
+pub mod experiences;
+pub mod idempotency_records;
+pub mod results;
+pub mod sagas;
+pub mod score_attempts;
+pub mod sessions;
+pub mod terminal_events;
+pub mod terminals;
+
+pub mod prelude {
+    pub use super::experiences::Entity as Experiences;
+    pub use super::idempotency_records::Entity as IdempotencyRecords;
+    pub use super::results::Entity as Results;
+    pub use super::sagas::Entity as Sagas;
+    pub use super::score_attempts::Entity as ScoreAttempts;
+    pub use super::sessions::Entity as Sessions;
+    pub use super::terminal_events::Entity as TerminalEvents;
+    pub use super::terminals::Entity as Terminals;
+}

@@ -1,0 +1,42 @@
+//! One submission's saga: step, lease (`lock_token`, `locked_until_ms`), AI bookkeeping and outcome.
+
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+#[sea_orm(table_name = "sagas")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub session_id: String,
+    pub experience_id: String,
+    pub step: String,
+    #[sea_orm(column_type = "Text")]
+    pub prompt: String,
+    pub participant_score: Option<f64>,
+    pub lock_token: Option<String>,
+    pub locked_until_ms: Option<i64>,
+    pub attempts: i32,
+    pub recoveries: i32,
+    pub unavailable_streak: i32,
+    pub next_attempt_at_ms: i64,
+    pub ai_base_key: String,
+    pub ai_job_id: Option<String>,
+    pub ai_submitted_at_ms: Option<i64>,
+    #[sea_orm(column_type = "Text")]
+    pub content: Option<String>,
+    pub ai_score: Option<f64>,
+    pub score: Option<f64>,
+    pub score_attempt_id: Option<String>,
+    pub rank: Option<i32>,
+    pub abort_reason: Option<String>,
+    #[sea_orm(column_type = "Text")]
+    pub abort_detail: Option<String>,
+    pub deadline_at_ms: i64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,104 @@
+//! Experiences (a booth's AI activity and its limits) and terminals (the booth
+//! displays that receive pushes).
+
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder,
+};
+
+use super::entities::{experiences, terminals};
+use super::{new_id, Store, StoreError, StoreResult};
+use crate::domain::policy::EpochMs;
+
+/// What an operator sends to create an experience.
+#[derive(Debug, Clone)]
+pub struct NewExperience {
+    pub slug: String,
+    pub title: String,
+    pub kind: String,
+    pub ai_calls: i32,
+    pub min_success: Option<i32>,
+    pub max_in_flight: i32,
+    pub credits: Option<i64>,
+    pub closes_at_ms: Option<EpochMs>,
+}
+
+impl Store {
+    /// Creates an experience; a taken slug is a `Conflict`.
+    pub async fn create_experience(
+        &self,
+        new: NewExperience,
+        now: EpochMs,
+    ) -> StoreResult<experiences::Model> {
+        if self.experience_by_slug(&new.slug).await?.is_some() {
+            return Err(StoreError::Conflict(format!(
+                "slug {:?} is taken",
+                new.slug
+            )));
+        }
+        let tx = self.write_tx().await?;
+        let model = experiences::ActiveModel {
+            id: Set(new_id()),
+            slug: Set(new.slug),
+            title: Set(new.title),
+            kind: Set(new.kind),
+            ai_calls: Set(new.ai_calls),
+            min_success: Set(new.min_success),
+            max_in_flight: Set(new.max_in_flight),
+            credits: Set(new.credits),
+            closes_at_ms: Set(new.closes_at_ms),
+            created_at_ms: Set(now),
+        }
+        .insert(&*tx)
+        .await?;
+        tx.commit().await?;
+        Ok(model)
+    }
+
+    pub async fn experience_by_slug(&self, slug: &str) -> StoreResult<Option<experiences::Model>> {
+        Ok(experiences::Entity::find()
+            .filter(experiences::Column::Slug.eq(slug))
+            .one(self.db())
+            .await?)
+    }
+
+    pub async fn experience_by_id(&self, id: &str) -> StoreResult<Option<experiences::Model>> {
+        Ok(experiences::Entity::find_by_id(id.to_owned())
+            .one(self.db())
+            .await?)
+    }
+
+    pub async fn list_experiences(&self) -> StoreResult<Vec<experiences::Model>> {
+        Ok(experiences::Entity::find()
+            .order_by_asc(experiences::Column::CreatedAtMs)
+            .all(self.db())
+            .await?)
+    }
+
+    pub async fn create_terminal(
+        &self,
+        experience_id: &str,
+        name: &str,
+        token: &str,
+        now: EpochMs,
+    ) -> StoreResult<terminals::Model> {
+        let tx = self.write_tx().await?;
+        let model = terminals::ActiveModel {
+            id: Set(new_id()),
+            experience_id: Set(experience_id.to_owned()),
+            name: Set(name.to_owned()),
+            token: Set(token.to_owned()),
+            last_seq: Set(0),
+            created_at_ms: Set(now),
+        }
+        .insert(&*tx)
+        .await?;
+        tx.commit().await?;
+        Ok(model)
+    }
+
+    pub async fn terminal(&self, id: &str) -> StoreResult<Option<terminals::Model>> {
+        Ok(terminals::Entity::find_by_id(id.to_owned())
+            .one(self.db())
+            .await?)
+    }
+}

@@ -1,0 +1,204 @@
+//! Participant sessions and the submission transaction that turns a session
+//! into a runnable saga.
+
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
+};
+use uuid::Uuid;
+
+use super::entities::{sagas, sessions};
+use super::outbox::TerminalEvent;
+use super::{new_id, Store, StoreError, StoreResult};
+use crate::domain::policy::EpochMs;
+use crate::domain::saga::{AbortReason, Step};
+use crate::domain::session::SessionStatus;
+
+/// What the participant submitted.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    pub prompt: String,
+    pub score: Option<f64>,
+}
+
+impl Store {
+    pub async fn create_session(
+        &self,
+        experience_id: &str,
+        terminal_id: Option<String>,
+        nickname: &str,
+        participant_token: &str,
+        now: EpochMs,
+    ) -> StoreResult<sessions::Model> {
+        let tx = self.write_tx().await?;
+        let model = sessions::ActiveModel {
+            id: Set(new_id()),
+            experience_id: Set(experience_id.to_owned()),
+            terminal_id: Set(terminal_id),
+            nickname: Set(nickname.to_owned()),
+            participant_token: Set(participant_token.to_owned()),
+            status: Set(SessionStatus::Open.as_str().to_owned()),
+            abort_reason: Set(None),
+            created_at_ms: Set(now),
+            updated_at_ms: Set(now),
+        }
+        .insert(&*tx)
+        .await?;
+        tx.commit().await?;
+        Ok(model)
+    }
+
+    pub async fn session(&self, id: &str) -> StoreResult<Option<sessions::Model>> {
+        Ok(sessions::Entity::find_by_id(id.to_owned())
+            .one(self.db())
+            .await?)
+    }
+
+    /// The newest saga of a session, if it ever submitted.
+    pub async fn latest_saga_of_session(
+        &self,
+        session_id: &str,
+    ) -> StoreResult<Option<sagas::Model>> {
+        use sea_orm::QueryOrder;
+        Ok(sagas::Entity::find()
+            .filter(sagas::Column::SessionId.eq(session_id))
+            .order_by_desc(sagas::Column::CreatedAtMs)
+            .one(self.db())
+            .await?)
+    }
+
+    /// One transaction: the session moves OPEN/ABORTED -> SUBMITTING (a
+    /// conditional UPDATE, so two racing submissions cannot both pass) and a
+    /// runnable saga is inserted. `Conflict` when the session does not accept
+    /// a submission.
+    pub async fn submit(
+        &self,
+        session: &sessions::Model,
+        submission: Submission,
+        deadline_ms: i64,
+        now: EpochMs,
+    ) -> StoreResult<sagas::Model> {
+        let tx = self.write_tx().await?;
+        let moved = sessions::Entity::update_many()
+            .col_expr(
+                sessions::Column::Status,
+                SessionStatus::Submitting.as_str().into(),
+            )
+            .col_expr(sessions::Column::AbortReason, Option::<String>::None.into())
+            .col_expr(sessions::Column::UpdatedAtMs, now.into())
+            .filter(sessions::Column::Id.eq(session.id.clone()))
+            .filter(sessions::Column::Status.is_in([
+                SessionStatus::Open.as_str(),
+                SessionStatus::Aborted.as_str(),
+            ]))
+            .exec(&*tx)
+            .await?
+            .rows_affected;
+        if moved == 0 {
+            return Err(StoreError::Conflict("already_submitted".into()));
+        }
+        let saga = sagas::ActiveModel {
+            id: Set(new_id()),
+            session_id: Set(session.id.clone()),
+            experience_id: Set(session.experience_id.clone()),
+            step: Set(Step::AiPending.as_str().to_owned()),
+            prompt: Set(submission.prompt),
+            participant_score: Set(submission.score),
+            lock_token: Set(None),
+            locked_until_ms: Set(None),
+            attempts: Set(0),
+            recoveries: Set(0),
+            unavailable_streak: Set(0),
+            next_attempt_at_ms: Set(now),
+            ai_base_key: Set(Uuid::new_v4().to_string()),
+            ai_job_id: Set(None),
+            ai_submitted_at_ms: Set(None),
+            content: Set(None),
+            ai_score: Set(None),
+            score: Set(None),
+            score_attempt_id: Set(None),
+            rank: Set(None),
+            abort_reason: Set(None),
+            abort_detail: Set(None),
+            deadline_at_ms: Set(now + deadline_ms),
+            created_at_ms: Set(now),
+            updated_at_ms: Set(now),
+        }
+        .insert(&*tx)
+        .await?;
+        tx.commit().await?;
+        Ok(saga)
+    }
+
+    /// Sessions stuck in SUBMITTING with no saga (a crash between the two
+    /// writes cannot happen, they share a transaction, but a hand-edited or
+    /// restored database can): the ids, oldest first.
+    pub async fn submitting_without_saga(
+        &self,
+        older_than: EpochMs,
+        limit: i64,
+    ) -> StoreResult<Vec<String>> {
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                "SELECT s.id FROM sessions s WHERE s.status = 'SUBMITTING' AND s.updated_at_ms < $1 \
+                 AND NOT EXISTS (SELECT 1 FROM sagas g WHERE g.session_id = s.id \
+                 AND g.step IN ('AI_PENDING', 'AI_DONE', 'RANKING_DONE')) \
+                 ORDER BY s.updated_at_ms LIMIT $2",
+                vec![older_than.into(), limit.into()],
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get_by_index::<String>(0))
+            .collect::<Result<_, _>>()
+            .map_err(Into::into)
+    }
+
+    /// Ends a session stuck in SUBMITTING without a running saga: ABORTED
+    /// with ORPHANED, and the terminal is told. The outbox row carries the
+    /// session id where a saga id would stand, since no saga exists.
+    pub async fn abort_stuck_session(
+        &self,
+        session_id: &str,
+        now: EpochMs,
+    ) -> StoreResult<Option<TerminalEvent>> {
+        let reason = AbortReason::Orphaned;
+        let tx = self.write_tx().await?;
+        let moved = sessions::Entity::update_many()
+            .col_expr(
+                sessions::Column::Status,
+                SessionStatus::Aborted.as_str().into(),
+            )
+            .col_expr(sessions::Column::AbortReason, reason.as_str().into())
+            .col_expr(sessions::Column::UpdatedAtMs, now.into())
+            .filter(sessions::Column::Id.eq(session_id))
+            .filter(sessions::Column::Status.eq(SessionStatus::Submitting.as_str()))
+            .exec(&*tx)
+            .await?
+            .rows_affected;
+        if moved == 0 {
+            return Ok(None);
+        }
+        let session = sessions::Entity::find_by_id(session_id.to_owned())
+            .one(&*tx)
+            .await?
+            .ok_or(StoreError::NotFound("session"))?;
+        let event = match &session.terminal_id {
+            Some(terminal_id) => {
+                let payload = serde_json::json!({
+                    "type": reason.event_type(),
+                    "session_id": session.id,
+                    "nickname": session.nickname,
+                    "reason": reason.as_str(),
+                    "message": reason.human_message(),
+                });
+                Some(
+                    Self::append_event(&tx, terminal_id, &session.id, &session.id, payload, now)
+                        .await?,
+                )
+            }
+            None => None,
+        };
+        tx.commit().await?;
+        Ok(event)
+    }
+}

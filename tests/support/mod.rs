@@ -1,0 +1,369 @@
+//! Test support: a fresh database per test (SQLite temp file, or a new
+//! PostgreSQL database when `STAGEHAND_TEST_POSTGRES_URL` is set), the real
+//! application on a random port, the built-in simulator as the AI provider,
+//! and small clients for HTTP and the terminal socket. Waiting is always on a
+//! condition with a deadline.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use sea_orm::{ConnectionTrait, Database};
+use serde_json::{json, Value};
+use stagehand::ai::simulator::{self, RunningSim, SimConfig, SimControl};
+use stagehand::config::Config;
+use stagehand::http::AppState;
+use stagehand::startup::Application;
+use stagehand::store::Store;
+use tokio_tungstenite::tungstenite::Message;
+
+pub const OPERATOR: &str = "test-operator-token";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub fn postgres_admin_url() -> Option<String> {
+    std::env::var("STAGEHAND_TEST_POSTGRES_URL").ok().filter(|u| !u.is_empty())
+}
+
+/// Generates `mod NAME { sqlite, postgres }` tests that run `async fn
+/// NAME(backend: Backend)`. The PostgreSQL one says it is skipped when no
+/// server is configured (CI always configures one).
+#[macro_export]
+macro_rules! db_test {
+    ($name:ident) => {
+        mod $name {
+            #[actix_web::test]
+            async fn sqlite() {
+                super::$name($crate::support::Backend::Sqlite).await
+            }
+            #[actix_web::test]
+            async fn postgres() {
+                if $crate::support::postgres_admin_url().is_none() {
+                    eprintln!("skipped: STAGEHAND_TEST_POSTGRES_URL is not set");
+                    return;
+                }
+                super::$name($crate::support::Backend::Postgres).await
+            }
+        }
+    };
+}
+
+/// A fresh, empty database; dropped (SQLite: deleted) with the value.
+pub struct TestDb {
+    pub url: String,
+    pub backend: Backend,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    pub async fn fresh(backend: Backend) -> TestDb {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!("sqlite://{}/stagehand.db?mode=rwc", dir.path().display());
+                TestDb {
+                    url,
+                    backend,
+                    _dir: Some(dir),
+                }
+            }
+            Backend::Postgres => {
+                let admin = postgres_admin_url().expect("STAGEHAND_TEST_POSTGRES_URL");
+                let name = format!("stagehand_test_{}", uuid::Uuid::new_v4().simple());
+                let conn = Database::connect(&admin).await.expect("connect to PostgreSQL admin URL");
+                conn.execute_unprepared(&format!("CREATE DATABASE \"{name}\""))
+                    .await
+                    .expect("create test database");
+                conn.close().await.ok();
+                let base = admin.rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap_or(admin);
+                TestDb {
+                    url: format!("{base}/{name}"),
+                    backend,
+                    _dir: None,
+                }
+            }
+        }
+    }
+
+    /// A migrated store on this database.
+    pub async fn store(&self) -> Store {
+        let store = Store::connect(&self.url, 20).await.expect("connect");
+        store.migrate().await.expect("migrate");
+        store
+    }
+
+    /// The database name (PostgreSQL).
+    pub fn name(&self) -> &str {
+        self.url.rsplit('/').next().unwrap_or_default()
+    }
+}
+
+/// Short durations so every path runs in well under a second or two.
+pub fn test_config(db: &TestDb, ai_url: &str) -> Config {
+    let mut c = Config::defaults();
+    c.database_url = db.url.clone();
+    c.bind = "127.0.0.1:0".into();
+    c.ai_url = Some(ai_url.to_owned());
+    c.operator_token = Some(OPERATOR.into());
+    c.poll_interval = Duration::from_millis(200);
+    c.lease = Duration::from_secs(3);
+    c.cleanup_interval = Duration::from_secs(3600);
+    c.ai_timeout = Duration::from_secs(60);
+    c.ai_poll_interval = Duration::from_millis(50);
+    c.backoff_base = Duration::from_millis(100);
+    c.backoff_max = Duration::from_millis(400);
+    c.saga_deadline = Duration::from_secs(120);
+    c.db_pool = 10;
+    c
+}
+
+pub fn fast_sim() -> SimConfig {
+    SimConfig {
+        latency: Duration::from_millis(100),
+        reject_word: Some("forbidden".into()),
+        fail_rate: 0.0,
+        unavailable_rate: 0.0,
+    }
+}
+
+pub async fn start_sim(config: SimConfig) -> RunningSim {
+    simulator::start("127.0.0.1:0", SimControl::new(config))
+        .await
+        .expect("start simulator")
+}
+
+/// The application running in this process.
+pub struct TestApp {
+    pub base: String,
+    pub port: u16,
+    pub state: AppState,
+    pub app_cleanup: actix::Addr<stagehand::actors::cleanup::CleanupActor>,
+    pub sim: RunningSim,
+    pub db: TestDb,
+    pub http: reqwest::Client,
+    server: actix_web::dev::ServerHandle,
+}
+
+impl TestApp {
+    pub async fn spawn(backend: Backend) -> TestApp {
+        Self::spawn_with(backend, fast_sim(), |_| {}).await
+    }
+
+    pub async fn spawn_with(backend: Backend, sim: SimConfig, tweak: impl FnOnce(&mut Config)) -> TestApp {
+        let db = TestDb::fresh(backend).await;
+        let sim = start_sim(sim).await;
+        let mut config = test_config(&db, &sim.url());
+        tweak(&mut config);
+        let app = Application::build(config).await.expect("build application");
+        let port = app.port();
+        let state = app.state().clone();
+        let app_cleanup = app.cleanup();
+        let (server, _) = app.into_server();
+        let handle = server.handle();
+        actix_web::rt::spawn(server);
+        TestApp {
+            base: format!("http://127.0.0.1:{port}"),
+            port,
+            state,
+            app_cleanup,
+            sim,
+            db,
+            http: reqwest::Client::new(),
+            server: handle,
+        }
+    }
+
+    pub async fn stop(self) {
+        self.server.stop(false).await;
+    }
+
+    pub async fn experience(&self, max_in_flight: i32) -> String {
+        create_experience(&self.http, &self.base, max_in_flight).await
+    }
+
+    pub async fn terminal(&self, slug: &str) -> (String, String) {
+        create_terminal(&self.http, &self.base, slug).await
+    }
+
+    pub async fn session(&self, slug: &str, terminal: Option<&str>, nickname: &str) -> (String, String) {
+        create_session(&self.http, &self.base, slug, terminal, nickname).await
+    }
+
+    pub async fn submit(&self, sid: &str, token: &str, body: Value, key: &str) -> reqwest::Response {
+        submit(&self.http, &self.base, sid, token, body, key).await
+    }
+
+    pub async fn status(&self, sid: &str, token: &str) -> Value {
+        session_status(&self.http, &self.base, sid, token).await
+    }
+
+    pub async fn terminal_socket(&self, terminal_id: &str, token: &str, after: i64) -> Socket {
+        Socket::connect(self.port, terminal_id, token, after).await
+    }
+
+    /// Waits until the session is COMPLETED or ABORTED and returns it.
+    pub async fn wait_final(&self, sid: &str, token: &str, within: Duration) -> Value {
+        wait_final(&self.http, &self.base, sid, token, within).await
+    }
+}
+
+pub async fn create_experience(http: &reqwest::Client, base: &str, max_in_flight: i32) -> String {
+    let slug = format!("exp-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let resp = http
+        .post(format!("{base}/api/experiences"))
+        .bearer_auth(OPERATOR)
+        .json(&json!({"slug": slug, "title": "Booth", "kind": "comic", "ai_calls": 1, "max_in_flight": max_in_flight}))
+        .send()
+        .await
+        .expect("POST /api/experiences");
+    assert_eq!(resp.status(), 201, "{:?}", resp.text().await);
+    slug
+}
+
+pub async fn create_terminal(http: &reqwest::Client, base: &str, slug: &str) -> (String, String) {
+    let resp = http
+        .post(format!("{base}/api/terminals"))
+        .bearer_auth(OPERATOR)
+        .json(&json!({"experience": slug, "name": "booth 1"}))
+        .send()
+        .await
+        .expect("POST /api/terminals");
+    assert_eq!(resp.status(), 201);
+    let body: Value = resp.json().await.unwrap();
+    (
+        body["terminal_id"].as_str().unwrap().to_owned(),
+        body["token"].as_str().unwrap().to_owned(),
+    )
+}
+
+pub async fn create_session(
+    http: &reqwest::Client,
+    base: &str,
+    slug: &str,
+    terminal: Option<&str>,
+    nickname: &str,
+) -> (String, String) {
+    let mut body = json!({"nickname": nickname});
+    if let Some(t) = terminal {
+        body["terminal_id"] = t.into();
+    }
+    let resp = http
+        .post(format!("{base}/api/experiences/{slug}/sessions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("POST sessions");
+    assert_eq!(resp.status(), 201);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["status"], "OPEN");
+    (
+        body["session_id"].as_str().unwrap().to_owned(),
+        body["participant_token"].as_str().unwrap().to_owned(),
+    )
+}
+
+pub async fn submit(http: &reqwest::Client, base: &str, sid: &str, token: &str, body: Value, key: &str) -> reqwest::Response {
+    http.post(format!("{base}/api/sessions/{sid}/submission"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(&body)
+        .send()
+        .await
+        .expect("POST submission")
+}
+
+pub async fn session_status(http: &reqwest::Client, base: &str, sid: &str, token: &str) -> Value {
+    let resp = http
+        .get(format!("{base}/api/sessions/{sid}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("GET session");
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+pub async fn wait_final(http: &reqwest::Client, base: &str, sid: &str, token: &str, within: Duration) -> Value {
+    let mut last = Value::Null;
+    let found = wait_for(within, || {
+        let http = http.clone();
+        async move {
+            let s = session_status(&http, base, sid, token).await;
+            let done = matches!(s["status"].as_str(), Some("COMPLETED") | Some("ABORTED"));
+            Some(s).filter(|_| done)
+        }
+    })
+    .await;
+    match found {
+        Some(s) => s,
+        None => {
+            last = session_status(http, base, sid, token).await;
+            panic!("session {sid} did not end within {within:?}: {last}")
+        }
+    }
+}
+
+/// Polls `probe` every 25 ms until it yields `Some`, or gives up after
+/// `within` (None).
+pub async fn wait_for<T, F, Fut>(within: Duration, mut probe: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = probe().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A terminal display's socket.
+pub struct Socket {
+    ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+}
+
+impl Socket {
+    pub async fn connect(port: u16, terminal_id: &str, token: &str, after: i64) -> Socket {
+        let url = format!("ws://127.0.0.1:{port}/ws/terminals/{terminal_id}?token={token}&after={after}");
+        let (ws, _) = tokio_tungstenite::connect_async(url).await.expect("terminal socket");
+        Socket { ws }
+    }
+
+    /// The next JSON text frame, or None after `within`.
+    pub async fn next_json(&mut self, within: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(tokio::time::Instant::now())?;
+            match tokio::time::timeout(left, self.ws.next()).await {
+                Ok(Some(Ok(Message::Text(text)))) => return serde_json::from_str(&text).ok(),
+                Ok(Some(Ok(Message::Ping(p)))) => {
+                    let _ = self.ws.send(Message::Pong(p)).await;
+                }
+                Ok(Some(Ok(_))) => {}
+                _ => return None,
+            }
+        }
+    }
+
+    /// The next frame whose type starts with `session.`.
+    pub async fn next_session_event(&mut self, within: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(tokio::time::Instant::now())?;
+            let frame = self.next_json(left).await?;
+            if frame["type"].as_str().is_some_and(|t| t.starts_with("session.")) {
+                return Some(frame);
+            }
+        }
+    }
+}
