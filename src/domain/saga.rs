@@ -204,7 +204,9 @@ pub fn judge_unapplied<D: PartialEq + fmt::Debug>(
             to: target,
         });
     }
-    if now.lock_token != Some(token) {
+    // Not ours any more, or ended by someone else (the cleanup actor): the
+    // worker stops quietly.
+    if now.lock_token != Some(token) || (now.step.is_final() && now.step != target) {
         return Err(TransitionError::LeaseLost);
     }
     if now.step != target {
@@ -332,6 +334,18 @@ mod tests {
             "old",
             &7,
             row(Step::Aborted, None, &7),
+        );
+        assert_eq!(r, Err(TransitionError::LeaseLost));
+    }
+
+    #[test]
+    fn a_saga_ended_by_someone_else_is_lease_lost() {
+        let r = judge_unapplied(
+            Step::AiPending,
+            Step::AiDone,
+            "t",
+            &1,
+            row(Step::Aborted, Some("t"), &1),
         );
         assert_eq!(r, Err(TransitionError::LeaseLost));
     }

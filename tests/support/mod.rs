@@ -27,7 +27,9 @@ pub enum Backend {
 }
 
 pub fn postgres_admin_url() -> Option<String> {
-    std::env::var("STAGEHAND_TEST_POSTGRES_URL").ok().filter(|u| !u.is_empty())
+    std::env::var("STAGEHAND_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
 }
 
 /// Generates `mod NAME { sqlite, postgres }` tests that run `async fn
@@ -75,12 +77,17 @@ impl TestDb {
             Backend::Postgres => {
                 let admin = postgres_admin_url().expect("STAGEHAND_TEST_POSTGRES_URL");
                 let name = format!("stagehand_test_{}", uuid::Uuid::new_v4().simple());
-                let conn = Database::connect(&admin).await.expect("connect to PostgreSQL admin URL");
+                let conn = Database::connect(&admin)
+                    .await
+                    .expect("connect to PostgreSQL admin URL");
                 conn.execute_unprepared(&format!("CREATE DATABASE \"{name}\""))
                     .await
                     .expect("create test database");
                 conn.close().await.ok();
-                let base = admin.rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap_or(admin);
+                let base = admin
+                    .rsplit_once('/')
+                    .map(|(b, _)| b.to_owned())
+                    .unwrap_or(admin);
                 TestDb {
                     url: format!("{base}/{name}"),
                     backend,
@@ -154,7 +161,11 @@ impl TestApp {
         Self::spawn_with(backend, fast_sim(), |_| {}).await
     }
 
-    pub async fn spawn_with(backend: Backend, sim: SimConfig, tweak: impl FnOnce(&mut Config)) -> TestApp {
+    pub async fn spawn_with(
+        backend: Backend,
+        sim: SimConfig,
+        tweak: impl FnOnce(&mut Config),
+    ) -> TestApp {
         let db = TestDb::fresh(backend).await;
         let sim = start_sim(sim).await;
         let mut config = test_config(&db, &sim.url());
@@ -190,11 +201,22 @@ impl TestApp {
         create_terminal(&self.http, &self.base, slug).await
     }
 
-    pub async fn session(&self, slug: &str, terminal: Option<&str>, nickname: &str) -> (String, String) {
+    pub async fn session(
+        &self,
+        slug: &str,
+        terminal: Option<&str>,
+        nickname: &str,
+    ) -> (String, String) {
         create_session(&self.http, &self.base, slug, terminal, nickname).await
     }
 
-    pub async fn submit(&self, sid: &str, token: &str, body: Value, key: &str) -> reqwest::Response {
+    pub async fn submit(
+        &self,
+        sid: &str,
+        token: &str,
+        body: Value,
+        key: &str,
+    ) -> reqwest::Response {
         submit(&self.http, &self.base, sid, token, body, key).await
     }
 
@@ -267,7 +289,14 @@ pub async fn create_session(
     )
 }
 
-pub async fn submit(http: &reqwest::Client, base: &str, sid: &str, token: &str, body: Value, key: &str) -> reqwest::Response {
+pub async fn submit(
+    http: &reqwest::Client,
+    base: &str,
+    sid: &str,
+    token: &str,
+    body: Value,
+    key: &str,
+) -> reqwest::Response {
     http.post(format!("{base}/api/sessions/{sid}/submission"))
         .bearer_auth(token)
         .header("Idempotency-Key", key)
@@ -288,7 +317,13 @@ pub async fn session_status(http: &reqwest::Client, base: &str, sid: &str, token
     resp.json().await.unwrap()
 }
 
-pub async fn wait_final(http: &reqwest::Client, base: &str, sid: &str, token: &str, within: Duration) -> Value {
+pub async fn wait_final(
+    http: &reqwest::Client,
+    base: &str,
+    sid: &str,
+    token: &str,
+    within: Duration,
+) -> Value {
     let mut last = Value::Null;
     let found = wait_for(within, || {
         let http = http.clone();
@@ -329,13 +364,18 @@ where
 
 /// A terminal display's socket.
 pub struct Socket {
-    ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
 }
 
 impl Socket {
     pub async fn connect(port: u16, terminal_id: &str, token: &str, after: i64) -> Socket {
-        let url = format!("ws://127.0.0.1:{port}/ws/terminals/{terminal_id}?token={token}&after={after}");
-        let (ws, _) = tokio_tungstenite::connect_async(url).await.expect("terminal socket");
+        let url =
+            format!("ws://127.0.0.1:{port}/ws/terminals/{terminal_id}?token={token}&after={after}");
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("terminal socket");
         Socket { ws }
     }
 
@@ -361,7 +401,10 @@ impl Socket {
         loop {
             let left = deadline.checked_duration_since(tokio::time::Instant::now())?;
             let frame = self.next_json(left).await?;
-            if frame["type"].as_str().is_some_and(|t| t.starts_with("session.")) {
+            if frame["type"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("session."))
+            {
                 return Some(frame);
             }
         }
