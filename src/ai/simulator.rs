@@ -66,6 +66,9 @@ pub struct SimStats {
     pub running: u64,
     /// Submits that came without an `Idempotency-Key`.
     pub missing_key: u64,
+    /// Requests answered 503 because of an outage (down or `unavailable_rate`).
+    #[serde(default)]
+    pub refused: u64,
 }
 
 /// One simulated job.
@@ -123,6 +126,7 @@ struct SimState {
     polls: u64,
     max_concurrent_jobs: u64,
     missing_key: u64,
+    refused: u64,
 }
 
 impl SimState {
@@ -166,6 +170,7 @@ impl SimControl {
                 polls: 0,
                 max_concurrent_jobs: 0,
                 missing_key: 0,
+                refused: 0,
             })),
         }
     }
@@ -185,6 +190,7 @@ impl SimControl {
             max_concurrent_jobs: state.max_concurrent_jobs,
             running: state.running_jobs(Instant::now()),
             missing_key: state.missing_key,
+            refused: state.refused,
         }
     }
 
@@ -216,8 +222,13 @@ impl SimControl {
     /// True when this request must be answered 503: the simulator is down, or
     /// (for submits and polls) the `unavailable_rate` draw says so.
     fn is_unavailable(&self, draws_outage: bool) -> bool {
-        let state = self.lock();
-        state.down || (draws_outage && rand::random::<f64>() < state.config.unavailable_rate)
+        let mut state = self.lock();
+        let refused =
+            state.down || (draws_outage && rand::random::<f64>() < state.config.unavailable_rate);
+        if refused {
+            state.refused += 1;
+        }
+        refused
     }
 
     /// `POST /v1/jobs` once the body is read: returns the status and the body.

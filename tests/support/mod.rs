@@ -110,6 +110,16 @@ impl TestDb {
     }
 }
 
+/// Logs of the app under test, when `RUST_LOG` asks for them.
+pub fn init_logs() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 /// Short durations so every path runs in well under a second or two.
 pub fn test_config(db: &TestDb, ai_url: &str) -> Config {
     let mut c = Config::defaults();
@@ -324,7 +334,6 @@ pub async fn wait_final(
     token: &str,
     within: Duration,
 ) -> Value {
-    let mut last = Value::Null;
     let found = wait_for(within, || {
         let http = http.clone();
         async move {
@@ -337,7 +346,7 @@ pub async fn wait_final(
     match found {
         Some(s) => s,
         None => {
-            last = session_status(http, base, sid, token).await;
+            let last = session_status(http, base, sid, token).await;
             panic!("session {sid} did not end within {within:?}: {last}")
         }
     }
