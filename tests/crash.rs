@@ -380,6 +380,11 @@ async fn kill9_while_provider_down_then_recover(backend: Backend) {
         rows.iter().all(|s| s.attempts == 0),
         "unavailability is not an attempt: {rows:?}"
     );
+    eprintln!(
+        "[crash-down/{backend:?}] recoveries per saga: {:?}; sim stats {:?}",
+        rows.iter().map(|s| s.recoveries).collect::<Vec<_>>(),
+        sim.control.stats()
+    );
     drop(second);
     sim.stop().await;
 }
