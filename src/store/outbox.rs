@@ -6,9 +6,10 @@ use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, ExprTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde_json::Value;
 
-use super::entities::{terminal_events, terminals};
+use super::entities::{sessions, terminal_events, terminals};
 use super::{Store, StoreError, StoreResult, WriteTx};
 use crate::domain::policy::EpochMs;
+use crate::domain::saga::AbortReason;
 
 /// One event for one terminal; `payload` already carries `type` and `seq`.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +68,23 @@ impl Store {
         })
     }
 
+    /// Writes `payload` to the outbox of the session's terminal, inside the
+    /// caller's transaction; `None` when the session has no terminal.
+    pub(crate) async fn announce(
+        tx: &WriteTx,
+        session: &sessions::Model,
+        saga_id: &str,
+        payload: Value,
+        now: EpochMs,
+    ) -> StoreResult<Option<TerminalEvent>> {
+        match &session.terminal_id {
+            Some(terminal_id) => Ok(Some(
+                Self::append_event(tx, terminal_id, &session.id, saga_id, payload, now).await?,
+            )),
+            None => Ok(None),
+        }
+    }
+
     /// Events of a terminal with `seq > after`, oldest first.
     pub async fn events_after(
         &self,
@@ -105,4 +123,15 @@ impl Store {
         tx.commit().await?;
         Ok(n)
     }
+}
+
+/// The `session.rejected` / `session.aborted` event of a session.
+pub(crate) fn aborted_payload(session: &sessions::Model, reason: AbortReason) -> Value {
+    serde_json::json!({
+        "type": reason.event_type(),
+        "session_id": session.id,
+        "nickname": session.nickname,
+        "reason": reason.as_str(),
+        "message": reason.human_message(),
+    })
 }

@@ -12,7 +12,7 @@ use sea_orm::{
 use serde_json::json;
 
 use super::entities::{results, sagas, sessions};
-use super::outbox::TerminalEvent;
+use super::outbox::{aborted_payload, TerminalEvent};
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::failure::AiResult;
 use crate::domain::policy::{lease_until, AttemptState, EpochMs};
@@ -223,7 +223,7 @@ impl Store {
                 (sagas::Column::AiJobId, Expr::value(job_id)),
                 (
                     sagas::Column::AiSubmittedAtMs,
-                    Expr::cust_with_values("COALESCE(ai_submitted_at_ms, $1)", [now]).into(),
+                    Expr::cust_with_values("COALESCE(ai_submitted_at_ms, $1)", [now]),
                 ),
                 (sagas::Column::UnavailableStreak, Expr::value(0)),
             ],
@@ -428,23 +428,15 @@ impl Store {
         .exec(&*tx)
         .await?;
         set_session_status(&tx, &saga.session_id, SessionStatus::Completed, None, now).await?;
-        let event = match &session.terminal_id {
-            Some(terminal_id) => {
-                let payload = json!({
-                    "type": "session.completed",
-                    "session_id": saga.session_id,
-                    "nickname": session.nickname,
-                    "result": {"content": content, "score": saga.score.or(saga.ai_score), "rank": saga.rank},
-                    "score": saga.score,
-                    "rank": saga.rank,
-                });
-                Some(
-                    Self::append_event(&tx, terminal_id, &saga.session_id, &saga.id, payload, now)
-                        .await?,
-                )
-            }
-            None => None,
-        };
+        let payload = json!({
+            "type": "session.completed",
+            "session_id": saga.session_id,
+            "nickname": session.nickname,
+            "result": {"content": content, "score": saga.score.or(saga.ai_score), "rank": saga.rank},
+            "score": saga.score,
+            "rank": saga.rank,
+        });
+        let event = Self::announce(&tx, &session, &saga.id, payload, now).await?;
         tx.commit().await?;
         Ok(event)
     }
@@ -506,22 +498,14 @@ impl Store {
             now,
         )
         .await?;
-        let event = match &session.terminal_id {
-            Some(terminal_id) => {
-                let payload = json!({
-                    "type": reason.event_type(),
-                    "session_id": saga.session_id,
-                    "nickname": session.nickname,
-                    "reason": reason.as_str(),
-                    "message": reason.human_message(),
-                });
-                Some(
-                    Self::append_event(&tx, terminal_id, &saga.session_id, &saga.id, payload, now)
-                        .await?,
-                )
-            }
-            None => None,
-        };
+        let event = Self::announce(
+            &tx,
+            &session,
+            &saga.id,
+            aborted_payload(&session, reason),
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(event)
     }

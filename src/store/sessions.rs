@@ -7,7 +7,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::entities::{sagas, sessions};
-use super::outbox::TerminalEvent;
+use super::outbox::{aborted_payload, TerminalEvent};
 use super::{new_id, Store, StoreError, StoreResult};
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::{AbortReason, Step};
@@ -182,22 +182,14 @@ impl Store {
             .one(&*tx)
             .await?
             .ok_or(StoreError::NotFound("session"))?;
-        let event = match &session.terminal_id {
-            Some(terminal_id) => {
-                let payload = serde_json::json!({
-                    "type": reason.event_type(),
-                    "session_id": session.id,
-                    "nickname": session.nickname,
-                    "reason": reason.as_str(),
-                    "message": reason.human_message(),
-                });
-                Some(
-                    Self::append_event(&tx, terminal_id, &session.id, &session.id, payload, now)
-                        .await?,
-                )
-            }
-            None => None,
-        };
+        let event = Self::announce(
+            &tx,
+            &session,
+            &session.id,
+            aborted_payload(&session, reason),
+            now,
+        )
+        .await?;
         tx.commit().await?;
         Ok(event)
     }
