@@ -117,6 +117,19 @@ async fn serve(config: Config) -> Result<(), String> {
     Ok(())
 }
 
+/// Ctrl-C or SIGTERM. Stopping at any other point is safe too: the database
+/// says where every saga stands, and leases expire.
 async fn wait_for_ctrl_c() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
     let _ = tokio::signal::ctrl_c().await;
 }

@@ -245,6 +245,16 @@ async fn operators_need_their_token_and_errors_are_json(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(resp.status(), 401);
+    let resp = app
+        .http
+        .get(format!(
+            "{}/api/experiences/{slug}/ranking?limit=lots",
+            app.base
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_of(resp).await, (422, "validation_failed".into()));
     for path in ["/healthz", "/readyz", "/"] {
         assert_eq!(
             app.http

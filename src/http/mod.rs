@@ -19,6 +19,7 @@ use crate::actors::dispatcher::Dispatcher;
 use crate::actors::terminal_hub::TerminalHub;
 use crate::clock::SharedClock;
 use crate::store::Store;
+use error::ApiError;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -33,37 +34,45 @@ pub struct AppState {
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/healthz", web::get().to(service::healthz))
-        .route("/readyz", web::get().to(service::readyz))
-        .route(
-            "/api/experiences",
-            web::post().to(operators::create_experience),
-        )
-        .route(
-            "/api/experiences",
-            web::get().to(operators::list_experiences),
-        )
-        .route("/api/terminals", web::post().to(operators::create_terminal))
-        .route(
-            "/api/experiences/{slug}/sessions",
-            web::post().to(participants::create_session),
-        )
-        .route(
-            "/api/experiences/{slug}/ranking",
-            web::get().to(participants::ranking),
-        )
-        .route(
-            "/api/sessions/{id}/submission",
-            web::post().to(participants::submit),
-        )
-        .route(
-            "/api/sessions/{id}",
-            web::get().to(participants::get_session),
-        )
-        .route(
-            "/ws/terminals/{id}",
-            web::get().to(terminals::terminal_socket),
-        )
-        .route("/", web::get().to(pages::index))
-        .default_service(web::to(service::not_found));
+    // Malformed query strings and paths answer in the same JSON shape.
+    cfg.app_data(
+        web::QueryConfig::default()
+            .error_handler(|e, _| ApiError::Validation(e.to_string()).into()),
+    )
+    .app_data(
+        web::PathConfig::default().error_handler(|e, _| ApiError::Validation(e.to_string()).into()),
+    )
+    .route("/healthz", web::get().to(service::healthz))
+    .route("/readyz", web::get().to(service::readyz))
+    .route(
+        "/api/experiences",
+        web::post().to(operators::create_experience),
+    )
+    .route(
+        "/api/experiences",
+        web::get().to(operators::list_experiences),
+    )
+    .route("/api/terminals", web::post().to(operators::create_terminal))
+    .route(
+        "/api/experiences/{slug}/sessions",
+        web::post().to(participants::create_session),
+    )
+    .route(
+        "/api/experiences/{slug}/ranking",
+        web::get().to(participants::ranking),
+    )
+    .route(
+        "/api/sessions/{id}/submission",
+        web::post().to(participants::submit),
+    )
+    .route(
+        "/api/sessions/{id}",
+        web::get().to(participants::get_session),
+    )
+    .route(
+        "/ws/terminals/{id}",
+        web::get().to(terminals::terminal_socket),
+    )
+    .route("/", web::get().to(pages::index))
+    .default_service(web::to(service::not_found));
 }
