@@ -1,3 +1,40 @@
+//! stagehand: the backstage server for AI-powered experiences at live events.
+//!
+//! A participant submits a prompt or a score; the server answers 202 at once
+//! and runs a saga per session — external AI call, ranking, persistence —
+//! and pushes the outcome to the booth's display. Every saga ends COMPLETED
+//! or ABORTED even when processes die; no database connection or row lock is
+//! held during external I/O; retries never create a second AI job, ranking
+//! entry or terminal event.
+//!
+//! # Layout
+//!
+//! The data flow of one submission, with the module that owns each part:
+//!
+//! ```text
+//! http::participants::submit ── store::sessions::submit (one tx: session SUBMITTING + saga AI_PENDING)
+//!        │ 202 + Wake
+//!        ▼
+//! actors::dispatcher ── store::sagas::claim_runnable (lease + lock token, under the AI cap)
+//!        ▼
+//! actors::saga_supervisor (one per saga; renews its lease; domain::policy decides retries)
+//!        ├─ actors::ai ── ai::client (job API; outside errors -> domain::failure::AiFailure)
+//!        ├─ actors::ranking ── store::ranking (one entry per session)
+//!        └─ actors::persistence ── store::sagas (fenced transitions; the final tx writes
+//!                                   result + session + store::outbox event)
+//!                                        ▼
+//!                         actors::terminal_hub -> actors::terminal_socket (replay by seq)
+//! actors::cleanup ── aborts what nobody owns (ORPHANED), purges old keys and events
+//! ```
+//!
+//! - [`domain`]: pure rules (steps, failure kinds, retry/lease/recovery
+//!   policy, AI key derivation); given `now`, never reads a clock.
+//! - [`store`]: the database, the only source of truth; every SQL statement.
+//! - [`actors`]: how work moves; any actor may vanish.
+//! - [`ai`]: the provider client and the built-in simulator.
+//! - [`http`]: routes, auth, idempotency rules, the one error mapping.
+//! - [`config`], [`clock`], [`startup`]: flags, the injectable clock, wiring.
+
 pub mod actors;
 pub mod ai;
 pub mod clock;

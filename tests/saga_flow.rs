@@ -7,8 +7,9 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
-use stagehand::actors::cleanup::RunCleanup;
+use stagehand::actors::cleanup::{CleanupReport, RunCleanup};
 use stagehand::ai::simulator::SimConfig;
+use stagehand::clock::{Clock, ManualClock};
 use support::{fast_sim, Backend, TestApp};
 
 const WITHIN: Duration = Duration::from_secs(20);
@@ -222,45 +223,56 @@ async fn failed_jobs_are_retried_then_abort_ai_failed(backend: Backend) {
 db_test!(failed_jobs_are_retried_then_abort_ai_failed);
 
 async fn cleanup_aborts_orphans_and_stuck_sessions_and_tells_the_terminal(backend: Backend) {
-    let app = TestApp::spawn_with(backend, fast_sim(), |c| {
-        // Past its deadline before the dispatcher can take it.
-        c.saga_deadline = Duration::from_millis(1);
-        c.poll_interval = Duration::from_secs(3600);
-    })
+    // The app runs on a clock that only moves when the test says so.
+    let clock = ManualClock::new(1_800_000_000_000);
+    let app = TestApp::spawn_with_clock(
+        backend,
+        fast_sim(),
+        |c| {
+            c.saga_deadline = Duration::from_secs(60);
+            // The dispatcher makes its first round at start and then only
+            // when woken; this test never wakes it.
+            c.poll_interval = Duration::from_secs(3600);
+        },
+        clock.clone(),
+    )
     .await;
     let slug = app.experience(5).await;
     let (tid, ttok) = app.terminal(&slug).await;
     let mut socket = app.terminal_socket(&tid, &ttok, 0).await;
-
-    // An orphan: a saga nobody finished before its deadline.
-    let (sid, ptok) = app.session(&slug, Some(&tid), "fay").await;
     let store = &app.state.store;
+
+    // A saga nobody runs (no dispatcher round takes it).
+    let (sid, ptok) = app.session(&slug, Some(&tid), "fay").await;
     let session = store.session(&sid).await.unwrap().unwrap();
-    let t0 = chrono::Utc::now().timestamp_millis() - 60_000;
+    let submission = stagehand::store::sessions::Submission {
+        prompt: "p".into(),
+        score: None,
+    };
     store
-        .submit(
-            &session,
-            stagehand::store::sessions::Submission {
-                prompt: "p".into(),
-                score: None,
-            },
-            1,
-            t0,
-        )
+        .submit(&session, submission, 60_000, clock.now_ms())
         .await
         .unwrap();
-
     // A session stuck in SUBMITTING without any saga (as after restoring a
     // partial backup).
     let (sid2, ptok2) = app.session(&slug, Some(&tid), "gus").await;
     store
         .write_one(store.sql(
             "UPDATE sessions SET status = 'SUBMITTING', updated_at_ms = $1 WHERE id = $2",
-            vec![t0.into(), sid2.clone().into()],
+            vec![clock.now_ms().into(), sid2.clone().into()],
         ))
         .await
         .unwrap();
 
+    // Before the deadline and the lease-long grace nothing is touched.
+    clock.advance_ms(1_000);
+    assert_eq!(
+        app.app_cleanup.send(RunCleanup).await.unwrap(),
+        CleanupReport::default()
+    );
+    assert_eq!(app.status(&sid, &ptok).await["status"], "SUBMITTING");
+
+    clock.advance_ms(60_000);
     let report = app.app_cleanup.send(RunCleanup).await.unwrap();
     assert_eq!(report.orphaned_sagas, 1);
     assert_eq!(report.stuck_sessions, 1);

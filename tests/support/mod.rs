@@ -176,11 +176,25 @@ impl TestApp {
         sim: SimConfig,
         tweak: impl FnOnce(&mut Config),
     ) -> TestApp {
+        let clock = std::sync::Arc::new(stagehand::clock::SystemClock);
+        Self::spawn_with_clock(backend, sim, tweak, clock).await
+    }
+
+    /// The application on an injected clock (e.g. a `ManualClock`).
+    pub async fn spawn_with_clock(
+        backend: Backend,
+        sim: SimConfig,
+        tweak: impl FnOnce(&mut Config),
+        clock: stagehand::clock::SharedClock,
+    ) -> TestApp {
+        init_logs();
         let db = TestDb::fresh(backend).await;
         let sim = start_sim(sim).await;
         let mut config = test_config(&db, &sim.url());
         tweak(&mut config);
-        let app = Application::build(config).await.expect("build application");
+        let app = Application::build_with_clock(config, clock)
+            .await
+            .expect("build application");
         let port = app.port();
         let state = app.state().clone();
         let app_cleanup = app.cleanup();
