@@ -84,25 +84,26 @@ impl Actor for SagaSupervisor {
             ctx.stop();
             return;
         };
-        let saga_id = saga.id.clone();
         let renew_every = (self.deps.settings.lease / 3).max(Duration::from_millis(50));
+        let saga_id = saga.id.clone();
         ctx.run_interval(renew_every, move |act, ctx| {
             let renew = act.deps.persistence.send(RenewLease {
                 saga_id: saga_id.clone(),
                 token: act.token.clone(),
             });
-            ctx.spawn(renew.into_actor(act).map(|res, act, ctx| {
-                if let Ok(Err(e)) = res {
-                    if e.is_lease_lost() {
-                        tracing::info!(token = %act.token, "lease lost while waiting; stopping");
-                    } else {
-                        tracing::warn!(error = %e, "lease renewal failed");
-                    }
-                    // Without a renewed lease someone else may take over.
-                    if e.is_lease_lost() {
-                        ctx.stop();
-                    }
+            let saga_id = saga_id.clone();
+            ctx.spawn(renew.into_actor(act).map(move |res, _, ctx| match res {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if e.is_lease_lost() => {
+                    // Someone else owns the saga now; whatever step is in
+                    // flight is dropped with this actor.
+                    tracing::info!(%saga_id, "lease lost while waiting; stopping");
+                    ctx.stop();
                 }
+                Ok(Err(e)) => {
+                    tracing::warn!(%saga_id, error = %e, "lease renewal failed; retrying")
+                }
+                Err(e) => tracing::warn!(%saga_id, error = %e, "persistence actor unreachable"),
             }));
         });
         let drive = drive(

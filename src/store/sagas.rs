@@ -35,11 +35,15 @@ pub enum Fence<'a> {
 }
 
 /// The SQL condition "a worker may claim this saga now", the mirror of
-/// `domain::policy::recovery` returning `Claim`. Parameters: $2 = now,
-/// $3 = max_recoveries.
-const CLAIMABLE: &str = "step IN ('AI_PENDING', 'AI_DONE', 'RANKING_DONE') \
-     AND next_attempt_at_ms <= $2 AND deadline_at_ms >= $2 \
-     AND (lock_token IS NULL OR (locked_until_ms < $2 AND recoveries < $3))";
+/// `domain::policy::recovery` returning `Claim`, with `now` and
+/// `max_recoveries` bound at placeholders `$now` and `$max`.
+fn claimable(now: usize, max: usize) -> String {
+    format!(
+        "step IN ('AI_PENDING', 'AI_DONE', 'RANKING_DONE') \
+         AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now} \
+         AND (lock_token IS NULL OR (locked_until_ms < ${now} AND recoveries < ${max}))"
+    )
+}
 
 impl Store {
     pub async fn saga(&self, id: &str) -> StoreResult<Option<sagas::Model>> {
@@ -58,13 +62,10 @@ impl Store {
         let stmt = self.sql(
             &format!(
                 "SELECT e.id, e.max_in_flight FROM experiences e WHERE EXISTS \
-                 (SELECT 1 FROM sagas WHERE experience_id = e.id AND $1 = $1 AND {CLAIMABLE})"
+                 (SELECT 1 FROM sagas WHERE experience_id = e.id AND {})",
+                claimable(1, 2)
             ),
-            vec![
-                0i32.into(),
-                now.into(),
-                (rules.max_recoveries as i32).into(),
-            ],
+            vec![now.into(), (rules.max_recoveries as i32).into()],
         );
         let rows = self.db().query_all_raw(stmt).await?;
         rows.iter()
@@ -127,8 +128,9 @@ impl Store {
         let candidates = tx
             .query_all_raw(self.sql(
                 &format!(
-                    "SELECT id, step FROM sagas WHERE experience_id = $1 AND {CLAIMABLE} \
-                     ORDER BY created_at_ms, id LIMIT $4{lock}"
+                    "SELECT id, step FROM sagas WHERE experience_id = $1 AND {} \
+                     ORDER BY created_at_ms, id LIMIT $4{lock}",
+                    claimable(2, 3)
                 ),
                 vec![
                     experience_id.into(),
@@ -152,15 +154,15 @@ impl Store {
             let token = new_id();
             let stmt = self.sql(
                 &format!(
-                    "UPDATE sagas SET lock_token = $5, locked_until_ms = $6, updated_at_ms = $2, \
+                    "UPDATE sagas SET lock_token = $4, locked_until_ms = $5, updated_at_ms = $2, \
                      recoveries = recoveries + (CASE WHEN lock_token IS NULL THEN 0 ELSE 1 END) \
-                     WHERE id = $1 AND $4 = $4 AND {CLAIMABLE}"
+                     WHERE id = $1 AND {}",
+                    claimable(2, 3)
                 ),
                 vec![
                     id.clone().into(),
                     now.into(),
                     (rules.max_recoveries as i32).into(),
-                    0i32.into(),
                     token.into(),
                     lease_until(now, rules.lease_ms).into(),
                 ],
