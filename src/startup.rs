@@ -57,7 +57,6 @@ impl Application {
         config: Config,
         clock: SharedClock,
     ) -> Result<Application, StartupError> {
-        install_crypto_provider();
         let store = Store::connect(&config.database_url, config.db_pool).await?;
         store.migrate().await?;
         tracing::info!(database = %redact(&config.database_url), "database ready (migrations applied)");
@@ -183,12 +182,6 @@ impl Application {
     pub fn into_server(self) -> (Server, Option<RunningSim>) {
         (self.server, self.simulator)
     }
-}
-
-/// reqwest is built without a default TLS provider; ring is the one sqlx
-/// already brings, so one crypto stack is compiled.
-fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// The URL without its password, for logs.

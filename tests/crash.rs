@@ -36,7 +36,7 @@ fn crash_sim() -> SimConfig {
 /// reqwest is built without a default TLS provider; the application installs
 /// one when it starts, but here it runs in another process.
 fn http_client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    stagehand::ai::client::ensure_crypto_provider();
     reqwest::Client::new()
 }
 

@@ -124,7 +124,7 @@ impl AiClient {
 /// process-wide crypto provider would panic. Installs ring unless some provider
 /// is already installed (by `main` or an earlier client); losing a race against
 /// another installer is fine.
-fn ensure_crypto_provider() {
+pub fn ensure_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     }

@@ -449,9 +449,7 @@ mod tests {
     /// A bare reqwest client for requests `AiClient` does not make; installs
     /// the crypto provider reqwest needs, as `AiClient::new` does.
     fn plain_http() -> reqwest::Client {
-        if rustls::crypto::CryptoProvider::get_default().is_none() {
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
+        crate::ai::client::ensure_crypto_provider();
         reqwest::Client::new()
     }
 
