@@ -82,15 +82,9 @@ async fn duplicate_submissions_fired_concurrently_make_one_saga(backend: Backend
         (422, "idempotency_key_reused".into())
     );
     assert_eq!(app.sim.control.stats().jobs_created, 1);
-    let ranking: Value = app
-        .http
-        .get(format!("{}/api/experiences/{slug}/ranking", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ranking = app
+        .get_json(&format!("/api/experiences/{slug}/ranking"))
+        .await;
     assert_eq!(ranking["entries"].as_array().unwrap().len(), 1);
     app.stop().await;
 }
@@ -100,30 +94,17 @@ async fn submission_checks_in_contract_order(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let slug = app.experience(5).await;
     let (sid, ptok) = app.session(&slug, None, "erin").await;
-    let url = format!("{}/api/sessions/{sid}/submission", app.base);
+    let prompt = json!({"prompt": "x"}).to_string();
 
     // Authentication first.
-    let resp = app
-        .http
-        .post(&url)
-        .json(&json!({"prompt": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let resp = app.submit_raw(&sid, None, Some("k"), prompt.clone()).await;
     assert_eq!(error_of(resp).await, (401, "unauthorized".into()));
     let resp = app
         .submit(&sid, "wrong-token", json!({"prompt": "x"}), "k")
         .await;
     assert_eq!(error_of(resp).await, (401, "unauthorized".into()));
     // Then the key.
-    let resp = app
-        .http
-        .post(&url)
-        .bearer_auth(&ptok)
-        .json(&json!({"prompt": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let resp = app.submit_raw(&sid, Some(&ptok), None, prompt).await;
     assert_eq!(
         error_of(resp).await,
         (400, "idempotency_key_required".into())
@@ -146,26 +127,17 @@ async fn submission_checks_in_contract_order(backend: Backend) {
         .await;
     assert_eq!(error_of(resp).await, (422, "validation_failed".into()));
     let resp = app
-        .http
-        .post(&url)
-        .bearer_auth(&ptok)
-        .header("Idempotency-Key", "k-bad")
-        .header("content-type", "application/json")
-        .body("{not json")
-        .send()
-        .await
-        .unwrap();
+        .submit_raw(&sid, Some(&ptok), Some("k-bad"), "{not json".into())
+        .await;
     assert_eq!(error_of(resp).await, (400, "invalid_json".into()));
     let resp = app
-        .http
-        .post(&url)
-        .bearer_auth(&ptok)
-        .header("Idempotency-Key", "k-big")
-        .header("content-type", "application/json")
-        .body(format!("{{\"prompt\": \"{}\"}}", "x".repeat(70 * 1024)))
-        .send()
-        .await
-        .unwrap();
+        .submit_raw(
+            &sid,
+            Some(&ptok),
+            Some("k-big"),
+            format!("{{\"prompt\": \"{}\"}}", "x".repeat(70 * 1024)),
+        )
+        .await;
     assert_eq!(error_of(resp).await, (413, "payload_too_large".into()));
     // Nothing was lost: the session still accepts a good submission.
     assert_eq!(

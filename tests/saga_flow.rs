@@ -63,18 +63,9 @@ async fn happy_path_reaches_the_terminal(backend: Backend) {
     assert_eq!(s["result"]["score"], 4200.0);
     assert!(s["result"]["content"][0]["url"].is_string());
 
-    let ranking: serde_json::Value = app
-        .http
-        .get(format!(
-            "{}/api/experiences/{slug}/ranking?limit=5",
-            app.base
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ranking = app
+        .get_json(&format!("/api/experiences/{slug}/ranking?limit=5"))
+        .await;
     assert_eq!(
         ranking["entries"],
         json!([{"rank": 1, "nickname": "alice", "score": 4200.0, "session_id": sid}])

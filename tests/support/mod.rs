@@ -244,6 +244,41 @@ impl TestApp {
         submit(&self.http, &self.base, sid, token, body, key).await
     }
 
+    /// A submission with full control: no token or key when `None`, the body
+    /// sent as raw bytes.
+    pub async fn submit_raw(
+        &self,
+        sid: &str,
+        token: Option<&str>,
+        key: Option<&str>,
+        body: String,
+    ) -> reqwest::Response {
+        let mut req = self
+            .http
+            .post(format!("{}/api/sessions/{sid}/submission", self.base))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
+        if let Some(key) = key {
+            req = req.header("Idempotency-Key", key);
+        }
+        req.send().await.expect("POST submission")
+    }
+
+    /// GET a public path and parse its JSON.
+    pub async fn get_json(&self, path: &str) -> Value {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("GET");
+        assert_eq!(resp.status(), 200, "GET {path}");
+        resp.json().await.expect("JSON body")
+    }
+
     pub async fn status(&self, sid: &str, token: &str) -> Value {
         session_status(&self.http, &self.base, sid, token).await
     }
