@@ -193,9 +193,9 @@ impl Store {
             .filter(sagas::Column::Id.eq(saga_id))
             .filter(sagas::Column::LockToken.eq(token))
             .filter(sagas::Column::Step.is_in(Step::runnable().map(Step::as_str)));
-        let _gate = self.write_tx().await?;
-        let rows = stmt.exec(&*_gate).await?.rows_affected;
-        _gate.commit().await?;
+        let tx = self.write_tx().await?;
+        let rows = stmt.exec(&*tx).await?.rows_affected;
+        tx.commit().await?;
         if rows == 1 {
             Ok(())
         } else {
