@@ -92,9 +92,7 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound(what) => ApiError::NotFound(what),
-            StoreError::Conflict(message) if message == "already_submitted" => {
-                ApiError::AlreadySubmitted
-            }
+            StoreError::AlreadySubmitted => ApiError::AlreadySubmitted,
             StoreError::Conflict(message) => ApiError::Conflict(message),
             StoreError::Db(sea_orm::DbErr::ConnectionAcquire(_))
             | StoreError::Db(sea_orm::DbErr::Conn(_)) => ApiError::Unavailable,

@@ -39,6 +39,9 @@ pub enum StoreError {
     NotFound(&'static str),
     #[error("{0}")]
     Conflict(String),
+    /// The session is not OPEN or ABORTED, so it takes no submission.
+    #[error("this session has already submitted")]
+    AlreadySubmitted,
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
 }

@@ -94,7 +94,7 @@ impl Store {
             .await?
             .rows_affected;
         if moved == 0 {
-            return Err(StoreError::Conflict("already_submitted".into()));
+            return Err(StoreError::AlreadySubmitted);
         }
         let saga = sagas::ActiveModel {
             id: Set(new_id()),
