@@ -170,15 +170,23 @@ async fn operators_need_their_token_and_errors_are_json(backend: Backend) {
         .unwrap();
     assert_eq!(error_of(bad_kind).await, (422, "validation_failed".into()));
     let slug = app.experience(5).await;
-    let taken = app
-        .http
-        .post(format!("{}/api/experiences", app.base))
-        .bearer_auth(OPERATOR)
-        .json(&json!({"slug": slug, "title": "t", "kind": "comic"}))
-        .send()
-        .await
-        .unwrap();
+    let create = |slug: String| {
+        app.http
+            .post(format!("{}/api/experiences", app.base))
+            .bearer_auth(OPERATOR)
+            .json(&json!({"slug": slug, "title": "t", "kind": "comic"}))
+            .send()
+    };
+    let taken = create(slug.clone()).await.unwrap();
     assert_eq!(error_of(taken).await, (409, "conflict".into()));
+    // Creates of one new slug fired at once: one wins, the rest conflict.
+    let racing = join_all((0..6).map(|_| create("racing-slug".into()))).await;
+    let mut statuses: Vec<u16> = racing
+        .iter()
+        .map(|r| r.as_ref().unwrap().status().as_u16())
+        .collect();
+    statuses.sort();
+    assert_eq!(statuses, vec![201, 409, 409, 409, 409, 409]);
     let list: Value = app
         .http
         .get(format!("{}/api/experiences", app.base))

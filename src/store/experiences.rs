@@ -2,7 +2,7 @@
 //! displays that receive pushes).
 
 use sea_orm::{
-    ActiveModelTrait, ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder,
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, SqlErr,
 };
 
 use super::entities::{experiences, terminals};
@@ -29,12 +29,7 @@ impl Store {
         new: NewExperience,
         now: EpochMs,
     ) -> StoreResult<experiences::Model> {
-        if self.experience_by_slug(&new.slug).await?.is_some() {
-            return Err(StoreError::Conflict(format!(
-                "slug {:?} is taken",
-                new.slug
-            )));
-        }
+        let taken = StoreError::Conflict(format!("slug {:?} is taken", new.slug));
         let tx = self.write_tx().await?;
         let model = experiences::ActiveModel {
             id: Set(new_id()),
@@ -49,7 +44,12 @@ impl Store {
             created_at_ms: Set(now),
         }
         .insert(&*tx)
-        .await?;
+        .await
+        // The unique index decides, so two racing creates cannot both pass.
+        .map_err(|e| match e.sql_err() {
+            Some(SqlErr::UniqueConstraintViolation(_)) => taken,
+            _ => e.into(),
+        })?;
         tx.commit().await?;
         Ok(model)
     }
