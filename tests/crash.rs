@@ -27,9 +27,7 @@ use support::{Backend, TestDb};
 fn crash_sim() -> SimConfig {
     SimConfig {
         latency: Duration::from_secs(2),
-        reject_word: Some("forbidden".into()),
-        fail_rate: 0.0,
-        unavailable_rate: 0.0,
+        ..support::fast_sim()
     }
 }
 

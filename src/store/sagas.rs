@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::entities::{results, sagas, sessions};
 use super::outbox::{aborted_payload, TerminalEvent};
+use super::sessions::set_session_status;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::failure::AiResult;
 use crate::domain::policy::{lease_until, AttemptState, EpochMs};
@@ -429,7 +430,15 @@ impl Store {
         })
         .exec(&*tx)
         .await?;
-        set_session_status(&tx, &saga.session_id, SessionStatus::Completed, None, now).await?;
+        set_session_status(
+            &tx,
+            &saga.session_id,
+            SessionStatus::Completed,
+            None,
+            None,
+            now,
+        )
+        .await?;
         let payload = json!({
             "type": "session.completed",
             "session_id": saga.session_id,
@@ -497,6 +506,7 @@ impl Store {
             &saga.session_id,
             SessionStatus::Aborted,
             Some(reason),
+            None,
             now,
         )
         .await?;
@@ -611,26 +621,6 @@ async fn load_session<C: ConnectionTrait>(
         .one(conn)
         .await?
         .ok_or(StoreError::NotFound("session"))
-}
-
-async fn set_session_status(
-    tx: &WriteTx,
-    session_id: &str,
-    status: SessionStatus,
-    reason: Option<AbortReason>,
-    now: EpochMs,
-) -> StoreResult<()> {
-    sessions::Entity::update_many()
-        .col_expr(sessions::Column::Status, Expr::value(status.as_str()))
-        .col_expr(
-            sessions::Column::AbortReason,
-            Expr::value(reason.map(|r| r.as_str())),
-        )
-        .col_expr(sessions::Column::UpdatedAtMs, Expr::value(now))
-        .filter(sessions::Column::Id.eq(session_id))
-        .exec(&**tx)
-        .await?;
-    Ok(())
 }
 
 pub(crate) fn step_of(saga: &sagas::Model) -> StoreResult<Step> {

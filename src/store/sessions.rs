@@ -8,10 +8,11 @@ use uuid::Uuid;
 
 use super::entities::{sagas, sessions};
 use super::outbox::{aborted_payload, TerminalEvent};
-use super::{new_id, Store, StoreError, StoreResult};
+use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::{AbortReason, Step};
 use crate::domain::session::SessionStatus;
+use sea_orm::sea_query::Expr;
 
 /// What the participant submitted.
 #[derive(Debug, Clone)]
@@ -163,18 +164,15 @@ impl Store {
     ) -> StoreResult<Option<TerminalEvent>> {
         let reason = AbortReason::Orphaned;
         let tx = self.write_tx().await?;
-        let moved = sessions::Entity::update_many()
-            .col_expr(
-                sessions::Column::Status,
-                SessionStatus::Aborted.as_str().into(),
-            )
-            .col_expr(sessions::Column::AbortReason, reason.as_str().into())
-            .col_expr(sessions::Column::UpdatedAtMs, now.into())
-            .filter(sessions::Column::Id.eq(session_id))
-            .filter(sessions::Column::Status.eq(SessionStatus::Submitting.as_str()))
-            .exec(&*tx)
-            .await?
-            .rows_affected;
+        let moved = set_session_status(
+            &tx,
+            session_id,
+            SessionStatus::Aborted,
+            Some(reason),
+            Some(SessionStatus::Submitting),
+            now,
+        )
+        .await?;
         if moved == 0 {
             return Ok(None);
         }
@@ -193,4 +191,29 @@ impl Store {
         tx.commit().await?;
         Ok(event)
     }
+}
+
+/// Sets a session's status (and abort reason) inside the caller's
+/// transaction; with `only_from`, only while the session is in that status.
+/// Returns the rows changed (0 or 1).
+pub(crate) async fn set_session_status(
+    tx: &WriteTx,
+    session_id: &str,
+    status: SessionStatus,
+    reason: Option<AbortReason>,
+    only_from: Option<SessionStatus>,
+    now: EpochMs,
+) -> StoreResult<u64> {
+    let mut update = sessions::Entity::update_many()
+        .col_expr(sessions::Column::Status, Expr::value(status.as_str()))
+        .col_expr(
+            sessions::Column::AbortReason,
+            Expr::value(reason.map(|r| r.as_str())),
+        )
+        .col_expr(sessions::Column::UpdatedAtMs, Expr::value(now))
+        .filter(sessions::Column::Id.eq(session_id));
+    if let Some(from) = only_from {
+        update = update.filter(sessions::Column::Status.eq(from.as_str()));
+    }
+    Ok(update.exec(&**tx).await?.rows_affected)
 }
