@@ -67,6 +67,10 @@ pub struct Config {
     /// Database connections in the pool.
     #[arg(long, env = "STAGEHAND_DB_POOL", default_value_t = 10)]
     pub db_pool: u32,
+    /// Sagas this instance drives at once at most. When it is full, its
+    /// dispatcher claims nothing more and other instances take the work.
+    #[arg(long, env = "STAGEHAND_MAX_RUNNING", default_value_t = 1000)]
+    pub max_running: u32,
 }
 
 impl Config {

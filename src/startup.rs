@@ -12,11 +12,14 @@ use actix_web::{web, App, HttpServer};
 
 use crate::actors::ai::AiActor;
 use crate::actors::cleanup::CleanupActor;
+use crate::actors::cluster::ClusterBridge;
 use crate::actors::dispatcher::Dispatcher;
+use crate::actors::outbox_relay::OutboxRelay;
 use crate::actors::persistence::PersistenceActor;
 use crate::actors::ranking::RankingActor;
 use crate::actors::saga_supervisor::{SagaDeps, SagaSettings};
 use crate::actors::terminal_hub::TerminalHub;
+use crate::actors::wakeups::{ClusterMailbox, Wakeups};
 use crate::ai::simulator::{self, RunningSim, SimConfig, SimControl};
 use crate::ai::AiClient;
 use crate::clock::{SharedClock, SystemClock};
@@ -85,9 +88,33 @@ impl Application {
             max_recoveries: config.max_recoveries,
         };
         let hub = TerminalHub::default().start();
-        let persistence =
-            PersistenceActor::new(store.clone(), clock.clone(), rules.lease_ms, hub.clone())
-                .start();
+        // On PostgreSQL other instances may share the database: wake-ups
+        // cross over with LISTEN/NOTIFY. SQLite is one process.
+        let cluster = store.is_postgres().then(ClusterMailbox::default);
+        let wakeups = Wakeups {
+            cluster: cluster.clone(),
+            ..Wakeups::default()
+        };
+        if let Some(mailbox) = cluster {
+            let instance_id = crate::store::new_id();
+            tracing::info!(%instance_id, "PostgreSQL: wake-ups cross instances with LISTEN/NOTIFY");
+            ClusterBridge::new(
+                store.clone(),
+                instance_id,
+                mailbox,
+                wakeups.clone(),
+                hub.clone(),
+            )
+            .start();
+        }
+        OutboxRelay::new(store.clone(), hub.clone(), wakeups.clone()).start();
+        let persistence = PersistenceActor::new(
+            store.clone(),
+            clock.clone(),
+            rules.lease_ms,
+            wakeups.clone(),
+        )
+        .start();
         let ai_client = AiClient::new(&ai_url, Duration::from_secs(5), Duration::from_secs(30));
         let deps = SagaDeps {
             store: store.clone(),
@@ -102,12 +129,19 @@ impl Application {
                 retry: config.retry_policy(),
             }),
         };
-        let dispatcher = Dispatcher::new(deps, rules, config.poll_interval).start();
+        Dispatcher::new(
+            deps,
+            rules,
+            config.poll_interval,
+            wakeups.dispatcher.clone(),
+            config.max_running as usize,
+        )
+        .start();
         let cleanup = CleanupActor::new(
             store.clone(),
             clock.clone(),
             persistence,
-            hub.clone(),
+            wakeups.clone(),
             rules,
             config.cleanup_interval,
         )
@@ -116,7 +150,7 @@ impl Application {
         let state = AppState {
             store,
             clock,
-            dispatcher,
+            wakeups,
             hub,
             operator_token,
             saga_deadline_ms: config.saga_deadline.as_millis() as i64,

@@ -2,12 +2,15 @@
 //!
 //! The same migrations run on SQLite (the embedded default) and on PostgreSQL
 //! (production), so they are written with the portable sea-query schema
-//! builder only: no raw SQL. `Migrator::up` brings a database to the current
-//! schema; `Migrator::down` removes everything the migrations created.
+//! builder, except where a backend has no portable form (changing a column's
+//! nullability), which is spelled out per backend. `Migrator::up` brings a
+//! database to the current schema; `Migrator::down` removes everything the
+//! migrations created.
 
 pub use sea_orm_migration::prelude::*;
 
 mod m20261130_000001_init;
+mod m20261201_000002_reactive_delivery;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -15,6 +18,9 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261130_000001_init::Migration)]
+        vec![
+            Box::new(m20261130_000001_init::Migration),
+            Box::new(m20261201_000002_reactive_delivery::Migration),
+        ]
     }
 }

@@ -328,7 +328,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
         let event = terminal_events::ActiveModel {
             id: NotSet,
             terminal_id: Set(terminal.clone()),
-            seq: Set(seq),
+            seq: Set(Some(seq)),
             session_id: Set(session_full.clone()),
             saga_id: Set(saga.clone()),
             event_type: Set("session.completed".into()),
@@ -344,7 +344,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             .await
             .map_err(err("select terminal event"))?
             .ok_or("terminal event not found by its generated id")?;
-        if back.seq != seq || back.saga_id != *saga || back.created_at_ms != T0 + seq {
+        if back.seq != Some(seq) || back.saga_id != *saga || back.created_at_ms != T0 + seq {
             return Err(format!("terminal event read back wrong: {back:?}"));
         }
         ids.push(inserted.last_insert_id);

@@ -13,7 +13,7 @@ mod common;
 use common::{err, on_postgres, on_sqlite, with_database, TestResult};
 use migration::{Migrator, MigratorTrait, SchemaManager};
 use sea_orm_migration::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
-use sea_orm_migration::sea_query::{Expr, InsertStatement, Order, Query};
+use sea_orm_migration::sea_query::{Expr, Func, InsertStatement, Order, Query};
 
 const TABLES: [&str; 8] = [
     "experiences",
@@ -268,8 +268,103 @@ async fn check_outbox_id_column(db: &DatabaseConnection) -> TestResult {
     Ok(())
 }
 
+fn insert_unnumbered(saga_id: &str) -> InsertStatement {
+    Query::insert()
+        .into_table("terminal_events")
+        .columns([
+            "terminal_id",
+            "session_id",
+            "saga_id",
+            "event_type",
+            "payload",
+            "created_at_ms",
+        ])
+        .values_panic([
+            TERMINAL_ID.into(),
+            SESSION_ID.into(),
+            saga_id.into(),
+            "session.completed".into(),
+            "{}".into(),
+            1_700_000_000_000i64.into(),
+        ])
+        .to_owned()
+}
+
+async fn event_count(db: &DatabaseConnection) -> Result<i64, String> {
+    let row = db
+        .query_one(
+            Query::select()
+                .expr(Func::count(Expr::col("id")))
+                .from("terminal_events"),
+        )
+        .await
+        .map_err(err("count events"))?
+        .ok_or("no count")?;
+    row.try_get_by_index::<i64>(0).map_err(err("count"))
+}
+
+/// The reactive-delivery migration on a database that already has numbered
+/// events: they survive with their `seq`, unnumbered events (several per
+/// terminal) become possible, the foreign key and unique indexes still hold;
+/// one step down drops only the unnumbered ones.
+async fn check_outbox_becomes_nullable(db: &DatabaseConnection) -> TestResult {
+    Migrator::up(db, Some(1)).await.map_err(err("up to init"))?;
+    insert_parents(db).await?;
+    db.execute(&insert_event(
+        1,
+        "00000000-0000-4000-8000-0000000000a1",
+        TERMINAL_ID,
+    ))
+    .await
+    .map_err(err("numbered event before"))?;
+    if db
+        .execute(&insert_unnumbered("00000000-0000-4000-8000-0000000000a0"))
+        .await
+        .is_ok()
+    {
+        return Err("the init schema accepted an event without seq".into());
+    }
+    Migrator::up(db, None).await.map_err(err("up to latest"))?;
+    for saga in [
+        "00000000-0000-4000-8000-0000000000a2",
+        "00000000-0000-4000-8000-0000000000a3",
+    ] {
+        db.execute(&insert_unnumbered(saga))
+            .await
+            .map_err(err("unnumbered event"))?;
+    }
+    if event_count(db).await? != 3 {
+        return Err("the numbered event did not survive the migration".into());
+    }
+    if db
+        .execute(&insert_event(
+            1,
+            "00000000-0000-4000-8000-0000000000a4",
+            TERMINAL_ID,
+        ))
+        .await
+        .is_ok()
+    {
+        return Err("duplicate (terminal_id, seq) accepted after the migration".into());
+    }
+    if db
+        .execute(&insert_unnumbered("00000000-0000-4000-8000-0000000000a2"))
+        .await
+        .is_ok()
+    {
+        return Err("second event for one saga accepted after the migration".into());
+    }
+    Migrator::down(db, Some(1)).await.map_err(err("one down"))?;
+    if event_count(db).await? != 1 {
+        return Err("one step down must keep exactly the numbered event".into());
+    }
+    Migrator::down(db, None).await.map_err(err("all down"))?;
+    Ok(())
+}
+
 /// up, checks, down, up again, checks again.
 async fn up_down_up(db: &DatabaseConnection) -> TestResult {
+    check_outbox_becomes_nullable(db).await?;
     Migrator::up(db, None).await.map_err(err("first up"))?;
     assert_tables(db, true).await?;
     check_outbox_id_column(db).await?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use super::persistence::{Abort, PersistenceActor};
-use super::terminal_hub::{Publish, TerminalHub};
+use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::domain::policy::{ownership, recovery, Recovery, RecoveryLimits};
 use crate::domain::saga::AbortReason;
@@ -40,7 +40,7 @@ pub struct CleanupActor {
     store: Store,
     clock: SharedClock,
     persistence: Addr<PersistenceActor>,
-    hub: Addr<TerminalHub>,
+    wakeups: Wakeups,
     rules: ClaimRules,
     interval: Duration,
     /// How long a session may sit in SUBMITTING without a saga.
@@ -52,7 +52,7 @@ impl CleanupActor {
         store: Store,
         clock: SharedClock,
         persistence: Addr<PersistenceActor>,
-        hub: Addr<TerminalHub>,
+        wakeups: Wakeups,
         rules: ClaimRules,
         interval: Duration,
     ) -> Self {
@@ -60,7 +60,7 @@ impl CleanupActor {
             store,
             clock,
             persistence,
-            hub,
+            wakeups,
             rules,
             interval,
             stuck_after_ms: rules.lease_ms,
@@ -68,11 +68,11 @@ impl CleanupActor {
     }
 
     fn round(&self) -> impl std::future::Future<Output = CleanupReport> + 'static {
-        let (store, clock, persistence, hub, rules) = (
+        let (store, clock, persistence, wakeups, rules) = (
             self.store.clone(),
             self.clock.clone(),
             self.persistence.clone(),
-            self.hub.clone(),
+            self.wakeups.clone(),
             self.rules,
         );
         let stuck_after_ms = self.stuck_after_ms;
@@ -133,11 +133,11 @@ impl CleanupActor {
                 Ok(ids) => {
                     for id in ids {
                         match store.abort_stuck_session(&id, now).await {
-                            Ok(event) => {
+                            Ok(appended) => {
                                 report.stuck_sessions += 1;
                                 tracing::warn!(session_id = %id, "session stuck in SUBMITTING without a saga: ABORTED");
-                                if let Some(event) = event {
-                                    hub.do_send(Publish(event));
+                                if appended {
+                                    wakeups.event_appended();
                                 }
                             }
                             Err(e) => {

@@ -1,18 +1,33 @@
-//! Dispatcher: the queue. Woken right after a submission commits, when a
-//! backoff ends, and on a poll timer as a safety net. Each round claims, per
-//! experience, the oldest runnable sagas that fit under its `max_in_flight`
-//! (the store makes the claim atomic) and starts one [`SagaSupervisor`] per
-//! claimed saga.
+//! Dispatcher: the queue. Woken through its [`Doorbell`] right after a
+//! submission commits and whenever an AI slot frees (a saga leaves
+//! AI_PENDING, aborts, or releases its lease), on this instance or, through
+//! the cluster bridge, on another; when a backoff ends ([`WakeAt`]); when one
+//! of its own supervisors stops ([`SagaStopped`]); and on the poll timer only
+//! as a safety net.
+//!
+//! Each round claims, per experience, the oldest runnable sagas that fit
+//! under its `max_in_flight` and under this instance's `max_running` (the
+//! store makes the claim atomic), and starts one [`SagaSupervisor`] per
+//! claimed saga. A claim that fails for one experience is logged and the
+//! round goes on with the others, starting everything it did claim. Rounds
+//! never overlap: a wake-up during a round asks for one more round after it.
+//!
+//! Mailbox: the doorbell loop awaits each `Wake` it sends, so rings collapse
+//! instead of queueing; `SagaStopped` comes once per running saga (at most
+//! `max_running`); `WakeAt` once per backoff.
 
 use std::time::Duration;
 
 use actix::prelude::*;
 
 use super::saga_supervisor::{SagaDeps, SagaSupervisor};
+use super::wakeups::Doorbell;
 use crate::domain::policy::EpochMs;
+use crate::store::entities::sagas;
 use crate::store::sagas::ClaimRules;
+use crate::store::{Store, StoreResult};
 
-/// Claim now (sent after a submission commits).
+/// Claim now.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Wake;
@@ -22,23 +37,45 @@ pub struct Wake;
 #[rtype(result = "()")]
 pub struct WakeAt(pub EpochMs);
 
+/// One of this instance's supervisors stopped: its place is free.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SagaStopped;
+
 pub struct Dispatcher {
     deps: SagaDeps,
     rules: ClaimRules,
     poll_interval: Duration,
+    bell: Doorbell,
+    /// Supervisors this instance runs at most.
+    max_running: usize,
+    /// Supervisors running now.
+    running: usize,
     /// A round is running; a wake-up meanwhile sets `again`.
     busy: bool,
     again: bool,
+    /// A wake-up found no room; the next stopping supervisor claims.
+    starved: bool,
 }
 
 impl Dispatcher {
-    pub fn new(deps: SagaDeps, rules: ClaimRules, poll_interval: Duration) -> Self {
+    pub fn new(
+        deps: SagaDeps,
+        rules: ClaimRules,
+        poll_interval: Duration,
+        bell: Doorbell,
+        max_running: usize,
+    ) -> Self {
         Dispatcher {
             deps,
             rules,
             poll_interval,
+            bell,
+            max_running: max_running.max(1),
+            running: 0,
             busy: false,
             again: false,
+            starved: false,
         }
     }
 
@@ -47,42 +84,33 @@ impl Dispatcher {
             self.again = true;
             return;
         }
+        let room = self.max_running.saturating_sub(self.running);
+        if room == 0 {
+            self.starved = true;
+            return;
+        }
         self.busy = true;
-        let store = self.deps.store.clone();
-        let clock = self.deps.clock.clone();
-        let rules = self.rules;
-        let claim = async move {
-            let now = clock.now_ms();
-            let mut claimed = Vec::new();
-            for (experience_id, max_in_flight) in
-                store.experiences_with_claimable(now, rules).await?
-            {
-                claimed.extend(
-                    store
-                        .claim_runnable(&experience_id, max_in_flight, now, rules)
-                        .await?,
-                );
-            }
-            Ok::<_, crate::store::StoreError>(claimed)
-        };
-        ctx.spawn(claim.into_actor(self).map(|claimed, act, ctx| {
+        let claim = claim_round(
+            self.deps.store.clone(),
+            self.deps.clock.now_ms(),
+            self.rules,
+            room,
+        );
+        ctx.spawn(claim.into_actor(self).map(move |claimed, act, ctx| {
             act.busy = false;
-            match claimed {
-                Ok(sagas) => {
-                    for saga in sagas {
-                        tracing::info!(
-                            saga_id = %saga.id, step = %saga.step, recoveries = saga.recoveries,
-                            "claimed saga"
-                        );
-                        if let Some(supervisor) =
-                            SagaSupervisor::new(saga, act.deps.clone(), ctx.address())
-                        {
-                            supervisor.start();
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "claim round failed; retrying on the next wake-up")
+            if claimed.len() == room {
+                // More may be waiting than we had room for.
+                act.starved = true;
+            }
+            for saga in claimed {
+                tracing::info!(
+                    saga_id = %saga.id, step = %saga.step, recoveries = saga.recoveries,
+                    "claimed saga"
+                );
+                if let Some(supervisor) = SagaSupervisor::new(saga, act.deps.clone(), ctx.address())
+                {
+                    supervisor.start();
+                    act.running += 1;
                 }
             }
             if std::mem::take(&mut act.again) {
@@ -92,12 +120,57 @@ impl Dispatcher {
     }
 }
 
+/// Claims for every experience with claimable work, at most `room` sagas
+/// in all. A failure for one experience does not stop the others.
+async fn claim_round(
+    store: Store,
+    now: EpochMs,
+    rules: ClaimRules,
+    room: usize,
+) -> Vec<sagas::Model> {
+    let experiences: StoreResult<_> = store.experiences_with_claimable(now, rules).await;
+    let experiences = match experiences {
+        Ok(experiences) => experiences,
+        Err(e) => {
+            tracing::error!(error = %e, "claim round failed; retrying on the next wake-up");
+            return Vec::new();
+        }
+    };
+    let mut claimed = Vec::new();
+    for (experience_id, max_in_flight) in experiences {
+        let left = room - claimed.len();
+        if left == 0 {
+            break;
+        }
+        match store
+            .claim_runnable(&experience_id, max_in_flight, left, now, rules)
+            .await
+        {
+            Ok(sagas) => claimed.extend(sagas),
+            Err(e) => tracing::error!(
+                %experience_id, error = %e,
+                "claim failed for this experience; the others go on, it is retried on the next wake-up"
+            ),
+        }
+    }
+    claimed
+}
+
 impl Actor for Dispatcher {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.round(ctx);
         ctx.run_interval(self.poll_interval, |act, ctx| act.round(ctx));
+        let (bell, me) = (self.bell.clone(), ctx.address());
+        actix::spawn(async move {
+            loop {
+                bell.rung().await;
+                if me.send(Wake).await.is_err() {
+                    break; // the dispatcher stopped
+                }
+            }
+        });
     }
 }
 
@@ -113,5 +186,15 @@ impl Handler<WakeAt> for Dispatcher {
     fn handle(&mut self, m: WakeAt, ctx: &mut Context<Self>) {
         let delay_ms = (m.0 - self.deps.clock.now_ms()).max(0) as u64;
         ctx.run_later(Duration::from_millis(delay_ms), |act, ctx| act.round(ctx));
+    }
+}
+
+impl Handler<SagaStopped> for Dispatcher {
+    type Result = ();
+    fn handle(&mut self, _: SagaStopped, ctx: &mut Context<Self>) {
+        self.running = self.running.saturating_sub(1);
+        if std::mem::take(&mut self.starved) {
+            self.round(ctx);
+        }
     }
 }

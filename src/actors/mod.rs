@@ -11,14 +11,24 @@
 //! - [`persistence::PersistenceActor`]: the short fenced transactions; pushes
 //!   terminal events after they commit.
 //! - [`cleanup::CleanupActor`]: ends what nobody owns any more.
+//! - [`outbox_relay::OutboxRelay`]: numbers committed outbox events in
+//!   batches and rings the displays that have news.
 //! - [`terminal_hub::TerminalHub`] and [`terminal_socket::TerminalSocket`]:
-//!   live pushes to booth displays.
+//!   each display streams its terminal's outbox at its own pace; the hub
+//!   only rings.
+//! - [`cluster::ClusterBridge`] (PostgreSQL): carries wake-ups between
+//!   instances with LISTEN/NOTIFY.
+//!
+//! [`wakeups`] is not an actor: the doorbells committers ring after commit.
 
 pub mod ai;
 pub mod cleanup;
+pub mod cluster;
 pub mod dispatcher;
+pub mod outbox_relay;
 pub mod persistence;
 pub mod ranking;
 pub mod saga_supervisor;
 pub mod terminal_hub;
 pub mod terminal_socket;
+pub mod wakeups;

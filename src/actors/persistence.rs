@@ -1,15 +1,16 @@
 //! PersistenceActor: the short transactions of a saga, each fenced by the
-//! lock token. After a transaction that ends a saga commits, its outbox event
-//! goes to the [`TerminalHub`] for live delivery.
+//! lock token. After a transaction commits it sends the wake-ups it owes:
+//! a freed AI slot (the saga left AI_PENDING, aborted, or released its
+//! lease) wakes the dispatchers, and an appended outbox event wakes the
+//! relay that numbers it for the displays.
 
 use actix::prelude::*;
 
-use super::terminal_hub::{Publish, TerminalHub};
+use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::domain::failure::AiResult;
 use crate::domain::policy::{AttemptState, EpochMs};
 use crate::domain::saga::AbortReason;
-use crate::store::outbox::TerminalEvent;
 use crate::store::sagas::{Fence, RankedEntry};
 use crate::store::{Store, StoreResult};
 
@@ -82,22 +83,16 @@ pub struct PersistenceActor {
     store: Store,
     clock: SharedClock,
     lease_ms: i64,
-    hub: Addr<TerminalHub>,
+    wakeups: Wakeups,
 }
 
 impl PersistenceActor {
-    pub fn new(store: Store, clock: SharedClock, lease_ms: i64, hub: Addr<TerminalHub>) -> Self {
+    pub fn new(store: Store, clock: SharedClock, lease_ms: i64, wakeups: Wakeups) -> Self {
         PersistenceActor {
             store,
             clock,
             lease_ms,
-            hub,
-        }
-    }
-
-    fn publish(hub: &Addr<TerminalHub>, event: Option<TerminalEvent>) {
-        if let Some(event) = event {
-            hub.do_send(Publish(event));
+            wakeups,
         }
     }
 }
@@ -132,10 +127,13 @@ impl Handler<RecordAiDone> for PersistenceActor {
     type Result = Reply<()>;
     fn handle(&mut self, m: RecordAiDone, _: &mut Context<Self>) -> Self::Result {
         let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
+        let wakeups = self.wakeups.clone();
         Box::pin(async move {
             store
                 .record_ai_done(&m.saga_id, &m.token, &m.result, now, lease)
-                .await
+                .await?;
+            wakeups.saga_work(); // its AI slot is free
+            Ok(())
         })
     }
 }
@@ -156,6 +154,7 @@ impl Handler<ReleaseForRetry> for PersistenceActor {
     type Result = Reply<()>;
     fn handle(&mut self, m: ReleaseForRetry, _: &mut Context<Self>) -> Self::Result {
         let (store, now) = (self.store.clone(), self.clock.now_ms());
+        let wakeups = self.wakeups.clone();
         Box::pin(async move {
             store
                 .release_for_retry(
@@ -166,7 +165,9 @@ impl Handler<ReleaseForRetry> for PersistenceActor {
                     m.attempt_counted,
                     now,
                 )
-                .await
+                .await?;
+            wakeups.saga_work(); // its AI slot is free while it backs off
+            Ok(())
         })
     }
 }
@@ -174,10 +175,15 @@ impl Handler<ReleaseForRetry> for PersistenceActor {
 impl Handler<Complete> for PersistenceActor {
     type Result = Reply<()>;
     fn handle(&mut self, m: Complete, _: &mut Context<Self>) -> Self::Result {
-        let (store, now, hub) = (self.store.clone(), self.clock.now_ms(), self.hub.clone());
+        let (store, now, wakeups) = (
+            self.store.clone(),
+            self.clock.now_ms(),
+            self.wakeups.clone(),
+        );
         Box::pin(async move {
-            let event = store.complete(&m.saga_id, &m.token, now).await?;
-            Self::publish(&hub, event);
+            if store.complete(&m.saga_id, &m.token, now).await? {
+                wakeups.event_appended();
+            }
             Ok(())
         })
     }
@@ -186,16 +192,23 @@ impl Handler<Complete> for PersistenceActor {
 impl Handler<Abort> for PersistenceActor {
     type Result = Reply<()>;
     fn handle(&mut self, m: Abort, _: &mut Context<Self>) -> Self::Result {
-        let (store, now, hub) = (self.store.clone(), self.clock.now_ms(), self.hub.clone());
+        let (store, now, wakeups) = (
+            self.store.clone(),
+            self.clock.now_ms(),
+            self.wakeups.clone(),
+        );
         Box::pin(async move {
             let fence = match &m.token {
                 Some(token) => Fence::Token(token),
                 None => Fence::Unowned,
             };
-            let event = store
+            let appended = store
                 .abort(&m.saga_id, fence, m.reason, &m.detail, now)
                 .await?;
-            Self::publish(&hub, event);
+            wakeups.saga_work(); // an aborted AI_PENDING saga frees its slot
+            if appended {
+                wakeups.event_appended();
+            }
             Ok(())
         })
     }

@@ -11,7 +11,7 @@ use actix::prelude::*;
 use uuid::Uuid;
 
 use super::ai::{AiActor, PollJob, SubmitJob};
-use super::dispatcher::{Dispatcher, WakeAt};
+use super::dispatcher::{Dispatcher, SagaStopped, WakeAt};
 use super::persistence::{
     Abort, Complete, PersistenceActor, RecordAiDone, RecordAiSubmitted, RecordRankingDone,
     ReleaseForRetry, RenewLease,
@@ -113,6 +113,10 @@ impl Actor for SagaSupervisor {
             self.dispatcher.clone(),
         );
         ctx.spawn(drive.into_actor(self).map(|_, _, ctx| ctx.stop()));
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.dispatcher.do_send(SagaStopped);
     }
 }
 

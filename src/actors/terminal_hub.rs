@@ -1,21 +1,27 @@
-//! TerminalHub: knows which display sockets are connected for each terminal
-//! and forwards committed outbox events to them. It keeps no events itself:
-//! a socket that misses one catches up from the outbox by `seq`.
+//! TerminalHub: knows which display sockets of which terminal are connected
+//! on this instance, and rings them when their terminal has new numbered
+//! events. It carries no events: a ring only says "there is more", and each
+//! socket reads the outbox from its own position, so nothing is ever dropped
+//! for a full mailbox.
+//!
+//! Mailbox: rings come from the outbox relay and the cluster bridge, each
+//! awaiting its `send`, so each has at most one message here at a time;
+//! `Connect` is awaited by the socket, and `Disconnect` comes once per socket.
 
 use std::collections::HashMap;
 
 use actix::prelude::*;
 
-use crate::store::outbox::TerminalEvent;
+use super::wakeups::Doorbell;
 
-/// A socket of `terminal_id` wants live events. Answered once registered,
-/// so the socket can read the outbox after it without a gap.
+/// A socket of `terminal_id` wants rings. Answered once registered, so the
+/// socket can read the outbox after it without missing a ring.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Connect {
     pub terminal_id: String,
     pub socket_id: u64,
-    pub recipient: Recipient<Deliver>,
+    pub bell: Doorbell,
 }
 
 #[derive(Message)]
@@ -25,15 +31,15 @@ pub struct Disconnect {
     pub socket_id: u64,
 }
 
-/// A committed event to push.
+/// These terminals have new numbered events.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Publish(pub TerminalEvent);
+pub struct Ring(pub Vec<String>);
 
-/// What a socket receives from the hub.
-#[derive(Message, Clone)]
+/// Every terminal may have new events (after the listener reconnected).
+#[derive(Message)]
 #[rtype(result = "()")]
-pub struct Deliver(pub TerminalEvent);
+pub struct RingAll;
 
 /// How many display sockets are connected (for stats and tests).
 #[derive(Message)]
@@ -42,7 +48,7 @@ pub struct ConnectedCount;
 
 #[derive(Default)]
 pub struct TerminalHub {
-    sockets: HashMap<String, HashMap<u64, Recipient<Deliver>>>,
+    sockets: HashMap<String, HashMap<u64, Doorbell>>,
 }
 
 impl Actor for TerminalHub {
@@ -55,7 +61,7 @@ impl Handler<Connect> for TerminalHub {
         self.sockets
             .entry(m.terminal_id)
             .or_default()
-            .insert(m.socket_id, m.recipient);
+            .insert(m.socket_id, m.bell);
     }
 }
 
@@ -71,15 +77,27 @@ impl Handler<Disconnect> for TerminalHub {
     }
 }
 
-impl Handler<Publish> for TerminalHub {
+impl Handler<Ring> for TerminalHub {
     type Result = ();
-    fn handle(&mut self, m: Publish, _: &mut Context<Self>) {
-        if let Some(sockets) = self.sockets.get(&m.0.terminal_id) {
-            for recipient in sockets.values() {
-                // A full or closed mailbox must not stall the hub; the
-                // display catches up from the outbox when it reconnects.
-                let _ = recipient.try_send(Deliver(m.0.clone()));
+    fn handle(&mut self, m: Ring, _: &mut Context<Self>) {
+        for terminal_id in &m.0 {
+            for bell in self
+                .sockets
+                .get(terminal_id)
+                .into_iter()
+                .flat_map(|s| s.values())
+            {
+                bell.ring();
             }
+        }
+    }
+}
+
+impl Handler<RingAll> for TerminalHub {
+    type Result = ();
+    fn handle(&mut self, _: RingAll, _: &mut Context<Self>) {
+        for bell in self.sockets.values().flat_map(HashMap::values) {
+            bell.ring();
         }
     }
 }

@@ -1,8 +1,15 @@
 //! TerminalSocket: one actor per connected booth display, owning its
-//! `actix_ws::Session`. It sends `hello`, replays the outbox after the
-//! display's last seen `seq`, then forwards live events, each `seq` once and
-//! in order. A display that cannot keep up is disconnected and resumes from
-//! its last `seq`.
+//! `actix_ws::Session`. It sends `hello`, then streams the terminal's
+//! numbered outbox events from the display's own position, in pages, each
+//! `seq` once and in order.
+//!
+//! Backpressure is the socket's own: every frame's send is awaited before
+//! the next (the session's outbound queue is bounded), so a slow or stuck
+//! display holds only its position in the outbox. It never slows the sagas
+//! or other displays, and nothing about it grows: not a queue, not a
+//! mailbox. A hub ring only says "there is more"; rings while the socket is
+//! busy collapse into one. A display that stops answering pings is closed
+//! and resumes from its last `seq` when it reconnects.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -10,32 +17,44 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use actix_ws::{Message, ProtocolError, Session};
 use serde_json::json;
-use tokio::sync::mpsc;
 
-use super::terminal_hub::{Connect, Deliver, Disconnect, TerminalHub};
-use crate::store::Store;
+use super::terminal_hub::{Connect, Disconnect, TerminalHub};
+use super::wakeups::Doorbell;
+use crate::store::{Store, StoreError};
 
 const HEARTBEAT: Duration = Duration::from_secs(10);
 const PONG_WINDOW: Duration = Duration::from_secs(30);
-/// Frames queued for one display before it counts as too slow.
-const OUTBOUND_QUEUE: usize = 256;
-/// Events replayed per connection at most; older ones need a newer `after`.
-const REPLAY_LIMIT: u64 = 1_000;
+/// Events read from the outbox per query.
+const PAGE: u64 = 200;
 
 static NEXT_SOCKET_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Why a display's stream ended.
+#[derive(Debug, thiserror::Error)]
+enum StreamEnd {
+    #[error("display closed the connection")]
+    Closed,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<actix_ws::Closed> for StreamEnd {
+    fn from(_: actix_ws::Closed) -> Self {
+        StreamEnd::Closed
+    }
+}
 
 pub struct TerminalSocket {
     id: u64,
     terminal_id: String,
     /// The terminal's newest `seq` when the display connected.
     last_seq_at_connect: i64,
-    /// Highest `seq` sent so far; the display asked for everything after
-    /// `after`, so this starts there.
-    last_sent: i64,
+    /// The display has seen everything up to here.
+    after: i64,
     store: Store,
     hub: Addr<TerminalHub>,
     session: Session,
-    outbound: Option<mpsc::Sender<String>>,
+    bell: Doorbell,
     last_heard: Instant,
 }
 
@@ -52,86 +71,73 @@ impl TerminalSocket {
             id: NEXT_SOCKET_ID.fetch_add(1, Ordering::Relaxed),
             terminal_id,
             last_seq_at_connect,
-            last_sent: after,
+            after,
             store,
             hub,
             session,
-            outbound: None,
+            bell: Doorbell::default(),
             last_heard: Instant::now(),
-        }
-    }
-
-    /// Queues a frame; a full queue means the display is too slow.
-    fn send_frame(&mut self, text: String, ctx: &mut ws::Ctx) {
-        let sent = match &self.outbound {
-            Some(tx) => tx.try_send(text).is_ok(),
-            None => false,
-        };
-        if !sent {
-            tracing::info!(terminal_id = %self.terminal_id, "display too slow or gone; closing its socket");
-            ctx.stop();
-        }
-    }
-
-    fn send_event(&mut self, seq: i64, payload: &serde_json::Value, ctx: &mut ws::Ctx) {
-        if seq > self.last_sent {
-            self.last_sent = seq;
-            self.send_frame(payload.to_string(), ctx);
         }
     }
 }
 
-mod ws {
-    pub type Ctx = actix::Context<super::TerminalSocket>;
+/// Sends `hello`, registers for rings, then streams from `after` for as
+/// long as the display takes frames. Registering before the first read
+/// means an event numbered in between rings the bell: nothing falls between.
+async fn stream(
+    mut session: Session,
+    store: Store,
+    hub: Addr<TerminalHub>,
+    connect: Connect,
+    hello: String,
+    mut after: i64,
+) -> Result<(), StreamEnd> {
+    session.text(hello).await?;
+    let bell = connect.bell.clone();
+    let terminal_id = connect.terminal_id.clone();
+    hub.send(connect).await.ok();
+    loop {
+        let page = store.events_after(&terminal_id, after, PAGE).await?;
+        for event in &page {
+            session.text(event.payload.to_string()).await?;
+            after = event.seq;
+        }
+        if (page.len() as u64) < PAGE {
+            bell.rung().await;
+        }
+    }
 }
 
 impl Actor for TerminalSocket {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        // One writer task keeps frames in order on the session.
-        let (tx, mut rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
-        self.outbound = Some(tx);
-        let mut session = self.session.clone();
-        actix::spawn(async move {
-            while let Some(text) = rx.recv().await {
-                if session.text(text).await.is_err() {
-                    break;
-                }
-            }
-        });
         let hello = json!({
             "type": "hello",
             "terminal_id": self.terminal_id,
             "last_seq": self.last_seq_at_connect,
         });
-        self.send_frame(hello.to_string(), ctx);
-
-        // Register with the hub first, then read the outbox: an event that
-        // commits in between arrives both ways and is sent once (by `seq`).
-        let hub = self.hub.clone();
-        let store = self.store.clone();
         let connect = Connect {
             terminal_id: self.terminal_id.clone(),
             socket_id: self.id,
-            recipient: ctx.address().recipient(),
+            bell: self.bell.clone(),
         };
-        let (terminal_id, after) = (self.terminal_id.clone(), self.last_sent);
-        let replay = async move {
-            hub.send(connect).await.ok();
-            store.events_after(&terminal_id, after, REPLAY_LIMIT).await
-        };
-        // `wait`: no live event is handled before the replay is sent.
-        ctx.wait(replay.into_actor(self).map(|events, act, ctx| match events {
-            Ok(events) => {
-                for event in events {
-                    act.send_event(event.seq, &event.payload, ctx);
+        let streaming = stream(
+            self.session.clone(),
+            self.store.clone(),
+            self.hub.clone(),
+            connect,
+            hello.to_string(),
+            self.after,
+        );
+        ctx.spawn(streaming.into_actor(self).map(|ended, act, ctx| {
+            match ended {
+                Ok(()) | Err(StreamEnd::Closed) => {}
+                Err(e) => {
+                    tracing::error!(terminal_id = %act.terminal_id, error = %e, "display stream failed; closing it (it resumes from its last seq)")
                 }
             }
-            Err(e) => {
-                tracing::error!(terminal_id = %act.terminal_id, error = %e, "outbox replay failed");
-                ctx.stop();
-            }
+            ctx.stop();
         }));
 
         ctx.run_interval(HEARTBEAT, |act, ctx| {
@@ -152,18 +158,10 @@ impl Actor for TerminalSocket {
             terminal_id: self.terminal_id.clone(),
             socket_id: self.id,
         });
-        self.outbound = None;
         let session = self.session.clone();
         actix::spawn(async move {
             let _ = session.close(None).await;
         });
-    }
-}
-
-impl Handler<Deliver> for TerminalSocket {
-    type Result = ();
-    fn handle(&mut self, m: Deliver, ctx: &mut Self::Context) {
-        self.send_event(m.0.seq, &m.0.payload, ctx);
     }
 }
 

@@ -15,8 +15,8 @@ pub mod terminals;
 use actix::Addr;
 use actix_web::web;
 
-use crate::actors::dispatcher::Dispatcher;
 use crate::actors::terminal_hub::TerminalHub;
+use crate::actors::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::store::Store;
 use error::ApiError;
@@ -26,7 +26,8 @@ use error::ApiError;
 pub struct AppState {
     pub store: Store,
     pub clock: SharedClock,
-    pub dispatcher: Addr<Dispatcher>,
+    /// Rung after a submission commits.
+    pub wakeups: Wakeups,
     pub hub: Addr<TerminalHub>,
     pub operator_token: String,
     /// `SAGA_DEADLINE` in milliseconds.

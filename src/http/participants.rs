@@ -11,7 +11,6 @@ use super::body::{parse_json, read_body};
 use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
-use crate::actors::dispatcher::Wake;
 use crate::clock::rfc3339;
 use crate::domain::saga::{AbortReason, Step};
 use crate::domain::session::SessionStatus;
@@ -155,7 +154,7 @@ pub async fn submit(
     })
     .await?;
     if !replayed && reply.status == StatusCode::ACCEPTED {
-        state.dispatcher.do_send(Wake);
+        state.wakeups.saga_work();
     }
     Ok(respond(
         reply,

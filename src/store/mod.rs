@@ -9,6 +9,7 @@
 pub mod entities;
 pub mod experiences;
 pub mod idempotency;
+pub mod notify;
 pub mod outbox;
 pub mod ranking;
 pub mod sagas;
@@ -44,6 +45,9 @@ pub enum StoreError {
     AlreadySubmitted,
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The LISTEN connection could not be made or was lost.
+    #[error("notification listener: {0}")]
+    Listener(String),
 }
 
 impl StoreError {

@@ -1,17 +1,33 @@
-//! The terminal outbox: events written in the same transaction that ends a
-//! saga, numbered with a per-terminal `seq`, so a display that reconnects with
-//! its last seen `seq` loses nothing.
+//! The terminal outbox. The transaction that ends a saga appends its event
+//! unnumbered (`seq` NULL), so ending a saga takes no lock that the sagas of
+//! one terminal share. The outbox relay then numbers committed events in
+//! batches ([`Store::number_events`]), and displays read numbered events by
+//! `seq` ([`Store::events_after`]).
+//!
+//! Why the numbering is safe: numbering transactions never overlap (an
+//! advisory transaction lock on PostgreSQL, the write gate on SQLite), each
+//! numbers only events that were already committed when it read them, and it
+//! continues each terminal's `last_seq`. The numbers a batch hands out become
+//! visible together at its commit, after every lower number (an earlier
+//! batch committed before this one could start). So a reader that sees `seq`
+//! N has every lower `seq` visible too, and a display that has seen N never
+//! later receives N or lower.
 
-use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, EntityTrait, ExprTrait, QueryFilter, QueryOrder, QuerySelect};
+use std::collections::HashMap;
+
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde_json::Value;
 
-use super::entities::{sessions, terminal_events, terminals};
+use super::entities::{sessions, terminal_events};
 use super::{Store, StoreError, StoreResult, WriteTx};
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::AbortReason;
 
-/// One event for one terminal; `payload` already carries `type` and `seq`.
+/// Key of the PostgreSQL advisory lock that serialises numbering batches
+/// across instances ("stagehand outbox relay").
+const RELAY_LOCK: i64 = 0x5354_4147_4548_5201;
+
+/// One numbered event of one terminal; `payload` carries `type` and `seq`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TerminalEvent {
     pub terminal_id: String,
@@ -19,32 +35,25 @@ pub struct TerminalEvent {
     pub payload: Value,
 }
 
+/// What one numbering batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NumberedBatch {
+    /// Events numbered.
+    pub events: usize,
+    /// Terminals that got new events, each once.
+    pub terminals: Vec<String>,
+}
+
 impl Store {
-    /// Appends an event inside the caller's transaction: takes the terminal's
-    /// next `seq` (the row update also serialises concurrent appends for the
-    /// same terminal) and stores the payload with `seq` set.
+    /// Appends an unnumbered event inside the caller's transaction.
     pub(crate) async fn append_event(
         tx: &WriteTx,
         terminal_id: &str,
         session_id: &str,
         saga_id: &str,
-        mut payload: Value,
+        payload: Value,
         now: EpochMs,
-    ) -> StoreResult<TerminalEvent> {
-        terminals::Entity::update_many()
-            .col_expr(
-                terminals::Column::LastSeq,
-                Expr::col(terminals::Column::LastSeq).add(1),
-            )
-            .filter(terminals::Column::Id.eq(terminal_id))
-            .exec(&**tx)
-            .await?;
-        let terminal = terminals::Entity::find_by_id(terminal_id.to_owned())
-            .one(&**tx)
-            .await?
-            .ok_or(StoreError::NotFound("terminal"))?;
-        let seq = terminal.last_seq;
-        payload["seq"] = seq.into();
+    ) -> StoreResult<()> {
         let event_type = payload["type"]
             .as_str()
             .unwrap_or("session.event")
@@ -52,40 +61,123 @@ impl Store {
         terminal_events::Entity::insert(terminal_events::ActiveModel {
             id: sea_orm::ActiveValue::NotSet,
             terminal_id: sea_orm::ActiveValue::Set(terminal_id.to_owned()),
-            seq: sea_orm::ActiveValue::Set(seq),
+            seq: sea_orm::ActiveValue::Set(None),
             session_id: sea_orm::ActiveValue::Set(session_id.to_owned()),
             saga_id: sea_orm::ActiveValue::Set(saga_id.to_owned()),
             event_type: sea_orm::ActiveValue::Set(event_type),
             payload: sea_orm::ActiveValue::Set(payload.to_string()),
             created_at_ms: sea_orm::ActiveValue::Set(now),
         })
-        .exec(&**tx)
+        .exec_without_returning(&**tx)
         .await?;
-        Ok(TerminalEvent {
-            terminal_id: terminal_id.to_owned(),
-            seq,
-            payload,
-        })
+        Ok(())
     }
 
     /// Writes `payload` to the outbox of the session's terminal, inside the
-    /// caller's transaction; `None` when the session has no terminal.
+    /// caller's transaction. True when an event was written (false: the
+    /// session has no terminal).
     pub(crate) async fn announce(
         tx: &WriteTx,
         session: &sessions::Model,
         saga_id: &str,
         payload: Value,
         now: EpochMs,
-    ) -> StoreResult<Option<TerminalEvent>> {
+    ) -> StoreResult<bool> {
         match &session.terminal_id {
-            Some(terminal_id) => Ok(Some(
-                Self::append_event(tx, terminal_id, &session.id, saga_id, payload, now).await?,
-            )),
-            None => Ok(None),
+            Some(terminal_id) => {
+                Self::append_event(tx, terminal_id, &session.id, saga_id, payload, now).await?;
+                Ok(true)
+            }
+            None => Ok(false),
         }
     }
 
-    /// Events of a terminal with `seq > after`, oldest first.
+    /// Numbers up to `limit` committed, unnumbered events, oldest first, in
+    /// one short transaction: each terminal's events continue its `last_seq`
+    /// without gaps. Returns what was numbered; fewer than `limit` events
+    /// means the outbox was drained when the batch read it.
+    pub async fn number_events(&self, limit: u64) -> StoreResult<NumberedBatch> {
+        let tx = self.write_tx().await?;
+        if self.is_postgres() {
+            tx.execute_raw(self.sql("SELECT pg_advisory_xact_lock($1)", vec![RELAY_LOCK.into()]))
+                .await?;
+        }
+        let rows = tx
+            .query_all_raw(self.sql(
+                "SELECT id, terminal_id FROM terminal_events WHERE seq IS NULL ORDER BY id LIMIT $1",
+                vec![(limit as i64).into()],
+            ))
+            .await?;
+        if rows.is_empty() {
+            return Ok(NumberedBatch::default());
+        }
+        // Event ids per terminal, in id order; terminals in first-seen order.
+        let mut terminals: Vec<String> = Vec::new();
+        let mut ids: HashMap<String, Vec<i64>> = HashMap::new();
+        for row in &rows {
+            let id: i64 = row.try_get_by_index(0)?;
+            let terminal: String = row.try_get_by_index(1)?;
+            ids.entry(terminal.clone())
+                .or_insert_with(|| {
+                    terminals.push(terminal);
+                    Vec::new()
+                })
+                .push(id);
+        }
+
+        // Reserve each terminal's numbers: one UPDATE for the whole batch.
+        let mut values = Vec::with_capacity(terminals.len() * 2);
+        for terminal in &terminals {
+            values.push(terminal.clone().into());
+            values.push((ids[terminal].len() as i64).into());
+        }
+        let bumped = tx
+            .query_all_raw(self.sql(
+                &format!(
+                    "WITH v(id, n) AS (VALUES {}) \
+                     UPDATE terminals SET last_seq = last_seq + v.n FROM v \
+                     WHERE terminals.id = v.id RETURNING terminals.id, terminals.last_seq",
+                    value_rows(terminals.len(), 2)
+                ),
+                values,
+            ))
+            .await?;
+        let mut last_seq: HashMap<String, i64> = HashMap::with_capacity(bumped.len());
+        for row in &bumped {
+            last_seq.insert(row.try_get_by_index(0)?, row.try_get_by_index(1)?);
+        }
+
+        // Hand the numbers out in id order: one UPDATE for the whole batch.
+        let mut values = Vec::with_capacity(rows.len() * 2);
+        for terminal in &terminals {
+            let ids = &ids[terminal];
+            let last = *last_seq.get(terminal).ok_or_else(|| {
+                StoreError::Corrupt(format!("outbox event for unknown terminal {terminal}"))
+            })?;
+            let first = last - ids.len() as i64 + 1;
+            for (offset, id) in ids.iter().enumerate() {
+                values.push((*id).into());
+                values.push((first + offset as i64).into());
+            }
+        }
+        tx.execute_raw(self.sql(
+            &format!(
+                "WITH v(id, seq) AS (VALUES {}) \
+                 UPDATE terminal_events SET seq = v.seq FROM v WHERE terminal_events.id = v.id",
+                value_rows(rows.len(), 2)
+            ),
+            values,
+        ))
+        .await?;
+        tx.commit().await?;
+        Ok(NumberedBatch {
+            events: rows.len(),
+            terminals,
+        })
+    }
+
+    /// Numbered events of a terminal with `seq > after`, oldest first, at
+    /// most `limit`.
     pub async fn events_after(
         &self,
         terminal_id: &str,
@@ -101,28 +193,46 @@ impl Store {
             .await?;
         rows.into_iter()
             .map(|row| {
-                let payload = serde_json::from_str(&row.payload)
+                let seq = row
+                    .seq
+                    .ok_or_else(|| StoreError::Corrupt(format!("event {} has no seq", row.id)))?;
+                let mut payload: Value = serde_json::from_str(&row.payload)
                     .map_err(|e| StoreError::Corrupt(format!("event {}: {e}", row.id)))?;
+                payload["seq"] = seq.into();
                 Ok(TerminalEvent {
                     terminal_id: row.terminal_id,
-                    seq: row.seq,
+                    seq,
                     payload,
                 })
             })
             .collect()
     }
 
-    /// Deletes outbox events older than `before`; returns how many.
+    /// Deletes numbered outbox events older than `before`; returns how many.
+    /// Unnumbered ones stay until the relay has numbered them.
     pub async fn purge_events_before(&self, before: EpochMs) -> StoreResult<u64> {
         let tx = self.write_tx().await?;
         let n = terminal_events::Entity::delete_many()
             .filter(terminal_events::Column::CreatedAtMs.lt(before))
+            .filter(terminal_events::Column::Seq.is_not_null())
             .exec(&*tx)
             .await?
             .rows_affected;
         tx.commit().await?;
         Ok(n)
     }
+}
+
+/// `($1, $2), ($3, $4), ...`: `rows` rows of `width` placeholders, for a
+/// `VALUES` list.
+pub(crate) fn value_rows(rows: usize, width: usize) -> String {
+    (0..rows)
+        .map(|r| {
+            let row: Vec<String> = (1..=width).map(|c| format!("${}", r * width + c)).collect();
+            format!("({})", row.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The `session.rejected` / `session.aborted` event of a session.
@@ -134,4 +244,15 @@ pub(crate) fn aborted_payload(session: &sessions::Model, reason: AbortReason) ->
         "reason": reason.as_str(),
         "message": reason.human_message(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::value_rows;
+
+    #[test]
+    fn value_rows_number_placeholders_row_by_row() {
+        assert_eq!(value_rows(1, 2), "($1, $2)");
+        assert_eq!(value_rows(3, 2), "($1, $2), ($3, $4), ($5, $6)");
+    }
 }

@@ -7,12 +7,13 @@
 
 use sea_orm::sea_query::{Expr, SimpleExpr};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, EntityTrait, ExprTrait, QueryFilter, QueryOrder, QuerySelect,
+    ColumnTrait, ConnectionTrait, EntityTrait, ExprTrait, FromQueryResult, QueryFilter, QueryOrder,
+    QuerySelect,
 };
 use serde_json::json;
 
 use super::entities::{results, sagas, sessions};
-use super::outbox::{aborted_payload, TerminalEvent};
+use super::outbox::aborted_payload;
 use super::sessions::set_session_status;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::failure::AiResult;
@@ -54,7 +55,7 @@ impl Store {
     }
 
     /// Experiences that have a saga a worker could claim now, with their
-    /// `max_in_flight`.
+    /// `max_in_flight`, oldest experience first.
     pub async fn experiences_with_claimable(
         &self,
         now: EpochMs,
@@ -63,7 +64,8 @@ impl Store {
         let stmt = self.sql(
             &format!(
                 "SELECT e.id, e.max_in_flight FROM experiences e WHERE EXISTS \
-                 (SELECT 1 FROM sagas WHERE experience_id = e.id AND {})",
+                 (SELECT 1 FROM sagas WHERE experience_id = e.id AND {}) \
+                 ORDER BY e.created_at_ms, e.id",
                 claimable(1, 2)
             ),
             vec![now.into(), (rules.max_recoveries as i32).into()],
@@ -100,82 +102,159 @@ impl Store {
             .unwrap_or(0))
     }
 
-    /// Claims the oldest claimable sagas of one experience: every one past
-    /// the AI step, and AI_PENDING ones only up to the experience's free AI
-    /// capacity. Each claimed saga gets a fresh lock token and a lease; one
-    /// resumed after a lost lease counts a recovery. On PostgreSQL the count
-    /// and the claim run under a transaction-scoped advisory lock per
-    /// experience, so the cap is exact across instances, and rows locked by
-    /// someone else are skipped, never waited for.
+    /// Claims, for one experience, at most `limit` of the oldest claimable
+    /// sagas: first those resumed past the AI step (they need no AI slot, so
+    /// a long AI queue never starves them), then AI_PENDING ones up to the
+    /// experience's free AI capacity. The claimed sagas share one fresh lock
+    /// token and get a lease; one resumed after a lost lease counts a
+    /// recovery. On PostgreSQL the count and the claim run under a
+    /// transaction-scoped advisory lock per experience, so the cap is exact
+    /// across instances, and rows locked by someone else are skipped, never
+    /// waited for. Each step's claim is one statement that walks
+    /// `idx_sagas_claim` in age order, so it costs the same however long the
+    /// queue is.
     pub async fn claim_runnable(
         &self,
         experience_id: &str,
         max_in_flight: i32,
+        limit: usize,
         now: EpochMs,
         rules: ClaimRules,
     ) -> StoreResult<Vec<sagas::Model>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         let tx = self.write_tx().await?;
-        let pg = self.is_postgres();
-        if pg {
+        if self.is_postgres() {
             tx.execute_raw(self.sql(
                 "SELECT pg_advisory_xact_lock(hashtext($1))",
                 vec![experience_id.into()],
             ))
             .await?;
         }
-        let in_flight = Self::in_flight(&*tx, experience_id, now).await?;
-        let free = Ord::max(max_in_flight as i64 - in_flight, 0);
-        let lock = if pg { " FOR UPDATE SKIP LOCKED" } else { "" };
-        let candidates = tx
-            .query_all_raw(self.sql(
-                &format!(
-                    "SELECT id, step FROM sagas WHERE experience_id = $1 AND {} \
-                     ORDER BY created_at_ms, id LIMIT $4{lock}",
-                    claimable(2, 3)
-                ),
-                vec![
-                    experience_id.into(),
-                    now.into(),
-                    (rules.max_recoveries as i32).into(),
-                    (free + 64).into(),
-                ],
-            ))
-            .await?;
-        let mut ai_slots = free;
+        let token = new_id();
         let mut claimed = Vec::new();
-        for row in candidates {
-            let id: String = row.try_get_by_index(0)?;
-            let step: String = row.try_get_by_index(1)?;
-            if step == Step::AiPending.as_str() {
-                if ai_slots == 0 {
-                    continue;
-                }
-                ai_slots -= 1;
-            }
-            let token = new_id();
-            let stmt = self.sql(
-                &format!(
-                    "UPDATE sagas SET lock_token = $4, locked_until_ms = $5, updated_at_ms = $2, \
-                     recoveries = recoveries + (CASE WHEN lock_token IS NULL THEN 0 ELSE 1 END) \
-                     WHERE id = $1 AND {}",
-                    claimable(2, 3)
-                ),
-                vec![
-                    id.clone().into(),
-                    now.into(),
-                    (rules.max_recoveries as i32).into(),
-                    token.into(),
-                    lease_until(now, rules.lease_ms).into(),
-                ],
+        for step in [Step::RankingDone, Step::AiDone] {
+            let room = limit - claimed.len();
+            claimed.extend(
+                self.claim_step(&tx, experience_id, step, room, &token, now, rules)
+                    .await?,
             );
-            if tx.execute_raw(stmt).await?.rows_affected() == 1 {
-                if let Some(saga) = sagas::Entity::find_by_id(id).one(&*tx).await? {
-                    claimed.push(saga);
-                }
-            }
+        }
+        let room = limit - claimed.len();
+        if room > 0 {
+            let in_flight = Self::in_flight(&*tx, experience_id, now).await?;
+            let free = (max_in_flight as i64 - in_flight).clamp(0, room as i64) as usize;
+            claimed.extend(
+                self.claim_step(
+                    &tx,
+                    experience_id,
+                    Step::AiPending,
+                    free,
+                    &token,
+                    now,
+                    rules,
+                )
+                .await?,
+            );
         }
         tx.commit().await?;
         Ok(claimed)
+    }
+
+    /// One claim statement: the oldest `n` claimable sagas of the experience
+    /// at `step` get `token` and a lease.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_step(
+        &self,
+        tx: &WriteTx,
+        experience_id: &str,
+        step: Step,
+        n: usize,
+        token: &str,
+        now: EpochMs,
+        rules: ClaimRules,
+    ) -> StoreResult<Vec<sagas::Model>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let stmt = self.claim_statement("", experience_id, step, n, token, now, rules);
+        let rows = tx.query_all_raw(stmt).await?;
+        let mut sagas = rows
+            .iter()
+            .map(|row| sagas::Model::from_query_result(row, ""))
+            .collect::<Result<Vec<_>, _>>()?;
+        sagas.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        Ok(sagas)
+    }
+
+    /// The claim statement, after `prefix` (empty, or `EXPLAIN`). The step
+    /// is spelled in the SQL, not bound, so PostgreSQL proves that the
+    /// partial index `idx_sagas_claim` applies even in a generic plan.
+    #[allow(clippy::too_many_arguments)]
+    fn claim_statement(
+        &self,
+        prefix: &str,
+        experience_id: &str,
+        step: Step,
+        n: usize,
+        token: &str,
+        now: EpochMs,
+        rules: ClaimRules,
+    ) -> sea_orm::Statement {
+        let lock = if self.is_postgres() {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        self.sql(
+            &format!(
+                // The picked ids are materialised first: a LIMIT subquery
+                // with SKIP LOCKED inside `IN (...)` may be run again by the
+                // planner and pick more rows than the limit.
+                "{prefix} WITH picked AS MATERIALIZED (SELECT id FROM sagas \
+                 WHERE experience_id = $1 AND step = '{step}' AND {claimable} \
+                 ORDER BY created_at_ms, id LIMIT $6{lock}) \
+                 UPDATE sagas SET lock_token = $4, locked_until_ms = $5, updated_at_ms = $2, \
+                 recoveries = recoveries + (CASE WHEN lock_token IS NULL THEN 0 ELSE 1 END) \
+                 WHERE id IN (SELECT id FROM picked) AND {claimable} RETURNING *",
+                step = step.as_str(),
+                claimable = claimable(2, 3),
+            ),
+            vec![
+                experience_id.into(),
+                now.into(),
+                (rules.max_recoveries as i32).into(),
+                token.into(),
+                lease_until(now, rules.lease_ms).into(),
+                (n as i64).into(),
+            ],
+        )
+    }
+
+    /// How the database would run the claim of `step` for an experience
+    /// (PostgreSQL `EXPLAIN`, SQLite `EXPLAIN QUERY PLAN`), one line per plan
+    /// node. Nothing is claimed. For tests and diagnostics: the claim must
+    /// walk `idx_sagas_claim` whatever the queue length.
+    pub async fn claim_plan(
+        &self,
+        experience_id: &str,
+        step: Step,
+        now: EpochMs,
+        rules: ClaimRules,
+    ) -> StoreResult<String> {
+        let (prefix, column) = if self.is_postgres() {
+            ("EXPLAIN", 0)
+        } else {
+            ("EXPLAIN QUERY PLAN", 3)
+        };
+        let stmt = self.claim_statement(prefix, experience_id, step, 10, "plan", now, rules);
+        let rows = self.db().query_all_raw(stmt).await?;
+        let lines = rows
+            .iter()
+            .map(|row| row.try_get_by_index::<String>(column))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(lines.join("\n"))
     }
 
     /// Extends the lease of a saga we hold; `LeaseLost` when we do not.
@@ -380,15 +459,10 @@ impl Store {
     }
 
     /// RANKING_DONE -> COMPLETED in one transaction with the result row, the
-    /// session status and the terminal's outbox event. Returns the event to
-    /// push (None when the session has no terminal, or on an idempotent
-    /// repeat).
-    pub async fn complete(
-        &self,
-        saga_id: &str,
-        token: &str,
-        now: EpochMs,
-    ) -> StoreResult<Option<TerminalEvent>> {
+    /// session status and the terminal's outbox event. True when an outbox
+    /// event was appended (false when the session has no terminal, or on an
+    /// idempotent repeat).
+    pub async fn complete(&self, saga_id: &str, token: &str, now: EpochMs) -> StoreResult<bool> {
         let tx = self.write_tx().await?;
         let rows = fenced_update(
             &tx,
@@ -409,7 +483,7 @@ impl Store {
                 &(),
                 row_now(&saga, &())?,
             )?;
-            return Ok(None);
+            return Ok(false);
         }
         let saga = load(&*tx, saga_id).await?;
         let session = load_session(&*tx, &saga.session_id).await?;
@@ -447,14 +521,15 @@ impl Store {
             "score": saga.score,
             "rank": saga.rank,
         });
-        let event = Self::announce(&tx, &session, &saga.id, payload, now).await?;
+        let appended = Self::announce(&tx, &session, &saga.id, payload, now).await?;
         tx.commit().await?;
-        Ok(event)
+        Ok(appended)
     }
 
     /// Any non-final step -> ABORTED in one transaction with the session
-    /// status and the outbox event. With `Fence::Unowned` (the cleanup actor)
-    /// it only applies while nobody holds the lease.
+    /// status and the outbox event (true when one was appended). With
+    /// `Fence::Unowned` (the cleanup actor) it only applies while nobody holds
+    /// the lease.
     pub async fn abort(
         &self,
         saga_id: &str,
@@ -462,7 +537,7 @@ impl Store {
         reason: AbortReason,
         detail: &str,
         now: EpochMs,
-    ) -> StoreResult<Option<TerminalEvent>> {
+    ) -> StoreResult<bool> {
         let tx = self.write_tx().await?;
         let mut update = sagas::Entity::update_many()
             .col_expr(sagas::Column::Step, Expr::value(Step::Aborted.as_str()))
@@ -494,7 +569,7 @@ impl Store {
                         &Some(reason.as_str().to_owned()),
                         row_now(&saga, &recorded)?,
                     )?;
-                    Ok(None)
+                    Ok(false)
                 }
                 Fence::Unowned => Err(TransitionError::LeaseLost.into()),
             };
@@ -510,7 +585,7 @@ impl Store {
             now,
         )
         .await?;
-        let event = Self::announce(
+        let appended = Self::announce(
             &tx,
             &session,
             &saga.id,
@@ -519,7 +594,7 @@ impl Store {
         )
         .await?;
         tx.commit().await?;
-        Ok(event)
+        Ok(appended)
     }
 
     /// Non-final sagas that nobody holds and that may be orphans: lease

@@ -7,7 +7,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::entities::{sagas, sessions};
-use super::outbox::{aborted_payload, TerminalEvent};
+use super::outbox::aborted_payload;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::{AbortReason, Step};
@@ -155,13 +155,10 @@ impl Store {
     }
 
     /// Ends a session stuck in SUBMITTING without a running saga: ABORTED
-    /// with ORPHANED, and the terminal is told. The outbox row carries the
-    /// session id where a saga id would stand, since no saga exists.
-    pub async fn abort_stuck_session(
-        &self,
-        session_id: &str,
-        now: EpochMs,
-    ) -> StoreResult<Option<TerminalEvent>> {
+    /// with ORPHANED, and the terminal is told (true when an outbox event was
+    /// appended). The outbox row carries the session id where a saga id would
+    /// stand, since no saga exists.
+    pub async fn abort_stuck_session(&self, session_id: &str, now: EpochMs) -> StoreResult<bool> {
         let reason = AbortReason::Orphaned;
         let tx = self.write_tx().await?;
         let moved = set_session_status(
@@ -174,13 +171,13 @@ impl Store {
         )
         .await?;
         if moved == 0 {
-            return Ok(None);
+            return Ok(false);
         }
         let session = sessions::Entity::find_by_id(session_id.to_owned())
             .one(&*tx)
             .await?
             .ok_or(StoreError::NotFound("session"))?;
-        let event = Self::announce(
+        let appended = Self::announce(
             &tx,
             &session,
             &session.id,
@@ -189,7 +186,7 @@ impl Store {
         )
         .await?;
         tx.commit().await?;
-        Ok(event)
+        Ok(appended)
     }
 }
 

@@ -1,4 +1,5 @@
-//! The terminal outbox, numbered per terminal by `seq`.
+//! The terminal outbox, numbered per terminal by `seq` once the relay has
+//! seen the event committed.
 
 use sea_orm::entity::prelude::*;
 
@@ -8,7 +9,9 @@ pub struct Model {
     #[sea_orm(primary_key)]
     pub id: i64,
     pub terminal_id: String,
-    pub seq: i64,
+    /// None from the saga's final transaction until the outbox relay numbers
+    /// the event; then gapless and increasing per terminal.
+    pub seq: Option<i64>,
     pub session_id: String,
     pub saga_id: String,
     pub event_type: String,

@@ -1,0 +1,165 @@
+//! ClusterBridge (PostgreSQL only): carries wake-ups between the instances
+//! that share one database, with LISTEN/NOTIFY.
+//!
+//! Out: what [`Wakeups`] collected in the [`ClusterMailbox`] (saga work for
+//! the dispatchers, terminals with new numbered events) is sent after
+//! commit, each channel in its own `pg_notify` statement, coalesced: at most
+//! one round of notifications per [`COALESCE`] window, however many commits
+//! asked for one.
+//!
+//! In: one LISTEN connection of its own (`application_name`
+//! `stagehand-listener`). A notification from another instance rings this
+//! instance's dispatcher, or the hub for the terminals named. Whenever the
+//! listener (re)connects, notifications may have been missed meanwhile, so
+//! it rings everything: dispatcher, relay and every display re-read the
+//! tables.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use super::terminal_hub::{Ring, RingAll, TerminalHub};
+use super::wakeups::{ClusterMailbox, ClusterNews, Wakeups};
+use crate::store::notify::{
+    outbox_payload, parse_outbox_payload, DISPATCH_CHANNEL, OUTBOX_CHANNEL,
+};
+use crate::store::Store;
+
+/// Notifications go out at most once per this window (per instance).
+pub const COALESCE: Duration = Duration::from_millis(50);
+/// First wait before reconnecting a lost listener; doubles up to 5 s.
+const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+pub struct ClusterBridge {
+    store: Store,
+    /// Tells our own notifications apart from the others'.
+    instance_id: String,
+    mailbox: ClusterMailbox,
+    wakeups: Wakeups,
+    hub: Addr<TerminalHub>,
+    listening: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ClusterBridge {
+    pub fn new(
+        store: Store,
+        instance_id: String,
+        mailbox: ClusterMailbox,
+        wakeups: Wakeups,
+        hub: Addr<TerminalHub>,
+    ) -> Self {
+        ClusterBridge {
+            store,
+            instance_id,
+            mailbox,
+            wakeups,
+            hub,
+            listening: None,
+        }
+    }
+}
+
+/// Sends what the mailbox collected, then waits out the coalescing window.
+async fn send_news(store: Store, instance_id: String, mailbox: ClusterMailbox) {
+    loop {
+        mailbox.bell.rung().await;
+        let news: ClusterNews = mailbox.take();
+        if news.dispatch {
+            if let Err(e) = store.notify(DISPATCH_CHANNEL, &instance_id).await {
+                tracing::warn!(error = %e, "could not notify the other instances' dispatchers; their poll will find the work");
+            }
+        }
+        if news.all_terminals || !news.terminals.is_empty() {
+            let named: Vec<&str> = news.terminals.iter().map(String::as_str).collect();
+            let payload = outbox_payload(&instance_id, (!news.all_terminals).then_some(&named[..]));
+            if let Err(e) = store.notify(OUTBOX_CHANNEL, &payload).await {
+                tracing::warn!(error = %e, "could not notify the other instances' displays; they read on at their next wake-up");
+            }
+        }
+        tokio::time::sleep(COALESCE).await;
+    }
+}
+
+/// Listens for the other instances' news for as long as the actor lives,
+/// reconnecting with backoff.
+async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<TerminalHub>) {
+    let mut backoff = RECONNECT_FIRST;
+    loop {
+        let mut listener = match store.listen(&[DISPATCH_CHANNEL, OUTBOX_CHANNEL]).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "cannot LISTEN for other instances");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(RECONNECT_MAX);
+                continue;
+            }
+        };
+        backoff = RECONNECT_FIRST;
+        tracing::info!(
+            "listening for other instances (LISTEN {DISPATCH_CHANNEL}, {OUTBOX_CHANNEL})"
+        );
+        // Whatever was sent while we were not listening is re-read.
+        wakeups.dispatcher.ring();
+        wakeups.relay.ring();
+        let _ = hub.send(RingAll).await;
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(notification)) => match notification.channel() {
+                    DISPATCH_CHANNEL if notification.payload() != instance_id => {
+                        wakeups.dispatcher.ring();
+                    }
+                    OUTBOX_CHANNEL => {
+                        let (sender, terminals) = parse_outbox_payload(notification.payload());
+                        if sender == instance_id {
+                            continue;
+                        }
+                        let _ = match terminals {
+                            Some(ids) => {
+                                hub.send(Ring(ids.into_iter().map(str::to_owned).collect()))
+                                    .await
+                            }
+                            None => hub.send(RingAll).await,
+                        };
+                    }
+                    _ => {}
+                },
+                Ok(None) => {
+                    tracing::warn!("lost the LISTEN connection; reconnecting");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "LISTEN connection failed; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl Actor for ClusterBridge {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.spawn(actix::fut::wrap_future(send_news(
+            self.store.clone(),
+            self.instance_id.clone(),
+            self.mailbox.clone(),
+        )));
+        // On the runtime, not the actor's local set: the listener holds a
+        // connection for good, and sqlx must drop it inside the runtime.
+        let listening = tokio::spawn(listen(
+            self.store.clone(),
+            self.instance_id.clone(),
+            self.wakeups.clone(),
+            self.hub.clone(),
+        ));
+        self.listening = Some(listening);
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        if let Some(listening) = self.listening.take() {
+            listening.abort();
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Wake-ups: how actors learn that the database holds something new for
+//! them. A wake-up carries no data: whoever wakes re-reads the tables, so a
+//! doubled wake-up costs one read and a late one costs time, never an event.
+//! Not an actor; the handles here are shared by the actors and the HTTP
+//! layer.
+//!
+//! - [`Doorbell`]: the one primitive. Ringing never blocks and never queues
+//!   more than one ring: rings while nobody listens collapse into one that
+//!   the next listener sees at once. A storm of commits is one wake-up, and
+//!   the last ring is never lost.
+//! - [`Wakeups`]: what committers call after their transaction commits. It
+//!   rings this instance's actors at once and, on PostgreSQL, hands the same
+//!   news to the [`ClusterBridge`](super::cluster::ClusterBridge), which
+//!   tells the other instances with a coalesced NOTIFY.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::Notify;
+
+/// A coalescing wake-up: see the module doc.
+#[derive(Clone, Default)]
+pub struct Doorbell(Arc<Notify>);
+
+impl Doorbell {
+    pub fn ring(&self) {
+        self.0.notify_one();
+    }
+
+    /// Completes at the next ring, or at once when a ring came while nobody
+    /// was waiting.
+    pub async fn rung(&self) {
+        self.0.notified().await
+    }
+}
+
+impl std::fmt::Debug for Doorbell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Doorbell")
+    }
+}
+
+/// Past this many distinct terminals, news for the other instances says
+/// "every terminal" instead of naming them (a NOTIFY payload is limited to
+/// 8,000 bytes; a UUID takes 37 with its separator).
+pub const MAX_NAMED_TERMINALS: usize = 150;
+
+/// What the other instances have not been told yet. Bounded: a flag, and at
+/// most [`MAX_NAMED_TERMINALS`] terminal ids before it becomes "all".
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ClusterNews {
+    /// Saga work became runnable or an AI slot freed.
+    pub dispatch: bool,
+    /// Terminals with newly numbered events.
+    pub terminals: BTreeSet<String>,
+    /// Too many terminals to name: every terminal may have news.
+    pub all_terminals: bool,
+}
+
+impl ClusterNews {
+    pub fn is_empty(&self) -> bool {
+        !self.dispatch && self.terminals.is_empty() && !self.all_terminals
+    }
+
+    fn add_terminals<'a>(&mut self, terminals: impl IntoIterator<Item = &'a String>) {
+        if self.all_terminals {
+            return;
+        }
+        for terminal in terminals {
+            self.terminals.insert(terminal.clone());
+            if self.terminals.len() > MAX_NAMED_TERMINALS {
+                self.terminals.clear();
+                self.all_terminals = true;
+                return;
+            }
+        }
+    }
+}
+
+/// The news waiting for the bridge, and the bell that tells it there is
+/// some. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct ClusterMailbox {
+    news: Arc<Mutex<ClusterNews>>,
+    pub bell: Doorbell,
+}
+
+impl ClusterMailbox {
+    fn update(&self, change: impl FnOnce(&mut ClusterNews)) {
+        change(&mut self.news.lock().unwrap_or_else(PoisonError::into_inner));
+        self.bell.ring();
+    }
+
+    /// Takes everything not yet sent.
+    pub fn take(&self) -> ClusterNews {
+        std::mem::take(&mut *self.news.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// The wake-ups committers send. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Wakeups {
+    /// This instance's dispatcher.
+    pub dispatcher: Doorbell,
+    /// This instance's outbox relay.
+    pub relay: Doorbell,
+    /// The other instances (PostgreSQL only).
+    pub cluster: Option<ClusterMailbox>,
+}
+
+impl Wakeups {
+    /// Saga work became runnable or an AI slot freed: a submission
+    /// committed, or a saga left AI_PENDING, aborted or released its lease.
+    /// Wakes every instance's dispatcher.
+    pub fn saga_work(&self) {
+        self.dispatcher.ring();
+        if let Some(cluster) = &self.cluster {
+            cluster.update(|news| news.dispatch = true);
+        }
+    }
+
+    /// A committed transaction appended an unnumbered outbox event. Only
+    /// this instance's relay needs to know: the others' relays would wait
+    /// on its lock, and their safety tick covers a relay that died.
+    pub fn event_appended(&self) {
+        self.relay.ring();
+    }
+
+    /// The relay numbered events of these terminals: the other instances'
+    /// displays of them may read on. (This instance's displays are rung by
+    /// the relay through its hub.)
+    pub fn events_numbered(&self, terminals: &[String]) {
+        if let Some(cluster) = &self.cluster {
+            cluster.update(|news| news.add_terminals(terminals));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn rings_while_nobody_listens_collapse_into_one() {
+        let bell = Doorbell::default();
+        bell.ring();
+        bell.ring();
+        bell.ring();
+        // The stored ring completes at once...
+        tokio::time::timeout(std::time::Duration::from_secs(1), bell.rung())
+            .await
+            .expect("a ring made before waiting is kept");
+        // ...and there was only one.
+        let second = tokio::time::timeout(std::time::Duration::from_millis(50), bell.rung()).await;
+        assert!(second.is_err(), "three rings were kept as more than one");
+    }
+
+    #[test]
+    fn news_names_terminals_until_there_are_too_many() {
+        let mailbox = ClusterMailbox::default();
+        let wakeups = Wakeups {
+            cluster: Some(mailbox.clone()),
+            ..Wakeups::default()
+        };
+        wakeups.events_numbered(&["a".to_owned(), "b".to_owned()]);
+        wakeups.saga_work();
+        let news = mailbox.take();
+        assert!(news.dispatch);
+        assert_eq!(news.terminals.len(), 2);
+        assert!(mailbox.take().is_empty(), "take empties the mailbox");
+
+        let many: Vec<String> = (0..=MAX_NAMED_TERMINALS).map(|i| i.to_string()).collect();
+        wakeups.events_numbered(&many);
+        wakeups.events_numbered(&["late".to_owned()]);
+        let news = mailbox.take();
+        assert!(news.all_terminals);
+        assert!(news.terminals.is_empty(), "the set stays bounded");
+    }
+}

@@ -1,0 +1,95 @@
+//! PostgreSQL LISTEN/NOTIFY: the statements that wake other instances.
+//!
+//! A notification is only a wake-up; its payload is a hint (who sent it,
+//! which terminals) and the receiver re-reads the tables. NOTIFY is sent
+//! after the business transaction committed, as its own statement: a
+//! transaction with a pending notification takes a cluster-wide lock at
+//! commit, so notifying inside business transactions would serialise them
+//! all.
+
+use sea_orm::sqlx::postgres::{PgListener, PgPoolOptions};
+use sea_orm::ConnectionTrait;
+
+use super::{Store, StoreError, StoreResult};
+
+/// Saga work became runnable or an AI slot freed. Payload: the sender's
+/// instance id.
+pub const DISPATCH_CHANNEL: &str = "stagehand_dispatch";
+/// The relay numbered new outbox events. Payload: the sender's instance id,
+/// a space, then the terminal ids separated by commas, or `*` for all.
+pub const OUTBOX_CHANNEL: &str = "stagehand_outbox";
+/// `application_name` of every instance's LISTEN connection, so operators
+/// (and tests) can find it in `pg_stat_activity`.
+pub const LISTENER_APPLICATION_NAME: &str = "stagehand-listener";
+
+impl Store {
+    /// Sends one notification in its own statement (never call it inside a
+    /// transaction).
+    pub async fn notify(&self, channel: &str, payload: &str) -> StoreResult<()> {
+        self.db()
+            .execute_raw(self.sql(
+                "SELECT pg_notify($1, $2)",
+                vec![channel.into(), payload.into()],
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// A LISTEN connection of its own (outside the pool), subscribed to
+    /// `channels`. PostgreSQL only.
+    pub async fn listen(&self, channels: &[&str]) -> StoreResult<PgListener> {
+        if !self.is_postgres() {
+            return Err(StoreError::Listener("LISTEN needs PostgreSQL".to_owned()));
+        }
+        let options = (*self.db().get_postgres_connection_pool().connect_options())
+            .clone()
+            .application_name(LISTENER_APPLICATION_NAME);
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(std::time::Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::Listener(e.to_string()))?;
+        let mut listener = PgListener::connect_with(&pool)
+            .await
+            .map_err(|e| StoreError::Listener(e.to_string()))?;
+        listener
+            .listen_all(channels.iter().copied())
+            .await
+            .map_err(|e| StoreError::Listener(e.to_string()))?;
+        Ok(listener)
+    }
+}
+
+/// The payload of an [`OUTBOX_CHANNEL`] notification.
+pub fn outbox_payload(instance: &str, terminals: Option<&[&str]>) -> String {
+    match terminals {
+        Some(ids) => format!("{instance} {}", ids.join(",")),
+        None => format!("{instance} *"),
+    }
+}
+
+/// Reads an [`OUTBOX_CHANNEL`] payload: the sender and the terminals (None:
+/// all of them, also for a payload that cannot be read).
+pub fn parse_outbox_payload(payload: &str) -> (&str, Option<Vec<&str>>) {
+    match payload.split_once(' ') {
+        Some((sender, "*")) | Some((sender, "")) => (sender, None),
+        Some((sender, ids)) => (sender, Some(ids.split(',').collect())),
+        None => (payload, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outbox_payload_round_trips() {
+        let p = outbox_payload("me", Some(&["t1", "t2"]));
+        assert_eq!(parse_outbox_payload(&p), ("me", Some(vec!["t1", "t2"])));
+        let p = outbox_payload("me", None);
+        assert_eq!(parse_outbox_payload(&p), ("me", None));
+        assert_eq!(parse_outbox_payload("garbage"), ("garbage", None));
+    }
+}
