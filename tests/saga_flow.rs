@@ -6,6 +6,7 @@ mod support;
 
 use std::time::Duration;
 
+use sea_orm::ConnectionTrait;
 use serde_json::json;
 use stagehand::actors::cleanup::{CleanupReport, RunCleanup};
 use stagehand::ai::simulator::SimConfig;
@@ -327,3 +328,66 @@ async fn capacity_cap_holds_end_to_end(backend: Backend) {
     app.stop().await;
 }
 db_test!(capacity_cap_holds_end_to_end);
+
+/// A claim that fails for one experience (here a trigger refuses every
+/// update of its sagas) does not hold up the others: the round goes on,
+/// and what it claimed for them runs. Once the fault is gone, the refused
+/// experience's saga runs too.
+async fn a_claim_failing_for_one_experience_does_not_stop_the_others(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    // Experiences are visited oldest first: the failing one comes first.
+    let failing = app.experience(5).await;
+    let healthy = app.experience(5).await;
+    let failing_id = app
+        .state
+        .store
+        .experience_by_slug(&failing)
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    let db = app.state.store.db();
+    let install = match backend {
+        Backend::Postgres => vec![
+            "CREATE FUNCTION refuse_claim() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'injected claim failure'; END $$"
+                .to_owned(),
+            format!(
+                "CREATE TRIGGER refuse_claim BEFORE UPDATE ON sagas FOR EACH ROW \
+                 WHEN (NEW.experience_id = '{failing_id}') EXECUTE FUNCTION refuse_claim()"
+            ),
+        ],
+        Backend::Sqlite => vec![format!(
+            "CREATE TRIGGER refuse_claim BEFORE UPDATE ON sagas FOR EACH ROW \
+             WHEN NEW.experience_id = '{failing_id}' \
+             BEGIN SELECT RAISE(ABORT, 'injected claim failure'); END"
+        )],
+    };
+    for sql in install {
+        db.execute_unprepared(&sql).await.expect("install trigger");
+    }
+
+    let (bad_sid, bad_tok) = app.session(&failing, None, "refused").await;
+    let (good_sid, good_tok) = app.session(&healthy, None, "fine").await;
+    for (sid, tok) in [(&bad_sid, &bad_tok), (&good_sid, &good_tok)] {
+        let resp = app.submit(sid, tok, json!({"prompt": "a cat"}), "k").await;
+        assert_eq!(resp.status(), 202);
+    }
+    let good = app.wait_final(&good_sid, &good_tok, WITHIN).await;
+    assert_eq!(good["status"], "COMPLETED", "{good}");
+    let bad = app.status(&bad_sid, &bad_tok).await;
+    assert_eq!(
+        bad["status"], "SUBMITTING",
+        "the refused claim left it queued: {bad}"
+    );
+
+    let drop = match backend {
+        Backend::Postgres => "DROP TRIGGER refuse_claim ON sagas",
+        Backend::Sqlite => "DROP TRIGGER refuse_claim",
+    };
+    db.execute_unprepared(drop).await.expect("drop trigger");
+    let bad = app.wait_final(&bad_sid, &bad_tok, WITHIN).await;
+    assert_eq!(bad["status"], "COMPLETED", "{bad}");
+    app.stop().await;
+}
+db_test!(a_claim_failing_for_one_experience_does_not_stop_the_others);
