@@ -64,9 +64,13 @@ pub struct Config {
     /// Cap of the retry delay.
     #[arg(long, env = "STAGEHAND_BACKOFF_MAX", default_value = "60s", value_parser = parse_duration)]
     pub backoff_max: Duration,
-    /// Database connections in the pool.
+    /// Database connections for HTTP requests.
     #[arg(long, env = "STAGEHAND_DB_POOL", default_value_t = 10)]
     pub db_pool: u32,
+    /// Database connections for saga work and display streams, a pool apart
+    /// so that saga work never starves the HTTP requests.
+    #[arg(long, env = "STAGEHAND_WORKER_DB_POOL", default_value_t = 10)]
+    pub worker_db_pool: u32,
     /// Sagas this instance drives at once at most. When it is full, its
     /// dispatcher claims nothing more and other instances take the work.
     #[arg(long, env = "STAGEHAND_MAX_RUNNING", default_value_t = 1000)]

@@ -62,6 +62,8 @@ impl Application {
     ) -> Result<Application, StartupError> {
         let store = Store::connect(&config.database_url, config.db_pool).await?;
         store.migrate().await?;
+        // Saga work and display streams get their own connections.
+        let work = store.with_own_pool(config.worker_db_pool).await?;
         tracing::info!(database = %redact(&config.database_url), "database ready (migrations applied)");
 
         let (ai_url, simulator) = match &config.ai_url {
@@ -90,7 +92,7 @@ impl Application {
         let hub = TerminalHub::default().start();
         // On PostgreSQL other instances may share the database: wake-ups
         // cross over with LISTEN/NOTIFY. SQLite is one process.
-        let cluster = store.is_postgres().then(ClusterMailbox::default);
+        let cluster = work.is_postgres().then(ClusterMailbox::default);
         let wakeups = Wakeups {
             cluster: cluster.clone(),
             ..Wakeups::default()
@@ -99,7 +101,7 @@ impl Application {
             let instance_id = crate::store::new_id();
             tracing::info!(%instance_id, "PostgreSQL: wake-ups cross instances with LISTEN/NOTIFY");
             ClusterBridge::new(
-                store.clone(),
+                work.clone(),
                 instance_id,
                 mailbox,
                 wakeups.clone(),
@@ -107,20 +109,16 @@ impl Application {
             )
             .start();
         }
-        OutboxRelay::new(store.clone(), hub.clone(), wakeups.clone()).start();
-        let persistence = PersistenceActor::new(
-            store.clone(),
-            clock.clone(),
-            rules.lease_ms,
-            wakeups.clone(),
-        )
-        .start();
+        OutboxRelay::new(work.clone(), hub.clone(), wakeups.clone()).start();
+        let persistence =
+            PersistenceActor::new(work.clone(), clock.clone(), rules.lease_ms, wakeups.clone())
+                .start();
         let ai_client = AiClient::new(&ai_url, Duration::from_secs(5), Duration::from_secs(30));
         let deps = SagaDeps {
-            store: store.clone(),
+            store: work.clone(),
             clock: clock.clone(),
             ai: AiActor::new(ai_client).start(),
-            ranking: RankingActor::new(store.clone(), clock.clone()).start(),
+            ranking: RankingActor::new(work.clone(), clock.clone()).start(),
             persistence: persistence.clone(),
             settings: Arc::new(SagaSettings {
                 lease: config.lease,
@@ -138,7 +136,7 @@ impl Application {
         )
         .start();
         let cleanup = CleanupActor::new(
-            store.clone(),
+            work.clone(),
             clock.clone(),
             persistence,
             wakeups.clone(),
@@ -149,6 +147,7 @@ impl Application {
 
         let state = AppState {
             store,
+            work_store: work,
             clock,
             wakeups,
             hub,

@@ -24,7 +24,10 @@ use error::ApiError;
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
+    /// The requests' pool.
     pub store: Store,
+    /// The pool of saga work and display streams (sockets read from it).
+    pub work_store: Store,
     pub clock: SharedClock,
     /// Rung after a submission commits.
     pub wakeups: Wakeups,

@@ -41,7 +41,7 @@ pub async fn terminal_socket(
         terminal.id,
         terminal.last_seq,
         query.after.unwrap_or(0).max(0),
-        state.store.clone(),
+        state.work_store.clone(),
         state.hub.clone(),
         session,
     );

@@ -58,11 +58,13 @@ impl StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// The pool plus the SQLite write gate. Cheap to clone.
+/// A connection pool plus the SQLite write gate. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
     db: DatabaseConnection,
+    /// Shared by every pool on the same SQLite file.
     write_gate: Option<Arc<Mutex<()>>>,
+    url: Arc<str>,
 }
 
 /// A write transaction; holds the SQLite gate until it is committed or
@@ -90,13 +92,7 @@ impl Store {
     /// Connects (creating the SQLite file when the URL says `mode=rwc`) and
     /// sets SQLite to WAL so readers never wait for the writer.
     pub async fn connect(url: &str, pool: u32) -> StoreResult<Store> {
-        let mut opts = ConnectOptions::new(url.to_owned());
-        opts.max_connections(pool.max(2))
-            .min_connections(1)
-            .connect_timeout(Duration::from_secs(10))
-            .acquire_timeout(Duration::from_secs(10))
-            .sqlx_logging(false);
-        let db = Database::connect(opts).await?;
+        let db = Self::pool(url, pool).await?;
         let write_gate = match db.get_database_backend() {
             DbBackend::Sqlite => {
                 db.execute_unprepared("PRAGMA journal_mode=WAL").await?;
@@ -104,7 +100,32 @@ impl Store {
             }
             _ => None,
         };
-        Ok(Store { db, write_gate })
+        Ok(Store {
+            db,
+            write_gate,
+            url: url.into(),
+        })
+    }
+
+    /// The same database through a pool of its own (sharing the SQLite
+    /// write gate), so one kind of work cannot take every connection of
+    /// another: saga work never starves the HTTP requests.
+    pub async fn with_own_pool(&self, pool: u32) -> StoreResult<Store> {
+        Ok(Store {
+            db: Self::pool(&self.url, pool).await?,
+            write_gate: self.write_gate.clone(),
+            url: self.url.clone(),
+        })
+    }
+
+    async fn pool(url: &str, pool: u32) -> StoreResult<DatabaseConnection> {
+        let mut opts = ConnectOptions::new(url.to_owned());
+        opts.max_connections(pool.max(2))
+            .min_connections(1)
+            .connect_timeout(Duration::from_secs(10))
+            .acquire_timeout(Duration::from_secs(10))
+            .sqlx_logging(false);
+        Ok(Database::connect(opts).await?)
     }
 
     /// Applies every pending migration.
