@@ -37,6 +37,7 @@
 
 pub mod actors;
 pub mod ai;
+pub mod bench;
 pub mod clock;
 pub mod config;
 pub mod domain;

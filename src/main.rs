@@ -1,4 +1,4 @@
-//! The `stagehand` command: `serve`, `migrate`, `sim-ai`.
+//! The `stagehand` command: `serve`, `migrate`, `sim-ai`, `bench`.
 
 use std::time::Duration;
 
@@ -51,6 +51,9 @@ enum Command {
         #[arg(long, default_value_t = 0.0)]
         unavailable_rate: f64,
     },
+    /// Measure the server as a user runs it (subprocesses on 127.0.0.1) and
+    /// print one table.
+    Bench(stagehand::bench::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -92,6 +95,7 @@ fn main() -> std::process::ExitCode {
                 sim.stop().await;
                 Ok(())
             }
+            Command::Bench(args) => stagehand::bench::run(args).await,
         }
     });
     match outcome {

@@ -1,0 +1,984 @@
+//! One benchmark scenario: a simulator and a server as subprocesses (killed
+//! by a guard), the untimed setup, one display WebSocket per terminal, the
+//! timed submissions, the wait for every frame, the correctness check and
+//! the figures.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Time allowed for the simulator and the server to answer after start.
+const START_DEADLINE: Duration = Duration::from_secs(60);
+/// At most this many missing sessions are looked up on the server.
+const LOOKUPS: usize = 200;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "PostgreSQL",
+            Backend::Sqlite => "SQLite",
+        }
+    }
+}
+
+/// What one scenario runs.
+pub struct Scenario {
+    pub exe: PathBuf,
+    pub backend: Backend,
+    pub terminals: usize,
+    pub sessions: usize,
+    pub concurrency: usize,
+    pub server_args: Vec<String>,
+    /// PostgreSQL admin URL (PostgreSQL scenarios only).
+    pub admin_url: Option<String>,
+    /// The run's temp dir (logs, SQLite files).
+    pub dir: PathBuf,
+    pub deadline: Duration,
+}
+
+impl Scenario {
+    pub fn label(&self) -> String {
+        let plural = if self.terminals == 1 { "" } else { "s" };
+        format!(
+            "{}, {} terminal{plural}",
+            self.backend.name(),
+            self.terminals
+        )
+    }
+
+    fn file_stem(&self) -> String {
+        let backend = match self.backend {
+            Backend::Postgres => "postgres",
+            Backend::Sqlite => "sqlite",
+        };
+        format!("{backend}-{}", self.terminals)
+    }
+}
+
+/// The figures of a correct run.
+#[derive(Debug, Clone)]
+pub struct Figures {
+    pub accepted_per_s: f64,
+    pub sagas_per_s: f64,
+    pub submit_p50_ms: f64,
+    pub submit_p99_ms: f64,
+    pub commit_to_frame_p99_ms: f64,
+    pub reconnects: usize,
+}
+
+/// Error and warning lines of the server log.
+#[derive(Debug, Clone, Default)]
+pub struct LogSummary {
+    pub errors: usize,
+    pub warnings: usize,
+    /// A few of the first ERROR lines, shortened.
+    pub samples: Vec<String>,
+}
+
+pub struct ScenarioResult {
+    pub backend: Backend,
+    pub terminals: usize,
+    pub label: String,
+    pub outcome: Result<Figures, String>,
+    pub log: Option<LogSummary>,
+}
+
+/// Runs one scenario end to end; never panics on a server failure.
+pub async fn run(s: &Scenario) -> ScenarioResult {
+    let logs = super::logs_dir(&s.dir);
+    let server_log = logs.join(format!("{}-server.log", s.file_stem()));
+    let mut pg_name = None;
+    let outcome = async {
+        let database_url = match s.backend {
+            Backend::Sqlite => {
+                let db_dir = s.dir.join(format!("db-{}", s.file_stem()));
+                std::fs::create_dir_all(&db_dir)
+                    .map_err(|e| format!("create {}: {e}", db_dir.display()))?;
+                format!("sqlite://{}/bench.db?mode=rwc", db_dir.display())
+            }
+            Backend::Postgres => {
+                let admin = s.admin_url.as_deref().ok_or("no PostgreSQL admin URL")?;
+                let (url, name) = super::create_database(admin).await?;
+                pg_name = Some(name);
+                url
+            }
+        };
+        let result = drive(s, &database_url, &logs, &server_log).await;
+        result.map_err(|e| format!("{e}\n  server log: {}", server_log.display()))
+    }
+    .await;
+    if let (Some(admin), Some(name)) = (&s.admin_url, &pg_name) {
+        super::drop_database(admin, name).await;
+    }
+    ScenarioResult {
+        backend: s.backend,
+        terminals: s.terminals,
+        label: s.label(),
+        outcome,
+        log: summarize_log(&server_log),
+    }
+}
+
+/// A subprocess killed (and reaped) when dropped.
+struct Proc {
+    child: Child,
+    what: &'static str,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn start(exe: &Path, what: &'static str, args: &[String], log: &Path) -> Result<Proc, String> {
+        let out = File::create(log).map_err(|e| format!("create {}: {e}", log.display()))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| format!("log {}: {e}", log.display()))?;
+        let child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("start {what}: {e}"))?;
+        Ok(Proc {
+            child,
+            what,
+            log: log.to_owned(),
+        })
+    }
+
+    /// Waits until `GET url` answers 200, or the process exits, or the
+    /// deadline passes.
+    async fn wait_ready(&mut self, client: &reqwest::Client, url: &str) -> Result<(), String> {
+        let deadline = Instant::now() + START_DEADLINE;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "{} exited during start ({status}); see {}",
+                    self.what,
+                    self.log.display()
+                ));
+            }
+            if let Ok(resp) = client.get(url).send().await {
+                if resp.status() == StatusCode::OK {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} did not answer 200 on {url} within {START_DEADLINE:?}; see {}",
+                    self.what,
+                    self.log.display()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("find a free port: {e}"))
+}
+
+/// One participant session of the run.
+struct Session {
+    id: String,
+    token: String,
+    terminal: usize,
+}
+
+/// One terminal and its display's URL base.
+struct Terminal {
+    id: String,
+    token: String,
+}
+
+/// A frame as it arrived at a display.
+struct Frame {
+    at: Instant,
+    seq: i64,
+    session_id: String,
+    kind: String,
+    reason: Option<String>,
+}
+
+/// What one display saw.
+#[derive(Default)]
+struct DisplayLog {
+    frames: Vec<Frame>,
+    reconnects: usize,
+    problems: Vec<String>,
+}
+
+/// One timed submission.
+struct Submitted {
+    start: Instant,
+    end: Instant,
+    outcome: Result<(), String>,
+}
+
+async fn drive(
+    s: &Scenario,
+    database_url: &str,
+    logs: &Path,
+    server_log: &Path,
+) -> Result<Figures, String> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(s.concurrency * 2 + 8)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| format!("HTTP client: {e}"))?;
+
+    // 1. The AI simulator.
+    let sim_port = free_port()?;
+    let sim_url = format!("http://127.0.0.1:{sim_port}");
+    let mut sim = Proc::start(
+        &s.exe,
+        "the AI simulator",
+        &[
+            "sim-ai".into(),
+            "--bind".into(),
+            format!("127.0.0.1:{sim_port}"),
+            "--latency".into(),
+            "0ms".into(),
+        ],
+        &logs.join(format!("{}-sim.log", s.file_stem())),
+    )?;
+    sim.wait_ready(&client, &format!("{sim_url}/v1/stats"))
+        .await?;
+
+    // 2. The server, as a user runs it.
+    let port = free_port()?;
+    let base = format!("http://127.0.0.1:{port}");
+    let operator = uuid::Uuid::new_v4().simple().to_string();
+    let mut args: Vec<String> = vec![
+        "serve".into(),
+        "--database-url".into(),
+        database_url.into(),
+        "--bind".into(),
+        format!("127.0.0.1:{port}"),
+        "--ai-url".into(),
+        sim_url.clone(),
+        "--operator-token".into(),
+        operator.clone(),
+    ];
+    args.extend(s.server_args.iter().cloned());
+    let mut server = Proc::start(&s.exe, "the server", &args, server_log)?;
+    server
+        .wait_ready(&client, &format!("{base}/readyz"))
+        .await?;
+
+    // 3. Setup, not timed.
+    let slug = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    post(
+        &client,
+        &format!("{base}/api/experiences"),
+        Some(&operator),
+        json!({"slug": slug, "title": "Bench", "kind": "score", "max_in_flight": 1000}),
+        StatusCode::CREATED,
+    )
+    .await?;
+    let mut terminals = Vec::new();
+    for t in 0..s.terminals {
+        let body = post(
+            &client,
+            &format!("{base}/api/terminals"),
+            Some(&operator),
+            json!({"experience": slug, "name": format!("bench display {t}")}),
+            StatusCode::CREATED,
+        )
+        .await?;
+        terminals.push(Terminal {
+            id: field(&body, "terminal_id")?,
+            token: field(&body, "token")?,
+        });
+    }
+    eprintln!(
+        "  {}: setup: {} sessions on {} terminal(s)",
+        s.label(),
+        s.sessions,
+        s.terminals
+    );
+    let terminal_ids: Arc<Vec<String>> = Arc::new(terminals.iter().map(|t| t.id.clone()).collect());
+    let created = {
+        let (client, base, slug, ids) = (client.clone(), base.clone(), slug.clone(), terminal_ids);
+        in_workers(s.sessions, s.concurrency, move |i| {
+            let (client, base, slug, ids) =
+                (client.clone(), base.clone(), slug.clone(), ids.clone());
+            async move {
+                let terminal = i % ids.len();
+                let body = post(
+                    &client,
+                    &format!("{base}/api/experiences/{slug}/sessions"),
+                    None,
+                    json!({"nickname": format!("p{i}"), "terminal_id": ids[terminal]}),
+                    StatusCode::CREATED,
+                )
+                .await?;
+                Ok::<_, String>(Session {
+                    id: field(&body, "session_id")?,
+                    token: field(&body, "participant_token")?,
+                    terminal,
+                })
+            }
+        })
+        .await
+    };
+    let sessions: Vec<Session> = created.into_iter().collect::<Result<_, _>>()?;
+    let sessions = Arc::new(sessions);
+    let index_of: HashMap<&str, usize> = sessions
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.id.as_str(), i))
+        .collect();
+
+    // 4. One display per terminal, connected before the clock starts.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let mut displays = Vec::new();
+    for (t, terminal) in terminals.iter().enumerate() {
+        let url = format!(
+            "ws://127.0.0.1:{port}/ws/terminals/{}?token={}",
+            terminal.id, terminal.token
+        );
+        let ws = connect_display(&url, 0)
+            .await
+            .map_err(|e| format!("display {t}: {e}"))?;
+        let expected: HashSet<String> = sessions
+            .iter()
+            .filter(|x| x.terminal == t)
+            .map(|x| x.id.clone())
+            .collect();
+        displays.push(tokio::spawn(display(
+            url,
+            ws,
+            expected,
+            arrived.clone(),
+            stop_rx.clone(),
+        )));
+    }
+
+    // 5. Timed: the submissions.
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let progress = tokio::spawn(report_progress(
+        s.label(),
+        s.sessions,
+        accepted.clone(),
+        arrived.clone(),
+    ));
+    let submitted = {
+        let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
+        in_workers(s.sessions, s.concurrency, move |i| {
+            let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
+            let accepted = accepted.clone();
+            async move {
+                let session = &sessions[i];
+                let start = Instant::now();
+                let sent = client
+                    .post(format!("{base}/api/sessions/{}/submission", session.id))
+                    .bearer_auth(&session.token)
+                    .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+                    .json(
+                        &json!({"prompt": format!("bench prompt {i}"), "score": (i % 1000) as f64}),
+                    )
+                    .send()
+                    .await;
+                let end = Instant::now();
+                let outcome = match sent {
+                    Ok(resp) if resp.status() == StatusCode::ACCEPTED => {
+                        accepted.fetch_add(1, Ordering::Relaxed);
+                        Ok(())
+                    }
+                    Ok(resp) => {
+                        let status = resp.status();
+                        let text = resp.text().await.unwrap_or_default();
+                        Err(format!("{status} {}", shorten(&text, 200)))
+                    }
+                    Err(e) => Err(e.to_string()),
+                };
+                Submitted {
+                    start,
+                    end,
+                    outcome,
+                }
+            }
+        })
+        .await
+    };
+    let failed: Vec<(usize, &String)> = submitted
+        .iter()
+        .enumerate()
+        .filter_map(|(i, x)| x.outcome.as_ref().err().map(|e| (i, e)))
+        .collect();
+
+    // 6. Wait for every frame (only if every submission was accepted).
+    let mut timed_out = false;
+    if failed.is_empty() {
+        let deadline = Instant::now() + s.deadline;
+        loop {
+            if arrived.load(Ordering::Relaxed) >= s.sessions {
+                break;
+            }
+            if Instant::now() > deadline {
+                timed_out = true;
+                break;
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                eprintln!("  {}: the server exited ({status})", s.label());
+                timed_out = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    progress.abort();
+    let _ = stop_tx.send(true);
+    let mut logs_by_terminal = Vec::new();
+    for d in displays {
+        logs_by_terminal.push(d.await.map_err(|e| format!("display task: {e}"))?);
+    }
+
+    if !failed.is_empty() {
+        let mut msg = format!(
+            "{} of {} submissions were not accepted (202):",
+            failed.len(),
+            s.sessions
+        );
+        for (i, e) in failed.iter().take(10) {
+            msg.push_str(&format!("\n  submission {i}: {e}"));
+        }
+        return Err(msg);
+    }
+
+    // 7. Correctness.
+    let violations = check(
+        &sessions,
+        &index_of,
+        &logs_by_terminal,
+        timed_out,
+        s.deadline,
+    );
+    if !violations.is_empty() {
+        let mut msg = violations.join("\n");
+        let missing: Vec<&str> = missing_sessions(&sessions, &logs_by_terminal);
+        if !missing.is_empty() {
+            msg.push_str(&format!(
+                "\n  the server's view of {} missing session(s), status/step: {}",
+                missing.len().min(LOOKUPS),
+                lookup(&client, &base, &operator, &missing).await
+            ));
+        }
+        return Err(msg);
+    }
+    drop(server);
+    drop(sim);
+
+    // Figures.
+    let mut frame_at: Vec<Option<Instant>> = vec![None; sessions.len()];
+    for log in &logs_by_terminal {
+        for f in &log.frames {
+            if let Some(&i) = index_of.get(f.session_id.as_str()) {
+                frame_at[i].get_or_insert(f.at);
+            }
+        }
+    }
+    let first_start = submitted
+        .iter()
+        .map(|x| x.start)
+        .min()
+        .expect("sessions > 0");
+    let last_ack = submitted.iter().map(|x| x.end).max().expect("sessions > 0");
+    let last_frame = frame_at
+        .iter()
+        .flatten()
+        .max()
+        .copied()
+        .expect("all frames");
+    let n = sessions.len() as f64;
+    let mut submit_ms: Vec<f64> = submitted
+        .iter()
+        .map(|x| ms(x.end.saturating_duration_since(x.start)))
+        .collect();
+    let mut commit_ms: Vec<f64> = submitted
+        .iter()
+        .zip(&frame_at)
+        .map(|(x, f)| ms(f.expect("all frames").saturating_duration_since(x.end)))
+        .collect();
+    Ok(Figures {
+        accepted_per_s: n / secs(last_ack - first_start),
+        sagas_per_s: n / secs(last_frame - first_start),
+        submit_p50_ms: percentile(&mut submit_ms, 0.50),
+        submit_p99_ms: percentile(&mut submit_ms, 0.99),
+        commit_to_frame_p99_ms: percentile(&mut commit_ms, 0.99),
+        reconnects: logs_by_terminal.iter().map(|l| l.reconnects).sum(),
+    })
+}
+
+/// Prints, every second, how many submissions were accepted and how many
+/// frames arrived, so a user sees the run is alive.
+async fn report_progress(
+    label: String,
+    n: usize,
+    accepted: Arc<AtomicUsize>,
+    arrived: Arc<AtomicUsize>,
+) {
+    let start = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        eprintln!(
+            "  {label}: {}/{n} accepted, {}/{n} frames after {:.0}s",
+            accepted.load(Ordering::Relaxed),
+            arrived.load(Ordering::Relaxed),
+            start.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// Every session exactly once, at its own terminal, completed; `seq` 1, 2,
+/// 3, ... per display. Returns the violations (empty when all is well).
+fn check(
+    sessions: &[Session],
+    index_of: &HashMap<&str, usize>,
+    logs: &[DisplayLog],
+    timed_out: bool,
+    deadline: Duration,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut seen = vec![0usize; sessions.len()];
+    let mut not_completed: BTreeMap<String, usize> = BTreeMap::new();
+    for (t, log) in logs.iter().enumerate() {
+        for p in &log.problems {
+            out.push(format!("  terminal {t}: {p}"));
+        }
+        let mut prev = 0i64;
+        let mut seq_errors = 0;
+        for f in &log.frames {
+            if f.seq != prev + 1 {
+                seq_errors += 1;
+                if seq_errors <= 5 {
+                    out.push(format!(
+                        "  terminal {t}: seq {} after {prev} (expected {})",
+                        f.seq,
+                        prev + 1
+                    ));
+                }
+            }
+            prev = prev.max(f.seq);
+            match index_of.get(f.session_id.as_str()) {
+                Some(&i) if sessions[i].terminal == t => seen[i] += 1,
+                Some(&i) => out.push(format!(
+                    "  terminal {t}: session {} of terminal {} arrived here (seq {})",
+                    f.session_id, sessions[i].terminal, f.seq
+                )),
+                None => out.push(format!(
+                    "  terminal {t}: unknown session {:?} (seq {})",
+                    f.session_id, f.seq
+                )),
+            }
+            if f.kind != "session.completed" {
+                let key = format!("{} {}", f.kind, f.reason.as_deref().unwrap_or("-"));
+                *not_completed.entry(key).or_default() += 1;
+            }
+        }
+        if seq_errors > 5 {
+            out.push(format!(
+                "  terminal {t}: {} more seq gaps or repeats",
+                seq_errors - 5
+            ));
+        }
+    }
+    for (kind, n) in &not_completed {
+        out.push(format!("  {n} frame(s) were not completions: {kind}"));
+    }
+    let duplicated: Vec<usize> = (0..sessions.len()).filter(|&i| seen[i] > 1).collect();
+    if !duplicated.is_empty() {
+        out.push(format!(
+            "  {} session(s) arrived more than once, e.g. {} ({} times)",
+            duplicated.len(),
+            sessions[duplicated[0]].id,
+            seen[duplicated[0]]
+        ));
+    }
+    let mut missing_by_terminal: BTreeMap<usize, Vec<&str>> = BTreeMap::new();
+    for (i, s) in sessions.iter().enumerate() {
+        if seen[i] == 0 {
+            missing_by_terminal
+                .entry(s.terminal)
+                .or_default()
+                .push(&s.id);
+        }
+    }
+    let missing: usize = missing_by_terminal.values().map(Vec::len).sum();
+    if missing > 0 {
+        let why = if timed_out {
+            format!(" after waiting {deadline:?}")
+        } else {
+            String::new()
+        };
+        out.push(format!(
+            "  {missing} of {} session(s) never reached their terminal{why}:",
+            sessions.len()
+        ));
+        for (t, ids) in missing_by_terminal.iter().take(5) {
+            let shown: Vec<&str> = ids.iter().take(3).copied().collect();
+            let more = if ids.len() > 3 {
+                format!(" and {} more", ids.len() - 3)
+            } else {
+                String::new()
+            };
+            out.push(format!(
+                "    terminal {t}: {} missing: {}{more}",
+                ids.len(),
+                shown.join(", ")
+            ));
+        }
+        if missing_by_terminal.len() > 5 {
+            out.push(format!(
+                "    and {} more terminals",
+                missing_by_terminal.len() - 5
+            ));
+        }
+    } else if timed_out {
+        out.push(format!(
+            "  not every frame arrived within {deadline:?} (or the server exited)"
+        ));
+    }
+    out
+}
+
+fn missing_sessions<'a>(sessions: &'a [Session], logs: &[DisplayLog]) -> Vec<&'a str> {
+    let seen: HashSet<&str> = logs
+        .iter()
+        .flat_map(|l| l.frames.iter().map(|f| f.session_id.as_str()))
+        .collect();
+    sessions
+        .iter()
+        .map(|s| s.id.as_str())
+        .filter(|id| !seen.contains(id))
+        .collect()
+}
+
+/// Asks the server where the missing sessions stand: "COMPLETED: 53, ...".
+async fn lookup(client: &reqwest::Client, base: &str, operator: &str, ids: &[&str]) -> String {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for id in ids.iter().take(LOOKUPS) {
+        let status = match client
+            .get(format!("{base}/api/sessions/{id}"))
+            .bearer_auth(operator)
+            .send()
+            .await
+        {
+            Ok(resp) if resp.status().is_success() => match resp.json::<Value>().await {
+                Ok(v) => format!(
+                    "{}/{}",
+                    v["status"].as_str().unwrap_or("?"),
+                    v["step"].as_str().unwrap_or("-")
+                ),
+                Err(e) => format!("unreadable ({e})"),
+            },
+            Ok(resp) => format!("HTTP {}", resp.status()),
+            Err(e) => format!("unreachable ({e})"),
+        };
+        *counts.entry(status).or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(k, n)| format!("{k}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Connects a display with `after=<after>` and reads its hello frame.
+async fn connect_display(url: &str, after: i64) -> Result<Ws, String> {
+    let full = format!("{url}&after={after}");
+    let connected = tokio::time::timeout(Duration::from_secs(10), async {
+        let (mut ws, _) = tokio_tungstenite::connect_async(full.as_str())
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Text(text))) => {
+                    let v: Value = serde_json::from_str(text.as_str())
+                        .map_err(|e| format!("first frame is not JSON: {e}"))?;
+                    if v["type"] != "hello" {
+                        return Err(format!("first frame is not hello: {text}"));
+                    }
+                    return Ok(ws);
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    return Err(format!("closed at once: {frame:?}"))
+                }
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Err(format!("read hello: {e}")),
+                None => return Err("closed before hello".into()),
+            }
+        }
+    })
+    .await;
+    connected.unwrap_or_else(|_| Err("no hello within 10 s".into()))
+}
+
+/// Reads a display until told to stop; reconnects with the last seen `seq`
+/// when the server closes the socket, as a real display does.
+async fn display(
+    url: String,
+    mut ws: Ws,
+    expected: HashSet<String>,
+    arrived: Arc<AtomicUsize>,
+    mut stop: watch::Receiver<bool>,
+) -> DisplayLog {
+    let mut log = DisplayLog::default();
+    let mut counted: HashSet<String> = HashSet::new();
+    let mut last_seq = 0i64;
+    loop {
+        let msg = tokio::select! {
+            biased;
+            _ = stop.changed() => break,
+            msg = ws.next() => msg,
+        };
+        let at = Instant::now();
+        match msg {
+            Some(Ok(Message::Text(text))) => match parse_frame(text.as_str(), at) {
+                Ok(frame) => {
+                    last_seq = last_seq.max(frame.seq);
+                    if expected.contains(&frame.session_id)
+                        && counted.insert(frame.session_id.clone())
+                    {
+                        arrived.fetch_add(1, Ordering::Relaxed);
+                    }
+                    log.frames.push(frame);
+                }
+                Err(e) => log.problems.push(e),
+            },
+            Some(Ok(Message::Binary(_))) => log.problems.push("unexpected binary frame".into()),
+            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                // Reconnect until it works or the run ends.
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = stop.changed() => return log,
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
+                    match connect_display(&url, last_seq).await {
+                        Ok(new) => {
+                            ws = new;
+                            log.reconnects += 1;
+                            break;
+                        }
+                        Err(e) => {
+                            if log.problems.len() < 5 {
+                                log.problems.push(format!("reconnect failed: {e}"));
+                            }
+                        }
+                    }
+                }
+            }
+            Some(Ok(_)) => {} // ping, pong: tungstenite answers pings itself
+        }
+    }
+    let _ = ws.close(None).await;
+    log
+}
+
+fn parse_frame(text: &str, at: Instant) -> Result<Frame, String> {
+    let v: Value =
+        serde_json::from_str(text).map_err(|e| format!("frame is not JSON ({e}): {text}"))?;
+    let kind = v["type"].as_str().unwrap_or_default().to_owned();
+    match kind.as_str() {
+        "session.completed" | "session.rejected" | "session.aborted" => {}
+        _ => return Err(format!("unexpected frame: {}", shorten(text, 200))),
+    }
+    let seq = v["seq"]
+        .as_i64()
+        .ok_or_else(|| format!("frame without seq: {}", shorten(text, 200)))?;
+    let session_id = v["session_id"]
+        .as_str()
+        .ok_or_else(|| format!("frame without session_id: {}", shorten(text, 200)))?
+        .to_owned();
+    Ok(Frame {
+        at,
+        seq,
+        session_id,
+        kind,
+        reason: v["reason"].as_str().map(str::to_owned),
+    })
+}
+
+/// Runs `f(0..n)` on `c` concurrent workers; results in index order.
+async fn in_workers<T, F, Fut>(n: usize, c: usize, f: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = T> + Send,
+{
+    let f = Arc::new(f);
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..c.min(n) {
+        let (f, next) = (f.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            let mut done = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return done;
+                }
+                done.push((i, f(i).await));
+            }
+        }));
+    }
+    let mut slots: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    for w in workers {
+        for (i, t) in w.await.expect("bench worker panicked") {
+            slots[i] = Some(t);
+        }
+    }
+    slots
+        .into_iter()
+        .map(|t| t.expect("every index done"))
+        .collect()
+}
+
+/// POSTs JSON and expects `want`; returns the JSON answer.
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    bearer: Option<&str>,
+    body: Value,
+    want: StatusCode,
+) -> Result<Value, String> {
+    let mut req = client.post(url).json(&body);
+    if let Some(token) = bearer {
+        req = req.bearer_auth(token);
+    }
+    let resp = req.send().await.map_err(|e| format!("POST {url}: {e}"))?;
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    if status != want {
+        return Err(format!(
+            "POST {url}: {status} (expected {want}): {}",
+            shorten(&text, 300)
+        ));
+    }
+    serde_json::from_str(&text).map_err(|e| format!("POST {url}: answer is not JSON: {e}"))
+}
+
+fn field(v: &Value, name: &str) -> Result<String, String> {
+    v[name]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("answer without {name}: {v}"))
+}
+
+fn shorten(text: &str, max: usize) -> String {
+    let text = text.trim();
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}...", &text[..i]),
+        None => text.to_owned(),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64().max(1e-9)
+}
+
+/// Nearest-rank percentile (`p` in 0..=1) of `values`, sorted in place.
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = (p * values.len() as f64).ceil() as usize;
+    values[rank.clamp(1, values.len()) - 1]
+}
+
+/// Counts ERROR and WARN lines of a server log (ANSI colours stripped).
+fn summarize_log(path: &Path) -> Option<LogSummary> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut summary = LogSummary::default();
+    for line in text.lines() {
+        let plain = strip_ansi(line);
+        let level = plain.split_whitespace().nth(1).unwrap_or_default();
+        if level == "ERROR" {
+            summary.errors += 1;
+            if summary.samples.len() < 3 {
+                summary.samples.push(shorten(&plain, 240));
+            }
+        } else if level == "WARN" {
+            summary.warnings += 1;
+        }
+    }
+    Some(summary)
+}
+
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ ... final byte in @..~
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) && c != '[' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{percentile, strip_ansi};
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&mut v, 0.50), 50.0);
+        assert_eq!(percentile(&mut v, 0.99), 99.0);
+        assert_eq!(percentile(&mut [7.0], 0.99), 7.0);
+    }
+
+    #[test]
+    fn ansi_is_stripped() {
+        assert_eq!(
+            strip_ansi("2026 \u{1b}[31mERROR\u{1b}[0m boom"),
+            "2026 ERROR boom"
+        );
+    }
+}

@@ -1,0 +1,295 @@
+//! `stagehand bench`: the flags, the order of the run (pgbench, then one
+//! scenario per backend and terminal count), the temp dir of logs and SQLite
+//! files, and the exit status. The load itself is in [`load`], pgbench in
+//! [`pgbench`], the printed table in [`table`].
+
+pub mod load;
+pub mod pgbench;
+pub mod table;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
+};
+
+use load::{Backend, Scenario, ScenarioResult};
+use pgbench::Pgbench;
+
+/// Flags of `stagehand bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Admin URL of a PostgreSQL server (e.g.
+    /// postgres://postgres@127.0.0.1:5432/postgres). When given, pgbench and
+    /// the PostgreSQL scenarios run, each on a fresh database dropped after.
+    #[arg(long, env = "STAGEHAND_BENCH_POSTGRES_URL")]
+    pub postgres_url: Option<String>,
+    /// Sagas per scenario.
+    #[arg(long, default_value_t = 3000)]
+    pub sessions: usize,
+    /// Concurrent HTTP submitters.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Run the SQLite scenarios (the default).
+    #[arg(long, overrides_with = "no_sqlite")]
+    pub sqlite: bool,
+    /// Skip the SQLite scenarios.
+    #[arg(long, overrides_with = "sqlite")]
+    pub no_sqlite: bool,
+    /// Extra flags for each `stagehand serve`, split on whitespace
+    /// (repeatable): `--server-arg "--db-pool 20"`.
+    #[arg(long = "server-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
+    /// Keep the server and simulator logs (they are also kept when a
+    /// scenario fails).
+    #[arg(long)]
+    pub keep_logs: bool,
+    /// How long to wait, after the last 202, for every frame to arrive.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub deadline: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration: {e}"))
+}
+
+/// Runs the whole benchmark and prints the table. Err when pgbench or any
+/// scenario failed or found a correctness violation.
+pub async fn run(args: BenchArgs) -> Result<(), String> {
+    if args.sessions == 0 || args.concurrency == 0 {
+        return Err("--sessions and --concurrency must be at least 1".into());
+    }
+    // reqwest is built without a TLS provider of its own.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("current executable: {e}"))?;
+    let dir = std::env::temp_dir().join(format!("stagehand-bench-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let server_args: Vec<String> = args
+        .server_args
+        .iter()
+        .flat_map(|a| a.split_whitespace().map(str::to_owned))
+        .collect();
+    let postgres = args.postgres_url.clone().filter(|u| !u.trim().is_empty());
+    let run_sqlite = !args.no_sqlite;
+    if postgres.is_none() && !run_sqlite {
+        return Err("nothing to run: no --postgres-url and --no-sqlite".into());
+    }
+
+    let mut sync_commit = None;
+    let mut pgbench = None;
+    if let Some(admin) = &postgres {
+        sync_commit = Some(synchronous_commit(admin).await?);
+        eprintln!("bench: pgbench (prepared single-row UPDATE, -c 8 -j 2 -T 8)");
+        let outcome = pgbench::run(admin, &dir).await;
+        match &outcome {
+            Pgbench::Tps(tps) => eprintln!("bench: pgbench {tps:.0} tps"),
+            Pgbench::NotInstalled => eprintln!("bench: pgbench is not on PATH; no ratios"),
+            Pgbench::Failed(e) => eprintln!("bench: pgbench failed: {e}"),
+        }
+        pgbench = Some(outcome);
+    }
+
+    let mut scenarios = Vec::new();
+    if postgres.is_some() {
+        scenarios.push((Backend::Postgres, 1));
+        scenarios.push((Backend::Postgres, 50));
+    }
+    if run_sqlite {
+        scenarios.push((Backend::Sqlite, 1));
+        scenarios.push((Backend::Sqlite, 50));
+    }
+    let mut results: Vec<ScenarioResult> = Vec::new();
+    for (backend, terminals) in scenarios {
+        let scenario = Scenario {
+            exe: exe.clone(),
+            backend,
+            terminals,
+            sessions: args.sessions,
+            concurrency: args.concurrency,
+            server_args: server_args.clone(),
+            admin_url: postgres.clone(),
+            dir: dir.clone(),
+            deadline: args.deadline,
+        };
+        eprintln!("bench: {} running", scenario.label());
+        let result = load::run(&scenario).await;
+        match &result.outcome {
+            Ok(f) => eprintln!(
+                "bench: {} done: {:.0} accepted/s, {:.0} sagas/s end to end",
+                scenario.label(),
+                f.accepted_per_s,
+                f.sagas_per_s
+            ),
+            Err(e) => eprintln!(
+                "bench: {} FAILED: {} (details at the end)",
+                scenario.label(),
+                e.trim().lines().next().unwrap_or_default()
+            ),
+        }
+        results.push(result);
+    }
+
+    let header = table::header(
+        args.sessions,
+        args.concurrency,
+        sync_commit.as_deref(),
+        pgbench.as_ref(),
+        &server_args,
+    );
+    println!("{header}");
+    println!("{}", table::render(&results, pgbench.as_ref()));
+    for line in table::notes(&results) {
+        println!("{line}");
+    }
+
+    let failed: Vec<&ScenarioResult> = results.iter().filter(|r| r.outcome.is_err()).collect();
+    let pgbench_failed = matches!(pgbench, Some(Pgbench::Failed(_)));
+    for r in &failed {
+        if let Err(e) = &r.outcome {
+            eprintln!("\n{} FAILED:\n{e}", r.label);
+        }
+    }
+    let keep = args.keep_logs || !failed.is_empty() || pgbench_failed;
+    cleanup(&dir, keep);
+    if keep {
+        eprintln!("logs kept in {}", dir.join("logs").display());
+    }
+    if failed.is_empty() && !pgbench_failed {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} of {} scenario(s) failed{}",
+            failed.len(),
+            results.len(),
+            if pgbench_failed {
+                ", and pgbench failed"
+            } else {
+                ""
+            }
+        ))
+    }
+}
+
+/// Deletes the SQLite files always, and the logs unless `keep`.
+fn cleanup(dir: &Path, keep: bool) {
+    if keep {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for entry in entries.flatten() {
+                if entry.file_name() != "logs" {
+                    let path = entry.path();
+                    let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+                }
+            }
+        }
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// A connection through the admin URL, without sqlx's statement logs (they
+/// would land in the middle of the table).
+async fn admin_connect(admin: &str) -> Result<DatabaseConnection, sea_orm::DbErr> {
+    let mut options = ConnectOptions::new(admin);
+    options.sqlx_logging(false).max_connections(1);
+    Database::connect(options).await
+}
+
+/// `SHOW synchronous_commit` on the admin connection.
+async fn synchronous_commit(admin: &str) -> Result<String, String> {
+    let conn = admin_connect(admin)
+        .await
+        .map_err(|e| format!("connect to {admin}: {e}"))?;
+    let row = conn
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SHOW synchronous_commit",
+        ))
+        .await
+        .map_err(|e| format!("SHOW synchronous_commit: {e}"))?;
+    conn.close().await.ok();
+    row.and_then(|r| r.try_get::<String>("", "synchronous_commit").ok())
+        .ok_or_else(|| "SHOW synchronous_commit returned nothing".into())
+}
+
+/// A fresh PostgreSQL database, `stagehand_bench_<random>`, created through
+/// the admin URL; returns its URL and name.
+pub async fn create_database(admin: &str) -> Result<(String, String), String> {
+    let name = format!("stagehand_bench_{}", uuid::Uuid::new_v4().simple());
+    let conn = admin_connect(admin)
+        .await
+        .map_err(|e| format!("connect to {admin}: {e}"))?;
+    let created = conn
+        .execute_unprepared(&format!("CREATE DATABASE \"{name}\""))
+        .await
+        .map_err(|e| format!("CREATE DATABASE {name}: {e}"));
+    conn.close().await.ok();
+    created?;
+    Ok((database_url(admin, &name), name))
+}
+
+/// `DROP DATABASE ... WITH (FORCE)`; a failure is only reported.
+pub async fn drop_database(admin: &str, name: &str) {
+    let dropped = match admin_connect(admin).await {
+        Ok(conn) => {
+            let r = conn
+                .execute_unprepared(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            conn.close().await.ok();
+            r
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = dropped {
+        eprintln!("bench: could not drop database {name}: {e}");
+    }
+}
+
+/// The admin URL with its database name replaced by `name` (query kept).
+fn database_url(admin: &str, name: &str) -> String {
+    let (main, query) = match admin.split_once('?') {
+        Some((m, q)) => (m, Some(q)),
+        None => (admin, None),
+    };
+    let authority_start = main.find("://").map_or(0, |i| i + 3);
+    let base = match main[authority_start..].find('/') {
+        Some(i) => &main[..authority_start + i],
+        None => main,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+/// `<dir>/logs`, created.
+pub fn logs_dir(dir: &Path) -> PathBuf {
+    let logs = dir.join("logs");
+    let _ = std::fs::create_dir_all(&logs);
+    logs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::database_url;
+
+    #[test]
+    fn database_url_replaces_the_name() {
+        assert_eq!(
+            database_url("postgres://postgres@127.0.0.1:5432/postgres", "x"),
+            "postgres://postgres@127.0.0.1:5432/x"
+        );
+        assert_eq!(
+            database_url("postgres://u@h:5432", "x"),
+            "postgres://u@h:5432/x"
+        );
+        assert_eq!(
+            database_url("postgres://u@h/postgres?sslmode=disable", "x"),
+            "postgres://u@h/x?sslmode=disable"
+        );
+    }
+}
