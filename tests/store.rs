@@ -12,8 +12,10 @@ use stagehand::domain::policy::AttemptState;
 use stagehand::domain::saga::{AbortReason, Step, TransitionError};
 use stagehand::store::entities::sagas;
 use stagehand::store::experiences::NewExperience;
+use stagehand::store::ranking::ScoreEntry;
 use stagehand::store::sagas::{ClaimRules, Fence};
 use stagehand::store::sessions::Submission;
+use stagehand::store::transitions::SagaWrite;
 use stagehand::store::{Store, StoreError};
 use support::{Backend, TestDb};
 
@@ -73,12 +75,17 @@ impl Fixture {
 
     /// A submitted session on `terminal_id`, created at `at`.
     async fn saga_on(&self, terminal_id: &str, at: i64) -> sagas::Model {
+        self.saga_of("nick", terminal_id, at).await
+    }
+
+    /// A submitted session of `nickname` on `terminal_id`, created at `at`.
+    async fn saga_of(&self, nickname: &str, terminal_id: &str, at: i64) -> sagas::Model {
         let session = self
             .store
             .create_session(
                 &self.experience_id,
                 Some(terminal_id.to_owned()),
-                "nick",
+                nickname,
                 &uuid::Uuid::new_v4().to_string(),
                 at,
             )
@@ -380,25 +387,40 @@ db_test!(cleanup_abort_only_applies_to_unowned_sagas);
 
 async fn one_ranking_entry_per_session(backend: Backend) {
     let f = fixture(backend, 5).await;
-    let a = f.saga(T0).await;
-    let b = f.saga(T0 + 1).await;
-    let first = f
+    let a = f.saga_of("ann", &f.terminal_id, T0).await;
+    let b = f.saga_of("bob", &f.terminal_id, T0 + 1).await;
+    let c = f.saga_of("cy", &f.terminal_id, T0 + 2).await;
+    let entry = |s: &sagas::Model, score: f64| ScoreEntry {
+        experience_id: f.experience_id.clone(),
+        session_id: s.session_id.clone(),
+        saga_id: s.id.clone(),
+        score,
+    };
+    let first = f.store.register_score(entry(&a, 10.0), T0).await.unwrap();
+    assert_eq!(first.rank, 1);
+    // One batch: a repeat of ann (with another score), bob, and a score
+    // that is not a number.
+    let batch = f
         .store
-        .register_score(&f.experience_id, &a.session_id, &a.id, "ann", 10.0, T0)
+        .register_scores(
+            &[entry(&a, 99.0), entry(&b, 20.0), entry(&c, f64::NAN)],
+            T0 + 1,
+        )
         .await
         .unwrap();
-    let again = f
-        .store
-        .register_score(&f.experience_id, &a.session_id, &a.id, "ann", 10.0, T0 + 1)
-        .await
-        .unwrap();
-    assert_eq!(first.score_attempt_id, again.score_attempt_id);
-    let better = f
-        .store
-        .register_score(&f.experience_id, &b.session_id, &b.id, "bob", 20.0, T0 + 2)
-        .await
-        .unwrap();
-    assert_eq!(better.rank, 1);
+    let again = batch[0].as_ref().unwrap();
+    assert_eq!(
+        again.score_attempt_id, first.score_attempt_id,
+        "a repeat adds nothing"
+    );
+    assert_eq!(again.score, 10.0, "and keeps the entry that exists");
+    assert_eq!(again.rank, 2, "ranked at read time: bob is ahead now");
+    assert_eq!(batch[1].as_ref().unwrap().rank, 1);
+    assert!(
+        matches!(batch[2], Err(StoreError::Conflict(_))),
+        "{:?}",
+        batch[2]
+    );
     let ranking = f.store.ranking(&f.experience_id, 10).await.unwrap();
     assert_eq!(ranking.len(), 2);
     assert_eq!((ranking[0].nickname.as_str(), ranking[0].rank), ("bob", 1));
@@ -705,3 +727,121 @@ async fn bulk_sagas(store: &Store, template: &sagas::Model, offset: i64, n: i64,
         .await
         .unwrap();
 }
+
+/// Many sagas' writes in one transaction, each judged on its own terms: a
+/// stale token loses only its own write, a repeat is success, the ends
+/// write their results, session states and outbox events.
+async fn a_batch_applies_each_write_on_its_own_terms(backend: Backend) {
+    let f = fixture(backend, 10).await;
+    for i in 0..4 {
+        f.saga(T0 + i).await;
+    }
+    let s = f.claim(10, T0 + 10).await;
+    let (a, b, c, d) = (&s[0], &s[1], &s[2], &s[3]);
+    let done = |saga: &sagas::Model, token: &str, text: &str| SagaWrite::AiDone {
+        saga_id: saga.id.clone(),
+        token: token.to_owned(),
+        result: result(text),
+        job_id: Some(format!("job-{text}")),
+    };
+    let out = f
+        .store
+        .apply_saga_writes(
+            &[
+                done(a, &token(a), "a"),
+                done(b, &token(b), "b"),
+                done(c, "stale", "c"),
+            ],
+            T0 + 20,
+            LEASE,
+        )
+        .await
+        .unwrap();
+    assert!(out[0].is_ok() && out[1].is_ok(), "{out:?}");
+    assert!(out[2].as_ref().unwrap_err().is_lease_lost(), "{out:?}");
+    let row = f.store.saga(&a.id).await.unwrap().unwrap();
+    assert_eq!(row.step, "AI_DONE");
+    assert_eq!(row.ai_job_id.as_deref(), Some("job-a"));
+    assert_eq!(
+        row.locked_until_ms,
+        Some(T0 + 20 + LEASE),
+        "the lease was renewed"
+    );
+
+    let ranked = |saga: &sagas::Model| SagaWrite::RankingDone {
+        saga_id: saga.id.clone(),
+        token: token(saga),
+        entry: None,
+    };
+    let out = f
+        .store
+        .apply_saga_writes(
+            &[ranked(a), ranked(b), done(c, &token(c), "c")],
+            T0 + 30,
+            LEASE,
+        )
+        .await
+        .unwrap();
+    assert!(out.iter().all(Result::is_ok), "{out:?}");
+
+    let complete = |saga: &sagas::Model| SagaWrite::Complete {
+        saga_id: saga.id.clone(),
+        token: token(saga),
+    };
+    let out = f
+        .store
+        .apply_saga_writes(
+            &[
+                complete(a),
+                complete(b),
+                SagaWrite::Abort {
+                    saga_id: d.id.clone(),
+                    token: Some(token(d)),
+                    reason: AbortReason::AiFailed,
+                    detail: "gave up".into(),
+                },
+                // c is at AI_DONE: the same result again is a repeat.
+                done(c, &token(c), "c"),
+            ],
+            T0 + 40,
+            LEASE,
+        )
+        .await
+        .unwrap();
+    let appended: Vec<bool> = out
+        .iter()
+        .map(|o| o.as_ref().expect("applied").event_appended)
+        .collect();
+    assert_eq!(appended, vec![true, true, true, false]);
+    let again = f
+        .store
+        .apply_saga_writes(&[complete(a)], T0 + 50, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(
+        again[0].as_ref().unwrap().event_appended,
+        false,
+        "a repeat appends nothing"
+    );
+
+    f.store.number_events(100).await.unwrap();
+    let events = f.store.events_after(&f.terminal_id, 0, 100).await.unwrap();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e.payload["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.len(), 3);
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "session.completed").count(),
+        2
+    );
+    assert_eq!(kinds.iter().filter(|k| **k == "session.aborted").count(), 1);
+    for saga in [a, b] {
+        let session = f.store.session(&saga.session_id).await.unwrap().unwrap();
+        assert_eq!(session.status, "COMPLETED");
+    }
+    let session = f.store.session(&d.session_id).await.unwrap().unwrap();
+    assert_eq!(session.status, "ABORTED");
+    assert_eq!(session.abort_reason.as_deref(), Some("AI_FAILED"));
+}
+db_test!(a_batch_applies_each_write_on_its_own_terms);

@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use super::persistence::{Abort, PersistenceActor};
+use super::persistence::{PersistenceActor, Write};
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::domain::policy::{ownership, recovery, Recovery, RecoveryLimits};
 use crate::domain::saga::AbortReason;
 use crate::store::sagas::ClaimRules;
+use crate::store::transitions::SagaWrite;
 use crate::store::Store;
 
 /// Outbox events are kept this long for displays that reconnect.
@@ -104,15 +105,15 @@ impl CleanupActor {
                             format!("lease lost {} times; giving up", saga.recoveries)
                         };
                         let aborted = persistence
-                            .send(Abort {
+                            .send(Write(SagaWrite::Abort {
                                 saga_id: saga.id.clone(),
                                 token: None,
                                 reason: AbortReason::Orphaned,
                                 detail: detail.clone(),
-                            })
+                            }))
                             .await;
                         match aborted {
-                            Ok(Ok(())) => {
+                            Ok(Ok(_)) => {
                                 report.orphaned_sagas += 1;
                                 tracing::warn!(saga_id = %saga.id, step = %saga.step, %detail, "saga ABORTED as ORPHANED");
                             }

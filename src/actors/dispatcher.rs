@@ -102,12 +102,13 @@ impl Dispatcher {
                 // More may be waiting than we had room for.
                 act.starved = true;
             }
-            for saga in claimed {
+            for (saga, kind) in claimed {
                 tracing::info!(
                     saga_id = %saga.id, step = %saga.step, recoveries = saga.recoveries,
                     "claimed saga"
                 );
-                if let Some(supervisor) = SagaSupervisor::new(saga, act.deps.clone(), ctx.address())
+                if let Some(supervisor) =
+                    SagaSupervisor::new(saga, kind, act.deps.clone(), ctx.address())
                 {
                     supervisor.start();
                     act.running += 1;
@@ -121,13 +122,14 @@ impl Dispatcher {
 }
 
 /// Claims for every experience with claimable work, at most `room` sagas
-/// in all. A failure for one experience does not stop the others.
+/// in all, each with its experience's kind. A failure for one experience
+/// does not stop the others.
 async fn claim_round(
     store: Store,
     now: EpochMs,
     rules: ClaimRules,
     room: usize,
-) -> Vec<sagas::Model> {
+) -> Vec<(sagas::Model, String)> {
     let experiences: StoreResult<_> = store.experiences_with_claimable(now, rules).await;
     let experiences = match experiences {
         Ok(experiences) => experiences,
@@ -137,18 +139,18 @@ async fn claim_round(
         }
     };
     let mut claimed = Vec::new();
-    for (experience_id, max_in_flight) in experiences {
+    for experience in experiences {
         let left = room - claimed.len();
         if left == 0 {
             break;
         }
         match store
-            .claim_runnable(&experience_id, max_in_flight, left, now, rules)
+            .claim_runnable(&experience.id, experience.max_in_flight, left, now, rules)
             .await
         {
-            Ok(sagas) => claimed.extend(sagas),
+            Ok(sagas) => claimed.extend(sagas.into_iter().map(|s| (s, experience.kind.clone()))),
             Err(e) => tracing::error!(
-                %experience_id, error = %e,
+                experience_id = %experience.id, error = %e,
                 "claim failed for this experience; the others go on, it is retried on the next wake-up"
             ),
         }

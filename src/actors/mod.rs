@@ -22,6 +22,7 @@
 //! [`wakeups`] is not an actor: the doorbells committers ring after commit.
 
 pub mod ai;
+pub mod batching;
 pub mod cleanup;
 pub mod cluster;
 pub mod dispatcher;

@@ -1,17 +1,22 @@
-//! PersistenceActor: the short transactions of a saga, each fenced by the
-//! lock token. After a transaction commits it sends the wake-ups it owes:
-//! a freed AI slot (the saga left AI_PENDING, aborted, or released its
-//! lease) wakes the dispatchers, and an appended outbox event wakes the
-//! relay that numbers it for the displays.
+//! PersistenceActor: the short transactions of the sagas, each write fenced
+//! by its saga's lock token. Writes are group-committed: those that arrive
+//! while a batch is being written go together in the next one
+//! ([`BatchQueue`]), so a busy instance pays one transaction for many
+//! sagas' steps. After a batch commits it sends the wake-ups it owes: a
+//! freed AI slot (a saga left AI_PENDING, aborted, or released its lease)
+//! wakes the dispatchers, an appended outbox event wakes the relay.
+//!
+//! Lease renewals are single-row statements outside the batches: a
+//! renewal may meet a step write of the same saga, and keeping it out of
+//! multi-row transactions means no two transactions can ever wait on each
+//! other's rows.
 
 use actix::prelude::*;
 
+use super::batching::{batch_failed, BatchLimits, BatchQueue};
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
-use crate::domain::failure::AiResult;
-use crate::domain::policy::{AttemptState, EpochMs};
-use crate::domain::saga::AbortReason;
-use crate::store::sagas::{Fence, RankedEntry};
+use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{Store, StoreResult};
 
 /// Extend the lease of a saga we hold.
@@ -22,77 +27,70 @@ pub struct RenewLease {
     pub token: String,
 }
 
-/// The provider accepted the job of the current attempt.
+/// Apply one saga write (see [`SagaWrite`]); answered once its batch
+/// committed.
 #[derive(Message)]
-#[rtype(result = "StoreResult<()>")]
-pub struct RecordAiSubmitted {
-    pub saga_id: String,
-    pub token: String,
-    pub job_id: String,
-}
+#[rtype(result = "StoreResult<Written>")]
+pub struct Write(pub SagaWrite);
 
-/// AI_PENDING -> AI_DONE.
-#[derive(Message)]
-#[rtype(result = "StoreResult<()>")]
-pub struct RecordAiDone {
-    pub saga_id: String,
-    pub token: String,
-    pub result: AiResult,
-}
-
-/// AI_DONE -> RANKING_DONE.
-#[derive(Message)]
-#[rtype(result = "StoreResult<()>")]
-pub struct RecordRankingDone {
-    pub saga_id: String,
-    pub token: String,
-    pub entry: Option<RankedEntry>,
-}
-
-/// Stay in AI_PENDING, release the lease, try again at `next_attempt_at`.
-#[derive(Message)]
-#[rtype(result = "StoreResult<()>")]
-pub struct ReleaseForRetry {
-    pub saga_id: String,
-    pub token: String,
-    pub state: AttemptState,
-    pub next_attempt_at: EpochMs,
-    pub attempt_counted: bool,
-}
-
-/// RANKING_DONE -> COMPLETED with result, session status and outbox event.
-#[derive(Message)]
-#[rtype(result = "StoreResult<()>")]
-pub struct Complete {
-    pub saga_id: String,
-    pub token: String,
-}
-
-/// Any non-final step -> ABORTED with session status and outbox event.
-/// `token: None` is the cleanup actor's abort of an unowned saga.
-#[derive(Message)]
-#[rtype(result = "StoreResult<()>")]
-pub struct Abort {
-    pub saga_id: String,
-    pub token: Option<String>,
-    pub reason: AbortReason,
-    pub detail: String,
-}
+/// Writes queued at most before senders wait; writes per transaction;
+/// transactions at once.
+const LIMITS: BatchLimits = BatchLimits {
+    capacity: 4_096,
+    max_batch: 256,
+    concurrent: 2,
+};
 
 pub struct PersistenceActor {
     store: Store,
     clock: SharedClock,
     lease_ms: i64,
-    wakeups: Wakeups,
+    writes: BatchQueue<SagaWrite, StoreResult<Written>>,
 }
 
 impl PersistenceActor {
     pub fn new(store: Store, clock: SharedClock, lease_ms: i64, wakeups: Wakeups) -> Self {
+        let writes = {
+            let (store, clock) = (store.clone(), clock.clone());
+            BatchQueue::start(LIMITS, move |batch: Vec<SagaWrite>| {
+                let (store, now, wakeups) = (store.clone(), clock.now_ms(), wakeups.clone());
+                async move { write_batch(&store, batch, now, lease_ms, &wakeups).await }
+            })
+        };
         PersistenceActor {
             store,
             clock,
             lease_ms,
-            wakeups,
+            writes,
+        }
+    }
+}
+
+/// Writes one batch, then sends the wake-ups it owes.
+async fn write_batch(
+    store: &Store,
+    batch: Vec<SagaWrite>,
+    now: i64,
+    lease_ms: i64,
+    wakeups: &Wakeups,
+) -> Vec<StoreResult<Written>> {
+    match store.apply_saga_writes(&batch, now, lease_ms).await {
+        Ok(outcomes) => {
+            let applied = || batch.iter().zip(&outcomes).filter(|(_, o)| o.is_ok());
+            if applied().any(|(write, _)| write.frees_ai_slot()) {
+                wakeups.saga_work();
+            }
+            if outcomes
+                .iter()
+                .any(|o| o.as_ref().is_ok_and(|w| w.event_appended))
+            {
+                wakeups.event_appended();
+            }
+            outcomes
+        }
+        Err(e) => {
+            tracing::error!(error = %e, writes = batch.len(), "a batch of saga writes failed; its sagas resume when their leases run out");
+            batch_failed(batch.len(), &e)
         }
     }
 }
@@ -101,115 +99,18 @@ impl Actor for PersistenceActor {
     type Context = Context<Self>;
 }
 
-type Reply<T> = ResponseFuture<StoreResult<T>>;
-
 impl Handler<RenewLease> for PersistenceActor {
-    type Result = Reply<()>;
+    type Result = ResponseFuture<StoreResult<()>>;
     fn handle(&mut self, m: RenewLease, _: &mut Context<Self>) -> Self::Result {
         let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
         Box::pin(async move { store.renew_lease(&m.saga_id, &m.token, now, lease).await })
     }
 }
 
-impl Handler<RecordAiSubmitted> for PersistenceActor {
-    type Result = Reply<()>;
-    fn handle(&mut self, m: RecordAiSubmitted, _: &mut Context<Self>) -> Self::Result {
-        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
-        Box::pin(async move {
-            store
-                .record_ai_submitted(&m.saga_id, &m.token, &m.job_id, now, lease)
-                .await
-        })
-    }
-}
-
-impl Handler<RecordAiDone> for PersistenceActor {
-    type Result = Reply<()>;
-    fn handle(&mut self, m: RecordAiDone, _: &mut Context<Self>) -> Self::Result {
-        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
-        let wakeups = self.wakeups.clone();
-        Box::pin(async move {
-            store
-                .record_ai_done(&m.saga_id, &m.token, &m.result, now, lease)
-                .await?;
-            wakeups.saga_work(); // its AI slot is free
-            Ok(())
-        })
-    }
-}
-
-impl Handler<RecordRankingDone> for PersistenceActor {
-    type Result = Reply<()>;
-    fn handle(&mut self, m: RecordRankingDone, _: &mut Context<Self>) -> Self::Result {
-        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
-        Box::pin(async move {
-            store
-                .record_ranking_done(&m.saga_id, &m.token, m.entry, now, lease)
-                .await
-        })
-    }
-}
-
-impl Handler<ReleaseForRetry> for PersistenceActor {
-    type Result = Reply<()>;
-    fn handle(&mut self, m: ReleaseForRetry, _: &mut Context<Self>) -> Self::Result {
-        let (store, now) = (self.store.clone(), self.clock.now_ms());
-        let wakeups = self.wakeups.clone();
-        Box::pin(async move {
-            store
-                .release_for_retry(
-                    &m.saga_id,
-                    &m.token,
-                    m.state,
-                    m.next_attempt_at,
-                    m.attempt_counted,
-                    now,
-                )
-                .await?;
-            wakeups.saga_work(); // its AI slot is free while it backs off
-            Ok(())
-        })
-    }
-}
-
-impl Handler<Complete> for PersistenceActor {
-    type Result = Reply<()>;
-    fn handle(&mut self, m: Complete, _: &mut Context<Self>) -> Self::Result {
-        let (store, now, wakeups) = (
-            self.store.clone(),
-            self.clock.now_ms(),
-            self.wakeups.clone(),
-        );
-        Box::pin(async move {
-            if store.complete(&m.saga_id, &m.token, now).await? {
-                wakeups.event_appended();
-            }
-            Ok(())
-        })
-    }
-}
-
-impl Handler<Abort> for PersistenceActor {
-    type Result = Reply<()>;
-    fn handle(&mut self, m: Abort, _: &mut Context<Self>) -> Self::Result {
-        let (store, now, wakeups) = (
-            self.store.clone(),
-            self.clock.now_ms(),
-            self.wakeups.clone(),
-        );
-        Box::pin(async move {
-            let fence = match &m.token {
-                Some(token) => Fence::Token(token),
-                None => Fence::Unowned,
-            };
-            let appended = store
-                .abort(&m.saga_id, fence, m.reason, &m.detail, now)
-                .await?;
-            wakeups.saga_work(); // an aborted AI_PENDING saga frees its slot
-            if appended {
-                wakeups.event_appended();
-            }
-            Ok(())
-        })
+impl Handler<Write> for PersistenceActor {
+    type Result = ResponseFuture<StoreResult<Written>>;
+    fn handle(&mut self, m: Write, _: &mut Context<Self>) -> Self::Result {
+        let writes = self.writes.clone();
+        Box::pin(async move { writes.write(m.0).await })
     }
 }

@@ -1,9 +1,13 @@
-//! RankingActor: registers a saga's score in its experience's ranking,
+//! RankingActor: registers sagas' scores in their experiences' rankings,
 //! idempotently per session, and answers with the entry and its rank.
+//! Registrations are group-committed ([`BatchQueue`]): those that arrive
+//! while a batch is written go together in the next.
 
 use actix::prelude::*;
 
+use super::batching::{batch_failed, BatchLimits, BatchQueue};
 use crate::clock::SharedClock;
+use crate::store::ranking::ScoreEntry;
 use crate::store::sagas::RankedEntry;
 use crate::store::{Store, StoreResult};
 
@@ -14,18 +18,36 @@ pub struct RegisterScore {
     pub experience_id: String,
     pub session_id: String,
     pub saga_id: String,
-    pub nickname: String,
     pub score: f64,
 }
 
+/// Registrations queued at most before senders wait; per transaction;
+/// transactions at once.
+const LIMITS: BatchLimits = BatchLimits {
+    capacity: 4_096,
+    max_batch: 256,
+    concurrent: 2,
+};
+
 pub struct RankingActor {
-    store: Store,
-    clock: SharedClock,
+    entries: BatchQueue<ScoreEntry, StoreResult<RankedEntry>>,
 }
 
 impl RankingActor {
     pub fn new(store: Store, clock: SharedClock) -> Self {
-        RankingActor { store, clock }
+        let entries = BatchQueue::start(LIMITS, move |batch: Vec<ScoreEntry>| {
+            let (store, now) = (store.clone(), clock.now_ms());
+            async move {
+                match store.register_scores(&batch, now).await {
+                    Ok(ranked) => ranked,
+                    Err(e) => {
+                        tracing::error!(error = %e, scores = batch.len(), "registering a batch of scores failed");
+                        batch_failed(batch.len(), &e)
+                    }
+                }
+            }
+        });
+        RankingActor { entries }
     }
 }
 
@@ -37,19 +59,13 @@ impl Handler<RegisterScore> for RankingActor {
     type Result = ResponseFuture<StoreResult<RankedEntry>>;
 
     fn handle(&mut self, msg: RegisterScore, _: &mut Context<Self>) -> Self::Result {
-        let store = self.store.clone();
-        let now = self.clock.now_ms();
-        Box::pin(async move {
-            store
-                .register_score(
-                    &msg.experience_id,
-                    &msg.session_id,
-                    &msg.saga_id,
-                    &msg.nickname,
-                    msg.score,
-                    now,
-                )
-                .await
-        })
+        let entries = self.entries.clone();
+        let entry = ScoreEntry {
+            experience_id: msg.experience_id,
+            session_id: msg.session_id,
+            saga_id: msg.saga_id,
+            score: msg.score,
+        };
+        Box::pin(async move { entries.write(entry).await })
     }
 }

@@ -12,10 +12,7 @@ use uuid::Uuid;
 
 use super::ai::{AiActor, PollJob, SubmitJob};
 use super::dispatcher::{Dispatcher, SagaStopped, WakeAt};
-use super::persistence::{
-    Abort, Complete, PersistenceActor, RecordAiDone, RecordAiSubmitted, RecordRankingDone,
-    ReleaseForRetry, RenewLease,
-};
+use super::persistence::{PersistenceActor, RenewLease, Write};
 use super::ranking::{RankingActor, RegisterScore};
 use crate::ai::{JobOrder, JobStatus, JobView};
 use crate::clock::SharedClock;
@@ -25,6 +22,7 @@ use crate::domain::policy::{AfterFailure, AttemptState, RetryPolicy};
 use crate::domain::saga::{AbortReason, Step};
 use crate::store::entities::sagas;
 use crate::store::sagas::step_of;
+use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{Store, StoreError};
 
 /// What every supervisor needs; cloned into each.
@@ -58,6 +56,8 @@ enum Stop {
 
 pub struct SagaSupervisor {
     saga: Option<sagas::Model>,
+    /// The experience's kind, as the AI job's `kind`.
+    kind: String,
     token: String,
     deps: SagaDeps,
     dispatcher: Addr<Dispatcher>,
@@ -65,10 +65,16 @@ pub struct SagaSupervisor {
 
 impl SagaSupervisor {
     /// `saga` must be a row just claimed (it carries our lock token).
-    pub fn new(saga: sagas::Model, deps: SagaDeps, dispatcher: Addr<Dispatcher>) -> Option<Self> {
+    pub fn new(
+        saga: sagas::Model,
+        kind: String,
+        deps: SagaDeps,
+        dispatcher: Addr<Dispatcher>,
+    ) -> Option<Self> {
         let token = saga.lock_token.clone()?;
         Some(SagaSupervisor {
             saga: Some(saga),
+            kind,
             token,
             deps,
             dispatcher,
@@ -108,6 +114,7 @@ impl Actor for SagaSupervisor {
         });
         let drive = drive(
             saga,
+            self.kind.clone(),
             self.token.clone(),
             self.deps.clone(),
             self.dispatcher.clone(),
@@ -120,11 +127,22 @@ impl Actor for SagaSupervisor {
     }
 }
 
+/// Sends one write to the persistence actor and waits until it committed.
+async fn write(deps: &SagaDeps, write: SagaWrite) -> Result<Result<Written, StoreError>, Stop> {
+    Ok(deps.persistence.send(Write(write)).await?)
+}
+
 /// Runs the saga from its recorded step to its end, or until it must wait
 /// (backoff) or the lease is lost.
-async fn drive(saga: sagas::Model, token: String, deps: SagaDeps, dispatcher: Addr<Dispatcher>) {
+async fn drive(
+    saga: sagas::Model,
+    kind: String,
+    token: String,
+    deps: SagaDeps,
+    dispatcher: Addr<Dispatcher>,
+) {
     let saga_id = saga.id.clone();
-    match run(saga, &token, &deps, &dispatcher).await {
+    match run(saga, &kind, &token, &deps, &dispatcher).await {
         Ok(()) => {}
         Err(Stop::Store(e)) if e.is_lease_lost() => {
             tracing::info!(saga_id = %saga_id, "lease lost; another worker owns this saga now");
@@ -138,21 +156,22 @@ async fn drive(saga: sagas::Model, token: String, deps: SagaDeps, dispatcher: Ad
 
 async fn run(
     mut saga: sagas::Model,
+    kind: &str,
     token: &str,
     deps: &SagaDeps,
     dispatcher: &Addr<Dispatcher>,
 ) -> Result<(), Stop> {
     loop {
         match step_of(&saga)? {
-            Step::AiPending => match ai_attempt(&saga, token, deps).await? {
-                Ok(result) => {
-                    deps.persistence
-                        .send(RecordAiDone {
-                            saga_id: saga.id.clone(),
-                            token: token.to_owned(),
-                            result: result.clone(),
-                        })
-                        .await??;
+            Step::AiPending => match ai_attempt(&saga, kind, token, deps).await? {
+                Ok((result, job_id)) => {
+                    let done = SagaWrite::AiDone {
+                        saga_id: saga.id.clone(),
+                        token: token.to_owned(),
+                        result: result.clone(),
+                        job_id: Some(job_id),
+                    };
+                    write(deps, done).await??;
                     tracing::info!(saga_id = %saga.id, attempt = saga.attempts, "AI result recorded");
                     saga.content = Some(serde_json::to_string(&result.content).unwrap_or_default());
                     saga.ai_score = result.score;
@@ -165,18 +184,12 @@ async fn run(
             Step::AiDone => {
                 let entry = match saga.participant_score.or(saga.ai_score) {
                     Some(score) => {
-                        let session = deps
-                            .store
-                            .session(&saga.session_id)
-                            .await?
-                            .ok_or(StoreError::NotFound("session"))?;
                         let registered = deps
                             .ranking
                             .send(RegisterScore {
                                 experience_id: saga.experience_id.clone(),
                                 session_id: saga.session_id.clone(),
                                 saga_id: saga.id.clone(),
-                                nickname: session.nickname,
                                 score,
                             })
                             .await?;
@@ -197,25 +210,21 @@ async fn run(
                     }
                     None => None,
                 };
-                deps.persistence
-                    .send(RecordRankingDone {
-                        saga_id: saga.id.clone(),
-                        token: token.to_owned(),
-                        entry,
-                    })
-                    .await??;
+                let ranked = SagaWrite::RankingDone {
+                    saga_id: saga.id.clone(),
+                    token: token.to_owned(),
+                    entry,
+                };
+                write(deps, ranked).await??;
                 saga.step = Step::RankingDone.as_str().to_owned();
             }
             Step::RankingDone => {
-                let done = deps
-                    .persistence
-                    .send(Complete {
-                        saga_id: saga.id.clone(),
-                        token: token.to_owned(),
-                    })
-                    .await?;
-                return match done {
-                    Ok(()) => {
+                let complete = SagaWrite::Complete {
+                    saga_id: saga.id.clone(),
+                    token: token.to_owned(),
+                };
+                return match write(deps, complete).await? {
+                    Ok(_) => {
                         tracing::info!(saga_id = %saga.id, "saga COMPLETED");
                         Ok(())
                     }
@@ -232,12 +241,17 @@ async fn run(
 
 /// One AI attempt: submit with the attempt's key (or pick up the job a
 /// previous worker already submitted), then poll until a final status or
-/// the attempt timeout. Outer error: we must stop; inner: the AI's answer.
+/// the attempt timeout. A job that is not final at once is recorded first,
+/// so the attempt timeout counts from its submit even across a crash (one
+/// that is final at once needs no such record: its result is written
+/// next, and a resubmission with the same key finds the same job). Outer
+/// error: we must stop; inner: the AI's answer, with the job id.
 async fn ai_attempt(
     saga: &sagas::Model,
+    kind: &str,
     token: &str,
     deps: &SagaDeps,
-) -> Result<Result<AiResult, AiFailure>, Stop> {
+) -> Result<Result<(AiResult, String), AiFailure>, Stop> {
     let settings = &deps.settings;
     let timeout_ms = settings.ai_timeout.as_millis() as i64;
     let (job_id, submitted_at) = match (&saga.ai_job_id, saga.ai_submitted_at_ms) {
@@ -247,7 +261,7 @@ async fn ai_attempt(
                 StoreError::Corrupt(format!("ai_base_key of saga {}: {e}", saga.id))
             })?;
             let order = JobOrder {
-                kind: experience_kind(saga, deps).await?,
+                kind: kind.to_owned(),
                 prompt: saga.prompt.clone(),
                 params: serde_json::json!({"session_id": saga.session_id}),
                 idempotency_key: ai_attempt_key(base, saga.attempts as u32),
@@ -257,17 +271,16 @@ async fn ai_attempt(
                 Ok(view) => view,
                 Err(failure) => return Ok(Err(failure)),
             };
-            deps.persistence
-                .send(RecordAiSubmitted {
-                    saga_id: saga.id.clone(),
-                    token: token.to_owned(),
-                    job_id: view.job_id.clone(),
-                })
-                .await??;
-            tracing::info!(saga_id = %saga.id, job_id = %view.job_id, attempt = saga.attempts, "AI job submitted");
             if let Some(outcome) = final_outcome(&view) {
-                return Ok(outcome);
+                return Ok(outcome.map(|result| (result, view.job_id)));
             }
+            let submitted = SagaWrite::AiSubmitted {
+                saga_id: saga.id.clone(),
+                token: token.to_owned(),
+                job_id: view.job_id.clone(),
+            };
+            write(deps, submitted).await??;
+            tracing::info!(saga_id = %saga.id, job_id = %view.job_id, attempt = saga.attempts, "AI job submitted");
             (view.job_id, submitted_at)
         }
     };
@@ -276,7 +289,7 @@ async fn ai_attempt(
         match deps.ai.send(PollJob(job_id.clone())).await? {
             Ok(view) => {
                 if let Some(outcome) = final_outcome(&view) {
-                    return Ok(outcome);
+                    return Ok(outcome.map(|result| (result, job_id)));
                 }
             }
             Err(failure) => return Ok(Err(failure)),
@@ -299,15 +312,6 @@ fn final_outcome(view: &JobView) -> Option<Result<AiResult, AiFailure>> {
         JobStatus::Rejected => Some(Err(AiFailure::ContentRejected(error()))),
         JobStatus::Queued | JobStatus::Running => None,
     }
-}
-
-async fn experience_kind(saga: &sagas::Model, deps: &SagaDeps) -> Result<String, Stop> {
-    Ok(deps
-        .store
-        .experience_by_id(&saga.experience_id)
-        .await?
-        .ok_or(StoreError::NotFound("experience"))?
-        .kind)
 }
 
 /// Applies the retry policy to a failed attempt.
@@ -339,15 +343,14 @@ async fn after_failure(
                 saga_id = %saga.id, %failure, attempts = state.attempts, in_ms = next_attempt_at - now,
                 "AI attempt failed; retrying later"
             );
-            deps.persistence
-                .send(ReleaseForRetry {
-                    saga_id: saga.id.clone(),
-                    token: token.to_owned(),
-                    state,
-                    next_attempt_at,
-                    attempt_counted,
-                })
-                .await??;
+            let release = SagaWrite::ReleaseForRetry {
+                saga_id: saga.id.clone(),
+                token: token.to_owned(),
+                state,
+                next_attempt_at,
+                attempt_counted,
+            };
+            write(deps, release).await??;
             dispatcher.do_send(WakeAt(next_attempt_at));
             Ok(())
         }
@@ -366,13 +369,12 @@ async fn abort(
     } else {
         tracing::error!(saga_id = %saga.id, %reason, %detail, "saga ABORTED");
     }
-    deps.persistence
-        .send(Abort {
-            saga_id: saga.id.clone(),
-            token: Some(token.to_owned()),
-            reason,
-            detail,
-        })
-        .await??;
+    let aborted = SagaWrite::Abort {
+        saga_id: saga.id.clone(),
+        token: Some(token.to_owned()),
+        reason,
+        detail,
+    };
+    write(deps, aborted).await??;
     Ok(())
 }

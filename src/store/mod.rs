@@ -14,6 +14,7 @@ pub mod outbox;
 pub mod ranking;
 pub mod sagas;
 pub mod sessions;
+pub mod transitions;
 
 use std::ops::Deref;
 use std::sync::Arc;

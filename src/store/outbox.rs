@@ -45,20 +45,19 @@ pub struct NumberedBatch {
 }
 
 impl Store {
-    /// Appends an unnumbered event inside the caller's transaction.
-    pub(crate) async fn append_event(
-        tx: &WriteTx,
+    /// An unnumbered outbox row, to append with [`Store::append_events`].
+    pub(crate) fn event_row(
         terminal_id: &str,
         session_id: &str,
         saga_id: &str,
         payload: Value,
         now: EpochMs,
-    ) -> StoreResult<()> {
+    ) -> terminal_events::ActiveModel {
         let event_type = payload["type"]
             .as_str()
             .unwrap_or("session.event")
             .to_owned();
-        terminal_events::Entity::insert(terminal_events::ActiveModel {
+        terminal_events::ActiveModel {
             id: sea_orm::ActiveValue::NotSet,
             terminal_id: sea_orm::ActiveValue::Set(terminal_id.to_owned()),
             seq: sea_orm::ActiveValue::Set(None),
@@ -67,9 +66,20 @@ impl Store {
             event_type: sea_orm::ActiveValue::Set(event_type),
             payload: sea_orm::ActiveValue::Set(payload.to_string()),
             created_at_ms: sea_orm::ActiveValue::Set(now),
-        })
-        .exec_without_returning(&**tx)
-        .await?;
+        }
+    }
+
+    /// Appends unnumbered events inside the caller's transaction, in one
+    /// statement.
+    pub(crate) async fn append_events(
+        tx: &WriteTx,
+        rows: Vec<terminal_events::ActiveModel>,
+    ) -> StoreResult<()> {
+        if !rows.is_empty() {
+            terminal_events::Entity::insert_many(rows)
+                .exec_without_returning(&**tx)
+                .await?;
+        }
         Ok(())
     }
 
@@ -85,7 +95,8 @@ impl Store {
     ) -> StoreResult<bool> {
         match &session.terminal_id {
             Some(terminal_id) => {
-                Self::append_event(tx, terminal_id, &session.id, saga_id, payload, now).await?;
+                let row = Self::event_row(terminal_id, &session.id, saga_id, payload, now);
+                Self::append_events(tx, vec![row]).await?;
                 Ok(true)
             }
             None => Ok(false),
@@ -226,9 +237,16 @@ impl Store {
 /// `($1, $2), ($3, $4), ...`: `rows` rows of `width` placeholders, for a
 /// `VALUES` list.
 pub(crate) fn value_rows(rows: usize, width: usize) -> String {
+    value_rows_from(1, rows, width)
+}
+
+/// [`value_rows`] with placeholders numbered from `first`.
+pub(crate) fn value_rows_from(first: usize, rows: usize, width: usize) -> String {
     (0..rows)
         .map(|r| {
-            let row: Vec<String> = (1..=width).map(|c| format!("${}", r * width + c)).collect();
+            let row: Vec<String> = (0..width)
+                .map(|c| format!("${}", first + r * width + c))
+                .collect();
             format!("({})", row.join(", "))
         })
         .collect::<Vec<_>>()
@@ -248,11 +266,12 @@ pub(crate) fn aborted_payload(session: &sessions::Model, reason: AbortReason) ->
 
 #[cfg(test)]
 mod tests {
-    use super::value_rows;
+    use super::{value_rows, value_rows_from};
 
     #[test]
     fn value_rows_number_placeholders_row_by_row() {
         assert_eq!(value_rows(1, 2), "($1, $2)");
         assert_eq!(value_rows(3, 2), "($1, $2), ($3, $4), ($5, $6)");
+        assert_eq!(value_rows_from(3, 2, 3), "($3, $4, $5), ($6, $7, $8)");
     }
 }

@@ -1,31 +1,32 @@
-//! Saga rows: the claim, the fenced transitions and the final transactions.
-//!
-//! Every write that a worker makes is one conditional UPDATE on id + expected
-//! step + lock token that also renews the lease (rule 2). When it touches no
-//! row, [`judge_unapplied`] tells an idempotent repeat (success) from a lost
-//! lease or a conflict (rule 3).
+//! Saga rows: the claim, the lease, and the reads of the cleanup actor and
+//! the stats. The fenced transitions and the final transactions are in
+//! [`super::transitions`].
 
-use sea_orm::sea_query::{Expr, SimpleExpr};
+use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, EntityTrait, ExprTrait, FromQueryResult, QueryFilter, QueryOrder,
     QuerySelect,
 };
-use serde_json::json;
 
-use super::entities::{results, sagas, sessions};
-use super::outbox::aborted_payload;
-use super::sessions::set_session_status;
+use super::entities::sagas;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
-use crate::domain::failure::AiResult;
-use crate::domain::policy::{lease_until, AttemptState, EpochMs};
-use crate::domain::saga::{judge_unapplied, AbortReason, RowNow, Step, TransitionError};
-use crate::domain::session::SessionStatus;
+use crate::domain::policy::{lease_until, EpochMs};
+use crate::domain::saga::{Step, TransitionError};
 
 /// Settings the claim needs, from configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRules {
     pub lease_ms: i64,
     pub max_recoveries: u32,
+}
+
+/// An experience with work to claim, and what the claim and the sagas
+/// need to know of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimableExperience {
+    pub id: String,
+    pub max_in_flight: i32,
+    pub kind: String,
 }
 
 /// Who may end a saga: its lease holder, or (for the cleanup actor) nobody,
@@ -54,16 +55,16 @@ impl Store {
             .await?)
     }
 
-    /// Experiences that have a saga a worker could claim now, with their
-    /// `max_in_flight`, oldest experience first.
+    /// Experiences that have a saga a worker could claim now, oldest
+    /// experience first.
     pub async fn experiences_with_claimable(
         &self,
         now: EpochMs,
         rules: ClaimRules,
-    ) -> StoreResult<Vec<(String, i32)>> {
+    ) -> StoreResult<Vec<ClaimableExperience>> {
         let stmt = self.sql(
             &format!(
-                "SELECT e.id, e.max_in_flight FROM experiences e WHERE EXISTS \
+                "SELECT e.id, e.max_in_flight, e.kind FROM experiences e WHERE EXISTS \
                  (SELECT 1 FROM sagas WHERE experience_id = e.id AND {}) \
                  ORDER BY e.created_at_ms, e.id",
                 claimable(1, 2)
@@ -73,10 +74,11 @@ impl Store {
         let rows = self.db().query_all_raw(stmt).await?;
         rows.iter()
             .map(|r| {
-                Ok((
-                    r.try_get_by_index::<String>(0)?,
-                    r.try_get_by_index::<i32>(1)?,
-                ))
+                Ok(ClaimableExperience {
+                    id: r.try_get_by_index(0)?,
+                    max_in_flight: r.try_get_by_index(1)?,
+                    kind: r.try_get_by_index(2)?,
+                })
             })
             .collect::<Result<_, sea_orm::DbErr>>()
             .map_err(Into::into)
@@ -283,320 +285,6 @@ impl Store {
         }
     }
 
-    /// Records the provider's job id of the current attempt (AI_PENDING stays),
-    /// so the attempt timeout counts from the first submit even across a crash.
-    pub async fn record_ai_submitted(
-        &self,
-        saga_id: &str,
-        token: &str,
-        job_id: &str,
-        now: EpochMs,
-        lease_ms: i64,
-    ) -> StoreResult<()> {
-        let tx = self.write_tx().await?;
-        let rows = fenced_update(
-            &tx,
-            saga_id,
-            Step::AiPending,
-            token,
-            now,
-            Some(lease_ms),
-            vec![
-                (sagas::Column::AiJobId, Expr::value(job_id)),
-                (
-                    sagas::Column::AiSubmittedAtMs,
-                    Expr::cust_with_values("COALESCE(ai_submitted_at_ms, $1)", [now]),
-                ),
-                (sagas::Column::UnavailableStreak, Expr::value(0)),
-            ],
-        )
-        .await?;
-        // The update does not depend on data: touching no row can only mean
-        // the saga is no longer ours at AI_PENDING.
-        if rows == 0 {
-            return Err(TransitionError::LeaseLost.into());
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// AI_PENDING -> AI_DONE with the AI result.
-    pub async fn record_ai_done(
-        &self,
-        saga_id: &str,
-        token: &str,
-        result: &AiResult,
-        now: EpochMs,
-        lease_ms: i64,
-    ) -> StoreResult<()> {
-        let content = serde_json::to_string(&result.content)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let tx = self.write_tx().await?;
-        let rows = fenced_update(
-            &tx,
-            saga_id,
-            Step::AiPending,
-            token,
-            now,
-            Some(lease_ms),
-            vec![
-                (sagas::Column::Step, Expr::value(Step::AiDone.as_str())),
-                (sagas::Column::Content, Expr::value(content.clone())),
-                (sagas::Column::AiScore, Expr::value(result.score)),
-            ],
-        )
-        .await?;
-        if rows == 0 {
-            let saga = load(&*tx, saga_id).await?;
-            let offered = (Some(content), result.score);
-            let recorded = (saga.content.clone(), saga.ai_score);
-            judge_unapplied(
-                Step::AiPending,
-                Step::AiDone,
-                token,
-                &offered,
-                row_now(&saga, &recorded)?,
-            )?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// AI_DONE -> RANKING_DONE with the ranked score and its entry (all
-    /// `None` when there was nothing to rank).
-    pub async fn record_ranking_done(
-        &self,
-        saga_id: &str,
-        token: &str,
-        entry: Option<RankedEntry>,
-        now: EpochMs,
-        lease_ms: i64,
-    ) -> StoreResult<()> {
-        let (score, entry_id, rank) = match &entry {
-            Some(e) => (
-                Some(e.score),
-                Some(e.score_attempt_id.clone()),
-                Some(e.rank),
-            ),
-            None => (None, None, None),
-        };
-        let tx = self.write_tx().await?;
-        let rows = fenced_update(
-            &tx,
-            saga_id,
-            Step::AiDone,
-            token,
-            now,
-            Some(lease_ms),
-            vec![
-                (sagas::Column::Step, Expr::value(Step::RankingDone.as_str())),
-                (sagas::Column::Score, Expr::value(score)),
-                (sagas::Column::ScoreAttemptId, Expr::value(entry_id.clone())),
-                (sagas::Column::Rank, Expr::value(rank)),
-            ],
-        )
-        .await?;
-        if rows == 0 {
-            let saga = load(&*tx, saga_id).await?;
-            // The rank is a snapshot and may differ on a replay; the entry is
-            // what identifies the step's data.
-            let recorded = (saga.score, saga.score_attempt_id.clone());
-            judge_unapplied(
-                Step::AiDone,
-                Step::RankingDone,
-                token,
-                &(score, entry_id),
-                row_now(&saga, &recorded)?,
-            )?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Keeps the saga in AI_PENDING for a later try: stores the new counters
-    /// and `next_attempt_at`, forgets the job when the attempt was counted
-    /// (the next attempt has a new key), and releases the lease so the AI
-    /// slot is free meanwhile.
-    pub async fn release_for_retry(
-        &self,
-        saga_id: &str,
-        token: &str,
-        state: AttemptState,
-        next_attempt_at: EpochMs,
-        attempt_counted: bool,
-        now: EpochMs,
-    ) -> StoreResult<()> {
-        let mut sets = vec![
-            (sagas::Column::Attempts, Expr::value(state.attempts as i32)),
-            (
-                sagas::Column::UnavailableStreak,
-                Expr::value(state.unavailable_streak as i32),
-            ),
-            (sagas::Column::NextAttemptAtMs, Expr::value(next_attempt_at)),
-            (
-                sagas::Column::LockToken,
-                Expr::value(Option::<String>::None),
-            ),
-            (
-                sagas::Column::LockedUntilMs,
-                Expr::value(Option::<i64>::None),
-            ),
-        ];
-        if attempt_counted {
-            sets.push((sagas::Column::AiJobId, Expr::value(Option::<String>::None)));
-            sets.push((
-                sagas::Column::AiSubmittedAtMs,
-                Expr::value(Option::<i64>::None),
-            ));
-        }
-        let tx = self.write_tx().await?;
-        let rows = fenced_update(&tx, saga_id, Step::AiPending, token, now, None, sets).await?;
-        if rows == 0 {
-            return Err(TransitionError::LeaseLost.into());
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// RANKING_DONE -> COMPLETED in one transaction with the result row, the
-    /// session status and the terminal's outbox event. True when an outbox
-    /// event was appended (false when the session has no terminal, or on an
-    /// idempotent repeat).
-    pub async fn complete(&self, saga_id: &str, token: &str, now: EpochMs) -> StoreResult<bool> {
-        let tx = self.write_tx().await?;
-        let rows = fenced_update(
-            &tx,
-            saga_id,
-            Step::RankingDone,
-            token,
-            now,
-            None,
-            vec![(sagas::Column::Step, Expr::value(Step::Completed.as_str()))],
-        )
-        .await?;
-        if rows == 0 {
-            let saga = load(&*tx, saga_id).await?;
-            judge_unapplied(
-                Step::RankingDone,
-                Step::Completed,
-                token,
-                &(),
-                row_now(&saga, &())?,
-            )?;
-            return Ok(false);
-        }
-        let saga = load(&*tx, saga_id).await?;
-        let session = load_session(&*tx, &saga.session_id).await?;
-        let content: serde_json::Value = match &saga.content {
-            Some(text) => {
-                serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))?
-            }
-            None => json!([]),
-        };
-        results::Entity::insert(results::ActiveModel {
-            id: sea_orm::ActiveValue::Set(new_id()),
-            saga_id: sea_orm::ActiveValue::Set(saga.id.clone()),
-            session_id: sea_orm::ActiveValue::Set(saga.session_id.clone()),
-            content: sea_orm::ActiveValue::Set(content.to_string()),
-            score: sea_orm::ActiveValue::Set(saga.score.or(saga.ai_score)),
-            rank: sea_orm::ActiveValue::Set(saga.rank),
-            created_at_ms: sea_orm::ActiveValue::Set(now),
-        })
-        .exec(&*tx)
-        .await?;
-        set_session_status(
-            &tx,
-            &saga.session_id,
-            SessionStatus::Completed,
-            None,
-            None,
-            now,
-        )
-        .await?;
-        let payload = json!({
-            "type": "session.completed",
-            "session_id": saga.session_id,
-            "nickname": session.nickname,
-            "result": {"content": content, "score": saga.score.or(saga.ai_score), "rank": saga.rank},
-            "score": saga.score,
-            "rank": saga.rank,
-        });
-        let appended = Self::announce(&tx, &session, &saga.id, payload, now).await?;
-        tx.commit().await?;
-        Ok(appended)
-    }
-
-    /// Any non-final step -> ABORTED in one transaction with the session
-    /// status and the outbox event (true when one was appended). With
-    /// `Fence::Unowned` (the cleanup actor) it only applies while nobody holds
-    /// the lease.
-    pub async fn abort(
-        &self,
-        saga_id: &str,
-        fence: Fence<'_>,
-        reason: AbortReason,
-        detail: &str,
-        now: EpochMs,
-    ) -> StoreResult<bool> {
-        let tx = self.write_tx().await?;
-        let mut update = sagas::Entity::update_many()
-            .col_expr(sagas::Column::Step, Expr::value(Step::Aborted.as_str()))
-            .col_expr(sagas::Column::AbortReason, Expr::value(reason.as_str()))
-            .col_expr(
-                sagas::Column::AbortDetail,
-                Expr::value(truncate(detail, 2_000)),
-            )
-            .col_expr(sagas::Column::UpdatedAtMs, Expr::value(now))
-            .filter(sagas::Column::Id.eq(saga_id))
-            .filter(sagas::Column::Step.is_in(Step::runnable().map(Step::as_str)));
-        update = match fence {
-            Fence::Token(token) => update.filter(sagas::Column::LockToken.eq(token)),
-            Fence::Unowned => update.filter(
-                sagas::Column::LockToken
-                    .is_null()
-                    .or(sagas::Column::LockedUntilMs.lt(now)),
-            ),
-        };
-        if update.exec(&*tx).await?.rows_affected == 0 {
-            let saga = load(&*tx, saga_id).await?;
-            return match fence {
-                Fence::Token(token) => {
-                    let recorded = saga.abort_reason.clone();
-                    judge_unapplied(
-                        Step::AiPending, // any runnable step may abort; only legality is checked here
-                        Step::Aborted,
-                        token,
-                        &Some(reason.as_str().to_owned()),
-                        row_now(&saga, &recorded)?,
-                    )?;
-                    Ok(false)
-                }
-                Fence::Unowned => Err(TransitionError::LeaseLost.into()),
-            };
-        }
-        let saga = load(&*tx, saga_id).await?;
-        let session = load_session(&*tx, &saga.session_id).await?;
-        set_session_status(
-            &tx,
-            &saga.session_id,
-            SessionStatus::Aborted,
-            Some(reason),
-            None,
-            now,
-        )
-        .await?;
-        let appended = Self::announce(
-            &tx,
-            &session,
-            &saga.id,
-            aborted_payload(&session, reason),
-            now,
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(appended)
-    }
-
     /// Non-final sagas that nobody holds and that may be orphans: lease
     /// expired or never taken, and past the deadline or out of recoveries.
     /// The caller decides with `domain::policy::recovery`.
@@ -650,68 +338,8 @@ pub struct RankedEntry {
     pub rank: i32,
 }
 
-/// One conditional UPDATE fenced on id + expected step + lock token; renews
-/// the lease when `lease_ms` is given. Returns the rows affected (0 or 1).
-async fn fenced_update(
-    tx: &WriteTx,
-    saga_id: &str,
-    expected: Step,
-    token: &str,
-    now: EpochMs,
-    lease_ms: Option<i64>,
-    sets: Vec<(sagas::Column, SimpleExpr)>,
-) -> StoreResult<u64> {
-    let mut update =
-        sagas::Entity::update_many().col_expr(sagas::Column::UpdatedAtMs, Expr::value(now));
-    if let Some(lease_ms) = lease_ms {
-        update = update.col_expr(
-            sagas::Column::LockedUntilMs,
-            Expr::value(lease_until(now, lease_ms)),
-        );
-    }
-    for (column, value) in sets {
-        update = update.col_expr(column, value);
-    }
-    let result = update
-        .filter(sagas::Column::Id.eq(saga_id))
-        .filter(sagas::Column::Step.eq(expected.as_str()))
-        .filter(sagas::Column::LockToken.eq(token))
-        .exec(&**tx)
-        .await?;
-    Ok(result.rows_affected)
-}
-
-async fn load<C: ConnectionTrait>(conn: &C, saga_id: &str) -> StoreResult<sagas::Model> {
-    sagas::Entity::find_by_id(saga_id.to_owned())
-        .one(conn)
-        .await?
-        .ok_or(StoreError::NotFound("saga"))
-}
-
-async fn load_session<C: ConnectionTrait>(
-    conn: &C,
-    session_id: &str,
-) -> StoreResult<sessions::Model> {
-    sessions::Entity::find_by_id(session_id.to_owned())
-        .one(conn)
-        .await?
-        .ok_or(StoreError::NotFound("session"))
-}
-
 pub(crate) fn step_of(saga: &sagas::Model) -> StoreResult<Step> {
     saga.step
         .parse()
         .map_err(|e| StoreError::Corrupt(format!("saga {}: {e}", saga.id)))
-}
-
-fn row_now<'a, D: PartialEq>(saga: &'a sagas::Model, data: &'a D) -> StoreResult<RowNow<'a, D>> {
-    Ok(RowNow {
-        step: step_of(saga)?,
-        lock_token: saga.lock_token.as_deref(),
-        data,
-    })
-}
-
-fn truncate(text: &str, max_chars: usize) -> String {
-    text.chars().take(max_chars).collect()
 }

@@ -1,0 +1,734 @@
+//! Saga transitions, written in batches: the writes of many sagas in one
+//! short transaction, one multi-row statement per kind of write, so a busy
+//! instance pays one commit and a handful of round trips for hundreds of
+//! steps. The single-saga functions ([`Store::record_ai_done`] and the rest)
+//! are batches of one.
+//!
+//! Every write is still fenced on id + expected step + lock token (rule 2)
+//! and, while the saga goes on, renews the lease. A write that touches no
+//! row is judged on its own with [`judge_unapplied`] (rule 3): an idempotent
+//! repeat is success, anything else a lost lease or a conflict. Ending a
+//! saga writes the result, the session status and the outbox event in the
+//! same transaction.
+//!
+//! Two batches running at once never touch the same saga: each saga has one
+//! supervisor, which waits for each write before sending the next.
+
+use std::collections::{HashMap, HashSet};
+
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, ExprTrait, QueryFilter, Value};
+use serde_json::json;
+
+use super::entities::{results, sagas, sessions};
+use super::outbox::{aborted_payload, value_rows_from};
+use super::sagas::{Fence, RankedEntry};
+use super::sessions::set_session_status;
+use super::{new_id, Store, StoreError, StoreResult, WriteTx};
+use crate::domain::failure::AiResult;
+use crate::domain::policy::{lease_until, AttemptState, EpochMs};
+use crate::domain::saga::{judge_unapplied, AbortReason, RowNow, Step, TransitionError};
+use crate::domain::session::SessionStatus;
+
+/// One write of one saga.
+#[derive(Debug, Clone)]
+pub enum SagaWrite {
+    /// The provider accepted the current attempt's job (AI_PENDING stays);
+    /// the attempt timeout counts from the first submit, even across a crash.
+    AiSubmitted {
+        saga_id: String,
+        token: String,
+        job_id: String,
+    },
+    /// AI_PENDING -> AI_DONE with the result (and the job, when known).
+    AiDone {
+        saga_id: String,
+        token: String,
+        result: AiResult,
+        job_id: Option<String>,
+    },
+    /// AI_DONE -> RANKING_DONE with the ranked entry (None: nothing to rank).
+    RankingDone {
+        saga_id: String,
+        token: String,
+        entry: Option<RankedEntry>,
+    },
+    /// AI_PENDING stays for a later try at `next_attempt_at`; the lease is
+    /// released so the AI slot is free meanwhile, and the job is forgotten
+    /// when the attempt was counted (the next attempt has a new key).
+    ReleaseForRetry {
+        saga_id: String,
+        token: String,
+        state: AttemptState,
+        next_attempt_at: EpochMs,
+        attempt_counted: bool,
+    },
+    /// RANKING_DONE -> COMPLETED with result, session status and event.
+    Complete { saga_id: String, token: String },
+    /// Any non-final step -> ABORTED with session status and event. No
+    /// token: the cleanup actor's abort of a saga nobody holds.
+    Abort {
+        saga_id: String,
+        token: Option<String>,
+        reason: AbortReason,
+        detail: String,
+    },
+}
+
+impl SagaWrite {
+    pub fn saga_id(&self) -> &str {
+        match self {
+            SagaWrite::AiSubmitted { saga_id, .. }
+            | SagaWrite::AiDone { saga_id, .. }
+            | SagaWrite::RankingDone { saga_id, .. }
+            | SagaWrite::ReleaseForRetry { saga_id, .. }
+            | SagaWrite::Complete { saga_id, .. }
+            | SagaWrite::Abort { saga_id, .. } => saga_id,
+        }
+    }
+
+    /// Whether the write, once applied, frees the saga's AI slot.
+    pub fn frees_ai_slot(&self) -> bool {
+        matches!(
+            self,
+            SagaWrite::AiDone { .. } | SagaWrite::ReleaseForRetry { .. } | SagaWrite::Abort { .. }
+        )
+    }
+}
+
+/// What an applied write did beyond the saga row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Written {
+    /// An outbox event was appended (the saga ended and its session has a
+    /// terminal).
+    pub event_appended: bool,
+}
+
+/// The outcome of each write of a batch, in the batch's order.
+pub type BatchOutcome = Vec<StoreResult<Written>>;
+
+/// Rows of one kind of write: the index in the batch, the saga, the token
+/// and the row's own values.
+struct Rows {
+    index: Vec<usize>,
+    rows: Vec<(String, String, Vec<Value>)>,
+}
+
+impl Rows {
+    fn new() -> Rows {
+        Rows {
+            index: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, index: usize, saga_id: &str, token: &str, values: Vec<Value>) {
+        self.index.push(index);
+        self.rows
+            .push((saga_id.to_owned(), token.to_owned(), values));
+    }
+}
+
+impl Store {
+    /// Applies a batch of writes in one transaction. The outer error means
+    /// the transaction failed and nothing was written; otherwise each write
+    /// has its own outcome. A batch must not hold two writes of one saga.
+    pub async fn apply_saga_writes(
+        &self,
+        writes: &[SagaWrite],
+        now: EpochMs,
+        lease_ms: i64,
+    ) -> StoreResult<BatchOutcome> {
+        let mut outcome: Vec<Option<StoreResult<Written>>> = writes.iter().map(|_| None).collect();
+        let tx = self.write_tx().await?;
+        let lease = lease_until(now, lease_ms);
+
+        let mut submitted = Rows::new();
+        let mut ai_done = Rows::new();
+        let mut ranked = Rows::new();
+        let mut released = Rows::new();
+        let mut completed = Rows::new();
+        for (i, write) in writes.iter().enumerate() {
+            match write {
+                SagaWrite::AiSubmitted {
+                    saga_id,
+                    token,
+                    job_id,
+                } => submitted.push(i, saga_id, token, vec![job_id.clone().into()]),
+                SagaWrite::AiDone {
+                    saga_id,
+                    token,
+                    result,
+                    job_id,
+                } => ai_done.push(
+                    i,
+                    saga_id,
+                    token,
+                    vec![
+                        content_text(result)?.into(),
+                        result.score.into(),
+                        job_id.clone().into(),
+                    ],
+                ),
+                SagaWrite::RankingDone {
+                    saga_id,
+                    token,
+                    entry,
+                } => ranked.push(
+                    i,
+                    saga_id,
+                    token,
+                    vec![
+                        entry.as_ref().map(|e| e.score).into(),
+                        entry.as_ref().map(|e| e.score_attempt_id.clone()).into(),
+                        entry.as_ref().map(|e| e.rank).into(),
+                    ],
+                ),
+                SagaWrite::ReleaseForRetry {
+                    saga_id,
+                    token,
+                    state,
+                    next_attempt_at,
+                    attempt_counted,
+                } => released.push(
+                    i,
+                    saga_id,
+                    token,
+                    vec![
+                        (state.attempts as i32).into(),
+                        (state.unavailable_streak as i32).into(),
+                        (*next_attempt_at).into(),
+                        (*attempt_counted).into(),
+                    ],
+                ),
+                SagaWrite::Complete { saga_id, token } => completed.push(i, saga_id, token, vec![]),
+                SagaWrite::Abort {
+                    saga_id,
+                    token,
+                    reason,
+                    detail,
+                } => {
+                    let fence = match token {
+                        Some(token) => Fence::Token(token),
+                        None => Fence::Unowned,
+                    };
+                    let aborted = abort_one(&tx, saga_id, fence, *reason, detail, now).await?;
+                    outcome[i] = Some(aborted.map(|event_appended| Written { event_appended }));
+                }
+            }
+        }
+
+        // AI_PENDING stays: touching no row can only mean the lease is gone.
+        let applied = fenced_update_many(
+            &tx,
+            Step::AiPending,
+            Some(lease),
+            "ai_job_id = v.c1, ai_submitted_at_ms = COALESCE(ai_submitted_at_ms, $1), \
+             unavailable_streak = 0",
+            &submitted.rows,
+            now,
+        )
+        .await?;
+        for (k, &i) in submitted.index.iter().enumerate() {
+            outcome[i] = Some(lease_kept(applied.contains(&submitted.rows[k].0)));
+        }
+
+        let applied = fenced_update_many(
+            &tx,
+            Step::AiPending,
+            Some(lease),
+            "step = 'AI_DONE', content = v.c1, ai_score = v.c2, \
+             ai_job_id = COALESCE(v.c3, ai_job_id)",
+            &ai_done.rows,
+            now,
+        )
+        .await?;
+        for (k, &i) in ai_done.index.iter().enumerate() {
+            let (saga_id, token, values) = &ai_done.rows[k];
+            outcome[i] = Some(if applied.contains(saga_id) {
+                Ok(Written::default())
+            } else {
+                let offered = (text_of(&values[0]), double_of(&values[1]));
+                judge(
+                    &tx,
+                    saga_id,
+                    (Step::AiPending, Step::AiDone),
+                    token,
+                    &offered,
+                    |s| (s.content.clone(), s.ai_score),
+                )
+                .await
+            });
+        }
+
+        let applied = fenced_update_many(
+            &tx,
+            Step::AiDone,
+            Some(lease),
+            "step = 'RANKING_DONE', score = v.c1, score_attempt_id = v.c2, rank = v.c3",
+            &ranked.rows,
+            now,
+        )
+        .await?;
+        for (k, &i) in ranked.index.iter().enumerate() {
+            let (saga_id, token, values) = &ranked.rows[k];
+            outcome[i] = Some(if applied.contains(saga_id) {
+                Ok(Written::default())
+            } else {
+                // The rank is a snapshot and may differ on a replay; the
+                // entry is what identifies the step's data.
+                let offered = (double_of(&values[0]), text_of(&values[1]));
+                judge(
+                    &tx,
+                    saga_id,
+                    (Step::AiDone, Step::RankingDone),
+                    token,
+                    &offered,
+                    |s| (s.score, s.score_attempt_id.clone()),
+                )
+                .await
+            });
+        }
+
+        let applied = fenced_update_many(
+            &tx,
+            Step::AiPending,
+            None,
+            "attempts = v.c1, unavailable_streak = v.c2, next_attempt_at_ms = v.c3, \
+             lock_token = NULL, locked_until_ms = NULL, \
+             ai_job_id = CASE WHEN v.c4 THEN NULL ELSE ai_job_id END, \
+             ai_submitted_at_ms = CASE WHEN v.c4 THEN NULL ELSE ai_submitted_at_ms END",
+            &released.rows,
+            now,
+        )
+        .await?;
+        for (k, &i) in released.index.iter().enumerate() {
+            outcome[i] = Some(lease_kept(applied.contains(&released.rows[k].0)));
+        }
+
+        let applied = fenced_update_many(
+            &tx,
+            Step::RankingDone,
+            None,
+            "step = 'COMPLETED'",
+            &completed.rows,
+            now,
+        )
+        .await?;
+        let appended = finish_completed(&tx, &applied, now).await?;
+        for (k, &i) in completed.index.iter().enumerate() {
+            let (saga_id, token, _) = &completed.rows[k];
+            outcome[i] = Some(if applied.contains(saga_id) {
+                Ok(Written {
+                    event_appended: appended.contains(saga_id),
+                })
+            } else {
+                judge(
+                    &tx,
+                    saga_id,
+                    (Step::RankingDone, Step::Completed),
+                    token,
+                    &(),
+                    |_| (),
+                )
+                .await
+            });
+        }
+
+        tx.commit().await?;
+        Ok(outcome
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(StoreError::Corrupt("write left unapplied".into()))))
+            .collect())
+    }
+
+    /// Applies one write (a batch of one).
+    async fn apply_one(
+        &self,
+        write: SagaWrite,
+        now: EpochMs,
+        lease_ms: i64,
+    ) -> StoreResult<Written> {
+        self.apply_saga_writes(std::slice::from_ref(&write), now, lease_ms)
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Corrupt("empty batch outcome".into())))
+    }
+
+    /// See [`SagaWrite::AiSubmitted`].
+    pub async fn record_ai_submitted(
+        &self,
+        saga_id: &str,
+        token: &str,
+        job_id: &str,
+        now: EpochMs,
+        lease_ms: i64,
+    ) -> StoreResult<()> {
+        let write = SagaWrite::AiSubmitted {
+            saga_id: saga_id.to_owned(),
+            token: token.to_owned(),
+            job_id: job_id.to_owned(),
+        };
+        self.apply_one(write, now, lease_ms).await.map(drop)
+    }
+
+    /// See [`SagaWrite::AiDone`].
+    pub async fn record_ai_done(
+        &self,
+        saga_id: &str,
+        token: &str,
+        result: &AiResult,
+        now: EpochMs,
+        lease_ms: i64,
+    ) -> StoreResult<()> {
+        let write = SagaWrite::AiDone {
+            saga_id: saga_id.to_owned(),
+            token: token.to_owned(),
+            result: result.clone(),
+            job_id: None,
+        };
+        self.apply_one(write, now, lease_ms).await.map(drop)
+    }
+
+    /// See [`SagaWrite::RankingDone`].
+    pub async fn record_ranking_done(
+        &self,
+        saga_id: &str,
+        token: &str,
+        entry: Option<RankedEntry>,
+        now: EpochMs,
+        lease_ms: i64,
+    ) -> StoreResult<()> {
+        let write = SagaWrite::RankingDone {
+            saga_id: saga_id.to_owned(),
+            token: token.to_owned(),
+            entry,
+        };
+        self.apply_one(write, now, lease_ms).await.map(drop)
+    }
+
+    /// See [`SagaWrite::ReleaseForRetry`].
+    pub async fn release_for_retry(
+        &self,
+        saga_id: &str,
+        token: &str,
+        state: AttemptState,
+        next_attempt_at: EpochMs,
+        attempt_counted: bool,
+        now: EpochMs,
+    ) -> StoreResult<()> {
+        let write = SagaWrite::ReleaseForRetry {
+            saga_id: saga_id.to_owned(),
+            token: token.to_owned(),
+            state,
+            next_attempt_at,
+            attempt_counted,
+        };
+        self.apply_one(write, now, 0).await.map(drop)
+    }
+
+    /// See [`SagaWrite::Complete`]. True when an outbox event was appended
+    /// (false when the session has no terminal, or on an idempotent repeat).
+    pub async fn complete(&self, saga_id: &str, token: &str, now: EpochMs) -> StoreResult<bool> {
+        let write = SagaWrite::Complete {
+            saga_id: saga_id.to_owned(),
+            token: token.to_owned(),
+        };
+        Ok(self.apply_one(write, now, 0).await?.event_appended)
+    }
+
+    /// See [`SagaWrite::Abort`]. With `Fence::Unowned` (the cleanup actor)
+    /// it only applies while nobody holds the lease. True when an outbox
+    /// event was appended.
+    pub async fn abort(
+        &self,
+        saga_id: &str,
+        fence: Fence<'_>,
+        reason: AbortReason,
+        detail: &str,
+        now: EpochMs,
+    ) -> StoreResult<bool> {
+        let token = match fence {
+            Fence::Token(token) => Some(token.to_owned()),
+            Fence::Unowned => None,
+        };
+        let write = SagaWrite::Abort {
+            saga_id: saga_id.to_owned(),
+            token,
+            reason,
+            detail: detail.to_owned(),
+        };
+        Ok(self.apply_one(write, now, 0).await?.event_appended)
+    }
+}
+
+/// One multi-row fenced UPDATE. Each row `(saga id, token, [c1, c2, ...])`
+/// gets `sets` (SQL assignments that may read `v.c1`, `v.c2`, ... and `$1`,
+/// the time) only where the saga is at `expected` and holds that token;
+/// `lease` renews the lease to that time. Returns the sagas it changed.
+async fn fenced_update_many(
+    tx: &WriteTx,
+    expected: Step,
+    lease: Option<EpochMs>,
+    sets: &str,
+    rows: &[(String, String, Vec<Value>)],
+    now: EpochMs,
+) -> StoreResult<HashSet<String>> {
+    let Some((_, _, first)) = rows.first() else {
+        return Ok(HashSet::new());
+    };
+    let width = 2 + first.len();
+    let columns: Vec<String> = (1..=first.len()).map(|c| format!(", c{c}")).collect();
+    let mut values: Vec<Value> = vec![now.into(), lease.unwrap_or(0).into()];
+    for (saga_id, token, row) in rows {
+        values.push(saga_id.clone().into());
+        values.push(token.clone().into());
+        values.extend(row.iter().cloned());
+    }
+    let renew = if lease.is_some() {
+        "locked_until_ms = $2, "
+    } else {
+        ""
+    };
+    let stmt = super::sql_for(
+        tx.get_database_backend(),
+        &format!(
+            "WITH v(id, token{columns}) AS (VALUES {rows}) \
+             UPDATE sagas SET {renew}updated_at_ms = $1, {sets} FROM v \
+             WHERE sagas.id = v.id AND sagas.step = '{expected}' AND sagas.lock_token = v.token \
+             RETURNING sagas.id",
+            columns = columns.concat(),
+            rows = value_rows_from(3, rows.len(), width),
+            expected = expected.as_str(),
+        ),
+        values,
+    );
+    let returned = tx.query_all_raw(stmt).await?;
+    returned
+        .iter()
+        .map(|r| r.try_get_by_index::<String>(0))
+        .collect::<Result<_, _>>()
+        .map_err(Into::into)
+}
+
+/// For the sagas just moved to COMPLETED: their result rows, their
+/// sessions' status and their terminals' outbox events, a statement each.
+/// Returns the sagas whose session has a terminal (an event was appended).
+async fn finish_completed(
+    tx: &WriteTx,
+    completed: &HashSet<String>,
+    now: EpochMs,
+) -> StoreResult<HashSet<String>> {
+    if completed.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let ids: Vec<String> = completed.iter().cloned().collect();
+    let sagas = sagas::Entity::find()
+        .filter(sagas::Column::Id.is_in(ids.clone()))
+        .all(&**tx)
+        .await?;
+    let session_ids: Vec<String> = sagas.iter().map(|s| s.session_id.clone()).collect();
+    let sessions: HashMap<String, sessions::Model> = sessions::Entity::find()
+        .filter(sessions::Column::Id.is_in(session_ids.clone()))
+        .all(&**tx)
+        .await?
+        .into_iter()
+        .map(|s| (s.id.clone(), s))
+        .collect();
+
+    let mut result_rows = Vec::with_capacity(sagas.len());
+    let mut events = Vec::new();
+    let mut appended = HashSet::new();
+    for saga in &sagas {
+        let session = sessions
+            .get(&saga.session_id)
+            .ok_or(StoreError::NotFound("session"))?;
+        let content: serde_json::Value = match &saga.content {
+            Some(text) => {
+                serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))?
+            }
+            None => json!([]),
+        };
+        let score = saga.score.or(saga.ai_score);
+        result_rows.push(results::ActiveModel {
+            id: sea_orm::ActiveValue::Set(new_id()),
+            saga_id: sea_orm::ActiveValue::Set(saga.id.clone()),
+            session_id: sea_orm::ActiveValue::Set(saga.session_id.clone()),
+            content: sea_orm::ActiveValue::Set(content.to_string()),
+            score: sea_orm::ActiveValue::Set(score),
+            rank: sea_orm::ActiveValue::Set(saga.rank),
+            created_at_ms: sea_orm::ActiveValue::Set(now),
+        });
+        if let Some(terminal_id) = &session.terminal_id {
+            let payload = json!({
+                "type": "session.completed",
+                "session_id": saga.session_id,
+                "nickname": session.nickname,
+                "result": {"content": content, "score": score, "rank": saga.rank},
+                "score": saga.score,
+                "rank": saga.rank,
+            });
+            events.push(Store::event_row(
+                terminal_id,
+                &session.id,
+                &saga.id,
+                payload,
+                now,
+            ));
+            appended.insert(saga.id.clone());
+        }
+    }
+    results::Entity::insert_many(result_rows)
+        .exec_without_returning(&**tx)
+        .await?;
+    sessions::Entity::update_many()
+        .col_expr(
+            sessions::Column::Status,
+            Expr::value(SessionStatus::Completed.as_str()),
+        )
+        .col_expr(
+            sessions::Column::AbortReason,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(sessions::Column::UpdatedAtMs, Expr::value(now))
+        .filter(sessions::Column::Id.is_in(session_ids))
+        .exec(&**tx)
+        .await?;
+    Store::append_events(tx, events).await?;
+    Ok(appended)
+}
+
+/// Any non-final step -> ABORTED for one saga, with the session status and
+/// the outbox event. Outer error: the transaction must fail; inner: this
+/// write's own outcome (true when an event was appended).
+async fn abort_one(
+    tx: &WriteTx,
+    saga_id: &str,
+    fence: Fence<'_>,
+    reason: AbortReason,
+    detail: &str,
+    now: EpochMs,
+) -> StoreResult<StoreResult<bool>> {
+    let mut update = sagas::Entity::update_many()
+        .col_expr(sagas::Column::Step, Expr::value(Step::Aborted.as_str()))
+        .col_expr(sagas::Column::AbortReason, Expr::value(reason.as_str()))
+        .col_expr(
+            sagas::Column::AbortDetail,
+            Expr::value(truncate(detail, 2_000)),
+        )
+        .col_expr(sagas::Column::UpdatedAtMs, Expr::value(now))
+        .filter(sagas::Column::Id.eq(saga_id))
+        .filter(sagas::Column::Step.is_in(Step::runnable().map(Step::as_str)));
+    update = match fence {
+        Fence::Token(token) => update.filter(sagas::Column::LockToken.eq(token)),
+        Fence::Unowned => update.filter(
+            sagas::Column::LockToken
+                .is_null()
+                .or(sagas::Column::LockedUntilMs.lt(now)),
+        ),
+    };
+    if update.exec(&**tx).await?.rows_affected == 0 {
+        let saga = load(&**tx, saga_id).await?;
+        return Ok(match fence {
+            Fence::Token(token) => {
+                let recorded = saga.abort_reason.clone();
+                // Any runnable step may abort; only legality is checked here.
+                judge_unapplied(
+                    Step::AiPending,
+                    Step::Aborted,
+                    token,
+                    &Some(reason.as_str().to_owned()),
+                    row_now(&saga, &recorded)?,
+                )
+                .map(|()| false)
+                .map_err(Into::into)
+            }
+            Fence::Unowned => Err(TransitionError::LeaseLost.into()),
+        });
+    }
+    let saga = load(&**tx, saga_id).await?;
+    let session = sessions::Entity::find_by_id(saga.session_id.clone())
+        .one(&**tx)
+        .await?
+        .ok_or(StoreError::NotFound("session"))?;
+    set_session_status(
+        tx,
+        &saga.session_id,
+        SessionStatus::Aborted,
+        Some(reason),
+        None,
+        now,
+    )
+    .await?;
+    let appended = Store::announce(
+        tx,
+        &session,
+        &saga.id,
+        aborted_payload(&session, reason),
+        now,
+    )
+    .await?;
+    Ok(Ok(appended))
+}
+
+/// Judges a write (`expected` -> `target`) that touched no row (rule 3)
+/// against the row as it is: `recorded` reads what the row holds for the
+/// target step, to compare with `offered`.
+async fn judge<D: PartialEq + std::fmt::Debug>(
+    tx: &WriteTx,
+    saga_id: &str,
+    (expected, target): (Step, Step),
+    token: &str,
+    offered: &D,
+    recorded: impl FnOnce(&sagas::Model) -> D,
+) -> StoreResult<Written> {
+    let saga = load(&**tx, saga_id).await?;
+    let recorded = recorded(&saga);
+    judge_unapplied(expected, target, token, offered, row_now(&saga, &recorded)?)?;
+    Ok(Written::default())
+}
+
+fn lease_kept(applied: bool) -> StoreResult<Written> {
+    if applied {
+        Ok(Written::default())
+    } else {
+        Err(TransitionError::LeaseLost.into())
+    }
+}
+
+fn content_text(result: &AiResult) -> StoreResult<String> {
+    serde_json::to_string(&result.content).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn text_of(value: &Value) -> Option<String> {
+    match value {
+        Value::String(Some(s)) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
+fn double_of(value: &Value) -> Option<f64> {
+    match value {
+        Value::Double(d) => *d,
+        _ => None,
+    }
+}
+
+async fn load<C: ConnectionTrait>(conn: &C, saga_id: &str) -> StoreResult<sagas::Model> {
+    sagas::Entity::find_by_id(saga_id.to_owned())
+        .one(conn)
+        .await?
+        .ok_or(StoreError::NotFound("saga"))
+}
+
+fn row_now<'a, D: PartialEq>(saga: &'a sagas::Model, data: &'a D) -> StoreResult<RowNow<'a, D>> {
+    Ok(RowNow {
+        step: super::sagas::step_of(saga)?,
+        lock_token: saga.lock_token.as_deref(),
+        data,
+    })
+}
+
+fn truncate(text: &str, max_chars: usize) -> String {
+    text.chars().take(max_chars).collect()
+}
