@@ -468,3 +468,344 @@ impl Socket {
         }
     }
 }
+
+/// What [`Socket::next_frame`] saw.
+#[derive(Debug)]
+pub enum Frame {
+    /// A JSON text frame.
+    Json(Value),
+    /// The server closed the socket (close frame, end of stream or error).
+    Closed(String),
+    /// Nothing within the time given; the socket is still open.
+    TimedOut,
+}
+
+impl Socket {
+    /// Like [`Socket::connect`], but a refused connection is an error, not a
+    /// panic (a display retries).
+    pub async fn try_connect(
+        port: u16,
+        terminal_id: &str,
+        token: &str,
+        after: i64,
+    ) -> Result<Socket, String> {
+        let url =
+            format!("ws://127.0.0.1:{port}/ws/terminals/{terminal_id}?token={token}&after={after}");
+        match tokio_tungstenite::connect_async(url).await {
+            Ok((ws, _)) => Ok(Socket { ws }),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// The next frame, telling a closed socket apart from a quiet one.
+    pub async fn next_frame(&mut self, within: Duration) -> Frame {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let Some(left) = deadline.checked_duration_since(tokio::time::Instant::now()) else {
+                return Frame::TimedOut;
+            };
+            match tokio::time::timeout(left, self.ws.next()).await {
+                Err(_) => return Frame::TimedOut,
+                Ok(None) => return Frame::Closed("end of stream".into()),
+                Ok(Some(Err(e))) => return Frame::Closed(format!("error: {e}")),
+                Ok(Some(Ok(Message::Text(text)))) => match serde_json::from_str(&text) {
+                    Ok(v) => return Frame::Json(v),
+                    Err(e) => panic!("terminal sent a text frame that is not JSON ({e}): {text}"),
+                },
+                Ok(Some(Ok(Message::Close(c)))) => return Frame::Closed(format!("close {c:?}")),
+                // Pings are answered by tungstenite itself while reading.
+                Ok(Some(Ok(_))) => {}
+            }
+        }
+    }
+}
+
+/// A booth display as a real one behaves: it remembers the last `seq` it
+/// saw and, when the server closes its socket, reconnects with
+/// `after=<that seq>`. It records every `session.*` frame in arrival order.
+pub struct Display {
+    pub name: String,
+    port: u16,
+    terminal_id: String,
+    token: String,
+    socket: Option<Socket>,
+    /// `seq` of the last event received (the `after` of the next connect).
+    pub last_seq: i64,
+    /// Every `session.*` frame received, in order.
+    pub events: Vec<Value>,
+    /// Every `hello` frame received.
+    pub hellos: Vec<Value>,
+    /// Times the server closed the socket and the display reconnected.
+    pub reconnects: u32,
+    /// Why the server closed the socket, each time.
+    pub close_reasons: Vec<String>,
+}
+
+impl Display {
+    /// Opens the socket (the WebSocket handshake only: nothing is read).
+    pub async fn connect(
+        name: &str,
+        port: u16,
+        terminal_id: &str,
+        token: &str,
+        after: i64,
+    ) -> Display {
+        let socket = Socket::try_connect(port, terminal_id, token, after)
+            .await
+            .unwrap_or_else(|e| panic!("display {name}: cannot connect: {e}"));
+        Display {
+            name: name.to_owned(),
+            port,
+            terminal_id: terminal_id.to_owned(),
+            token: token.to_owned(),
+            socket: Some(socket),
+            last_seq: after,
+            events: Vec::new(),
+            hellos: Vec::new(),
+            reconnects: 0,
+            close_reasons: Vec::new(),
+        }
+    }
+
+    /// The next `session.*` frame (recorded), reconnecting with the last
+    /// seen `seq` whenever the server closes the socket; None after `within`.
+    pub async fn next_event(&mut self, within: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(tokio::time::Instant::now())?;
+            let socket = match self.socket.as_mut() {
+                Some(s) => s,
+                None => {
+                    match Socket::try_connect(
+                        self.port,
+                        &self.terminal_id,
+                        &self.token,
+                        self.last_seq,
+                    )
+                    .await
+                    {
+                        Ok(s) => {
+                            self.reconnects += 1;
+                            self.socket = Some(s);
+                        }
+                        // A retry pause, not an assertion: a real display
+                        // backs off before reconnecting.
+                        Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    }
+                    continue;
+                }
+            };
+            match socket.next_frame(left).await {
+                Frame::TimedOut => return None,
+                Frame::Closed(reason) => {
+                    self.close_reasons.push(reason);
+                    self.socket = None;
+                }
+                Frame::Json(v) => {
+                    let kind = v["type"].as_str().unwrap_or_default();
+                    if kind == "hello" {
+                        self.hellos.push(v);
+                    } else if kind.starts_with("session.") {
+                        if let Some(seq) = v["seq"].as_i64() {
+                            self.last_seq = seq;
+                        }
+                        self.events.push(v.clone());
+                        return Some(v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads until `count` events have been received in all, or `within`
+    /// has passed; true when the count was reached.
+    pub async fn read_until_count(&mut self, count: usize, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.events.len() < count {
+            let Some(left) = deadline.checked_duration_since(tokio::time::Instant::now()) else {
+                return false;
+            };
+            if self.next_event(left).await.is_none() {
+                return self.events.len() >= count;
+            }
+        }
+        true
+    }
+
+    /// `seq` of every event received, in order (-1 for a frame without one).
+    pub fn seqs(&self) -> Vec<i64> {
+        self.events
+            .iter()
+            .map(|e| e["seq"].as_i64().unwrap_or(-1))
+            .collect()
+    }
+
+    /// Checks what every display owes: each expected session exactly once,
+    /// nothing else, `seq` strictly increasing over everything received, and
+    /// the last `seq` equal to `last_seq`.
+    pub fn check_delivery(&self, expected: &[String], last_seq: i64) -> Result<(), String> {
+        let name = &self.name;
+        let seqs = self.seqs();
+        if let Some(i) = seqs.iter().position(|s| *s < 1) {
+            return Err(format!(
+                "display {name}: frame #{i} has no valid seq: {}",
+                self.events[i]
+            ));
+        }
+        if let Some(w) = seqs.windows(2).position(|w| w[1] <= w[0]) {
+            return Err(format!(
+                "display {name}: seq not strictly increasing: frame #{} has seq {} after {}",
+                w + 1,
+                seqs[w + 1],
+                seqs[w]
+            ));
+        }
+        let mut seen = std::collections::HashMap::<&str, usize>::new();
+        for e in &self.events {
+            *seen
+                .entry(e["session_id"].as_str().unwrap_or("?"))
+                .or_default() += 1;
+        }
+        let duplicated = seen.values().filter(|n| **n > 1).count();
+        let want: std::collections::HashSet<&str> = expected.iter().map(String::as_str).collect();
+        let missing = want.iter().filter(|s| !seen.contains_key(**s)).count();
+        let unexpected = seen.keys().filter(|s| !want.contains(**s)).count();
+        if duplicated > 0 || missing > 0 || unexpected > 0 {
+            return Err(format!(
+                "display {name}: received {} events for {} sessions: {missing} of {} expected sessions missing, \
+                 {duplicated} sessions received more than once, {unexpected} unexpected (reconnects: {}, \
+                 closes: {:?})",
+                self.events.len(),
+                seen.len(),
+                want.len(),
+                self.reconnects,
+                self.close_reasons.iter().take(3).collect::<Vec<_>>()
+            ));
+        }
+        if seqs.last().copied() != Some(last_seq) {
+            return Err(format!(
+                "display {name}: last seq is {:?}, expected {last_seq}",
+                seqs.last()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A display read all the time by a background task (on this test's
+/// thread), which stamps each event with its arrival time. It stops when it
+/// has `count` events or at its cut-off.
+pub struct DisplayReader {
+    pub arrivals: tokio::sync::mpsc::UnboundedReceiver<(std::time::Instant, Value)>,
+    cutoff: std::rc::Rc<std::cell::Cell<std::time::Instant>>,
+    handle: tokio::task::JoinHandle<Display>,
+}
+
+impl DisplayReader {
+    pub fn spawn(mut display: Display, count: usize, within: Duration) -> DisplayReader {
+        let (tx, arrivals) = tokio::sync::mpsc::unbounded_channel();
+        let cutoff = std::rc::Rc::new(std::cell::Cell::new(std::time::Instant::now() + within));
+        let stop_at = cutoff.clone();
+        let handle = actix_web::rt::spawn(async move {
+            while display.events.len() < count && std::time::Instant::now() < stop_at.get() {
+                if let Some(event) = display.next_event(Duration::from_millis(250)).await {
+                    let _ = tx.send((std::time::Instant::now(), event));
+                }
+            }
+            display
+        });
+        DisplayReader {
+            arrivals,
+            cutoff,
+            handle,
+        }
+    }
+
+    /// Moves the cut-off earlier (never later), e.g. to fail fast once
+    /// everything is known to be final.
+    pub fn cut_off_at(&self, at: std::time::Instant) {
+        if at < self.cutoff.get() {
+            self.cutoff.set(at);
+        }
+    }
+
+    /// Waits for the task to stop (count reached or cut-off) and returns the display.
+    pub async fn finish(self) -> Display {
+        self.handle.await.expect("display reader task")
+    }
+}
+
+/// One more application instance on an existing database (multi-instance
+/// tests build two on one PostgreSQL database).
+pub struct Instance {
+    pub base: String,
+    pub port: u16,
+    pub state: AppState,
+    server: actix_web::dev::ServerHandle,
+}
+
+impl Instance {
+    pub async fn start(db: &TestDb, ai_url: &str, tweak: impl FnOnce(&mut Config)) -> Instance {
+        init_logs();
+        let mut config = test_config(db, ai_url);
+        tweak(&mut config);
+        let app = Application::build(config).await.expect("instance");
+        let port = app.port();
+        let state = app.state().clone();
+        let (server, _) = app.into_server();
+        let handle = server.handle();
+        actix_web::rt::spawn(server);
+        Instance {
+            base: format!("http://127.0.0.1:{port}"),
+            port,
+            state,
+            server: handle,
+        }
+    }
+
+    pub async fn stop(self) {
+        self.server.stop(false).await;
+    }
+}
+
+/// Waits until every session is final (COMPLETED or ABORTED), checking them
+/// one after the other against one shared deadline. Err says how many were
+/// still not final when it passed.
+pub async fn wait_all_final(
+    http: &reqwest::Client,
+    base: &str,
+    sessions: &[(String, String)],
+    within: Duration,
+) -> Result<Vec<Value>, String> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut finals = Vec::with_capacity(sessions.len());
+    for (i, (sid, tok)) in sessions.iter().enumerate() {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let found = wait_for(left, || {
+            let http = http.clone();
+            async move {
+                let s = session_status(&http, base, sid, tok).await;
+                let done = matches!(s["status"].as_str(), Some("COMPLETED") | Some("ABORTED"));
+                Some(s).filter(|_| done)
+            }
+        })
+        .await;
+        match found {
+            Some(s) => finals.push(s),
+            None => {
+                let mut not_final = 0;
+                for (sid, tok) in &sessions[i..] {
+                    let s = session_status(http, base, sid, tok).await;
+                    if !matches!(s["status"].as_str(), Some("COMPLETED") | Some("ABORTED")) {
+                        not_final += 1;
+                    }
+                }
+                return Err(format!(
+                    "{not_final} of {} sessions were still not final after {within:?}",
+                    sessions.len()
+                ));
+            }
+        }
+    }
+    Ok(finals)
+}
