@@ -146,6 +146,7 @@ impl Application {
         .start();
 
         let state = AppState {
+            submissions: crate::http::participants::submission_queue(store.clone(), clock.clone()),
             store,
             work_store: work,
             clock,

@@ -237,7 +237,7 @@ async fn cleanup_aborts_orphans_and_stuck_sessions_and_tells_the_terminal(backen
     // A saga nobody runs (no dispatcher round takes it).
     let (sid, ptok) = app.session(&slug, Some(&tid), "fay").await;
     let session = store.session(&sid).await.unwrap().unwrap();
-    let submission = stagehand::store::sessions::Submission {
+    let submission = stagehand::store::submissions::Submission {
         prompt: "p".into(),
         score: None,
     };

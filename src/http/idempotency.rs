@@ -2,7 +2,9 @@
 //! completion -> the stored answer again (`Idempotent-Replayed: true`); same
 //! key still running -> 409 `request_in_progress` at once; same key, other
 //! body -> 422 `idempotency_key_reused`. Keys are scoped (per session token,
-//! per operator) and expire after 24 h.
+//! per operator) and expire after 24 h. Submissions apply the same rules
+//! through their batch ([`answer_taken`]); the other endpoints through
+//! [`run_idempotent`].
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
@@ -11,7 +13,7 @@ use std::future::Future;
 use super::body::request_hash;
 use super::error::ApiError;
 use super::AppState;
-use crate::store::idempotency::KeyClaim;
+use crate::store::idempotency::{KeyClaim, KeyRequest, StoredAnswer};
 
 pub const HEADER: &str = "Idempotency-Key";
 pub const REPLAYED: &str = "Idempotent-Replayed";
@@ -39,6 +41,53 @@ pub struct Reply {
     pub body: serde_json::Value,
 }
 
+impl Reply {
+    pub fn stored(&self) -> StoredAnswer {
+        StoredAnswer {
+            status: self.status.as_u16(),
+            body: self.body.to_string(),
+        }
+    }
+
+    fn from_stored(answer: StoredAnswer) -> Reply {
+        Reply {
+            status: StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK),
+            body: serde_json::from_str(&answer.body).unwrap_or(serde_json::Value::Null),
+        }
+    }
+}
+
+impl ApiError {
+    /// This client error as stored for replays.
+    pub fn stored(&self) -> StoredAnswer {
+        StoredAnswer {
+            status: self.status_code().as_u16(),
+            body: self.body().to_string(),
+        }
+    }
+}
+
+/// The key of a request in its scope, with the hash of its body.
+pub fn key_request(scope: &str, key: &str, body: &[u8]) -> KeyRequest {
+    KeyRequest {
+        scope: scope.to_owned(),
+        key: key.to_owned(),
+        request_hash: request_hash(body),
+    }
+}
+
+/// The answer to a request whose key was taken before: the stored answer
+/// again (replayed), or 409 while the first still runs, or 422 for another
+/// body. None for a fresh key: the request runs.
+pub fn answer_taken(claim: KeyClaim) -> Option<Result<(Reply, bool), ApiError>> {
+    match claim {
+        KeyClaim::Fresh => None,
+        KeyClaim::Replay(answer) => Some(Ok((Reply::from_stored(answer), true))),
+        KeyClaim::InProgress => Some(Err(ApiError::RequestInProgress)),
+        KeyClaim::Mismatch => Some(Err(ApiError::IdempotencyKeyReused)),
+    }
+}
+
 /// Runs `handler` under the key rules (or plainly when `key` is None).
 /// Client errors (4xx) are stored and replayed like successes; a server
 /// error forgets the key so the client may retry.
@@ -56,38 +105,26 @@ where
     let Some(key) = key else {
         return handler().await.map(|r| (r, false));
     };
+    let key = key_request(scope, &key, body);
     let now = state.clock.now_ms();
-    match state
+    let claim = state
         .store
-        .claim_key(scope, &key, &request_hash(body), now, KEY_TTL_MS)
-        .await?
-    {
-        KeyClaim::Replay { status, body } => {
-            let body = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-            return Ok((Reply { status, body }, true));
-        }
-        KeyClaim::InProgress => return Err(ApiError::RequestInProgress),
-        KeyClaim::Mismatch => return Err(ApiError::IdempotencyKeyReused),
-        KeyClaim::Fresh => {}
+        .claim_key(&key.scope, &key.key, &key.request_hash, now, KEY_TTL_MS)
+        .await?;
+    if let Some(answer) = answer_taken(claim) {
+        return answer;
     }
     match handler().await {
         Ok(reply) => {
-            state
-                .store
-                .finish_key(scope, &key, reply.status.as_u16(), &reply.body.to_string())
-                .await?;
+            state.store.finish_key(&key, &reply.stored()).await?;
             Ok((reply, false))
         }
         Err(e) if e.status_code().is_client_error() => {
-            state
-                .store
-                .finish_key(scope, &key, e.status_code().as_u16(), &e.body().to_string())
-                .await?;
+            state.store.finish_key(&key, &e.stored()).await?;
             Err(e)
         }
         Err(e) => {
-            if let Err(release) = state.store.release_key(scope, &key).await {
+            if let Err(release) = state.store.release_keys(&[&key]).await {
                 tracing::error!(error = %release, "could not release an idempotency key");
             }
             Err(e)

@@ -31,6 +31,8 @@ pub struct AppState {
     pub clock: SharedClock,
     /// Rung after a submission commits.
     pub wakeups: Wakeups,
+    /// Group-commits submissions.
+    pub submissions: participants::SubmissionQueue,
     pub hub: Addr<TerminalHub>,
     pub operator_token: String,
     /// `SAGA_DEADLINE` in milliseconds.

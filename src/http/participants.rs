@@ -9,12 +9,16 @@ use serde_json::json;
 use super::auth::{new_secret, require_session};
 use super::body::{parse_json, read_body};
 use super::error::ApiError;
-use super::idempotency::{key_of, respond, run_idempotent, Reply};
+use super::idempotency::{
+    answer_taken, key_of, key_request, respond, run_idempotent, Reply, KEY_TTL_MS,
+};
 use super::AppState;
-use crate::clock::rfc3339;
+use crate::actors::batching::{batch_failed, BatchLimits, BatchQueue};
+use crate::clock::{rfc3339, SharedClock};
 use crate::domain::saga::{AbortReason, Step};
 use crate::domain::session::SessionStatus;
-use crate::store::sessions::Submission;
+use crate::store::submissions::{Submission, SubmissionAction, SubmissionOrder, SubmissionOutcome};
+use crate::store::{new_id, Store, StoreResult};
 
 const NICKNAME_MAX: usize = 40;
 const PROMPT_MAX: usize = 2_000;
@@ -122,8 +126,36 @@ pub async fn create_session(
     Ok(respond(reply, replayed, location))
 }
 
+/// The queue that group-commits submissions ([`Store::submit_batch`]).
+/// Bounded: when it is full, requests wait for room. One batch is written
+/// at a time, so two batches never wait on each other's rows.
+pub type SubmissionQueue = BatchQueue<SubmissionOrder, StoreResult<SubmissionOutcome>>;
+
+/// Starts the submission queue on the requests' pool.
+pub fn submission_queue(store: Store, clock: SharedClock) -> SubmissionQueue {
+    const LIMITS: BatchLimits = BatchLimits {
+        capacity: 4_096,
+        max_batch: 256,
+        concurrent: 1,
+    };
+    BatchQueue::start(LIMITS, move |orders: Vec<SubmissionOrder>| {
+        let (store, now) = (store.clone(), clock.now_ms());
+        async move {
+            match store.submit_batch(&orders, now, KEY_TTL_MS).await {
+                Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+                Err(e) => {
+                    tracing::error!(error = %e, requests = orders.len(), "a batch of submissions failed; their keys were released");
+                    batch_failed(orders.len(), &e)
+                }
+            }
+        }
+    })
+}
+
 /// `POST /api/sessions/{id}/submission`. Checks in order: authentication,
-/// the Idempotency-Key rules, the body, the session's state.
+/// the Idempotency-Key rules, the body, the session's state. The key rules
+/// and the session's state are decided in the submission batch, where the
+/// answer is stored with the key in the transaction that creates the saga.
 pub async fn submit(
     state: web::Data<AppState>,
     id: web::Path<String>,
@@ -133,34 +165,51 @@ pub async fn submit(
     let session = require_session(&state, &req, &id, false).await?;
     let key = key_of(&req)?.ok_or(ApiError::IdempotencyKeyRequired)?;
     let body = read_body(payload).await?;
-    let scope = format!("session:{}", session.id);
-    let (reply, replayed) = run_idempotent(&state, &scope, Some(key), &body, || async {
-        let submission = validate_submission(parse_json(&body)?)?;
-        let now = state.clock.now_ms();
-        let saga = state
-            .store
-            .submit(&session, submission, state.saga_deadline_ms, now)
-            .await?;
-        tracing::info!(session_id = %session.id, saga_id = %saga.id, "submission accepted");
-        Ok(Reply {
-            status: StatusCode::ACCEPTED,
-            body: json!({
-                "session_id": session.id,
-                "saga_id": saga.id,
-                "status": SessionStatus::Submitting.as_str(),
-                "step": Step::AiPending.as_str(),
-            }),
-        })
-    })
-    .await?;
-    if !replayed && reply.status == StatusCode::ACCEPTED {
-        state.wakeups.saga_work();
+    let key = key_request(&format!("session:{}", session.id), &key, &body);
+    let saga_id = new_id();
+    let accepted = Reply {
+        status: StatusCode::ACCEPTED,
+        body: json!({
+            "session_id": session.id,
+            "saga_id": saga_id,
+            "status": SessionStatus::Submitting.as_str(),
+            "step": Step::AiPending.as_str(),
+        }),
+    };
+    let checked = parse_json(&body).and_then(validate_submission);
+    let action = match &checked {
+        Ok(submission) => SubmissionAction::Submit {
+            submission: submission.clone(),
+            saga_id: saga_id.clone(),
+            deadline_ms: state.saga_deadline_ms,
+            accepted: accepted.stored(),
+            refused: ApiError::AlreadySubmitted.stored(),
+        },
+        Err(e) => SubmissionAction::Refuse(e.stored()),
+    };
+    let location = Some(format!("/api/sessions/{}", session.id));
+    let order = SubmissionOrder {
+        session: session.clone(),
+        key: Some(key),
+        action,
+    };
+    match state.submissions.write(order).await? {
+        SubmissionOutcome::Accepted => {
+            tracing::info!(session_id = %session.id, %saga_id, "submission accepted");
+            state.wakeups.saga_work();
+            Ok(respond(accepted, false, location))
+        }
+        SubmissionOutcome::AlreadySubmitted => Err(ApiError::AlreadySubmitted),
+        SubmissionOutcome::Refused => Err(checked
+            .err()
+            .unwrap_or(ApiError::Internal("a valid submission was refused".into()))),
+        SubmissionOutcome::Key(claim) => {
+            let (reply, replayed) = answer_taken(claim).unwrap_or(Err(ApiError::Internal(
+                "a fresh key was not written".into(),
+            )))?;
+            Ok(respond(reply, replayed, location))
+        }
     }
-    Ok(respond(
-        reply,
-        replayed,
-        Some(format!("/api/sessions/{}", session.id)),
-    ))
 }
 
 /// `GET /api/sessions/{id}` (participant or operator token).

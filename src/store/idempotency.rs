@@ -1,31 +1,165 @@
-//! Idempotency records: one row per (scope, key). Taking a key is a single
-//! `INSERT ... ON CONFLICT DO NOTHING`, so a duplicate request learns at once
-//! that the first is still in progress and never waits on a lock.
+//! Idempotency records: one row per (scope, key). Taking keys is a single
+//! `INSERT ... ON CONFLICT` for a whole batch of requests, so a duplicate
+//! request learns at once that the first is still in progress and never
+//! waits on a lock held across anything slow. A record whose time ran out
+//! is taken over by the next request with its key.
 
-use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use sea_orm::sea_query::Condition;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Value};
 
 use super::entities::idempotency_records as records;
+use super::outbox::value_rows_from;
 use super::{Store, StoreResult};
 use crate::domain::policy::EpochMs;
 
 const IN_PROGRESS: &str = "in_progress";
 const COMPLETED: &str = "completed";
 
+/// A request's key, in its scope (who asks, at which endpoint).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRequest {
+    pub scope: String,
+    pub key: String,
+    pub request_hash: String,
+}
+
+/// An answer as it is stored for replays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredAnswer {
+    pub status: u16,
+    pub body: String,
+}
+
 /// What a request finds when it takes its key.
 #[derive(Debug, Clone, PartialEq)]
 pub enum KeyClaim {
-    /// First use: go ahead, then `finish_key` or `release_key`.
+    /// First use: go ahead, then finish or release the key.
     Fresh,
     /// The same request finished before: answer this again.
-    Replay { status: u16, body: String },
+    Replay(StoredAnswer),
     /// The same request is still running.
     InProgress,
     /// The key was used with another body.
     Mismatch,
 }
 
+impl KeyClaim {
+    /// What a stored record means for a request with `request_hash`.
+    fn of_record(record: &records::Model, request_hash: &str) -> KeyClaim {
+        if record.request_hash != request_hash {
+            KeyClaim::Mismatch
+        } else if record.state == COMPLETED {
+            KeyClaim::Replay(StoredAnswer {
+                status: record.response_status.unwrap_or(200) as u16,
+                body: record.response_body.clone().unwrap_or_default(),
+            })
+        } else {
+            KeyClaim::InProgress
+        }
+    }
+}
+
 impl Store {
+    /// Takes the keys of a batch of requests, in one statement: a key never
+    /// seen (or whose record expired) is recorded IN_PROGRESS and is
+    /// `Fresh`; for the others the stored record decides. A key that comes
+    /// twice in one batch is `InProgress` the second time.
+    pub async fn claim_keys(
+        &self,
+        keys: &[KeyRequest],
+        now: EpochMs,
+        ttl_ms: i64,
+    ) -> StoreResult<Vec<KeyClaim>> {
+        let mut claims: Vec<Option<KeyClaim>> = vec![None; keys.len()];
+        let mut first: Vec<usize> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            if first
+                .iter()
+                .any(|&j| keys[j].scope == k.scope && keys[j].key == k.key)
+            {
+                claims[i] = Some(KeyClaim::InProgress);
+            } else {
+                first.push(i);
+            }
+        }
+        if first.is_empty() {
+            return Ok(claims.into_iter().flatten().collect());
+        }
+        let mut values: Vec<Value> = vec![now.into(), (now + ttl_ms).into()];
+        for &i in &first {
+            values.extend([
+                keys[i].scope.clone().into(),
+                keys[i].key.clone().into(),
+                keys[i].request_hash.clone().into(),
+            ]);
+        }
+        let rows: Vec<String> = (0..first.len())
+            .map(|r| {
+                let p = 3 + 3 * r;
+                format!(
+                    "(${p}, ${}, ${}, '{IN_PROGRESS}', NULL, NULL, $1, $2)",
+                    p + 1,
+                    p + 2
+                )
+            })
+            .collect();
+        let inserted = self
+            .write_returning(self.sql(
+                &format!(
+                    "INSERT INTO idempotency_records \
+                     (scope, key, request_hash, state, response_status, response_body, \
+                     created_at_ms, expires_at_ms) VALUES {} \
+                     ON CONFLICT (scope, key) DO UPDATE SET request_hash = excluded.request_hash, \
+                     state = excluded.state, response_status = NULL, response_body = NULL, \
+                     created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms \
+                     WHERE idempotency_records.expires_at_ms < $1 \
+                     RETURNING scope, key",
+                    rows.join(", ")
+                ),
+                values,
+            ))
+            .await?;
+        let mut fresh = std::collections::HashSet::new();
+        for row in &inserted {
+            fresh.insert((
+                row.try_get_by_index::<String>(0)?,
+                row.try_get_by_index::<String>(1)?,
+            ));
+        }
+        let taken: Vec<usize> = first
+            .iter()
+            .copied()
+            .filter(|&i| !fresh.contains(&(keys[i].scope.clone(), keys[i].key.clone())))
+            .collect();
+        let mut stored = Vec::new();
+        if !taken.is_empty() {
+            let mut any = Condition::any();
+            for &i in &taken {
+                any = any.add(
+                    Condition::all()
+                        .add(records::Column::Scope.eq(keys[i].scope.clone()))
+                        .add(records::Column::Key.eq(keys[i].key.clone())),
+                );
+            }
+            stored = records::Entity::find().filter(any).all(self.db()).await?;
+        }
+        for &i in &first {
+            let k = &keys[i];
+            claims[i] = Some(if fresh.contains(&(k.scope.clone(), k.key.clone())) {
+                KeyClaim::Fresh
+            } else {
+                match stored.iter().find(|r| r.scope == k.scope && r.key == k.key) {
+                    Some(record) => KeyClaim::of_record(record, &k.request_hash),
+                    // Taken and purged between our insert and read: the
+                    // caller may simply try again.
+                    None => KeyClaim::InProgress,
+                }
+            });
+        }
+        Ok(claims.into_iter().flatten().collect())
+    }
+
+    /// Takes one key (a batch of one).
     pub async fn claim_key(
         &self,
         scope: &str,
@@ -34,78 +168,80 @@ impl Store {
         now: EpochMs,
         ttl_ms: i64,
     ) -> StoreResult<KeyClaim> {
-        // An expired record does not count: drop it first.
-        self.write_one(self.sql(
-            "DELETE FROM idempotency_records WHERE scope = $1 AND key = $2 AND expires_at_ms < $3",
-            vec![scope.into(), key.into(), now.into()],
-        ))
-        .await?;
-        let inserted = self
-            .write_one(self.sql(
-                "INSERT INTO idempotency_records \
-                 (scope, key, request_hash, state, response_status, response_body, created_at_ms, expires_at_ms) \
-                 VALUES ($1, $2, $3, $4, NULL, NULL, $5, $6) ON CONFLICT (scope, key) DO NOTHING",
-                vec![
-                    scope.into(),
-                    key.into(),
-                    request_hash.into(),
-                    IN_PROGRESS.into(),
-                    now.into(),
-                    (now + ttl_ms).into(),
-                ],
-            ))
-            .await?;
-        if inserted == 1 {
-            return Ok(KeyClaim::Fresh);
-        }
-        let Some(record) = records::Entity::find_by_id((scope.to_owned(), key.to_owned()))
-            .one(self.db())
-            .await?
-        else {
-            // Deleted between our insert and read (expired and purged): the
-            // caller may simply try again.
-            return Ok(KeyClaim::InProgress);
+        let request = KeyRequest {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            request_hash: request_hash.to_owned(),
         };
-        Ok(if record.request_hash != request_hash {
-            KeyClaim::Mismatch
-        } else if record.state == COMPLETED {
-            KeyClaim::Replay {
-                status: record.response_status.unwrap_or(200) as u16,
-                body: record.response_body.unwrap_or_default(),
-            }
-        } else {
-            KeyClaim::InProgress
-        })
+        Ok(self
+            .claim_keys(std::slice::from_ref(&request), now, ttl_ms)
+            .await?
+            .pop()
+            .unwrap_or(KeyClaim::InProgress))
     }
 
-    /// Stores the answer so a repeat gets it again.
-    pub async fn finish_key(
-        &self,
-        scope: &str,
-        key: &str,
-        status: u16,
-        body: &str,
+    /// Stores the answers of finished requests so repeats get them again,
+    /// on `conn` (inside the caller's transaction, so the answer commits
+    /// with what it reports).
+    pub(crate) async fn finish_keys<C: ConnectionTrait>(
+        conn: &C,
+        answers: &[(&KeyRequest, &StoredAnswer)],
     ) -> StoreResult<()> {
+        if answers.is_empty() {
+            return Ok(());
+        }
+        let mut values: Vec<Value> = Vec::with_capacity(answers.len() * 4);
+        for (key, answer) in answers {
+            values.extend([
+                key.scope.clone().into(),
+                key.key.clone().into(),
+                (answer.status as i32).into(),
+                answer.body.clone().into(),
+            ]);
+        }
+        let stmt = super::sql_for(
+            conn.get_database_backend(),
+            &format!(
+                "WITH v(scope, key, status, body) AS (VALUES {}) \
+                 UPDATE idempotency_records SET state = '{COMPLETED}', \
+                 response_status = v.status, response_body = v.body FROM v \
+                 WHERE idempotency_records.scope = v.scope AND idempotency_records.key = v.key",
+                value_rows_from(1, answers.len(), 4)
+            ),
+            values,
+        );
+        conn.execute_raw(stmt).await?;
+        Ok(())
+    }
+
+    /// Stores one answer (its own transaction).
+    pub async fn finish_key(&self, key: &KeyRequest, answer: &StoredAnswer) -> StoreResult<()> {
         let tx = self.write_tx().await?;
-        records::Entity::update_many()
-            .col_expr(records::Column::State, Expr::value(COMPLETED))
-            .col_expr(records::Column::ResponseStatus, Expr::value(status as i32))
-            .col_expr(records::Column::ResponseBody, Expr::value(body))
-            .filter(records::Column::Scope.eq(scope))
-            .filter(records::Column::Key.eq(key))
-            .exec(&*tx)
-            .await?;
+        Self::finish_keys(&*tx, &[(key, answer)]).await?;
         tx.commit().await?;
         Ok(())
     }
 
-    /// Forgets a key whose request failed in a way worth retrying (5xx).
-    pub async fn release_key(&self, scope: &str, key: &str) -> StoreResult<()> {
-        self.write_one(self.sql(
-            "DELETE FROM idempotency_records WHERE scope = $1 AND key = $2 AND state = $3",
-            vec![scope.into(), key.into(), IN_PROGRESS.into()],
-        ))
-        .await?;
+    /// Forgets keys whose requests failed in a way worth retrying (5xx).
+    pub async fn release_keys(&self, keys: &[&KeyRequest]) -> StoreResult<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut any = Condition::any();
+        for key in keys {
+            any = any.add(
+                Condition::all()
+                    .add(records::Column::Scope.eq(key.scope.clone()))
+                    .add(records::Column::Key.eq(key.key.clone())),
+            );
+        }
+        let tx = self.write_tx().await?;
+        records::Entity::delete_many()
+            .filter(records::Column::State.eq(IN_PROGRESS))
+            .filter(any)
+            .exec(&*tx)
+            .await?;
+        tx.commit().await?;
         Ok(())
     }
 

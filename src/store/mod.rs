@@ -14,6 +14,7 @@ pub mod outbox;
 pub mod ranking;
 pub mod sagas;
 pub mod sessions;
+pub mod submissions;
 pub mod transitions;
 
 use std::ops::Deref;
@@ -23,7 +24,7 @@ use std::time::Duration;
 use migration::{Migrator, MigratorTrait};
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
-    DbErr, Statement, TransactionTrait, Value,
+    DbErr, QueryResult, Statement, TransactionTrait, Value,
 };
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
@@ -173,6 +174,16 @@ impl Store {
             None => None,
         };
         Ok(self.db.execute_raw(stmt).await?.rows_affected())
+    }
+
+    /// Runs one write statement with a `RETURNING` clause outside a
+    /// transaction (behind the gate on SQLite) and returns its rows.
+    pub async fn write_returning(&self, stmt: Statement) -> StoreResult<Vec<QueryResult>> {
+        let _gate = match &self.write_gate {
+            Some(gate) => Some(gate.clone().lock_owned().await),
+            None => None,
+        };
+        Ok(self.db.query_all_raw(stmt).await?)
     }
 
     /// A raw statement written with `$1, $2, ...` placeholders, rendered for

@@ -4,22 +4,14 @@
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
 };
-use uuid::Uuid;
 
 use super::entities::{sagas, sessions};
 use super::outbox::aborted_payload;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::policy::EpochMs;
-use crate::domain::saga::{AbortReason, Step};
+use crate::domain::saga::AbortReason;
 use crate::domain::session::SessionStatus;
 use sea_orm::sea_query::Expr;
-
-/// What the participant submitted.
-#[derive(Debug, Clone)]
-pub struct Submission {
-    pub prompt: String,
-    pub score: Option<f64>,
-}
 
 impl Store {
     pub async fn create_session(
@@ -65,69 +57,6 @@ impl Store {
             .order_by_desc(sagas::Column::CreatedAtMs)
             .one(self.db())
             .await?)
-    }
-
-    /// One transaction: the session moves OPEN/ABORTED -> SUBMITTING (a
-    /// conditional UPDATE, so two racing submissions cannot both pass) and a
-    /// runnable saga is inserted. `Conflict` when the session does not accept
-    /// a submission.
-    pub async fn submit(
-        &self,
-        session: &sessions::Model,
-        submission: Submission,
-        deadline_ms: i64,
-        now: EpochMs,
-    ) -> StoreResult<sagas::Model> {
-        let tx = self.write_tx().await?;
-        let moved = sessions::Entity::update_many()
-            .col_expr(
-                sessions::Column::Status,
-                SessionStatus::Submitting.as_str().into(),
-            )
-            .col_expr(sessions::Column::AbortReason, Option::<String>::None.into())
-            .col_expr(sessions::Column::UpdatedAtMs, now.into())
-            .filter(sessions::Column::Id.eq(session.id.clone()))
-            .filter(sessions::Column::Status.is_in([
-                SessionStatus::Open.as_str(),
-                SessionStatus::Aborted.as_str(),
-            ]))
-            .exec(&*tx)
-            .await?
-            .rows_affected;
-        if moved == 0 {
-            return Err(StoreError::AlreadySubmitted);
-        }
-        let saga = sagas::ActiveModel {
-            id: Set(new_id()),
-            session_id: Set(session.id.clone()),
-            experience_id: Set(session.experience_id.clone()),
-            step: Set(Step::AiPending.as_str().to_owned()),
-            prompt: Set(submission.prompt),
-            participant_score: Set(submission.score),
-            lock_token: Set(None),
-            locked_until_ms: Set(None),
-            attempts: Set(0),
-            recoveries: Set(0),
-            unavailable_streak: Set(0),
-            next_attempt_at_ms: Set(now),
-            ai_base_key: Set(Uuid::new_v4().to_string()),
-            ai_job_id: Set(None),
-            ai_submitted_at_ms: Set(None),
-            content: Set(None),
-            ai_score: Set(None),
-            score: Set(None),
-            score_attempt_id: Set(None),
-            rank: Set(None),
-            abort_reason: Set(None),
-            abort_detail: Set(None),
-            deadline_at_ms: Set(now + deadline_ms),
-            created_at_ms: Set(now),
-            updated_at_ms: Set(now),
-        }
-        .insert(&*tx)
-        .await?;
-        tx.commit().await?;
-        Ok(saga)
     }
 
     /// Sessions stuck in SUBMITTING with no saga (a crash between the two
