@@ -9,7 +9,8 @@
 //! Job timing uses real monotonic time (`std::time::Instant`), not the app's
 //! injectable clock: the simulator stands for a provider outside the app.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -122,6 +123,10 @@ struct SimState {
     down: bool,
     jobs: HashMap<String, SimJob>,
     job_id_by_key: HashMap<String, String>,
+    /// `done_at` of every job not yet seen done, earliest on top: finished
+    /// jobs are popped as time passes, so its length is the running count.
+    /// Each job is pushed once and popped once, O(log n) each.
+    unfinished: BinaryHeap<Reverse<Instant>>,
     submits: u64,
     polls: u64,
     max_concurrent_jobs: u64,
@@ -130,9 +135,18 @@ struct SimState {
 }
 
 impl SimState {
-    fn running_jobs(&self, now: Instant) -> u64 {
-        let running = self.jobs.values().filter(|job| !job.is_done(now)).count();
-        u64::try_from(running).unwrap_or(u64::MAX)
+    /// Jobs not done at `now` (`done_at > now`, as [`SimJob::is_done`]
+    /// says). Forgets the ones that are done, so `now` must not go back in
+    /// time between calls (it is always `Instant::now()`).
+    fn running_jobs(&mut self, now: Instant) -> u64 {
+        while self
+            .unfinished
+            .peek()
+            .is_some_and(|Reverse(done_at)| *done_at <= now)
+        {
+            self.unfinished.pop();
+        }
+        u64::try_from(self.unfinished.len()).unwrap_or(u64::MAX)
     }
 
     fn is_rejected(&self, prompt: &str) -> bool {
@@ -166,6 +180,7 @@ impl SimControl {
                 down: false,
                 jobs: HashMap::new(),
                 job_id_by_key: HashMap::new(),
+                unfinished: BinaryHeap::new(),
                 submits: 0,
                 polls: 0,
                 max_concurrent_jobs: 0,
@@ -182,13 +197,14 @@ impl SimControl {
     }
 
     pub fn stats(&self) -> SimStats {
-        let state = self.lock();
+        let mut state = self.lock();
+        let running = state.running_jobs(Instant::now());
         SimStats {
             jobs_created: u64::try_from(state.jobs.len()).unwrap_or(u64::MAX),
             submits: state.submits,
             polls: state.polls,
             max_concurrent_jobs: state.max_concurrent_jobs,
-            running: state.running_jobs(Instant::now()),
+            running,
             missing_key: state.missing_key,
             refused: state.refused,
         }
@@ -277,6 +293,7 @@ impl SimControl {
         );
         let view = job.view(now);
         state.job_id_by_key.insert(key, job.job_id.clone());
+        state.unfinished.push(Reverse(job.done_at));
         state.jobs.insert(job.job_id.clone(), job);
         let running = state.running_jobs(now);
         state.max_concurrent_jobs = state.max_concurrent_jobs.max(running);
@@ -606,6 +623,43 @@ mod tests {
         assert_eq!(stats.missing_key, 2);
         assert_eq!(stats.jobs_created, 2);
         sim.stop().await;
+    }
+
+    /// The running count and the maximum follow each job's own `done_at`,
+    /// also when a later job finishes before an earlier one.
+    #[test]
+    fn running_count_follows_done_at() {
+        let control = SimControl::new(SimConfig {
+            latency: Duration::from_secs(600),
+            ..SimConfig::default()
+        });
+        let submit = |prompt: &str| {
+            let (status, _) = control.submit(
+                Some(&uuid::Uuid::new_v4().to_string()),
+                &json!({ "prompt": prompt }),
+            );
+            assert_eq!(status, StatusCode::ACCEPTED);
+        };
+        submit("slow one");
+        submit("slow two");
+        control.set_latency(Duration::from_millis(30));
+        submit("quick");
+        control.set_latency(Duration::ZERO);
+        submit("instant");
+        let stats = control.stats();
+        assert_eq!(stats.jobs_created, 4);
+        assert_eq!(stats.running, 3);
+        assert_eq!(stats.max_concurrent_jobs, 3);
+        std::thread::sleep(Duration::from_millis(60));
+        let stats = control.stats();
+        assert_eq!(stats.running, 2);
+        assert_eq!(stats.max_concurrent_jobs, 3);
+        control.set_latency(Duration::from_secs(600));
+        submit("slow three");
+        let stats = control.stats();
+        assert_eq!(stats.jobs_created, 5);
+        assert_eq!(stats.running, 3);
+        assert_eq!(stats.max_concurrent_jobs, 3);
     }
 
     #[actix_web::test]

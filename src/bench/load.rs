@@ -1,7 +1,7 @@
 //! One benchmark scenario: a simulator and a server as subprocesses (killed
 //! by a guard), the untimed setup, one display WebSocket per terminal, the
-//! timed submissions, the wait for every frame, the correctness check and
-//! the figures.
+//! timed submissions (with one client doing unrelated reads meanwhile), the
+//! wait for every frame, the correctness check and the figures.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -22,6 +22,10 @@ use tokio_tungstenite::tungstenite::Message;
 const START_DEADLINE: Duration = Duration::from_secs(60);
 /// At most this many missing sessions are looked up on the server.
 const LOOKUPS: usize = 200;
+/// Longest an unrelated read may take before it counts as failed.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// At most this many failed unrelated reads are described.
+const READ_FAILURES_SHOWN: usize = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -79,6 +83,11 @@ pub struct Figures {
     pub sagas_per_s: f64,
     pub submit_p50_ms: f64,
     pub submit_p99_ms: f64,
+    /// Latency of the unrelated reads made while the sagas ran.
+    pub read_p50_ms: f64,
+    pub read_p99_ms: f64,
+    /// How many unrelated reads were made.
+    pub reads: usize,
     pub commit_to_frame_p99_ms: f64,
     pub reconnects: usize,
 }
@@ -236,6 +245,43 @@ struct DisplayLog {
     problems: Vec<String>,
 }
 
+/// What the unrelated reader saw: the latency of each successful read, and
+/// the failed ones (1-based read number, what went wrong).
+#[derive(Default)]
+struct ReadLog {
+    latencies_ms: Vec<f64>,
+    failures: Vec<(usize, String)>,
+}
+
+impl ReadLog {
+    fn count(&self) -> usize {
+        self.latencies_ms.len() + self.failures.len()
+    }
+
+    /// Correctness violations: every read must answer 200 with the ranking.
+    fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.failures.is_empty() {
+            return out;
+        }
+        out.push(format!(
+            "  {} of {} unrelated read(s) (GET .../ranking?limit=10) failed under load:",
+            self.failures.len(),
+            self.count()
+        ));
+        for (i, e) in self.failures.iter().take(READ_FAILURES_SHOWN) {
+            out.push(format!("    read {i}: {e}"));
+        }
+        if self.failures.len() > READ_FAILURES_SHOWN {
+            out.push(format!(
+                "    and {} more",
+                self.failures.len() - READ_FAILURES_SHOWN
+            ));
+        }
+        out
+    }
+}
+
 /// One timed submission.
 struct Submitted {
     start: Instant,
@@ -384,14 +430,34 @@ async fn drive(
         )));
     }
 
-    // 5. Timed: the submissions.
+    // 5. Timed: the submissions, and meanwhile one client reading the
+    // public ranking, one read after another, until the last frame.
     let accepted = Arc::new(AtomicUsize::new(0));
+    let reads = Arc::new(AtomicUsize::new(0));
     let progress = tokio::spawn(report_progress(
         s.label(),
         s.sessions,
         accepted.clone(),
         arrived.clone(),
+        reads.clone(),
     ));
+    let reader = {
+        // Its own client: one kept-alive connection, not one of the
+        // submitters' pooled connections.
+        let read_client = reqwest::Client::builder()
+            .pool_max_idle_per_host(1)
+            .timeout(READ_TIMEOUT)
+            .build()
+            .map_err(|e| format!("HTTP client: {e}"))?;
+        tokio::spawn(unrelated_reads(
+            read_client,
+            format!("{base}/api/experiences/{slug}/ranking?limit=10"),
+            s.sessions,
+            arrived.clone(),
+            reads.clone(),
+            stop_rx.clone(),
+        ))
+    };
     let submitted = {
         let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
         in_workers(s.sessions, s.concurrency, move |i| {
@@ -463,6 +529,13 @@ async fn drive(
     for d in displays {
         logs_by_terminal.push(d.await.map_err(|e| format!("display task: {e}"))?);
     }
+    let read_log = reader.await.map_err(|e| format!("reader task: {e}"))?;
+    eprintln!(
+        "  {}: {} unrelated read(s) under load, {} failed",
+        s.label(),
+        read_log.count(),
+        read_log.failures.len()
+    );
 
     if !failed.is_empty() {
         let mut msg = format!(
@@ -473,17 +546,22 @@ async fn drive(
         for (i, e) in failed.iter().take(10) {
             msg.push_str(&format!("\n  submission {i}: {e}"));
         }
+        for line in read_log.problems() {
+            msg.push('\n');
+            msg.push_str(&line);
+        }
         return Err(msg);
     }
 
     // 7. Correctness.
-    let violations = check(
+    let mut violations = check(
         &sessions,
         &index_of,
         &logs_by_terminal,
         timed_out,
         s.deadline,
     );
+    violations.extend(read_log.problems());
     if !violations.is_empty() {
         let mut msg = violations.join("\n");
         let missing: Vec<&str> = missing_sessions(&sessions, &logs_by_terminal);
@@ -530,11 +608,15 @@ async fn drive(
         .zip(&frame_at)
         .map(|(x, f)| ms(f.expect("all frames").saturating_duration_since(x.end)))
         .collect();
+    let mut read_ms = read_log.latencies_ms;
     Ok(Figures {
         accepted_per_s: n / secs(last_ack - first_start),
         sagas_per_s: n / secs(last_frame - first_start),
         submit_p50_ms: percentile(&mut submit_ms, 0.50),
         submit_p99_ms: percentile(&mut submit_ms, 0.99),
+        read_p50_ms: percentile(&mut read_ms, 0.50),
+        read_p99_ms: percentile(&mut read_ms, 0.99),
+        reads: read_ms.len(),
         commit_to_frame_p99_ms: percentile(&mut commit_ms, 0.99),
         reconnects: logs_by_terminal.iter().map(|l| l.reconnects).sum(),
     })
@@ -547,17 +629,64 @@ async fn report_progress(
     n: usize,
     accepted: Arc<AtomicUsize>,
     arrived: Arc<AtomicUsize>,
+    reads: Arc<AtomicUsize>,
 ) {
     let start = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         eprintln!(
-            "  {label}: {}/{n} accepted, {}/{n} frames after {:.0}s",
+            "  {label}: {}/{n} accepted, {}/{n} frames, {} unrelated reads after {:.0}s",
             accepted.load(Ordering::Relaxed),
             arrived.load(Ordering::Relaxed),
+            reads.load(Ordering::Relaxed),
             start.elapsed().as_secs_f64()
         );
     }
+}
+
+/// The unrelated reader: `GET url` one request after another, from the first
+/// submission until all `n` frames arrived (or the run is stopped), timing
+/// each read to the last byte of its answer. A read in flight when the last
+/// frame arrives is finished and counted.
+async fn unrelated_reads(
+    client: reqwest::Client,
+    url: String,
+    n: usize,
+    arrived: Arc<AtomicUsize>,
+    reads: Arc<AtomicUsize>,
+    stop: watch::Receiver<bool>,
+) -> ReadLog {
+    let mut log = ReadLog::default();
+    while !*stop.borrow() && arrived.load(Ordering::Relaxed) < n {
+        let start = Instant::now();
+        let answer = match client.get(&url).send().await {
+            Ok(resp) => {
+                let status = resp.status();
+                resp.text().await.map(|text| (status, text))
+            }
+            Err(e) => Err(e),
+        };
+        let took = start.elapsed();
+        reads.fetch_add(1, Ordering::Relaxed);
+        let number = log.count() + 1;
+        match answer {
+            Ok((StatusCode::OK, text)) => match serde_json::from_str::<Value>(&text) {
+                Ok(v) if v["entries"].is_array() => log.latencies_ms.push(ms(took)),
+                _ => log.failures.push((
+                    number,
+                    format!("200 without an entries list: {}", shorten(&text, 200)),
+                )),
+            },
+            Ok((status, text)) => log.failures.push((
+                number,
+                format!("{status} after {:.0} ms: {}", ms(took), shorten(&text, 200)),
+            )),
+            Err(e) => log
+                .failures
+                .push((number, format!("after {:.0} ms: {e}", ms(took)))),
+        }
+    }
+    log
 }
 
 /// Every session exactly once, at its own terminal, completed; `seq` 1, 2,

@@ -118,10 +118,14 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         let result = load::run(&scenario).await;
         match &result.outcome {
             Ok(f) => eprintln!(
-                "bench: {} done: {:.0} accepted/s, {:.0} sagas/s end to end",
+                "bench: {} done: {:.0} accepted/s, {:.0} sagas/s end to end; \
+                 {} unrelated reads, p50 {:.1} ms, p99 {:.1} ms",
                 scenario.label(),
                 f.accepted_per_s,
-                f.sagas_per_s
+                f.sagas_per_s,
+                f.reads,
+                f.read_p50_ms,
+                f.read_p99_ms
             ),
             Err(e) => eprintln!(
                 "bench: {} FAILED: {} (details at the end)",

@@ -85,6 +85,18 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
             rate: None,
         },
         Row {
+            label: "read latency p50 / p99 (ms) under load, 1 terminal",
+            terminals: 1,
+            show: |f| format!("{} / {}", millis(f.read_p50_ms), millis(f.read_p99_ms)),
+            rate: None,
+        },
+        Row {
+            label: "read latency p50 / p99 (ms) under load, 50 terminals",
+            terminals: 50,
+            show: |f| format!("{} / {}", millis(f.read_p50_ms), millis(f.read_p99_ms)),
+            rate: None,
+        },
+        Row {
             label: "commit-to-frame p99 (ms), 1 terminal",
             terminals: 1,
             show: |f| millis(f.commit_to_frame_p99_ms),
@@ -147,13 +159,16 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
 }
 
 /// Lines under the table: per scenario, the error and warning counts of the
-/// server log and the display reconnects.
+/// server log, the display reconnects and the number of unrelated reads.
 pub fn notes(results: &[ScenarioResult]) -> Vec<String> {
     let mut out = Vec::new();
     for r in results {
         if let Some(log) = &r.log {
             let reconnects = match &r.outcome {
-                Ok(f) => format!("; display reconnects: {}", f.reconnects),
+                Ok(f) => format!(
+                    "; display reconnects: {}; unrelated reads under load: {}",
+                    f.reconnects, f.reads
+                ),
                 Err(_) => String::new(),
             };
             out.push(format!(
