@@ -13,7 +13,7 @@ use stagehand::domain::saga::{AbortReason, Step, TransitionError};
 use stagehand::store::entities::sagas;
 use stagehand::store::experiences::NewExperience;
 use stagehand::store::ranking::ScoreEntry;
-use stagehand::store::sagas::{ClaimRules, Fence};
+use stagehand::store::sagas::{ClaimRules, ClaimableExperience, Fence};
 use stagehand::store::submissions::Submission;
 use stagehand::store::transitions::SagaWrite;
 use stagehand::store::{Store, StoreError};
@@ -67,6 +67,16 @@ async fn fixture(backend: Backend, max_in_flight: i32) -> Fixture {
 }
 
 impl Fixture {
+    /// The fixture's experience as the claim sees it, with `max_in_flight`.
+    fn exp(&self, max_in_flight: i32) -> ClaimableExperience {
+        ClaimableExperience {
+            id: self.experience_id.clone(),
+            max_in_flight,
+            kind: "comic".into(),
+            has_resumed: true,
+        }
+    }
+
     /// A submitted session on the fixture's terminal: one runnable saga,
     /// created at `at`.
     async fn saga(&self, at: i64) -> sagas::Model {
@@ -107,7 +117,7 @@ impl Fixture {
 
     async fn claim(&self, max_in_flight: i32, now: i64) -> Vec<sagas::Model> {
         self.store
-            .claim_runnable(&self.experience_id, max_in_flight, 100, now, RULES)
+            .claim_runnable(&self.exp(max_in_flight), 100, now, RULES)
             .await
             .unwrap()
     }
@@ -133,8 +143,8 @@ async fn twenty_concurrent_claimers_one_winner(backend: Backend) {
     let saga = f.saga(T0).await;
     let claims = join_all((0..20).map(|_| {
         let store = f.store.clone();
-        let exp = f.experience_id.clone();
-        actix_web::rt::spawn(async move { store.claim_runnable(&exp, 5, 100, T0 + 1, RULES).await })
+        let exp = f.exp(5);
+        actix_web::rt::spawn(async move { store.claim_runnable(&exp, 100, T0 + 1, RULES).await })
     }))
     .await;
     let won: Vec<_> = claims
@@ -155,10 +165,8 @@ async fn capacity_cap_holds_under_concurrent_claims(backend: Backend) {
     }
     let claims = join_all((0..8).map(|_| {
         let store = f.store.clone();
-        let exp = f.experience_id.clone();
-        actix_web::rt::spawn(
-            async move { store.claim_runnable(&exp, 3, 100, T0 + 100, RULES).await },
-        )
+        let exp = f.exp(3);
+        actix_web::rt::spawn(async move { store.claim_runnable(&exp, 100, T0 + 100, RULES).await })
     }))
     .await;
     let mut won: Vec<_> = claims
@@ -504,7 +512,7 @@ async fn numbering_keeps_commit_order_under_concurrent_writers_and_relays(backen
     }
     let claimed = f
         .store
-        .claim_runnable(&f.experience_id, 1000, 1000, T0 + 1000, RULES)
+        .claim_runnable(&f.exp(1000), 1000, T0 + 1000, RULES)
         .await
         .unwrap();
     assert_eq!(claimed.len(), 240);
@@ -611,15 +619,30 @@ async fn resumed_sagas_are_claimed_ahead_of_a_long_ai_queue(backend: Backend) {
         ))
         .await
         .unwrap();
+    let listed = f
+        .store
+        .experiences_with_claimable(T0 + 100, RULES)
+        .await
+        .unwrap();
+    assert!(
+        !listed[0].has_resumed,
+        "its first worker still holds it: {listed:?}"
+    );
     // The first worker's lease ran out; the holder keeps its AI slot.
     let now = T0 + 1 + LEASE + 1;
+    let listed = f
+        .store
+        .experiences_with_claimable(now, RULES)
+        .await
+        .unwrap();
+    assert!(listed[0].has_resumed, "{listed:?}");
     f.store
         .renew_lease(&holder.id, &token(&holder), now, LEASE)
         .await
         .unwrap();
     let claimed = f
         .store
-        .claim_runnable(&f.experience_id, 1, 1, now, RULES)
+        .claim_runnable(&f.exp(1), 1, now, RULES)
         .await
         .unwrap();
     assert_eq!(claimed.len(), 1, "{claimed:?}");

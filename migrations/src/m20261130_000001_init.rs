@@ -13,7 +13,8 @@
 //! so comparisons are plain integer comparisons on both databases; JSON is
 //! stored as `text`.
 //!
-//! Why the indexes exist:
+//! Why the indexes exist (the reactive-delivery migration replaces
+//! `idx_sagas_runnable`, `idx_sagas_inflight` and `idx_score_attempts_rank`):
 //! - `idx_sagas_runnable` (step, next_attempt_at_ms, created_at_ms): the
 //!   dispatcher claims runnable sagas of a step whose next attempt is due,
 //!   oldest first; the cleanup actor scans non-final steps by lease.

@@ -13,6 +13,20 @@
 //! - `idx_sagas_claim` (partial, non-final steps) on (experience_id, step,
 //!   created_at_ms, id): "oldest runnable of this experience at this step" is
 //!   an ordered index walk, and finished sagas are not in the index at all.
+//!   It also serves the cleanup actor's scan of unowned sagas, so
+//!   `idx_sagas_runnable` goes: every saga update that is not HOT writes
+//!   every index, and a saga is updated five or six times.
+//! - `idx_sagas_in_flight` (partial, leased AI_PENDING) on (experience_id,
+//!   locked_until_ms) replaces `idx_sagas_inflight`: the AI cap counts only
+//!   those rows, and no other saga row is in it.
+//! - `idx_score_attempts_ranking` on (experience_id, score DESC,
+//!   created_at_ms) replaces `idx_score_attempts_rank`: the top N in ranking
+//!   order is an index walk that stops after N (the old index sorted every
+//!   entry of the experience for each read), and it still serves counting
+//!   the entries above a score.
+//! - PostgreSQL only: `sagas` is a queue table with many updates per row, so
+//!   autovacuum visits it after 2 % of its rows changed instead of 20 %,
+//!   before dead index entries slow the claim's walk.
 
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
@@ -64,10 +78,123 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
+        manager
+            .drop_index(
+                Index::drop()
+                    .name("idx_sagas_runnable")
+                    .table(Sagas::Table)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .drop_index(
+                Index::drop()
+                    .name("idx_sagas_inflight")
+                    .table(Sagas::Table)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name("idx_sagas_in_flight")
+                    .table(Sagas::Table)
+                    .col(Sagas::ExperienceId)
+                    .col(Sagas::LockedUntilMs)
+                    .and_where(Expr::col(Sagas::Step).eq("AI_PENDING"))
+                    .and_where(Expr::col(Sagas::LockToken).is_not_null())
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .drop_index(
+                Index::drop()
+                    .name("idx_score_attempts_rank")
+                    .table(ScoreAttempts::Table)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name("idx_score_attempts_ranking")
+                    .table(ScoreAttempts::Table)
+                    .col(ScoreAttempts::ExperienceId)
+                    .col((ScoreAttempts::Score, IndexOrder::Desc))
+                    .col(ScoreAttempts::CreatedAtMs)
+                    .to_owned(),
+            )
+            .await?;
+        if manager.get_database_backend() == DbBackend::Postgres {
+            manager
+                .get_connection()
+                .execute_unprepared(
+                    "ALTER TABLE sagas SET (autovacuum_vacuum_scale_factor = 0.02, \
+                     autovacuum_analyze_scale_factor = 0.02)",
+                )
+                .await?;
+        }
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        if manager.get_database_backend() == DbBackend::Postgres {
+            manager
+                .get_connection()
+                .execute_unprepared(
+                    "ALTER TABLE sagas RESET (autovacuum_vacuum_scale_factor, \
+                     autovacuum_analyze_scale_factor)",
+                )
+                .await?;
+        }
+        manager
+            .drop_index(
+                Index::drop()
+                    .name("idx_score_attempts_ranking")
+                    .table(ScoreAttempts::Table)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name("idx_score_attempts_rank")
+                    .table(ScoreAttempts::Table)
+                    .col(ScoreAttempts::ExperienceId)
+                    .col(ScoreAttempts::Score)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .drop_index(
+                Index::drop()
+                    .name("idx_sagas_in_flight")
+                    .table(Sagas::Table)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name("idx_sagas_inflight")
+                    .table(Sagas::Table)
+                    .col(Sagas::ExperienceId)
+                    .col(Sagas::Step)
+                    .col(Sagas::LockedUntilMs)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name("idx_sagas_runnable")
+                    .table(Sagas::Table)
+                    .col(Sagas::Step)
+                    .col(Sagas::NextAttemptAtMs)
+                    .col(Sagas::CreatedAtMs)
+                    .to_owned(),
+            )
+            .await?;
         manager
             .drop_index(
                 Index::drop()
@@ -246,4 +373,15 @@ enum Sagas {
     Step,
     CreatedAtMs,
     Id,
+    LockToken,
+    LockedUntilMs,
+    NextAttemptAtMs,
+}
+
+#[derive(DeriveIden)]
+enum ScoreAttempts {
+    Table,
+    ExperienceId,
+    Score,
+    CreatedAtMs,
 }

@@ -144,10 +144,7 @@ async fn claim_round(
         if left == 0 {
             break;
         }
-        match store
-            .claim_runnable(&experience.id, experience.max_in_flight, left, now, rules)
-            .await
-        {
+        match store.claim_runnable(&experience, left, now, rules).await {
             Ok(sagas) => claimed.extend(sagas.into_iter().map(|s| (s, experience.kind.clone()))),
             Err(e) => tracing::error!(
                 experience_id = %experience.id, error = %e,

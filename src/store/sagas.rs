@@ -27,6 +27,8 @@ pub struct ClaimableExperience {
     pub id: String,
     pub max_in_flight: i32,
     pub kind: String,
+    /// Sagas resumed past the AI step wait to be claimed.
+    pub has_resumed: bool,
 }
 
 /// Who may end a saga: its lease holder, or (for the cleanup actor) nobody,
@@ -56,18 +58,27 @@ impl Store {
     }
 
     /// Experiences that have a saga a worker could claim now, oldest
-    /// experience first.
+    /// experience first. One probe per experience and step, each a walk of
+    /// `idx_sagas_claim` that stops at the first claimable saga.
     pub async fn experiences_with_claimable(
         &self,
         now: EpochMs,
         rules: ClaimRules,
     ) -> StoreResult<Vec<ClaimableExperience>> {
+        let probe = |step: Step| {
+            format!(
+                "EXISTS (SELECT 1 FROM sagas WHERE experience_id = e.id AND step = '{}' AND {})",
+                step.as_str(),
+                claimable(1, 2)
+            )
+        };
+        let resumed = format!("({} OR {})", probe(Step::RankingDone), probe(Step::AiDone));
         let stmt = self.sql(
             &format!(
-                "SELECT e.id, e.max_in_flight, e.kind FROM experiences e WHERE EXISTS \
-                 (SELECT 1 FROM sagas WHERE experience_id = e.id AND {}) \
-                 ORDER BY e.created_at_ms, e.id",
-                claimable(1, 2)
+                "SELECT * FROM (SELECT e.id, e.max_in_flight, e.kind, e.created_at_ms, \
+                 {resumed} AS has_resumed, {queued} AS has_queued FROM experiences e) x \
+                 WHERE has_resumed OR has_queued ORDER BY created_at_ms, id",
+                queued = probe(Step::AiPending),
             ),
             vec![now.into(), (rules.max_recoveries as i32).into()],
         );
@@ -78,6 +89,7 @@ impl Store {
                     id: r.try_get_by_index(0)?,
                     max_in_flight: r.try_get_by_index(1)?,
                     kind: r.try_get_by_index(2)?,
+                    has_resumed: r.try_get_by_index(4)?,
                 })
             })
             .collect::<Result<_, sea_orm::DbErr>>()
@@ -117,12 +129,12 @@ impl Store {
     /// queue is.
     pub async fn claim_runnable(
         &self,
-        experience_id: &str,
-        max_in_flight: i32,
+        experience: &ClaimableExperience,
         limit: usize,
         now: EpochMs,
         rules: ClaimRules,
     ) -> StoreResult<Vec<sagas::Model>> {
+        let (experience_id, max_in_flight) = (experience.id.as_str(), experience.max_in_flight);
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -136,7 +148,12 @@ impl Store {
         }
         let token = new_id();
         let mut claimed = Vec::new();
-        for step in [Step::RankingDone, Step::AiDone] {
+        let resumed_steps = if experience.has_resumed {
+            &[Step::RankingDone, Step::AiDone][..]
+        } else {
+            &[]
+        };
+        for &step in resumed_steps {
             let room = limit - claimed.len();
             claimed.extend(
                 self.claim_step(&tx, experience_id, step, room, &token, now, rules)
