@@ -13,7 +13,7 @@ use stagehand::domain::saga::{AbortReason, Step, TransitionError};
 use stagehand::store::entities::sagas;
 use stagehand::store::experiences::NewExperience;
 use stagehand::store::ranking::ScoreEntry;
-use stagehand::store::sagas::{ClaimRules, ClaimableExperience, Fence};
+use stagehand::store::sagas::{ClaimRules, ClaimSource, ClaimableExperience, Fence};
 use stagehand::store::submissions::Submission;
 use stagehand::store::transitions::SagaWrite;
 use stagehand::store::{Store, StoreError};
@@ -74,6 +74,8 @@ impl Fixture {
             max_in_flight,
             kind: "comic".into(),
             has_resumed: true,
+            has_expired_ai: true,
+            has_queued_ai: true,
         }
     }
 
@@ -670,20 +672,27 @@ async fn claim_walks_the_index_however_long_the_queue(backend: Backend) {
         bulk_sagas(&f.store, &template, have + queued, finished, "COMPLETED").await;
         f.store.db().execute_unprepared("ANALYZE").await.unwrap();
         for step in [Step::AiPending, Step::AiDone, Step::RankingDone] {
-            let plan = f
-                .store
-                .claim_plan(&f.experience_id, step, T0 + 1, RULES)
-                .await
-                .unwrap();
-            // The long queue (AI_PENDING) is walked in age order on the
-            // claim index; the other steps have no rows here, and any index
-            // on (experience, step) reaches them at once. Never a full scan.
-            let walks_claim_index = plan.contains("idx_sagas_claim");
-            let full_scan = plan.contains("Seq Scan on sagas") || plan.contains("SCAN sagas");
-            assert!(
-                !full_scan && (walks_claim_index || step != Step::AiPending),
-                "claim of {step} with {queued} queued:\n{plan}"
-            );
+            for source in [ClaimSource::Unowned, ClaimSource::Expired] {
+                let plan = f
+                    .store
+                    .claim_plan(&f.experience_id, step, source, T0 + 1, RULES)
+                    .await
+                    .unwrap();
+                let index = match source {
+                    ClaimSource::Unowned => "idx_sagas_unowned",
+                    ClaimSource::Expired => "idx_sagas_leased",
+                };
+                // The long queue (unowned AI_PENDING) must be walked on its
+                // index in age order. The other sources have no rows here,
+                // and any index on (experience, step) reaches them at once.
+                // Never a full scan of the sagas.
+                let full_scan = plan.contains("Seq Scan on sagas") || plan.contains("SCAN sagas");
+                let long_queue = (step, source) == (Step::AiPending, ClaimSource::Unowned);
+                assert!(
+                    !full_scan && (plan.contains(index) || !long_queue),
+                    "claim of {step} from {source:?} with {queued} queued:\n{plan}"
+                );
+            }
         }
         let started = std::time::Instant::now();
         let claimed = f.claim(5, T0 + 1).await;

@@ -10,15 +10,19 @@
 //!   the table is rebuilt with the same columns, foreign key and indexes.
 //! - `idx_terminal_events_unnumbered` (partial, `seq IS NULL`): the relay
 //!   finds what it has to number without scanning the numbered history.
-//! - `idx_sagas_claim` (partial, non-final steps) on (experience_id, step,
-//!   created_at_ms, id): "oldest runnable of this experience at this step" is
-//!   an ordered index walk, and finished sagas are not in the index at all.
-//!   It also serves the cleanup actor's scan of unowned sagas, so
-//!   `idx_sagas_runnable` goes: every saga update that is not HOT writes
-//!   every index, and a saga is updated five or six times.
-//! - `idx_sagas_in_flight` (partial, leased AI_PENDING) on (experience_id,
-//!   locked_until_ms) replaces `idx_sagas_inflight`: the AI cap counts only
-//!   those rows, and no other saga row is in it.
+//! - The claim's two indexes, both partial on the non-final steps, so
+//!   finished sagas are in neither and the claim costs the same however
+//!   long the history or the queue is:
+//!   - `idx_sagas_unowned` (lock_token IS NULL) on (experience_id, step,
+//!     created_at_ms, id): "oldest queued saga of this experience at this
+//!     step" is an ordered walk that never passes a saga someone holds;
+//!   - `idx_sagas_leased` (lock_token IS NOT NULL) on (experience_id, step,
+//!     locked_until_ms): the AI cap counts the live leases of AI_PENDING,
+//!     and the leases that ran out (sagas to resume) are at its start.
+//!
+//!   They replace `idx_sagas_runnable` and `idx_sagas_inflight`: a saga is
+//!   updated five or six times, and every update that is not HOT writes
+//!   every index the row is in.
 //! - `idx_score_attempts_ranking` on (experience_id, score DESC,
 //!   created_at_ms) replaces `idx_score_attempts_rank`: the top N in ranking
 //!   order is an index walk that stops after N (the old index sorted every
@@ -26,7 +30,9 @@
 //!   the entries above a score.
 //! - PostgreSQL only: `sagas` is a queue table with many updates per row, so
 //!   autovacuum visits it after 2 % of its rows changed instead of 20 %,
-//!   before dead index entries slow the claim's walk.
+//!   before dead index entries slow the claim; `score_attempts` only grows,
+//!   so it is vacuumed after 2 % new rows, which keeps the visibility map
+//!   fresh and the rank counts index-only.
 
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
@@ -44,16 +50,15 @@ impl MigrationTrait for Migration {
     }
 
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        match manager.get_database_backend() {
-            DbBackend::Sqlite => rebuild_terminal_events(manager, true).await?,
-            _ => {
-                manager
-                    .get_connection()
-                    .execute_unprepared(
-                        "ALTER TABLE terminal_events ALTER COLUMN seq DROP NOT NULL",
-                    )
-                    .await?;
-            }
+        let postgres = manager.get_database_backend() == DbBackend::Postgres;
+        if postgres {
+            execute(
+                manager,
+                "ALTER TABLE terminal_events ALTER COLUMN seq DROP NOT NULL",
+            )
+            .await?;
+        } else {
+            rebuild_terminal_events(manager, true).await?;
         }
         manager
             .create_index(
@@ -65,55 +70,12 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
-        manager
-            .create_index(
-                Index::create()
-                    .name("idx_sagas_claim")
-                    .table(Sagas::Table)
-                    .col(Sagas::ExperienceId)
-                    .col(Sagas::Step)
-                    .col(Sagas::CreatedAtMs)
-                    .col(Sagas::Id)
-                    .and_where(Expr::col(Sagas::Step).is_in(RUNNABLE))
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .drop_index(
-                Index::drop()
-                    .name("idx_sagas_runnable")
-                    .table(Sagas::Table)
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .drop_index(
-                Index::drop()
-                    .name("idx_sagas_inflight")
-                    .table(Sagas::Table)
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .create_index(
-                Index::create()
-                    .name("idx_sagas_in_flight")
-                    .table(Sagas::Table)
-                    .col(Sagas::ExperienceId)
-                    .col(Sagas::LockedUntilMs)
-                    .and_where(Expr::col(Sagas::Step).eq("AI_PENDING"))
-                    .and_where(Expr::col(Sagas::LockToken).is_not_null())
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .drop_index(
-                Index::drop()
-                    .name("idx_score_attempts_rank")
-                    .table(ScoreAttempts::Table)
-                    .to_owned(),
-            )
-            .await?;
+        for name in ["idx_sagas_runnable", "idx_sagas_inflight"] {
+            drop_index(manager, name, Sagas::Table).await?;
+        }
+        manager.create_index(claim_index(false)).await?;
+        manager.create_index(claim_index(true)).await?;
+        drop_index(manager, "idx_score_attempts_rank", ScoreAttempts::Table).await?;
         manager
             .create_index(
                 Index::create()
@@ -125,36 +87,40 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
-        if manager.get_database_backend() == DbBackend::Postgres {
-            manager
-                .get_connection()
-                .execute_unprepared(
-                    "ALTER TABLE sagas SET (autovacuum_vacuum_scale_factor = 0.02, \
-                     autovacuum_analyze_scale_factor = 0.02)",
-                )
-                .await?;
+        if postgres {
+            execute(
+                manager,
+                "ALTER TABLE sagas SET (autovacuum_vacuum_scale_factor = 0.02, \
+                 autovacuum_analyze_scale_factor = 0.02)",
+            )
+            .await?;
+            execute(
+                manager,
+                "ALTER TABLE score_attempts SET (autovacuum_vacuum_insert_scale_factor = 0.02, \
+                 autovacuum_analyze_scale_factor = 0.02)",
+            )
+            .await?;
         }
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.get_database_backend() == DbBackend::Postgres {
-            manager
-                .get_connection()
-                .execute_unprepared(
-                    "ALTER TABLE sagas RESET (autovacuum_vacuum_scale_factor, \
-                     autovacuum_analyze_scale_factor)",
-                )
-                .await?;
-        }
-        manager
-            .drop_index(
-                Index::drop()
-                    .name("idx_score_attempts_ranking")
-                    .table(ScoreAttempts::Table)
-                    .to_owned(),
+        let postgres = manager.get_database_backend() == DbBackend::Postgres;
+        if postgres {
+            execute(
+                manager,
+                "ALTER TABLE sagas RESET (autovacuum_vacuum_scale_factor, \
+                 autovacuum_analyze_scale_factor)",
             )
             .await?;
+            execute(
+                manager,
+                "ALTER TABLE score_attempts RESET (autovacuum_vacuum_insert_scale_factor, \
+                 autovacuum_analyze_scale_factor)",
+            )
+            .await?;
+        }
+        drop_index(manager, "idx_score_attempts_ranking", ScoreAttempts::Table).await?;
         manager
             .create_index(
                 Index::create()
@@ -165,14 +131,9 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
-        manager
-            .drop_index(
-                Index::drop()
-                    .name("idx_sagas_in_flight")
-                    .table(Sagas::Table)
-                    .to_owned(),
-            )
-            .await?;
+        for name in ["idx_sagas_unowned", "idx_sagas_leased"] {
+            drop_index(manager, name, Sagas::Table).await?;
+        }
         manager
             .create_index(
                 Index::create()
@@ -195,38 +156,65 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
-        manager
-            .drop_index(
-                Index::drop()
-                    .name("idx_sagas_claim")
-                    .table(Sagas::Table)
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .drop_index(
-                Index::drop()
-                    .name("idx_terminal_events_unnumbered")
-                    .table(TerminalEvents::Table)
-                    .to_owned(),
-            )
-            .await?;
+        drop_index(
+            manager,
+            "idx_terminal_events_unnumbered",
+            TerminalEvents::Table,
+        )
+        .await?;
         // Events not yet numbered cannot live in a NOT NULL column: they are
         // dropped with the relay that would have numbered them.
-        let conn = manager.get_connection();
-        conn.execute_unprepared("DELETE FROM terminal_events WHERE seq IS NULL")
+        execute(manager, "DELETE FROM terminal_events WHERE seq IS NULL").await?;
+        if postgres {
+            execute(
+                manager,
+                "ALTER TABLE terminal_events ALTER COLUMN seq SET NOT NULL",
+            )
             .await?;
-        match manager.get_database_backend() {
-            DbBackend::Sqlite => rebuild_terminal_events(manager, false).await?,
-            _ => {
-                conn.execute_unprepared(
-                    "ALTER TABLE terminal_events ALTER COLUMN seq SET NOT NULL",
-                )
-                .await?;
-            }
+        } else {
+            rebuild_terminal_events(manager, false).await?;
         }
         Ok(())
     }
+}
+
+/// `idx_sagas_leased` (`leased`) or `idx_sagas_unowned`: see the module doc.
+fn claim_index(leased: bool) -> IndexCreateStatement {
+    let mut index = Index::create();
+    index
+        .table(Sagas::Table)
+        .col(Sagas::ExperienceId)
+        .col(Sagas::Step);
+    if leased {
+        index
+            .name("idx_sagas_leased")
+            .col(Sagas::LockedUntilMs)
+            .and_where(Expr::col(Sagas::LockToken).is_not_null());
+    } else {
+        index
+            .name("idx_sagas_unowned")
+            .col(Sagas::CreatedAtMs)
+            .col(Sagas::Id)
+            .and_where(Expr::col(Sagas::LockToken).is_null());
+    }
+    index
+        .and_where(Expr::col(Sagas::Step).is_in(RUNNABLE))
+        .to_owned()
+}
+
+async fn drop_index<T: IntoIden + 'static>(
+    manager: &SchemaManager<'_>,
+    name: &str,
+    table: T,
+) -> Result<(), DbErr> {
+    manager
+        .drop_index(Index::drop().name(name).table(table).to_owned())
+        .await
+}
+
+async fn execute(manager: &SchemaManager<'_>, sql: &str) -> Result<(), DbErr> {
+    manager.get_connection().execute_unprepared(sql).await?;
+    Ok(())
 }
 
 /// SQLite: recreates `terminal_events` with `seq` nullable or not, keeping

@@ -46,7 +46,7 @@ impl<W, R> Clone for BatchQueue<W, R> {
 impl<W: Send + 'static, R: Send + 'static> BatchQueue<W, R> {
     /// Starts the runner. `apply` writes one batch and returns one answer
     /// per write, in the batch's order.
-    pub fn start<F, Fut>(limits: BatchLimits, apply: F) -> Self
+    pub fn start<F, Fut>(name: &'static str, limits: BatchLimits, apply: F) -> Self
     where
         F: Fn(Vec<W>) -> Fut + Send + 'static,
         Fut: Future<Output = Vec<R>> + Send + 'static,
@@ -66,9 +66,18 @@ impl<W: Send + 'static, R: Send + 'static> BatchQueue<W, R> {
                 }
                 let (writes, replies): (Vec<W>, Vec<oneshot::Sender<R>>) =
                     std::mem::take(&mut queued).into_iter().unzip();
+                let size = writes.len();
                 let batch = apply(writes);
                 tokio::spawn(async move {
-                    for (reply, answer) in replies.into_iter().zip(batch.await) {
+                    let started = std::time::Instant::now();
+                    let answers = batch.await;
+                    tracing::debug!(
+                        batch = name,
+                        size,
+                        ms = started.elapsed().as_secs_f64() * 1e3,
+                        "batch written"
+                    );
+                    for (reply, answer) in replies.into_iter().zip(answers) {
                         // A sender that stopped waiting needs no answer.
                         let _ = reply.send(answer);
                     }
@@ -121,6 +130,7 @@ mod tests {
         let gate = Arc::new(tokio::sync::Notify::new());
         let (seen, open) = (sizes.clone(), gate.clone());
         let queue = BatchQueue::start(
+            "test",
             BatchLimits {
                 capacity: 100,
                 max_batch: 10,

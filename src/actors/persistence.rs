@@ -52,7 +52,7 @@ impl PersistenceActor {
     pub fn new(store: Store, clock: SharedClock, lease_ms: i64, wakeups: Wakeups) -> Self {
         let writes = {
             let (store, clock) = (store.clone(), clock.clone());
-            BatchQueue::start(LIMITS, move |batch: Vec<SagaWrite>| {
+            BatchQueue::start("saga writes", LIMITS, move |batch: Vec<SagaWrite>| {
                 let (store, now, wakeups) = (store.clone(), clock.now_ms(), wakeups.clone());
                 async move { write_batch(&store, batch, now, lease_ms, &wakeups).await }
             })

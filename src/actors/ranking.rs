@@ -35,7 +35,7 @@ pub struct RankingActor {
 
 impl RankingActor {
     pub fn new(store: Store, clock: SharedClock) -> Self {
-        let entries = BatchQueue::start(LIMITS, move |batch: Vec<ScoreEntry>| {
+        let entries = BatchQueue::start("scores", LIMITS, move |batch: Vec<ScoreEntry>| {
             let (store, now) = (store.clone(), clock.now_ms());
             async move {
                 match store.register_scores(&batch, now).await {

@@ -138,18 +138,22 @@ pub fn submission_queue(store: Store, clock: SharedClock) -> SubmissionQueue {
         max_batch: 256,
         concurrent: 1,
     };
-    BatchQueue::start(LIMITS, move |orders: Vec<SubmissionOrder>| {
-        let (store, now) = (store.clone(), clock.now_ms());
-        async move {
-            match store.submit_batch(&orders, now, KEY_TTL_MS).await {
-                Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-                Err(e) => {
-                    tracing::error!(error = %e, requests = orders.len(), "a batch of submissions failed; their keys were released");
-                    batch_failed(orders.len(), &e)
+    BatchQueue::start(
+        "submissions",
+        LIMITS,
+        move |orders: Vec<SubmissionOrder>| {
+            let (store, now) = (store.clone(), clock.now_ms());
+            async move {
+                match store.submit_batch(&orders, now, KEY_TTL_MS).await {
+                    Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+                    Err(e) => {
+                        tracing::error!(error = %e, requests = orders.len(), "a batch of submissions failed; their keys were released");
+                        batch_failed(orders.len(), &e)
+                    }
                 }
             }
-        }
-    })
+        },
+    )
 }
 
 /// `POST /api/sessions/{id}/submission`. Checks in order: authentication,

@@ -27,8 +27,13 @@ pub struct ClaimableExperience {
     pub id: String,
     pub max_in_flight: i32,
     pub kind: String,
-    /// Sagas resumed past the AI step wait to be claimed.
+    /// Sagas past the AI step wait to be resumed (unowned, or their
+    /// lease ran out).
     pub has_resumed: bool,
+    /// AI_PENDING sagas whose lease ran out wait to be resumed.
+    pub has_expired_ai: bool,
+    /// AI_PENDING sagas nobody holds wait for an AI slot.
+    pub has_queued_ai: bool,
 }
 
 /// Who may end a saga: its lease holder, or (for the cleanup actor) nobody,
@@ -44,10 +49,52 @@ pub enum Fence<'a> {
 /// `max_recoveries` bound at placeholders `$now` and `$max`.
 fn claimable(now: usize, max: usize) -> String {
     format!(
-        "step IN ('AI_PENDING', 'AI_DONE', 'RANKING_DONE') \
-         AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now} \
+        "{RUNNABLE} AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now} \
          AND (lock_token IS NULL OR (locked_until_ms < ${now} AND recoveries < ${max}))"
     )
+}
+
+/// The predicate of the claim's partial indexes. Queries spell it out as
+/// it is: SQLite uses a partial index only for a query whose WHERE clause
+/// contains the index's terms.
+const RUNNABLE: &str = "step IN ('AI_PENDING', 'AI_DONE', 'RANKING_DONE')";
+
+/// Where a claim looks for sagas of one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimSource {
+    /// Nobody holds them (queued, or released): oldest first, along
+    /// `idx_sagas_unowned`, never passing a saga someone holds.
+    Unowned,
+    /// Their lease ran out (their worker died): to resume, earliest
+    /// expiry first, at the start of `idx_sagas_leased`.
+    Expired,
+}
+
+impl ClaimSource {
+    /// This source's part of [`claimable`], and its order. The step is
+    /// spelled in the SQL, not bound, so PostgreSQL proves that the partial
+    /// index applies even in a generic plan.
+    fn condition(self, step: Step, now: usize, max: usize) -> (String, &'static str) {
+        let step = step.as_str();
+        match self {
+            ClaimSource::Unowned => (
+                format!(
+                    "lock_token IS NULL AND {RUNNABLE} AND step = '{step}' \
+                     AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now}"
+                ),
+                "created_at_ms, id",
+            ),
+            ClaimSource::Expired => (
+                format!(
+                    "lock_token IS NOT NULL AND {RUNNABLE} AND step = '{step}' \
+                     AND locked_until_ms < ${now} \
+                     AND recoveries < ${max} \
+                     AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now}"
+                ),
+                "locked_until_ms, id",
+            ),
+        }
+    }
 }
 
 impl Store {
@@ -58,27 +105,36 @@ impl Store {
     }
 
     /// Experiences that have a saga a worker could claim now, oldest
-    /// experience first. One probe per experience and step, each a walk of
-    /// `idx_sagas_claim` that stops at the first claimable saga.
+    /// experience first, with where their claimable sagas are. Each probe
+    /// is an index walk that stops at the first claimable saga, and none
+    /// passes a saga someone holds.
     pub async fn experiences_with_claimable(
         &self,
         now: EpochMs,
         rules: ClaimRules,
     ) -> StoreResult<Vec<ClaimableExperience>> {
-        let probe = |step: Step| {
-            format!(
-                "EXISTS (SELECT 1 FROM sagas WHERE experience_id = e.id AND step = '{}' AND {})",
-                step.as_str(),
-                claimable(1, 2)
-            )
+        let probe = |steps: &[Step], source: ClaimSource| {
+            let probes: Vec<String> = steps
+                .iter()
+                .map(|&step| {
+                    format!(
+                        "EXISTS (SELECT 1 FROM sagas WHERE experience_id = e.id AND {})",
+                        source.condition(step, 1, 2).0
+                    )
+                })
+                .collect();
+            format!("({})", probes.join(" OR "))
         };
-        let resumed = format!("({} OR {})", probe(Step::RankingDone), probe(Step::AiDone));
+        let resumed = [Step::RankingDone, Step::AiDone];
         let stmt = self.sql(
             &format!(
                 "SELECT * FROM (SELECT e.id, e.max_in_flight, e.kind, e.created_at_ms, \
-                 {resumed} AS has_resumed, {queued} AS has_queued FROM experiences e) x \
-                 WHERE has_resumed OR has_queued ORDER BY created_at_ms, id",
-                queued = probe(Step::AiPending),
+                 ({} OR {}) AS resumed, {} AS expired_ai, {} AS queued_ai FROM experiences e) x \
+                 WHERE resumed OR expired_ai OR queued_ai ORDER BY created_at_ms, id",
+                probe(&resumed, ClaimSource::Unowned),
+                probe(&resumed, ClaimSource::Expired),
+                probe(&[Step::AiPending], ClaimSource::Expired),
+                probe(&[Step::AiPending], ClaimSource::Unowned),
             ),
             vec![now.into(), (rules.max_recoveries as i32).into()],
         );
@@ -90,6 +146,8 @@ impl Store {
                     max_in_flight: r.try_get_by_index(1)?,
                     kind: r.try_get_by_index(2)?,
                     has_resumed: r.try_get_by_index(4)?,
+                    has_expired_ai: r.try_get_by_index(5)?,
+                    has_queued_ai: r.try_get_by_index(6)?,
                 })
             })
             .collect::<Result<_, sea_orm::DbErr>>()
@@ -105,8 +163,10 @@ impl Store {
     ) -> StoreResult<i64> {
         let stmt = super::sql_for(
             conn.get_database_backend(),
-            "SELECT COUNT(*) FROM sagas WHERE experience_id = $1 AND step = 'AI_PENDING' \
-             AND lock_token IS NOT NULL AND locked_until_ms >= $2",
+            &format!(
+                "SELECT COUNT(*) FROM sagas WHERE experience_id = $1 AND lock_token IS NOT NULL \
+                 AND {RUNNABLE} AND step = 'AI_PENDING' AND locked_until_ms >= $2"
+            ),
             vec![experience_id.into(), now.into()],
         );
         let row = conn.query_one_raw(stmt).await?;
@@ -116,17 +176,16 @@ impl Store {
             .unwrap_or(0))
     }
 
-    /// Claims, for one experience, at most `limit` of the oldest claimable
-    /// sagas: first those resumed past the AI step (they need no AI slot, so
-    /// a long AI queue never starves them), then AI_PENDING ones up to the
-    /// experience's free AI capacity. The claimed sagas share one fresh lock
-    /// token and get a lease; one resumed after a lost lease counts a
-    /// recovery. On PostgreSQL the count and the claim run under a
-    /// transaction-scoped advisory lock per experience, so the cap is exact
-    /// across instances, and rows locked by someone else are skipped, never
-    /// waited for. Each step's claim is one statement that walks
-    /// `idx_sagas_claim` in age order, so it costs the same however long the
-    /// queue is.
+    /// Claims, for one experience, at most `limit` claimable sagas: first
+    /// those past the AI step (they need no AI slot, so a long AI queue
+    /// never starves them), then AI_PENDING ones up to the experience's
+    /// free AI capacity, those whose lease ran out before the queued ones.
+    /// The claimed sagas share one fresh lock token and get a lease; one
+    /// resumed after a lost lease counts a recovery. On PostgreSQL the count
+    /// and the claim run under a transaction-scoped advisory lock per
+    /// experience, so the cap is exact across instances, and rows locked by
+    /// someone else are skipped, never waited for. A source the experience
+    /// has nothing in (see [`ClaimableExperience`]) costs no statement.
     pub async fn claim_runnable(
         &self,
         experience: &ClaimableExperience,
@@ -134,7 +193,6 @@ impl Store {
         now: EpochMs,
         rules: ClaimRules,
     ) -> StoreResult<Vec<sagas::Model>> {
-        let (experience_id, max_in_flight) = (experience.id.as_str(), experience.max_in_flight);
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -142,62 +200,56 @@ impl Store {
         if self.is_postgres() {
             tx.execute_raw(self.sql(
                 "SELECT pg_advisory_xact_lock(hashtext($1))",
-                vec![experience_id.into()],
+                vec![experience.id.clone().into()],
             ))
             .await?;
         }
         let token = new_id();
         let mut claimed = Vec::new();
-        let resumed_steps = if experience.has_resumed {
-            &[Step::RankingDone, Step::AiDone][..]
-        } else {
-            &[]
+        let claim = |step, source, n| {
+            let stmt =
+                self.claim_statement("", &experience.id, step, source, n, &token, now, rules);
+            let tx = &tx;
+            async move { self.claim_with(tx, stmt, n).await }
         };
-        for &step in resumed_steps {
-            let room = limit - claimed.len();
-            claimed.extend(
-                self.claim_step(&tx, experience_id, step, room, &token, now, rules)
-                    .await?,
-            );
+        if experience.has_resumed {
+            for step in [Step::RankingDone, Step::AiDone] {
+                for source in [ClaimSource::Expired, ClaimSource::Unowned] {
+                    let room = limit - claimed.len();
+                    claimed.extend(claim(step, source, room).await?);
+                }
+            }
         }
         let room = limit - claimed.len();
-        if room > 0 {
-            let in_flight = Self::in_flight(&*tx, experience_id, now).await?;
-            let free = (max_in_flight as i64 - in_flight).clamp(0, room as i64) as usize;
-            claimed.extend(
-                self.claim_step(
-                    &tx,
-                    experience_id,
-                    Step::AiPending,
-                    free,
-                    &token,
-                    now,
-                    rules,
-                )
-                .await?,
-            );
+        if room > 0 && (experience.has_expired_ai || experience.has_queued_ai) {
+            let in_flight = Self::in_flight(&*tx, &experience.id, now).await?;
+            let mut free =
+                (experience.max_in_flight as i64 - in_flight).clamp(0, room as i64) as usize;
+            for (source, waiting) in [
+                (ClaimSource::Expired, experience.has_expired_ai),
+                (ClaimSource::Unowned, experience.has_queued_ai),
+            ] {
+                if waiting {
+                    let got = claim(Step::AiPending, source, free).await?;
+                    free -= got.len();
+                    claimed.extend(got);
+                }
+            }
         }
         tx.commit().await?;
         Ok(claimed)
     }
 
-    /// One claim statement: the oldest `n` claimable sagas of the experience
-    /// at `step` get `token` and a lease.
-    #[allow(clippy::too_many_arguments)]
-    async fn claim_step(
+    /// Runs one claim statement (nothing when `n` is 0).
+    async fn claim_with(
         &self,
         tx: &WriteTx,
-        experience_id: &str,
-        step: Step,
+        stmt: sea_orm::Statement,
         n: usize,
-        token: &str,
-        now: EpochMs,
-        rules: ClaimRules,
     ) -> StoreResult<Vec<sagas::Model>> {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let stmt = self.claim_statement("", experience_id, step, n, token, now, rules);
         let rows = tx.query_all_raw(stmt).await?;
         let mut sagas = rows
             .iter()
@@ -207,15 +259,15 @@ impl Store {
         Ok(sagas)
     }
 
-    /// The claim statement, after `prefix` (empty, or `EXPLAIN`). The step
-    /// is spelled in the SQL, not bound, so PostgreSQL proves that the
-    /// partial index `idx_sagas_claim` applies even in a generic plan.
+    /// The claim statement of `step` from `source`, after `prefix` (empty,
+    /// or `EXPLAIN`): the first `n` of the source get `token` and a lease.
     #[allow(clippy::too_many_arguments)]
     fn claim_statement(
         &self,
         prefix: &str,
         experience_id: &str,
         step: Step,
+        source: ClaimSource,
         n: usize,
         token: &str,
         now: EpochMs,
@@ -226,18 +278,18 @@ impl Store {
         } else {
             ""
         };
+        let (condition, order) = source.condition(step, 2, 3);
         self.sql(
             &format!(
                 // The picked ids are materialised first: a LIMIT subquery
                 // with SKIP LOCKED inside `IN (...)` may be run again by the
                 // planner and pick more rows than the limit.
                 "{prefix} WITH picked AS MATERIALIZED (SELECT id FROM sagas \
-                 WHERE experience_id = $1 AND step = '{step}' AND {claimable} \
-                 ORDER BY created_at_ms, id LIMIT $6{lock}) \
+                 WHERE experience_id = $1 AND {condition} \
+                 ORDER BY {order} LIMIT $6{lock}) \
                  UPDATE sagas SET lock_token = $4, locked_until_ms = $5, updated_at_ms = $2, \
                  recoveries = recoveries + (CASE WHEN lock_token IS NULL THEN 0 ELSE 1 END) \
                  WHERE id IN (SELECT id FROM picked) AND {claimable} RETURNING *",
-                step = step.as_str(),
                 claimable = claimable(2, 3),
             ),
             vec![
@@ -251,14 +303,16 @@ impl Store {
         )
     }
 
-    /// How the database would run the claim of `step` for an experience
-    /// (PostgreSQL `EXPLAIN`, SQLite `EXPLAIN QUERY PLAN`), one line per plan
-    /// node. Nothing is claimed. For tests and diagnostics: the claim must
-    /// walk `idx_sagas_claim` whatever the queue length.
+    /// How the database would run the claim of `step` from `source` for
+    /// an experience (PostgreSQL `EXPLAIN`, SQLite `EXPLAIN QUERY PLAN`),
+    /// one line per plan node. Nothing is claimed. For tests and
+    /// diagnostics: the claim must walk its partial index whatever the
+    /// queue length.
     pub async fn claim_plan(
         &self,
         experience_id: &str,
         step: Step,
+        source: ClaimSource,
         now: EpochMs,
         rules: ClaimRules,
     ) -> StoreResult<String> {
@@ -267,7 +321,8 @@ impl Store {
         } else {
             ("EXPLAIN QUERY PLAN", 3)
         };
-        let stmt = self.claim_statement(prefix, experience_id, step, 10, "plan", now, rules);
+        let stmt =
+            self.claim_statement(prefix, experience_id, step, source, 10, "plan", now, rules);
         let rows = self.db().query_all_raw(stmt).await?;
         let lines = rows
             .iter()
