@@ -400,6 +400,7 @@ async fn one_ranking_entry_per_session(backend: Backend) {
     let a = f.saga_of("ann", &f.terminal_id, T0).await;
     let b = f.saga_of("bob", &f.terminal_id, T0 + 1).await;
     let c = f.saga_of("cy", &f.terminal_id, T0 + 2).await;
+    let d = f.saga_of("di", &f.terminal_id, T0 + 3).await;
     let entry = |s: &sagas::Model, score: f64| ScoreEntry {
         experience_id: f.experience_id.clone(),
         session_id: s.session_id.clone(),
@@ -408,12 +409,17 @@ async fn one_ranking_entry_per_session(backend: Backend) {
     };
     let first = f.store.register_score(entry(&a, 10.0), T0).await.unwrap();
     assert_eq!(first.rank, 1);
-    // One batch: a repeat of ann (with another score), bob, and a score
-    // that is not a number.
+    // One batch: a repeat of ann (with another score), bob, a score that
+    // is not a number, and di with bob's score.
     let batch = f
         .store
         .register_scores(
-            &[entry(&a, 99.0), entry(&b, 20.0), entry(&c, f64::NAN)],
+            &[
+                entry(&a, 99.0),
+                entry(&b, 20.0),
+                entry(&c, f64::NAN),
+                entry(&d, 20.0),
+            ],
             T0 + 1,
         )
         .await
@@ -424,17 +430,27 @@ async fn one_ranking_entry_per_session(backend: Backend) {
         "a repeat adds nothing"
     );
     assert_eq!(again.score, 10.0, "and keeps the entry that exists");
-    assert_eq!(again.rank, 2, "ranked at read time: bob is ahead now");
+    assert_eq!(
+        again.rank, 3,
+        "ranked at read time: bob and di are ahead now"
+    );
     assert_eq!(batch[1].as_ref().unwrap().rank, 1);
+    assert_eq!(
+        batch[3].as_ref().unwrap().rank,
+        1,
+        "equal scores share a rank"
+    );
     assert!(
         matches!(batch[2], Err(StoreError::Conflict(_))),
         "{:?}",
         batch[2]
     );
     let ranking = f.store.ranking(&f.experience_id, 10).await.unwrap();
-    assert_eq!(ranking.len(), 2);
-    assert_eq!((ranking[0].nickname.as_str(), ranking[0].rank), ("bob", 1));
-    assert_eq!((ranking[1].nickname.as_str(), ranking[1].rank), ("ann", 2));
+    let shown: Vec<(&str, i64)> = ranking
+        .iter()
+        .map(|r| (r.nickname.as_str(), r.rank))
+        .collect();
+    assert_eq!(shown, vec![("bob", 1), ("di", 1), ("ann", 3)]);
 }
 db_test!(one_ranking_entry_per_session);
 

@@ -11,7 +11,7 @@ use sea_orm::{
 };
 
 use super::entities::score_attempts;
-use super::outbox::{value_rows, value_rows_from};
+use super::outbox::value_rows_from;
 use super::sagas::RankedEntry;
 use super::{new_id, Store, StoreError, StoreResult};
 use crate::domain::policy::EpochMs;
@@ -80,32 +80,16 @@ impl Store {
                 .await?;
             tx.commit().await?;
 
-            let mut values: Vec<Value> = Vec::new();
+            let mut ranks: HashMap<String, i64> = HashMap::new();
+            let mut experiences: HashMap<&str, Vec<&score_attempts::Model>> = HashMap::new();
             for row in &rows {
-                values.extend([
-                    row.session_id.clone().into(),
-                    row.experience_id.clone().into(),
-                    row.score.into(),
-                ]);
+                experiences.entry(&row.experience_id).or_default().push(row);
             }
-            let ranks = self
-                .db()
-                .query_all_raw(self.sql(
-                    &format!(
-                        "WITH v(session_id, experience_id, score) AS (VALUES {}) \
-                         SELECT v.session_id, (SELECT COUNT(*) FROM score_attempts a \
-                         WHERE a.experience_id = v.experience_id AND a.score > v.score) FROM v",
-                        value_rows(rows.len(), 3)
-                    ),
-                    values,
-                ))
-                .await?;
-            let mut higher: HashMap<String, i64> = HashMap::new();
-            for r in &ranks {
-                higher.insert(r.try_get_by_index(0)?, r.try_get_by_index(1)?);
+            for (experience_id, entries) in experiences {
+                ranks.extend(self.ranks_of(experience_id, &entries).await?);
             }
             for row in rows {
-                let rank = higher.get(&row.session_id).copied().unwrap_or(0) + 1;
+                let rank = ranks.get(&row.session_id).copied().unwrap_or(1);
                 ranked.insert(
                     row.session_id.clone(),
                     RankedEntry {
@@ -131,6 +115,43 @@ impl Store {
                     .ok_or(StoreError::NotFound("session of the score"))
             })
             .collect())
+    }
+
+    /// The ranks of some entries of one experience, by session: 1 + the
+    /// number of entries with a higher score. One walk of the ranking index
+    /// from the top down to the lowest of these scores, ranked by the
+    /// database as it goes (`RANK()` gives equal scores equal ranks), so a
+    /// batch costs one pass over the entries above it instead of one count
+    /// per entry.
+    async fn ranks_of(
+        &self,
+        experience_id: &str,
+        entries: &[&score_attempts::Model],
+    ) -> StoreResult<HashMap<String, i64>> {
+        let lowest = entries
+            .iter()
+            .map(|e| e.score)
+            .fold(f64::INFINITY, f64::min);
+        let mut values: Vec<Value> = vec![experience_id.into(), lowest.into()];
+        values.extend(entries.iter().map(|e| e.session_id.clone().into()));
+        let sessions: Vec<String> = (0..entries.len()).map(|i| format!("${}", i + 3)).collect();
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                &format!(
+                    "SELECT session_id, r FROM (SELECT session_id, \
+                     RANK() OVER (ORDER BY score DESC) AS r FROM score_attempts \
+                     WHERE experience_id = $1 AND score >= $2) ranked \
+                     WHERE session_id IN ({})",
+                    sessions.join(", ")
+                ),
+                values,
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get_by_index(0)?, r.try_get_by_index(1)?)))
+            .collect::<Result<_, sea_orm::DbErr>>()
+            .map_err(Into::into)
     }
 
     /// Registers one score (a batch of one).
