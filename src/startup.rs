@@ -146,7 +146,11 @@ impl Application {
         .start();
 
         let state = AppState {
-            submissions: crate::http::participants::submission_queue(store.clone(), clock.clone()),
+            submissions: crate::http::submissions::submission_queue(
+                store.clone(),
+                clock.clone(),
+                config.saga_deadline.as_millis() as i64,
+            ),
             store,
             work_store: work,
             clock,

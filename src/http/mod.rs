@@ -10,6 +10,7 @@ pub mod operators;
 pub mod pages;
 pub mod participants;
 pub mod service;
+pub mod submissions;
 pub mod terminals;
 
 use actix::Addr;
@@ -32,7 +33,7 @@ pub struct AppState {
     /// Rung after a submission commits.
     pub wakeups: Wakeups,
     /// Group-commits submissions.
-    pub submissions: participants::SubmissionQueue,
+    pub submissions: submissions::SubmissionQueue,
     pub hub: Addr<TerminalHub>,
     pub operator_token: String,
     /// `SAGA_DEADLINE` in milliseconds.
@@ -69,7 +70,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     )
     .route(
         "/api/sessions/{id}/submission",
-        web::post().to(participants::submit),
+        web::post().to(submissions::submit),
     )
     .route(
         "/api/sessions/{id}",

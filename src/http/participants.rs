@@ -1,5 +1,6 @@
-//! Participant endpoints: open a session, submit (202 at once; the saga does
-//! the rest), read the session, read the public ranking.
+//! Participant endpoints: open a session, read the session, read the public
+//! ranking, and the rules of a submission's body (the submission itself is
+//! taken by [`super::submissions`]).
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -9,16 +10,12 @@ use serde_json::json;
 use super::auth::{new_secret, require_session};
 use super::body::{parse_json, read_body};
 use super::error::ApiError;
-use super::idempotency::{
-    answer_taken, key_of, key_request, respond, run_idempotent, Reply, KEY_TTL_MS,
-};
+use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
-use crate::actors::batching::{batch_failed, BatchLimits, BatchQueue};
-use crate::clock::{rfc3339, SharedClock};
+use crate::clock::rfc3339;
 use crate::domain::saga::{AbortReason, Step};
 use crate::domain::session::SessionStatus;
-use crate::store::submissions::{Submission, SubmissionAction, SubmissionOrder, SubmissionOutcome};
-use crate::store::{new_id, Store, StoreResult};
+use crate::store::submissions::Submission;
 
 const NICKNAME_MAX: usize = 40;
 const PROMPT_MAX: usize = 2_000;
@@ -33,7 +30,7 @@ struct NewSession {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SubmissionBody {
+pub(super) struct SubmissionBody {
     prompt: String,
     #[serde(default)]
     score: Option<f64>,
@@ -55,7 +52,7 @@ fn validate_nickname(nickname: &str) -> Result<String, ApiError> {
     Ok(nickname.to_owned())
 }
 
-fn validate_submission(body: SubmissionBody) -> Result<Submission, ApiError> {
+pub(super) fn validate_submission(body: SubmissionBody) -> Result<Submission, ApiError> {
     let chars = body.prompt.chars().count();
     if chars == 0 || body.prompt.trim().is_empty() || chars > PROMPT_MAX {
         return Err(ApiError::Validation(format!(
@@ -124,96 +121,6 @@ pub async fn create_session(
         .as_str()
         .map(|id| format!("/api/sessions/{id}"));
     Ok(respond(reply, replayed, location))
-}
-
-/// The queue that group-commits submissions ([`Store::submit_batch`]).
-/// Bounded: when it is full, requests wait for room. One batch is written
-/// at a time, so two batches never wait on each other's rows.
-pub type SubmissionQueue = BatchQueue<SubmissionOrder, StoreResult<SubmissionOutcome>>;
-
-/// Starts the submission queue on the requests' pool.
-pub fn submission_queue(store: Store, clock: SharedClock) -> SubmissionQueue {
-    const LIMITS: BatchLimits = BatchLimits {
-        capacity: 4_096,
-        max_batch: 256,
-        concurrent: 1,
-    };
-    BatchQueue::start(
-        "submissions",
-        LIMITS,
-        move |orders: Vec<SubmissionOrder>| {
-            let (store, now) = (store.clone(), clock.now_ms());
-            async move {
-                match store.submit_batch(&orders, now, KEY_TTL_MS).await {
-                    Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-                    Err(e) => {
-                        tracing::error!(error = %e, requests = orders.len(), "a batch of submissions failed; their keys were released");
-                        batch_failed(orders.len(), &e)
-                    }
-                }
-            }
-        },
-    )
-}
-
-/// `POST /api/sessions/{id}/submission`. Checks in order: authentication,
-/// the Idempotency-Key rules, the body, the session's state. The key rules
-/// and the session's state are decided in the submission batch, where the
-/// answer is stored with the key in the transaction that creates the saga.
-pub async fn submit(
-    state: web::Data<AppState>,
-    id: web::Path<String>,
-    req: HttpRequest,
-    payload: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    let session = require_session(&state, &req, &id, false).await?;
-    let key = key_of(&req)?.ok_or(ApiError::IdempotencyKeyRequired)?;
-    let body = read_body(payload).await?;
-    let key = key_request(&format!("session:{}", session.id), &key, &body);
-    let saga_id = new_id();
-    let accepted = Reply {
-        status: StatusCode::ACCEPTED,
-        body: json!({
-            "session_id": session.id,
-            "saga_id": saga_id,
-            "status": SessionStatus::Submitting.as_str(),
-            "step": Step::AiPending.as_str(),
-        }),
-    };
-    let checked = parse_json(&body).and_then(validate_submission);
-    let action = match &checked {
-        Ok(submission) => SubmissionAction::Submit {
-            submission: submission.clone(),
-            saga_id: saga_id.clone(),
-            deadline_ms: state.saga_deadline_ms,
-            accepted: accepted.stored(),
-            refused: ApiError::AlreadySubmitted.stored(),
-        },
-        Err(e) => SubmissionAction::Refuse(e.stored()),
-    };
-    let location = Some(format!("/api/sessions/{}", session.id));
-    let order = SubmissionOrder {
-        session: session.clone(),
-        key: Some(key),
-        action,
-    };
-    match state.submissions.write(order).await? {
-        SubmissionOutcome::Accepted => {
-            tracing::info!(session_id = %session.id, %saga_id, "submission accepted");
-            state.wakeups.saga_work();
-            Ok(respond(accepted, false, location))
-        }
-        SubmissionOutcome::AlreadySubmitted => Err(ApiError::AlreadySubmitted),
-        SubmissionOutcome::Refused => Err(checked
-            .err()
-            .unwrap_or(ApiError::Internal("a valid submission was refused".into()))),
-        SubmissionOutcome::Key(claim) => {
-            let (reply, replayed) = answer_taken(claim).unwrap_or(Err(ApiError::Internal(
-                "a fresh key was not written".into(),
-            )))?;
-            Ok(respond(reply, replayed, location))
-        }
-    }
 }
 
 /// `GET /api/sessions/{id}` (participant or operator token).

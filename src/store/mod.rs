@@ -126,6 +126,10 @@ impl Store {
             .min_connections(1)
             .connect_timeout(Duration::from_secs(10))
             .acquire_timeout(Duration::from_secs(10))
+            // A ping on every checkout is one more round trip per
+            // statement; only a connection idle long enough to have been
+            // dropped by the server or the network is tested first.
+            .test_before_acquire_if_idle_for(Duration::from_secs(30))
             .sqlx_logging(false);
         Ok(Database::connect(opts).await?)
     }

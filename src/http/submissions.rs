@@ -1,0 +1,210 @@
+//! The submission desk: `POST /api/sessions/{id}/submission`, group-committed.
+//! Requests that arrive together are checked and written as one batch: one
+//! statement reads their sessions, then [`Store::submit_batch`] takes their
+//! Idempotency-Keys and, in one transaction, starts their sagas and stores
+//! each answer with its key. Each request still gets the answer the
+//! contract gives it alone, with checks in the contract's order:
+//! authentication, the Idempotency-Key rules, the body, the session's state.
+//!
+//! The queue is bounded ([`BatchQueue`]): when it is full, requests wait
+//! for room. One batch is written at a time, so two batches never wait on
+//! each other's rows.
+
+use std::collections::HashMap;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::json;
+
+use super::auth::{bearer, same_secret};
+use super::body::{parse_json, read_body};
+use super::error::ApiError;
+use super::idempotency::{answer_taken, key_of, key_request, respond, Reply, KEY_TTL_MS};
+use super::participants::validate_submission;
+use super::AppState;
+use crate::actors::batching::{BatchLimits, BatchQueue};
+use crate::clock::SharedClock;
+use crate::domain::saga::Step;
+use crate::domain::session::SessionStatus;
+use crate::store::submissions::{SubmissionAction, SubmissionOrder, SubmissionOutcome};
+use crate::store::{new_id, Store};
+
+/// One submission request as it came in.
+pub struct SubmitRequest {
+    session_id: String,
+    token: String,
+    /// None: missing or malformed (both answered 400 after authentication).
+    key: Option<String>,
+    /// The body, or why it could not be read (413, answered after the key).
+    body: Result<web::Bytes, ApiError>,
+}
+
+/// What a request is answered: the reply and whether it is a replay, or
+/// an error.
+pub type SubmitAnswer = Result<(Reply, bool), ApiError>;
+
+pub type SubmissionQueue = BatchQueue<SubmitRequest, SubmitAnswer>;
+
+/// Starts the desk's queue on the requests' pool.
+pub fn submission_queue(store: Store, clock: SharedClock, deadline_ms: i64) -> SubmissionQueue {
+    const LIMITS: BatchLimits = BatchLimits {
+        capacity: 4_096,
+        max_batch: 256,
+        concurrent: 1,
+    };
+    BatchQueue::start(
+        "submissions",
+        LIMITS,
+        move |requests: Vec<SubmitRequest>| {
+            let (store, now) = (store.clone(), clock.now_ms());
+            async move { answer_batch(&store, requests, now, deadline_ms).await }
+        },
+    )
+}
+
+/// Checks and writes one batch; one answer per request, in order.
+async fn answer_batch(
+    store: &Store,
+    requests: Vec<SubmitRequest>,
+    now: i64,
+    deadline_ms: i64,
+) -> Vec<SubmitAnswer> {
+    let ids: Vec<String> = requests.iter().map(|r| r.session_id.clone()).collect();
+    let sessions: HashMap<String, _> = match store.sessions_by_id(&ids).await {
+        Ok(found) => found.into_iter().map(|s| (s.id.clone(), s)).collect(),
+        Err(e) => {
+            return requests
+                .iter()
+                .map(|_| Err(ApiError::from(store_error(&e))))
+                .collect()
+        }
+    };
+    let mut answers: Vec<Option<SubmitAnswer>> = Vec::with_capacity(requests.len());
+    let mut orders = Vec::new();
+    // For each order: its request's index, its 202 reply, and the body's
+    // validation error (answered when the order is refused).
+    let mut pending: Vec<(usize, Reply, Option<ApiError>)> = Vec::new();
+    for (i, request) in requests.into_iter().enumerate() {
+        let checked = (|| {
+            let session = sessions
+                .get(&request.session_id)
+                .ok_or(ApiError::NotFound("session"))?;
+            if !same_secret(&request.token, &session.participant_token) {
+                return Err(ApiError::Unauthorized(
+                    "this token does not open that session",
+                ));
+            }
+            let key = request.key.ok_or(ApiError::IdempotencyKeyRequired)?;
+            let body = request.body?;
+            Ok((session.clone(), key, body))
+        })();
+        let (session, key, body) = match checked {
+            Ok(checked) => checked,
+            Err(e) => {
+                answers.push(Some(Err(e)));
+                continue;
+            }
+        };
+        answers.push(None);
+        let key = key_request(&format!("session:{}", session.id), &key, &body);
+        let saga_id = new_id();
+        let accepted = Reply {
+            status: StatusCode::ACCEPTED,
+            body: json!({
+                "session_id": session.id,
+                "saga_id": saga_id,
+                "status": SessionStatus::Submitting.as_str(),
+                "step": Step::AiPending.as_str(),
+            }),
+        };
+        let (action, invalid) = match parse_json(&body).and_then(validate_submission) {
+            Ok(submission) => (
+                SubmissionAction::Submit {
+                    submission,
+                    saga_id,
+                    deadline_ms,
+                    accepted: accepted.stored(),
+                    refused: ApiError::AlreadySubmitted.stored(),
+                },
+                None,
+            ),
+            Err(e) => (SubmissionAction::Refuse(e.stored()), Some(e)),
+        };
+        orders.push(SubmissionOrder {
+            session,
+            key: Some(key),
+            action,
+        });
+        pending.push((i, accepted, invalid));
+    }
+    if !orders.is_empty() {
+        match store.submit_batch(&orders, now, KEY_TTL_MS).await {
+            Ok(outcomes) => {
+                for ((i, accepted, invalid), outcome) in pending.into_iter().zip(outcomes) {
+                    answers[i] = Some(match outcome {
+                        SubmissionOutcome::Accepted => Ok((accepted, false)),
+                        SubmissionOutcome::AlreadySubmitted => Err(ApiError::AlreadySubmitted),
+                        SubmissionOutcome::Refused => Err(invalid.unwrap_or(ApiError::Internal(
+                            "a valid submission was refused".into(),
+                        ))),
+                        SubmissionOutcome::Key(claim) => answer_taken(claim).unwrap_or(Err(
+                            ApiError::Internal("a fresh key was not written".into()),
+                        )),
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, requests = pending.len(), "a batch of submissions failed; their keys were released");
+                for (i, _, _) in pending {
+                    answers[i] = Some(Err(ApiError::from(store_error(&e))));
+                }
+            }
+        }
+    }
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or(Err(ApiError::Internal("a request got no answer".into()))))
+        .collect()
+}
+
+/// A store error for one of the requests of a failed batch (the error
+/// itself belongs to the batch).
+fn store_error(e: &crate::store::StoreError) -> crate::store::StoreError {
+    crate::store::StoreError::Db(sea_orm::DbErr::Custom(e.to_string()))
+}
+
+/// `POST /api/sessions/{id}/submission`: 202 at once; the saga does the
+/// rest.
+pub async fn submit(
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let token = bearer(&req)
+        .ok_or(ApiError::Unauthorized(
+            "the session's bearer token is required",
+        ))?
+        .to_owned();
+    let request = SubmitRequest {
+        session_id: id.into_inner(),
+        token,
+        key: key_of(&req).ok().flatten(),
+        body: read_body(payload).await,
+    };
+    let session_id = request.session_id.clone();
+    let (reply, replayed) = state
+        .submissions
+        .submit(request)
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    if !replayed && reply.status == StatusCode::ACCEPTED {
+        tracing::info!(%session_id, saga_id = %reply.body["saga_id"], "submission accepted");
+        state.wakeups.saga_work();
+    }
+    Ok(respond(
+        reply,
+        replayed,
+        Some(format!("/api/sessions/{session_id}")),
+    ))
+}
