@@ -22,6 +22,8 @@ use tokio_tungstenite::tungstenite::Message;
 const START_DEADLINE: Duration = Duration::from_secs(60);
 /// At most this many missing sessions are looked up on the server.
 const LOOKUPS: usize = 200;
+/// How often the unrelated reader reads.
+const READ_EVERY: Duration = Duration::from_millis(20);
 /// Longest an unrelated read may take before it counts as failed.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// At most this many failed unrelated reads are described.
@@ -644,10 +646,12 @@ async fn report_progress(
     }
 }
 
-/// The unrelated reader: `GET url` one request after another, from the first
-/// submission until all `n` frames arrived (or the run is stopped), timing
-/// each read to the last byte of its answer. A read in flight when the last
-/// frame arrives is finished and counted.
+/// The unrelated reader: `GET url` every [`READ_EVERY`] (a read that takes
+/// longer is followed by the next at once), from the first submission until
+/// all `n` frames arrived (or the run is stopped), timing each read to the
+/// last byte of its answer. A read in flight when the last frame arrives is
+/// finished and counted. Paced, not back to back: it samples what a reader
+/// waits under the load, without becoming a load of its own.
 async fn unrelated_reads(
     client: reqwest::Client,
     url: String,
@@ -657,7 +661,10 @@ async fn unrelated_reads(
     stop: watch::Receiver<bool>,
 ) -> ReadLog {
     let mut log = ReadLog::default();
+    let mut pace = tokio::time::interval(READ_EVERY);
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !*stop.borrow() && arrived.load(Ordering::Relaxed) < n {
+        pace.tick().await;
         let start = Instant::now();
         let answer = match client.get(&url).send().await {
             Ok(resp) => {
