@@ -24,10 +24,10 @@
 //!   updated five or six times, and every update that is not HOT writes
 //!   every index the row is in.
 //! - `idx_score_attempts_ranking` on (experience_id, score DESC,
-//!   created_at_ms) replaces `idx_score_attempts_rank`: the top N in ranking
-//!   order is an index walk that stops after N (the old index sorted every
-//!   entry of the experience for each read), and it still serves counting
-//!   the entries above a score.
+//!   created_at_ms, session_id) replaces `idx_score_attempts_rank`: the top
+//!   N in ranking order is an index walk that stops after N (the old index
+//!   sorted every entry of the experience for each read), and ranking a
+//!   batch of new entries (by session) reads the index alone.
 //! - PostgreSQL only: `sagas` is a queue table with many updates per row, so
 //!   autovacuum visits it after 2 % of its rows changed instead of 20 %,
 //!   before dead index entries slow the claim; `score_attempts` only grows,
@@ -84,6 +84,7 @@ impl MigrationTrait for Migration {
                     .col(ScoreAttempts::ExperienceId)
                     .col((ScoreAttempts::Score, IndexOrder::Desc))
                     .col(ScoreAttempts::CreatedAtMs)
+                    .col(ScoreAttempts::SessionId)
                     .to_owned(),
             )
             .await?;
@@ -372,4 +373,5 @@ enum ScoreAttempts {
     ExperienceId,
     Score,
     CreatedAtMs,
+    SessionId,
 }

@@ -10,7 +10,8 @@
 //! store makes the claim atomic), and starts one [`SagaSupervisor`] per
 //! claimed saga. A claim that fails for one experience is logged and the
 //! round goes on with the others, starting everything it did claim. Rounds
-//! never overlap: a wake-up during a round asks for one more round after it.
+//! never overlap: a wake-up during a round asks for one more round, which
+//! starts [`ROUND_GAP`] after it.
 //!
 //! Mailbox: the doorbell loop awaits each `Wake` it sends, so rings collapse
 //! instead of queueing; `SagaStopped` comes once per running saga (at most
@@ -26,6 +27,11 @@ use crate::domain::policy::EpochMs;
 use crate::store::entities::sagas;
 use crate::store::sagas::ClaimRules;
 use crate::store::{Store, StoreResult};
+
+/// The least time between the end of a round and the start of the next
+/// when wake-ups keep coming. A freed slot still starts the next saga
+/// within milliseconds.
+const ROUND_GAP: Duration = Duration::from_millis(5);
 
 /// Claim now.
 #[derive(Message)]
@@ -97,13 +103,12 @@ impl Dispatcher {
             room,
         );
         ctx.spawn(claim.into_actor(self).map(move |claimed, act, ctx| {
-            act.busy = false;
             if claimed.len() == room {
                 // More may be waiting than we had room for.
                 act.starved = true;
             }
             for (saga, kind) in claimed {
-                tracing::info!(
+                tracing::debug!(
                     saga_id = %saga.id, step = %saga.step, recoveries = saga.recoveries,
                     "claimed saga"
                 );
@@ -115,7 +120,15 @@ impl Dispatcher {
                 }
             }
             if std::mem::take(&mut act.again) {
-                act.round(ctx);
+                // Woken during the round: one more round, after a short
+                // gap in which more work gathers, so a busy queue is
+                // claimed in batches rather than in one round per commit.
+                ctx.run_later(ROUND_GAP, |act, ctx| {
+                    act.busy = false;
+                    act.round(ctx);
+                });
+            } else {
+                act.busy = false;
             }
         }));
     }
