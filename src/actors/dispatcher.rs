@@ -96,6 +96,8 @@ impl Dispatcher {
             return;
         }
         self.busy = true;
+        // This round serves every wake-up so far (those during the gap too).
+        self.again = false;
         let claim = claim_round(
             self.deps.store.clone(),
             self.deps.clock.now_ms(),
