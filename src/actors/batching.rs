@@ -12,6 +12,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -23,6 +24,9 @@ pub struct BatchLimits {
     pub capacity: usize,
     pub max_batch: usize,
     pub concurrent: usize,
+    /// After the first write of a batch, wait this long for more (zero: go
+    /// at once). For writes whose cost is per batch rather than per write.
+    pub linger: Duration,
 }
 
 /// The runner stopped (the runtime is shutting down).
@@ -63,6 +67,15 @@ impl<W: Send + 'static, R: Send + 'static> BatchQueue<W, R> {
                 };
                 if receiver.recv_many(&mut queued, limits.max_batch).await == 0 {
                     return; // every sender is gone
+                }
+                if !limits.linger.is_zero() && queued.len() < limits.max_batch {
+                    tokio::time::sleep(limits.linger).await;
+                    while queued.len() < limits.max_batch {
+                        match receiver.try_recv() {
+                            Ok(write) => queued.push(write),
+                            Err(_) => break,
+                        }
+                    }
                 }
                 let (writes, replies): (Vec<W>, Vec<oneshot::Sender<R>>) =
                     std::mem::take(&mut queued).into_iter().unzip();
@@ -135,6 +148,7 @@ mod tests {
                 capacity: 100,
                 max_batch: 10,
                 concurrent: 1,
+                linger: Duration::ZERO,
             },
             move |writes: Vec<u32>| {
                 let (seen, open) = (seen.clone(), open.clone());

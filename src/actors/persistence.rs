@@ -39,6 +39,7 @@ const LIMITS: BatchLimits = BatchLimits {
     capacity: 4_096,
     max_batch: 256,
     concurrent: 2,
+    linger: std::time::Duration::ZERO,
 };
 
 pub struct PersistenceActor {

@@ -51,6 +51,7 @@ pub fn submission_queue(store: Store, clock: SharedClock, deadline_ms: i64) -> S
         capacity: 4_096,
         max_batch: 256,
         concurrent: 1,
+        linger: std::time::Duration::ZERO,
     };
     BatchQueue::start(
         "submissions",
