@@ -187,12 +187,15 @@ impl Store {
             .await?)
     }
 
-    /// The top `limit` entries, best first; equal scores share a rank.
+    /// The top `limit` entries, best first (then the first to reach the
+    /// score, then by session: the ranking index's own order); equal scores
+    /// share a rank.
     pub async fn ranking(&self, experience_id: &str, limit: u64) -> StoreResult<Vec<RankingRow>> {
         let rows = score_attempts::Entity::find()
             .filter(score_attempts::Column::ExperienceId.eq(experience_id))
             .order_by_desc(score_attempts::Column::Score)
             .order_by_asc(score_attempts::Column::CreatedAtMs)
+            .order_by_asc(score_attempts::Column::SessionId)
             .limit(limit)
             .all(self.db())
             .await?;
