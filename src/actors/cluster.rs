@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
+use super::run_on_runtime;
 use super::terminal_hub::{Ring, RingAll, TerminalHub};
 use super::wakeups::{ClusterMailbox, ClusterNews, Wakeups};
 use crate::store::notify::{
@@ -38,7 +39,7 @@ pub struct ClusterBridge {
     mailbox: ClusterMailbox,
     wakeups: Wakeups,
     hub: Addr<TerminalHub>,
-    listening: Option<tokio::task::JoinHandle<()>>,
+    running: Vec<tokio::task::AbortHandle>,
 }
 
 impl ClusterBridge {
@@ -55,7 +56,7 @@ impl ClusterBridge {
             mailbox,
             wakeups,
             hub,
-            listening: None,
+            running: Vec::new(),
         }
     }
 }
@@ -141,25 +142,23 @@ impl Actor for ClusterBridge {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.spawn(actix::fut::wrap_future(send_news(
+        let sending = send_news(
             self.store.clone(),
             self.instance_id.clone(),
             self.mailbox.clone(),
-        )));
-        // On the runtime, not the actor's local set: the listener holds a
-        // connection for good, and sqlx must drop it inside the runtime.
-        let listening = tokio::spawn(listen(
+        );
+        let listening = listen(
             self.store.clone(),
             self.instance_id.clone(),
             self.wakeups.clone(),
             self.hub.clone(),
-        ));
-        self.listening = Some(listening);
+        );
+        self.running = vec![run_on_runtime(ctx, sending), run_on_runtime(ctx, listening)];
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        if let Some(listening) = self.listening.take() {
-            listening.abort();
+        for task in self.running.drain(..) {
+            task.abort();
         }
     }
 }

@@ -33,3 +33,22 @@ pub mod saga_supervisor;
 pub mod terminal_hub;
 pub mod terminal_socket;
 pub mod wakeups;
+
+/// Runs an actor's endless loop that holds database connections as a task
+/// of the runtime rather than of the actor's local set (sqlx must drop a
+/// connection inside the runtime, and a local set may be dropped outside
+/// it), while the actor stays alive for as long as the loop runs. Abort it
+/// with the handle when the actor stops.
+pub(crate) fn run_on_runtime<A, F>(ctx: &mut actix::Context<A>, work: F) -> tokio::task::AbortHandle
+where
+    A: actix::Actor<Context = actix::Context<A>>,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    use actix::AsyncContext;
+    let task = tokio::spawn(work);
+    let abort = task.abort_handle();
+    ctx.spawn(actix::fut::wrap_future(async move {
+        let _ = task.await;
+    }));
+    abort
+}

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
+use super::run_on_runtime;
 use super::terminal_hub::{Ring, TerminalHub};
 use super::wakeups::Wakeups;
 use crate::store::Store;
@@ -31,6 +32,7 @@ pub struct OutboxRelay {
     store: Store,
     hub: Addr<TerminalHub>,
     wakeups: Wakeups,
+    running: Option<tokio::task::AbortHandle>,
 }
 
 impl OutboxRelay {
@@ -39,6 +41,7 @@ impl OutboxRelay {
             store,
             hub,
             wakeups,
+            running: None,
         }
     }
 }
@@ -78,6 +81,12 @@ impl Actor for OutboxRelay {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let work = relay(self.store.clone(), self.hub.clone(), self.wakeups.clone());
-        ctx.spawn(actix::fut::wrap_future(work));
+        self.running = Some(run_on_runtime(ctx, work));
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        if let Some(running) = self.running.take() {
+            running.abort();
+        }
     }
 }
