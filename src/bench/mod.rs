@@ -25,8 +25,8 @@ pub struct BenchArgs {
     /// the PostgreSQL scenarios run, each on a fresh database dropped after.
     #[arg(long, env = "STAGEHAND_BENCH_POSTGRES_URL")]
     pub postgres_url: Option<String>,
-    /// Sagas per scenario.
-    #[arg(long, default_value_t = 3000)]
+    /// Sagas per scenario (enough for a few seconds at full rate).
+    #[arg(long, default_value_t = 6000)]
     pub sessions: usize,
     /// Concurrent HTTP submitters (phones), each sending its next
     /// submission when the last was answered. With few of them the run
