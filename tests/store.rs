@@ -49,6 +49,7 @@ async fn fixture(backend: Backend, max_in_flight: i32) -> Fixture {
                 max_in_flight,
                 credits: None,
                 closes_at_ms: None,
+                locale: "en".into(),
             },
             T0,
         )

@@ -18,7 +18,7 @@ mod entities;
 use common::{err, on_postgres, on_sqlite, TestResult};
 use entities::{
     experiences, idempotency_records, results, sagas, score_attempts, sessions, terminal_events,
-    terminals,
+    terminal_presence, terminals,
 };
 use migration::{Migrator, MigratorTrait};
 use sea_orm::entity::prelude::*;
@@ -101,6 +101,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
     same_column_count::<results::Entity>(db).await?;
     same_column_count::<terminal_events::Entity>(db).await?;
     same_column_count::<idempotency_records::Entity>(db).await?;
+    same_column_count::<terminal_presence::Entity>(db).await?;
 
     // experiences
     let (exp_full, exp_min) = (uuid(1), uuid(2));
@@ -117,6 +118,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             max_in_flight: 8,
             credits: Some(5_000_000_000),
             closes_at_ms: Some(T0 + 3_600_000),
+            locale: "ko".into(),
             created_at_ms: T0,
         },
         exp_full.clone()
@@ -134,6 +136,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             max_in_flight: 5,
             credits: None,
             closes_at_ms: None,
+            locale: "en".into(),
             created_at_ms: T0,
         },
         exp_min.clone()
@@ -148,8 +151,9 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             id: terminal.clone(),
             experience_id: exp_full.clone(),
             name: "Booth A".into(),
-            token: "terminal-secret".into(),
+            token_hash: "terminal-secret-hash".into(),
             last_seq: 9_000_000_000,
+            acked_seq: 8_999_999_999,
             created_at_ms: T0,
         },
         terminal.clone()
@@ -165,7 +169,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             experience_id: exp_full.clone(),
             terminal_id: Some(terminal.clone()),
             nickname: "Ada".into(),
-            participant_token: "token-1".into(),
+            participant_token_hash: "token-1-hash".into(),
             status: "ABORTED".into(),
             abort_reason: Some("AI_FAILED".into()),
             created_at_ms: T0,
@@ -181,7 +185,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             experience_id: exp_min.clone(),
             terminal_id: None,
             nickname: "Grace".into(),
-            participant_token: "token-2".into(),
+            participant_token_hash: "token-2-hash".into(),
             status: "OPEN".into(),
             abort_reason: None,
             created_at_ms: T0,
@@ -217,6 +221,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             score_attempt_id: Some(uuid(40)),
             rank: Some(1),
             abort_reason: Some("AI_TIMEOUT".into()),
+            aborted_at_step: Some("AI_PENDING".into()),
             abort_detail: Some("attempt 3 timed out".into()),
             deadline_at_ms: T0 + 900_000,
             created_at_ms: T0,
@@ -249,6 +254,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             score_attempt_id: None,
             rank: None,
             abort_reason: None,
+            aborted_at_step: None,
             abort_detail: None,
             deadline_at_ms: T0 + 900_000,
             created_at_ms: T0,
@@ -269,6 +275,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             saga_id: saga_full.clone(),
             nickname: "Ada".into(),
             score: 12.25,
+            hidden: true,
             created_at_ms: T0,
         },
         attempt.clone()
@@ -281,6 +288,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
         saga_id: saga_full.clone(),
         nickname: "Ada".into(),
         score: 99.0,
+        hidden: false,
         created_at_ms: T0,
     };
     if score_attempts::Entity::insert(second.into_active_model())

@@ -1,9 +1,21 @@
-//! AI idempotency key derivation (rule 5): attempt 0 uses the saga's
-//! `ai_base_key`; attempt n uses UUIDv5(`ai_base_key`, n). Two workers on the
-//! same attempt therefore send the same key, and the provider hands back the
-//! same job instead of starting a second one.
+//! Keys: the AI idempotency key derivation (rule 5) and the hash under which
+//! tokens are stored.
+//!
+//! AI attempt 0 uses the saga's `ai_base_key`; attempt n uses
+//! UUIDv5(`ai_base_key`, n). Two workers on the same attempt therefore send
+//! the same key, and the provider hands back the same job instead of
+//! starting a second one.
 
+use sha2::{Digest, Sha256};
 use uuid::Uuid;
+
+/// How a terminal's or participant's token is stored: SHA-256, in hex. A
+/// token carries 244 random bits, so a plain hash is enough to make a leaked
+/// table useless. (The migration that hashed the tokens of the day uses the
+/// same function.)
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
 
 /// The `Idempotency-Key` for AI attempt `attempt` of a saga. The name hashed
 /// into the v5 UUID is the attempt number in decimal ASCII.
@@ -18,6 +30,14 @@ pub fn ai_attempt_key(base: Uuid, attempt: u32) -> Uuid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_hash_is_sha256_hex() {
+        assert_eq!(
+            token_hash("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
 
     const BASE: &str = "6ba7b810-9dad-11d1-80b4-00c04fd430c8";
 

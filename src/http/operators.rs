@@ -11,6 +11,7 @@ use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
+use crate::domain::locale::Locale;
 use crate::store::entities::experiences;
 use crate::store::experiences::NewExperience;
 
@@ -32,6 +33,8 @@ struct ExperienceBody {
     credits: Option<i64>,
     #[serde(default)]
     closes_at: Option<String>,
+    #[serde(default)]
+    locale: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -92,7 +95,12 @@ fn validate_experience(b: ExperienceBody) -> Result<NewExperience, ApiError> {
         ),
         None => None,
     };
+    let locale = match b.locale.as_deref() {
+        Some(text) => text.parse::<Locale>().map_err(ApiError::Validation)?,
+        None => Locale::default(),
+    };
     Ok(NewExperience {
+        locale: locale.as_str().to_owned(),
         slug: b.slug,
         title: b.title.trim().to_owned(),
         kind: b.kind,
@@ -115,6 +123,7 @@ fn experience_json(e: &experiences::Model) -> serde_json::Value {
         "max_in_flight": e.max_in_flight,
         "credits": e.credits,
         "closes_at": e.closes_at_ms.map(rfc3339),
+        "locale": e.locale,
         "created_at": rfc3339(e.created_at_ms),
     })
 }

@@ -13,6 +13,7 @@ use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
+use crate::domain::locale::Locale;
 use crate::domain::saga::{AbortReason, Step};
 use crate::domain::session::SessionStatus;
 use crate::store::submissions::Submission;
@@ -140,14 +141,12 @@ pub async fn get_session(
         .abort_reason
         .as_deref()
         .and_then(|r| r.parse::<AbortReason>().ok());
-    let message = match (session.status.as_str(), reason) {
-        (_, Some(reason)) if session.status == SessionStatus::Aborted.as_str() => {
-            reason.human_message()
+    let locale = Locale::of(&experience.locale);
+    let message = match reason {
+        Some(reason) if session.status == SessionStatus::Aborted.as_str() => {
+            reason.human_message(locale)
         }
-        ("OPEN", _) => "Waiting for your submission.",
-        ("SUBMITTING", _) => "Your request is being processed.",
-        ("COMPLETED", _) => "Done!",
-        _ => "",
+        _ => locale.text(&format!("session.{}", session.status)),
     };
     let result = match &saga {
         Some(saga) if saga.step == Step::Completed.as_str() => {

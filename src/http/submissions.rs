@@ -24,6 +24,7 @@ use super::participants::validate_submission;
 use super::AppState;
 use crate::actors::batching::{BatchLimits, BatchQueue};
 use crate::clock::SharedClock;
+use crate::domain::keys::token_hash;
 use crate::domain::saga::Step;
 use crate::domain::session::SessionStatus;
 use crate::store::submissions::{SubmissionAction, SubmissionOrder, SubmissionOutcome};
@@ -90,7 +91,7 @@ async fn answer_batch(
             let session = sessions
                 .get(&request.session_id)
                 .ok_or(ApiError::NotFound("session"))?;
-            if !same_secret(&request.token, &session.participant_token) {
+            if !same_secret(&token_hash(&request.token), &session.participant_token_hash) {
                 return Err(ApiError::Unauthorized(
                     "this token does not open that session",
                 ));

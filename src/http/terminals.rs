@@ -9,6 +9,7 @@ use super::auth::same_secret;
 use super::error::ApiError;
 use super::AppState;
 use crate::actors::terminal_socket::TerminalSocket;
+use crate::domain::keys::token_hash;
 
 #[derive(Deserialize)]
 pub struct SocketQuery {
@@ -32,7 +33,7 @@ pub async fn terminal_socket(
     let token_ok = query
         .token
         .as_deref()
-        .is_some_and(|t| same_secret(t, &terminal.token));
+        .is_some_and(|t| same_secret(&token_hash(t), &terminal.token_hash));
     if !token_ok {
         return Err(ApiError::Unauthorized("unknown terminal or wrong token").into());
     }

@@ -2,11 +2,14 @@
 //! displays that receive pushes).
 
 use sea_orm::{
-    ActiveModelTrait, ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, SqlErr,
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
+    QueryOrder, SqlErr,
 };
 
 use super::entities::{experiences, terminals};
 use super::{new_id, Store, StoreError, StoreResult};
+use crate::domain::keys::token_hash;
+use crate::domain::locale::Locale;
 use crate::domain::policy::EpochMs;
 
 /// What an operator sends to create an experience.
@@ -20,6 +23,20 @@ pub struct NewExperience {
     pub max_in_flight: i32,
     pub credits: Option<i64>,
     pub closes_at_ms: Option<EpochMs>,
+    /// `en` or `ko`.
+    pub locale: String,
+}
+
+/// The language of an experience (English when it is gone).
+pub(crate) async fn locale_of<C: ConnectionTrait>(
+    conn: &C,
+    experience_id: &str,
+) -> StoreResult<Locale> {
+    Ok(experiences::Entity::find_by_id(experience_id.to_owned())
+        .one(conn)
+        .await?
+        .map(|e| Locale::of(&e.locale))
+        .unwrap_or_default())
 }
 
 impl Store {
@@ -41,6 +58,7 @@ impl Store {
             max_in_flight: Set(new.max_in_flight),
             credits: Set(new.credits),
             closes_at_ms: Set(new.closes_at_ms),
+            locale: Set(new.locale),
             created_at_ms: Set(now),
         }
         .insert(&*tx)
@@ -86,8 +104,9 @@ impl Store {
             id: Set(new_id()),
             experience_id: Set(experience_id.to_owned()),
             name: Set(name.to_owned()),
-            token: Set(token.to_owned()),
+            token_hash: Set(token_hash(token)),
             last_seq: Set(0),
+            acked_seq: Set(0),
             created_at_ms: Set(now),
         }
         .insert(&*tx)

@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use super::entities::{sessions, terminal_events};
 use super::{Store, StoreError, StoreResult, WriteTx};
+use crate::domain::locale::Locale;
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::AbortReason;
 
@@ -253,14 +254,19 @@ pub(crate) fn value_rows_from(first: usize, rows: usize, width: usize) -> String
         .join(", ")
 }
 
-/// The `session.rejected` / `session.aborted` event of a session.
-pub(crate) fn aborted_payload(session: &sessions::Model, reason: AbortReason) -> Value {
+/// The `session.rejected` / `session.aborted` event of a session, its
+/// message in the experience's language.
+pub(crate) fn aborted_payload(
+    session: &sessions::Model,
+    reason: AbortReason,
+    locale: Locale,
+) -> Value {
     serde_json::json!({
         "type": reason.event_type(),
         "session_id": session.id,
         "nickname": session.nickname,
         "reason": reason.as_str(),
-        "message": reason.human_message(),
+        "message": reason.human_message(locale),
     })
 }
 

@@ -8,6 +8,7 @@ use sea_orm::{
 use super::entities::{sagas, sessions};
 use super::outbox::aborted_payload;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
+use crate::domain::keys::token_hash;
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::AbortReason;
 use crate::domain::session::SessionStatus;
@@ -28,7 +29,7 @@ impl Store {
             experience_id: Set(experience_id.to_owned()),
             terminal_id: Set(terminal_id),
             nickname: Set(nickname.to_owned()),
-            participant_token: Set(participant_token.to_owned()),
+            participant_token_hash: Set(token_hash(participant_token)),
             status: Set(SessionStatus::Open.as_str().to_owned()),
             abort_reason: Set(None),
             created_at_ms: Set(now),
@@ -118,7 +119,11 @@ impl Store {
             &tx,
             &session,
             &session.id,
-            aborted_payload(&session, reason),
+            aborted_payload(
+                &session,
+                reason,
+                super::experiences::locale_of(&*tx, &session.experience_id).await?,
+            ),
             now,
         )
         .await?;

@@ -268,6 +268,7 @@ fn new_saga(
         score_attempt_id: Set(None),
         rank: Set(None),
         abort_reason: Set(None),
+        aborted_at_step: Set(None),
         abort_detail: Set(None),
         deadline_at_ms: Set(now + deadline_ms),
         created_at_ms: Set(now),

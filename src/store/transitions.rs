@@ -21,6 +21,7 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, ExprTrait, QueryFilter,
 use serde_json::json;
 
 use super::entities::{results, sagas, sessions};
+use super::experiences::locale_of;
 use super::outbox::{aborted_payload, value_rows_from};
 use super::sagas::{Fence, RankedEntry};
 use super::sessions::set_session_status;
@@ -664,7 +665,11 @@ async fn abort_one(
         tx,
         &session,
         &saga.id,
-        aborted_payload(&session, reason),
+        aborted_payload(
+            &session,
+            reason,
+            locale_of(&**tx, &session.experience_id).await?,
+        ),
         now,
     )
     .await?;

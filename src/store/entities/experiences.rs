@@ -16,6 +16,8 @@ pub struct Model {
     pub max_in_flight: i32,
     pub credits: Option<i64>,
     pub closes_at_ms: Option<i64>,
+    /// `en` or `ko`: the language of its human messages and page texts.
+    pub locale: String,
     pub created_at_ms: i64,
 }
 

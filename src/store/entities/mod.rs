@@ -9,6 +9,7 @@ pub mod sagas;
 pub mod score_attempts;
 pub mod sessions;
 pub mod terminal_events;
+pub mod terminal_presence;
 pub mod terminals;
 
 pub mod prelude {
@@ -19,5 +20,6 @@ pub mod prelude {
     pub use super::score_attempts::Entity as ScoreAttempts;
     pub use super::sessions::Entity as Sessions;
     pub use super::terminal_events::Entity as TerminalEvents;
+    pub use super::terminal_presence::Entity as TerminalPresence;
     pub use super::terminals::Entity as Terminals;
 }

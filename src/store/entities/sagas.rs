@@ -29,6 +29,8 @@ pub struct Model {
     pub score_attempt_id: Option<String>,
     pub rank: Option<i32>,
     pub abort_reason: Option<String>,
+    /// Where the saga stood when it aborted: an operator's retry resumes there.
+    pub aborted_at_step: Option<String>,
     #[sea_orm(column_type = "Text")]
     pub abort_detail: Option<String>,
     pub deadline_at_ms: i64,

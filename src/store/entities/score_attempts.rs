@@ -13,6 +13,8 @@ pub struct Model {
     pub saga_id: String,
     pub nickname: String,
     pub score: f64,
+    /// The session's saga ended ABORTED after the entry was written.
+    pub hidden: bool,
     pub created_at_ms: i64,
 }
 

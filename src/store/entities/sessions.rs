@@ -10,8 +10,9 @@ pub struct Model {
     pub experience_id: String,
     pub terminal_id: Option<String>,
     pub nickname: String,
+    /// SHA-256 of the participant's token (`domain::keys::token_hash`).
     #[sea_orm(unique)]
-    pub participant_token: String,
+    pub participant_token_hash: String,
     pub status: String,
     pub abort_reason: Option<String>,
     pub created_at_ms: i64,

@@ -9,8 +9,11 @@ pub struct Model {
     pub id: String,
     pub experience_id: String,
     pub name: String,
-    pub token: String,
+    /// SHA-256 of the terminal's token (`domain::keys::token_hash`).
+    pub token_hash: String,
     pub last_seq: i64,
+    /// The highest `seq` a display acknowledged; never goes down.
+    pub acked_seq: i64,
     pub created_at_ms: i64,
 }
 
