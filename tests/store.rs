@@ -241,7 +241,7 @@ async fn stale_worker_loses_after_lease_expired_and_reclaimed(backend: Backend) 
         .store
         .abort(
             &first.id,
-            Fence::Token(&token(&first)),
+            Fence::Token(token(&first)),
             AbortReason::AiFailed,
             "stale",
             T0 + LEASE + 2,
@@ -375,7 +375,7 @@ async fn cleanup_abort_only_applies_to_unowned_sagas(backend: Backend) {
         )
         .await
         .unwrap();
-    assert!(appended, "the terminal is told");
+    assert!(appended.event_appended, "the terminal is told");
     f.store.number_events(100).await.unwrap();
     let event = f
         .store
@@ -396,19 +396,41 @@ async fn cleanup_abort_only_applies_to_unowned_sagas(backend: Backend) {
 }
 db_test!(cleanup_abort_only_applies_to_unowned_sagas);
 
-async fn one_ranking_entry_per_session(backend: Backend) {
-    let f = fixture(backend, 5).await;
-    let a = f.saga_of("ann", &f.terminal_id, T0).await;
-    let b = f.saga_of("bob", &f.terminal_id, T0 + 1).await;
-    let c = f.saga_of("cy", &f.terminal_id, T0 + 2).await;
-    let d = f.saga_of("di", &f.terminal_id, T0 + 3).await;
-    let entry = |s: &sagas::Model, score: f64| ScoreEntry {
+/// Sagas of the fixture's terminal for these nicknames, claimed and moved
+/// to AI_DONE, as the ranking step finds them.
+async fn at_ranking(f: &Fixture, nicknames: &[&str]) -> Vec<sagas::Model> {
+    for (i, nick) in nicknames.iter().enumerate() {
+        f.saga_of(nick, &f.terminal_id, T0 + i as i64).await;
+    }
+    let claimed = f.claim(100, T0 + 100).await;
+    for s in &claimed {
+        f.store
+            .record_ai_done(&s.id, &token(s), &result("r"), T0 + 101, LEASE)
+            .await
+            .unwrap();
+    }
+    claimed
+}
+
+fn score_entry(f: &Fixture, s: &sagas::Model, score: f64) -> ScoreEntry {
+    ScoreEntry {
         experience_id: f.experience_id.clone(),
         session_id: s.session_id.clone(),
         saga_id: s.id.clone(),
+        token: token(s),
         score,
-    };
-    let first = f.store.register_score(entry(&a, 10.0), T0).await.unwrap();
+    }
+}
+
+async fn one_ranking_entry_per_session(backend: Backend) {
+    let f = fixture(backend, 5).await;
+    let s = at_ranking(&f, &["ann", "bob", "cy", "di"]).await;
+    let (a, b, c, d) = (&s[0], &s[1], &s[2], &s[3]);
+    let first = f
+        .store
+        .register_score(score_entry(&f, a, 10.0), T0)
+        .await
+        .unwrap();
     assert_eq!(first.rank, 1);
     // One batch: a repeat of ann (with another score), bob, a score that
     // is not a number, and di with bob's score.
@@ -416,10 +438,10 @@ async fn one_ranking_entry_per_session(backend: Backend) {
         .store
         .register_scores(
             &[
-                entry(&a, 99.0),
-                entry(&b, 20.0),
-                entry(&c, f64::NAN),
-                entry(&d, 20.0),
+                score_entry(&f, a, 99.0),
+                score_entry(&f, b, 20.0),
+                score_entry(&f, c, f64::NAN),
+                score_entry(&f, d, 20.0),
             ],
             T0 + 1,
         )
@@ -458,6 +480,110 @@ async fn one_ranking_entry_per_session(backend: Backend) {
 }
 db_test!(one_ranking_entry_per_session);
 
+/// The ranking write is fenced like every step: a worker whose lease was
+/// lost (the saga was claimed again) writes no entry; the holder does.
+async fn a_stale_workers_ranking_write_is_refused(backend: Backend) {
+    let f = fixture(backend, 5).await;
+    let stale = at_ranking(&f, &["eve"]).await.remove(0);
+    // The lease runs out and another worker resumes the saga at AI_DONE.
+    let fresh = f.claim(5, T0 + 101 + LEASE + 1).await.remove(0);
+    assert_eq!(fresh.id, stale.id);
+    let refused = f
+        .store
+        .register_score(score_entry(&f, &stale, 50.0), T0 + 200)
+        .await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.is_lease_lost()),
+        "{refused:?}"
+    );
+    assert!(f
+        .store
+        .ranking(&f.experience_id, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let written = f
+        .store
+        .register_score(score_entry(&f, &fresh, 60.0), T0 + 201)
+        .await
+        .unwrap();
+    assert_eq!((written.score, written.rank), (60.0, 1));
+}
+db_test!(a_stale_workers_ranking_write_is_refused);
+
+/// A saga that ends ABORTED after its entry was written has the entry
+/// hidden; a new submission of the session replaces it with its new score.
+async fn an_aborted_sagas_entry_is_hidden_and_a_new_submission_replaces_it(backend: Backend) {
+    let f = fixture(backend, 5).await;
+    let s = at_ranking(&f, &["fay", "gus"]).await;
+    let (fay, gus) = (&s[0], &s[1]);
+    let entry = f
+        .store
+        .register_score(score_entry(&f, fay, 90.0), T0 + 200)
+        .await
+        .unwrap();
+    f.store
+        .register_score(score_entry(&f, gus, 10.0), T0 + 200)
+        .await
+        .unwrap();
+    let aborted = f
+        .store
+        .abort(
+            &fay.id,
+            Fence::Token(token(fay)),
+            AbortReason::PersistFailed,
+            "x",
+            T0 + 300,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        aborted.ranking_changed.as_deref(),
+        Some(f.experience_id.as_str())
+    );
+    let ranking = f.store.ranking(&f.experience_id, 10).await.unwrap();
+    let names: Vec<&str> = ranking.iter().map(|r| r.nickname.as_str()).collect();
+    assert_eq!(names, vec!["gus"], "fay's entry is hidden");
+    assert_eq!(ranking[0].rank, 1, "and no longer counts for others' rank");
+
+    // fay submits again; the new saga reaches the ranking with 5.
+    let session = f.store.session(&fay.session_id).await.unwrap().unwrap();
+    f.store
+        .submit(
+            &session,
+            Submission {
+                prompt: "again".into(),
+                score: None,
+            },
+            900_000,
+            T0 + 400,
+        )
+        .await
+        .unwrap();
+    let second = f.claim(5, T0 + 401).await.remove(0);
+    f.store
+        .record_ai_done(&second.id, &token(&second), &result("r2"), T0 + 402, LEASE)
+        .await
+        .unwrap();
+    let replaced = f
+        .store
+        .register_score(score_entry(&f, &second, 5.0), T0 + 403)
+        .await
+        .unwrap();
+    assert_eq!(
+        replaced.score_attempt_id, entry.score_attempt_id,
+        "one entry per session"
+    );
+    assert_eq!((replaced.score, replaced.rank), (5.0, 2));
+    let ranking = f.store.ranking(&f.experience_id, 10).await.unwrap();
+    let shown: Vec<(&str, f64)> = ranking
+        .iter()
+        .map(|r| (r.nickname.as_str(), r.score))
+        .collect();
+    assert_eq!(shown, vec![("gus", 10.0), ("fay", 5.0)]);
+}
+db_test!(an_aborted_sagas_entry_is_hidden_and_a_new_submission_replaces_it);
+
 async fn outbox_seq_grows_per_terminal_and_replays_after(backend: Backend) {
     let f = fixture(backend, 10).await;
     for i in 0..3 {
@@ -470,14 +596,14 @@ async fn outbox_seq_grows_per_terminal_and_replays_after(backend: Backend) {
             .store
             .abort(
                 &s.id,
-                Fence::Token(&token(s)),
+                Fence::Token(token(s)),
                 AbortReason::InputRejected,
                 "mod",
                 T0 + 20,
             )
             .await
             .unwrap();
-        assert!(appended);
+        assert!(appended.event_appended);
     }
     assert!(
         f.store
@@ -547,12 +673,12 @@ async fn numbering_keeps_commit_order_under_concurrent_writers_and_relays(backen
             actix_web::rt::spawn(async move {
                 for s in chunk {
                     let token = s.lock_token.clone().unwrap();
-                    let fence = Fence::Token(&token);
+                    let fence = Fence::Token(token.clone());
                     let ended = store
                         .abort(&s.id, fence, AbortReason::Cancelled, "t", T0 + 2000)
                         .await
                         .unwrap();
-                    assert!(ended);
+                    assert!(ended.event_appended);
                 }
             })
         });
@@ -723,7 +849,7 @@ async fn claim_walks_the_index_however_long_the_queue(backend: Backend) {
             f.store
                 .abort(
                     &s.id,
-                    Fence::Token(&token(&s)),
+                    Fence::Token(token(&s)),
                     AbortReason::Cancelled,
                     "t",
                     T0 + 2,
@@ -853,7 +979,7 @@ async fn a_batch_applies_each_write_on_its_own_terms(backend: Backend) {
                 complete(b),
                 SagaWrite::Abort {
                     saga_id: d.id.clone(),
-                    token: Some(token(d)),
+                    fence: Fence::Token(token(d)),
                     reason: AbortReason::AiFailed,
                     detail: "gave up".into(),
                 },

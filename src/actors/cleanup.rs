@@ -14,7 +14,7 @@ use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::domain::policy::{ownership, recovery, Recovery, RecoveryLimits};
 use crate::domain::saga::AbortReason;
-use crate::store::sagas::ClaimRules;
+use crate::store::sagas::{ClaimRules, Fence};
 use crate::store::transitions::SagaWrite;
 use crate::store::Store;
 
@@ -107,7 +107,7 @@ impl CleanupActor {
                         let aborted = persistence
                             .send(Write(SagaWrite::Abort {
                                 saga_id: saga.id.clone(),
-                                token: None,
+                                fence: Fence::Unowned,
                                 reason: AbortReason::Orphaned,
                                 detail: detail.clone(),
                             }))

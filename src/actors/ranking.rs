@@ -18,6 +18,8 @@ pub struct RegisterScore {
     pub experience_id: String,
     pub session_id: String,
     pub saga_id: String,
+    /// The saga's lock token: only its holder may write the entry.
+    pub token: String,
     pub score: f64,
 }
 
@@ -68,6 +70,7 @@ impl Handler<RegisterScore> for RankingActor {
             experience_id: msg.experience_id,
             session_id: msg.session_id,
             saga_id: msg.saga_id,
+            token: msg.token,
             score: msg.score,
         };
         Box::pin(async move { entries.write(entry).await })

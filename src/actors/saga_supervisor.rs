@@ -21,7 +21,7 @@ use crate::domain::keys::ai_attempt_key;
 use crate::domain::policy::{AfterFailure, AttemptState, RetryPolicy};
 use crate::domain::saga::{AbortReason, Step};
 use crate::store::entities::sagas;
-use crate::store::sagas::step_of;
+use crate::store::sagas::{step_of, Fence};
 use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{Store, StoreError};
 
@@ -190,6 +190,7 @@ async fn run(
                                 experience_id: saga.experience_id.clone(),
                                 session_id: saga.session_id.clone(),
                                 saga_id: saga.id.clone(),
+                                token: token.to_owned(),
                                 score,
                             })
                             .await?;
@@ -371,7 +372,7 @@ async fn abort(
     }
     let aborted = SagaWrite::Abort {
         saga_id: saga.id.clone(),
-        token: Some(token.to_owned()),
+        fence: Fence::Token(token.to_owned()),
         reason,
         detail,
     };

@@ -15,6 +15,7 @@ use super::outbox::value_rows_from;
 use super::sagas::RankedEntry;
 use super::{new_id, Store, StoreError, StoreResult};
 use crate::domain::policy::EpochMs;
+use crate::domain::saga::TransitionError;
 
 /// A score to register for a session.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +23,8 @@ pub struct ScoreEntry {
     pub experience_id: String,
     pub session_id: String,
     pub saga_id: String,
+    /// The writer's lock token: the write is fenced on it.
+    pub token: String,
     pub score: f64,
 }
 
@@ -35,12 +38,16 @@ pub struct RankingRow {
 }
 
 impl Store {
-    /// Registers many scores at once, idempotently per session: an entry
-    /// that exists is returned as it is and nothing is inserted for it. The
-    /// entries take their session's nickname. One transaction inserts them
-    /// all and reads them back; one statement then ranks them all. Each
-    /// score has its own outcome (a score that is not a finite number is a
-    /// `Conflict`).
+    /// Registers many scores at once, one entry per session, each fenced
+    /// like every saga step: it is written only while its saga is at
+    /// AI_DONE under the writer's lock token, so a worker whose lease was
+    /// lost writes nothing and gets `LeaseLost`. A repeat by the same saga
+    /// returns the entry as it is; a later saga of the same session (a new
+    /// submission after ABORTED) replaces the old entry with its score. The
+    /// entries take their session's nickname. One transaction writes them
+    /// all and reads them back; one walk of the ranking index then ranks
+    /// them all. Each score has its own outcome (a score that is not a
+    /// finite number is a `Conflict`).
     pub async fn register_scores(
         &self,
         entries: &[ScoreEntry],
@@ -57,27 +64,38 @@ impl Store {
                     e.experience_id.clone().into(),
                     e.session_id.clone().into(),
                     e.saga_id.clone().into(),
+                    e.token.clone().into(),
                     e.score.into(),
                 ]);
             }
             tx.execute_raw(self.sql(
                 &format!(
-                    "WITH v(id, experience_id, session_id, saga_id, score) AS (VALUES {}) \
+                    "WITH v(id, experience_id, session_id, saga_id, token, score) AS (VALUES {}) \
                      INSERT INTO score_attempts \
-                     (id, experience_id, session_id, saga_id, nickname, score, created_at_ms) \
-                     SELECT v.id, v.experience_id, v.session_id, v.saga_id, s.nickname, v.score, $1 \
-                     FROM v JOIN sessions s ON s.id = v.session_id WHERE true \
-                     ON CONFLICT (session_id) DO NOTHING",
-                    value_rows_from(2, valid.len(), 5)
+                     (id, experience_id, session_id, saga_id, nickname, score, hidden, created_at_ms) \
+                     SELECT v.id, v.experience_id, v.session_id, v.saga_id, s.nickname, v.score, \
+                     FALSE, $1 FROM v JOIN sessions s ON s.id = v.session_id \
+                     JOIN sagas g ON g.id = v.saga_id AND g.lock_token = v.token \
+                     AND g.step = 'AI_DONE' WHERE true \
+                     ON CONFLICT (session_id) DO UPDATE SET saga_id = excluded.saga_id, \
+                     score = excluded.score, nickname = excluded.nickname, hidden = FALSE, \
+                     created_at_ms = excluded.created_at_ms \
+                     WHERE score_attempts.saga_id <> excluded.saga_id OR score_attempts.hidden",
+                    value_rows_from(2, valid.len(), 6)
                 ),
                 values,
             ))
             .await?;
             let sessions: Vec<String> = valid.iter().map(|e| e.session_id.clone()).collect();
-            let rows = score_attempts::Entity::find()
+            let ours: std::collections::HashSet<&str> =
+                valid.iter().map(|e| e.saga_id.as_str()).collect();
+            let rows: Vec<score_attempts::Model> = score_attempts::Entity::find()
                 .filter(score_attempts::Column::SessionId.is_in(sessions))
                 .all(&*tx)
-                .await?;
+                .await?
+                .into_iter()
+                .filter(|row| ours.contains(row.saga_id.as_str()))
+                .collect();
             tx.commit().await?;
 
             let mut ranks: HashMap<String, i64> = HashMap::new();
@@ -91,7 +109,7 @@ impl Store {
             for row in rows {
                 let rank = ranks.get(&row.session_id).copied().unwrap_or(1);
                 ranked.insert(
-                    row.session_id.clone(),
+                    row.saga_id.clone(),
                     RankedEntry {
                         score_attempt_id: row.id,
                         score: row.score,
@@ -109,10 +127,12 @@ impl Store {
                         e.score
                     )));
                 }
+                // No entry of this saga: its fenced write found the saga
+                // no longer ours.
                 ranked
-                    .get(&e.session_id)
+                    .get(&e.saga_id)
                     .cloned()
-                    .ok_or(StoreError::NotFound("session of the score"))
+                    .ok_or(TransitionError::LeaseLost.into())
             })
             .collect())
     }
@@ -141,7 +161,7 @@ impl Store {
                 &format!(
                     "SELECT session_id, r FROM (SELECT session_id, \
                      RANK() OVER (ORDER BY score DESC) AS r FROM score_attempts \
-                     WHERE experience_id = $1 AND score >= $2) ranked \
+                     WHERE experience_id = $1 AND hidden = FALSE AND score >= $2) ranked \
                      WHERE session_id IN ({})",
                     sessions.join(", ")
                 ),
@@ -166,33 +186,37 @@ impl Store {
             .unwrap_or(Err(StoreError::NotFound("score attempt")))
     }
 
-    /// 1 + the number of entries of the experience with a higher score.
+    /// 1 + the number of visible entries of the experience with a higher
+    /// score.
     pub async fn rank_of(&self, experience_id: &str, score: f64) -> StoreResult<i64> {
         let higher = score_attempts::Entity::find()
             .filter(score_attempts::Column::ExperienceId.eq(experience_id))
+            .filter(score_attempts::Column::Hidden.eq(false))
             .filter(score_attempts::Column::Score.gt(score))
             .count(self.db())
             .await?;
         Ok(higher as i64 + 1)
     }
 
-    /// The entry of a session, if it was ranked.
+    /// The visible entry of a session, if it was ranked.
     pub async fn score_of_session(
         &self,
         session_id: &str,
     ) -> StoreResult<Option<score_attempts::Model>> {
         Ok(score_attempts::Entity::find()
             .filter(score_attempts::Column::SessionId.eq(session_id))
+            .filter(score_attempts::Column::Hidden.eq(false))
             .one(self.db())
             .await?)
     }
 
-    /// The top `limit` entries, best first (then the first to reach the
-    /// score, then by session: the ranking index's own order); equal scores
-    /// share a rank.
+    /// The top `limit` visible entries, best first (then the first to
+    /// reach the score, then by session: the ranking index's own order);
+    /// equal scores share a rank.
     pub async fn ranking(&self, experience_id: &str, limit: u64) -> StoreResult<Vec<RankingRow>> {
         let rows = score_attempts::Entity::find()
             .filter(score_attempts::Column::ExperienceId.eq(experience_id))
+            .filter(score_attempts::Column::Hidden.eq(false))
             .order_by_desc(score_attempts::Column::Score)
             .order_by_asc(score_attempts::Column::CreatedAtMs)
             .order_by_asc(score_attempts::Column::SessionId)

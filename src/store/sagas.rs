@@ -37,11 +37,14 @@ pub struct ClaimableExperience {
 }
 
 /// Who may end a saga: its lease holder, or (for the cleanup actor) nobody,
-/// meaning the saga must be unowned at that moment.
-#[derive(Debug, Clone, Copy)]
-pub enum Fence<'a> {
-    Token(&'a str),
+/// meaning the saga must be unowned at that moment, or an operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fence {
+    Token(String),
     Unowned,
+    /// An operator: whoever holds the lease (the holder's next fenced write
+    /// then finds the saga ended, and stops quietly).
+    Operator,
 }
 
 /// The SQL condition "a worker may claim this saga now", the mirror of

@@ -20,7 +20,7 @@ use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, ExprTrait, QueryFilter, Value};
 use serde_json::json;
 
-use super::entities::{results, sagas, sessions};
+use super::entities::{results, sagas, score_attempts, sessions};
 use super::experiences::locale_of;
 use super::outbox::{aborted_payload, value_rows_from};
 use super::sagas::{Fence, RankedEntry};
@@ -66,11 +66,12 @@ pub enum SagaWrite {
     },
     /// RANKING_DONE -> COMPLETED with result, session status and event.
     Complete { saga_id: String, token: String },
-    /// Any non-final step -> ABORTED with session status and event. No
-    /// token: the cleanup actor's abort of a saga nobody holds.
+    /// Any non-final step -> ABORTED with session status and event, by the
+    /// saga's holder, the cleanup actor (the saga must be unowned) or an
+    /// operator (see [`Fence`]).
     Abort {
         saga_id: String,
-        token: Option<String>,
+        fence: Fence,
         reason: AbortReason,
         detail: String,
     },
@@ -98,11 +99,14 @@ impl SagaWrite {
 }
 
 /// What an applied write did beyond the saga row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Written {
     /// An outbox event was appended (the saga ended and its session has a
     /// terminal).
     pub event_appended: bool,
+    /// The visible ranking of this experience changed (an aborted saga's
+    /// entry was hidden).
+    pub ranking_changed: Option<String>,
 }
 
 /// The outcome of each write of a batch, in the batch's order.
@@ -205,16 +209,11 @@ impl Store {
                 SagaWrite::Complete { saga_id, token } => completed.push(i, saga_id, token, vec![]),
                 SagaWrite::Abort {
                     saga_id,
-                    token,
+                    fence,
                     reason,
                     detail,
                 } => {
-                    let fence = match token {
-                        Some(token) => Fence::Token(token),
-                        None => Fence::Unowned,
-                    };
-                    let aborted = abort_one(&tx, saga_id, fence, *reason, detail, now).await?;
-                    outcome[i] = Some(aborted.map(|event_appended| Written { event_appended }));
+                    outcome[i] = Some(abort_one(&tx, saga_id, fence, *reason, detail, now).await?);
                 }
             }
         }
@@ -322,6 +321,7 @@ impl Store {
             outcome[i] = Some(if applied.contains(saga_id) {
                 Ok(Written {
                     event_appended: appended.contains(saga_id),
+                    ranking_changed: None,
                 })
             } else {
                 judge(
@@ -439,27 +439,23 @@ impl Store {
     }
 
     /// See [`SagaWrite::Abort`]. With `Fence::Unowned` (the cleanup actor)
-    /// it only applies while nobody holds the lease. True when an outbox
-    /// event was appended.
+    /// it only applies while nobody holds the lease; with
+    /// `Fence::Operator` whoever holds it, and asking again is success.
     pub async fn abort(
         &self,
         saga_id: &str,
-        fence: Fence<'_>,
+        fence: Fence,
         reason: AbortReason,
         detail: &str,
         now: EpochMs,
-    ) -> StoreResult<bool> {
-        let token = match fence {
-            Fence::Token(token) => Some(token.to_owned()),
-            Fence::Unowned => None,
-        };
+    ) -> StoreResult<Written> {
         let write = SagaWrite::Abort {
             saga_id: saga_id.to_owned(),
-            token,
+            fence,
             reason,
             detail: detail.to_owned(),
         };
-        Ok(self.apply_one(write, now, 0).await?.event_appended)
+        self.apply_one(write, now, 0).await
     }
 }
 
@@ -599,18 +595,23 @@ async fn finish_completed(
     Ok(appended)
 }
 
-/// Any non-final step -> ABORTED for one saga, with the session status and
-/// the outbox event. Outer error: the transaction must fail; inner: this
-/// write's own outcome (true when an event was appended).
+/// Any non-final step -> ABORTED for one saga, with the session status, the
+/// outbox event, and its ranking entry hidden. Outer error: the transaction
+/// must fail; inner: this write's own outcome.
 async fn abort_one(
     tx: &WriteTx,
     saga_id: &str,
-    fence: Fence<'_>,
+    fence: &Fence,
     reason: AbortReason,
     detail: &str,
     now: EpochMs,
-) -> StoreResult<StoreResult<bool>> {
+) -> StoreResult<StoreResult<Written>> {
     let mut update = sagas::Entity::update_many()
+        // Where it stood, read before the row changes: a retry resumes there.
+        .col_expr(
+            sagas::Column::AbortedAtStep,
+            Expr::col(sagas::Column::Step).into(),
+        )
         .col_expr(sagas::Column::Step, Expr::value(Step::Aborted.as_str()))
         .col_expr(sagas::Column::AbortReason, Expr::value(reason.as_str()))
         .col_expr(
@@ -621,18 +622,19 @@ async fn abort_one(
         .filter(sagas::Column::Id.eq(saga_id))
         .filter(sagas::Column::Step.is_in(Step::runnable().map(Step::as_str)));
     update = match fence {
-        Fence::Token(token) => update.filter(sagas::Column::LockToken.eq(token)),
+        Fence::Token(token) => update.filter(sagas::Column::LockToken.eq(token.clone())),
         Fence::Unowned => update.filter(
             sagas::Column::LockToken
                 .is_null()
                 .or(sagas::Column::LockedUntilMs.lt(now)),
         ),
+        Fence::Operator => update,
     };
     if update.exec(&**tx).await?.rows_affected == 0 {
         let saga = load(&**tx, saga_id).await?;
+        let recorded = saga.abort_reason.clone();
         return Ok(match fence {
             Fence::Token(token) => {
-                let recorded = saga.abort_reason.clone();
                 // Any runnable step may abort; only legality is checked here.
                 judge_unapplied(
                     Step::AiPending,
@@ -641,10 +643,25 @@ async fn abort_one(
                     &Some(reason.as_str().to_owned()),
                     row_now(&saga, &recorded)?,
                 )
-                .map(|()| false)
+                .map(|()| Written::default())
                 .map_err(Into::into)
             }
             Fence::Unowned => Err(TransitionError::LeaseLost.into()),
+            // Asked twice: the saga already ended that way.
+            Fence::Operator
+                if saga.step == Step::Aborted.as_str()
+                    && recorded.as_deref() == Some(reason.as_str()) =>
+            {
+                Ok(Written::default())
+            }
+            Fence::Operator => Err(TransitionError::Conflict {
+                step: Step::Aborted,
+                detail: match recorded {
+                    Some(r) => format!("the saga already ended {} ({r})", saga.step),
+                    None => format!("the saga already ended {}", saga.step),
+                },
+            }
+            .into()),
         });
     }
     let saga = load(&**tx, saga_id).await?;
@@ -673,7 +690,17 @@ async fn abort_one(
         now,
     )
     .await?;
-    Ok(Ok(appended))
+    let hidden = score_attempts::Entity::update_many()
+        .col_expr(score_attempts::Column::Hidden, Expr::value(true))
+        .filter(score_attempts::Column::SagaId.eq(saga_id))
+        .filter(score_attempts::Column::Hidden.eq(false))
+        .exec(&**tx)
+        .await?
+        .rows_affected;
+    Ok(Ok(Written {
+        event_appended: appended,
+        ranking_changed: (hidden > 0).then(|| saga.experience_id.clone()),
+    }))
 }
 
 /// Judges a write (`expected` -> `target`) that touched no row (rule 3)
