@@ -71,6 +71,10 @@ pub struct Config {
     /// so that saga work never starves the HTTP requests.
     #[arg(long, env = "STAGEHAND_WORKER_DB_POOL", default_value_t = 10)]
     pub worker_db_pool: u32,
+    /// Ping period of booth display sockets; a display silent for three
+    /// periods is dropped and shown offline.
+    #[arg(long, env = "STAGEHAND_DISPLAY_HEARTBEAT", default_value = "5s", value_parser = parse_duration)]
+    pub display_heartbeat: Duration,
     /// Sagas this instance drives at once at most. When it is full, its
     /// dispatcher claims nothing more and other instances take the work.
     #[arg(long, env = "STAGEHAND_MAX_RUNNING", default_value_t = 1000)]

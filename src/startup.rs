@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use actix::{Actor, Addr};
 use actix_web::dev::Server;
-use actix_web::{web, App, HttpServer};
+use actix_web::{App, HttpServer, web};
 
 use crate::actors::ai::AiActor;
 use crate::actors::cleanup::CleanupActor;
@@ -17,15 +17,16 @@ use crate::actors::dispatcher::Dispatcher;
 use crate::actors::outbox_relay::OutboxRelay;
 use crate::actors::persistence::PersistenceActor;
 use crate::actors::ranking::RankingActor;
+use crate::actors::ranking_board::RankingBoard;
 use crate::actors::saga_supervisor::{SagaDeps, SagaSettings};
 use crate::actors::terminal_hub::TerminalHub;
 use crate::actors::wakeups::{ClusterMailbox, Wakeups};
-use crate::ai::simulator::{self, RunningSim, SimConfig, SimControl};
 use crate::ai::AiClient;
+use crate::ai::simulator::{self, RunningSim, SimConfig, SimControl};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
 use crate::http::auth::new_secret;
-use crate::http::{routes, AppState};
+use crate::http::{AppState, routes};
 use crate::store::sagas::ClaimRules;
 use crate::store::{Store, StoreError};
 
@@ -80,7 +81,9 @@ impl Application {
             Some(token) => token.clone(),
             None => {
                 let token = new_secret();
-                println!("No STAGEHAND_OPERATOR_TOKEN set; generated operator token (shown once): {token}");
+                println!(
+                    "No STAGEHAND_OPERATOR_TOKEN set; generated operator token (shown once): {token}"
+                );
                 token
             }
         };
@@ -89,7 +92,8 @@ impl Application {
             lease_ms: config.lease_ms(),
             max_recoveries: config.max_recoveries,
         };
-        let hub = TerminalHub::default().start();
+        let instance_id = crate::store::new_id();
+        let hub = TerminalHub::new(work.clone(), clock.clone(), instance_id.clone()).start();
         // On PostgreSQL other instances may share the database: wake-ups
         // cross over with LISTEN/NOTIFY. SQLite is one process.
         let cluster = work.is_postgres().then(ClusterMailbox::default);
@@ -98,11 +102,10 @@ impl Application {
             ..Wakeups::default()
         };
         if let Some(mailbox) = cluster {
-            let instance_id = crate::store::new_id();
             tracing::info!(%instance_id, "PostgreSQL: wake-ups cross instances with LISTEN/NOTIFY");
             ClusterBridge::new(
                 work.clone(),
-                instance_id,
+                instance_id.clone(),
                 mailbox,
                 wakeups.clone(),
                 hub.clone(),
@@ -110,6 +113,7 @@ impl Application {
             .start();
         }
         OutboxRelay::new(work.clone(), hub.clone(), wakeups.clone()).start();
+        RankingBoard::new(work.clone(), hub.clone(), wakeups.clone()).start();
         let persistence =
             PersistenceActor::new(work.clone(), clock.clone(), rules.lease_ms, wakeups.clone())
                 .start();
@@ -118,7 +122,7 @@ impl Application {
             store: work.clone(),
             clock: clock.clone(),
             ai: AiActor::new(ai_client).start(),
-            ranking: RankingActor::new(work.clone(), clock.clone()).start(),
+            ranking: RankingActor::new(work.clone(), clock.clone(), wakeups.clone()).start(),
             persistence: persistence.clone(),
             settings: Arc::new(SagaSettings {
                 lease: config.lease,
@@ -158,6 +162,8 @@ impl Application {
             hub,
             operator_token,
             saga_deadline_ms: config.saga_deadline.as_millis() as i64,
+            instance_id,
+            display_heartbeat: config.display_heartbeat,
         };
         let listener = TcpListener::bind(&config.bind).map_err(|source| StartupError::Bind {
             addr: config.bind.clone(),

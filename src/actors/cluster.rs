@@ -9,7 +9,8 @@
 //!
 //! In: one LISTEN connection of its own (`application_name`
 //! `stagehand-listener`). A notification from another instance rings this
-//! instance's dispatcher, or the hub for the terminals named. Whenever the
+//! instance's dispatcher, the hub for the terminals named, or the ranking
+//! board for the experiences named (and always the operator hub). Whenever the
 //! listener (re)connects, notifications may have been missed meanwhile, so
 //! it rings everything: dispatcher, relay and every display re-read the
 //! tables.
@@ -21,10 +22,10 @@ use actix::prelude::*;
 use super::run_on_runtime;
 use super::terminal_hub::{Ring, RingAll, TerminalHub};
 use super::wakeups::{ClusterMailbox, ClusterNews, Wakeups};
-use crate::store::notify::{
-    outbox_payload, parse_outbox_payload, DISPATCH_CHANNEL, OUTBOX_CHANNEL,
-};
 use crate::store::Store;
+use crate::store::notify::{
+    DISPATCH_CHANNEL, OUTBOX_CHANNEL, RANKING_CHANNEL, names_payload, parse_names_payload,
+};
 
 /// Notifications go out at most once per this window (per instance).
 pub const COALESCE: Duration = Duration::from_millis(50);
@@ -66,16 +67,24 @@ async fn send_news(store: Store, instance_id: String, mailbox: ClusterMailbox) {
     loop {
         mailbox.bell.rung().await;
         let news: ClusterNews = mailbox.take();
+        let mut notices = Vec::new();
         if news.dispatch {
-            if let Err(e) = store.notify(DISPATCH_CHANNEL, &instance_id).await {
-                tracing::warn!(error = %e, "could not notify the other instances' dispatchers; their poll will find the work");
+            notices.push((DISPATCH_CHANNEL, instance_id.clone()));
+        }
+        for (channel, names) in [
+            (OUTBOX_CHANNEL, &news.terminals),
+            (RANKING_CHANNEL, &news.rankings),
+        ] {
+            if !names.is_empty() {
+                notices.push((
+                    channel,
+                    names_payload(&instance_id, names.named().as_deref()),
+                ));
             }
         }
-        if news.all_terminals || !news.terminals.is_empty() {
-            let named: Vec<&str> = news.terminals.iter().map(String::as_str).collect();
-            let payload = outbox_payload(&instance_id, (!news.all_terminals).then_some(&named[..]));
-            if let Err(e) = store.notify(OUTBOX_CHANNEL, &payload).await {
-                tracing::warn!(error = %e, "could not notify the other instances' displays; they read on at their next wake-up");
+        for (channel, payload) in notices {
+            if let Err(e) = store.notify(channel, &payload).await {
+                tracing::warn!(error = %e, channel, "could not notify the other instances; they re-read at their next wake-up or poll");
             }
         }
         tokio::time::sleep(COALESCE).await;
@@ -87,7 +96,8 @@ async fn send_news(store: Store, instance_id: String, mailbox: ClusterMailbox) {
 async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<TerminalHub>) {
     let mut backoff = RECONNECT_FIRST;
     loop {
-        let mut listener = match store.listen(&[DISPATCH_CHANNEL, OUTBOX_CHANNEL]).await {
+        let channels = [DISPATCH_CHANNEL, OUTBOX_CHANNEL, RANKING_CHANNEL];
+        let mut listener = match store.listen(&channels).await {
             Ok(listener) => listener,
             Err(e) => {
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "cannot LISTEN for other instances");
@@ -98,33 +108,18 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
         };
         backoff = RECONNECT_FIRST;
         tracing::info!(
-            "listening for other instances (LISTEN {DISPATCH_CHANNEL}, {OUTBOX_CHANNEL})"
+            "listening for other instances (LISTEN {})",
+            channels.join(", ")
         );
         // Whatever was sent while we were not listening is re-read.
         wakeups.dispatcher.ring();
         wakeups.relay.ring();
+        wakeups.stats.ring();
+        wakeups.rankings.update(|names| names.all = true);
         let _ = hub.send(RingAll).await;
         loop {
-            match listener.try_recv().await {
-                Ok(Some(notification)) => match notification.channel() {
-                    DISPATCH_CHANNEL if notification.payload() != instance_id => {
-                        wakeups.dispatcher.ring();
-                    }
-                    OUTBOX_CHANNEL => {
-                        let (sender, terminals) = parse_outbox_payload(notification.payload());
-                        if sender == instance_id {
-                            continue;
-                        }
-                        let _ = match terminals {
-                            Some(ids) => {
-                                hub.send(Ring(ids.into_iter().map(str::to_owned).collect()))
-                                    .await
-                            }
-                            None => hub.send(RingAll).await,
-                        };
-                    }
-                    _ => {}
-                },
+            let notification = match listener.try_recv().await {
+                Ok(Some(notification)) => notification,
                 Ok(None) => {
                     tracing::warn!("lost the LISTEN connection; reconnecting");
                     break;
@@ -133,6 +128,34 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
                     tracing::warn!(error = %e, "LISTEN connection failed; reconnecting");
                     break;
                 }
+            };
+            let (sender, names) = match notification.channel() {
+                DISPATCH_CHANNEL => (notification.payload(), None),
+                _ => parse_names_payload(notification.payload()),
+            };
+            if sender == instance_id {
+                continue;
+            }
+            wakeups.stats.ring();
+            match notification.channel() {
+                DISPATCH_CHANNEL => wakeups.dispatcher.ring(),
+                OUTBOX_CHANNEL => {
+                    let _ = match names {
+                        Some(ids) => {
+                            hub.send(Ring(ids.into_iter().map(str::to_owned).collect()))
+                                .await
+                        }
+                        None => hub.send(RingAll).await,
+                    };
+                }
+                RANKING_CHANNEL => match names {
+                    Some(ids) => {
+                        let ids: Vec<String> = ids.into_iter().map(str::to_owned).collect();
+                        wakeups.rankings_changed(&ids, true);
+                    }
+                    None => wakeups.rankings.update(|names| names.all = true),
+                },
+                _ => {}
             }
         }
     }

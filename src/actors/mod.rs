@@ -29,6 +29,7 @@ pub mod dispatcher;
 pub mod outbox_relay;
 pub mod persistence;
 pub mod ranking;
+pub mod ranking_board;
 pub mod saga_supervisor;
 pub mod terminal_hub;
 pub mod terminal_socket;
@@ -51,4 +52,17 @@ where
         let _ = task.await;
     }));
     abort
+}
+
+/// Spawns `work` on the runtime when one is running here; when the runtime
+/// is already shutting down (an actor stopping with it), the work is
+/// skipped: what it would have written (presence, progress) expires or is
+/// rewritten by the next owner.
+pub(crate) fn spawn_if_running<F>(work: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(work);
+    }
 }

@@ -13,7 +13,7 @@
 
 use actix::prelude::*;
 
-use super::batching::{batch_failed, BatchLimits, BatchQueue};
+use super::batching::{BatchLimits, BatchQueue, batch_failed};
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::store::transitions::{SagaWrite, Written};
@@ -86,6 +86,13 @@ async fn write_batch(
                 .any(|o| o.as_ref().is_ok_and(|w| w.event_appended))
             {
                 wakeups.event_appended();
+            }
+            let hidden: Vec<String> = outcomes
+                .iter()
+                .filter_map(|o| o.as_ref().ok()?.ranking_changed.clone())
+                .collect();
+            if !hidden.is_empty() {
+                wakeups.rankings_changed(&hidden, false);
             }
             outcomes
         }

@@ -1,11 +1,13 @@
 //! RankingActor: registers sagas' scores in their experiences' rankings,
-//! idempotently per session, and answers with the entry and its rank.
+//! idempotently per session, and answers with the entry and its rank; then
+//! tells the ranking board which rankings may have changed.
 //! Registrations are group-committed ([`BatchQueue`]): those that arrive
 //! while a batch is written go together in the next.
 
 use actix::prelude::*;
 
-use super::batching::{batch_failed, BatchLimits, BatchQueue};
+use super::batching::{BatchLimits, BatchQueue, batch_failed};
+use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::store::ranking::ScoreEntry;
 use crate::store::sagas::RankedEntry;
@@ -40,12 +42,23 @@ pub struct RankingActor {
 }
 
 impl RankingActor {
-    pub fn new(store: Store, clock: SharedClock) -> Self {
+    pub fn new(store: Store, clock: SharedClock, wakeups: Wakeups) -> Self {
         let entries = BatchQueue::start("scores", LIMITS, move |batch: Vec<ScoreEntry>| {
-            let (store, now) = (store.clone(), clock.now_ms());
+            let (store, now, wakeups) = (store.clone(), clock.now_ms(), wakeups.clone());
             async move {
                 match store.register_scores(&batch, now).await {
-                    Ok(ranked) => ranked,
+                    Ok(ranked) => {
+                        let mut experiences: Vec<String> = batch
+                            .iter()
+                            .zip(&ranked)
+                            .filter(|(_, r)| r.is_ok())
+                            .map(|(e, _)| e.experience_id.clone())
+                            .collect();
+                        experiences.sort();
+                        experiences.dedup();
+                        wakeups.rankings_changed(&experiences, false);
+                        ranked
+                    }
                     Err(e) => {
                         tracing::error!(error = %e, scores = batch.len(), "registering a batch of scores failed");
                         batch_failed(batch.len(), &e)

@@ -1,26 +1,47 @@
 //! TerminalHub: knows which display sockets of which terminal are connected
-//! on this instance, and rings them when their terminal has new numbered
-//! events. It carries no events: a ring only says "there is more", and each
-//! socket reads the outbox from its own position, so nothing is ever dropped
-//! for a full mailbox.
+//! on this instance, rings them when their terminal has new numbered
+//! events, and hands each the latest top-10 ranking of its experience. It
+//! carries no events: a ring only says "there is more", and each socket
+//! reads the outbox from its own position, so nothing is ever dropped for a
+//! full mailbox. A ranking is a snapshot, kept in a `watch` channel per
+//! experience: a socket that is slow gets the newest one, never a queue.
 //!
-//! Mailbox: rings come from the outbox relay and the cluster bridge, each
-//! awaiting its `send`, so each has at most one message here at a time;
-//! `Connect` is awaited by the socket, and `Disconnect` comes once per socket.
+//! It also keeps this instance's display presence alive: every
+//! [`PRESENCE_REFRESH`] it marks all of this instance's presence rows seen,
+//! in one statement.
+//!
+//! Mailbox: rings and rankings come from the outbox relay, the ranking board
+//! and the cluster bridge, each awaiting its `send`, so each has at most one
+//! message here at a time; `Connect` is awaited by the socket, and
+//! `Disconnect` comes once per socket.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
+use tokio::sync::watch;
 
 use super::wakeups::Doorbell;
+use crate::clock::SharedClock;
+use crate::store::Store;
 
-/// A socket of `terminal_id` wants rings. Answered once registered, so the
+/// How often this instance tells the database its displays are still
+/// connected. A presence row not seen for three times this is offline.
+pub const PRESENCE_REFRESH: Duration = Duration::from_secs(10);
+
+/// The latest ranking frame of an experience (None until one was made).
+pub type RankingFrame = Option<Arc<str>>;
+
+/// A socket of `terminal_id` (of `experience_id`) wants rings and rankings.
+/// Answered once registered, with the experience's ranking channel, so the
 /// socket can read the outbox after it without missing a ring.
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "watch::Receiver<RankingFrame>")]
 pub struct Connect {
     pub terminal_id: String,
-    pub socket_id: u64,
+    pub experience_id: String,
+    pub socket_id: String,
     pub bell: Doorbell,
 }
 
@@ -28,7 +49,8 @@ pub struct Connect {
 #[rtype(result = "()")]
 pub struct Disconnect {
     pub terminal_id: String,
-    pub socket_id: u64,
+    pub experience_id: String,
+    pub socket_id: String,
 }
 
 /// These terminals have new numbered events.
@@ -41,27 +63,79 @@ pub struct Ring(pub Vec<String>);
 #[rtype(result = "()")]
 pub struct RingAll;
 
+/// The experience's top 10 changed: this is its new ranking frame.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RankingChanged {
+    pub experience_id: String,
+    pub frame: Arc<str>,
+}
+
+/// The experiences that have a display connected here.
+#[derive(Message)]
+#[rtype(result = "Vec<String>")]
+pub struct WatchedExperiences;
+
 /// How many display sockets are connected (for stats and tests).
 #[derive(Message)]
 #[rtype(result = "usize")]
 pub struct ConnectedCount;
 
-#[derive(Default)]
 pub struct TerminalHub {
-    sockets: HashMap<String, HashMap<u64, Doorbell>>,
+    sockets: HashMap<String, HashMap<String, Doorbell>>,
+    rankings: HashMap<String, (watch::Sender<RankingFrame>, usize)>,
+    store: Store,
+    clock: SharedClock,
+    instance_id: String,
+}
+
+impl TerminalHub {
+    pub fn new(store: Store, clock: SharedClock, instance_id: String) -> Self {
+        TerminalHub {
+            sockets: HashMap::new(),
+            rankings: HashMap::new(),
+            store,
+            clock,
+            instance_id,
+        }
+    }
 }
 
 impl Actor for TerminalHub {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(PRESENCE_REFRESH, |act, _| {
+            if act.sockets.is_empty() {
+                return;
+            }
+            let (store, instance, now) = (
+                act.store.clone(),
+                act.instance_id.clone(),
+                act.clock.now_ms(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = store.refresh_presence(&instance, now).await {
+                    tracing::warn!(error = %e, "could not refresh display presence");
+                }
+            });
+        });
+    }
 }
 
 impl Handler<Connect> for TerminalHub {
-    type Result = ();
-    fn handle(&mut self, m: Connect, _: &mut Context<Self>) {
+    type Result = MessageResult<Connect>;
+    fn handle(&mut self, m: Connect, _: &mut Context<Self>) -> Self::Result {
         self.sockets
             .entry(m.terminal_id)
             .or_default()
             .insert(m.socket_id, m.bell);
+        let (sender, watchers) = self
+            .rankings
+            .entry(m.experience_id)
+            .or_insert_with(|| (watch::channel(None).0, 0));
+        *watchers += 1;
+        MessageResult(sender.subscribe())
     }
 }
 
@@ -72,6 +146,12 @@ impl Handler<Disconnect> for TerminalHub {
             sockets.remove(&m.socket_id);
             if sockets.is_empty() {
                 self.sockets.remove(&m.terminal_id);
+            }
+        }
+        if let Some((_, watchers)) = self.rankings.get_mut(&m.experience_id) {
+            *watchers -= 1;
+            if *watchers == 0 {
+                self.rankings.remove(&m.experience_id);
             }
         }
     }
@@ -99,6 +179,22 @@ impl Handler<RingAll> for TerminalHub {
         for bell in self.sockets.values().flat_map(HashMap::values) {
             bell.ring();
         }
+    }
+}
+
+impl Handler<RankingChanged> for TerminalHub {
+    type Result = ();
+    fn handle(&mut self, m: RankingChanged, _: &mut Context<Self>) {
+        if let Some((sender, _)) = self.rankings.get(&m.experience_id) {
+            sender.send_replace(Some(m.frame));
+        }
+    }
+}
+
+impl Handler<WatchedExperiences> for TerminalHub {
+    type Result = Vec<String>;
+    fn handle(&mut self, _: WatchedExperiences, _: &mut Context<Self>) -> Vec<String> {
+        self.rankings.keys().cloned().collect()
     }
 }
 

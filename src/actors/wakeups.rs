@@ -40,62 +40,92 @@ impl std::fmt::Debug for Doorbell {
     }
 }
 
-/// Past this many distinct terminals, news for the other instances says
-/// "every terminal" instead of naming them (a NOTIFY payload is limited to
-/// 8,000 bytes; a UUID takes 37 with its separator).
-pub const MAX_NAMED_TERMINALS: usize = 150;
+/// Past this many distinct names (terminals, experiences), news says "all of
+/// them" instead (a NOTIFY payload is limited to 8,000 bytes; a UUID takes
+/// 37 with its separator).
+pub const MAX_NAMED: usize = 150;
 
-/// What the other instances have not been told yet. Bounded: a flag, and at
-/// most [`MAX_NAMED_TERMINALS`] terminal ids before it becomes "all".
+/// Some names, or all of them: bounded, it never holds more than
+/// [`MAX_NAMED`] names before it becomes "all".
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub names: BTreeSet<String>,
+    pub all: bool,
+}
+
+impl Names {
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty() && !self.all
+    }
+
+    pub fn add<'a>(&mut self, names: impl IntoIterator<Item = &'a String>) {
+        if self.all {
+            return;
+        }
+        for name in names {
+            self.names.insert(name.clone());
+            if self.names.len() > MAX_NAMED {
+                self.names.clear();
+                self.all = true;
+                return;
+            }
+        }
+    }
+
+    /// The names, or None for "all".
+    pub fn named(&self) -> Option<Vec<&str>> {
+        (!self.all).then(|| self.names.iter().map(String::as_str).collect())
+    }
+}
+
+/// What the other instances have not been told yet. Bounded (see [`Names`]).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ClusterNews {
     /// Saga work became runnable or an AI slot freed.
     pub dispatch: bool,
     /// Terminals with newly numbered events.
-    pub terminals: BTreeSet<String>,
-    /// Too many terminals to name: every terminal may have news.
-    pub all_terminals: bool,
+    pub terminals: Names,
+    /// Experiences whose visible ranking changed.
+    pub rankings: Names,
 }
 
 impl ClusterNews {
     pub fn is_empty(&self) -> bool {
-        !self.dispatch && self.terminals.is_empty() && !self.all_terminals
-    }
-
-    fn add_terminals<'a>(&mut self, terminals: impl IntoIterator<Item = &'a String>) {
-        if self.all_terminals {
-            return;
-        }
-        for terminal in terminals {
-            self.terminals.insert(terminal.clone());
-            if self.terminals.len() > MAX_NAMED_TERMINALS {
-                self.terminals.clear();
-                self.all_terminals = true;
-                return;
-            }
-        }
+        !self.dispatch && self.terminals.is_empty() && self.rankings.is_empty()
     }
 }
 
-/// The news waiting for the bridge, and the bell that tells it there is
-/// some. Cheap to clone.
-#[derive(Clone, Default)]
-pub struct ClusterMailbox {
-    news: Arc<Mutex<ClusterNews>>,
+/// Some news behind a lock, and the bell that says there is some. Cheap to
+/// clone.
+#[derive(Default)]
+pub struct Mailbox<T> {
+    news: Arc<Mutex<T>>,
     pub bell: Doorbell,
 }
 
-impl ClusterMailbox {
-    fn update(&self, change: impl FnOnce(&mut ClusterNews)) {
+impl<T> Clone for Mailbox<T> {
+    fn clone(&self) -> Self {
+        Mailbox {
+            news: self.news.clone(),
+            bell: self.bell.clone(),
+        }
+    }
+}
+
+impl<T: Default> Mailbox<T> {
+    pub fn update(&self, change: impl FnOnce(&mut T)) {
         change(&mut self.news.lock().unwrap_or_else(PoisonError::into_inner));
         self.bell.ring();
     }
 
-    /// Takes everything not yet sent.
-    pub fn take(&self) -> ClusterNews {
+    /// Takes everything not yet handled.
+    pub fn take(&self) -> T {
         std::mem::take(&mut *self.news.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
+
+/// The news waiting for the cluster bridge.
+pub type ClusterMailbox = Mailbox<ClusterNews>;
 
 /// The wake-ups committers send. Cheap to clone.
 #[derive(Clone, Default)]
@@ -104,6 +134,11 @@ pub struct Wakeups {
     pub dispatcher: Doorbell,
     /// This instance's outbox relay.
     pub relay: Doorbell,
+    /// Experiences whose visible ranking may have changed, for this
+    /// instance's ranking board.
+    pub rankings: Mailbox<Names>,
+    /// Something operators count changed, for this instance's operator hub.
+    pub stats: Doorbell,
     /// The other instances (PostgreSQL only).
     pub cluster: Option<ClusterMailbox>,
 }
@@ -114,6 +149,7 @@ impl Wakeups {
     /// Wakes every instance's dispatcher.
     pub fn saga_work(&self) {
         self.dispatcher.ring();
+        self.stats.ring();
         if let Some(cluster) = &self.cluster {
             cluster.update(|news| news.dispatch = true);
         }
@@ -124,6 +160,7 @@ impl Wakeups {
     /// on its lock, and their safety tick covers a relay that died.
     pub fn event_appended(&self) {
         self.relay.ring();
+        self.stats.ring();
     }
 
     /// The relay numbered events of these terminals: the other instances'
@@ -131,7 +168,16 @@ impl Wakeups {
     /// the relay through its hub.)
     pub fn events_numbered(&self, terminals: &[String]) {
         if let Some(cluster) = &self.cluster {
-            cluster.update(|news| news.add_terminals(terminals));
+            cluster.update(|news| news.terminals.add(terminals));
+        }
+    }
+
+    /// The visible ranking of these experiences may have changed, here or
+    /// (`from_cluster`) on another instance, which told the others itself.
+    pub fn rankings_changed(&self, experiences: &[String], from_cluster: bool) {
+        self.rankings.update(|names| names.add(experiences));
+        if let (false, Some(cluster)) = (from_cluster, &self.cluster) {
+            cluster.update(|news| news.rankings.add(experiences));
         }
     }
 }
@@ -166,14 +212,28 @@ mod tests {
         wakeups.saga_work();
         let news = mailbox.take();
         assert!(news.dispatch);
-        assert_eq!(news.terminals.len(), 2);
+        assert_eq!(news.terminals.names.len(), 2);
         assert!(mailbox.take().is_empty(), "take empties the mailbox");
 
-        let many: Vec<String> = (0..=MAX_NAMED_TERMINALS).map(|i| i.to_string()).collect();
+        let many: Vec<String> = (0..=MAX_NAMED).map(|i| i.to_string()).collect();
         wakeups.events_numbered(&many);
         wakeups.events_numbered(&["late".to_owned()]);
         let news = mailbox.take();
-        assert!(news.all_terminals);
-        assert!(news.terminals.is_empty(), "the set stays bounded");
+        assert!(news.terminals.all);
+        assert!(news.terminals.names.is_empty(), "the set stays bounded");
+    }
+
+    #[test]
+    fn ranking_news_from_another_instance_is_not_sent_back() {
+        let mailbox = ClusterMailbox::default();
+        let wakeups = Wakeups {
+            cluster: Some(mailbox.clone()),
+            ..Wakeups::default()
+        };
+        wakeups.rankings_changed(&["x".to_owned()], true);
+        assert!(mailbox.take().is_empty());
+        assert_eq!(wakeups.rankings.take().named(), Some(vec!["x"]));
+        wakeups.rankings_changed(&["y".to_owned()], false);
+        assert_eq!(mailbox.take().rankings.named(), Some(vec!["y"]));
     }
 }

@@ -17,6 +17,7 @@ use actix::Addr;
 use actix_web::web;
 
 use crate::actors::terminal_hub::TerminalHub;
+use crate::actors::terminal_socket::SocketDeps;
 use crate::actors::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::store::Store;
@@ -38,6 +39,24 @@ pub struct AppState {
     pub operator_token: String,
     /// `SAGA_DEADLINE` in milliseconds.
     pub saga_deadline_ms: i64,
+    /// This process among the instances sharing the database.
+    pub instance_id: String,
+    /// Ping period of display sockets.
+    pub display_heartbeat: std::time::Duration,
+}
+
+impl AppState {
+    /// What a display socket needs.
+    pub fn socket_deps(&self) -> SocketDeps {
+        SocketDeps {
+            store: self.work_store.clone(),
+            hub: self.hub.clone(),
+            wakeups: self.wakeups.clone(),
+            clock: self.clock.clone(),
+            instance_id: self.instance_id.clone(),
+            heartbeat: self.display_heartbeat,
+        }
+    }
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

@@ -11,6 +11,7 @@ pub mod experiences;
 pub mod idempotency;
 pub mod notify;
 pub mod outbox;
+pub mod presence;
 pub mod ranking;
 pub mod sagas;
 pub mod sessions;

@@ -7,17 +7,20 @@
 //! commit, so notifying inside business transactions would serialise them
 //! all.
 
-use sea_orm::sqlx::postgres::{PgListener, PgPoolOptions};
 use sea_orm::ConnectionTrait;
+use sea_orm::sqlx::postgres::{PgListener, PgPoolOptions};
 
 use super::{Store, StoreError, StoreResult};
 
 /// Saga work became runnable or an AI slot freed. Payload: the sender's
 /// instance id.
 pub const DISPATCH_CHANNEL: &str = "stagehand_dispatch";
-/// The relay numbered new outbox events. Payload: the sender's instance id,
-/// a space, then the terminal ids separated by commas, or `*` for all.
+/// The relay numbered new outbox events. Payload: [`names_payload`] of the
+/// terminals.
 pub const OUTBOX_CHANNEL: &str = "stagehand_outbox";
+/// The visible ranking of experiences changed. Payload: [`names_payload`] of
+/// the experiences.
+pub const RANKING_CHANNEL: &str = "stagehand_ranking";
 /// `application_name` of every instance's LISTEN connection, so operators
 /// (and tests) can find it in `pg_stat_activity`.
 pub const LISTENER_APPLICATION_NAME: &str = "stagehand-listener";
@@ -62,17 +65,18 @@ impl Store {
     }
 }
 
-/// The payload of an [`OUTBOX_CHANNEL`] notification.
-pub fn outbox_payload(instance: &str, terminals: Option<&[&str]>) -> String {
-    match terminals {
+/// The payload naming some terminals or experiences: the sender's instance
+/// id, a space, then the ids separated by commas, or `*` for all.
+pub fn names_payload(instance: &str, names: Option<&[&str]>) -> String {
+    match names {
         Some(ids) => format!("{instance} {}", ids.join(",")),
         None => format!("{instance} *"),
     }
 }
 
-/// Reads an [`OUTBOX_CHANNEL`] payload: the sender and the terminals (None:
-/// all of them, also for a payload that cannot be read).
-pub fn parse_outbox_payload(payload: &str) -> (&str, Option<Vec<&str>>) {
+/// Reads a [`names_payload`]: the sender and the names (None: all of them,
+/// also for a payload that cannot be read).
+pub fn parse_names_payload(payload: &str) -> (&str, Option<Vec<&str>>) {
     match payload.split_once(' ') {
         Some((sender, "*")) | Some((sender, "")) => (sender, None),
         Some((sender, ids)) => (sender, Some(ids.split(',').collect())),
@@ -85,11 +89,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn outbox_payload_round_trips() {
-        let p = outbox_payload("me", Some(&["t1", "t2"]));
-        assert_eq!(parse_outbox_payload(&p), ("me", Some(vec!["t1", "t2"])));
-        let p = outbox_payload("me", None);
-        assert_eq!(parse_outbox_payload(&p), ("me", None));
-        assert_eq!(parse_outbox_payload("garbage"), ("garbage", None));
+    fn names_payload_round_trips() {
+        let p = names_payload("me", Some(&["t1", "t2"]));
+        assert_eq!(parse_names_payload(&p), ("me", Some(vec!["t1", "t2"])));
+        let p = names_payload("me", None);
+        assert_eq!(parse_names_payload(&p), ("me", None));
+        assert_eq!(parse_names_payload("garbage"), ("garbage", None));
     }
 }
