@@ -15,7 +15,7 @@ use sea_orm::ConnectionTrait;
 use serde_json::json;
 use stagehand::ai::simulator::SimConfig;
 use stagehand::config::Config;
-use support::{Backend, Display, DisplayReader, Frame, TestApp, fast_sim};
+use support::{fast_sim, Backend, Display, DisplayReader, Frame, TestApp};
 
 /// With the default poll interval (10 s) and the default AI poll interval,
 /// 30 sessions behind a cap of 5 and a 1 s AI run in 6 rounds: about 6 s

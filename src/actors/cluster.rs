@@ -22,10 +22,10 @@ use actix::prelude::*;
 use super::run_on_runtime;
 use super::terminal_hub::{Ring, RingAll, TerminalHub};
 use super::wakeups::{ClusterMailbox, ClusterNews, Wakeups};
-use crate::store::Store;
 use crate::store::notify::{
-    DISPATCH_CHANNEL, OUTBOX_CHANNEL, RANKING_CHANNEL, names_payload, parse_names_payload,
+    names_payload, parse_names_payload, DISPATCH_CHANNEL, OUTBOX_CHANNEL, RANKING_CHANNEL,
 };
+use crate::store::Store;
 
 /// Notifications go out at most once per this window (per instance).
 pub const COALESCE: Duration = Duration::from_millis(50);

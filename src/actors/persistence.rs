@@ -13,7 +13,7 @@
 
 use actix::prelude::*;
 
-use super::batching::{BatchLimits, BatchQueue, batch_failed};
+use super::batching::{batch_failed, BatchLimits, BatchQueue};
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::store::transitions::{SagaWrite, Written};

@@ -178,7 +178,7 @@ async fn run(
                     saga.step = Step::AiDone.as_str().to_owned();
                 }
                 Err(failure) => {
-                    return after_failure(&saga, token, failure, deps, dispatcher).await
+                    return after_failure(&saga, token, failure, deps, dispatcher).await;
                 }
             },
             Step::AiDone => {

@@ -78,7 +78,7 @@ async fn answer_batch(
             return requests
                 .iter()
                 .map(|_| Err(ApiError::from(store_error(&e))))
-                .collect()
+                .collect();
         }
     };
     let mut answers: Vec<Option<SubmitAnswer>> = Vec::with_capacity(requests.len());

@@ -3,12 +3,12 @@
 //! names the terminal's experience (slug, title, kind, locale).
 
 use actix::{Actor, AsyncContext};
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
-use super::AppState;
 use super::auth::same_secret;
 use super::error::ApiError;
+use super::AppState;
 use crate::actors::terminal_socket::{DisplayOf, TerminalSocket};
 use crate::domain::keys::token_hash;
 use serde_json::json;

@@ -7,8 +7,8 @@
 //! commit, so notifying inside business transactions would serialise them
 //! all.
 
-use sea_orm::ConnectionTrait;
 use sea_orm::sqlx::postgres::{PgListener, PgPoolOptions};
+use sea_orm::ConnectionTrait;
 
 use super::{Store, StoreError, StoreResult};
 
