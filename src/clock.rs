@@ -58,3 +58,19 @@ pub fn rfc3339(ms: EpochMs) -> String {
         .unwrap_or_default()
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
+
+/// Serde: a stored time as RFC 3339 text (`#[serde(serialize_with)]`).
+pub fn serialize_rfc3339<S: serde::Serializer>(ms: &EpochMs, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&rfc3339(*ms))
+}
+
+/// Serde: an optional stored time as RFC 3339 text or null.
+pub fn serialize_rfc3339_opt<S: serde::Serializer>(
+    ms: &Option<EpochMs>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match ms {
+        Some(ms) => s.serialize_str(&rfc3339(*ms)),
+        None => s.serialize_none(),
+    }
+}

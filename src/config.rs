@@ -75,6 +75,12 @@ pub struct Config {
     /// periods is dropped and shown offline.
     #[arg(long, env = "STAGEHAND_DISPLAY_HEARTBEAT", default_value = "5s", value_parser = parse_duration)]
     pub display_heartbeat: Duration,
+    /// Base URL participants' phones reach this server at, encoded in the
+    /// booth QR codes (`{PUBLIC_URL}/p/{slug}?terminal={id}`). Unset:
+    /// `http://` and the bind address, which only works on this machine or
+    /// when the bind address is the LAN address.
+    #[arg(long, env = "STAGEHAND_PUBLIC_URL")]
+    pub public_url: Option<String>,
     /// Sagas this instance drives at once at most. When it is full, its
     /// dispatcher claims nothing more and other instances take the work.
     #[arg(long, env = "STAGEHAND_MAX_RUNNING", default_value_t = 1000)]
@@ -106,6 +112,23 @@ impl Config {
         }
     }
 
+    /// [`Config::public_url`] without a trailing slash, or the bind
+    /// address with the port actually bound.
+    pub fn public_base_url(&self, port: u16) -> String {
+        match &self.public_url {
+            Some(url) => url.trim_end_matches('/').to_owned(),
+            None => {
+                let host = self.bind.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
+                let host = if host == "0.0.0.0" || host == "[::]" {
+                    "127.0.0.1"
+                } else {
+                    host
+                };
+                format!("http://{host}:{port}")
+            }
+        }
+    }
+
     pub fn lease_ms(&self) -> i64 {
         self.lease.as_millis() as i64
     }
@@ -121,5 +144,14 @@ mod tests {
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("7m"), Ok(Duration::from_secs(420)));
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn public_url_defaults_to_the_bound_address() {
+        let mut config = Config::defaults();
+        config.bind = "0.0.0.0:0".into();
+        assert_eq!(config.public_base_url(8123), "http://127.0.0.1:8123");
+        config.public_url = Some("https://booth.example.org/".into());
+        assert_eq!(config.public_base_url(8123), "https://booth.example.org");
     }
 }

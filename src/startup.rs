@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use actix::{Actor, Addr};
 use actix_web::dev::Server;
-use actix_web::{App, HttpServer, web};
+use actix_web::{web, App, HttpServer};
 
 use crate::actors::ai::AiActor;
 use crate::actors::cleanup::CleanupActor;
 use crate::actors::cluster::ClusterBridge;
 use crate::actors::dispatcher::Dispatcher;
+use crate::actors::operator_hub::OperatorHub;
 use crate::actors::outbox_relay::OutboxRelay;
 use crate::actors::persistence::PersistenceActor;
 use crate::actors::ranking::RankingActor;
@@ -21,12 +22,12 @@ use crate::actors::ranking_board::RankingBoard;
 use crate::actors::saga_supervisor::{SagaDeps, SagaSettings};
 use crate::actors::terminal_hub::TerminalHub;
 use crate::actors::wakeups::{ClusterMailbox, Wakeups};
-use crate::ai::AiClient;
 use crate::ai::simulator::{self, RunningSim, SimConfig, SimControl};
+use crate::ai::AiClient;
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
 use crate::http::auth::new_secret;
-use crate::http::{AppState, routes};
+use crate::http::{routes, AppState};
 use crate::store::sagas::ClaimRules;
 use crate::store::{Store, StoreError};
 
@@ -39,6 +40,8 @@ pub enum StartupError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("STAGEHAND_PUBLIC_URL must be an http:// or https:// URL, not {0:?}")]
+    PublicUrl(String),
     #[error("cannot start the AI simulator: {0}")]
     Simulator(std::io::Error),
 }
@@ -61,6 +64,11 @@ impl Application {
         config: Config,
         clock: SharedClock,
     ) -> Result<Application, StartupError> {
+        if let Some(url) = &config.public_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(StartupError::PublicUrl(url.clone()));
+            }
+        }
         let store = Store::connect(&config.database_url, config.db_pool).await?;
         store.migrate().await?;
         // Saga work and display streams get their own connections.
@@ -139,16 +147,28 @@ impl Application {
             config.max_running as usize,
         )
         .start();
+        let operators = OperatorHub::new(work.clone(), clock.clone(), wakeups.clone()).start();
         let cleanup = CleanupActor::new(
             work.clone(),
             clock.clone(),
-            persistence,
+            persistence.clone(),
             wakeups.clone(),
             rules,
             config.cleanup_interval,
         )
         .start();
 
+        let listener = TcpListener::bind(&config.bind).map_err(|source| StartupError::Bind {
+            addr: config.bind.clone(),
+            source,
+        })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| StartupError::Bind {
+                addr: config.bind.clone(),
+                source,
+            })?
+            .port();
         let state = AppState {
             submissions: crate::http::submissions::submission_queue(
                 store.clone(),
@@ -164,22 +184,16 @@ impl Application {
             saga_deadline_ms: config.saga_deadline.as_millis() as i64,
             instance_id,
             display_heartbeat: config.display_heartbeat,
+            persistence,
+            operators,
+            public_url: config.public_base_url(port),
         };
-        let listener = TcpListener::bind(&config.bind).map_err(|source| StartupError::Bind {
-            addr: config.bind.clone(),
-            source,
-        })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| StartupError::Bind {
-                addr: config.bind.clone(),
-                source,
-            })?
-            .port();
         let data = web::Data::new(state.clone());
         let server = HttpServer::new(move || {
             App::new()
-                .wrap(tracing_actix_web::TracingLogger::default())
+                .wrap(tracing_actix_web::TracingLogger::<
+                    crate::http::request_log::RedactedRootSpan,
+                >::new())
                 .app_data(data.clone())
                 .configure(routes)
         })

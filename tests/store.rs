@@ -398,6 +398,68 @@ db_test!(cleanup_abort_only_applies_to_unowned_sagas);
 
 /// Sagas of the fixture's terminal for these nicknames, claimed and moved
 /// to AI_DONE, as the ranking step finds them.
+/// An operator cancels a saga a worker holds: the cancel applies, and the
+/// worker's next write is refused. The operator then retries it: of two
+/// retries at once exactly one applies; the saga is runnable again at the
+/// step it stood, with fresh attempts, and the old worker still loses.
+async fn an_operator_cancel_beats_the_worker_and_a_retry_runs_it_again(backend: Backend) {
+    let f = fixture(backend, 5).await;
+    f.saga(T0).await;
+    let held = f.claim(5, T0).await.remove(0);
+    f.store
+        .abort(
+            &held.id,
+            Fence::Operator,
+            AbortReason::Cancelled,
+            "cancelled by an operator",
+            T0 + 1,
+        )
+        .await
+        .expect("the operator's cancel applies while a worker holds the saga");
+    let late = f
+        .store
+        .record_ai_done(&held.id, &token(&held), &result("late"), T0 + 2, LEASE)
+        .await;
+    assert!(late.is_err(), "{late:?}");
+    let row = f.store.saga(&held.id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.step.as_str(), row.abort_reason.as_deref()),
+        ("ABORTED", Some("CANCELLED"))
+    );
+
+    let retries = join_all((0..2).map(|_| f.store.retry_saga(&held.id, T0 + 3, 900_000))).await;
+    assert_eq!(
+        retries.iter().filter(|r| r.is_ok()).count(),
+        1,
+        "exactly one retry applies: {retries:?}"
+    );
+    let row = f.store.saga(&held.id).await.unwrap().unwrap();
+    assert_eq!(row.step, "AI_PENDING");
+    assert_eq!((row.attempts, row.recoveries), (0, 0));
+    assert!(row.lock_token.is_none());
+    let late = f
+        .store
+        .record_ai_done(&held.id, &token(&held), &result("late"), T0 + 4, LEASE)
+        .await;
+    assert!(late.as_ref().is_err_and(|e| e.is_lease_lost()), "{late:?}");
+    let again = f.claim(5, T0 + 5).await.remove(0);
+    assert_eq!(again.id, held.id);
+    f.store
+        .record_ai_done(&again.id, &token(&again), &result("fresh"), T0 + 6, LEASE)
+        .await
+        .expect("the new owner writes");
+    // A saga that is not ABORTED cannot be retried.
+    let refused = f.store.retry_saga(&held.id, T0 + 7, 900_000).await;
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::Transition(TransitionError::Conflict { .. }))
+        ),
+        "{refused:?}"
+    );
+}
+db_test!(an_operator_cancel_beats_the_worker_and_a_retry_runs_it_again);
+
 async fn at_ranking(f: &Fixture, nicknames: &[&str]) -> Vec<sagas::Model> {
     for (i, nick) in nicknames.iter().enumerate() {
         f.saga_of(nick, &f.terminal_id, T0 + i as i64).await;

@@ -12,6 +12,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261130_000001_init;
 mod m20261201_000002_reactive_delivery;
 mod m20261202_000003_peoples_side;
+mod m20261203_000004_operator_views;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -23,6 +24,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000001_init::Migration),
             Box::new(m20261201_000002_reactive_delivery::Migration),
             Box::new(m20261202_000003_peoples_side::Migration),
+            Box::new(m20261203_000004_operator_views::Migration),
         ]
     }
 }

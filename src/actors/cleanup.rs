@@ -3,13 +3,14 @@
 //! recoveries are aborted ORPHANED, each in its own transaction (and only if
 //! still unowned at that moment); sessions stuck in SUBMITTING without a saga
 //! are aborted; expired idempotency records and old outbox events are
-//! deleted.
+//! deleted, and so are the presence rows of displays whose instance died.
 
 use std::time::Duration;
 
 use actix::prelude::*;
 
 use super::persistence::{PersistenceActor, Write};
+use super::terminal_hub::PRESENCE_STALE_MS;
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::domain::policy::{ownership, recovery, Recovery, RecoveryLimits};
@@ -35,6 +36,7 @@ pub struct CleanupReport {
     pub stuck_sessions: u64,
     pub expired_keys: u64,
     pub old_events: u64,
+    pub stale_displays: u64,
 }
 
 pub struct CleanupActor {
@@ -156,6 +158,10 @@ impl CleanupActor {
             match store.purge_events_before(now - OUTBOX_RETENTION_MS).await {
                 Ok(n) => report.old_events = n,
                 Err(e) => tracing::error!(error = %e, "cleanup: purging outbox failed"),
+            }
+            match store.purge_stale_presence(now - PRESENCE_STALE_MS).await {
+                Ok(n) => report.stale_displays = n,
+                Err(e) => tracing::error!(error = %e, "cleanup: purging stale presence failed"),
             }
             if report != CleanupReport::default() {
                 tracing::info!(?report, "cleanup round");

@@ -16,16 +16,24 @@
 //! - [`terminal_hub::TerminalHub`] and [`terminal_socket::TerminalSocket`]:
 //!   each display streams its terminal's outbox at its own pace; the hub
 //!   only rings.
+//! - [`ranking_board::RankingBoard`]: turns ranking changes into throttled
+//!   top-10 frames for the displays.
+//! - [`operator_hub::OperatorHub`] and [`operator_socket::OperatorSocket`]:
+//!   the operators' live `stats` frames, a snapshot each.
 //! - [`cluster::ClusterBridge`] (PostgreSQL): carries wake-ups between
 //!   instances with LISTEN/NOTIFY.
 //!
-//! [`wakeups`] is not an actor: the doorbells committers ring after commit.
+//! [`wakeups`] is not an actor: the doorbells committers ring after commit;
+//! nor is [`heartbeat`], the sockets' ping and pong bookkeeping.
 
 pub mod ai;
 pub mod batching;
 pub mod cleanup;
 pub mod cluster;
 pub mod dispatcher;
+pub mod heartbeat;
+pub mod operator_hub;
+pub mod operator_socket;
 pub mod outbox_relay;
 pub mod persistence;
 pub mod ranking;

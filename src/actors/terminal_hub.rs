@@ -29,6 +29,9 @@ use crate::store::Store;
 /// How often this instance tells the database its displays are still
 /// connected. A presence row not seen for three times this is offline.
 pub const PRESENCE_REFRESH: Duration = Duration::from_secs(10);
+/// A presence row not refreshed for this long belongs to an instance that
+/// died: operators see the display offline and cleanup deletes the row.
+pub const PRESENCE_STALE_MS: i64 = 3 * PRESENCE_REFRESH.as_millis() as i64;
 
 /// The latest ranking frame of an experience (None until one was made).
 pub type RankingFrame = Option<Arc<str>>;

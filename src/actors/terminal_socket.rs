@@ -18,20 +18,21 @@
 //! display that has not answered for three heartbeats is closed and its
 //! presence row deleted; it resumes from its last `seq` when it reconnects.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use actix_ws::{Message, ProtocolError, Session};
 use serde_json::Value;
 
+use super::heartbeat::Heartbeat;
 use super::ranking_board::ranking_frame;
 use super::spawn_if_running;
 use super::terminal_hub::{Connect, Disconnect, TerminalHub};
 use super::wakeups::{Doorbell, Wakeups};
 use crate::clock::SharedClock;
-use crate::store::{Store, StoreError, new_id};
+use crate::store::{new_id, Store, StoreError};
 
 /// Events read from the outbox per query.
 const PAGE: u64 = 200;
@@ -82,7 +83,7 @@ pub struct TerminalSocket {
     deps: SocketDeps,
     session: Session,
     bell: Doorbell,
-    last_heard: Instant,
+    heartbeat: Heartbeat,
     /// The highest `seq` sent, kept by the stream.
     sent: Arc<AtomicI64>,
     /// The highest `seq` the display acknowledged (never above `sent`).
@@ -96,13 +97,14 @@ pub struct TerminalSocket {
 impl TerminalSocket {
     pub fn new(display: DisplayOf, deps: SocketDeps, session: Session) -> Self {
         let after = display.after;
+        let heartbeat = Heartbeat::new(deps.heartbeat);
         TerminalSocket {
             id: new_id(),
             display,
             deps,
             session,
             bell: Doorbell::default(),
-            last_heard: Instant::now(),
+            heartbeat,
             sent: Arc::new(AtomicI64::new(after)),
             acked: after,
             reported: (after, after),
@@ -232,17 +234,11 @@ impl Actor for TerminalSocket {
             ctx.stop();
         }));
 
-        let heartbeat = self.deps.heartbeat;
-        ctx.run_interval(heartbeat, move |act, ctx| {
-            if act.last_heard.elapsed() > heartbeat * 3 {
+        ctx.run_interval(self.heartbeat.period(), |act, ctx| {
+            if !act.heartbeat.beat(&act.session) {
                 tracing::info!(terminal_id = %act.display.terminal_id, "display missed its pongs; closing");
                 ctx.stop();
-                return;
             }
-            let mut session = act.session.clone();
-            actix::spawn(async move {
-                let _ = session.ping(b"").await;
-            });
         });
         ctx.run_interval(PROGRESS_EVERY, |act, _| act.report_progress());
     }
@@ -285,14 +281,9 @@ struct Ack {
 
 impl StreamHandler<Result<Message, ProtocolError>> for TerminalSocket {
     fn handle(&mut self, msg: Result<Message, ProtocolError>, ctx: &mut Self::Context) {
-        self.last_heard = Instant::now();
+        self.heartbeat.heard();
         match msg {
-            Ok(Message::Ping(bytes)) => {
-                let mut session = self.session.clone();
-                actix::spawn(async move {
-                    let _ = session.pong(&bytes).await;
-                });
-            }
+            Ok(Message::Ping(bytes)) => Heartbeat::pong(&self.session, &bytes),
             Ok(Message::Text(text)) => match serde_json::from_str::<Ack>(&text) {
                 // An ack never goes past what was sent, nor backwards.
                 Ok(ack) if ack.kind == "ack" => {

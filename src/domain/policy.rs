@@ -191,9 +191,29 @@ pub fn recovery(
     }
 }
 
+/// Whether operators should look at a saga: it has not ended, and either
+/// its worker's lease ran out (it died or hangs) or its deadline passed.
+/// Such a saga is resumed or aborted ORPHANED by itself; "stuck" says it is
+/// late, not lost.
+pub fn is_stuck(ended: bool, ownership: Ownership, deadline: EpochMs, now: EpochMs) -> bool {
+    !ended && (ownership == Ownership::Expired || deadline < now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_saga_is_stuck_when_its_lease_ran_out_or_its_deadline_passed() {
+        assert!(!is_stuck(false, Ownership::Held, DEADLINE, NOW));
+        assert!(!is_stuck(false, Ownership::Free, DEADLINE, NOW));
+        assert!(is_stuck(false, Ownership::Expired, DEADLINE, NOW));
+        assert!(is_stuck(false, Ownership::Free, NOW - 1, NOW));
+        assert!(
+            !is_stuck(true, Ownership::Expired, NOW - 1, NOW),
+            "ended sagas are never stuck"
+        );
+    }
 
     const NOW: EpochMs = 1_800_000_000_000;
     const DEADLINE: EpochMs = NOW + 900_000;

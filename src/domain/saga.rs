@@ -216,9 +216,51 @@ pub fn judge_unapplied<D: PartialEq + fmt::Debug>(
     }
 }
 
+/// Where an operator's retry of a saga resumes: an ABORTED saga goes back
+/// to the step it stood at when it aborted (so the AI result and the ranking
+/// entry it had are kept), or to AI_PENDING when that was not recorded (a
+/// saga aborted before the step was kept). Any other saga is refused.
+pub fn retry_from(step: Step, aborted_at: Option<Step>) -> Result<Step, TransitionError> {
+    match (step, aborted_at) {
+        (Step::Aborted, Some(at)) if !at.is_final() => Ok(at),
+        (Step::Aborted, _) => Ok(Step::AiPending),
+        (other, _) => Err(TransitionError::Conflict {
+            step: Step::AiPending,
+            detail: format!("only an ABORTED saga can be retried; this one is {other}"),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_resumes_where_the_saga_aborted() {
+        assert_eq!(
+            retry_from(Step::Aborted, Some(Step::AiDone)),
+            Ok(Step::AiDone)
+        );
+        assert_eq!(
+            retry_from(Step::Aborted, Some(Step::RankingDone)),
+            Ok(Step::RankingDone)
+        );
+        assert_eq!(retry_from(Step::Aborted, None), Ok(Step::AiPending));
+        for step in [
+            Step::AiPending,
+            Step::AiDone,
+            Step::RankingDone,
+            Step::Completed,
+        ] {
+            assert!(
+                matches!(
+                    retry_from(step, None),
+                    Err(TransitionError::Conflict { .. })
+                ),
+                "{step} must not be retried"
+            );
+        }
+    }
 
     #[test]
     fn steps_only_move_forward_or_abort() {

@@ -5,6 +5,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 
+use crate::domain::saga::TransitionError;
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +95,12 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(what) => ApiError::NotFound(what),
             StoreError::AlreadySubmitted => ApiError::AlreadySubmitted,
             StoreError::Conflict(message) => ApiError::Conflict(message),
+            // An operator's action on a saga that moved on (the workers'
+            // own writes never reach HTTP).
+            StoreError::Transition(TransitionError::Conflict { detail, .. }) => {
+                ApiError::Conflict(detail)
+            }
+            StoreError::Transition(e) => ApiError::Conflict(e.to_string()),
             StoreError::Db(sea_orm::DbErr::ConnectionAcquire(_))
             | StoreError::Db(sea_orm::DbErr::Conn(_)) => ApiError::Unavailable,
             other => ApiError::Internal(other.to_string()),

@@ -2,6 +2,7 @@
 //! error mapping. Handlers validate, call the store, and wake actors; they
 //! never talk to the AI provider.
 
+pub mod admin;
 pub mod auth;
 pub mod body;
 pub mod error;
@@ -9,6 +10,7 @@ pub mod idempotency;
 pub mod operators;
 pub mod pages;
 pub mod participants;
+pub mod request_log;
 pub mod service;
 pub mod submissions;
 pub mod terminals;
@@ -16,6 +18,8 @@ pub mod terminals;
 use actix::Addr;
 use actix_web::web;
 
+use crate::actors::operator_hub::OperatorHub;
+use crate::actors::persistence::PersistenceActor;
 use crate::actors::terminal_hub::TerminalHub;
 use crate::actors::terminal_socket::SocketDeps;
 use crate::actors::wakeups::Wakeups;
@@ -41,8 +45,14 @@ pub struct AppState {
     pub saga_deadline_ms: i64,
     /// This process among the instances sharing the database.
     pub instance_id: String,
-    /// Ping period of display sockets.
+    /// Ping period of display and operator sockets.
     pub display_heartbeat: std::time::Duration,
+    /// Applies operators' cancels like every other fenced saga write.
+    pub persistence: Addr<PersistenceActor>,
+    /// Makes the operators' `stats` frames.
+    pub operators: Addr<OperatorHub>,
+    /// Base URL of the participant pages, encoded in QR codes.
+    pub public_url: String,
 }
 
 impl AppState {
@@ -78,7 +88,27 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         "/api/experiences",
         web::get().to(operators::list_experiences),
     )
+    .route(
+        "/api/experiences/{slug}",
+        web::get().to(operators::get_experience),
+    )
+    .route(
+        "/api/experiences/{slug}/qr.svg",
+        web::get().to(operators::qr_svg),
+    )
     .route("/api/terminals", web::post().to(operators::create_terminal))
+    .route("/api/terminals", web::get().to(admin::list_terminals))
+    .route("/api/admin/sagas", web::get().to(admin::list_sagas))
+    .route("/api/admin/sagas/{id}", web::get().to(admin::get_saga))
+    .route(
+        "/api/admin/sagas/{id}/retry",
+        web::post().to(admin::retry_saga),
+    )
+    .route(
+        "/api/admin/sagas/{id}/cancel",
+        web::post().to(admin::cancel_saga),
+    )
+    .route("/ws/operators", web::get().to(admin::operator_socket))
     .route(
         "/api/experiences/{slug}/sessions",
         web::post().to(participants::create_session),
@@ -100,5 +130,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::get().to(terminals::terminal_socket),
     )
     .route("/", web::get().to(pages::index))
+    .route("/p/{slug}", web::get().to(pages::participant))
+    .route("/terminal/{id}", web::get().to(pages::terminal))
+    .route("/ops", web::get().to(pages::ops))
+    .route("/static/{name}", web::get().to(pages::static_file))
+    .route("/i18n/{name}", web::get().to(pages::i18n))
     .default_service(web::to(service::not_found));
 }

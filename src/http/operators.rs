@@ -1,11 +1,13 @@
-//! Operator endpoints (bearer operator token): experiences and terminals.
+//! Experiences and terminals: creating them (bearer operator token), and
+//! what the public pages read of an experience, with its booth QR codes.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::auth::{new_secret, require_operator};
+use super::admin::operator_scope;
+use super::auth::{is_operator, new_secret, require_operator};
 use super::body::{parse_json, read_body};
 use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
@@ -137,7 +139,7 @@ pub async fn create_experience(
     require_operator(&state, &req)?;
     let key = key_of(&req)?;
     let body = read_body(payload).await?;
-    let (reply, replayed) = run_idempotent(&state, "operator", key, &body, || async {
+    let (reply, replayed) = run_idempotent(&state, &operator_scope(&req), key, &body, || async {
         let new = validate_experience(parse_json(&body)?)?;
         let created = state
             .store
@@ -153,20 +155,97 @@ pub async fn create_experience(
     Ok(respond(reply, replayed, None))
 }
 
-/// `GET /api/experiences`
+/// What anyone may read of an experience: what the pages show.
+fn public_experience_json(e: &experiences::Model) -> serde_json::Value {
+    json!({
+        "slug": e.slug,
+        "title": e.title,
+        "kind": e.kind,
+        "locale": e.locale,
+        "closes_at": e.closes_at_ms.map(rfc3339),
+    })
+}
+
+/// `GET /api/experiences`: every field with the operator token; without
+/// it, what the public pages show (slug, title, kind, locale, closes_at).
 pub async fn list_experiences(
     state: web::Data<AppState>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    let render = if is_operator(&state, &req) {
+        experience_json
+    } else {
+        public_experience_json
+    };
     let list: Vec<_> = state
         .store
         .list_experiences()
         .await?
         .iter()
-        .map(experience_json)
+        .map(render)
         .collect();
     Ok(HttpResponse::Ok().json(json!({"experiences": list})))
+}
+
+/// `GET /api/experiences/{slug}`: like one item of the list.
+pub async fn get_experience(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    slug: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let experience = state
+        .store
+        .experience_by_slug(&slug)
+        .await?
+        .ok_or(ApiError::NotFound("experience"))?;
+    let body = if is_operator(&state, &req) {
+        experience_json(&experience)
+    } else {
+        public_experience_json(&experience)
+    };
+    Ok(HttpResponse::Ok().json(body))
+}
+
+#[derive(Deserialize)]
+pub struct QrQuery {
+    terminal: Option<String>,
+}
+
+/// `GET /api/experiences/{slug}/qr.svg?terminal=ID`: the QR code a booth
+/// shows, encoding `{STAGEHAND_PUBLIC_URL}/p/{slug}?terminal={ID}`. Public:
+/// it encodes nothing secret, and the booth page shows it in an `<img>`.
+pub async fn qr_svg(
+    state: web::Data<AppState>,
+    slug: web::Path<String>,
+    query: web::Query<QrQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let experience = state
+        .store
+        .experience_by_slug(&slug)
+        .await?
+        .ok_or(ApiError::NotFound("experience"))?;
+    let mut url = format!("{}/p/{}", state.public_url, experience.slug);
+    if let Some(terminal_id) = query.terminal.as_deref().filter(|t| !t.is_empty()) {
+        let terminal = state
+            .store
+            .terminal(terminal_id)
+            .await?
+            .filter(|t| t.experience_id == experience.id)
+            .ok_or(ApiError::NotFound("terminal of this experience"))?;
+        url.push_str("?terminal=");
+        url.push_str(&terminal.id);
+    }
+    let code = qrcode::QrCode::new(url.as_bytes())
+        .map_err(|e| ApiError::Internal(format!("cannot encode {url} as a QR code: {e}")))?;
+    let svg = code
+        .render::<qrcode::render::svg::Color>()
+        .min_dimensions(256, 256)
+        .quiet_zone(true)
+        .build();
+    Ok(HttpResponse::Ok()
+        .content_type("image/svg+xml")
+        .insert_header(("Cache-Control", "public, max-age=300"))
+        .body(svg))
 }
 
 /// `POST /api/terminals` -> 201 `{"terminal_id", "token"}`
@@ -178,7 +257,7 @@ pub async fn create_terminal(
     require_operator(&state, &req)?;
     let key = key_of(&req)?;
     let body = read_body(payload).await?;
-    let (reply, replayed) = run_idempotent(&state, "operator", key, &body, || async {
+    let (reply, replayed) = run_idempotent(&state, &operator_scope(&req), key, &body, || async {
         let b: TerminalBody = parse_json(&body)?;
         let name_len = b.name.trim().chars().count();
         if name_len == 0 || name_len > 80 {

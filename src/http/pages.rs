@@ -1,12 +1,80 @@
 //! The pages in `static/`, embedded in the binary so the server serves them
-//! from any working directory.
+//! from any working directory and nothing is fetched from elsewhere at run
+//! time: `/` (experiences), `/p/{slug}` (the participant's phone page),
+//! `/terminal/{id}` (a booth's big screen), `/ops` (the operators'
+//! dashboard), their scripts and style under `/static/`, and the texts of
+//! each language under `/i18n/`.
 
-use actix_web::HttpResponse;
+use actix_web::{web, HttpResponse};
 
-const INDEX: &str = include_str!("../../static/index.html");
+use super::error::ApiError;
+
+const HTML: &str = "text/html; charset=utf-8";
+const JS: &str = "text/javascript; charset=utf-8";
+const CSS: &str = "text/css; charset=utf-8";
+const JSON: &str = "application/json";
+
+/// Every embedded asset: its name under `/static/` or `/i18n/`, type, text.
+const ASSETS: [(&str, &str, &str); 7] = [
+    ("app.css", CSS, include_str!("../../static/app.css")),
+    ("app.js", JS, include_str!("../../static/app.js")),
+    (
+        "participant.js",
+        JS,
+        include_str!("../../static/participant.js"),
+    ),
+    ("terminal.js", JS, include_str!("../../static/terminal.js")),
+    ("ops.js", JS, include_str!("../../static/ops.js")),
+    ("en.json", JSON, include_str!("../../static/i18n/en.json")),
+    ("ko.json", JSON, include_str!("../../static/i18n/ko.json")),
+];
+
+fn page(text: &'static str) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(HTML)
+        .insert_header(("Cache-Control", "no-cache"))
+        .body(text)
+}
 
 pub async fn index() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("text/html; charset=utf-8")
-        .body(INDEX)
+    page(include_str!("../../static/index.html"))
+}
+
+/// `/p/{slug}`: the page checks the experience itself and says when it is
+/// unknown.
+pub async fn participant() -> HttpResponse {
+    page(include_str!("../../static/participant.html"))
+}
+
+/// `/terminal/{id}`: the token comes in the URL fragment, never to us.
+pub async fn terminal() -> HttpResponse {
+    page(include_str!("../../static/terminal.html"))
+}
+
+pub async fn ops() -> HttpResponse {
+    page(include_str!("../../static/ops.html"))
+}
+
+fn asset(name: &str, dir_is_i18n: bool) -> Result<HttpResponse, ApiError> {
+    let is_i18n = |n: &str| n.ends_with(".json");
+    ASSETS
+        .iter()
+        .find(|(n, _, _)| *n == name && is_i18n(n) == dir_is_i18n)
+        .map(|(_, kind, text)| {
+            HttpResponse::Ok()
+                .content_type(*kind)
+                .insert_header(("Cache-Control", "no-cache"))
+                .body(*text)
+        })
+        .ok_or(ApiError::NotFound("file"))
+}
+
+/// `/static/{name}`
+pub async fn static_file(name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    asset(&name, false)
+}
+
+/// `/i18n/{name}`: `en.json`, `ko.json`.
+pub async fn i18n(name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    asset(&name, true)
 }

@@ -10,6 +10,7 @@ pub mod entities;
 pub mod experiences;
 pub mod idempotency;
 pub mod notify;
+pub mod operators;
 pub mod outbox;
 pub mod presence;
 pub mod ranking;

@@ -26,6 +26,10 @@ pub struct TerminalView {
     /// The instances holding them.
     pub instances: Vec<String>,
     /// When the longest-connected display connected.
+    #[serde(
+        rename = "connected_since",
+        serialize_with = "crate::clock::serialize_rfc3339_opt"
+    )]
     pub connected_since_ms: Option<EpochMs>,
     /// The terminal's newest numbered event.
     pub last_seq: i64,

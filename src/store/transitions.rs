@@ -746,7 +746,7 @@ fn double_of(value: &Value) -> Option<f64> {
     }
 }
 
-async fn load<C: ConnectionTrait>(conn: &C, saga_id: &str) -> StoreResult<sagas::Model> {
+pub(crate) async fn load<C: ConnectionTrait>(conn: &C, saga_id: &str) -> StoreResult<sagas::Model> {
     sagas::Entity::find_by_id(saga_id.to_owned())
         .one(conn)
         .await?

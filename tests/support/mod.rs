@@ -279,6 +279,45 @@ impl TestApp {
         resp.json().await.expect("JSON body")
     }
 
+    /// GET with the operator token: the status and the JSON body.
+    pub async fn operator_get(&self, path: &str) -> (u16, Value) {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(OPERATOR)
+            .send()
+            .await
+            .expect("GET");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// POST (empty body) with the operator token and an optional
+    /// Idempotency-Key: the status, whether it was a replay, the body.
+    pub async fn operator_post(&self, path: &str, key: Option<&str>) -> (u16, bool, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(OPERATOR);
+        if let Some(key) = key {
+            req = req.header("Idempotency-Key", key);
+        }
+        let resp = req.send().await.expect("POST");
+        let status = resp.status().as_u16();
+        let replayed = resp.headers().get("Idempotent-Replayed").is_some();
+        (status, replayed, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The saga of a session, as the admin list shows it.
+    pub async fn saga_of(&self, session_id: &str) -> Value {
+        let (status, body) = self.operator_get("/api/admin/sagas?limit=500").await;
+        assert_eq!(status, 200, "{body}");
+        body["sagas"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["session_id"] == session_id).cloned())
+            .unwrap_or_else(|| panic!("no saga of session {session_id} in {body}"))
+    }
+
     pub async fn status(&self, sid: &str, token: &str) -> Value {
         session_status(&self.http, &self.base, sid, token).await
     }
@@ -435,6 +474,36 @@ impl Socket {
             .await
             .expect("terminal socket");
         Socket { ws }
+    }
+
+    /// The operators' socket (`GET /ws/operators?token=`).
+    pub async fn operators(port: u16, token: &str) -> Result<Socket, String> {
+        let url = format!("ws://127.0.0.1:{port}/ws/operators?token={token}");
+        match tokio_tungstenite::connect_async(url).await {
+            Ok((ws, _)) => Ok(Socket { ws }),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Sends one JSON text frame (a display's ack).
+    pub async fn send_json(&mut self, frame: Value) {
+        self.ws
+            .send(Message::Text(frame.to_string().into()))
+            .await
+            .expect("send a frame");
+    }
+
+    /// The next JSON frame of this `type`, skipping others, or None after
+    /// `within`.
+    pub async fn next_of_type(&mut self, kind: &str, within: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(tokio::time::Instant::now())?;
+            let frame = self.next_json(left).await?;
+            if frame["type"] == kind {
+                return Some(frame);
+            }
+        }
     }
 
     /// The next JSON text frame, or None after `within`.

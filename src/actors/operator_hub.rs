@@ -1,0 +1,141 @@
+//! OperatorHub: makes the operators' `stats` frame and hands the newest to
+//! every operator socket of this instance. Woken by [`Wakeups::stats`]
+//! (a submission, a saga's end, a display that came, went or acked, and,
+//! on PostgreSQL, the same news from other instances), and at least every
+//! [`REFRESH`] (the last hour's window and presence age with time alone).
+//! Rounds are at least [`THROTTLE`] apart, so a busy event makes a few
+//! frames a second, and the last frame always reflects the last change.
+//! Nothing is read while no operator watches.
+//!
+//! The frame is a snapshot in a `watch` channel: an operator socket that is
+//! slow skips to the newest frame, never a queue. Nothing is lost by that:
+//! each frame carries all the counts and the latest sagas, and the admin API
+//! lists every saga.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::run_on_runtime;
+use super::terminal_hub::PRESENCE_STALE_MS;
+use super::wakeups::Wakeups;
+use crate::clock::{rfc3339, SharedClock};
+use crate::store::operators::OperatorStats;
+use crate::store::Store;
+
+/// The least time between two stats frames.
+pub const THROTTLE: Duration = Duration::from_millis(250);
+/// A frame is made at least this often while an operator watches.
+pub const REFRESH: Duration = Duration::from_secs(5);
+
+/// The newest stats frame (None until one was made).
+pub type StatsFrame = Option<Arc<str>>;
+
+/// An operator socket wants the frames. Answered with the channel; its
+/// current frame is the newest, and a fresh one is made at once.
+#[derive(Message)]
+#[rtype(result = "watch::Receiver<StatsFrame>")]
+pub struct Subscribe;
+
+pub struct OperatorHub {
+    store: Store,
+    clock: SharedClock,
+    wakeups: Wakeups,
+    frames: watch::Sender<StatsFrame>,
+    running: Option<tokio::task::AbortHandle>,
+}
+
+impl OperatorHub {
+    pub fn new(store: Store, clock: SharedClock, wakeups: Wakeups) -> Self {
+        OperatorHub {
+            store,
+            clock,
+            wakeups,
+            frames: watch::Sender::new(None),
+            running: None,
+        }
+    }
+}
+
+/// The `stats` frame of these counts, read at `now`.
+pub fn stats_frame(stats: &OperatorStats, now: i64) -> String {
+    let in_flight: serde_json::Map<_, _> = stats
+        .experiences
+        .iter()
+        .map(|e| (e.slug.clone(), json!(e.in_flight)))
+        .collect();
+    json!({
+        "type": "stats",
+        "at": rfc3339(now),
+        "steps": stats.steps,
+        "in_flight": in_flight,
+        "experiences": stats.experiences,
+        "queue_depth": stats.queue_depth,
+        "aborted_by_reason": stats.aborted_by_reason,
+        "terminals": stats.terminals,
+        "recent": stats.recent,
+    })
+    .to_string()
+}
+
+async fn publish(
+    store: Store,
+    clock: SharedClock,
+    wakeups: Wakeups,
+    frames: watch::Sender<StatsFrame>,
+) {
+    let mut last: Option<OperatorStats> = None;
+    loop {
+        // Woken by news or by the refresh period, whichever comes first.
+        let _ = tokio::time::timeout(REFRESH, wakeups.stats.rung()).await;
+        if frames.receiver_count() == 0 {
+            continue;
+        }
+        let now = clock.now_ms();
+        match store.operator_stats(now, now - PRESENCE_STALE_MS).await {
+            Ok(stats) if last.as_ref() == Some(&stats) => {}
+            Ok(stats) => {
+                frames.send_replace(Some(stats_frame(&stats, now).into()));
+                last = Some(stats);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the operators' stats; the next round retries")
+            }
+        }
+        tokio::time::sleep(THROTTLE).await;
+    }
+}
+
+impl Actor for OperatorHub {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let work = publish(
+            self.store.clone(),
+            self.clock.clone(),
+            self.wakeups.clone(),
+            self.frames.clone(),
+        );
+        self.running = Some(run_on_runtime(ctx, work));
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        if let Some(running) = self.running.take() {
+            running.abort();
+        }
+    }
+}
+
+impl Handler<Subscribe> for OperatorHub {
+    type Result = MessageResult<Subscribe>;
+    fn handle(&mut self, _: Subscribe, _: &mut Context<Self>) -> Self::Result {
+        let mut frames = self.frames.subscribe();
+        // The newcomer gets the newest frame now and a fresh one shortly.
+        frames.mark_changed();
+        self.wakeups.stats.ring();
+        MessageResult(frames)
+    }
+}

@@ -1,0 +1,88 @@
+//! OperatorSocket: one actor per connected operator dashboard, owning its
+//! `actix_ws::Session`. It sends the newest `stats` frame at once, then
+//! each new one the [`OperatorHub`] makes (a few a second at most). A slow
+//! dashboard skips to the newest frame; each frame is whole, so nothing it
+//! needs is lost. Operators send nothing but pings and pongs; the heartbeat
+//! closes a dashboard that went away.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_ws::{Message, ProtocolError, Session};
+
+use super::heartbeat::Heartbeat;
+use super::operator_hub::{OperatorHub, Subscribe};
+
+pub struct OperatorSocket {
+    hub: Addr<OperatorHub>,
+    session: Session,
+    heartbeat: Heartbeat,
+    streaming: Option<tokio::task::AbortHandle>,
+}
+
+impl OperatorSocket {
+    pub fn new(hub: Addr<OperatorHub>, session: Session, heartbeat: Duration) -> Self {
+        OperatorSocket {
+            hub,
+            session,
+            heartbeat: Heartbeat::new(heartbeat),
+            streaming: None,
+        }
+    }
+}
+
+/// Sends each newest frame until the dashboard or the hub goes away.
+async fn stream(mut session: Session, hub: Addr<OperatorHub>) {
+    let Ok(mut frames) = hub.send(Subscribe).await else {
+        return;
+    };
+    while frames.changed().await.is_ok() {
+        let frame = frames.borrow_and_update().clone();
+        if let Some(frame) = frame {
+            if session.text(frame.to_string()).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Actor for OperatorSocket {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let streaming = tokio::spawn(stream(self.session.clone(), self.hub.clone()));
+        self.streaming = Some(streaming.abort_handle());
+        ctx.spawn(streaming.into_actor(self).map(|_, _, ctx| ctx.stop()));
+        ctx.run_interval(self.heartbeat.period(), |act, ctx| {
+            if !act.heartbeat.beat(&act.session) {
+                tracing::info!("operator dashboard missed its pongs; closing");
+                ctx.stop();
+            }
+        });
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        if let Some(streaming) = self.streaming.take() {
+            streaming.abort();
+        }
+        let session = self.session.clone();
+        actix::spawn(async move {
+            let _ = session.close(None).await;
+        });
+    }
+}
+
+impl StreamHandler<Result<Message, ProtocolError>> for OperatorSocket {
+    fn handle(&mut self, msg: Result<Message, ProtocolError>, ctx: &mut Self::Context) {
+        self.heartbeat.heard();
+        match msg {
+            Ok(Message::Ping(bytes)) => Heartbeat::pong(&self.session, &bytes),
+            Ok(Message::Close(_)) | Err(_) => ctx.stop(),
+            Ok(_) => {}
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}

@@ -1,0 +1,261 @@
+//! The operators' console API (bearer operator token): the saga list, retry
+//! and cancel of one saga, the booths' presence, and the live `stats`
+//! socket `GET /ws/operators?token=`.
+//!
+//! Retry and cancel are fenced in the store (a retry only moves an ABORTED
+//! saga, a cancel only a runnable one; of two at once exactly one applies)
+//! and idempotent: with an `Idempotency-Key` the first answer is replayed,
+//! and without one a second cancel of a cancelled saga is still 200. A saga
+//! whose state does not allow the action answers 409 `conflict` saying why.
+
+use actix::Actor;
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::auth::{require_operator, same_secret};
+use super::body::read_body;
+use super::error::ApiError;
+use super::idempotency::{key_of, respond, run_idempotent, Reply};
+use super::AppState;
+use crate::actors::operator_socket::OperatorSocket;
+use crate::actors::persistence::Write;
+use crate::actors::terminal_hub::PRESENCE_STALE_MS;
+use crate::domain::saga::{AbortReason, Step};
+use crate::store::operators::{SagaCursor, SagaFilter, MAX_PAGE};
+use crate::store::sagas::Fence;
+use crate::store::transitions::SagaWrite;
+
+/// Sagas per page when `limit` is not given.
+const DEFAULT_PAGE: u64 = 50;
+
+/// The Idempotency-Key scope of an operator's POST: one per endpoint (the
+/// path, which names the saga), so a key reused on another endpoint is a
+/// new request there.
+pub fn operator_scope(req: &HttpRequest) -> String {
+    format!("operator {}", req.path())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SagaListQuery {
+    step: Option<String>,
+    reason: Option<String>,
+    experience: Option<String>,
+    limit: Option<u64>,
+    cursor: Option<String>,
+}
+
+fn saga_filter(q: &SagaListQuery) -> Result<(SagaFilter, u64), ApiError> {
+    let step = match q.step.as_deref().filter(|s| !s.is_empty()) {
+        Some(text) => Some(text.parse::<Step>().map_err(|_| {
+            ApiError::Validation(format!(
+                "step {text:?} is not a saga step (e.g. AI_PENDING, ABORTED)"
+            ))
+        })?),
+        None => None,
+    };
+    let reason = match q.reason.as_deref().filter(|s| !s.is_empty()) {
+        Some(text) => Some(text.parse::<AbortReason>().map_err(|_| {
+            ApiError::Validation(format!(
+                "reason {text:?} is not an abort reason (e.g. AI_FAILED, CANCELLED)"
+            ))
+        })?),
+        None => None,
+    };
+    let after = match q.cursor.as_deref().filter(|s| !s.is_empty()) {
+        Some(text) => Some(SagaCursor::decode(text).ok_or_else(|| {
+            ApiError::Validation("cursor is not one this server handed out".into())
+        })?),
+        None => None,
+    };
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::Validation(format!(
+            "limit must be 1 to {MAX_PAGE}"
+        )));
+    }
+    Ok((
+        SagaFilter {
+            step,
+            reason,
+            experience: q.experience.clone().filter(|s| !s.is_empty()),
+            after,
+        },
+        limit,
+    ))
+}
+
+/// `GET /api/admin/sagas?step=&reason=&experience=&limit=&cursor=` ->
+/// `{"sagas": [...], "next_cursor"}`, newest change first.
+pub async fn list_sagas(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    query: web::Query<SagaListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    require_operator(&state, &req)?;
+    let (filter, limit) = saga_filter(&query)?;
+    let (sagas, next) = state
+        .store
+        .saga_views(&filter, limit, state.clock.now_ms())
+        .await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "sagas": sagas,
+        "next_cursor": next.map(|c| c.encode()),
+    })))
+}
+
+/// `GET /api/admin/sagas/{id}` -> the saga as the list shows it.
+pub async fn get_saga(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    require_operator(&state, &req)?;
+    let view = state
+        .store
+        .saga_view(&id, state.clock.now_ms())
+        .await?
+        .ok_or(ApiError::NotFound("saga"))?;
+    Ok(HttpResponse::Ok().json(json!({"saga": view})))
+}
+
+/// The saga's view after an action, as the action's answer.
+async fn saga_reply(state: &AppState, saga_id: &str) -> Result<Reply, ApiError> {
+    let view = state
+        .store
+        .saga_view(saga_id, state.clock.now_ms())
+        .await?
+        .ok_or(ApiError::NotFound("saga"))?;
+    Ok(Reply {
+        status: StatusCode::OK,
+        body: json!({"saga": view}),
+    })
+}
+
+/// `POST /api/admin/sagas/{id}/retry`: an ABORTED saga runs again from the
+/// step it aborted at, with fresh attempts, keeping its AI result and
+/// ranking entry. 409 unless it is ABORTED and its session's latest.
+pub async fn retry_saga(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    require_operator(&state, &req)?;
+    let key = key_of(&req)?;
+    let body = read_body(payload).await?;
+    let scope = operator_scope(&req);
+    let (reply, replayed) = run_idempotent(&state, &scope, key, &body, || async {
+        let retried = state
+            .store
+            .retry_saga(&id, state.clock.now_ms(), state.saga_deadline_ms)
+            .await?;
+        state.wakeups.saga_work();
+        if let Some(experience) = retried.ranking_changed {
+            state.wakeups.rankings_changed(&[experience], false);
+        }
+        saga_reply(&state, &id).await
+    })
+    .await?;
+    Ok(respond(reply, replayed, None))
+}
+
+/// `POST /api/admin/sagas/{id}/cancel`: a running saga aborts with
+/// CANCELLED, whoever holds it (the holder's next fenced write finds it
+/// ended), and its terminal is told like for any abort. 409 when it already
+/// ended otherwise.
+pub async fn cancel_saga(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    require_operator(&state, &req)?;
+    let key = key_of(&req)?;
+    let body = read_body(payload).await?;
+    let scope = operator_scope(&req);
+    let (reply, replayed) = run_idempotent(&state, &scope, key, &body, || async {
+        state
+            .store
+            .saga_view(&id, state.clock.now_ms())
+            .await?
+            .ok_or(ApiError::NotFound("saga"))?;
+        let write = SagaWrite::Abort {
+            saga_id: id.to_string(),
+            fence: Fence::Operator,
+            reason: AbortReason::Cancelled,
+            detail: "cancelled by an operator".into(),
+        };
+        state
+            .persistence
+            .send(Write(write))
+            .await
+            .map_err(|e| ApiError::Internal(format!("the persistence actor is gone: {e}")))??;
+        tracing::info!(saga_id = %id, "operator cancel: saga aborted with CANCELLED");
+        saga_reply(&state, &id).await
+    })
+    .await?;
+    Ok(respond(reply, replayed, None))
+}
+
+#[derive(Deserialize)]
+pub struct TerminalsQuery {
+    experience: Option<String>,
+}
+
+/// `GET /api/terminals?experience=slug` -> `{"terminals": [...]}`: every
+/// booth with its presence across the instances (connected displays, since
+/// when, last acked `seq`, events not yet acked).
+pub async fn list_terminals(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    query: web::Query<TerminalsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    require_operator(&state, &req)?;
+    let now = state.clock.now_ms();
+    let slug = query.experience.as_deref().filter(|s| !s.is_empty());
+    if let Some(slug) = slug {
+        state
+            .store
+            .experience_by_slug(slug)
+            .await?
+            .ok_or(ApiError::NotFound("experience"))?;
+    }
+    let terminals = state
+        .store
+        .terminal_views(slug, now - PRESENCE_STALE_MS)
+        .await?;
+    Ok(HttpResponse::Ok().json(json!({"terminals": terminals})))
+}
+
+#[derive(Deserialize)]
+pub struct OperatorSocketQuery {
+    token: Option<String>,
+}
+
+/// `GET /ws/operators?token=`: the live `stats` frames. A wrong token is
+/// answered 401 before the upgrade.
+pub async fn operator_socket(
+    state: web::Data<AppState>,
+    query: web::Query<OperatorSocketQuery>,
+    req: HttpRequest,
+    body: web::Payload,
+) -> Result<HttpResponse, actix_web::Error> {
+    let token_ok = query
+        .token
+        .as_deref()
+        .is_some_and(|t| same_secret(t, &state.operator_token));
+    if !token_ok {
+        return Err(ApiError::Unauthorized("an operator token is required").into());
+    }
+    let (response, session, stream) = actix_ws::handle(&req, body)?;
+    let socket = OperatorSocket::new(state.operators.clone(), session, state.display_heartbeat);
+    OperatorSocket::create(|ctx| {
+        use actix::AsyncContext;
+        ctx.add_stream(stream);
+        socket
+    });
+    Ok(response)
+}

@@ -1,0 +1,431 @@
+//! What operators read and do: the counts of the live dashboard, the list
+//! of sagas (filtered, newest first, by cursor), and the retry of an
+//! aborted saga. The operator's cancel is an ordinary fenced abort
+//! ([`super::sagas::Fence::Operator`]).
+
+use std::collections::BTreeMap;
+
+use sea_orm::{ConnectionTrait, QueryResult, Value};
+
+use super::entities::sagas;
+use super::presence::TerminalView;
+use super::sessions::set_session_status;
+use super::transitions::load;
+use super::{Store, StoreError, StoreResult};
+use crate::domain::policy::{is_stuck, ownership, EpochMs};
+use crate::domain::saga::{retry_from, AbortReason, Step, TransitionError};
+use crate::domain::session::SessionStatus;
+
+/// How far back "aborted by reason" counts.
+pub const ABORTED_WINDOW_MS: i64 = 3_600_000;
+/// Saga rows in the dashboard's "recent" list.
+const RECENT: u64 = 20;
+/// The most sagas one page of the admin list holds.
+pub const MAX_PAGE: u64 = 500;
+
+/// One experience's AI load.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ExperienceLoad {
+    pub slug: String,
+    pub title: String,
+    /// AI jobs running now (AI_PENDING sagas whose lease is held).
+    pub in_flight: i64,
+    pub max_in_flight: i32,
+    /// AI_PENDING sagas waiting for a slot or for their retry time.
+    pub queued: i64,
+}
+
+/// A saga as operators see it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SagaView {
+    pub saga_id: String,
+    pub session_id: String,
+    /// The experience's slug.
+    pub experience: String,
+    pub nickname: String,
+    pub step: String,
+    pub abort_reason: Option<String>,
+    pub abort_detail: Option<String>,
+    pub attempts: i32,
+    pub recoveries: i32,
+    /// Not ended, and its lease ran out or its deadline passed
+    /// ([`is_stuck`]).
+    pub stuck: bool,
+    #[serde(
+        rename = "created_at",
+        serialize_with = "crate::clock::serialize_rfc3339"
+    )]
+    pub created_at_ms: EpochMs,
+    #[serde(
+        rename = "updated_at",
+        serialize_with = "crate::clock::serialize_rfc3339"
+    )]
+    pub updated_at_ms: EpochMs,
+}
+
+/// Everything the operators' `stats` frame counts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperatorStats {
+    /// Sagas per step, every step present.
+    pub steps: BTreeMap<String, i64>,
+    pub experiences: Vec<ExperienceLoad>,
+    /// Runnable sagas that nobody holds: queued for an AI slot, waiting
+    /// for a retry, or to be resumed.
+    pub queue_depth: i64,
+    /// Sagas aborted in the last [`ABORTED_WINDOW_MS`], per reason.
+    pub aborted_by_reason: BTreeMap<String, i64>,
+    pub terminals: Vec<TerminalView>,
+    /// The sagas that changed last, newest first.
+    pub recent: Vec<SagaView>,
+}
+
+/// Which sagas the admin list shows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SagaFilter {
+    pub step: Option<Step>,
+    pub reason: Option<AbortReason>,
+    /// An experience's slug.
+    pub experience: Option<String>,
+    /// Sagas after this one in the list's order (newest first).
+    pub after: Option<SagaCursor>,
+}
+
+/// A place in the admin list: the last saga of the page before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SagaCursor {
+    pub updated_at_ms: EpochMs,
+    pub saga_id: String,
+}
+
+impl SagaCursor {
+    /// The opaque text handed to clients: `<updated_at_ms>.<saga_id>`.
+    pub fn encode(&self) -> String {
+        format!("{}.{}", self.updated_at_ms, self.saga_id)
+    }
+
+    pub fn decode(text: &str) -> Option<SagaCursor> {
+        let (ms, id) = text.split_once('.')?;
+        let updated_at_ms = ms.parse().ok()?;
+        (!id.is_empty() && id.len() <= 64).then(|| SagaCursor {
+            updated_at_ms,
+            saga_id: id.to_owned(),
+        })
+    }
+}
+
+/// What a retry did.
+#[derive(Debug, Clone)]
+pub struct Retried {
+    pub saga: sagas::Model,
+    /// The experience whose ranking shows the saga's entry again.
+    pub ranking_changed: Option<String>,
+}
+
+/// The columns of [`SagaView`], in the order [`saga_view_of`] reads them.
+const SAGA_VIEW_COLUMNS: &str = "s.id, s.session_id, e.slug, se.nickname, s.step, \
+     s.abort_reason, s.abort_detail, s.attempts, s.recoveries, s.lock_token, \
+     s.locked_until_ms, s.deadline_at_ms, s.created_at_ms, s.updated_at_ms";
+const SAGA_VIEW_FROM: &str = "FROM sagas s JOIN experiences e ON e.id = s.experience_id \
+     JOIN sessions se ON se.id = s.session_id";
+
+fn saga_view_of(row: &QueryResult, now: EpochMs) -> StoreResult<SagaView> {
+    let step: String = row.try_get_by_index(4)?;
+    let ended = step
+        .parse::<Step>()
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?
+        .is_final();
+    let lock_token: Option<String> = row.try_get_by_index(9)?;
+    let locked_until: Option<i64> = row.try_get_by_index(10)?;
+    let deadline: i64 = row.try_get_by_index(11)?;
+    Ok(SagaView {
+        saga_id: row.try_get_by_index(0)?,
+        session_id: row.try_get_by_index(1)?,
+        experience: row.try_get_by_index(2)?,
+        nickname: row.try_get_by_index(3)?,
+        stuck: is_stuck(
+            ended,
+            ownership(lock_token.as_deref(), locked_until, now),
+            deadline,
+            now,
+        ),
+        step,
+        abort_reason: row.try_get_by_index(5)?,
+        abort_detail: row.try_get_by_index(6)?,
+        attempts: row.try_get_by_index(7)?,
+        recoveries: row.try_get_by_index(8)?,
+        created_at_ms: row.try_get_by_index(12)?,
+        updated_at_ms: row.try_get_by_index(13)?,
+    })
+}
+
+impl Store {
+    /// The dashboard's counts, read at `now`; displays count as online when
+    /// their instance saw them since `presence_since`.
+    pub async fn operator_stats(
+        &self,
+        now: EpochMs,
+        presence_since: EpochMs,
+    ) -> StoreResult<OperatorStats> {
+        let mut steps: BTreeMap<String, i64> = Step::ALL
+            .iter()
+            .map(|s| (s.as_str().to_owned(), 0))
+            .collect();
+        steps.extend(self.count_by_step().await?);
+
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                "SELECT e.slug, e.title, e.max_in_flight, \
+                 COALESCE(SUM(CASE WHEN s.lock_token IS NOT NULL AND s.locked_until_ms >= $1 \
+                   THEN 1 ELSE 0 END), 0), \
+                 COALESCE(SUM(CASE WHEN s.lock_token IS NULL OR s.locked_until_ms < $1 \
+                   THEN 1 ELSE 0 END), 0) \
+                 FROM experiences e LEFT JOIN sagas s \
+                   ON s.experience_id = e.id AND s.step = 'AI_PENDING' \
+                 GROUP BY e.id, e.slug, e.title, e.max_in_flight, e.created_at_ms \
+                 ORDER BY e.created_at_ms, e.slug",
+                vec![now.into()],
+            ))
+            .await?;
+        let experiences = rows
+            .iter()
+            .map(|r| {
+                Ok(ExperienceLoad {
+                    slug: r.try_get_by_index(0)?,
+                    title: r.try_get_by_index(1)?,
+                    max_in_flight: r.try_get_by_index(2)?,
+                    in_flight: r.try_get_by_index(3)?,
+                    queued: r.try_get_by_index(4)?,
+                })
+            })
+            .collect::<Result<Vec<_>, sea_orm::DbErr>>()?;
+
+        let queue_depth = self
+            .db()
+            .query_one_raw(self.sql(
+                "SELECT COUNT(*) FROM sagas WHERE step IN ('AI_PENDING', 'AI_DONE', 'RANKING_DONE') \
+                 AND (lock_token IS NULL OR locked_until_ms < $1)",
+                vec![now.into()],
+            ))
+            .await?
+            .map(|r| r.try_get_by_index::<i64>(0))
+            .transpose()?
+            .unwrap_or(0);
+
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                "SELECT abort_reason, COUNT(*) FROM sagas \
+                 WHERE step = 'ABORTED' AND updated_at_ms >= $1 GROUP BY abort_reason",
+                vec![(now - ABORTED_WINDOW_MS).into()],
+            ))
+            .await?;
+        let mut aborted_by_reason = BTreeMap::new();
+        for r in &rows {
+            let reason: Option<String> = r.try_get_by_index(0)?;
+            let n: i64 = r.try_get_by_index(1)?;
+            *aborted_by_reason
+                .entry(reason.unwrap_or_else(|| "UNKNOWN".to_owned()))
+                .or_insert(0) += n;
+        }
+
+        let (recent, _) = self.saga_views(&SagaFilter::default(), RECENT, now).await?;
+        Ok(OperatorStats {
+            steps,
+            experiences,
+            queue_depth,
+            aborted_by_reason,
+            terminals: self.terminal_views(None, presence_since).await?,
+            recent,
+        })
+    }
+
+    /// One page of sagas matching `filter`, newest change first, and the
+    /// cursor of the next page when there is one.
+    pub async fn saga_views(
+        &self,
+        filter: &SagaFilter,
+        limit: u64,
+        now: EpochMs,
+    ) -> StoreResult<(Vec<SagaView>, Option<SagaCursor>)> {
+        let limit = limit.clamp(1, MAX_PAGE);
+        let mut conditions = Vec::new();
+        let mut values: Vec<Value> = Vec::new();
+        let bind = |values: &mut Vec<Value>, v: Value| {
+            values.push(v);
+            format!("${}", values.len())
+        };
+        if let Some(step) = filter.step {
+            let p = bind(&mut values, step.as_str().into());
+            conditions.push(format!("s.step = {p}"));
+        }
+        if let Some(reason) = filter.reason {
+            let p = bind(&mut values, reason.as_str().into());
+            conditions.push(format!("s.abort_reason = {p}"));
+        }
+        if let Some(slug) = &filter.experience {
+            let p = bind(&mut values, slug.clone().into());
+            conditions.push(format!("e.slug = {p}"));
+        }
+        if let Some(after) = &filter.after {
+            let ms = bind(&mut values, after.updated_at_ms.into());
+            let id = bind(&mut values, after.saga_id.clone().into());
+            conditions.push(format!(
+                "(s.updated_at_ms < {ms} OR (s.updated_at_ms = {ms} AND s.id < {id}))"
+            ));
+        }
+        let page = bind(&mut values, ((limit + 1) as i64).into());
+        let filter = if conditions.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conditions.join(" AND "))
+        };
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                &format!(
+                    "SELECT {SAGA_VIEW_COLUMNS} {SAGA_VIEW_FROM} {filter} \
+                     ORDER BY s.updated_at_ms DESC, s.id DESC LIMIT {page}"
+                ),
+                values,
+            ))
+            .await?;
+        let mut views = rows
+            .iter()
+            .map(|r| saga_view_of(r, now))
+            .collect::<StoreResult<Vec<_>>>()?;
+        let next = if views.len() as u64 > limit {
+            views.truncate(limit as usize);
+            views.last().map(|v| SagaCursor {
+                updated_at_ms: v.updated_at_ms,
+                saga_id: v.saga_id.clone(),
+            })
+        } else {
+            None
+        };
+        Ok((views, next))
+    }
+
+    /// One saga as operators see it.
+    pub async fn saga_view(&self, saga_id: &str, now: EpochMs) -> StoreResult<Option<SagaView>> {
+        let row = self
+            .db()
+            .query_one_raw(self.sql(
+                &format!("SELECT {SAGA_VIEW_COLUMNS} {SAGA_VIEW_FROM} WHERE s.id = $1"),
+                vec![saga_id.into()],
+            ))
+            .await?;
+        row.map(|r| saga_view_of(&r, now)).transpose()
+    }
+
+    /// An operator's retry: the ABORTED saga runs again from the step it
+    /// aborted at ([`retry_from`]), keeping its AI result and its ranking
+    /// entry (shown again), with fresh attempts, recoveries and deadline
+    /// (`deadline_ms` from now), unowned so any worker claims it. Its AI
+    /// keys start from a new base key, so a fresh attempt never gets a
+    /// failed job of the first run back. A job it was waiting on is kept and
+    /// polled again (no second AI job for a cancelled or orphaned saga),
+    /// unless the job itself failed or timed out (AI_FAILED, AI_TIMEOUT).
+    /// Its session goes ABORTED -> SUBMITTING.
+    ///
+    /// Refused (conflict) unless the saga is ABORTED, is its session's
+    /// latest, and the session is still ABORTED; fenced on the ABORTED step,
+    /// so of two retries at once exactly one runs.
+    pub async fn retry_saga(
+        &self,
+        saga_id: &str,
+        now: EpochMs,
+        deadline_ms: i64,
+    ) -> StoreResult<Retried> {
+        let tx = self.write_tx().await?;
+        let saga = load(&*tx, saga_id).await?;
+        let step = super::sagas::step_of(&saga)?;
+        let aborted_at = saga
+            .aborted_at_step
+            .as_deref()
+            .map(str::parse::<Step>)
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let resume = retry_from(step, aborted_at)?;
+        let newer = tx
+            .query_one_raw(self.sql(
+                "SELECT COUNT(*) FROM sagas WHERE session_id = $1 AND id <> $2 \
+                 AND created_at_ms >= $3",
+                vec![
+                    saga.session_id.clone().into(),
+                    saga.id.clone().into(),
+                    saga.created_at_ms.into(),
+                ],
+            ))
+            .await?
+            .map(|r| r.try_get_by_index::<i64>(0))
+            .transpose()?
+            .unwrap_or(0);
+        if newer > 0 {
+            return Err(conflict(
+                "the session has a newer submission; retry that one instead",
+            ));
+        }
+        let updated = tx
+            .execute_raw(self.sql(
+                "UPDATE sagas SET step = $2, lock_token = NULL, locked_until_ms = NULL, \
+                 attempts = 0, recoveries = 0, unavailable_streak = 0, \
+                 next_attempt_at_ms = $3, deadline_at_ms = $4, ai_base_key = $5, \
+                 ai_job_id = CASE WHEN abort_reason IN ('AI_FAILED', 'AI_TIMEOUT') \
+                     THEN NULL ELSE ai_job_id END, \
+                 ai_submitted_at_ms = CASE WHEN ai_job_id IS NULL \
+                     OR abort_reason IN ('AI_FAILED', 'AI_TIMEOUT') THEN NULL ELSE $3 END, \
+                 abort_reason = NULL, abort_detail = NULL, aborted_at_step = NULL, \
+                 updated_at_ms = $3 \
+                 WHERE id = $1 AND step = 'ABORTED'",
+                vec![
+                    saga.id.clone().into(),
+                    resume.as_str().into(),
+                    now.into(),
+                    (now + deadline_ms).into(),
+                    uuid::Uuid::new_v4().to_string().into(),
+                ],
+            ))
+            .await?
+            .rows_affected();
+        if updated == 0 {
+            return Err(conflict("the saga changed meanwhile; reload it"));
+        }
+        let moved = set_session_status(
+            &tx,
+            &saga.session_id,
+            SessionStatus::Submitting,
+            None,
+            Some(SessionStatus::Aborted),
+            now,
+        )
+        .await?;
+        if moved == 0 {
+            return Err(conflict(
+                "the session is no longer ABORTED (it took a new submission)",
+            ));
+        }
+        let shown = tx
+            .execute_raw(self.sql(
+                "UPDATE score_attempts SET hidden = $2 WHERE saga_id = $1 AND hidden = $3",
+                vec![saga.id.clone().into(), false.into(), true.into()],
+            ))
+            .await?
+            .rows_affected();
+        let saga = load(&*tx, saga_id).await?;
+        tx.commit().await?;
+        tracing::info!(saga_id, step = %resume, "operator retry: saga runs again");
+        Ok(Retried {
+            ranking_changed: (shown > 0).then(|| saga.experience_id.clone()),
+            saga,
+        })
+    }
+}
+
+fn conflict(detail: &str) -> StoreError {
+    TransitionError::Conflict {
+        step: Step::AiPending,
+        detail: detail.to_owned(),
+    }
+    .into()
+}

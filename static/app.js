@@ -1,0 +1,291 @@
+// Shared helpers of the stagehand pages: JSON requests with JSON errors,
+// Idempotency-Keys, the locale tables, small DOM and storage helpers.
+// Plain script, no framework, no build step: every page loads it first and
+// uses the global `SH`.
+"use strict";
+
+const SH = (() => {
+  // ---- ids -------------------------------------------------------------
+
+  // A random UUID v4. crypto.randomUUID exists only in secure contexts
+  // (https or localhost), and a phone on the event's wifi may open the page
+  // over plain http, so build it from getRandomValues, which works anywhere.
+  function uuid() {
+    const b = new Uint8Array(16);
+    crypto.getRandomValues(b);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    const h = Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+    return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+  }
+
+  // ---- HTTP --------------------------------------------------------------
+
+  // The server answered with an error ({"error", "message"}).
+  class ApiError extends Error {
+    constructor(status, code, message, body) {
+      super(message || code || `HTTP ${status}`);
+      this.status = status;
+      this.code = code || `http_${status}`;
+      this.body = body;
+    }
+  }
+
+  // No answer at all: offline, connection dropped, timed out. The request
+  // may or may not have reached the server, so retry it with the same key.
+  class NetworkError extends Error {}
+
+  // fetch() with JSON in and out. Options: method, body (an object, sent as
+  // JSON), token (a bearer token), key (an Idempotency-Key), timeoutMs.
+  // Resolves to {status, data, replayed}; rejects with ApiError or
+  // NetworkError.
+  async function api(path, opts = {}) {
+    const headers = { Accept: "application/json" };
+    if (opts.body !== undefined) headers["Content-Type"] = "application/json";
+    if (opts.token) headers.Authorization = `Bearer ${opts.token}`;
+    if (opts.key) headers["Idempotency-Key"] = opts.key;
+    const ctrl = new AbortController();
+    const timer = setTimeout(() => ctrl.abort(), opts.timeoutMs || 20000);
+    let res;
+    let text;
+    try {
+      res = await fetch(path, {
+        method: opts.method || (opts.body !== undefined ? "POST" : "GET"),
+        headers,
+        body: opts.body !== undefined ? JSON.stringify(opts.body) : undefined,
+        signal: ctrl.signal,
+        cache: "no-store",
+      });
+      text = await res.text();
+    } catch (e) {
+      throw new NetworkError(e && e.message ? e.message : String(e));
+    } finally {
+      clearTimeout(timer);
+    }
+    let data = null;
+    if (text) {
+      try {
+        data = JSON.parse(text);
+      } catch (_) {
+        data = { message: text.slice(0, 200) };
+      }
+    }
+    if (!res.ok) {
+      throw new ApiError(res.status, data && data.error, data && data.message, data);
+    }
+    return {
+      status: res.status,
+      data,
+      replayed: res.headers.get("Idempotent-Replayed") === "true",
+    };
+  }
+
+  // Worth sending again with the same Idempotency-Key: no answer, the same
+  // key still in progress, or the server was briefly unable to answer.
+  function retryable(err) {
+    if (err instanceof NetworkError) return true;
+    if (err instanceof ApiError) {
+      return err.code === "request_in_progress" || err.status >= 500 || err.status === 429;
+    }
+    return false;
+  }
+
+  // Exponential backoff with jitter, in milliseconds: 0.5 s, 1 s, 2 s, ...
+  // capped at `cap`.
+  function backoff(attempt, cap = 30000) {
+    const base = Math.min(cap, 500 * 2 ** Math.min(attempt, 10));
+    return Math.round(base * (0.6 + Math.random() * 0.4));
+  }
+
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+  // `ws://` or `wss://` on this host.
+  function wsUrl(path) {
+    return `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}${path}`;
+  }
+
+  // ---- language ----------------------------------------------------------
+
+  let table = {};
+  let fallback = {};
+  let current = "en";
+  const LOCALES = ["en", "ko"];
+
+  async function fetchTable(locale) {
+    const { data } = await api(`/i18n/${locale}.json`);
+    return data || {};
+  }
+
+  // Loads the table of `locale` (en or ko; anything else is en), with the
+  // English table behind it for any missing key, and translates the page.
+  // `?lang=xx` in the address overrides the choice.
+  async function loadLocale(locale) {
+    const forced = new URLSearchParams(location.search).get("lang");
+    if (forced && LOCALES.includes(forced)) locale = forced;
+    if (!LOCALES.includes(locale)) locale = "en";
+    try {
+      if (!Object.keys(fallback).length) fallback = await fetchTable("en");
+      table = locale === "en" ? fallback : await fetchTable(locale);
+      current = locale;
+    } catch (_) {
+      table = fallback;
+      current = Object.keys(fallback).length ? "en" : current;
+    }
+    document.documentElement.lang = current;
+    translate(document);
+    return current;
+  }
+
+  // The text of `key`, with {name} replaced from `vars`.
+  function t(key, vars) {
+    let s = key in table ? table[key] : key in fallback ? fallback[key] : key;
+    if (vars) {
+      s = s.replace(/\{(\w+)\}/g, (m, k) => (k in vars && vars[k] != null ? String(vars[k]) : m));
+    }
+    return s;
+  }
+
+  // Elements with data-i18n="key" get the text; data-i18n-placeholder,
+  // data-i18n-title and data-i18n-aria-label set those attributes.
+  function translate(root) {
+    root.querySelectorAll("[data-i18n]").forEach((n) => {
+      n.textContent = t(n.dataset.i18n);
+    });
+    for (const attr of ["placeholder", "title", "aria-label", "alt"]) {
+      const data = `data-i18n-${attr}`;
+      root.querySelectorAll(`[${data}]`).forEach((n) => n.setAttribute(attr, t(n.getAttribute(data))));
+    }
+  }
+
+  // A human sentence for any error a request can end with.
+  function errorText(err) {
+    if (err instanceof NetworkError) return t("common.networkError");
+    if (err instanceof ApiError) {
+      if (err.body && err.body.message) return err.body.message;
+      return t("common.serverError", { status: err.status });
+    }
+    return String(err && err.message ? err.message : err);
+  }
+
+  // ---- DOM ---------------------------------------------------------------
+
+  // el("p", {class: "x", text: "hi", onclick: f}, child, "text", ...)
+  function el(tag, props, ...children) {
+    const n = document.createElement(tag);
+    for (const [k, v] of Object.entries(props || {})) {
+      if (v == null || v === false) continue;
+      if (k === "text") n.textContent = v;
+      else if (k === "class") n.className = v;
+      else if (k === "dataset") Object.assign(n.dataset, v);
+      else if (k.startsWith("on") && typeof v === "function") n.addEventListener(k.slice(2), v);
+      else if (v === true) n.setAttribute(k, "");
+      else n.setAttribute(k, String(v));
+    }
+    for (const c of children.flat()) {
+      if (c == null || c === false) continue;
+      n.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return n;
+  }
+
+  const $ = (sel, root = document) => root.querySelector(sel);
+
+  // Shows one element of a group (by id) and hides the others.
+  function showOnly(ids, visible) {
+    for (const id of ids) {
+      const n = document.getElementById(id);
+      if (n) n.hidden = id !== visible;
+    }
+  }
+
+  // The result's content items as elements: images (with a placeholder when
+  // they cannot be loaded), video, audio, text, and a link for anything else.
+  function renderContent(content) {
+    const out = [];
+    for (const item of content || []) {
+      if (!item) continue;
+      const type = String(item.type || "text");
+      const box = el("figure", { class: `content content-${type.replace(/[^a-z]/gi, "")}` });
+      if (type === "image" && item.url) {
+        const img = el("img", { src: item.url, alt: item.text || "", loading: "lazy" });
+        img.addEventListener("error", () => {
+          img.replaceWith(el("div", { class: "img-missing", text: t("content.imageMissing") }));
+        });
+        box.append(img);
+      } else if (type === "video" && item.url) {
+        box.append(el("video", { src: item.url, controls: true, playsinline: true, loop: true }));
+      } else if ((type === "audio" || type === "music") && item.url) {
+        box.append(el("audio", { src: item.url, controls: true }));
+      } else if (item.url) {
+        box.append(el("a", { href: item.url, target: "_blank", rel: "noopener", text: t("content.open") }));
+      }
+      if (item.text) box.append(el("figcaption", { text: item.text }));
+      out.push(box);
+    }
+    return out;
+  }
+
+  function fmtNumber(n) {
+    if (n == null || n === "") return t("common.none");
+    const x = Number(n);
+    if (!Number.isFinite(x)) return String(n);
+    return x.toLocaleString(current, { maximumFractionDigits: 2 });
+  }
+
+  function fmtTime(iso) {
+    if (!iso) return t("common.none");
+    const d = new Date(iso);
+    if (Number.isNaN(d.getTime())) return String(iso);
+    return d.toLocaleTimeString(current, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  }
+
+  // ---- storage (never throws: private modes may refuse it) ---------------
+
+  function load(store, key) {
+    try {
+      const s = store().getItem(key);
+      return s == null ? null : JSON.parse(s);
+    } catch (_) {
+      return null;
+    }
+  }
+
+  function save(store, key, value) {
+    try {
+      if (value == null) store().removeItem(key);
+      else store().setItem(key, JSON.stringify(value));
+    } catch (_) {
+      /* storage full or refused: the page still works without it */
+    }
+  }
+
+  return {
+    uuid,
+    api,
+    ApiError,
+    NetworkError,
+    retryable,
+    backoff,
+    sleep,
+    wsUrl,
+    loadLocale,
+    locale: () => current,
+    t,
+    translate,
+    errorText,
+    el,
+    $,
+    showOnly,
+    renderContent,
+    fmtNumber,
+    fmtTime,
+    local: {
+      get: (k) => load(() => localStorage, k),
+      set: (k, v) => save(() => localStorage, k, v),
+    },
+    session: {
+      get: (k) => load(() => sessionStorage, k),
+      set: (k, v) => save(() => sessionStorage, k, v),
+    },
+  };
+})();

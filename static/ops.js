@@ -1,0 +1,622 @@
+// The operator dashboard, /ops: live counts from the operator socket, the
+// sagas table with Retry and Cancel, QR codes of the terminals, and forms to
+// create experiences and terminals. The operator token is asked once and
+// kept in sessionStorage (this tab only).
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "stagehand:ops:token";
+  const STEPS = ["AI_PENDING", "AI_DONE", "RANKING_DONE", "COMPLETED", "ABORTED"];
+  const FINAL = ["COMPLETED", "ABORTED"];
+  const REASONS = ["INPUT_REJECTED", "AI_FAILED", "AI_TIMEOUT", "RANKING_FAILED", "PERSIST_FAILED", "ORPHANED", "CANCELLED"];
+  const SAGA_PAGE = 50;
+  // The sagas table follows the live figures: reloaded when the socket
+  // reports a change, at most once per this period (and once more at its
+  // end, so the last change always shows).
+  const AUTO_REFRESH_MS = 1000;
+
+  let token = SH.session.get(TOKEN_KEY);
+  let experiences = [];
+  let terminals = [];
+  let ws = null;
+  let wsAttempt = 0;
+  let wsTimer = null;
+  let wsCountdown = null;
+  let wsHeard = false;
+  let sagas = [];
+  let sagasCursor = null;
+  let sagasPaged = false;
+  let sagasLoading = false;
+  let sagasAgain = false;
+  let sagasLoadedAt = 0;
+  let sagasShown = "";
+  let refreshTimer = null;
+  let followTimer = null;
+  let lastRecent = "";
+  let flashTimer = null;
+
+  const $ = (id) => document.getElementById(id);
+  const enc = encodeURIComponent;
+
+  // ---- requests ------------------------------------------------------------
+
+  // An operator request; a 401 signs out.
+  async function call(path, opts = {}) {
+    try {
+      return await SH.api(path, { ...opts, token });
+    } catch (err) {
+      if (err instanceof SH.ApiError && err.status === 401) signOut(SH.t("ops.tokenWrong"));
+      throw err;
+    }
+  }
+
+  // A POST that creates or changes something: one Idempotency-Key per
+  // intent, sent again as it was when no answer came.
+  async function post(path, body, key) {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await call(path, { method: "POST", body, key });
+      } catch (err) {
+        if (!SH.retryable(err) || attempt >= 4) throw err;
+        await SH.sleep(SH.backoff(attempt, 5000));
+      }
+    }
+  }
+
+  function flash(text, isError) {
+    const n = $("flash");
+    n.textContent = text;
+    n.classList.toggle("error", Boolean(isError));
+    n.hidden = false;
+    clearTimeout(flashTimer);
+    flashTimer = setTimeout(() => {
+      n.hidden = true;
+    }, 6000);
+  }
+
+  // ---- signing in ----------------------------------------------------------
+
+  function showLogin(error) {
+    $("dashboard").hidden = true;
+    $("sign-out").hidden = true;
+    $("conn").hidden = true;
+    $("login").hidden = false;
+    $("login-error").textContent = error || "";
+    $("login-error").hidden = !error;
+    $("token").value = "";
+    $("token").focus();
+  }
+
+  function signOut(error) {
+    token = null;
+    SH.session.set(TOKEN_KEY, null);
+    closeSocket();
+    clearInterval(refreshTimer);
+    showLogin(error);
+  }
+
+  // True when the server takes the token (a 401 says it does not; anything
+  // else, even an endpoint that is not there, lets the dashboard start).
+  async function tokenWorks(candidate) {
+    try {
+      await SH.api("/api/admin/sagas?limit=1", { token: candidate });
+      return true;
+    } catch (err) {
+      return !(err instanceof SH.ApiError && err.status === 401);
+    }
+  }
+
+  async function onLogin(ev) {
+    ev.preventDefault();
+    const candidate = $("token").value.trim();
+    if (!candidate) return;
+    $("sign-in").disabled = true;
+    const ok = await tokenWorks(candidate);
+    $("sign-in").disabled = false;
+    if (!ok) {
+      showLogin(SH.t("ops.tokenWrong"));
+      return;
+    }
+    token = candidate;
+    SH.session.set(TOKEN_KEY, token);
+    start();
+  }
+
+  // ---- the live socket -----------------------------------------------------
+
+  function setConn(state, text) {
+    $("conn").hidden = false;
+    $("conn").dataset.state = state;
+    $("conn-text").textContent = text;
+  }
+
+  function closeSocket() {
+    clearTimeout(wsTimer);
+    clearInterval(wsCountdown);
+    wsTimer = null;
+    if (ws) {
+      const s = ws;
+      ws = null;
+      s.close();
+    }
+  }
+
+  function connect() {
+    if (!token) return;
+    clearTimeout(wsTimer);
+    clearInterval(wsCountdown);
+    wsTimer = null;
+    wsHeard = false;
+    setConn("connecting", SH.t("ops.conn.connecting"));
+    const socket = new WebSocket(SH.wsUrl(`/ws/operators?token=${enc(token)}`));
+    ws = socket;
+    socket.onmessage = (m) => {
+      if (ws !== socket) return;
+      let msg;
+      try {
+        msg = JSON.parse(m.data);
+      } catch (_) {
+        return;
+      }
+      if (!wsHeard) {
+        wsHeard = true;
+        wsAttempt = 0;
+        setConn("live", SH.t("ops.conn.live"));
+      }
+      if (msg.type === "stats") onStats(msg);
+    };
+    socket.onclose = (ev) => {
+      if (ws !== socket) return;
+      ws = null;
+      if (ev.code === 4401) {
+        signOut(SH.t("ops.tokenWrong"));
+        return;
+      }
+      reconnectLater();
+    };
+  }
+
+  async function reconnectLater() {
+    if (wsHeard) wsAttempt = 0;
+    const delay = SH.backoff(wsAttempt, 30000);
+    wsAttempt += 1;
+    if (wsAttempt === 3 && !(await tokenWorks(token))) {
+      signOut(SH.t("ops.tokenWrong"));
+      return;
+    }
+    if (!token) return;
+    const at = Date.now() + delay;
+    const tick = () =>
+      setConn("reconnecting", SH.t("ops.conn.reconnecting", { s: Math.max(0, Math.ceil((at - Date.now()) / 1000)) }));
+    tick();
+    wsCountdown = setInterval(tick, 1000);
+    wsTimer = setTimeout(connect, delay);
+  }
+
+  // ---- live figures --------------------------------------------------------
+
+  function onStats(s) {
+    renderSteps(s.steps || {}, s.queue_depth);
+    renderCapacity(s.experiences || []);
+    renderReasons(s.aborted_by_reason || {});
+    if (Array.isArray(s.terminals)) {
+      terminals = s.terminals;
+      renderTerminals();
+    }
+    renderRecent(s.recent || []);
+    // The table follows the live figures when a saga changed.
+    const recent = JSON.stringify((s.recent || []).map((r) => [r.saga_id, r.step, r.updated_at, r.stuck]));
+    if (recent !== lastRecent) {
+      lastRecent = recent;
+      followSagas();
+    }
+  }
+
+  function followSagas() {
+    if (sagasPaged || followTimer) return;
+    const wait = Math.max(0, sagasLoadedAt + AUTO_REFRESH_MS - Date.now());
+    followTimer = setTimeout(() => {
+      followTimer = null;
+      if (token && !sagasPaged) loadSagas();
+    }, wait);
+  }
+
+  function tile(id, label, value, extraClass) {
+    return SH.el("div", { class: `tile ${extraClass || ""}`, id },
+      SH.el("span", { class: "value", text: value == null ? "–" : SH.fmtNumber(value) }),
+      SH.el("span", { class: "label", text: label }));
+  }
+
+  function renderSteps(steps, queueDepth) {
+    $("steps").replaceChildren(
+      ...STEPS.map((step) => tile(`step-${step}`, SH.t(`step.${step}`), steps[step] || 0, `step-${step}`)),
+      tile("queue-depth", SH.t("ops.queueDepth"), queueDepth, "queue"));
+  }
+
+  function renderCapacity(list) {
+    if (!list.length) {
+      $("capacity").replaceChildren(SH.el("li", { class: "muted", text: SH.t("ops.noExperiences") }));
+      return;
+    }
+    $("capacity").replaceChildren(
+      ...list.map((e) => {
+        const max = Number(e.max_in_flight) || 0;
+        const n = Number(e.in_flight) || 0;
+        const pct = max ? Math.min(100, Math.round((100 * n) / max)) : 0;
+        return SH.el("li", { dataset: { slug: e.slug } },
+          SH.el("div", { class: "cap-head" },
+            SH.el("strong", { text: e.title || e.slug }),
+            SH.el("span", { class: "muted", text: ` ${e.slug}` })),
+          SH.el("div", { class: `bar${n >= max && max ? " full" : ""}` },
+            SH.el("span", { style: `width:${pct}%` })),
+          SH.el("div", { class: "cap-text" },
+            SH.el("span", { class: "in-flight", text: SH.t("ops.inFlight", { n, max }) }),
+            SH.el("span", { class: "queued", text: SH.t("ops.queued", { n: e.queued || 0 }) })));
+      }));
+  }
+
+  function renderReasons(counts) {
+    const names = [...REASONS, ...Object.keys(counts).filter((r) => !REASONS.includes(r))];
+    $("reasons").replaceChildren(
+      ...names.map((r) =>
+        SH.el("li", { id: `reason-${r}`, class: counts[r] ? "some" : "none" },
+          SH.el("span", { text: SH.t(`reason.${r}`) }),
+          SH.el("span", { class: "count", text: SH.fmtNumber(counts[r] || 0) }))));
+  }
+
+  function renderRecent(list) {
+    if (!list.length) {
+      $("recent").replaceChildren(SH.el("li", { class: "muted", text: SH.t("ops.noRecent") }));
+      return;
+    }
+    $("recent").replaceChildren(
+      ...list.slice(0, 12).map((r) =>
+        SH.el("li", { dataset: { sagaId: r.saga_id } },
+          SH.el("span", { class: "muted time", text: SH.fmtTime(r.updated_at) }),
+          SH.el("span", { class: "who", text: `${r.nickname || "?"} · ${r.experience || ""}` }),
+          SH.el("span", { class: `step-badge step-${r.step}`, text: r.abort_reason ? SH.t(`reason.${r.abort_reason}`) : SH.t(`step.${r.step}`) }))));
+  }
+
+  function qrUrl(t) {
+    return `/api/experiences/${enc(t.experience)}/qr.svg?terminal=${enc(t.terminal_id)}`;
+  }
+
+  function participantUrl(slug, terminalId) {
+    return `${location.origin}/p/${enc(slug)}${terminalId ? `?terminal=${enc(terminalId)}` : ""}`;
+  }
+
+  function renderTerminals() {
+    if (!terminals.length) {
+      $("terminals").replaceChildren(SH.el("li", { class: "muted", text: SH.t("ops.noTerminals") }));
+      return;
+    }
+    $("terminals").replaceChildren(
+      ...terminals.map((t) => {
+        const unacked = Number(t.unacked) || 0;
+        return SH.el("li", { class: `terminal-card ${t.online ? "online" : "offline"}`, dataset: { terminalId: t.terminal_id } },
+          SH.el("a", { href: qrUrl(t), target: "_blank", rel: "noopener", class: "qr-link" },
+            SH.el("img", { class: "qr", src: qrUrl(t), alt: SH.t("ops.qrAlt", { name: t.name }), loading: "lazy" })),
+          SH.el("div", { class: "terminal-info" },
+            SH.el("strong", { text: t.name }),
+            SH.el("span", { class: "muted", text: t.experience }),
+            SH.el("span", { class: "presence" },
+              SH.el("span", { class: "dot", "aria-hidden": "true" }),
+              t.online ? SH.t("ops.online") : SH.t("ops.offline"),
+              t.online && t.connected_since ? ` · ${SH.t("ops.since", { time: SH.fmtTime(t.connected_since) })}` : ""),
+            SH.el("span", { class: `unacked${unacked ? " warn" : ""}`, text: SH.t("ops.unacked", { n: unacked }) }),
+            SH.el("span", { class: "muted small", text: SH.t("ops.seq", { acked: t.acked_seq ?? 0, last: t.last_seq ?? 0 }) }),
+            SH.el("a", { class: "small", href: participantUrl(t.experience, t.terminal_id), target: "_blank", rel: "noopener", text: SH.t("ops.participantLink") })));
+      }));
+  }
+
+  // Before the socket speaks (or when it cannot), the terminals come from
+  // the HTTP list.
+  async function loadTerminals() {
+    let all;
+    try {
+      const { data } = await call("/api/terminals");
+      all = (data && data.terminals) || [];
+    } catch (_) {
+      return;
+    }
+    if (!wsHeard) {
+      terminals = all;
+      renderTerminals();
+    }
+  }
+
+  // ---- experiences -----------------------------------------------------------
+
+  async function loadExperiences() {
+    try {
+      const { data } = await call("/api/experiences");
+      experiences = (data && data.experiences) || [];
+    } catch (err) {
+      flash(SH.errorText(err), true);
+      return;
+    }
+    $("experience-list").replaceChildren(
+      ...(experiences.length
+        ? experiences.map((e) =>
+          SH.el("li", { dataset: { slug: e.slug } },
+            SH.el("strong", { text: e.title }), " ",
+            SH.el("span", { class: `badge kind-${e.kind}`, text: SH.t(`kind.${e.kind}`) }), " ",
+            SH.el("span", { class: "muted small", text: `${e.locale || "en"} · ${SH.t("ops.maxShort", { n: e.max_in_flight })}` }), " ",
+            SH.el("a", { href: `/p/${enc(e.slug)}`, target: "_blank", rel: "noopener", text: `/p/${e.slug}` })))
+        : [SH.el("li", { class: "muted", text: SH.t("ops.noExperiences") })]));
+    const fill = (select, withAny) => {
+      const was = select.value;
+      select.replaceChildren(
+        ...(withAny ? [SH.el("option", { value: "", text: SH.t("ops.filter.any") })] : []),
+        ...experiences.map((e) => SH.el("option", { value: e.slug, text: `${e.title} (${e.slug})` })));
+      if ([...select.options].some((o) => o.value === was)) select.value = was;
+    };
+    fill($("f-experience"), true);
+    fill($("new-terminal").elements.experience, false);
+  }
+
+  // ---- sagas ---------------------------------------------------------------
+
+  function sagaQuery(cursor) {
+    const q = new URLSearchParams();
+    if ($("f-step").value) q.set("step", $("f-step").value);
+    if ($("f-reason").value) q.set("reason", $("f-reason").value);
+    if ($("f-experience").value) q.set("experience", $("f-experience").value);
+    q.set("limit", String(SAGA_PAGE));
+    if (cursor) q.set("cursor", cursor);
+    return `/api/admin/sagas?${q}`;
+  }
+
+  // Loads the first page again (or the next one with `more`).
+  async function loadSagas(more) {
+    if (sagasLoading) {
+      // One more load after this one, so a change made meanwhile shows.
+      if (!more) sagasAgain = true;
+      return;
+    }
+    sagasLoading = true;
+    sagasLoadedAt = Date.now();
+    try {
+      const { data } = await call(sagaQuery(more ? sagasCursor : null));
+      const page = (data && data.sagas) || [];
+      sagas = more ? sagas.concat(page) : page;
+      sagasCursor = (data && data.next_cursor) || null;
+      sagasPaged = Boolean(more);
+      $("sagas-note").hidden = true;
+      renderSagas();
+    } catch (err) {
+      $("sagas-note").textContent = SH.errorText(err);
+      $("sagas-note").hidden = false;
+    } finally {
+      sagasLoading = false;
+      sagasLoadedAt = Date.now();
+      if (sagasAgain) {
+        sagasAgain = false;
+        loadSagas();
+      }
+    }
+  }
+
+  function renderSagas() {
+    const stuckOnly = $("f-stuck").checked;
+    const rows = stuckOnly ? sagas.filter((s) => s.stuck) : sagas;
+    $("sagas-more").hidden = !sagasCursor;
+    // Redraw only when something changed, so a button is not replaced under
+    // the pointer for nothing.
+    const shown = JSON.stringify([stuckOnly, rows]);
+    if (shown === sagasShown) return;
+    sagasShown = shown;
+    const body = $("sagas").tBodies[0];
+    if (!rows.length) {
+      body.replaceChildren(SH.el("tr", {}, SH.el("td", { colspan: 7, class: "muted", text: SH.t("ops.noSagas") })));
+      return;
+    }
+    body.replaceChildren(...rows.map(sagaRow));
+  }
+
+  function sagaRow(s) {
+    const canCancel = !FINAL.includes(s.step);
+    // The server retries only an ABORTED saga (a stuck one is cancelled
+    // first, or left to the cleanup, which aborts it as ORPHANED).
+    const canRetry = s.step === "ABORTED";
+    const actions = SH.el("td", { class: "actions" },
+      canRetry ? actionButton(s, "retry") : null,
+      canCancel ? actionButton(s, "cancel") : null);
+    return SH.el("tr", { class: s.stuck ? "stuck" : null, dataset: { sagaId: s.saga_id, sessionId: s.session_id, step: s.step } },
+      SH.el("td", { class: "time", title: s.created_at || "", text: SH.fmtTime(s.updated_at) }),
+      SH.el("td", { text: s.experience || "" }),
+      SH.el("td", { class: "nickname", text: s.nickname || "" }),
+      SH.el("td", {},
+        SH.el("span", { class: `step-badge step-${s.step}`, text: SH.t(`step.${s.step}`) }),
+        s.stuck ? SH.el("span", { class: "step-badge stuck", text: SH.t("ops.stuck") }) : null),
+      SH.el("td", { class: "reason", title: s.abort_detail || "", text: s.abort_reason ? SH.t(`reason.${s.abort_reason}`) : "" }),
+      SH.el("td", { class: "num", text: `${s.attempts ?? 0}${s.recoveries ? ` (+${s.recoveries})` : ""}` }),
+      actions);
+  }
+
+  // Retry and Cancel take two clicks: the first arms the button for a few
+  // seconds, the second sends.
+  function actionButton(saga, action) {
+    const label = SH.t(`ops.${action}`);
+    const b = SH.el("button", { type: "button", class: `btn btn-small action-${action}`, dataset: { action }, text: label });
+    let armTimer = null;
+    b.addEventListener("click", async () => {
+      if (!b.classList.contains("armed")) {
+        b.classList.add("armed");
+        b.textContent = SH.t(action === "cancel" ? "ops.confirmCancel" : "ops.confirmRetry");
+        armTimer = setTimeout(() => {
+          b.classList.remove("armed");
+          b.textContent = label;
+        }, 4000);
+        return;
+      }
+      clearTimeout(armTimer);
+      b.disabled = true;
+      try {
+        await post(`/api/admin/sagas/${enc(saga.saga_id)}/${action}`, {}, SH.uuid());
+        flash(SH.t(`ops.done.${action}`));
+      } catch (err) {
+        flash(SH.errorText(err), true);
+      }
+      sagasShown = "";
+      await loadSagas();
+    });
+    return b;
+  }
+
+  // ---- forms ---------------------------------------------------------------
+
+  // A form's pending request: {key, json}. The same body sent again (after
+  // no answer) reuses the key; a changed body is a new request.
+  const pendingKeys = new Map();
+
+  async function submitForm(form, path, body) {
+    const json = JSON.stringify(body);
+    let p = pendingKeys.get(form.id);
+    if (!p || p.json !== json) {
+      p = { key: SH.uuid(), json };
+      pendingKeys.set(form.id, p);
+    }
+    const error = form.querySelector(".form-error");
+    const button = form.querySelector("button[type=submit]");
+    error.hidden = true;
+    button.disabled = true;
+    try {
+      const res = await post(path, body, p.key);
+      pendingKeys.delete(form.id);
+      return res.data;
+    } catch (err) {
+      if (!SH.retryable(err)) pendingKeys.delete(form.id);
+      error.textContent = SH.errorText(err);
+      error.hidden = false;
+      return null;
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  async function onNewExperience(ev) {
+    ev.preventDefault();
+    const f = ev.target;
+    if (!f.reportValidity()) return;
+    const body = {
+      slug: f.elements.slug.value.trim(),
+      title: f.elements.title.value.trim(),
+      kind: f.elements.kind.value,
+      max_in_flight: Number(f.elements.max_in_flight.value),
+      locale: f.elements.locale.value,
+    };
+    const created = await submitForm(f, "/api/experiences", body);
+    if (!created) return;
+    flash(SH.t("ops.createdExperience", { slug: created.slug || body.slug }));
+    f.reset();
+    await loadExperiences();
+    $("new-terminal").elements.experience.value = created.slug || body.slug;
+  }
+
+  async function onNewTerminal(ev) {
+    ev.preventDefault();
+    const f = ev.target;
+    if (!f.reportValidity()) return;
+    const body = { experience: f.elements.experience.value, name: f.elements.name.value.trim() };
+    const created = await submitForm(f, "/api/terminals", body);
+    if (!created) return;
+    f.elements.name.value = "";
+    // The token is shown now and never again (the server keeps only its hash).
+    const link = `${location.origin}/terminal/${enc(created.terminal_id)}#token=${enc(created.token)}`;
+    $("new-terminal-text").textContent = SH.t("ops.createdTerminal", { name: created.name || body.name });
+    $("new-terminal-link").href = link;
+    $("new-terminal-link").textContent = link;
+    $("new-terminal-qr").src = qrUrl({ experience: created.experience || body.experience, terminal_id: created.terminal_id });
+    $("new-terminal-qr").alt = SH.t("ops.qrAlt", { name: created.name || body.name });
+    $("new-terminal-result").hidden = false;
+    $("new-terminal-copy").textContent = SH.t("ops.copy");
+    if (!wsHeard) loadTerminals();
+  }
+
+  async function copyLink() {
+    const text = $("new-terminal-link").textContent;
+    try {
+      await navigator.clipboard.writeText(text);
+    } catch (_) {
+      // Not a secure context: select the text so Ctrl+C does it.
+      const range = document.createRange();
+      range.selectNodeContents($("new-terminal-link"));
+      const sel = getSelection();
+      sel.removeAllRanges();
+      sel.addRange(range);
+      document.execCommand && document.execCommand("copy");
+    }
+    $("new-terminal-copy").textContent = SH.t("ops.copied");
+  }
+
+  function closeTerminalResult() {
+    $("new-terminal-result").hidden = true;
+    $("new-terminal-link").textContent = "";
+    $("new-terminal-link").removeAttribute("href");
+  }
+
+  // ---- start ---------------------------------------------------------------
+
+  function fillFilters() {
+    const opts = (values, prefix) => [
+      SH.el("option", { value: "", text: SH.t("ops.filter.any") }),
+      ...values.map((v) => SH.el("option", { value: v, text: SH.t(`${prefix}.${v}`) })),
+    ];
+    $("f-step").replaceChildren(...opts(STEPS, "step"));
+    $("f-reason").replaceChildren(...opts(REASONS, "reason"));
+    $("f-experience").replaceChildren(SH.el("option", { value: "", text: SH.t("ops.filter.any") }));
+  }
+
+  async function start() {
+    $("login").hidden = true;
+    $("dashboard").hidden = false;
+    $("sign-out").hidden = false;
+    renderSteps({}, null);
+    renderReasons({});
+    connect();
+    await loadExperiences();
+    loadTerminals();
+    loadSagas();
+    // A safety net for when the socket is down: the table still refreshes.
+    clearInterval(refreshTimer);
+    refreshTimer = setInterval(() => {
+      if (!ws && !sagasPaged) loadSagas();
+    }, 10000);
+  }
+
+  async function init() {
+    await SH.loadLocale("en");
+    fillFilters();
+    $("login").addEventListener("submit", onLogin);
+    $("sign-out").addEventListener("click", () => signOut());
+    $("saga-filters").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      sagasShown = "";
+      loadSagas();
+    });
+    for (const id of ["f-step", "f-reason", "f-experience"]) {
+      $(id).addEventListener("change", () => {
+        sagasShown = "";
+        loadSagas();
+      });
+    }
+    $("f-stuck").addEventListener("change", renderSagas);
+    $("sagas-more").addEventListener("click", () => loadSagas(true));
+    $("new-experience").addEventListener("submit", onNewExperience);
+    $("new-terminal").addEventListener("submit", onNewTerminal);
+    $("new-terminal-copy").addEventListener("click", copyLink);
+    $("new-terminal-close").addEventListener("click", closeTerminalResult);
+    if (!token) {
+      showLogin();
+      return;
+    }
+    if (!(await tokenWorks(token))) {
+      signOut(SH.t("ops.tokenWrong"));
+      return;
+    }
+    start();
+  }
+
+  init();
+})();

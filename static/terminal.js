@@ -1,0 +1,281 @@
+// The booth display, /terminal/{id}#token=...: the newest result large, the
+// live top 10, and rejections as they come. It follows the terminal socket,
+// reconnects by itself with backoff, resumes after the last `seq` it showed
+// (kept in localStorage) and acknowledges what it showed.
+"use strict";
+
+(() => {
+  const terminalId = decodeURIComponent(location.pathname.split("/")[2] || "");
+  const STORE_KEY = `stagehand:t:${terminalId}`;
+  const FEED_MAX = 8;
+  const ALERT_MS = 10000;
+  const RENDER_DELAY_MS = 40;
+
+  // {token, seq, locale}: the token from the link (so a reload without the
+  // hash still works), the last seq shown, the experience's language.
+  const saved = SH.local.get(STORE_KEY) || {};
+  const hashToken = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (hashToken) saved.token = hashToken;
+  let lastSeq = Number(saved.seq) || 0;
+
+  let ws = null;
+  let attempt = 0;
+  let reconnectAt = 0;
+  let reconnectTimer = null;
+  let countdownTimer = null;
+  let helloSeen = false;
+  let experience = null;
+
+  // What is on screen; events change it, render() draws it.
+  let latest = null;
+  let feed = [];
+  let alertEvent = null;
+  let alertTimer = null;
+  let ranking = null;
+  let renderTimer = null;
+  let ackedSeq = lastSeq;
+
+  const $ = (id) => document.getElementById(id);
+  const persist = () => SH.local.set(STORE_KEY, { ...saved, seq: lastSeq });
+
+  // ---- connection ----------------------------------------------------------
+
+  function setConn(state, text) {
+    $("conn").dataset.state = state;
+    $("conn-text").textContent = text;
+  }
+
+  function connect() {
+    clearTimeout(reconnectTimer);
+    clearInterval(countdownTimer);
+    reconnectTimer = null;
+    helloSeen = false;
+    setConn("connecting", SH.t("t.conn.connecting"));
+    const q = `token=${encodeURIComponent(saved.token)}&after=${lastSeq}`;
+    const socket = new WebSocket(SH.wsUrl(`/ws/terminals/${encodeURIComponent(terminalId)}?${q}`));
+    ws = socket;
+    socket.onmessage = (m) => {
+      if (ws === socket) onFrame(m.data);
+    };
+    socket.onclose = () => {
+      if (ws !== socket) return;
+      ws = null;
+      scheduleReconnect();
+    };
+    socket.onerror = () => {
+      /* onclose follows */
+    };
+  }
+
+  function scheduleReconnect() {
+    if (reconnectTimer) return;
+    if (helloSeen) attempt = 0; // it worked until now: come back quickly
+    const delay = SH.backoff(attempt, 30000);
+    attempt += 1;
+    reconnectAt = Date.now() + delay;
+    const tick = () => {
+      const s = Math.max(0, Math.ceil((reconnectAt - Date.now()) / 1000));
+      // Never got in after a few tries: most likely a wrong or missing token.
+      if (attempt > 3 && !helloSeen) setConn("failed", `${SH.t("t.conn.failed")} · ${SH.t("t.conn.reconnecting", { s })}`);
+      else setConn("reconnecting", SH.t("t.conn.reconnecting", { s }));
+    };
+    tick();
+    countdownTimer = setInterval(tick, 1000);
+    reconnectTimer = setTimeout(connect, delay);
+  }
+
+  function reconnectNow() {
+    if (ws) return;
+    clearTimeout(reconnectTimer);
+    reconnectTimer = null;
+    connect();
+  }
+
+  // ---- frames --------------------------------------------------------------
+
+  function onFrame(text) {
+    let msg;
+    try {
+      msg = JSON.parse(text);
+    } catch (_) {
+      return;
+    }
+    switch (msg.type) {
+      case "hello":
+        onHello(msg);
+        break;
+      case "ranking":
+        ranking = Array.isArray(msg.entries) ? msg.entries : [];
+        scheduleRender();
+        break;
+      case "session.completed":
+      case "session.rejected":
+      case "session.aborted":
+        onEvent(msg);
+        break;
+      default:
+        break;
+    }
+  }
+
+  async function onHello(msg) {
+    helloSeen = true;
+    attempt = 0;
+    clearInterval(countdownTimer);
+    setConn("live", SH.t("t.conn.live"));
+    const lastOnServer = Number(msg.last_seq);
+    if (Number.isFinite(lastOnServer) && lastOnServer < lastSeq) {
+      // Our position is past the server's end (the terminal's events were
+      // reset): resume from the server's end, or nothing new would come.
+      lastSeq = lastOnServer;
+      ackedSeq = lastSeq;
+      persist();
+      if (ws) ws.close();
+      return;
+    }
+    if (msg.experience) {
+      experience = msg.experience;
+      document.title = experience.title || "stagehand";
+      $("title").textContent = experience.title || "stagehand";
+      if ((experience.locale || "en") !== SH.locale()) {
+        saved.locale = experience.locale || "en";
+        persist();
+        await SH.loadLocale(saved.locale);
+        if (helloSeen && ws) setConn("live", SH.t("t.conn.live"));
+        delete $("latest").dataset.sessionId; // redraw in the new language
+      }
+      if (experience.slug) {
+        const qr = `/api/experiences/${encodeURIComponent(experience.slug)}/qr.svg?terminal=${encodeURIComponent(terminalId)}`;
+        if ($("qr").getAttribute("src") !== qr) $("qr").src = qr;
+        $("scan").hidden = false;
+      }
+    }
+    scheduleRender();
+  }
+
+  function onEvent(ev) {
+    const seq = Number(ev.seq);
+    if (Number.isFinite(seq)) {
+      if (seq <= lastSeq) return; // seen already
+      lastSeq = seq;
+    }
+    if (ev.type === "session.completed") {
+      latest = ev;
+    } else {
+      alertEvent = ev;
+      clearTimeout(alertTimer);
+      alertTimer = setTimeout(() => {
+        alertEvent = null;
+        scheduleRender();
+      }, ALERT_MS);
+    }
+    feed.unshift(ev);
+    if (feed.length > FEED_MAX) feed.length = FEED_MAX;
+    scheduleRender();
+  }
+
+  // A backlog arrives as a burst of frames: draw once for the burst, then
+  // keep the position and acknowledge everything drawn.
+  function scheduleRender() {
+    if (!renderTimer) renderTimer = setTimeout(render, RENDER_DELAY_MS);
+  }
+
+  function render() {
+    renderTimer = null;
+    renderLatest();
+    renderAlert();
+    renderRanking();
+    renderFeed();
+    if (lastSeq !== ackedSeq) {
+      persist();
+      if (ws && ws.readyState === WebSocket.OPEN) {
+        ws.send(JSON.stringify({ type: "ack", seq: lastSeq }));
+        ackedSeq = lastSeq;
+      }
+    }
+  }
+
+  const eventScore = (ev) => (ev.score != null ? ev.score : ev.result && ev.result.score);
+  const eventRank = (ev) => (ev.rank != null ? ev.rank : ev.result && ev.result.rank);
+  const eventMessage = (ev) => ev.message || SH.t(`abort.${ev.reason}`);
+
+  function renderLatest() {
+    $("empty").hidden = Boolean(latest) || !$("no-token").hidden;
+    $("latest").hidden = !latest;
+    if (!latest || $("latest").dataset.sessionId === latest.session_id) return;
+    $("latest").dataset.sessionId = latest.session_id;
+    $("latest").dataset.seq = latest.seq;
+    $("latest-nickname").textContent = latest.nickname || "";
+    const content = (latest.result && latest.result.content) || [];
+    $("latest-content").replaceChildren(...SH.renderContent(content));
+    const score = eventScore(latest);
+    const rank = eventRank(latest);
+    $("latest-score").hidden = score == null;
+    $("latest-score").textContent = score == null ? "" : SH.t("t.score", { score: SH.fmtNumber(score) });
+    $("latest-rank").hidden = rank == null;
+    $("latest-rank").textContent = rank == null ? "" : SH.t("t.rank", { rank });
+    // Replay the entrance animation.
+    $("latest").classList.remove("enter");
+    void $("latest").offsetWidth;
+    $("latest").classList.add("enter");
+  }
+
+  function renderAlert() {
+    $("alert").hidden = !alertEvent;
+    if (!alertEvent) return;
+    $("alert").dataset.type = alertEvent.type;
+    $("alert-who").textContent = alertEvent.nickname || "";
+    $("alert-message").textContent = eventMessage(alertEvent);
+  }
+
+  function renderRanking() {
+    if (!ranking) return;
+    $("ranking-empty").hidden = ranking.length > 0;
+    const highlight = latest && latest.session_id;
+    $("ranking").replaceChildren(
+      ...ranking.slice(0, 10).map((e) =>
+        SH.el("li", { class: e.session_id === highlight ? "me" : null },
+          SH.el("span", { class: "r-rank", text: e.rank }),
+          SH.el("span", { class: "r-name", text: e.nickname }),
+          SH.el("span", { class: "r-score", text: SH.fmtNumber(e.score) }))));
+  }
+
+  function renderFeed() {
+    $("feed").replaceChildren(
+      ...feed.map((ev) => {
+        const type = ev.type.replace("session.", "");
+        let detail;
+        if (type === "completed") {
+          const score = eventScore(ev);
+          const rank = eventRank(ev);
+          detail = [score != null ? SH.t("t.score", { score: SH.fmtNumber(score) }) : SH.t("t.completed"),
+            rank != null ? SH.t("t.rank", { rank }) : null].filter(Boolean).join(" · ");
+        } else {
+          detail = eventMessage(ev);
+        }
+        return SH.el("li", { class: `feed-${type}`, dataset: { seq: ev.seq } },
+          SH.el("span", { class: "f-name", text: ev.nickname || "" }),
+          SH.el("span", { class: "f-detail", text: detail }));
+      }));
+  }
+
+  // ---- start ---------------------------------------------------------------
+
+  async function init() {
+    await SH.loadLocale(saved.locale || "en");
+    persist();
+    if (!terminalId || !saved.token) {
+      $("no-token").hidden = false;
+      $("empty").hidden = true;
+      setConn("failed", SH.t("t.conn.failed"));
+      return;
+    }
+    window.addEventListener("online", reconnectNow);
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden) reconnectNow();
+    });
+    connect();
+  }
+
+  init();
+})();
