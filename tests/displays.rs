@@ -301,6 +301,71 @@ async fn the_display_gets_the_ranking(backend: Backend) {
 }
 db_test!(the_display_gets_the_ranking);
 
+/// Forty results in under a second or two, each a new leader: the display
+/// gets at most one ranking frame per throttle period (300 ms), not one per
+/// result, and the last frame is the final top 10. The bound uses the time
+/// the test saw, which is never shorter than the server's own span, so it
+/// cannot fail on a slow machine.
+async fn ranking_frames_are_throttled(backend: Backend) {
+    const RESULTS: usize = 40;
+    let throttle = stagehand::actors::ranking_board::THROTTLE;
+    let sim = stagehand::ai::simulator::SimConfig {
+        latency: Duration::from_millis(50),
+        ..fast_sim()
+    };
+    let app = TestApp::spawn_with(backend, sim, |_| {}).await;
+    let slug = app.experience(100).await;
+    let (terminal_id, token) = app.terminal(&slug).await;
+    let mut sessions = Vec::new();
+    for i in 0..RESULTS {
+        sessions.push(
+            app.session(&slug, Some(&terminal_id), &format!("r{i:02}"))
+                .await,
+        );
+    }
+    let mut display = app.terminal_socket(&terminal_id, &token, 0).await;
+    assert_eq!(display.next_json(WITHIN).await.unwrap()["type"], "hello");
+    // The ranking as it stands is sent on connect, outside the throttle.
+    let current = display.next_of_type("ranking", WITHIN).await.unwrap();
+    assert_eq!(current["entries"], json!([]));
+    let started = std::time::Instant::now();
+    // One submission every 20 ms, each with a higher score than the last.
+    for (i, (sid, tok)) in sessions.iter().enumerate() {
+        let body = json!({"prompt": "x", "score": i as f64});
+        assert_eq!(app.submit(sid, tok, body, "k").await.status(), 202);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let top: Vec<String> = (RESULTS - 10..RESULTS)
+        .rev()
+        .map(|i| format!("r{i:02}"))
+        .collect();
+    let mut frames = 0;
+    loop {
+        let frame = display
+            .next_of_type("ranking", WITHIN)
+            .await
+            .expect("the final top 10");
+        frames += 1;
+        let names: Vec<String> = frame["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["nickname"].as_str().unwrap().to_owned())
+            .collect();
+        if names == top {
+            break;
+        }
+    }
+    let seen = started.elapsed();
+    let bound = (seen.as_millis() / throttle.as_millis()) as usize + 1;
+    assert!(
+        frames <= bound,
+        "{frames} ranking frames in {seen:?} for {RESULTS} results: more than one per {throttle:?}"
+    );
+    app.stop().await;
+}
+db_test!(ranking_frames_are_throttled);
+
 /// The QR code encodes `{public url}/p/{slug}?terminal={id}`; an unknown
 /// experience or another experience's terminal is 404.
 async fn the_qr_code_encodes_the_booths_participant_url(backend: Backend) {
