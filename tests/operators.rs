@@ -1,6 +1,7 @@
 //! The operators' side, black box through HTTP and WebSocket: the saga list
 //! (filters, pages, errors), cancel and retry (fenced, idempotent, 409 when
-//! the saga's state does not allow them), and the live `stats` socket. On
+//! the saga's state does not allow them), and the live `stats` and `saga`
+//! frames of the operators' socket. On
 //! SQLite and on PostgreSQL.
 
 mod support;
@@ -296,8 +297,8 @@ async fn retry_runs_an_aborted_saga_again(backend: Backend) {
 }
 db_test!(retry_runs_an_aborted_saga_again);
 
-/// The operators' socket sends a `stats` frame at once, and a new one when a
-/// saga ends, at the default poll interval and well before the hub's own
+/// The operators' socket sends a `stats` frame at once, and a `saga` frame
+/// and a new `stats` frame when a saga ends, at the default poll interval and well before the hub's own
 /// refresh period: the saga's end wakes it. A wrong token is refused.
 async fn the_operator_socket_sends_stats_at_once_and_on_change(backend: Backend) {
     let app = TestApp::spawn_with(backend, fast_sim(), |config| {
@@ -333,20 +334,34 @@ async fn the_operator_socket_sends_stats_at_once_and_on_change(backend: Backend)
             .status(),
         202
     );
-    // The hub refreshes on its own every 5 s; 4 s is before that.
+    // The hub refreshes on its own every 5 s; 4 s is before that. Saga
+    // frames come before the stats frame that counts them.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
     let mut last = first;
+    let mut saga_frames = Vec::new();
     while last["aborted_by_reason"]["INPUT_REJECTED"] != 1 {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        last = ops
-            .next_of_type("stats", left)
+        let frame = ops
+            .next_json(left)
             .await
             .unwrap_or_else(|| panic!("no stats frame counting the rejection; last: {last}"));
+        match frame["type"].as_str() {
+            Some("stats") => last = frame,
+            Some("saga") => saga_frames.push(frame),
+            _ => panic!("an unexpected frame: {frame}"),
+        }
     }
     assert_eq!(last["steps"]["ABORTED"], 1);
     let recent = last["recent"].as_array().unwrap();
     assert_eq!(recent[0]["nickname"], "fay");
     assert_eq!(recent[0]["abort_reason"], "INPUT_REJECTED");
+    let ended = saga_frames
+        .iter()
+        .rev()
+        .find(|f| f["session_id"] == sid.as_str())
+        .unwrap_or_else(|| panic!("no saga frame of fay's saga: {saga_frames:?}"));
+    assert_eq!(ended["step"], "ABORTED");
+    assert_eq!(ended["abort_reason"], "INPUT_REJECTED");
     app.stop().await;
 }
 db_test!(the_operator_socket_sends_stats_at_once_and_on_change);

@@ -10,7 +10,8 @@
 //! The frame is a snapshot in a `watch` channel: an operator socket that is
 //! slow skips to the newest frame, never a queue. Nothing is lost by that:
 //! each frame carries all the counts and the latest sagas, and the admin API
-//! lists every saga.
+//! lists every saga. With it come `saga` frames of the recent sagas, which
+//! each socket sends when a saga is new or changed since it last looked.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +32,17 @@ pub const THROTTLE: Duration = Duration::from_millis(250);
 /// A frame is made at least this often while an operator watches.
 pub const REFRESH: Duration = Duration::from_secs(5);
 
-/// The newest stats frame (None until one was made).
-pub type StatsFrame = Option<Arc<str>>;
+/// What the hub hands to operator sockets: the `stats` frame, and a `saga`
+/// frame for each of its recent sagas.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub stats: String,
+    /// `(saga id, updated_at_ms, its "saga" frame)`, newest first.
+    pub sagas: Vec<(String, i64, String)>,
+}
+
+/// The newest snapshot (None until one was made).
+pub type StatsFrame = Option<Arc<Snapshot>>;
 
 /// An operator socket wants the frames. Answered with the channel; its
 /// current frame is the newest, and a fresh one is made at once.
@@ -81,6 +91,24 @@ pub fn stats_frame(stats: &OperatorStats, now: i64) -> String {
     .to_string()
 }
 
+/// The frames of these counts: the `stats` frame and, per recent saga,
+/// `{"type": "saga", ...the saga as the admin list shows it}`.
+pub fn snapshot(stats: &OperatorStats, now: i64) -> Snapshot {
+    let sagas = stats
+        .recent
+        .iter()
+        .map(|view| {
+            let mut frame = serde_json::to_value(view).unwrap_or_default();
+            frame["type"] = json!("saga");
+            (view.saga_id.clone(), view.updated_at_ms, frame.to_string())
+        })
+        .collect();
+    Snapshot {
+        stats: stats_frame(stats, now),
+        sagas,
+    }
+}
+
 async fn publish(
     store: Store,
     clock: SharedClock,
@@ -98,7 +126,7 @@ async fn publish(
         match store.operator_stats(now, now - PRESENCE_STALE_MS).await {
             Ok(stats) if last.as_ref() == Some(&stats) => {}
             Ok(stats) => {
-                frames.send_replace(Some(stats_frame(&stats, now).into()));
+                frames.send_replace(Some(Arc::new(snapshot(&stats, now))));
                 last = Some(stats);
             }
             Err(e) => {

@@ -1,10 +1,12 @@
 //! OperatorSocket: one actor per connected operator dashboard, owning its
 //! `actix_ws::Session`. It sends the newest `stats` frame at once, then
-//! each new one the [`OperatorHub`] makes (a few a second at most). A slow
+//! each new one the [`OperatorHub`] makes (a few a second at most), each
+//! after a `saga` frame per recent saga that changed since the last. A slow
 //! dashboard skips to the newest frame; each frame is whole, so nothing it
 //! needs is lost. Operators send nothing but pings and pongs; the heartbeat
 //! closes a dashboard that went away.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -31,17 +33,38 @@ impl OperatorSocket {
     }
 }
 
-/// Sends each newest frame until the dashboard or the hub goes away.
+/// Sends each newest snapshot until the dashboard or the hub goes away: a
+/// `saga` frame for each recent saga that changed since the last snapshot
+/// sent (oldest first; none for the first, whose `stats.recent` has them
+/// all), then the `stats` frame.
 async fn stream(mut session: Session, hub: Addr<OperatorHub>) {
     let Ok(mut frames) = hub.send(Subscribe).await else {
         return;
     };
+    // The `updated_at_ms` of each saga last sent.
+    let mut sent: Option<HashMap<String, i64>> = None;
     while frames.changed().await.is_ok() {
-        let frame = frames.borrow_and_update().clone();
-        if let Some(frame) = frame {
-            if session.text(frame.to_string()).await.is_err() {
-                return;
+        let Some(snapshot) = frames.borrow_and_update().clone() else {
+            continue;
+        };
+        if let Some(sent) = &sent {
+            for (saga_id, updated_at, frame) in snapshot.sagas.iter().rev() {
+                if sent.get(saga_id).is_none_or(|at| at < updated_at)
+                    && session.text(frame.clone()).await.is_err()
+                {
+                    return;
+                }
             }
+        }
+        sent = Some(
+            snapshot
+                .sagas
+                .iter()
+                .map(|(id, at, _)| (id.clone(), *at))
+                .collect(),
+        );
+        if session.text(snapshot.stats.clone()).await.is_err() {
+            return;
         }
     }
 }
