@@ -23,7 +23,7 @@ use crate::actors::operator_socket::OperatorSocket;
 use crate::actors::persistence::Write;
 use crate::actors::terminal_hub::PRESENCE_STALE_MS;
 use crate::domain::saga::{AbortReason, Step};
-use crate::store::operators::{SagaCursor, SagaFilter, MAX_PAGE};
+use crate::store::operators::{SagaCursor, SagaFilter, SagaView, MAX_PAGE};
 use crate::store::sagas::Fence;
 use crate::store::transitions::SagaWrite;
 
@@ -113,25 +113,47 @@ pub async fn get_saga(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     require_operator(&state, &req)?;
-    let view = state
-        .store
-        .saga_view(&id, state.clock.now_ms())
-        .await?
-        .ok_or(ApiError::NotFound("saga"))?;
+    let view = saga_or_404(&state, &id).await?;
     Ok(HttpResponse::Ok().json(json!({"saga": view})))
 }
 
-/// The saga's view after an action, as the action's answer.
-async fn saga_reply(state: &AppState, saga_id: &str) -> Result<Reply, ApiError> {
-    let view = state
+/// Saga `id` as operators see it, or 404.
+async fn saga_or_404(state: &AppState, id: &str) -> Result<SagaView, ApiError> {
+    state
         .store
-        .saga_view(saga_id, state.clock.now_ms())
+        .saga_view(id, state.clock.now_ms())
         .await?
-        .ok_or(ApiError::NotFound("saga"))?;
-    Ok(Reply {
-        status: StatusCode::OK,
-        body: json!({"saga": view}),
+        .ok_or(ApiError::NotFound("saga"))
+}
+
+/// An operator's action on saga `id` under the Idempotency-Key rules
+/// (scoped to the operator and the endpoint), answered with the saga as it
+/// stands after the action.
+async fn saga_action<F, Fut>(
+    state: &AppState,
+    req: &HttpRequest,
+    id: &str,
+    payload: web::Payload,
+    action: F,
+) -> Result<HttpResponse, ApiError>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<(), ApiError>>,
+{
+    require_operator(state, req)?;
+    let key = key_of(req)?;
+    let body = read_body(payload).await?;
+    let scope = operator_scope(req);
+    let (reply, replayed) = run_idempotent(state, &scope, key, &body, || async {
+        action().await?;
+        let view = saga_or_404(&state, id).await?;
+        Ok(Reply {
+            status: StatusCode::OK,
+            body: json!({"saga": view}),
+        })
     })
+    .await?;
+    Ok(respond(reply, replayed, None))
 }
 
 /// `POST /api/admin/sagas/{id}/retry`: an ABORTED saga runs again from the
@@ -143,11 +165,7 @@ pub async fn retry_saga(
     id: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
-    let key = key_of(&req)?;
-    let body = read_body(payload).await?;
-    let scope = operator_scope(&req);
-    let (reply, replayed) = run_idempotent(&state, &scope, key, &body, || async {
+    saga_action(&state, &req, &id, payload, || async {
         let retried = state
             .store
             .retry_saga(&id, state.clock.now_ms(), state.saga_deadline_ms)
@@ -156,10 +174,9 @@ pub async fn retry_saga(
         if let Some(experience) = retried.ranking_changed {
             state.wakeups.rankings_changed(&[experience], false);
         }
-        saga_reply(&state, &id).await
+        Ok(())
     })
-    .await?;
-    Ok(respond(reply, replayed, None))
+    .await
 }
 
 /// `POST /api/admin/sagas/{id}/cancel`: a running saga aborts with
@@ -172,16 +189,8 @@ pub async fn cancel_saga(
     id: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
-    let key = key_of(&req)?;
-    let body = read_body(payload).await?;
-    let scope = operator_scope(&req);
-    let (reply, replayed) = run_idempotent(&state, &scope, key, &body, || async {
-        state
-            .store
-            .saga_view(&id, state.clock.now_ms())
-            .await?
-            .ok_or(ApiError::NotFound("saga"))?;
+    saga_action(&state, &req, &id, payload, || async {
+        saga_or_404(&state, &id).await?;
         let write = SagaWrite::Abort {
             saga_id: id.to_string(),
             fence: Fence::Operator,
@@ -194,10 +203,9 @@ pub async fn cancel_saga(
             .await
             .map_err(|e| ApiError::Internal(format!("the persistence actor is gone: {e}")))??;
         tracing::info!(saga_id = %id, "operator cancel: saga aborted with CANCELLED");
-        saga_reply(&state, &id).await
+        Ok(())
     })
-    .await?;
-    Ok(respond(reply, replayed, None))
+    .await
 }
 
 #[derive(Deserialize)]
@@ -217,11 +225,7 @@ pub async fn list_terminals(
     let now = state.clock.now_ms();
     let slug = query.experience.as_deref().filter(|s| !s.is_empty());
     if let Some(slug) = slug {
-        state
-            .store
-            .experience_by_slug(slug)
-            .await?
-            .ok_or(ApiError::NotFound("experience"))?;
+        state.experience(slug).await?;
     }
     let terminals = state
         .store

@@ -56,6 +56,17 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The experience `slug`, or 404 `not_found`.
+    pub async fn experience(
+        &self,
+        slug: &str,
+    ) -> Result<crate::store::entities::experiences::Model, ApiError> {
+        self.store
+            .experience_by_slug(slug)
+            .await?
+            .ok_or(ApiError::NotFound("experience"))
+    }
+
     /// What a display socket needs.
     pub fn socket_deps(&self) -> SocketDeps {
         SocketDeps {

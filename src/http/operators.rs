@@ -193,11 +193,7 @@ pub async fn get_experience(
     req: HttpRequest,
     slug: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let experience = state
-        .store
-        .experience_by_slug(&slug)
-        .await?
-        .ok_or(ApiError::NotFound("experience"))?;
+    let experience = state.experience(&slug).await?;
     let body = if is_operator(&state, &req) {
         experience_json(&experience)
     } else {
@@ -219,11 +215,7 @@ pub async fn qr_svg(
     slug: web::Path<String>,
     query: web::Query<QrQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let experience = state
-        .store
-        .experience_by_slug(&slug)
-        .await?
-        .ok_or(ApiError::NotFound("experience"))?;
+    let experience = state.experience(&slug).await?;
     let mut url = format!("{}/p/{}", state.public_url, experience.slug);
     if let Some(terminal_id) = query.terminal.as_deref().filter(|t| !t.is_empty()) {
         let terminal = state
@@ -265,11 +257,7 @@ pub async fn create_terminal(
                 "name must be 1 to 80 characters".into(),
             ));
         }
-        let experience = state
-            .store
-            .experience_by_slug(&b.experience)
-            .await?
-            .ok_or(ApiError::NotFound("experience"))?;
+        let experience = state.experience(&b.experience).await?;
         let token = new_secret();
         let terminal = state
             .store

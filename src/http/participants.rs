@@ -84,11 +84,7 @@ pub async fn create_session(
     let (reply, replayed) = run_idempotent(&state, &scope, key, &body, || async {
         let new: NewSession = parse_json(&body)?;
         let nickname = validate_nickname(&new.nickname)?;
-        let experience = state
-            .store
-            .experience_by_slug(&slug)
-            .await?
-            .ok_or(ApiError::NotFound("experience"))?;
+        let experience = state.experience(&slug).await?;
         if let Some(terminal_id) = &new.terminal_id {
             let terminal = state.store.terminal(terminal_id).await?;
             if terminal.is_none_or(|t| t.experience_id != experience.id) {
@@ -188,11 +184,7 @@ pub async fn ranking(
     slug: web::Path<String>,
     query: web::Query<RankingQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let experience = state
-        .store
-        .experience_by_slug(&slug)
-        .await?
-        .ok_or(ApiError::NotFound("experience"))?;
+    let experience = state.experience(&slug).await?;
     let limit = query.limit.unwrap_or(10).clamp(1, 100);
     let entries: Vec<_> = state
         .store
