@@ -178,8 +178,8 @@ impl Store {
                 "SELECT e.slug, e.title, e.max_in_flight, \
                  COALESCE(SUM(CASE WHEN s.lock_token IS NOT NULL AND s.locked_until_ms >= $1 \
                    THEN 1 ELSE 0 END), 0), \
-                 COALESCE(SUM(CASE WHEN s.lock_token IS NULL OR s.locked_until_ms < $1 \
-                   THEN 1 ELSE 0 END), 0) \
+                 COALESCE(SUM(CASE WHEN s.id IS NOT NULL \
+                   AND (s.lock_token IS NULL OR s.locked_until_ms < $1) THEN 1 ELSE 0 END), 0) \
                  FROM experiences e LEFT JOIN sagas s \
                    ON s.experience_id = e.id AND s.step = 'AI_PENDING' \
                  GROUP BY e.id, e.slug, e.title, e.max_in_flight, e.created_at_ms \
