@@ -14,6 +14,9 @@
   const terminalParam = new URLSearchParams(location.search).get("terminal") || null;
   const STORE_KEY = `stagehand:p:${slug}`;
   const AUTO_RETRIES = 5;
+  // An ABORTED session is still looked at now and then: an operator may
+  // retry it, and then it runs again.
+  const ABORTED_POLL_MS = 5000;
   const VIEWS = ["view-loading", "view-missing", "view-form", "view-waiting", "view-result", "view-aborted"];
 
   // What survives a reload:
@@ -231,9 +234,14 @@
 
   // ---- waiting for the result ----------------------------------------------
 
+  // Each stop starts a new generation: an answer that arrives after the
+  // view moved on (Try again, Start over) is dropped.
+  let pollGen = 0;
+
   function stopPolling() {
     clearTimeout(pollTimer);
     pollTimer = null;
+    pollGen += 1;
   }
 
   function startWaiting() {
@@ -251,15 +259,22 @@
   async function poll() {
     stopPolling();
     if (!st.session) return;
+    const gen = pollGen;
     let again = true;
     try {
       const { data } = await SH.api(`/api/sessions/${encodeURIComponent(st.session.id)}`, {
         token: st.session.token,
         timeoutMs: 10000,
       });
+      if (gen !== pollGen) return;
       pollFailures = 0;
       again = renderSession(data);
+      if (!again && data.status === "ABORTED") {
+        pollTimer = setTimeout(poll, ABORTED_POLL_MS);
+        return;
+      }
     } catch (err) {
+      if (gen !== pollGen) return;
       if (err instanceof SH.ApiError && (err.status === 401 || err.status === 404)) {
         forgetSession();
         persist();
@@ -469,6 +484,7 @@
         return;
       }
       renderSession(data);
+      if (data.status === "ABORTED") pollTimer = setTimeout(poll, ABORTED_POLL_MS);
     } catch (err) {
       if (err instanceof SH.ApiError && (err.status === 401 || err.status === 404)) {
         forgetSession();

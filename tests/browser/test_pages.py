@@ -1,0 +1,878 @@
+#!/usr/bin/env python3
+"""Real-browser tests of the stagehand pages (headless Chromium, Playwright).
+
+Starts the server binary on a free loopback port with a temporary SQLite
+database, the built-in AI simulator (2 s jobs; a prompt with "forbidden" is
+refused by moderation) and a known operator token, then drives the four
+pages the way people use them:
+
+  participant  a phone (360 px) makes a submission, survives a reload, sees
+               the result; a lost answer is retried with the same key; a
+               rejection shows its message and the same session tries again
+  terminal     a 1080p booth display, open at the same time, shows the result,
+               the ranking and the rejection, and acknowledges what it showed;
+               it reconnects by itself after the server is killed and
+               restarted, resuming after the last seq it showed (and from
+               localStorage after a reload); a wrong token is said so
+  ops          the dashboard's counts move while sagas run, it creates an
+               experience and a terminal, its Cancel button cancels a queued
+               saga, whose participant then reads the CANCELLED message, and
+               its Retry button runs that saga again to its result
+  language     a Korean experience shows Korean texts
+  layout       every page fits a 360 px phone; the booth display fills 1080p
+  screenshots  of every page, in target/screenshots/
+
+Only 127.0.0.1 is contacted: the simulator's result images (sim.invalid)
+are answered inside the browser with a drawn placeholder, and any other
+outside address is refused.
+
+Usage: python3 tests/browser/test_pages.py [test-name ...]
+Environment: STAGEHAND_BINARY (default target/debug/stagehand),
+STAGEHAND_CHROMIUM (default /usr/bin/chromium), STAGEHAND_PAGES_FROM_DISK=1
+serves static/ from the work tree instead of the binary's embedded copy (for
+editing the pages without rebuilding; the default tests what ships).
+Prints "browser: N passed, M failed" and exits non-zero when any failed.
+"""
+
+import html
+import json
+import mimetypes
+import os
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+
+from playwright.sync_api import expect, sync_playwright
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BINARY = pathlib.Path(os.environ.get("STAGEHAND_BINARY") or ROOT / "target" / "debug" / "stagehand")
+CHROMIUM = os.environ.get("STAGEHAND_CHROMIUM", "/usr/bin/chromium")
+PAGES_FROM_DISK = os.environ.get("STAGEHAND_PAGES_FROM_DISK") == "1"
+SHOTS = ROOT / "target" / "screenshots"
+STATIC = ROOT / "static"
+OPERATOR_TOKEN = "browser-test-operator-" + uuid.uuid4().hex
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+if PAGES_FROM_DISK:
+    # Pages answered by the test itself have no address, so Chromium would
+    # treat them as public and refuse their sockets to 127.0.0.1.
+    CHROMIUM_ARGS.append("--disable-features=LocalNetworkAccessChecks")
+PHONE = dict(viewport={"width": 360, "height": 740}, device_scale_factor=2, is_mobile=True, has_touch=True)
+SCREEN = dict(viewport={"width": 1920, "height": 1080})
+SECOND = 1000  # Playwright timeouts are in milliseconds
+RESULT_WAIT = 30 * SECOND  # a 2 s job, with room for a slow machine
+
+EN = json.loads((STATIC / "i18n" / "en.json").read_text(encoding="utf-8"))
+KO = json.loads((STATIC / "i18n" / "ko.json").read_text(encoding="utf-8"))
+
+
+# ---- the server ------------------------------------------------------------
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """The stagehand binary on a free port with a fresh SQLite file."""
+
+    def __init__(self, *extra_args):
+        self.dir = tempfile.mkdtemp(prefix="stagehand-browser-")
+        self.log_path = os.path.join(self.dir, "server.log")
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        db = f"sqlite://{self.dir}/x.db?mode=rwc"
+        args = [str(BINARY), "serve", "--bind", f"127.0.0.1:{self.port}", "--database-url", db,
+                "--operator-token", OPERATOR_TOKEN, *extra_args]
+        self.args = args
+        self.log = open(self.log_path, "w")
+        self.start()
+
+    def start(self):
+        # Its own session: a signal to the test's process group (a Ctrl-C)
+        # reaches the test, which then stops the server itself.
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.dir,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server did not answer /healthz within 60 s:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    def log_tail(self, lines=40):
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                tail = f.readlines()[-lines:]
+        except OSError:
+            return ""
+        plain = (re.sub(r"\x1b\[[0-9;]*m", "", line) for line in tail)
+        return "".join(line if len(line) < 400 else line[:400] + "…\n" for line in plain)
+
+    def restart(self):
+        """Kills the process (as a crash would) and starts it again on the
+        same port and database."""
+        self.proc.kill()
+        self.proc.wait(10)
+        self.start()
+
+    def errors(self):
+        """The server's ERROR log lines so far."""
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return [re.sub(r"\x1b\[[0-9;]*m", "", line).rstrip()[:400] for line in f if " ERROR " in line]
+        except OSError:
+            return []
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # JSON over HTTP: (status, body, headers). Never raises on an HTTP error.
+    def api(self, method, path, body=None, token=None, key=None):
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if key:
+            headers["Idempotency-Key"] = key
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=15) as r:
+                status, raw, hdrs = r.status, r.read(), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            status, raw, hdrs = e.code, e.read(), dict(e.headers)
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw.decode(errors="replace")
+        return status, parsed, hdrs
+
+    def ok(self, method, path, body=None, token=None, key=None, expect_status=(200, 201, 202)):
+        status, parsed, _ = self.api(method, path, body, token, key)
+        assert status in expect_status, f"{method} {path} -> {status} {parsed}"
+        return parsed
+
+    def operator(self, method, path, body=None):
+        return self.ok(method, path, body, token=OPERATOR_TOKEN, key=str(uuid.uuid4()))
+
+    def experience(self, slug, title, kind="comic", locale="en", max_in_flight=5):
+        return self.operator("POST", "/api/experiences", {
+            "slug": slug, "title": title, "kind": kind, "max_in_flight": max_in_flight, "locale": locale})
+
+    def terminal(self, slug, name):
+        return self.operator("POST", "/api/terminals", {"experience": slug, "name": name})
+
+    def submit_as(self, slug, nickname, prompt, terminal_id=None, score=None):
+        """A participant through the API: (session_id, participant_token)."""
+        body = {"nickname": nickname}
+        if terminal_id:
+            body["terminal_id"] = terminal_id
+        s = self.ok("POST", f"/api/experiences/{slug}/sessions", body, key=str(uuid.uuid4()))
+        sub = {"prompt": prompt}
+        if score is not None:
+            sub["score"] = score
+        self.ok("POST", f"/api/sessions/{s['session_id']}/submission", sub,
+                token=s["participant_token"], key=str(uuid.uuid4()))
+        return s["session_id"], s["participant_token"]
+
+    def sagas(self, **query):
+        q = urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+        return self.ok("GET", f"/api/admin/sagas?{q}", token=OPERATOR_TOKEN)["sagas"]
+
+
+def wait_for(what, check, timeout=30):
+    """Polls `check` until it returns a truthy value; fails after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except AssertionError as e:  # not yet
+            last = e
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+# ---- the browser -----------------------------------------------------------
+
+PLACEHOLDER = """<svg xmlns="http://www.w3.org/2000/svg" width="800" height="600" viewBox="0 0 800 600">
+<defs><linearGradient id="g" x1="0" y1="0" x2="1" y2="1">
+<stop offset="0" stop-color="#5b3df5"/><stop offset="1" stop-color="#f0b429"/></linearGradient></defs>
+<rect width="800" height="600" fill="url(#g)"/>
+<circle cx="400" cy="260" r="120" fill="#fff" opacity=".25"/>
+<text x="400" y="470" font-family="sans-serif" font-size="34" fill="#fff" text-anchor="middle">{label}</text>
+</svg>"""
+
+
+def only_loopback(route):
+    """Lets 127.0.0.1 through; draws the simulator's images; refuses the rest."""
+    url = urllib.parse.urlsplit(route.request.url)
+    if url.hostname == "127.0.0.1" or url.scheme in ("data", "blob"):
+        if PAGES_FROM_DISK and serve_from_disk(route, url.path):
+            return
+        route.continue_()
+    elif url.hostname and url.hostname.endswith("sim.invalid"):
+        label = html.escape(pathlib.PurePosixPath(url.path).stem[:18])
+        route.fulfill(status=200, content_type="image/svg+xml", body=PLACEHOLDER.replace("{label}", label))
+    else:
+        route.abort("blockedbyclient")
+
+
+def serve_from_disk(route, path):
+    """STAGEHAND_PAGES_FROM_DISK=1: the pages from the work tree."""
+    pages = {"/": "index.html", "/ops": "ops.html"}
+    name = pages.get(path)
+    if name is None and re.fullmatch(r"/p/[^/]+", path):
+        name = "participant.html"
+    if name is None and re.fullmatch(r"/terminal/[^/]+", path):
+        name = "terminal.html"
+    if name is None and path.startswith("/static/"):
+        name = path[len("/static/"):]
+    if name is None and path.startswith("/i18n/"):
+        name = "i18n/" + path[len("/i18n/"):]
+    if name is None or not (STATIC / name).is_file():
+        return False
+    ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    route.fulfill(status=200, content_type=ctype, body=(STATIC / name).read_bytes())
+    return True
+
+
+class Env:
+    """What every test gets: the server, the browser and a few fixtures."""
+
+    def __init__(self, server, browser):
+        self.server = server
+        self.browser = browser
+        self.base = server.base
+        self.contexts = []
+        self.console_errors = []
+
+    def context(self, **kw):
+        ctx = self.browser.new_context(base_url=self.base, **kw)
+        ctx.set_default_timeout(15 * SECOND)
+        ctx.route("**/*", only_loopback)
+        self.contexts.append(ctx)
+        return ctx
+
+    def page(self, **kw):
+        page = self.context(**kw).new_page()
+        page.on("pageerror", lambda e: self.console_errors.append(f"{page.url}: {e}"))
+        return page
+
+    def phone(self):
+        return self.page(**PHONE)
+
+    def screen(self):
+        return self.page(**SCREEN)
+
+    def close_contexts(self):
+        for ctx in self.contexts:
+            try:
+                ctx.close()
+            except Exception:  # noqa: BLE001 - closing after a failure
+                pass
+        self.contexts = []
+
+
+# Entrance animations have ended (endless ones, like a spinner, go on).
+SETTLED = """() => document.getAnimations().every(a =>
+    a.playState !== 'running' || a.effect.getComputedTiming().iterations === Infinity)"""
+
+
+def shot(page, name, settle=True, **kw):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    if settle:
+        page.wait_for_function(SETTLED, timeout=5 * SECOND)
+    page.screenshot(path=str(path), **kw)
+    return path
+
+
+def assert_fits(page, what):
+    """Nothing sticks out sideways: no horizontal scrolling at this width."""
+    sizes = page.evaluate("""() => {
+        const wide = [...document.querySelectorAll('body *')].filter(n => {
+            const r = n.getBoundingClientRect();
+            return r.width > 0 && r.right > innerWidth + 1 && !n.closest('.table-wrap');
+        }).slice(0, 5).map(n => n.tagName.toLowerCase() + (n.id ? '#' + n.id : '') +
+            (n.className && typeof n.className === 'string' ? '.' + n.className.split(' ').join('.') : ''));
+        return {scroll: document.documentElement.scrollWidth, inner: innerWidth, wide};
+    }""")
+    assert sizes["scroll"] <= sizes["inner"] and not sizes["wide"], f"{what} overflows sideways: {sizes}"
+
+
+def open_terminal(env, terminal):
+    page = env.screen()
+    page.goto(f"/terminal/{terminal['terminal_id']}#token={terminal['token']}")
+    expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+    return page
+
+
+def participant_submit(page, nickname, prompt, score=None):
+    # The form shows once the page has read its experience (and the stored
+    # session, which hides the nickname): wait for it before looking.
+    expect(page.locator("#view-form")).to_be_visible()
+    expect(page.locator("#go")).to_be_enabled()
+    if nickname is not None and page.locator("#nickname").is_visible():
+        page.fill("#nickname", nickname)
+    page.fill("#prompt", prompt)
+    if score is not None:
+        page.fill("#score", str(score))
+    page.click("#go")
+
+
+# ---- the tests -------------------------------------------------------------
+
+
+def test_index_lists_experiences(env):
+    page = env.screen()
+    page.goto("/")
+    card = page.locator("li.experience[data-slug=comics]")
+    expect(card).to_be_visible()
+    expect(card.locator("h2")).to_have_text("Comic booth")
+    expect(card.locator(".badge")).to_have_text(EN["kind.comic"])
+    expect(card.locator("a")).to_have_attribute("href", "/p/comics")
+    expect(page.locator("a[href='/ops']")).to_be_visible()
+    shot(page, "index")
+
+
+def test_submission_reaches_terminal(env):
+    """(1) A phone's submission ends with the booth display showing it."""
+    term = env.fixtures["comics_terminal"]
+    display = open_terminal(env, term)
+    expect(display.locator("#empty")).to_be_visible()
+
+    phone = env.phone()
+    keys = []
+    phone.on("request", lambda r: keys.append((r.url, r.headers.get("idempotency-key")))
+             if r.method == "POST" else None)
+    phone.goto(f"/p/comics?terminal={term['terminal_id']}")
+    expect(phone.locator("#title")).to_have_text("Comic booth")
+    expect(phone.locator("#score-field")).to_be_hidden()
+    expect(phone.locator("#go")).to_have_text(EN["p.submit"])
+    # A double tap sends one request of each kind.
+    phone.fill("#nickname", "alice")
+    phone.fill("#prompt", "a cat on a skateboard")
+    assert_fits(phone, "the participant form at 360 px")
+    shot(phone, "participant-form")
+    phone.locator("#go").dblclick()
+    expect(phone.locator("#view-waiting")).to_be_visible()
+    # The session survives a reload while it runs (or after it finished).
+    phone.reload()
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    expect(phone.locator("#result-message")).to_have_text(EN["session.COMPLETED"])
+    expect(phone.locator("#result-content figcaption")).to_contain_text("a cat on a skateboard")
+    img = phone.locator("#result-content img")
+    expect(img).to_have_count(1)
+    wait_for("the result image to load", lambda: img.evaluate("i => i.complete && i.naturalWidth > 0"), 10)
+    shot(phone, "participant")
+    posts = [k for k in keys if "/sessions" in k[0] or "/submission" in k[0]]
+    assert len(posts) == 2, f"expected one session and one submission request, got {posts}"
+    assert all(k[1] and re.fullmatch(r"[0-9a-f-]{36}", k[1]) for k in posts), posts
+    sagas = [s for s in env.server.sagas(experience="comics") if s["nickname"] == "alice"]
+    assert len(sagas) == 1, f"one saga for alice, got {sagas}"
+
+    expect(display.locator("#latest-nickname")).to_have_text("alice", timeout=RESULT_WAIT)
+    expect(display.locator("#latest-content figcaption")).to_contain_text("a cat on a skateboard")
+    expect(display.locator("#latest-content img")).to_have_count(1)
+    expect(display.locator("#feed li.feed-completed").first).to_contain_text("alice")
+    env.fixtures["comics_display"] = display
+    env.fixtures["comics_phone"] = phone
+
+
+def test_lost_answer_is_retried_with_the_same_key(env):
+    """A request whose answer is lost is sent again with the same key."""
+    phone = env.phone()
+    sent = {"sessions": [], "submission": []}
+
+    def lose_first_answer(kind):
+        def handler(route):
+            sent[kind].append(route.request.headers.get("idempotency-key"))
+            if len(sent[kind]) == 1:
+                route.fetch()  # the server does the work...
+                route.abort("connectionreset")  # ...and the answer is lost
+            else:
+                route.continue_()
+        return handler
+
+    phone.route("**/api/experiences/*/sessions", lose_first_answer("sessions"))
+    phone.route("**/api/sessions/*/submission", lose_first_answer("submission"))
+    phone.goto("/p/comics")
+    participant_submit(phone, "flaky-net", "a robot juggling teacups")
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    for kind, keys in sent.items():
+        assert len(keys) >= 2 and len(set(keys)) == 1, f"{kind}: retries must reuse the key: {keys}"
+    sagas = [s for s in env.server.sagas(experience="comics") if s["nickname"] == "flaky-net"]
+    assert len(sagas) == 1, f"one saga despite the retries, got {len(sagas)}"
+
+
+def test_terminal_acks_what_it_showed(env):
+    """The display acknowledges events: the server sees nothing unacked."""
+    term = env.fixtures["comics_terminal"]
+    display = env.fixtures.get("comics_display") or open_terminal(env, term)
+    expect(display.locator("#latest")).to_be_visible(timeout=RESULT_WAIT)
+    seq = int(display.locator("#latest").get_attribute("data-seq"))
+
+    def acked():
+        rows = env.server.ok("GET", "/api/terminals?experience=comics", token=OPERATOR_TOKEN)["terminals"]
+        row = next(t for t in rows if t["terminal_id"] == term["terminal_id"])
+        assert row["online"], row
+        assert row["acked_seq"] >= seq and row["unacked"] == 0, row
+        return row
+    wait_for("the display's ack", acked, 15)
+    stored = display.evaluate(f"() => JSON.parse(localStorage.getItem('stagehand:t:{term['terminal_id']}')).seq")
+    assert stored >= seq, f"the last seq shown is kept for reconnecting: {stored} < {seq}"
+
+
+def test_rejection_shows_on_both_pages(env):
+    """(2) A moderation rejection reads as such on the phone and the display."""
+    term = env.fixtures["comics_terminal"]
+    display = env.fixtures.get("comics_display") or open_terminal(env, term)
+    phone = env.phone()
+    phone.goto(f"/p/comics?terminal={term['terminal_id']}")
+    participant_submit(phone, "mallory", "something forbidden please")
+    expect(phone.locator("#view-aborted")).to_be_visible(timeout=RESULT_WAIT)
+    expect(phone.locator("#aborted-title")).to_have_text(EN["p.rejectedTitle"])
+    expect(phone.locator("#aborted-message")).to_contain_text(EN["abort.INPUT_REJECTED"])
+    shot(phone, "participant-rejected")
+
+    expect(display.locator("#alert")).to_be_visible(timeout=RESULT_WAIT)
+    expect(display.locator("#alert-who")).to_have_text("mallory")
+    expect(display.locator("#alert-message")).to_contain_text(EN["abort.INPUT_REJECTED"])
+    expect(display.locator("#feed li.feed-rejected").first).to_contain_text(EN["abort.INPUT_REJECTED"])
+    shot(display, "terminal-rejected")
+
+    # The same session takes a new submission.
+    phone.click("#try-again")
+    expect(phone.locator("#who-text")).to_contain_text("mallory")
+    expect(phone.locator("#nickname-field")).to_be_hidden()
+    participant_submit(phone, None, "a friendly dragon baking bread")
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    expect(display.locator("#latest-nickname")).to_have_text("mallory", timeout=RESULT_WAIT)
+    sagas = [s for s in env.server.sagas(experience="comics") if s["nickname"] == "mallory"]
+    assert len({s["session_id"] for s in sagas}) == 1 and len(sagas) == 2, sagas
+
+
+def ops_page(env):
+    page = env.screen()
+    page.goto("/ops")
+    expect(page.locator("#login")).to_be_visible()
+    page.fill("#token", "not-the-token")
+    page.click("#sign-in")
+    expect(page.locator("#login-error")).to_have_text(EN["ops.tokenWrong"])
+    page.fill("#token", OPERATOR_TOKEN)
+    page.click("#sign-in")
+    expect(page.locator("#dashboard")).to_be_visible()
+    expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+    return page
+
+
+def tile_value(page, step):
+    text = page.locator(f"#step-{step} .value").inner_text()
+    return int(re.sub(r"\D", "", text) or 0)
+
+
+def test_ops_dashboard_and_cancel(env):
+    """(3) Live counts move, forms create, Cancel cancels a queued saga."""
+    ops = ops_page(env)
+    # The token is asked once per tab: a reload keeps the dashboard.
+    ops.reload()
+    expect(ops.locator("#dashboard")).to_be_visible()
+    expect(ops.locator("#conn")).to_have_attribute("data-state", "live")
+    completed_before = tile_value(ops, "COMPLETED")
+
+    # An experience with room for one AI job at a time, made with the form.
+    form = ops.locator("#new-experience")
+    form.locator("[name=slug]").fill("slow")
+    form.locator("[name=title]").fill("One at a time")
+    form.locator("[name=kind]").select_option("image")
+    form.locator("[name=max_in_flight]").fill("1")
+    ops.click("#new-experience button[type=submit]")
+    expect(ops.locator("#flash")).to_contain_text("slow")
+    expect(ops.locator("#experience-list li[data-slug=slow]")).to_be_visible()
+
+    # A terminal for it: its link with the token is shown once.
+    tform = ops.locator("#new-terminal")
+    tform.locator("[name=experience]").select_option("slow")
+    tform.locator("[name=name]").fill("queue booth")
+    ops.click("#new-terminal button[type=submit]")
+    link = ops.locator("#new-terminal-link")
+    expect(link).to_contain_text("#token=")
+    href = link.get_attribute("href")
+    terminal_id = urllib.parse.urlsplit(href).path.rsplit("/", 1)[1]
+    qr = ops.locator("#new-terminal-qr")
+    wait_for("the new terminal's QR code", lambda: qr.evaluate("i => i.complete && i.naturalWidth > 0"), 10)
+    display = env.screen()
+    display.goto(href.replace(urllib.parse.urlsplit(href).netloc, urllib.parse.urlsplit(env.base).netloc))
+    expect(display.locator("#conn")).to_have_attribute("data-state", "live")
+    expect(display.locator("#title")).to_have_text("One at a time")
+    card = ops.locator(f"li.terminal-card[data-terminal-id='{terminal_id}']")
+    expect(card).to_have_class(re.compile(r"\bonline\b"), timeout=15 * SECOND)
+    card_qr = card.locator("img.qr")
+    wait_for("the terminal card's QR code", lambda: card_qr.evaluate("i => i.complete && i.naturalWidth > 0"), 10)
+
+    ops.locator("#f-experience").select_option("slow")
+    # Five sagas ahead (2 s each, one at a time), then the phone's: it waits
+    # in the queue for about 10 s.
+    for i in range(5):
+        env.server.submit_as("slow", f"ahead-{i}", f"picture number {i}", terminal_id=terminal_id)
+    phone = env.phone()
+    phone.goto(f"/p/slow?terminal={terminal_id}")
+    participant_submit(phone, "queued-phone", "a lighthouse in a storm")
+    expect(phone.locator("#view-waiting")).to_be_visible()
+    expect(phone.locator("#wait-stage")).to_have_text(EN["p.stage.AI_PENDING"])
+    expect(phone.locator("#wait-extra")).to_contain_text(re.compile(r"\d+ s"))
+    shot(phone, "participant-waiting")
+
+    capacity = ops.locator("#capacity li[data-slug=slow]")
+    expect(capacity.locator(".in-flight")).to_have_text(EN["ops.inFlight"].format(n=1, max=1))
+    expect(capacity.locator(".queued")).not_to_have_text(EN["ops.queued"].format(n=0))
+    expect(ops.locator("#queue-depth .value")).not_to_have_text("0")
+    # The sagas table follows the socket by itself (no Refresh click).
+    row = ops.locator("#sagas tbody tr", has=ops.locator("td.nickname", has_text="queued-phone"))
+    expect(row).to_have_attribute("data-step", "AI_PENDING")
+    ops.evaluate("() => window.scrollTo(0, 0)")
+    shot(ops, "ops", full_page=True)
+    expect(row.locator("button.action-retry")).to_have_count(0)
+    cancel = row.locator("button.action-cancel")
+    cancel.click()
+    expect(cancel).to_have_text(EN["ops.confirmCancel"])
+    cancel.click()
+    expect(ops.locator("#flash")).to_have_text(EN["ops.done.cancel"])
+    expect(row).to_have_attribute("data-step", "ABORTED")
+    expect(row.locator("td.reason")).to_have_text(EN["reason.CANCELLED"])
+
+    expect(phone.locator("#view-aborted")).to_be_visible(timeout=RESULT_WAIT)
+    expect(phone.locator("#aborted-message")).to_have_text(EN["abort.CANCELLED"])
+    expect(display.locator("#alert-message")).to_have_text(EN["abort.CANCELLED"], timeout=RESULT_WAIT)
+
+    expect(ops.locator("#reason-CANCELLED .count")).not_to_have_text("0")
+
+    # Retry runs the cancelled saga again: the phone that was told it was
+    # cancelled follows it to its result, and so does the booth display.
+    retry = row.locator("button.action-retry")
+    retry.click()
+    expect(retry).to_have_text(EN["ops.confirmRetry"])
+    retry.click()
+    expect(ops.locator("#flash")).to_have_text(EN["ops.done.retry"])
+    expect(row).to_have_attribute("data-step", re.compile("^(AI_PENDING|AI_DONE|RANKING_DONE|COMPLETED)$"))
+    expect(row.locator("button.action-retry")).to_have_count(0)
+    expect(phone.locator("#view-result")).to_be_visible(timeout=60 * SECOND)
+    expect(display.locator("#latest-nickname")).to_have_text("queued-phone", timeout=RESULT_WAIT)
+    expect(row).to_have_attribute("data-step", "COMPLETED")
+
+    # The five ahead and the retried one complete: the counts moved with them.
+    wait_for("the COMPLETED count to grow by 6", lambda: tile_value(ops, "COMPLETED") >= completed_before + 6, 30)
+    expect(capacity.locator(".in-flight")).to_have_text(EN["ops.inFlight"].format(n=0, max=1), timeout=RESULT_WAIT)
+    expect(ops.locator("#recent li").first).to_be_visible()
+
+
+def test_terminal_reconnects_and_resumes(env):
+    """The display reconnects by itself after the server restarts, resuming
+    after the last seq it showed; a reload resumes from localStorage."""
+    term = env.fixtures["comics_terminal"]
+    display = env.screen()
+    # Every socket the page opens, in order (kept across reloads).
+    display.add_init_script("""(() => {
+        const Real = WebSocket;
+        window.WebSocket = function (url, protocols) {
+            const list = JSON.parse(sessionStorage.getItem('test:sockets') || '[]');
+            list.push(String(url));
+            sessionStorage.setItem('test:sockets', JSON.stringify(list));
+            return new Real(url, protocols);
+        };
+        window.WebSocket.prototype = Real.prototype;
+        Object.assign(window.WebSocket, {CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3});
+    })()""")
+    opened = "() => JSON.parse(sessionStorage.getItem('test:sockets') || '[]')"
+    display.goto(f"/terminal/{term['terminal_id']}#token={term['token']}")
+    expect(display.locator("#conn")).to_have_attribute("data-state", "live")
+    expect(display.locator("#latest")).to_be_visible(timeout=RESULT_WAIT)
+    stored = f"() => (JSON.parse(localStorage.getItem('stagehand:t:{term['terminal_id']}')) || {{}}).seq"
+    seq = wait_for("the display to keep its position", lambda: display.evaluate(stored), 10)
+    sockets = display.evaluate(opened)
+    assert len(sockets) == 1 and "after=0" in sockets[0], sockets
+
+    env.server.restart()
+    display.wait_for_function(f"() => ({opened})().length >= 2", timeout=30 * SECOND)
+    sockets = display.evaluate(opened)
+    assert f"after={seq}" in sockets[-1], f"the reconnect resumes after seq {seq}: {sockets}"
+    expect(display.locator("#conn")).to_have_attribute("data-state", "live", timeout=RESULT_WAIT)
+    env.server.submit_as("comics", "after-restart", "a phoenix rising", terminal_id=term["terminal_id"])
+    expect(display.locator("#latest-nickname")).to_have_text("after-restart", timeout=RESULT_WAIT)
+    shown = display.locator("#feed li").evaluate_all("lis => lis.map(li => li.dataset.seq)")
+    assert len(shown) == len(set(shown)), f"an event was shown twice: {shown}"
+
+    newest = int(display.locator("#latest").get_attribute("data-seq"))
+    wait_for("the new position to be kept", lambda: display.evaluate(stored) == newest, 10)
+    display.reload()
+    expect(display.locator("#conn")).to_have_attribute("data-state", "live")
+    sockets = display.evaluate(opened)
+    assert f"after={newest}" in sockets[-1], f"a reload resumes after seq {newest}: {sockets}"
+
+
+def test_terminal_with_a_wrong_token_says_so(env):
+    """A display link with a wrong token is refused, and the screen says so."""
+    term = env.fixtures["comics_terminal"]
+    display = env.screen()
+    display.goto(f"/terminal/{term['terminal_id']}#token={'0' * 64}")
+    expect(display.locator("#conn")).to_have_attribute("data-state", "failed", timeout=20 * SECOND)
+    expect(display.locator("#conn-text")).to_contain_text(EN["t.conn.failed"])
+    expect(display.locator("#latest")).to_be_hidden()
+    # Without any token it does not even try.
+    display.evaluate("() => localStorage.clear()")
+    display.goto(f"/terminal/{term['terminal_id']}")
+    expect(display.locator("#no-token")).to_be_visible()
+    expect(display.locator("#no-token")).to_have_text(EN["t.noToken"])
+
+
+def test_korean_experience(env):
+    """A `ko` experience speaks Korean on the phone and the display."""
+    term = env.fixtures["game_terminal"]
+    display = open_terminal(env, term)
+    expect(display.locator("html")).to_have_attribute("lang", "ko")
+    expect(display.locator(".side h2").first).to_have_text(KO["t.ranking"])
+    expect(display.locator("#conn-text")).to_have_text(KO["t.conn.live"])
+
+    phone = env.phone()
+    phone.goto(f"/p/game?terminal={term['terminal_id']}")
+    expect(phone.locator("html")).to_have_attribute("lang", "ko")
+    expect(phone.locator("#go")).to_have_text(KO["p.submitScore"])
+    expect(phone.locator("#score-field")).to_be_visible()
+    expect(phone.locator("#score-field span")).to_have_text(KO["p.score"])
+    # A score is required for a game.
+    phone.fill("#nickname", "민지")
+    phone.fill("#prompt", "보스를 한 번에 물리쳤어요")
+    phone.click("#go")
+    expect(phone.locator("#form-error")).to_have_text(KO["p.error.score"])
+    phone.fill("#score", "4242")
+    phone.click("#go")
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    expect(phone.locator("#result-stats .score")).to_contain_text("4,242")
+    expect(phone.locator("#result-stats .rank")).to_have_text(KO["p.rankValue"].format(rank=1))
+    expect(phone.locator("#view-result h2")).to_have_text(KO["p.resultTitle"])
+    shot(phone, "participant-ko")
+    # The server's message comes in the experience's language.
+    expect(phone.locator("#result-message")).to_have_text(KO["session.COMPLETED"])
+
+    expect(display.locator("#latest-nickname")).to_have_text("민지", timeout=RESULT_WAIT)
+    expect(display.locator("#latest-rank")).to_have_text(KO["t.rank"].format(rank=1))
+    first = display.locator("#ranking li").first
+    expect(first.locator(".r-name")).to_have_text("민지", timeout=RESULT_WAIT)
+    expect(first.locator(".r-score")).to_have_text("4,242")
+
+
+def test_terminal_screenshot(env):
+    """(4) The booth display with a ranking: a few scores, then the newest."""
+    term = env.fixtures["game_terminal"]
+    for name, score in [("Jun", 3100), ("Ara", 5120), ("Theo", 2875)]:
+        env.server.submit_as("game", name, "one more round", terminal_id=term["terminal_id"], score=score)
+
+    def all_done():
+        sagas = env.server.sagas(experience="game")
+        assert all(s["step"] in ("COMPLETED", "ABORTED") for s in sagas), [s["step"] for s in sagas]
+        return sagas
+    sagas = wait_for("the game's sagas to end", all_done, 30)
+    completed = sum(1 for s in sagas if s["step"] == "COMPLETED")
+    entries = env.server.ok("GET", "/api/experiences/game/ranking?limit=10")["entries"]
+    assert [e["nickname"] for e in entries[:1]] == ["Ara"], entries
+    # A display opened now gets every event from the start (after=0).
+    display = open_terminal(env, term)
+    expect(display.locator("#ranking li")).to_have_count(len(entries), timeout=RESULT_WAIT)
+    expect(display.locator("#feed li.feed-completed")).to_have_count(min(8, completed), timeout=RESULT_WAIT)
+    expect(display.locator("#ranking li").first.locator(".r-name")).to_have_text("Ara")
+    # The newest result (the highest seq) is the one shown large.
+    newest = display.locator("#feed li").first.locator(".f-name").inner_text()
+    expect(display.locator("#latest-nickname")).to_have_text(newest)
+    expect(display.locator("#scan img")).to_be_visible()
+    display.wait_for_function("() => document.querySelector('#scan img').naturalWidth > 0")
+    shot(display, "terminal")
+
+
+def test_layouts_fit_phone_and_1080p(env):
+    """Every page fits a 360 px phone; the booth display fills 1080p exactly."""
+    term = env.fixtures["game_terminal"]
+    # The booth display at 1080p: everything on one screen, no scrolling.
+    display = open_terminal(env, term)
+    expect(display.locator("#latest")).to_be_visible(timeout=RESULT_WAIT)
+    expect(display.locator("#ranking li").first).to_be_visible()
+    display.wait_for_function(SETTLED)
+    box = display.evaluate("""() => {
+        const out = {};
+        for (const sel of ['.display-head', '.stage', '.side', '#latest-nickname', '#latest-stats',
+                           '#ranking', '#scan']) {
+            const n = document.querySelector(sel === '#latest-stats' ? '.latest-stats' : sel);
+            const r = n.getBoundingClientRect();
+            out[sel] = [Math.round(r.left), Math.round(r.top), Math.round(r.right), Math.round(r.bottom)];
+        }
+        out.scroll = [document.documentElement.scrollWidth, document.documentElement.scrollHeight];
+        return out;
+    }""")
+    assert box["scroll"] == [1920, 1080], f"the display scrolls at 1080p: {box}"
+    for sel, rect in box.items():
+        if sel != "scroll":
+            left, top, right, bottom = rect
+            assert left >= 0 and top >= 0 and right <= 1920 and bottom <= 1080, f"{sel} leaves the screen: {box}"
+
+    # The same pages on a phone.
+    pages = {
+        "the index": "/",
+        "the participant page": "/p/game",
+        "the booth display": f"/terminal/{term['terminal_id']}#token={term['token']}",
+        "the ops login": "/ops",
+    }
+    for what, path in pages.items():
+        phone = env.phone()
+        phone.goto(path)
+        if "terminal" in path:
+            expect(phone.locator("#conn")).to_have_attribute("data-state", "live")
+            expect(phone.locator("#latest")).to_be_visible(timeout=RESULT_WAIT)
+        elif path == "/ops":
+            expect(phone.locator("#login")).to_be_visible()
+        elif path == "/":
+            expect(phone.locator("li.experience").first).to_be_visible()
+        else:
+            expect(phone.locator("#view-form")).to_be_visible()
+        assert_fits(phone, f"{what} at 360 px")
+        if path == "/ops":
+            phone.fill("#token", OPERATOR_TOKEN)
+            phone.click("#sign-in")
+            expect(phone.locator("#conn")).to_have_attribute("data-state", "live")
+            expect(phone.locator("#sagas tbody tr").first).to_be_visible()
+            assert_fits(phone, "the ops dashboard at 360 px")
+            shot(phone, "ops-phone")
+        if "terminal" in path:
+            shot(phone, "terminal-phone")
+
+
+def test_no_page_errors(env):
+    """No page threw an uncaught JavaScript error in any of the tests."""
+    assert not env.console_errors, "\n".join(env.console_errors)
+
+
+TESTS = [
+    test_index_lists_experiences,
+    test_submission_reaches_terminal,
+    test_lost_answer_is_retried_with_the_same_key,
+    test_terminal_acks_what_it_showed,
+    test_rejection_shows_on_both_pages,
+    test_ops_dashboard_and_cancel,
+    test_terminal_reconnects_and_resumes,
+    test_terminal_with_a_wrong_token_says_so,
+    test_korean_experience,
+    test_terminal_screenshot,
+    test_layouts_fit_phone_and_1080p,
+    test_no_page_errors,
+]
+
+
+def main(argv):
+    wanted = set(argv[1:])
+    tests = [t for t in TESTS if not wanted or t.__name__ in wanted]
+    if not BINARY.is_file():
+        print(f"no server binary at {BINARY} (cargo build --bin stagehand)", file=sys.stderr)
+        return 2
+    if not os.path.exists(CHROMIUM):
+        print(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)", file=sys.stderr)
+        return 2
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for old in SHOTS.glob("*.png"):  # what is there is from this run
+        old.unlink()
+    passed, failed = 0, []
+    server = Server("--ai-timeout", "7m")
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            env = Env(server, browser)
+            env.fixtures = {}
+            try:
+                server.experience("comics", "Comic booth", kind="comic", locale="en")
+                env.fixtures["comics_terminal"] = server.terminal("comics", "booth 1")
+                server.experience("game", "점수 챌린지", kind="score", locale="ko")
+                env.fixtures["game_terminal"] = server.terminal("game", "부스 2")
+            except AssertionError as e:
+                print(f"setup failed: {e}\n{server.log_tail()}")
+                return 1
+            for test in tests:
+                started = time.monotonic()
+                try:
+                    test(env)
+                except Exception as e:  # noqa: BLE001 - report and go on
+                    failed.append(test.__name__)
+                    print(f"FAIL {test.__name__} ({time.monotonic() - started:.1f}s)")
+                    traceback.print_exc(file=sys.stdout)
+                    for ctx in env.contexts:
+                        for i, page in enumerate(ctx.pages):
+                            try:
+                                shot(page, f"failed-{test.__name__}-{len(failed)}-{i}", settle=False)
+                            except Exception:  # noqa: BLE001
+                                pass
+                    print("---- server log (tail) ----")
+                    print(server.log_tail(25))
+                    print("----")
+                else:
+                    passed += 1
+                    print(f"ok   {test.__name__} ({time.monotonic() - started:.1f}s)")
+                # The comics display of test 1 stays open for the tests that
+                # follow it (up to the rejection test); every other page closes.
+                if test is test_rejection_shows_on_both_pages:
+                    env.fixtures.pop("comics_display", None)
+                keep = env.fixtures.get("comics_display")
+                for ctx in list(env.contexts):
+                    if keep is None or ctx is not keep.context:
+                        ctx.close()
+                        env.contexts.remove(ctx)
+            browser.close()
+    finally:
+        errors = server.errors()
+        if errors:
+            print(f"---- the server logged {len(errors)} ERROR line(s) ----")
+            print("\n".join(errors[:10]))
+        server.stop()
+    print(f"screenshots: {SHOTS}")
+    print(f"browser: {passed} passed, {len(failed)} failed")
+    if failed:
+        print("failed: " + ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
