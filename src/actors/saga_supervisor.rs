@@ -19,7 +19,7 @@ use crate::clock::SharedClock;
 use crate::domain::failure::{AiFailure, AiResult};
 use crate::domain::keys::ai_attempt_key;
 use crate::domain::policy::{AfterFailure, AttemptState, RetryPolicy};
-use crate::domain::saga::{AbortReason, Step};
+use crate::domain::saga::{AbortReason, Step, TransitionError};
 use crate::store::entities::sagas;
 use crate::store::sagas::{step_of, Fence};
 use crate::store::transitions::{SagaWrite, Written};
@@ -146,6 +146,12 @@ async fn drive(
         Ok(()) => {}
         Err(Stop::Store(e)) if e.is_lease_lost() => {
             tracing::info!(saga_id = %saga_id, "lease lost; another worker owns this saga now");
+        }
+        // The saga ended without this worker while it held the lease (an
+        // operator's cancel): its write is refused, and nothing is left to
+        // resume.
+        Err(Stop::Store(StoreError::Transition(TransitionError::Conflict { detail, .. }))) => {
+            tracing::info!(saga_id = %saga_id, %detail, "the saga ended without this worker (an operator cancelled it); stopping");
         }
         Err(e) => {
             // The lease will expire and the dispatcher resumes the saga.
