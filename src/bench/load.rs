@@ -1,7 +1,8 @@
 //! One benchmark scenario: a simulator and a server as subprocesses (killed
 //! by a guard), the untimed setup, one display WebSocket per terminal, the
-//! timed submissions (with one client doing unrelated reads meanwhile), the
-//! wait for every frame, the correctness check and the figures.
+//! timed submissions (flat out, with one client doing unrelated reads
+//! meanwhile; or paced at a fixed rate, for push latency), the wait for every
+//! frame, the correctness check and the figures.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -12,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use futures_util::{SinkExt, StreamExt};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -26,8 +27,16 @@ const LOOKUPS: usize = 200;
 const READ_EVERY: Duration = Duration::from_millis(20);
 /// Longest an unrelated read may take before it counts as failed.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A display acknowledges the last `seq` it saw at most this often (the
+/// booth page acks once per burst of frames it draws).
+const ACK_EVERY: Duration = Duration::from_millis(50);
 /// At most this many failed unrelated reads are described.
 const READ_FAILURES_SHOWN: usize = 5;
+/// How long the client keeps an idle connection for reuse: under the
+/// server's keep-alive (actix-web's default, 5 s), or a submission may go out
+/// on a connection the server is closing and fail with "error sending
+/// request" — the paced runs leave most of the submitters' connections idle.
+const CLIENT_IDLE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -44,6 +53,25 @@ impl Backend {
     }
 }
 
+/// How the submissions are sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Load {
+    /// Each submitter sends its next submission when the last was answered;
+    /// one client reads the ranking meanwhile.
+    FlatOut,
+    /// Submission `i` is sent at `i / rate` seconds (rate per second) by
+    /// whichever submitter is free, with no unrelated reader: a steady load
+    /// well under the ceiling, so 202-to-frame is push latency rather than
+    /// queueing.
+    Paced(f64),
+}
+
+impl Load {
+    pub fn is_paced(self) -> bool {
+        matches!(self, Load::Paced(_))
+    }
+}
+
 /// What one scenario runs.
 pub struct Scenario {
     pub exe: PathBuf,
@@ -51,6 +79,7 @@ pub struct Scenario {
     pub terminals: usize,
     pub sessions: usize,
     pub concurrency: usize,
+    pub load: Load,
     pub server_args: Vec<String>,
     /// PostgreSQL admin URL (PostgreSQL scenarios only).
     pub admin_url: Option<String>,
@@ -62,8 +91,12 @@ pub struct Scenario {
 impl Scenario {
     pub fn label(&self) -> String {
         let plural = if self.terminals == 1 { "" } else { "s" };
+        let pace = match self.load {
+            Load::FlatOut => String::new(),
+            Load::Paced(rate) => format!(", paced at {rate}/s"),
+        };
         format!(
-            "{}, {} terminal{plural}",
+            "{}, {} terminal{plural}{pace}",
             self.backend.name(),
             self.terminals
         )
@@ -74,7 +107,8 @@ impl Scenario {
             Backend::Postgres => "postgres",
             Backend::Sqlite => "sqlite",
         };
-        format!("{backend}-{}", self.terminals)
+        let pace = if self.load.is_paced() { "-paced" } else { "" };
+        format!("{backend}-{}{pace}", self.terminals)
     }
 }
 
@@ -90,8 +124,19 @@ pub struct Figures {
     pub read_p99_ms: f64,
     /// How many unrelated reads were made.
     pub reads: usize,
-    pub commit_to_frame_p99_ms: f64,
+    /// 202-to-frame: from the moment this client has a submission's 202
+    /// (its saga committed) to the moment the display of the session's
+    /// terminal has read the session's `session.completed` frame. It spans
+    /// the saga's run (one job on the simulator at 0 ms), the completion's
+    /// commit and the push; both instants are taken in this process.
+    pub frame_after_202_p50_ms: f64,
+    pub frame_after_202_p99_ms: f64,
     pub reconnects: usize,
+    /// Submissions sent per second, first send to last send.
+    pub sent_per_s: f64,
+    /// Paced runs: how far the latest submission started behind its
+    /// schedule (0 when flat out).
+    pub behind_schedule_ms: f64,
 }
 
 /// Error and warning lines of the server log.
@@ -106,6 +151,7 @@ pub struct LogSummary {
 pub struct ScenarioResult {
     pub backend: Backend,
     pub terminals: usize,
+    pub load: Load,
     pub label: String,
     pub outcome: Result<Figures, String>,
     pub log: Option<LogSummary>,
@@ -141,6 +187,7 @@ pub async fn run(s: &Scenario) -> ScenarioResult {
     ScenarioResult {
         backend: s.backend,
         terminals: s.terminals,
+        load: s.load,
         label: s.label(),
         outcome,
         log: summarize_log(&server_log),
@@ -148,20 +195,27 @@ pub async fn run(s: &Scenario) -> ScenarioResult {
 }
 
 /// A subprocess killed (and reaped) when dropped.
-struct Proc {
-    child: Child,
+pub(super) struct Proc {
+    pub(super) child: Child,
     what: &'static str,
     log: PathBuf,
 }
 
 impl Proc {
-    fn start(exe: &Path, what: &'static str, args: &[String], log: &Path) -> Result<Proc, String> {
+    fn start(
+        exe: &Path,
+        what: &'static str,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Result<Proc, String> {
         let out = File::create(log).map_err(|e| format!("create {}: {e}", log.display()))?;
         let err = out
             .try_clone()
             .map_err(|e| format!("log {}: {e}", log.display()))?;
         let child = Command::new(exe)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -210,7 +264,7 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> Result<u16, String> {
+pub(super) fn free_port() -> Result<u16, String> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -224,10 +278,10 @@ struct Session {
     terminal: usize,
 }
 
-/// One terminal and its display's URL base.
-struct Terminal {
-    id: String,
-    token: String,
+/// One terminal: its id and token.
+pub(super) struct Terminal {
+    pub(super) id: String,
+    pub(super) token: String,
 }
 
 /// A frame as it arrived at a display.
@@ -286,28 +340,48 @@ impl ReadLog {
 
 /// One timed submission.
 struct Submitted {
+    /// When it was due (paced runs; `start` when flat out).
+    due: Instant,
     start: Instant,
     end: Instant,
     outcome: Result<(), String>,
 }
 
-async fn drive(
-    s: &Scenario,
+/// A running simulator and server, both killed when dropped, and what it
+/// takes to talk to the server.
+pub(super) struct Stack {
+    pub(super) client: reqwest::Client,
+    pub(super) sim: Proc,
+    pub(super) server: Proc,
+    /// `http://127.0.0.1:<port>`.
+    pub(super) base: String,
+    pub(super) port: u16,
+    pub(super) operator: String,
+}
+
+/// Starts the AI simulator (0 ms) and `stagehand serve` on `database_url`,
+/// as a user runs them, and waits until both answer. The client keeps up to
+/// `pool` idle connections.
+pub(super) async fn start_stack(
+    exe: &Path,
     database_url: &str,
-    logs: &Path,
+    server_args: &[String],
+    sim_log: &Path,
     server_log: &Path,
-) -> Result<Figures, String> {
+    pool: usize,
+) -> Result<Stack, String> {
     let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(s.concurrency * 2 + 8)
+        .pool_max_idle_per_host(pool)
+        .pool_idle_timeout(CLIENT_IDLE)
         .timeout(Duration::from_secs(60))
         .build()
         .map_err(|e| format!("HTTP client: {e}"))?;
 
-    // 1. The AI simulator.
+    // The AI simulator.
     let sim_port = free_port()?;
     let sim_url = format!("http://127.0.0.1:{sim_port}");
     let mut sim = Proc::start(
-        &s.exe,
+        exe,
         "the AI simulator",
         &[
             "sim-ai".into(),
@@ -316,12 +390,13 @@ async fn drive(
             "--latency".into(),
             "0ms".into(),
         ],
-        &logs.join(format!("{}-sim.log", s.file_stem())),
+        &[],
+        sim_log,
     )?;
     sim.wait_ready(&client, &format!("{sim_url}/v1/stats"))
         .await?;
 
-    // 2. The server, as a user runs it.
+    // The server.
     let port = free_port()?;
     let base = format!("http://127.0.0.1:{port}");
     let operator = uuid::Uuid::new_v4().simple().to_string();
@@ -332,32 +407,65 @@ async fn drive(
         "--bind".into(),
         format!("127.0.0.1:{port}"),
         "--ai-url".into(),
-        sim_url.clone(),
+        sim_url,
         "--operator-token".into(),
         operator.clone(),
     ];
-    args.extend(s.server_args.iter().cloned());
-    let mut server = Proc::start(&s.exe, "the server", &args, server_log)?;
+    args.extend(server_args.iter().cloned());
+    let env: Vec<(&str, &str)> = server_env().collect();
+    let mut server = Proc::start(exe, "the server", &args, &env, server_log)?;
     server
         .wait_ready(&client, &format!("{base}/readyz"))
         .await?;
+    Ok(Stack {
+        client,
+        sim,
+        server,
+        base,
+        port,
+        operator,
+    })
+}
 
-    // 3. Setup, not timed.
+/// Environment the bench gives each server, unless the bench's own
+/// environment sets the variable: the simulated crowd creates its sessions
+/// from one address, 127.0.0.1, which the per-address limit on session
+/// creation (600/min by default) rightly takes for one client. Session
+/// creation is untimed setup; the submissions keep their own limit (per
+/// session, at its default). A `--server-arg` flag still wins over this.
+pub const SERVER_ENV: &[(&str, &str)] = &[("STAGEHAND_SESSION_RATE_LIMIT", "off")];
+
+/// The entries of [`SERVER_ENV`] the bench's environment does not set.
+pub fn server_env() -> impl Iterator<Item = (&'static str, &'static str)> {
+    SERVER_ENV
+        .iter()
+        .copied()
+        .filter(|(name, _)| std::env::var_os(name).is_none())
+}
+
+/// Creates an experience (kind `score`, up to 1,000 sagas in flight) and
+/// `n` terminals on it; returns its slug and the terminals.
+pub(super) async fn create_terminals(
+    client: &reqwest::Client,
+    base: &str,
+    operator: &str,
+    n: usize,
+) -> Result<(String, Vec<Terminal>), String> {
     let slug = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     post(
-        &client,
+        client,
         &format!("{base}/api/experiences"),
-        Some(&operator),
+        Some(operator),
         json!({"slug": slug, "title": "Bench", "kind": "score", "max_in_flight": 1000}),
         StatusCode::CREATED,
     )
     .await?;
     let mut terminals = Vec::new();
-    for t in 0..s.terminals {
+    for t in 0..n {
         let body = post(
-            &client,
+            client,
             &format!("{base}/api/terminals"),
-            Some(&operator),
+            Some(operator),
             json!({"experience": slug, "name": format!("bench display {t}")}),
             StatusCode::CREATED,
         )
@@ -367,6 +475,35 @@ async fn drive(
             token: field(&body, "token")?,
         });
     }
+    Ok((slug, terminals))
+}
+
+async fn drive(
+    s: &Scenario,
+    database_url: &str,
+    logs: &Path,
+    server_log: &Path,
+) -> Result<Figures, String> {
+    // 1, 2. The AI simulator and the server, as a user runs them.
+    let Stack {
+        client,
+        sim,
+        mut server,
+        base,
+        port,
+        operator,
+    } = start_stack(
+        &s.exe,
+        database_url,
+        &s.server_args,
+        &logs.join(format!("{}-sim.log", s.file_stem())),
+        server_log,
+        s.concurrency * 2 + 8,
+    )
+    .await?;
+
+    // 3. Setup, not timed.
+    let (slug, terminals) = create_terminals(&client, &base, &operator, s.terminals).await?;
     eprintln!(
         "  {}: setup: {} sessions on {} terminal(s)",
         s.label(),
@@ -411,10 +548,7 @@ async fn drive(
     let arrived = Arc::new(AtomicUsize::new(0));
     let mut displays = Vec::new();
     for (t, terminal) in terminals.iter().enumerate() {
-        let url = format!(
-            "ws://127.0.0.1:{port}/ws/terminals/{}?token={}",
-            terminal.id, terminal.token
-        );
+        let url = display_url(port, terminal);
         let ws = connect_display(&url, 0)
             .await
             .map_err(|e| format!("display {t}: {e}"))?;
@@ -432,8 +566,9 @@ async fn drive(
         )));
     }
 
-    // 5. Timed: the submissions, and meanwhile one client reading the
-    // public ranking, one read after another, until the last frame.
+    // 5. Timed: the submissions, and meanwhile (flat out only) one client
+    // reading the public ranking, one read after another, until the last
+    // frame.
     let accepted = Arc::new(AtomicUsize::new(0));
     let reads = Arc::new(AtomicUsize::new(0));
     let progress = tokio::spawn(report_progress(
@@ -441,24 +576,33 @@ async fn drive(
         s.sessions,
         accepted.clone(),
         arrived.clone(),
-        reads.clone(),
+        (!s.load.is_paced()).then(|| reads.clone()),
     ));
-    let reader = {
+    let reader = if s.load.is_paced() {
+        None
+    } else {
         // Its own client: one kept-alive connection, not one of the
         // submitters' pooled connections.
         let read_client = reqwest::Client::builder()
             .pool_max_idle_per_host(1)
+            .pool_idle_timeout(CLIENT_IDLE)
             .timeout(READ_TIMEOUT)
             .build()
             .map_err(|e| format!("HTTP client: {e}"))?;
-        tokio::spawn(unrelated_reads(
+        Some(tokio::spawn(unrelated_reads(
             read_client,
             format!("{base}/api/experiences/{slug}/ranking?limit=10"),
             s.sessions,
             arrived.clone(),
             reads.clone(),
             stop_rx.clone(),
-        ))
+        )))
+    };
+    // Paced: submission i is due at t0 + i / rate.
+    let t0 = Instant::now() + Duration::from_millis(20);
+    let pace = match s.load {
+        Load::FlatOut => None,
+        Load::Paced(rate) => Some(rate),
     };
     let submitted = {
         let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
@@ -467,7 +611,16 @@ async fn drive(
             let accepted = accepted.clone();
             async move {
                 let session = &sessions[i];
+                let due = match pace {
+                    Some(rate) => {
+                        let due = t0 + Duration::from_secs_f64(i as f64 / rate);
+                        tokio::time::sleep_until(due.into()).await;
+                        Some(due)
+                    }
+                    None => None,
+                };
                 let start = Instant::now();
+                let due = due.unwrap_or(start);
                 let sent = client
                     .post(format!("{base}/api/sessions/{}/submission", session.id))
                     .bearer_auth(&session.token)
@@ -488,9 +641,10 @@ async fn drive(
                         let text = resp.text().await.unwrap_or_default();
                         Err(format!("{status} {}", shorten(&text, 200)))
                     }
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(with_causes(&e)),
                 };
                 Submitted {
+                    due,
                     start,
                     end,
                     outcome,
@@ -531,13 +685,19 @@ async fn drive(
     for d in displays {
         logs_by_terminal.push(d.await.map_err(|e| format!("display task: {e}"))?);
     }
-    let read_log = reader.await.map_err(|e| format!("reader task: {e}"))?;
-    eprintln!(
-        "  {}: {} unrelated read(s) under load, {} failed",
-        s.label(),
-        read_log.count(),
-        read_log.failures.len()
-    );
+    let read_log = match reader {
+        Some(reader) => {
+            let log = reader.await.map_err(|e| format!("reader task: {e}"))?;
+            eprintln!(
+                "  {}: {} unrelated read(s) under load, {} failed",
+                s.label(),
+                log.count(),
+                log.failures.len()
+            );
+            log
+        }
+        None => ReadLog::default(),
+    };
 
     if !failed.is_empty() {
         let mut msg = format!(
@@ -593,6 +753,15 @@ async fn drive(
         .map(|x| x.start)
         .min()
         .expect("sessions > 0");
+    let last_start = submitted
+        .iter()
+        .map(|x| x.start)
+        .max()
+        .expect("sessions > 0");
+    let behind_schedule_ms = submitted
+        .iter()
+        .map(|x| ms(x.start.saturating_duration_since(x.due)))
+        .fold(0.0, f64::max);
     let last_ack = submitted.iter().map(|x| x.end).max().expect("sessions > 0");
     let last_frame = frame_at
         .iter()
@@ -605,7 +774,7 @@ async fn drive(
         .iter()
         .map(|x| ms(x.end.saturating_duration_since(x.start)))
         .collect();
-    let mut commit_ms: Vec<f64> = submitted
+    let mut after_202_ms: Vec<f64> = submitted
         .iter()
         .zip(&frame_at)
         .map(|(x, f)| ms(f.expect("all frames").saturating_duration_since(x.end)))
@@ -619,8 +788,16 @@ async fn drive(
         read_p50_ms: percentile(&mut read_ms, 0.50),
         read_p99_ms: percentile(&mut read_ms, 0.99),
         reads: read_ms.len(),
-        commit_to_frame_p99_ms: percentile(&mut commit_ms, 0.99),
+        frame_after_202_p50_ms: percentile(&mut after_202_ms, 0.50),
+        frame_after_202_p99_ms: percentile(&mut after_202_ms, 0.99),
         reconnects: logs_by_terminal.iter().map(|l| l.reconnects).sum(),
+        // One submission: no interval, so no rate.
+        sent_per_s: if sessions.len() > 1 {
+            (n - 1.0) / secs(last_start - first_start)
+        } else {
+            f64::NAN
+        },
+        behind_schedule_ms,
     })
 }
 
@@ -631,16 +808,19 @@ async fn report_progress(
     n: usize,
     accepted: Arc<AtomicUsize>,
     arrived: Arc<AtomicUsize>,
-    reads: Arc<AtomicUsize>,
+    reads: Option<Arc<AtomicUsize>>,
 ) {
     let start = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        let reads = match &reads {
+            Some(r) => format!(", {} unrelated reads", r.load(Ordering::Relaxed)),
+            None => String::new(),
+        };
         eprintln!(
-            "  {label}: {}/{n} accepted, {}/{n} frames, {} unrelated reads after {:.0}s",
+            "  {label}: {}/{n} accepted, {}/{n} frames{reads} after {:.0}s",
             accepted.load(Ordering::Relaxed),
             arrived.load(Ordering::Relaxed),
-            reads.load(Ordering::Relaxed),
             start.elapsed().as_secs_f64()
         );
     }
@@ -850,11 +1030,19 @@ async fn lookup(client: &reqwest::Client, base: &str, operator: &str, ids: &[&st
         .join(", ")
 }
 
-type Ws =
+pub(super) type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
+/// A terminal's display URL, without `after`.
+pub(super) fn display_url(port: u16, terminal: &Terminal) -> String {
+    format!(
+        "ws://127.0.0.1:{port}/ws/terminals/{}?token={}",
+        terminal.id, terminal.token
+    )
+}
+
 /// Connects a display with `after=<after>` and reads its hello frame.
-async fn connect_display(url: &str, after: i64) -> Result<Ws, String> {
+pub(super) async fn connect_display(url: &str, after: i64) -> Result<Ws, String> {
     let full = format!("{url}&after={after}");
     let connected = tokio::time::timeout(Duration::from_secs(10), async {
         let (mut ws, _) = tokio_tungstenite::connect_async(full.as_str())
@@ -883,8 +1071,10 @@ async fn connect_display(url: &str, after: i64) -> Result<Ws, String> {
     connected.unwrap_or_else(|_| Err("no hello within 10 s".into()))
 }
 
-/// Reads a display until told to stop; reconnects with the last seen `seq`
-/// when the server closes the socket, as a real display does.
+/// Reads a display until told to stop, as a real display does: skips the
+/// ranking snapshots, acknowledges the last `seq` it saw (at most every
+/// [`ACK_EVERY`]), and reconnects with the last seen `seq` when the server
+/// closes the socket.
 async fn display(
     url: String,
     mut ws: Ws,
@@ -895,16 +1085,28 @@ async fn display(
     let mut log = DisplayLog::default();
     let mut counted: HashSet<String> = HashSet::new();
     let mut last_seq = 0i64;
+    let mut acked = 0i64;
+    let mut ack_tick = tokio::time::interval(ACK_EVERY);
+    ack_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let msg = tokio::select! {
             biased;
             _ = stop.changed() => break,
             msg = ws.next() => msg,
+            _ = ack_tick.tick(), if last_seq > acked => {
+                let ack = json!({"type": "ack", "seq": last_seq}).to_string();
+                // A failed send shows up as a read error next.
+                if ws.send(Message::text(ack)).await.is_ok() {
+                    acked = last_seq;
+                }
+                continue;
+            }
         };
         let at = Instant::now();
         match msg {
             Some(Ok(Message::Text(text))) => match parse_frame(text.as_str(), at) {
-                Ok(frame) => {
+                Ok(None) => {} // a ranking snapshot
+                Ok(Some(frame)) => {
                     last_seq = last_seq.max(frame.seq);
                     if expected.contains(&frame.session_id)
                         && counted.insert(frame.session_id.clone())
@@ -945,12 +1147,16 @@ async fn display(
     log
 }
 
-fn parse_frame(text: &str, at: Instant) -> Result<Frame, String> {
+/// A session event; `None` for a ranking snapshot (`{"type": "ranking",
+/// "entries"}`, no `seq`), which a display shows but the bench does not
+/// count.
+fn parse_frame(text: &str, at: Instant) -> Result<Option<Frame>, String> {
     let v: Value =
         serde_json::from_str(text).map_err(|e| format!("frame is not JSON ({e}): {text}"))?;
     let kind = v["type"].as_str().unwrap_or_default().to_owned();
     match kind.as_str() {
         "session.completed" | "session.rejected" | "session.aborted" => {}
+        "ranking" => return Ok(None),
         _ => return Err(format!("unexpected frame: {}", shorten(text, 200))),
     }
     let seq = v["seq"]
@@ -960,17 +1166,17 @@ fn parse_frame(text: &str, at: Instant) -> Result<Frame, String> {
         .as_str()
         .ok_or_else(|| format!("frame without session_id: {}", shorten(text, 200)))?
         .to_owned();
-    Ok(Frame {
+    Ok(Some(Frame {
         at,
         seq,
         session_id,
         kind,
         reason: v["reason"].as_str().map(str::to_owned),
-    })
+    }))
 }
 
 /// Runs `f(0..n)` on `c` concurrent workers; results in index order.
-async fn in_workers<T, F, Fut>(n: usize, c: usize, f: F) -> Vec<T>
+pub(super) async fn in_workers<T, F, Fut>(n: usize, c: usize, f: F) -> Vec<T>
 where
     T: Send + 'static,
     F: Fn(usize) -> Fut + Send + Sync + 'static,
@@ -1016,7 +1222,10 @@ async fn post(
     if let Some(token) = bearer {
         req = req.bearer_auth(token);
     }
-    let resp = req.send().await.map_err(|e| format!("POST {url}: {e}"))?;
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| format!("POST {url}: {}", with_causes(&e)))?;
     let status = resp.status();
     let text = resp.text().await.unwrap_or_default();
     if status != want {
@@ -1035,7 +1244,23 @@ fn field(v: &Value, name: &str) -> Result<String, String> {
         .ok_or_else(|| format!("answer without {name}: {v}"))
 }
 
-fn shorten(text: &str, max: usize) -> String {
+/// An error and its causes: "error sending request ...: connection closed
+/// before message completed".
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = cause.source();
+    }
+    out
+}
+
+pub(super) fn shorten(text: &str, max: usize) -> String {
     let text = text.trim();
     match text.char_indices().nth(max) {
         Some((i, _)) => format!("{}...", &text[..i]),
@@ -1062,7 +1287,7 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
 }
 
 /// Counts ERROR and WARN lines of a server log (ANSI colours stripped).
-fn summarize_log(path: &Path) -> Option<LogSummary> {
+pub(super) fn summarize_log(path: &Path) -> Option<LogSummary> {
     let text = std::fs::read_to_string(path).ok()?;
     let mut summary = LogSummary::default();
     for line in text.lines() {

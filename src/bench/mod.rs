@@ -1,10 +1,13 @@
-//! `stagehand bench`: the flags, the order of the run (pgbench, then one
-//! scenario per backend and terminal count), the temp dir of logs and SQLite
-//! files, and the exit status. The load itself is in [`load`], pgbench in
-//! [`pgbench`], the printed table in [`table`].
+//! `stagehand bench`: the flags, the order of the run (pgbench, then per
+//! backend one flat-out scenario per terminal count and the paced push
+//! latency scenario, then the memory per idle socket), the temp dir of logs
+//! and SQLite files, and the exit status. The load itself is in [`load`],
+//! pgbench in [`pgbench`], the idle sockets in [`sockets`], the printed table
+//! in [`table`].
 
 pub mod load;
 pub mod pgbench;
+pub mod sockets;
 pub mod table;
 
 use std::path::{Path, PathBuf};
@@ -14,8 +17,11 @@ use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
 };
 
-use load::{Backend, Scenario, ScenarioResult};
+use load::{Backend, Load, Scenario, ScenarioResult};
 use pgbench::Pgbench;
+
+/// Terminals of the push latency scenario, one display each.
+pub const PUSH_TERMINALS: usize = 100;
 
 /// Flags of `stagehand bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -51,6 +57,27 @@ pub struct BenchArgs {
     /// How long to wait, after the last 202, for every frame to arrive.
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     pub deadline: Duration,
+    /// Skip the push latency scenarios (100 terminals, one display each,
+    /// submissions paced at --push-rate; 202-to-frame p50 / p99: from the
+    /// client holding a submission's 202 to its display reading the
+    /// session's completion frame).
+    #[arg(long)]
+    pub no_push_latency: bool,
+    /// Submissions per second in the push latency scenarios: a steady load
+    /// well under the ceiling, so the figure is push latency, not queueing.
+    #[arg(long, default_value_t = 200.0)]
+    pub push_rate: f64,
+    /// Sagas per push latency scenario (3,000 at 200/s: 15 s).
+    #[arg(long, default_value_t = 3000)]
+    pub push_sessions: usize,
+    /// Skip the memory per idle socket (a server on SQLite, its RSS without
+    /// displays and with --idle-sockets display WebSockets open and idle).
+    #[arg(long)]
+    pub no_socket_memory: bool,
+    /// Idle display WebSockets for the memory per idle socket. This process
+    /// and the server each need about this many open files, plus 256.
+    #[arg(long, default_value_t = 1000)]
+    pub idle_sockets: usize,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -63,10 +90,23 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     if args.sessions == 0 || args.concurrency == 0 {
         return Err("--sessions and --concurrency must be at least 1".into());
     }
+    let push = !args.no_push_latency;
+    if push && args.push_sessions == 0 {
+        return Err("--push-sessions must be at least 1".into());
+    }
+    if push && !(args.push_rate.is_finite() && args.push_rate > 0.0) {
+        return Err("--push-rate must be a positive number of submissions per second".into());
+    }
+    let socket_memory = !args.no_socket_memory;
+    if socket_memory && args.idle_sockets == 0 {
+        return Err("--idle-sockets must be at least 1".into());
+    }
     // reqwest is built without a TLS provider of its own.
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
+    let started = chrono::Local::now().format("%Y-%m-%d %H:%M %Z").to_string();
+    let load_start = load_average();
     let exe = std::env::current_exe().map_err(|e| format!("current executable: {e}"))?;
     let dir = std::env::temp_dir().join(format!("stagehand-bench-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
@@ -77,8 +117,8 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         .collect();
     let postgres = args.postgres_url.clone().filter(|u| !u.trim().is_empty());
     let run_sqlite = !args.no_sqlite;
-    if postgres.is_none() && !run_sqlite {
-        return Err("nothing to run: no --postgres-url and --no-sqlite".into());
+    if postgres.is_none() && !run_sqlite && !socket_memory {
+        return Err("nothing to run: no --postgres-url, --no-sqlite and --no-socket-memory".into());
     }
 
     let mut sync_commit = None;
@@ -95,23 +135,33 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         pgbench = Some(outcome);
     }
 
-    let mut scenarios = Vec::new();
+    let mut backends = Vec::new();
     if postgres.is_some() {
-        scenarios.push((Backend::Postgres, 1));
-        scenarios.push((Backend::Postgres, 50));
+        backends.push(Backend::Postgres);
     }
     if run_sqlite {
-        scenarios.push((Backend::Sqlite, 1));
-        scenarios.push((Backend::Sqlite, 50));
+        backends.push(Backend::Sqlite);
+    }
+    let mut scenarios = Vec::new();
+    for backend in backends {
+        scenarios.push((backend, 1, Load::FlatOut));
+        scenarios.push((backend, 50, Load::FlatOut));
+        if push {
+            scenarios.push((backend, PUSH_TERMINALS, Load::Paced(args.push_rate)));
+        }
     }
     let mut results: Vec<ScenarioResult> = Vec::new();
-    for (backend, terminals) in scenarios {
+    for (backend, terminals, load) in scenarios {
         let scenario = Scenario {
             exe: exe.clone(),
             backend,
             terminals,
-            sessions: args.sessions,
+            sessions: match load {
+                Load::FlatOut => args.sessions,
+                Load::Paced(_) => args.push_sessions,
+            },
             concurrency: args.concurrency,
+            load,
             server_args: server_args.clone(),
             admin_url: postgres.clone(),
             dir: dir.clone(),
@@ -120,6 +170,17 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         eprintln!("bench: {} running", scenario.label());
         let result = load::run(&scenario).await;
         match &result.outcome {
+            Ok(f) if load.is_paced() => eprintln!(
+                "bench: {} done: sent {:.1}/s (latest {:.1} ms behind schedule); \
+                 202-to-frame p50 {:.1} ms, p99 {:.1} ms; submit p50 {:.1} ms, p99 {:.1} ms",
+                scenario.label(),
+                f.sent_per_s,
+                f.behind_schedule_ms,
+                f.frame_after_202_p50_ms,
+                f.frame_after_202_p99_ms,
+                f.submit_p50_ms,
+                f.submit_p99_ms
+            ),
             Ok(f) => eprintln!(
                 "bench: {} done: {:.0} accepted/s, {:.0} sagas/s end to end; \
                  {} unrelated reads, p50 {:.1} ms, p99 {:.1} ms",
@@ -139,17 +200,60 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         results.push(result);
     }
 
-    let header = table::header(
-        args.sessions,
-        args.concurrency,
-        sync_commit.as_deref(),
-        pgbench.as_ref(),
-        &server_args,
-    );
+    let memory = if socket_memory {
+        eprintln!(
+            "bench: memory per idle socket (SQLite, {} display WebSockets) running",
+            args.idle_sockets
+        );
+        let m = sockets::run(&exe, &dir, &server_args, args.idle_sockets).await;
+        match &m.outcome {
+            Ok(x) => eprintln!(
+                "bench: memory per idle socket done: {:.1} KiB per socket (VmRSS {} KiB -> {} KiB)",
+                x.per_socket_kib(),
+                x.rss_idle_kib,
+                x.rss_sockets_kib
+            ),
+            Err(e) => eprintln!(
+                "bench: memory per idle socket FAILED: {} (details at the end)",
+                e.trim().lines().next().unwrap_or_default()
+            ),
+        }
+        Some(m)
+    } else {
+        None
+    };
+
+    let header = table::header(&table::Header {
+        started,
+        load_start,
+        load_end: load_average(),
+        sessions: args.sessions,
+        concurrency: args.concurrency,
+        push: results
+            .iter()
+            .any(|r| r.load.is_paced())
+            .then_some((args.push_sessions, args.push_rate)),
+        flat: results.iter().any(|r| !r.load.is_paced()),
+        sync_commit: sync_commit.as_deref(),
+        pgbench: pgbench.as_ref(),
+        server_args: &server_args,
+    });
     println!("{header}");
-    println!("{}", table::render(&results, pgbench.as_ref()));
-    for line in table::notes(&results) {
-        println!("{line}");
+    if !results.is_empty() {
+        println!("{}", table::render(&results, pgbench.as_ref()));
+    }
+    if let Some(m) = &memory {
+        println!();
+        for line in table::socket_memory(m) {
+            println!("{line}");
+        }
+    }
+    let notes = table::notes(&results);
+    if !notes.is_empty() {
+        println!();
+        for line in notes {
+            println!("{line}");
+        }
     }
 
     let failed: Vec<&ScenarioResult> = results.iter().filter(|r| r.outcome.is_err()).collect();
@@ -159,25 +263,50 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             eprintln!("\n{} FAILED:\n{e}", r.label);
         }
     }
-    let keep = args.keep_logs || !failed.is_empty() || pgbench_failed;
+    let memory_failed = match &memory {
+        Some(m) => match &m.outcome {
+            Err(e) => {
+                eprintln!("\nmemory per idle socket FAILED:\n{e}");
+                true
+            }
+            Ok(_) => false,
+        },
+        None => false,
+    };
+    let keep = args.keep_logs || !failed.is_empty() || pgbench_failed || memory_failed;
     cleanup(&dir, keep);
     if keep {
         eprintln!("logs kept in {}", dir.join("logs").display());
     }
-    if failed.is_empty() && !pgbench_failed {
+    if failed.is_empty() && !pgbench_failed && !memory_failed {
         Ok(())
     } else {
-        Err(format!(
-            "{} of {} scenario(s) failed{}",
-            failed.len(),
-            results.len(),
-            if pgbench_failed {
-                ", and pgbench failed"
-            } else {
-                ""
-            }
-        ))
+        let mut what = Vec::new();
+        if !failed.is_empty() {
+            what.push(format!(
+                "{} of {} scenario(s) failed",
+                failed.len(),
+                results.len()
+            ));
+        }
+        if pgbench_failed {
+            what.push("pgbench failed".into());
+        }
+        if memory_failed {
+            what.push("the memory per idle socket failed".into());
+        }
+        Err(what.join(", "))
     }
+}
+
+/// The 1-minute load average of `/proc/loadavg`, if there is one.
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Deletes the SQLite files always, and the logs unless `keep`.

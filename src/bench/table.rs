@@ -1,114 +1,180 @@
-//! The printed result: a header line, one markdown-style table (a column per
-//! backend, plus the ratio to pgbench for PostgreSQL), and notes on the
+//! The printed result: a few header lines (what ran, on what machine), one
+//! markdown-style table of the load scenarios (a column per backend, and
+//! next to PostgreSQL its ratio to pgbench), what 202-to-frame means, a
+//! small table of the memory per idle display socket, and notes on the
 //! server logs.
 
-use super::load::{Backend, Figures, ScenarioResult};
+use super::load::{Backend, Figures, Load, ScenarioResult};
 use super::pgbench::{Pgbench, DESCRIPTION};
+use super::sockets::SocketMemoryResult;
+use super::PUSH_TERMINALS;
 
-/// The lines above the table.
-pub fn header(
-    sessions: usize,
-    concurrency: usize,
-    sync_commit: Option<&str>,
-    pgbench: Option<&Pgbench>,
-    server_args: &[String],
-) -> String {
-    let mut line = format!(
-        "stagehand bench: {sessions} sagas per scenario, {concurrency} submitters, simulator at 0 ms"
-    );
-    if let Some(sc) = sync_commit {
-        line.push_str(&format!(", synchronous_commit={sc}"));
-    }
-    if !server_args.is_empty() {
-        line.push_str(&format!(", serve {}", server_args.join(" ")));
-    }
-    match pgbench {
-        Some(Pgbench::Tps(tps)) => {
-            line.push_str(&format!("\npgbench ({DESCRIPTION}): {tps:.0} tps"))
-        }
-        Some(Pgbench::NotInstalled) => {
-            line.push_str("\npgbench: not on PATH, so no ratios to pgbench")
-        }
-        Some(Pgbench::Failed(e)) => line.push_str(&format!("\npgbench: FAILED ({e})")),
-        None => {}
-    }
-    line.push('\n');
-    line
+/// What the header says.
+pub struct Header<'a> {
+    /// When the run started (local time, as printed).
+    pub started: String,
+    /// `/proc/loadavg`'s 1-minute figure at the start and at the end: other
+    /// work on the machine shows in the latencies.
+    pub load_start: Option<f64>,
+    pub load_end: Option<f64>,
+    pub sessions: usize,
+    pub concurrency: usize,
+    /// Push latency scenarios: sagas and rate.
+    pub push: Option<(usize, f64)>,
+    /// Flat-out scenarios ran.
+    pub flat: bool,
+    pub sync_commit: Option<&'a str>,
+    pub pgbench: Option<&'a Pgbench>,
+    pub server_args: &'a [String],
 }
 
-/// One row: its label, how to show a scenario, whether a ratio to pgbench
-/// makes sense.
+/// The lines above the table.
+pub fn header(h: &Header) -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = match (h.load_start, h.load_end) {
+        (Some(a), Some(b)) => format!(", load average {a:.2} at start, {b:.2} at end"),
+        _ => String::new(),
+    };
+    let mut lines = vec![format!(
+        "stagehand bench, {}, {cpus} CPU(s){load}",
+        h.started
+    )];
+    if h.flat {
+        lines.push(format!(
+            "throughput: {} sagas per scenario, on 1 and on 50 terminals, {} submitters flat \
+             out, one display WebSocket per terminal, AI simulator at 0 ms",
+            h.sessions, h.concurrency
+        ));
+    }
+    if let Some((sagas, rate)) = h.push {
+        lines.push(format!(
+            "push latency: {sagas} sagas paced at {rate}/s on {PUSH_TERMINALS} terminals, one \
+             display WebSocket each, AI simulator at 0 ms"
+        ));
+    }
+    let mut pg = Vec::new();
+    if let Some(sc) = h.sync_commit {
+        pg.push(format!("synchronous_commit={sc}"));
+    }
+    match h.pgbench {
+        Some(Pgbench::Tps(tps)) => pg.push(format!("pgbench ({DESCRIPTION}): {tps:.0} tps")),
+        Some(Pgbench::NotInstalled) => pg.push("pgbench not on PATH, so no ratios".into()),
+        Some(Pgbench::Failed(e)) => pg.push(format!("pgbench FAILED ({e})")),
+        None => {}
+    }
+    if !pg.is_empty() {
+        lines.push(format!("PostgreSQL: {}", pg.join("; ")));
+    }
+    let env: Vec<String> = super::load::server_env()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    if !env.is_empty() || !h.server_args.is_empty() {
+        let mut serve = env.clone();
+        serve.push("stagehand serve ...".into());
+        serve.extend(h.server_args.iter().cloned());
+        let why = if env.is_empty() {
+            ""
+        } else {
+            " (the simulated crowd is one address)"
+        };
+        lines.push(format!("every server: {}{why}", serve.join(" ")));
+    }
+    lines.push(String::new());
+    lines.join("\n")
+}
+
+/// One row: its label, which scenario (terminal count, paced or not), how
+/// to show it, whether a ratio to pgbench makes sense.
 struct Row {
-    label: &'static str,
+    label: String,
     terminals: usize,
+    paced: bool,
     show: fn(&Figures) -> String,
     rate: Option<fn(&Figures) -> f64>,
 }
 
-/// The table.
+impl Row {
+    fn of(&self, r: &ScenarioResult) -> bool {
+        r.terminals == self.terminals && r.load.is_paced() == self.paced
+    }
+}
+
+/// The rows of one flat-out scenario.
+fn flat_rows(terminals: usize) -> Vec<Row> {
+    let on = if terminals == 1 {
+        "1 terminal".to_owned()
+    } else {
+        format!("{terminals} terminals")
+    };
+    let row = |label: &str, show: fn(&Figures) -> String, rate: Option<fn(&Figures) -> f64>| Row {
+        label: format!("{label}, {on}"),
+        terminals,
+        paced: false,
+        show,
+        rate,
+    };
+    vec![
+        row(
+            "accepted submissions/s (202s per second)",
+            |f| per_s(f.accepted_per_s),
+            Some(|f| f.accepted_per_s),
+        ),
+        row(
+            "end-to-end sagas/s (first POST to last frame)",
+            |f| per_s(f.sagas_per_s),
+            Some(|f| f.sagas_per_s),
+        ),
+        row(
+            "submit latency, POST to 202, p50 / p99 (ms)",
+            |f| pair(f.submit_p50_ms, f.submit_p99_ms),
+            None,
+        ),
+        row(
+            "unrelated read latency under load, p50 / p99 (ms)",
+            |f| pair(f.read_p50_ms, f.read_p99_ms),
+            None,
+        ),
+        row(
+            "202-to-frame, p50 / p99 (ms)",
+            |f| pair(f.frame_after_202_p50_ms, f.frame_after_202_p99_ms),
+            None,
+        ),
+    ]
+}
+
+/// The table of the load scenarios, and what its terms mean.
 pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
-    let rows = [
-        Row {
-            label: "accepted submissions/s, 1 terminal",
-            terminals: 1,
-            show: |f| rate(f.accepted_per_s),
-            rate: Some(|f| f.accepted_per_s),
-        },
-        Row {
-            label: "accepted submissions/s, 50 terminals",
-            terminals: 50,
-            show: |f| rate(f.accepted_per_s),
-            rate: Some(|f| f.accepted_per_s),
-        },
-        Row {
-            label: "end-to-end sagas/s, 1 terminal",
-            terminals: 1,
-            show: |f| rate(f.sagas_per_s),
-            rate: Some(|f| f.sagas_per_s),
-        },
-        Row {
-            label: "end-to-end sagas/s, 50 terminals",
-            terminals: 50,
-            show: |f| rate(f.sagas_per_s),
-            rate: Some(|f| f.sagas_per_s),
-        },
-        Row {
-            label: "submit latency p50 / p99 (ms), 1 terminal",
-            terminals: 1,
-            show: |f| format!("{} / {}", millis(f.submit_p50_ms), millis(f.submit_p99_ms)),
+    let mut rows = Vec::new();
+    for terminals in [1, 50] {
+        if results
+            .iter()
+            .any(|r| r.terminals == terminals && !r.load.is_paced())
+        {
+            rows.extend(flat_rows(terminals));
+        }
+    }
+    // The push latency rows, when that scenario ran.
+    let paced = results.iter().find_map(|r| match r.load {
+        Load::Paced(rate) => Some(rate),
+        Load::FlatOut => None,
+    });
+    if let Some(rate) = paced {
+        let on = format!("{PUSH_TERMINALS} terminals paced at {rate}/s");
+        rows.push(Row {
+            label: format!("push latency: 202-to-frame, p50 / p99 (ms), {on}"),
+            terminals: PUSH_TERMINALS,
+            paced: true,
+            show: |f| pair(f.frame_after_202_p50_ms, f.frame_after_202_p99_ms),
             rate: None,
-        },
-        Row {
-            label: "submit latency p50 / p99 (ms), 50 terminals",
-            terminals: 50,
-            show: |f| format!("{} / {}", millis(f.submit_p50_ms), millis(f.submit_p99_ms)),
+        });
+        rows.push(Row {
+            label: format!("submit latency, POST to 202, p50 / p99 (ms), {on}"),
+            terminals: PUSH_TERMINALS,
+            paced: true,
+            show: |f| pair(f.submit_p50_ms, f.submit_p99_ms),
             rate: None,
-        },
-        Row {
-            label: "read latency p50 / p99 (ms) under load, 1 terminal",
-            terminals: 1,
-            show: |f| format!("{} / {}", millis(f.read_p50_ms), millis(f.read_p99_ms)),
-            rate: None,
-        },
-        Row {
-            label: "read latency p50 / p99 (ms) under load, 50 terminals",
-            terminals: 50,
-            show: |f| format!("{} / {}", millis(f.read_p50_ms), millis(f.read_p99_ms)),
-            rate: None,
-        },
-        Row {
-            label: "commit-to-frame p99 (ms), 1 terminal",
-            terminals: 1,
-            show: |f| millis(f.commit_to_frame_p99_ms),
-            rate: None,
-        },
-        Row {
-            label: "commit-to-frame p99 (ms), 50 terminals",
-            terminals: 50,
-            show: |f| millis(f.commit_to_frame_p99_ms),
-            rate: None,
-        },
-    ];
+        });
+    }
     let has = |b: Backend| results.iter().any(|r| r.backend == b);
     let tps = match pgbench {
         Some(Pgbench::Tps(t)) if has(Backend::Postgres) => Some(*t),
@@ -118,17 +184,14 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
     if has(Backend::Postgres) {
         head.push("PostgreSQL".into());
         if tps.is_some() {
-            head.push("x pgbench".into());
+            head.push("PostgreSQL / pgbench tps".into());
         }
     }
     if has(Backend::Sqlite) {
         head.push("SQLite".into());
     }
     let cell = |b: Backend, row: &Row| -> String {
-        match results
-            .iter()
-            .find(|r| r.backend == b && r.terminals == row.terminals)
-        {
+        match results.iter().find(|r| r.backend == b && row.of(r)) {
             Some(r) => match &r.outcome {
                 Ok(f) => (row.show)(f),
                 Err(_) => "FAILED".into(),
@@ -138,13 +201,13 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
     };
     let mut body = Vec::new();
     for row in &rows {
-        let mut cells = vec![row.label.to_owned()];
+        let mut cells = vec![row.label.clone()];
         if has(Backend::Postgres) {
             cells.push(cell(Backend::Postgres, row));
             if let Some(tps) = tps {
                 let ratio = results
                     .iter()
-                    .find(|r| r.backend == Backend::Postgres && r.terminals == row.terminals)
+                    .find(|r| r.backend == Backend::Postgres && row.of(r))
                     .and_then(|r| r.outcome.as_ref().ok())
                     .and_then(|f| row.rate.map(|get| get(f) / tps));
                 cells.push(ratio.map(|x| format!("{x:.2}")).unwrap_or_default());
@@ -155,16 +218,110 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
         }
         body.push(cells);
     }
-    markdown(&head, &body)
+    let mut out = vec![markdown(&head, &body), String::new()];
+    out.push(
+        "202-to-frame: from this client holding a submission's 202 (the submission and its \
+         saga committed)"
+            .into(),
+    );
+    out.push(
+        "  to the display of its terminal having read that session's session.completed frame: \
+         the saga's"
+            .into(),
+    );
+    out.push(
+        "  run (one job on the simulator at 0 ms), the completion's commit and the push.".into(),
+    );
+    if results.iter().any(|r| !r.load.is_paced()) {
+        out.push("  Flat out it includes queueing behind the other sagas.".into());
+    }
+    if let Some(rate) = paced {
+        out.push(format!(
+            "  Paced at {rate}/s, well under the ceiling, it is the push latency."
+        ));
+    }
+    out.push(
+        "unrelated read: GET /api/experiences/<slug>/ranking?limit=10 every 20 ms by one more \
+         client, to its last byte."
+            .into(),
+    );
+    out.join("\n")
 }
 
-/// Lines under the table: per scenario, the error and warning counts of the
-/// server log, the display reconnects and the number of unrelated reads.
+/// The memory per idle display socket: a small table and how it was
+/// measured.
+pub fn socket_memory(m: &SocketMemoryResult) -> Vec<String> {
+    let mut out = Vec::new();
+    match &m.outcome {
+        Ok(x) => {
+            out.push(format!(
+                "memory per idle display WebSocket: a server on SQLite, {} displays on {} \
+                 terminals, each has read its hello",
+                x.sockets, x.terminals
+            ));
+            out.push(markdown(
+                &["figure".into(), "SQLite".into()],
+                &[
+                    vec![
+                        "server VmRSS, no display connected (KiB)".into(),
+                        x.rss_idle_kib.to_string(),
+                    ],
+                    vec![
+                        format!(
+                            "server VmRSS, {} idle display WebSockets open (KiB)",
+                            x.sockets
+                        ),
+                        x.rss_sockets_kib.to_string(),
+                    ],
+                    vec![
+                        "memory per idle display WebSocket (KiB), the difference / sockets".into(),
+                        format!("{:.1}", x.per_socket_kib()),
+                    ],
+                ],
+            ));
+            out.push(format!(
+                "VmRSS: the median of {} reads {} ms apart, {} s after setup and {} s after the \
+                 last socket connected",
+                x.reads_idle_kib.len(),
+                super::sockets::RSS_EVERY.as_millis(),
+                super::sockets::SETTLE.as_secs(),
+                super::sockets::SETTLE.as_secs(),
+            ));
+            out.push(format!(
+                "  ({:.1} s to connect them all, {} at a time); each socket stays open, read by \
+                 a task of its own.",
+                x.connect_s,
+                super::sockets::CONNECTING
+            ));
+        }
+        Err(_) => out.push("memory per idle display WebSocket (SQLite): FAILED".into()),
+    }
+    if let Some(log) = &m.log {
+        out.push(format!(
+            "server log, memory per idle socket: {} ERROR, {} WARN line(s)",
+            log.errors, log.warnings
+        ));
+        for sample in &log.samples {
+            out.push(format!("    {sample}"));
+        }
+    }
+    out
+}
+
+/// Lines under the tables: per scenario, the error and warning counts of
+/// the server log, the display reconnects and the number of unrelated reads
+/// (or, paced, the rate kept).
 pub fn notes(results: &[ScenarioResult]) -> Vec<String> {
     let mut out = Vec::new();
     for r in results {
         if let Some(log) = &r.log {
-            let reconnects = match &r.outcome {
+            let more = match &r.outcome {
+                Ok(f) if r.load.is_paced() => format!(
+                    "; display reconnects: {}; sent {:.1}/s, at most {} ms behind schedule",
+                    f.reconnects,
+                    f.sent_per_s,
+                    millis(f.behind_schedule_ms),
+                ),
                 Ok(f) => format!(
                     "; display reconnects: {}; unrelated reads under load: {}",
                     f.reconnects, f.reads
@@ -172,16 +329,13 @@ pub fn notes(results: &[ScenarioResult]) -> Vec<String> {
                 Err(_) => String::new(),
             };
             out.push(format!(
-                "server log, {}: {} ERROR, {} WARN line(s){reconnects}",
+                "server log, {}: {} ERROR, {} WARN line(s){more}",
                 r.label, log.errors, log.warnings
             ));
             for sample in &log.samples {
                 out.push(format!("    {sample}"));
             }
         }
-    }
-    if !out.is_empty() {
-        out.insert(0, String::new());
     }
     out
 }
@@ -226,8 +380,12 @@ fn markdown(head: &[String], body: &[Vec<String>]) -> String {
     out.join("\n")
 }
 
-fn rate(x: f64) -> String {
+fn per_s(x: f64) -> String {
     format!("{x:.0}")
+}
+
+fn pair(p50: f64, p99: f64) -> String {
+    format!("{} / {}", millis(p50), millis(p99))
 }
 
 fn millis(x: f64) -> String {

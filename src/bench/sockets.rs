@@ -1,0 +1,401 @@
+//! Memory per idle display socket: a server on SQLite (simulator, its
+//! defaults), a few terminals, its resident set with no display connected
+//! then with N display WebSockets open and idle (each having read its hello
+//! frame, each still read by a task of its own so pings are answered), and
+//! the difference divided by N.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::load::{self, LogSummary, Stack, Ws};
+
+/// Terminals the sockets are spread over.
+const TERMINALS: usize = 4;
+/// Displays connecting at the same time.
+pub const CONNECTING: usize = 32;
+/// Reads of VmRSS per measurement; their median is the figure.
+const RSS_READS: usize = 5;
+/// Between two reads of VmRSS.
+pub const RSS_EVERY: Duration = Duration::from_millis(200);
+/// Pause before the first measurement (server just started and set up) and
+/// after the last socket connected.
+pub const SETTLE: Duration = Duration::from_secs(2);
+/// File descriptors a process needs besides the sockets (listeners, the
+/// database, the HTTP client's pool, the runtime, logs).
+const FD_MARGIN: u64 = 256;
+
+/// What the measurement gave.
+#[derive(Debug, Clone)]
+pub struct SocketMemory {
+    pub sockets: usize,
+    pub terminals: usize,
+    /// Server VmRSS (KiB), median of [`RSS_READS`], with no display.
+    pub rss_idle_kib: u64,
+    /// The same with every socket open.
+    pub rss_sockets_kib: u64,
+    /// Every single read, in order, for the record.
+    pub reads_idle_kib: Vec<u64>,
+    pub reads_sockets_kib: Vec<u64>,
+    /// How long connecting all the sockets took.
+    pub connect_s: f64,
+}
+
+impl SocketMemory {
+    /// `(RSS with the sockets - RSS without) / sockets`, KiB.
+    pub fn per_socket_kib(&self) -> f64 {
+        (self.rss_sockets_kib as f64 - self.rss_idle_kib as f64) / self.sockets as f64
+    }
+}
+
+pub struct SocketMemoryResult {
+    pub outcome: Result<SocketMemory, String>,
+    pub server_log: PathBuf,
+    pub log: Option<LogSummary>,
+}
+
+/// Runs the measurement with `sockets` idle displays.
+pub async fn run(
+    exe: &Path,
+    dir: &Path,
+    server_args: &[String],
+    sockets: usize,
+) -> SocketMemoryResult {
+    let logs = super::logs_dir(dir);
+    let server_log = logs.join("sockets-server.log");
+    let outcome = measure(exe, dir, &logs, &server_log, server_args, sockets)
+        .await
+        .map_err(|e| {
+            if server_log.exists() {
+                format!("{e}\n  server log: {}", server_log.display())
+            } else {
+                e
+            }
+        });
+    SocketMemoryResult {
+        outcome,
+        log: load::summarize_log(&server_log),
+        server_log,
+    }
+}
+
+async fn measure(
+    exe: &Path,
+    dir: &Path,
+    logs: &Path,
+    server_log: &Path,
+    server_args: &[String],
+    sockets: usize,
+) -> Result<SocketMemory, String> {
+    // Both this process and the server (which inherits the limit) hold one
+    // descriptor per socket.
+    let need = sockets as u64 + FD_MARGIN;
+    ensure_open_files(need)?;
+
+    let db_dir = dir.join("db-sockets");
+    std::fs::create_dir_all(&db_dir).map_err(|e| format!("create {}: {e}", db_dir.display()))?;
+    let database_url = format!("sqlite://{}/bench.db?mode=rwc", db_dir.display());
+    let Stack {
+        client,
+        sim,
+        mut server,
+        base,
+        port,
+        operator,
+    } = load::start_stack(
+        exe,
+        &database_url,
+        server_args,
+        &logs.join("sockets-sim.log"),
+        server_log,
+        8,
+    )
+    .await?;
+    let pid = server.child.id();
+    let server_files = open_files_limit(&format!("/proc/{pid}/limits"))?.0;
+    if server_files < need {
+        return Err(format!(
+            "the server may open only {server_files} files; {sockets} sockets need about \
+             {need}: raise the limit (ulimit -n {need}) or skip this with --no-socket-memory"
+        ));
+    }
+    let (_slug, terminals) = load::create_terminals(&client, &base, &operator, TERMINALS).await?;
+    drop(client);
+
+    // No display connected.
+    tokio::time::sleep(SETTLE).await;
+    let reads_idle_kib = rss_reads(pid).await?;
+    eprintln!(
+        "  socket memory: server VmRSS with no display: {reads_idle_kib:?} KiB; \
+         connecting {sockets} displays"
+    );
+
+    // The sockets: each reads its hello, then is handed to a task that keeps
+    // reading (answering pings) until told to stop.
+    let urls: Arc<Vec<String>> = Arc::new(
+        terminals
+            .iter()
+            .map(|t| load::display_url(port, t))
+            .collect(),
+    );
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let open = Arc::new(AtomicUsize::new(0));
+    let closed = Arc::new(AtomicUsize::new(0));
+    let first_close: Arc<Mutex<Option<String>>> = Arc::default();
+    let holders: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+    let connect_start = Instant::now();
+    let connected = {
+        let (open, closed, first_close, holders) = (
+            open.clone(),
+            closed.clone(),
+            first_close.clone(),
+            holders.clone(),
+        );
+        load::in_workers(sockets, CONNECTING, move |i| {
+            let url = urls[i % urls.len()].clone();
+            let (open, closed, first_close, holders) = (
+                open.clone(),
+                closed.clone(),
+                first_close.clone(),
+                holders.clone(),
+            );
+            let stop = stop_rx.clone();
+            async move {
+                let ws = load::connect_display(&url, 0)
+                    .await
+                    .map_err(|e| format!("display socket {i}: {e}"))?;
+                open.fetch_add(1, Ordering::Relaxed);
+                let task = tokio::spawn(hold(ws, stop, closed, first_close));
+                holders.lock().expect("holders").push(task);
+                Ok::<_, String>(())
+            }
+        })
+        .await
+    };
+    let connect_s = connect_start.elapsed().as_secs_f64();
+    let failed: Vec<&String> = connected.iter().filter_map(|r| r.as_ref().err()).collect();
+    let outcome = if !failed.is_empty() {
+        let mut msg = format!(
+            "{} of {sockets} display socket(s) did not connect:",
+            failed.len()
+        );
+        for e in failed.iter().take(5) {
+            msg.push_str(&format!("\n  {e}"));
+        }
+        Err(msg)
+    } else {
+        eprintln!(
+            "  socket memory: {} displays connected (hello read on each) in {connect_s:.1}s",
+            open.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(SETTLE).await;
+        let reads = rss_reads(pid).await;
+        let lost = closed.load(Ordering::Relaxed);
+        match reads {
+            Err(e) => Err(e),
+            Ok(_) if lost > 0 => Err(format!(
+                "{lost} of {sockets} idle display socket(s) closed during the measurement; \
+                 first: {}",
+                first_close
+                    .lock()
+                    .expect("first close")
+                    .clone()
+                    .unwrap_or_default()
+            )),
+            Ok(reads_sockets_kib) => {
+                eprintln!(
+                    "  socket memory: server VmRSS with {sockets} idle displays: \
+                     {reads_sockets_kib:?} KiB"
+                );
+                Ok(SocketMemory {
+                    sockets,
+                    terminals: TERMINALS,
+                    rss_idle_kib: median(&reads_idle_kib),
+                    rss_sockets_kib: median(&reads_sockets_kib),
+                    reads_idle_kib,
+                    reads_sockets_kib,
+                    connect_s,
+                })
+            }
+        }
+    };
+    if let Ok(Some(status)) = server.child.try_wait() {
+        return Err(format!("the server exited ({status})"));
+    }
+
+    // Close the sockets, then stop the processes.
+    let _ = stop_tx.send(true);
+    let tasks: Vec<_> = std::mem::take(&mut *holders.lock().expect("holders"));
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        for t in tasks {
+            let _ = t.await;
+        }
+    })
+    .await;
+    drop(server);
+    drop(sim);
+    outcome
+}
+
+/// Keeps one idle display socket open: reads it (so pings are answered)
+/// until `stop`, then closes it. A close by the server is counted.
+async fn hold(
+    mut ws: Ws,
+    mut stop: watch::Receiver<bool>,
+    closed: Arc<AtomicUsize>,
+    first_close: Arc<Mutex<Option<String>>>,
+) {
+    loop {
+        let msg = tokio::select! {
+            biased;
+            _ = stop.changed() => break,
+            msg = ws.next() => msg,
+        };
+        let why = match msg {
+            Some(Ok(Message::Close(frame))) => format!("closed by the server: {frame:?}"),
+            Some(Err(e)) => format!("read error: {e}"),
+            None => "connection ended".to_owned(),
+            Some(Ok(_)) => continue, // ping (answered by tungstenite), pong, frames
+        };
+        closed.fetch_add(1, Ordering::Relaxed);
+        first_close.lock().expect("first close").get_or_insert(why);
+        return;
+    }
+    let _ = ws.close(None).await;
+}
+
+/// [`RSS_READS`] reads of the process's VmRSS, [`RSS_EVERY`] apart, KiB.
+async fn rss_reads(pid: u32) -> Result<Vec<u64>, String> {
+    let mut out = Vec::with_capacity(RSS_READS);
+    for i in 0..RSS_READS {
+        if i > 0 {
+            tokio::time::sleep(RSS_EVERY).await;
+        }
+        out.push(vm_rss_kib(pid)?);
+    }
+    Ok(out)
+}
+
+/// `VmRSS:` of `/proc/<pid>/status`, in KiB.
+fn vm_rss_kib(pid: u32) -> Result<u64, String> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("read {path}: {e}"))?;
+    parse_vm_rss(&text).ok_or_else(|| format!("no VmRSS line in {path}"))
+}
+
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let mut parts = line["VmRSS:".len()..].split_whitespace();
+    let value: u64 = parts.next()?.parse().ok()?;
+    match parts.next() {
+        Some("kB") | None => Some(value),
+        Some(_) => None,
+    }
+}
+
+fn median(values: &[u64]) -> u64 {
+    let mut v = values.to_vec();
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// Makes sure this process may open `need` files: reads its soft and hard
+/// limits from `/proc/self/limits` and, when the soft limit is too low but
+/// the hard one allows, raises it with `prlimit` (util-linux). The server,
+/// started afterwards, inherits it.
+fn ensure_open_files(need: u64) -> Result<(), String> {
+    let (soft, hard) = open_files_limit("/proc/self/limits")?;
+    if soft >= need {
+        return Ok(());
+    }
+    let advice = format!(
+        "raise it in the shell that runs the bench (ulimit -n {need}) or skip this \
+         measurement with --no-socket-memory"
+    );
+    if hard < need {
+        return Err(format!(
+            "the open-file limit is {soft} (hard limit {hard}) and {} idle sockets need \
+             about {need}: {advice}",
+            need - FD_MARGIN
+        ));
+    }
+    let pid = std::process::id();
+    let raised = Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={need}:")])
+        .output();
+    match raised {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => {
+            return Err(format!(
+                "the open-file limit is {soft}, {need} needed, and prlimit could not raise it \
+                 ({}): {advice}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+        Err(e) => {
+            return Err(format!(
+                "the open-file limit is {soft}, {need} needed, and prlimit could not run \
+                 ({e}): {advice}"
+            ))
+        }
+    }
+    let (now, _) = open_files_limit("/proc/self/limits")?;
+    if now < need {
+        return Err(format!(
+            "the open-file limit is still {now} after prlimit, {need} needed: {advice}"
+        ));
+    }
+    eprintln!("  socket memory: open-file limit raised from {soft} to {now}");
+    Ok(())
+}
+
+/// The soft and hard "Max open files" of a `/proc/<pid>/limits` file.
+fn open_files_limit(path: &str) -> Result<(u64, u64), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("read {path}: {e}"))?;
+    parse_open_files(&text).ok_or_else(|| format!("no \"Max open files\" line in {path}"))
+}
+
+fn parse_open_files(limits: &str) -> Option<(u64, u64)> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut parts = line["Max open files".len()..].split_whitespace();
+    let value = |s: Option<&str>| match s? {
+        "unlimited" => Some(u64::MAX),
+        n => n.parse().ok(),
+    };
+    Some((value(parts.next())?, value(parts.next())?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{median, parse_open_files, parse_vm_rss};
+
+    #[test]
+    fn reads_vm_rss() {
+        let status = "Name:\tstagehand\nVmHWM:\t   30000 kB\nVmRSS:\t   21504 kB\nThreads:\t5\n";
+        assert_eq!(parse_vm_rss(status), Some(21504));
+        assert_eq!(parse_vm_rss("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn reads_open_files() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max processes             63704                63704                processes \n\
+                      Max open files            1024                 524288               files     \n";
+        assert_eq!(parse_open_files(limits), Some((1024, 524288)));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(parse_open_files(unlimited), Some((u64::MAX, u64::MAX)));
+    }
+
+    #[test]
+    fn median_of_reads() {
+        assert_eq!(median(&[5, 1, 3, 4, 2]), 3);
+        assert_eq!(median(&[7]), 7);
+    }
+}
