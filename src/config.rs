@@ -2,6 +2,7 @@
 //! fallbacks and human durations (`250ms`, `10s`, `7m`), so tests run the same
 //! code with short times.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use clap::Args;
@@ -12,6 +13,40 @@ use crate::domain::policy::{RecoveryLimits, RetryPolicy};
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim())
         .map_err(|e| format!("{s:?} is not a duration like 250ms, 10s or 7m: {e}"))
+}
+
+/// A rate limit: at most `count` requests per `per` for one key, in one
+/// burst or spread out (GCRA: one request comes back every `per / count`),
+/// or no limit at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateLimit {
+    Off,
+    Every { count: NonZeroU32, per: Duration },
+}
+
+/// Parses `30/min`, `10/s`, `1000/h`, `5/90s`, or `off`.
+pub fn parse_rate_limit(s: &str) -> Result<RateLimit, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(RateLimit::Off);
+    }
+    let bad = || format!("{s:?} is not a rate limit like 30/min, 10/s, 5/90s or off");
+    let (count, per) = s.split_once('/').ok_or_else(bad)?;
+    let count: u32 = count.trim().parse().map_err(|_| bad())?;
+    let count = NonZeroU32::new(count)
+        .ok_or_else(|| format!("{s:?}: a limit of 0 refuses everything; use off for no limit"))?;
+    let per = per.trim();
+    // `min` means `1min`.
+    let per = if per.starts_with(|c: char| c.is_ascii_digit()) {
+        parse_duration(per)
+    } else {
+        parse_duration(&format!("1{per}"))
+    }
+    .map_err(|_| bad())?;
+    if (per / count.get()).is_zero() {
+        return Err(format!("{s:?} allows more than one request per nanosecond"));
+    }
+    Ok(RateLimit::Every { count, per })
 }
 
 /// Everything `stagehand serve` needs.
@@ -71,6 +106,12 @@ pub struct Config {
     /// so that saga work never starves the HTTP requests.
     #[arg(long, env = "STAGEHAND_WORKER_DB_POOL", default_value_t = 10)]
     pub worker_db_pool: u32,
+    /// How long a request's statement waits on a lock held elsewhere
+    /// (PostgreSQL `lock_timeout`, SQLite `busy_timeout`) before it is
+    /// retried (3 times, with backoff) and then answered 503 `busy` with
+    /// `Retry-After`.
+    #[arg(long, env = "STAGEHAND_DB_LOCK_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub db_lock_timeout: Duration,
     /// Ping period of booth display sockets; a display silent for three
     /// periods is dropped and shown offline.
     #[arg(long, env = "STAGEHAND_DISPLAY_HEARTBEAT", default_value = "5s", value_parser = parse_duration)]
@@ -85,6 +126,27 @@ pub struct Config {
     /// dispatcher claims nothing more and other instances take the work.
     #[arg(long, env = "STAGEHAND_MAX_RUNNING", default_value_t = 1000)]
     pub max_running: u32,
+    /// Session creations per client address (`POST
+    /// /api/experiences/{slug}/sessions`): `N/<period>` (`600/min`, `10/s`,
+    /// `5/90s`) or `off`. A whole venue's Wi-Fi, or a carrier's NAT, can be
+    /// one address, so the default lets a crowd through and stops a script.
+    #[arg(long, env = "STAGEHAND_SESSION_RATE_LIMIT", default_value = "600/min", value_parser = parse_rate_limit)]
+    pub session_rate_limit: RateLimit,
+    /// Submissions per session and token (`POST
+    /// /api/sessions/{id}/submission`), like `--session-rate-limit`. A
+    /// participant submits once, and again after an abort or a lost answer.
+    #[arg(long, env = "STAGEHAND_SUBMISSION_RATE_LIMIT", default_value = "30/min", value_parser = parse_rate_limit)]
+    pub submission_rate_limit: RateLimit,
+    /// Keys each rate limiter tracks at most (client addresses, sessions).
+    /// When full, new keys share one bucket until old ones expire.
+    #[arg(long, env = "STAGEHAND_RATE_LIMIT_KEYS", default_value_t = 100_000)]
+    pub rate_limit_keys: usize,
+    /// Reverse proxies in front of this server that append the client's
+    /// address to `X-Forwarded-For`. 0 (the default): the header is
+    /// ignored and the client is the peer address, because any client can
+    /// write the header. N: the client is the N-th address from the right.
+    #[arg(long, env = "STAGEHAND_TRUSTED_PROXIES", default_value_t = 0)]
+    pub trusted_proxies: u8,
 }
 
 impl Config {
@@ -144,6 +206,34 @@ mod tests {
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("7m"), Ok(Duration::from_secs(420)));
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn rate_limits_in_human_form() {
+        let every = |count: u32, secs: u64| RateLimit::Every {
+            count: NonZeroU32::new(count).unwrap(),
+            per: Duration::from_secs(secs),
+        };
+        assert_eq!(parse_rate_limit("30/min"), Ok(every(30, 60)));
+        assert_eq!(parse_rate_limit(" 10/s "), Ok(every(10, 1)));
+        assert_eq!(parse_rate_limit("1000/h"), Ok(every(1000, 3600)));
+        assert_eq!(parse_rate_limit("5/90s"), Ok(every(5, 90)));
+        assert_eq!(parse_rate_limit("OFF"), Ok(RateLimit::Off));
+        for bad in [
+            "",
+            "30",
+            "0/min",
+            "-1/min",
+            "x/min",
+            "30/fortnight",
+            "30/0s",
+        ] {
+            assert!(parse_rate_limit(bad).is_err(), "{bad}");
+        }
+        let config = Config::defaults();
+        assert_eq!(config.session_rate_limit, every(600, 60));
+        assert_eq!(config.submission_rate_limit, every(30, 60));
+        assert_eq!(config.trusted_proxies, 0);
     }
 
     #[test]

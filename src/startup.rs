@@ -27,6 +27,7 @@ use crate::ai::AiClient;
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
 use crate::http::auth::new_secret;
+use crate::http::rate_limit::RateLimits;
 use crate::http::{routes, AppState};
 use crate::store::sagas::ClaimRules;
 use crate::store::{Store, StoreError};
@@ -69,7 +70,12 @@ impl Application {
                 return Err(StartupError::PublicUrl(url.clone()));
             }
         }
-        let store = Store::connect(&config.database_url, config.db_pool).await?;
+        let store = Store::connect_with(
+            &config.database_url,
+            config.db_pool,
+            Some(config.db_lock_timeout),
+        )
+        .await?;
         store.migrate().await?;
         // Saga work and display streams get their own connections.
         let work = store.with_own_pool(config.worker_db_pool).await?;
@@ -187,6 +193,7 @@ impl Application {
             persistence,
             operators,
             public_url: config.public_base_url(port),
+            limits: Arc::new(RateLimits::from_config(&config)),
         };
         let data = web::Data::new(state.clone());
         let server = HttpServer::new(move || {
@@ -205,6 +212,12 @@ impl Application {
         .disable_signals()
         .shutdown_timeout(5)
         .run();
+        tracing::info!(
+            sessions = ?config.session_rate_limit,
+            submissions = ?config.submission_rate_limit,
+            trusted_proxies = config.trusted_proxies,
+            "rate limits (per client address; per session and token)"
+        );
         tracing::info!(
             port,
             "stagehand listening on http://{}",

@@ -291,11 +291,11 @@
   }
 
   // What the 202 said of the queue: its position and estimated wait
-  // (`queue_position`, `estimated_wait_seconds`), when the server gives them.
+  // (`queue_position`, `eta_seconds`), when the server gives them.
   function queueOf(data) {
     if (!data) return null;
     const position = Number(data.queue_position);
-    const wait = Number(data.estimated_wait_seconds);
+    const wait = Number(data.eta_seconds);
     const q = {
       position: Number.isFinite(position) && position > 0 ? position : null,
       until: Number.isFinite(wait) && wait > 0 ? Date.now() + wait * 1000 : null,

@@ -326,7 +326,10 @@ async fn the_operator_socket_sends_stats_at_once_and_on_change(backend: Backend)
         .expect("the experience's load");
     assert_eq!(load["max_in_flight"], 3);
     assert_eq!(load["in_flight"], 0);
-    assert_eq!(load["queued"], 0, "an experience with no saga has none queued");
+    assert_eq!(
+        load["queued"], 0,
+        "an experience with no saga has none queued"
+    );
 
     let (sid, tok) = app.session(&slug, None, "fay").await;
     assert_eq!(

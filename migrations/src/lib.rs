@@ -13,6 +13,8 @@ mod m20261130_000001_init;
 mod m20261201_000002_reactive_delivery;
 mod m20261202_000003_peoples_side;
 mod m20261203_000004_operator_views;
+mod m20261204_000005_credits;
+mod m20261204_000006_idempotency_lease;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -25,6 +27,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000002_reactive_delivery::Migration),
             Box::new(m20261202_000003_peoples_side::Migration),
             Box::new(m20261203_000004_operator_views::Migration),
+            Box::new(m20261204_000005_credits::Migration),
+            Box::new(m20261204_000006_idempotency_lease::Migration),
         ]
     }
 }

@@ -224,6 +224,8 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             aborted_at_step: Some("AI_PENDING".into()),
             abort_detail: Some("attempt 3 timed out".into()),
             deadline_at_ms: T0 + 900_000,
+            charged_credits: 4,
+            ai_duration_ms: Some(12_345),
             created_at_ms: T0,
             updated_at_ms: T0 + 2,
         },
@@ -257,6 +259,8 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             aborted_at_step: None,
             abort_detail: None,
             deadline_at_ms: T0 + 900_000,
+            charged_credits: 0,
+            ai_duration_ms: None,
             created_at_ms: T0,
             updated_at_ms: T0,
         },
@@ -375,6 +379,8 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             response_body: Some(r#"{"status":"SUBMITTING"}"#.into()),
             created_at_ms: T0,
             expires_at_ms: T0 + 86_400_000,
+            owner: None,
+            locked_until_ms: None,
         },
         (scope.clone(), "k".repeat(255))
     );
@@ -390,6 +396,8 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             response_body: None,
             created_at_ms: T0,
             expires_at_ms: T0 + 86_400_000,
+            owner: Some("request-owner".into()),
+            locked_until_ms: Some(T0 + 30_000),
         },
         (scope.clone(), "other".to_owned())
     );

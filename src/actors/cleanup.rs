@@ -2,8 +2,10 @@
 //! Sagas whose lease is gone and that are past their deadline or out of
 //! recoveries are aborted ORPHANED, each in its own transaction (and only if
 //! still unowned at that moment); sessions stuck in SUBMITTING without a saga
-//! are aborted; expired idempotency records and old outbox events are
-//! deleted, and so are the presence rows of displays whose instance died.
+//! are aborted; expired idempotency records (in batches of
+//! [`PURGE_BATCH`], at most [`PURGE_ROUNDS`] a round) and old outbox events
+//! are deleted, and so are the presence rows of displays whose instance
+//! died.
 
 use std::time::Duration;
 
@@ -15,6 +17,7 @@ use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::domain::policy::{ownership, recovery, Recovery, RecoveryLimits};
 use crate::domain::saga::AbortReason;
+use crate::store::idempotency::PURGE_BATCH;
 use crate::store::sagas::{ClaimRules, Fence};
 use crate::store::transitions::SagaWrite;
 use crate::store::Store;
@@ -28,6 +31,9 @@ const BATCH: u64 = 500;
 #[derive(Message)]
 #[rtype(result = "CleanupReport")]
 pub struct RunCleanup;
+
+/// Batches of expired idempotency records deleted per round at most.
+const PURGE_ROUNDS: u32 = 20;
 
 /// What one round did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -151,9 +157,21 @@ impl CleanupActor {
                 }
                 Err(e) => tracing::error!(error = %e, "cleanup: reading stuck sessions failed"),
             }
-            match store.purge_expired_keys(now).await {
-                Ok(n) => report.expired_keys = n,
-                Err(e) => tracing::error!(error = %e, "cleanup: purging idempotency keys failed"),
+            // Bounded batches, at most PURGE_ROUNDS of them a round: what
+            // is left waits for the next round.
+            for _ in 0..PURGE_ROUNDS {
+                match store.purge_expired_keys(now, PURGE_BATCH).await {
+                    Ok(n) => {
+                        report.expired_keys += n;
+                        if n < PURGE_BATCH {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cleanup: purging idempotency keys failed");
+                        break;
+                    }
+                }
             }
             match store.purge_events_before(now - OUTBOX_RETENTION_MS).await {
                 Ok(n) => report.old_events = n,

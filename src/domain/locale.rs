@@ -9,7 +9,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, utoipa::ToSchema)]
+#[schema(rename_all = "lowercase")]
 pub enum Locale {
     #[default]
     En,

@@ -1,6 +1,8 @@
 //! The pure core: saga steps and transitions, lease checks, failure kinds,
-//! retry and recovery policy, AI key derivation, the locale tables. No I/O, no clock: every
-//! function is given `now`.
+//! retry and recovery policy, AI key derivation, the locale tables, and the
+//! admission of a submission (credits, queue estimate, closing time). No
+//! I/O, no clock: every function is given `now`.
+pub mod admission;
 pub mod failure;
 pub mod keys;
 pub mod locale;

@@ -13,7 +13,7 @@ use super::locale::Locale;
 /// Where a saga stands. Steps only move forward:
 /// `AI_PENDING -> AI_DONE -> RANKING_DONE -> COMPLETED`, and `ABORTED` from any
 /// non-final step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Step {
     AiPending,
@@ -89,7 +89,7 @@ impl FromStr for Step {
 
 /// Why a saga ended ABORTED (rule 7). Each has a message a booth display can
 /// show as it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum AbortReason {
     InputRejected,

@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, utoipa::ToSchema)]
+#[schema(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum SessionStatus {
     Open,
     Submitting,

@@ -89,6 +89,25 @@ fn saga_filter(q: &SagaListQuery) -> Result<(SagaFilter, u64), ApiError> {
 
 /// `GET /api/admin/sagas?step=&reason=&experience=&limit=&cursor=` ->
 /// `{"sagas": [...], "next_cursor"}`, newest change first.
+#[utoipa::path(
+    get,
+    path = "/api/admin/sagas",
+    tag = "admin",
+    summary = "List sagas, newest change first, a page at a time.",
+    security(("operator" = [])),
+    params(
+        ("step" = Option<crate::domain::saga::Step>, Query, description = "Only sagas at this step."),
+        ("reason" = Option<crate::domain::saga::AbortReason>, Query, description = "Only sagas aborted for this reason."),
+        ("experience" = Option<String>, Query, description = "Only sagas of this experience (slug)."),
+        ("limit" = Option<u64>, Query, minimum = 1, maximum = 500, description = "Sagas per page, 1 to 500; default 50."),
+        ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous page."),
+    ),
+    responses(
+        (status = 200, description = "One page of sagas.", body = super::openapi::SagaList),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: an unknown step, reason, cursor or query parameter, or a limit out of range.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn list_sagas(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -107,6 +126,20 @@ pub async fn list_sagas(
 }
 
 /// `GET /api/admin/sagas/{id}` -> the saga as the list shows it.
+#[utoipa::path(
+    get,
+    path = "/api/admin/sagas/{id}",
+    tag = "admin",
+    summary = "One saga, as the list shows it.",
+    security(("operator" = [])),
+    params(("id" = String, Path, description = "The saga's id.")),
+    responses(
+        (status = 200, description = "The saga.", body = super::openapi::SagaOne),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such saga.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn get_saga(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -137,7 +170,7 @@ async fn saga_action<F, Fut>(
     action: F,
 ) -> Result<HttpResponse, ApiError>
 where
-    F: FnOnce() -> Fut,
+    F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<(), ApiError>>,
 {
     require_operator(state, req)?;
@@ -159,6 +192,27 @@ where
 /// `POST /api/admin/sagas/{id}/retry`: an ABORTED saga runs again from the
 /// step it aborted at, with fresh attempts, keeping its AI result and
 /// ranking entry. 409 unless it is ABORTED and its session's latest.
+#[utoipa::path(
+    post,
+    path = "/api/admin/sagas/{id}/retry",
+    tag = "admin",
+    summary = "Run an ABORTED saga again.",
+    description = "The saga runs again from the step it aborted at, with fresh attempts, keeping its AI result and ranking entry. Any request body is ignored (it only takes part in the Idempotency-Key comparison).",
+    security(("operator" = [])),
+    params(
+        ("id" = String, Path, description = "The saga's id."),
+        super::openapi::OperatorKey,
+    ),
+    responses(
+        (status = 200, description = "The saga after the action (or the replay of an earlier answer).", body = super::openapi::SagaOne, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 402, description = "`budget_exhausted`: the saga gave its credits back when it aborted, and the experience has not enough left to charge it again.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such saga.", body = super::openapi::ErrorBody),
+        (status = 409, description = "`conflict`: the saga is not ABORTED, or not its session's latest, or the session took a new submission; `request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn retry_saga(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -183,6 +237,26 @@ pub async fn retry_saga(
 /// CANCELLED, whoever holds it (the holder's next fenced write finds it
 /// ended), and its terminal is told like for any abort. 409 when it already
 /// ended otherwise.
+#[utoipa::path(
+    post,
+    path = "/api/admin/sagas/{id}/cancel",
+    tag = "admin",
+    summary = "Cancel a running saga (it aborts with CANCELLED).",
+    description = "Whoever holds the saga, it aborts with CANCELLED and its terminal is told like for any abort. Cancelling a saga already CANCELLED answers 200 again. Any request body is ignored (it only takes part in the Idempotency-Key comparison).",
+    security(("operator" = [])),
+    params(
+        ("id" = String, Path, description = "The saga's id."),
+        super::openapi::OperatorKey,
+    ),
+    responses(
+        (status = 200, description = "The saga after the action (or the replay of an earlier answer).", body = super::openapi::SagaOne, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such saga.", body = super::openapi::ErrorBody),
+        (status = 409, description = "`conflict`: the saga already ended otherwise; `request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn cancel_saga(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -216,6 +290,20 @@ pub struct TerminalsQuery {
 /// `GET /api/terminals?experience=slug` -> `{"terminals": [...]}`: every
 /// booth with its presence across the instances (connected displays, since
 /// when, last acked `seq`, events not yet acked).
+#[utoipa::path(
+    get,
+    path = "/api/terminals",
+    tag = "admin",
+    summary = "Every booth terminal with its displays' presence across the instances.",
+    security(("operator" = [])),
+    params(("experience" = Option<String>, Query, description = "Only the terminals of this experience (slug).")),
+    responses(
+        (status = 200, description = "The terminals.", body = super::openapi::TerminalList),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the query could not be read.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn list_terminals(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -241,6 +329,19 @@ pub struct OperatorSocketQuery {
 
 /// `GET /ws/operators?token=`: the live `stats` frames. A wrong token is
 /// answered 401 before the upgrade.
+#[utoipa::path(
+    get,
+    path = "/ws/operators",
+    tag = "websockets",
+    summary = "The operators' live socket: `stats` and saga frames (see the description).",
+    params(("token" = String, Query, description = "The operator token (browsers' WebSocket API sends no header).")),
+    responses(
+        (status = 101, description = "Switching Protocols: the socket is open (JSON text frames, see the description)."),
+        (status = 401, description = "`unauthorized`: the token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path or query could not be read.", body = super::openapi::ErrorBody),
+        (status = 426, description = "`upgrade_required`: the request is not a WebSocket handshake.", body = super::openapi::ErrorBody, headers(("Upgrade" = String, description = "`websocket`"))),
+    )
+)]
 pub async fn operator_socket(
     state: web::Data<AppState>,
     query: web::Query<OperatorSocketQuery>,
@@ -254,7 +355,8 @@ pub async fn operator_socket(
     if !token_ok {
         return Err(ApiError::Unauthorized("an operator token is required").into());
     }
-    let (response, session, stream) = actix_ws::handle(&req, body)?;
+    let (response, session, stream) =
+        actix_ws::handle(&req, body).map_err(ApiError::not_a_handshake)?;
     let socket = OperatorSocket::new(state.operators.clone(), session, state.display_heartbeat);
     OperatorSocket::create(|ctx| {
         use actix::AsyncContext;

@@ -1,7 +1,10 @@
 //! Who is asking: bearer tokens of operators, participants (their session
 //! token) and terminals.
 
-use actix_web::HttpRequest;
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use actix_web::{web, Error, HttpRequest};
 
 use super::error::ApiError;
 use super::AppState;
@@ -39,6 +42,26 @@ pub fn require_operator(state: &AppState, req: &HttpRequest) -> Result<(), ApiEr
         Err(ApiError::Unauthorized(
             "an operator bearer token is required",
         ))
+    }
+}
+
+/// Middleware of the operator endpoints: 401 without the operator token,
+/// before any other check (path, query, body), so that nothing else is
+/// answered to a caller who is not an operator.
+pub async fn operator_only(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
+    let allowed = req
+        .app_data::<web::Data<AppState>>()
+        .map(|state| require_operator(state, req.request()));
+    match allowed {
+        Some(Ok(())) => Ok(next.call(req).await?.map_into_left_body()),
+        Some(Err(e)) => Ok(req.error_response(e).map_into_right_body()),
+        None => {
+            let e = ApiError::Internal("the application state is missing".into());
+            Ok(req.error_response(e).map_into_right_body())
+        }
     }
 }
 

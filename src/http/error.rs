@@ -1,12 +1,12 @@
 //! The one error type of the HTTP layer and its mapping to status codes and
 //! the JSON shape `{"error": "<code>", "message": "<human text>"}`.
 
-use actix_web::http::StatusCode;
+use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 
 use crate::domain::saga::TransitionError;
-use crate::store::StoreError;
+use crate::store::{DbFailure, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -18,12 +18,18 @@ pub enum ApiError {
     PayloadTooLarge(usize),
     #[error("an Idempotency-Key header of 1 to 255 characters is required")]
     IdempotencyKeyRequired,
+    #[error("an Idempotency-Key on a request without a caller token must carry at least 122 random bits: send a UUID, or 32 or more hex digits")]
+    IdempotencyKeyTooWeak,
     #[error("this Idempotency-Key was used with a different request body")]
     IdempotencyKeyReused,
     #[error("a request with this Idempotency-Key is still in progress")]
     RequestInProgress,
     #[error("this session has already submitted")]
     AlreadySubmitted,
+    #[error("this experience has no credits left for a submission")]
+    BudgetExhausted,
+    #[error("this experience is closing and takes no more submissions")]
+    Closing,
     #[error("{0}")]
     Unauthorized(&'static str),
     #[error("{0} not found")]
@@ -34,8 +40,18 @@ pub enum ApiError {
     Unsupported(String),
     #[error("the database is not reachable right now")]
     Unavailable,
+    #[error("the database is busy; try again in a moment")]
+    Busy,
     #[error("internal error")]
     Internal(String),
+    #[error("too many requests; retry after {retry_after} s")]
+    RateLimited { retry_after: u64 },
+    #[error("this path answers only {allow}")]
+    MethodNotAllowed { allow: String },
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("this is a WebSocket endpoint: {0}")]
+    UpgradeRequired(String),
 }
 
 impl ApiError {
@@ -45,16 +61,48 @@ impl ApiError {
             ApiError::Validation(_) => "validation_failed",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::IdempotencyKeyRequired => "idempotency_key_required",
+            ApiError::IdempotencyKeyTooWeak => "idempotency_key_too_weak",
             ApiError::IdempotencyKeyReused => "idempotency_key_reused",
             ApiError::RequestInProgress => "request_in_progress",
             ApiError::AlreadySubmitted => "already_submitted",
+            ApiError::BudgetExhausted => "budget_exhausted",
+            ApiError::Closing => "closing",
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict(_) => "conflict",
             ApiError::Unsupported(_) => "unsupported",
             ApiError::Unavailable => "unavailable",
+            ApiError::Busy => "busy",
             ApiError::Internal(_) => "internal",
+            ApiError::RateLimited { .. } => "rate_limited",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::UpgradeRequired(_) => "upgrade_required",
         }
+    }
+
+    /// Whether this answer is about the request itself, so the same request
+    /// would get it again: only such answers are stored under an
+    /// Idempotency-Key and replayed (with the successes). Answers about the
+    /// moment (401, 402, 409 other than `already_submitted`, 429, 5xx)
+    /// release the key, so a retry runs again.
+    pub fn is_final_for_request(&self) -> bool {
+        matches!(
+            self,
+            ApiError::InvalidJson(_)
+                | ApiError::Validation(_)
+                | ApiError::PayloadTooLarge(_)
+                | ApiError::UnsupportedMediaType(_)
+                | ApiError::NotFound(_)
+                | ApiError::AlreadySubmitted
+                | ApiError::Unsupported(_)
+        )
+    }
+
+    /// A request to a WebSocket endpoint that is no WebSocket handshake
+    /// (`actix_ws::handle`'s error).
+    pub fn not_a_handshake(e: impl std::fmt::Display) -> ApiError {
+        ApiError::UpgradeRequired(e.to_string())
     }
 
     /// The JSON body of this error.
@@ -66,7 +114,9 @@ impl ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::InvalidJson(_) | ApiError::IdempotencyKeyRequired => StatusCode::BAD_REQUEST,
+            ApiError::InvalidJson(_)
+            | ApiError::IdempotencyKeyRequired
+            | ApiError::IdempotencyKeyTooWeak => StatusCode::BAD_REQUEST,
             ApiError::Validation(_) | ApiError::IdempotencyKeyReused | ApiError::Unsupported(_) => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
@@ -74,10 +124,16 @@ impl ResponseError for ApiError {
             ApiError::RequestInProgress | ApiError::AlreadySubmitted | ApiError::Conflict(_) => {
                 StatusCode::CONFLICT
             }
+            ApiError::BudgetExhausted => StatusCode::PAYMENT_REQUIRED,
+            ApiError::Closing => StatusCode::CONFLICT,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable | ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::UpgradeRequired(_) => StatusCode::UPGRADE_REQUIRED,
         }
     }
 
@@ -85,7 +141,23 @@ impl ResponseError for ApiError {
         if let ApiError::Internal(detail) = self {
             tracing::error!(%detail, "request failed");
         }
-        HttpResponse::build(self.status_code()).json(self.body())
+        let mut response = HttpResponse::build(self.status_code());
+        match self {
+            ApiError::RateLimited { retry_after } => {
+                response.insert_header((header::RETRY_AFTER, retry_after.to_string()));
+            }
+            ApiError::MethodNotAllowed { allow } => {
+                response.insert_header((header::ALLOW, allow.as_str()));
+            }
+            ApiError::UpgradeRequired(_) => {
+                response.insert_header((header::UPGRADE, "websocket"));
+            }
+            ApiError::Unavailable | ApiError::Busy => {
+                response.insert_header((header::RETRY_AFTER, "1"));
+            }
+            _ => {}
+        }
+        response.json(self.body())
     }
 }
 
@@ -94,6 +166,8 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::NotFound(what) => ApiError::NotFound(what),
             StoreError::AlreadySubmitted => ApiError::AlreadySubmitted,
+            StoreError::BudgetExhausted => ApiError::BudgetExhausted,
+            StoreError::Closing => ApiError::Closing,
             StoreError::Conflict(message) => ApiError::Conflict(message),
             // An operator's action on a saga that moved on (the workers'
             // own writes never reach HTTP).
@@ -101,9 +175,11 @@ impl From<StoreError> for ApiError {
                 ApiError::Conflict(detail)
             }
             StoreError::Transition(e) => ApiError::Conflict(e.to_string()),
-            StoreError::Db(sea_orm::DbErr::ConnectionAcquire(_))
-            | StoreError::Db(sea_orm::DbErr::Conn(_)) => ApiError::Unavailable,
-            other => ApiError::Internal(other.to_string()),
+            other => match other.failure() {
+                DbFailure::Transient => ApiError::Busy,
+                DbFailure::Unavailable => ApiError::Unavailable,
+                DbFailure::Duplicate | DbFailure::Other => ApiError::Internal(other.to_string()),
+            },
         }
     }
 }

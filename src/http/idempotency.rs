@@ -1,10 +1,20 @@
 //! The Idempotency-Key rules, in one place: same key and same body after
 //! completion -> the stored answer again (`Idempotent-Replayed: true`); same
 //! key still running -> 409 `request_in_progress` at once; same key, other
-//! body -> 422 `idempotency_key_reused`. Keys are scoped (per session token,
-//! per operator) and expire after 24 h. Submissions apply the same rules
-//! through their batch ([`answer_taken`]); the other endpoints through
-//! [`run_idempotent`].
+//! body -> 422 `idempotency_key_reused`. Keys are scoped per caller and
+//! endpoint (the session token for submissions, the operator token and path
+//! for operators, the path alone where there is no caller token, and there
+//! the key must carry 122 random bits: [`strong_anonymous_key`]) and expire
+//! after 24 h. A request holds its key for its lease
+//! ([`crate::store::idempotency::KEY_LEASE_MS`]); a request that died
+//! leaves the key to the next retry after that.
+//!
+//! What is stored and replayed: successes, and client errors that are about
+//! the request itself ([`ApiError::is_final_for_request`]). Answers about
+//! the moment (401, 402, a 409 conflict, 429, 503, 5xx) release the key.
+//!
+//! Submissions apply the same rules through their batch
+//! ([`answer_taken`]); the other endpoints through [`run_idempotent`].
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
@@ -14,6 +24,7 @@ use super::body::request_hash;
 use super::error::ApiError;
 use super::AppState;
 use crate::store::idempotency::{KeyClaim, KeyRequest, StoredAnswer};
+use crate::store::{retry_transient, transient_backoff, TRANSIENT_RETRIES};
 
 pub const HEADER: &str = "Idempotency-Key";
 pub const REPLAYED: &str = "Idempotent-Replayed";
@@ -67,13 +78,25 @@ impl ApiError {
     }
 }
 
-/// The key of a request in its scope, with the hash of its body.
+/// The key of a request in its scope, with the hash of its body and a new
+/// owner id for this request.
 pub fn key_request(scope: &str, key: &str, body: &[u8]) -> KeyRequest {
     KeyRequest {
         scope: scope.to_owned(),
         key: key.to_owned(),
         request_hash: request_hash(body),
+        owner: crate::store::new_id(),
     }
+}
+
+/// Whether a key sent without a caller token is unguessable: a UUID, or 32
+/// or more hex digits (at least 122 random bits when made at random). With
+/// no caller token the key itself is what keeps one caller's answer (a new
+/// participant token) from another: a guessable key such as `1` is refused.
+pub fn strong_anonymous_key(key: &str) -> bool {
+    let hex_digits = key.chars().filter(char::is_ascii_hexdigit).count();
+    let all_hex = key.chars().all(|c| c.is_ascii_hexdigit());
+    uuid::Uuid::try_parse(key).is_ok() || (all_hex && hex_digits >= 32)
 }
 
 /// The answer to a request whose key was taken before: the stored answer
@@ -88,9 +111,33 @@ pub fn answer_taken(claim: KeyClaim) -> Option<Result<(Reply, bool), ApiError>> 
     }
 }
 
+/// Runs `handler`, again after a transient database error (up to
+/// [`TRANSIENT_RETRIES`] times, with backoff and jitter), then answers
+/// 503 `busy` with `Retry-After`. The handler must be safe to repeat after
+/// such an error: its transaction was rolled back.
+async fn with_transient_retry<F, Fut>(mut handler: F) -> Result<Reply, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Reply, ApiError>>,
+{
+    let mut retry = 0;
+    loop {
+        match handler().await {
+            Err(ApiError::Busy) if retry < TRANSIENT_RETRIES => {
+                tokio::time::sleep(transient_backoff(retry, rand::random::<f64>())).await;
+                retry += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Runs `handler` under the key rules (or plainly when `key` is None).
-/// Client errors (4xx) are stored and replayed like successes; a server
-/// error forgets the key so the client may retry.
+/// Successes and answers about the request itself are stored and
+/// replayed; any other error releases the key so the client may retry.
+/// When storing the answer fails after the handler's change committed, the
+/// answer still tells what happened (the key is free again after its
+/// lease).
 pub async fn run_idempotent<F, Fut>(
     state: &AppState,
     scope: &str,
@@ -99,37 +146,40 @@ pub async fn run_idempotent<F, Fut>(
     handler: F,
 ) -> Result<(Reply, bool), ApiError>
 where
-    F: FnOnce() -> Fut,
+    F: FnMut() -> Fut,
     Fut: Future<Output = Result<Reply, ApiError>>,
 {
     let Some(key) = key else {
-        return handler().await.map(|r| (r, false));
+        return with_transient_retry(handler).await.map(|r| (r, false));
     };
     let key = key_request(scope, &key, body);
     let now = state.clock.now_ms();
-    let claim = state
-        .store
-        .claim_key(&key.scope, &key.key, &key.request_hash, now, KEY_TTL_MS)
-        .await?;
+    let claim = retry_transient(|| state.store.claim_key(&key, now, KEY_TTL_MS)).await?;
     if let Some(answer) = answer_taken(claim) {
         return answer;
     }
-    match handler().await {
-        Ok(reply) => {
-            state.store.finish_key(&key, &reply.stored()).await?;
-            Ok((reply, false))
+    let outcome = with_transient_retry(handler).await;
+    let stored = match &outcome {
+        Ok(reply) => Some(reply.stored()),
+        Err(e) if e.is_final_for_request() => Some(e.stored()),
+        Err(_) => None,
+    };
+    let recorded = match &stored {
+        Some(answer) => retry_transient(|| state.store.finish_key(&key, answer)).await,
+        None => {
+            let keys = [&key];
+            retry_transient(|| state.store.release_keys(&keys)).await
         }
-        Err(e) if e.status_code().is_client_error() => {
-            state.store.finish_key(&key, &e.stored()).await?;
-            Err(e)
-        }
-        Err(e) => {
-            if let Err(release) = state.store.release_keys(&[&key]).await {
-                tracing::error!(error = %release, "could not release an idempotency key");
-            }
-            Err(e)
-        }
+    };
+    if let Err(e) = recorded {
+        tracing::error!(
+            error = %e,
+            scope = %key.scope,
+            "could not record the outcome of an Idempotency-Key; answering what happened, \
+             the key is free again after its lease"
+        );
     }
+    outcome.map(|reply| (reply, false))
 }
 
 /// Builds the HTTP answer for a reply, marking replays; `location` is added

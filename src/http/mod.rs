@@ -7,16 +7,22 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod idempotency;
+pub mod openapi;
 pub mod operators;
 pub mod pages;
 pub mod participants;
+pub mod rate_limit;
 pub mod request_log;
 pub mod service;
 pub mod submissions;
 pub mod terminals;
 
 use actix::Addr;
-use actix_web::web;
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::Method;
+use actix_web::middleware::{from_fn, Next};
+use actix_web::{guard, web, HttpResponse, Resource, Route};
 
 use crate::actors::operator_hub::OperatorHub;
 use crate::actors::persistence::PersistenceActor;
@@ -53,6 +59,8 @@ pub struct AppState {
     pub operators: Addr<OperatorHub>,
     /// Base URL of the participant pages, encoded in QR codes.
     pub public_url: String,
+    /// Session creation and submission rate limits.
+    pub limits: std::sync::Arc<rate_limit::RateLimits>,
 }
 
 impl AppState {
@@ -80,7 +88,15 @@ impl AppState {
     }
 }
 
+/// Every route. Each path is one [`Endpoint`]: a method it does not
+/// answer gets 405 `method_not_allowed` with `Allow`; an unknown path gets
+/// the JSON 404. Operator endpoints check the operator token before
+/// anything else; endpoints with a JSON body refuse other media types
+/// (415); session creation and submission are rate limited (429).
 pub fn routes(cfg: &mut web::ServiceConfig) {
+    use auth::operator_only;
+    use body::json_only;
+    use rate_limit::{per_client, per_session};
     // Malformed query strings and paths answer in the same JSON shape.
     cfg.app_data(
         web::QueryConfig::default()
@@ -89,62 +105,205 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .app_data(
         web::PathConfig::default().error_handler(|e, _| ApiError::Validation(e.to_string()).into()),
     )
-    .route("/healthz", web::get().to(service::healthz))
-    .route("/readyz", web::get().to(service::readyz))
-    .route(
-        "/api/experiences",
-        web::post().to(operators::create_experience),
+    .service(
+        Endpoint::new("/healthz")
+            .get(web::to(service::healthz))
+            .build(),
     )
-    .route(
-        "/api/experiences",
-        web::get().to(operators::list_experiences),
+    .service(
+        Endpoint::new("/readyz")
+            .get(web::to(service::readyz))
+            .build(),
     )
-    .route(
-        "/api/experiences/{slug}",
-        web::get().to(operators::get_experience),
+    .service(
+        Endpoint::new("/api/openapi.json")
+            .get(web::to(openapi::openapi_json))
+            .build(),
     )
-    .route(
-        "/api/experiences/{slug}/qr.svg",
-        web::get().to(operators::qr_svg),
+    .service(
+        Endpoint::new("/api/experiences")
+            .get(web::to(operators::list_experiences))
+            .post(
+                web::to(operators::create_experience)
+                    .wrap(from_fn(json_only))
+                    .wrap(from_fn(operator_only)),
+            )
+            .build(),
     )
-    .route("/api/terminals", web::post().to(operators::create_terminal))
-    .route("/api/terminals", web::get().to(admin::list_terminals))
-    .route("/api/admin/sagas", web::get().to(admin::list_sagas))
-    .route("/api/admin/sagas/{id}", web::get().to(admin::get_saga))
-    .route(
-        "/api/admin/sagas/{id}/retry",
-        web::post().to(admin::retry_saga),
+    .service(
+        Endpoint::new("/api/experiences/{slug}")
+            .get(web::to(operators::get_experience))
+            .build(),
     )
-    .route(
-        "/api/admin/sagas/{id}/cancel",
-        web::post().to(admin::cancel_saga),
+    .service(
+        Endpoint::new("/api/experiences/{slug}/qr.svg")
+            .get(web::to(operators::qr_svg))
+            .build(),
     )
-    .route("/ws/operators", web::get().to(admin::operator_socket))
-    .route(
-        "/api/experiences/{slug}/sessions",
-        web::post().to(participants::create_session),
+    .service(
+        Endpoint::new("/api/terminals")
+            .get(web::to(admin::list_terminals).wrap(from_fn(operator_only)))
+            .post(
+                web::to(operators::create_terminal)
+                    .wrap(from_fn(json_only))
+                    .wrap(from_fn(operator_only)),
+            )
+            .build(),
     )
-    .route(
-        "/api/experiences/{slug}/ranking",
-        web::get().to(participants::ranking),
+    .service(
+        Endpoint::new("/api/admin/sagas")
+            .get(web::to(admin::list_sagas).wrap(from_fn(operator_only)))
+            .build(),
     )
-    .route(
-        "/api/sessions/{id}/submission",
-        web::post().to(submissions::submit),
+    .service(
+        Endpoint::new("/api/admin/sagas/{id}")
+            .get(web::to(admin::get_saga).wrap(from_fn(operator_only)))
+            .build(),
     )
-    .route(
-        "/api/sessions/{id}",
-        web::get().to(participants::get_session),
+    .service(
+        Endpoint::new("/api/admin/sagas/{id}/retry")
+            .post(web::to(admin::retry_saga).wrap(from_fn(operator_only)))
+            .build(),
     )
-    .route(
-        "/ws/terminals/{id}",
-        web::get().to(terminals::terminal_socket),
+    .service(
+        Endpoint::new("/api/admin/sagas/{id}/cancel")
+            .post(web::to(admin::cancel_saga).wrap(from_fn(operator_only)))
+            .build(),
     )
-    .route("/", web::get().to(pages::index))
-    .route("/p/{slug}", web::get().to(pages::participant))
-    .route("/terminal/{id}", web::get().to(pages::terminal))
-    .route("/ops", web::get().to(pages::ops))
-    .route("/static/{name}", web::get().to(pages::static_file))
-    .route("/i18n/{name}", web::get().to(pages::i18n))
+    // The token comes in the query (browsers' WebSocket API sends no
+    // header); the handler checks it.
+    .service(
+        Endpoint::new("/ws/operators")
+            .get(web::to(admin::operator_socket))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/experiences/{slug}/sessions")
+            .post(
+                web::to(participants::create_session)
+                    .wrap(from_fn(json_only))
+                    .wrap(from_fn(per_client)),
+            )
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/experiences/{slug}/ranking")
+            .get(web::to(participants::ranking))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/sessions/{id}/submission")
+            .post(
+                web::to(submissions::submit)
+                    .wrap(from_fn(json_only))
+                    .wrap(from_fn(per_session)),
+            )
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/sessions/{id}")
+            .get(web::to(participants::get_session))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/ws/terminals/{id}")
+            .get(web::to(terminals::terminal_socket))
+            .build(),
+    )
+    .service(Endpoint::new("/").get(web::to(pages::index)).build())
+    .service(
+        Endpoint::new("/p/{slug}")
+            .get(web::to(pages::participant))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/terminal/{id}")
+            .get(web::to(pages::terminal))
+            .build(),
+    )
+    .service(Endpoint::new("/ops").get(web::to(pages::ops)).build())
+    .service(
+        Endpoint::new("/static/{name}")
+            .get(web::to(pages::static_file))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/i18n/{name}")
+            .get(web::to(pages::i18n))
+            .build(),
+    )
     .default_service(web::to(service::not_found));
+}
+
+/// Middleware of every route, outermost: an encoded NUL (`%00`) in the
+/// path names nothing (404), in the query it is no valid value (422). No id,
+/// slug or filter needs one, and PostgreSQL cannot compare text with it.
+async fn refuse_nul(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let uri = req.uri();
+    let refused = if uri.path().contains("%00") {
+        Some(ApiError::NotFound("resource"))
+    } else if uri.query().is_some_and(|q| q.contains("%00")) {
+        Some(ApiError::Validation(
+            "query parameters must not contain NUL characters".into(),
+        ))
+    } else {
+        None
+    };
+    match refused {
+        Some(e) => Ok(req.error_response(e).map_into_right_body()),
+        None => Ok(next.call(req).await?.map_into_left_body()),
+    }
+}
+
+/// One path and the methods it answers; any other method is answered 405
+/// `method_not_allowed` with `Allow` listing these.
+pub struct Endpoint {
+    resource: Resource,
+    allow: Vec<Method>,
+}
+
+impl Endpoint {
+    pub fn new(path: &str) -> Endpoint {
+        Endpoint {
+            resource: web::resource(path),
+            allow: Vec::new(),
+        }
+    }
+
+    /// GET, and HEAD with it (the same answer without its body).
+    pub fn get(self, route: Route) -> Endpoint {
+        self.methods(&[Method::GET, Method::HEAD], route)
+    }
+
+    pub fn post(self, route: Route) -> Endpoint {
+        self.methods(&[Method::POST], route)
+    }
+
+    fn methods(mut self, methods: &[Method], route: Route) -> Endpoint {
+        let any = methods.iter().skip(1).fold(
+            guard::Any(guard::Method(methods[0].clone())),
+            |any, method| any.or(guard::Method(method.clone())),
+        );
+        self.resource = self
+            .resource
+            .route(route.wrap(from_fn(refuse_nul)).guard(any));
+        self.allow.extend_from_slice(methods);
+        self
+    }
+
+    pub fn build(self) -> Resource {
+        let allow = self
+            .allow
+            .iter()
+            .map(Method::as_str)
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.resource.default_service(web::to(move || {
+            let allow = allow.clone();
+            async move { Err::<HttpResponse, _>(ApiError::MethodNotAllowed { allow }) }
+        }))
+    }
 }

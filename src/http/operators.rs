@@ -19,30 +19,52 @@ use crate::store::experiences::NewExperience;
 
 const KINDS: [&str; 5] = ["comic", "image", "video", "music", "score"];
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ExperienceBody {
+    /// 1 to 64 of `a-z`, `0-9` and `-`; unique.
+    #[schema(pattern = "^[a-z0-9-]{1,64}$")]
     slug: String,
+    /// 1 to 200 characters (after trimming).
+    #[schema(min_length = 1, max_length = 200, example = "Four-panel comics")]
     title: String,
+    #[schema(value_type = crate::http::openapi::Kind)]
     kind: String,
+    /// AI calls per submission (fan-out); only 1 is available yet (422
+    /// `unsupported` otherwise). Default 1.
     #[serde(default)]
+    #[schema(minimum = 1)]
     ai_calls: Option<i32>,
+    /// Calls that must succeed, 1 to `ai_calls`; default all.
     #[serde(default)]
+    #[schema(minimum = 1)]
     min_success: Option<i32>,
+    /// AI jobs in flight at most for this experience, 1 to 10,000; default 5.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 10000)]
     max_in_flight: Option<i32>,
+    /// Credits for submissions (each deducts `ai_calls`); null: unlimited.
     #[serde(default)]
+    #[schema(minimum = 0)]
     credits: Option<i64>,
+    /// RFC 3339 time after which submissions are refused (409 `closing`).
     #[serde(default)]
+    #[schema(format = DateTime)]
     closes_at: Option<String>,
+    /// Language of the human messages and page texts; default `en`.
     #[serde(default)]
+    #[schema(value_type = Option<crate::domain::locale::Locale>)]
     locale: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct TerminalBody {
+    /// The experience's slug.
+    #[schema(example = "comic-booth")]
     experience: String,
+    /// 1 to 80 characters (after trimming).
+    #[schema(min_length = 1, max_length = 80, example = "Booth A")]
     name: String,
 }
 
@@ -131,6 +153,22 @@ fn experience_json(e: &experiences::Model) -> serde_json::Value {
 }
 
 /// `POST /api/experiences`
+#[utoipa::path(
+    post,
+    path = "/api/experiences",
+    tag = "operators",
+    summary = "Create an experience.",
+    security(("operator" = [])),
+    params(super::openapi::OperatorKey),
+    request_body = ExperienceBody,
+    responses(
+        (status = 201, description = "Created (or the replay of an earlier creation).", body = super::openapi::Experience, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 409, description = "`conflict`: the slug is taken; `request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: a field breaks its rule; `unsupported`: `ai_calls` other than 1; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn create_experience(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -168,6 +206,16 @@ fn public_experience_json(e: &experiences::Model) -> serde_json::Value {
 
 /// `GET /api/experiences`: every field with the operator token; without
 /// it, what the public pages show (slug, title, kind, locale, closes_at).
+#[utoipa::path(
+    get,
+    path = "/api/experiences",
+    tag = "operators",
+    summary = "List the experiences: every field with the operator token, the public ones without.",
+    security((), ("operator" = [])),
+    responses(
+        (status = 200, description = "The experiences.", body = super::openapi::ExperienceList),
+    )
+)]
 pub async fn list_experiences(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -188,6 +236,19 @@ pub async fn list_experiences(
 }
 
 /// `GET /api/experiences/{slug}`: like one item of the list.
+#[utoipa::path(
+    get,
+    path = "/api/experiences/{slug}",
+    tag = "operators",
+    summary = "One experience, like one item of the list.",
+    security((), ("operator" = [])),
+    params(("slug" = String, Path, description = "The experience's slug.")),
+    responses(
+        (status = 200, description = "The experience.", body = super::openapi::ExperienceView),
+        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn get_experience(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -210,6 +271,22 @@ pub struct QrQuery {
 /// `GET /api/experiences/{slug}/qr.svg?terminal=ID`: the QR code a booth
 /// shows, encoding `{STAGEHAND_PUBLIC_URL}/p/{slug}?terminal={ID}`. Public:
 /// it encodes nothing secret, and the booth page shows it in an `<img>`.
+#[utoipa::path(
+    get,
+    path = "/api/experiences/{slug}/qr.svg",
+    tag = "operators",
+    summary = "The QR code participants scan at a booth (public).",
+    description = "An SVG encoding `{STAGEHAND_PUBLIC_URL}/p/{slug}?terminal={terminal}` (without `?terminal=` when no terminal is given). It encodes nothing secret.",
+    params(
+        ("slug" = String, Path, description = "The experience's slug."),
+        ("terminal" = Option<String>, Query, description = "A terminal of this experience: the participant's page then names that booth."),
+    ),
+    responses(
+        (status = 200, description = "The QR code.", content_type = "image/svg+xml", body = String),
+        (status = 404, description = "`not_found`: no such experience, or the terminal is not one of its terminals.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path or query could not be read.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn qr_svg(
     state: web::Data<AppState>,
     slug: web::Path<String>,
@@ -241,6 +318,23 @@ pub async fn qr_svg(
 }
 
 /// `POST /api/terminals` -> 201 `{"terminal_id", "token"}`
+#[utoipa::path(
+    post,
+    path = "/api/terminals",
+    tag = "operators",
+    summary = "Create a terminal (a booth display) of an experience.",
+    security(("operator" = [])),
+    params(super::openapi::OperatorKey),
+    request_body = TerminalBody,
+    responses(
+        (status = 201, description = "Created (or the replay of an earlier creation); the token is shown this once.", body = super::openapi::TerminalCreated, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
+        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: a field breaks its rule; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn create_terminal(
     state: web::Data<AppState>,
     req: HttpRequest,

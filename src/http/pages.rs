@@ -36,21 +36,51 @@ fn page(text: &'static str) -> HttpResponse {
         .body(text)
 }
 
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "pages",
+    summary = "The experiences (start page).",
+    responses((status = 200, description = "The page.", content_type = "text/html", body = String))
+)]
 pub async fn index() -> HttpResponse {
     page(include_str!("../../static/index.html"))
 }
 
 /// `/p/{slug}`: the page checks the experience itself and says when it is
 /// unknown.
+#[utoipa::path(
+    get,
+    path = "/p/{slug}",
+    tag = "pages",
+    summary = "The participant's phone page (a QR code opens it).",
+    params(("slug" = String, Path, description = "The experience's slug; the page says when it is unknown.")),
+    responses((status = 200, description = "The page.", content_type = "text/html", body = String))
+)]
 pub async fn participant() -> HttpResponse {
     page(include_str!("../../static/participant.html"))
 }
 
 /// `/terminal/{id}`: the token comes in the URL fragment, never to us.
+#[utoipa::path(
+    get,
+    path = "/terminal/{id}",
+    tag = "pages",
+    summary = "A booth display (its token comes in the URL fragment).",
+    params(("id" = String, Path, description = "The terminal's id.")),
+    responses((status = 200, description = "The page.", content_type = "text/html", body = String))
+)]
 pub async fn terminal() -> HttpResponse {
     page(include_str!("../../static/terminal.html"))
 }
 
+#[utoipa::path(
+    get,
+    path = "/ops",
+    tag = "pages",
+    summary = "The operators' dashboard.",
+    responses((status = 200, description = "The page.", content_type = "text/html", body = String))
+)]
 pub async fn ops() -> HttpResponse {
     page(include_str!("../../static/ops.html"))
 }
@@ -70,11 +100,33 @@ fn asset(name: &str, dir_is_i18n: bool) -> Result<HttpResponse, ApiError> {
 }
 
 /// `/static/{name}`
+#[utoipa::path(
+    get,
+    path = "/static/{name}",
+    tag = "pages",
+    summary = "A script or the style sheet of the pages.",
+    params(("name" = String, Path, description = "`app.css`, `app.js`, `participant.js`, `terminal.js` or `ops.js`.")),
+    responses(
+        (status = 200, description = "The file.", content(("text/css"), ("text/javascript"))),
+        (status = 404, description = "`not_found`: no such file.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn static_file(name: web::Path<String>) -> Result<HttpResponse, ApiError> {
     asset(&name, false)
 }
 
 /// `/i18n/{name}`: `en.json`, `ko.json`.
+#[utoipa::path(
+    get,
+    path = "/i18n/{name}",
+    tag = "pages",
+    summary = "The texts of one language, as a JSON object of key to text.",
+    params(("name" = String, Path, description = "`en.json` or `ko.json`.")),
+    responses(
+        (status = 200, description = "The table.", body = std::collections::BTreeMap<String, String>),
+        (status = 404, description = "`not_found`: no such language.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn i18n(name: web::Path<String>) -> Result<HttpResponse, ApiError> {
     asset(&name, true)
 }

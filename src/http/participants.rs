@@ -10,7 +10,7 @@ use serde_json::json;
 use super::auth::{new_secret, require_session};
 use super::body::{parse_json, read_body};
 use super::error::ApiError;
-use super::idempotency::{key_of, respond, run_idempotent, Reply};
+use super::idempotency::{key_of, respond, run_idempotent, strong_anonymous_key, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::domain::locale::Locale;
@@ -21,18 +21,26 @@ use crate::store::submissions::Submission;
 const NICKNAME_MAX: usize = 40;
 const PROMPT_MAX: usize = 2_000;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewSession {
+    /// 1 to 40 characters (after trimming), no control characters.
+    #[schema(min_length = 1, max_length = 40, example = "alice")]
     nickname: String,
+    /// The booth the participant scanned; a terminal of this experience.
     #[serde(default)]
+    #[schema(format = Uuid)]
     terminal_id: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SubmissionBody {
+    /// 1 to 2,000 characters, not only whitespace.
+    #[schema(min_length = 1, max_length = 2000, example = "a cat surfing at sunset")]
     prompt: String,
+    /// The participant's own score (a finite number); ranked instead of
+    /// the AI result's score when given.
     #[serde(default)]
     score: Option<f64>,
 }
@@ -72,6 +80,25 @@ pub(super) fn validate_submission(body: SubmissionBody) -> Result<Submission, Ap
 }
 
 /// `POST /api/experiences/{slug}/sessions`
+#[utoipa::path(
+    post,
+    path = "/api/experiences/{slug}/sessions",
+    tag = "participants",
+    summary = "Open a session (anonymous): returns the participant token, once.",
+    params(
+        ("slug" = String, Path, description = "The experience's slug."),
+        super::openapi::SessionKey,
+    ),
+    request_body = NewSession,
+    responses(
+        (status = 201, description = "Opened (or the replay of an earlier creation with the same key and body).", body = super::openapi::SessionCreated, headers(("Location" = String, description = "`/api/sessions/{session_id}`."), ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed; `idempotency_key_too_weak`: it carries fewer than 122 random bits.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
+        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the nickname breaks its rule, or `terminal_id` is not a terminal of this experience; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 429, description = "`rate_limited`: too many sessions from this client address.", body = super::openapi::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 pub async fn create_session(
     state: web::Data<AppState>,
     slug: web::Path<String>,
@@ -79,8 +106,13 @@ pub async fn create_session(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let key = key_of(&req)?;
+    // No caller token here: the key alone keeps one phone's answer (its
+    // participant token) from another, so it must be unguessable.
+    if key.as_deref().is_some_and(|k| !strong_anonymous_key(k)) {
+        return Err(ApiError::IdempotencyKeyTooWeak);
+    }
     let body = read_body(payload).await?;
-    let scope = format!("sessions:{slug}");
+    let scope = format!("anonymous {}", req.path());
     let (reply, replayed) = run_idempotent(&state, &scope, key, &body, || async {
         let new: NewSession = parse_json(&body)?;
         let nickname = validate_nickname(&new.nickname)?;
@@ -121,6 +153,20 @@ pub async fn create_session(
 }
 
 /// `GET /api/sessions/{id}` (participant or operator token).
+#[utoipa::path(
+    get,
+    path = "/api/sessions/{id}",
+    tag = "participants",
+    summary = "A session's status, and its result once COMPLETED.",
+    security(("participant" = []), ("operator" = [])),
+    params(("id" = String, Path, description = "The session's id.")),
+    responses(
+        (status = 200, description = "The session.", body = super::openapi::SessionView),
+        (status = 401, description = "`unauthorized`: no bearer token, or one that does not open this session.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such session.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read.", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn get_session(
     state: web::Data<AppState>,
     id: web::Path<String>,
@@ -179,6 +225,21 @@ pub struct RankingQuery {
 }
 
 /// `GET /api/experiences/{slug}/ranking?limit=N` (public; 1..=100, default 10).
+#[utoipa::path(
+    get,
+    path = "/api/experiences/{slug}/ranking",
+    tag = "participants",
+    summary = "The experience's ranking, best first (public).",
+    params(
+        ("slug" = String, Path, description = "The experience's slug."),
+        ("limit" = Option<u64>, Query, description = "Entries, default 10; values outside 1 to 100 are clamped."),
+    ),
+    responses(
+        (status = 200, description = "The ranking.", body = super::openapi::Ranking),
+        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path or query could not be read (e.g. a limit that is not a non-negative integer).", body = super::openapi::ErrorBody),
+    )
+)]
 pub async fn ranking(
     state: web::Data<AppState>,
     slug: web::Path<String>,

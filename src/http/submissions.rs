@@ -1,10 +1,13 @@
 //! The submission desk: `POST /api/sessions/{id}/submission`, group-committed.
 //! Requests that arrive together are checked and written as one batch: one
 //! statement reads their sessions, then [`Store::submit_batch`] takes their
-//! Idempotency-Keys and, in one transaction, starts their sagas and stores
-//! each answer with its key. Each request still gets the answer the
-//! contract gives it alone, with checks in the contract's order:
-//! authentication, the Idempotency-Key rules, the body, the session's state.
+//! Idempotency-Keys and, in one transaction, starts their sagas (taking the
+//! experience's credits) and stores each answer with its key. Each request
+//! still gets the answer the contract gives it alone, with checks in the
+//! contract's order: authentication, the Idempotency-Key rules, the body,
+//! the session's state, then the experience's closing time (409 `closing`)
+//! and credits (402 `budget_exhausted`). The 202 tells where the saga
+//! stands: `queue_position` (1 = next to start) and `eta_seconds`.
 //!
 //! The queue is bounded ([`BatchQueue`]): when it is full, requests wait
 //! for room. One batch is written at a time, so two batches never wait on
@@ -27,8 +30,9 @@ use crate::clock::SharedClock;
 use crate::domain::keys::token_hash;
 use crate::domain::saga::Step;
 use crate::domain::session::SessionStatus;
+use crate::store::idempotency::StoredAnswer;
 use crate::store::submissions::{SubmissionAction, SubmissionOrder, SubmissionOutcome};
-use crate::store::{new_id, Store};
+use crate::store::{new_id, DbFailure, Store};
 
 /// One submission request as it came in.
 pub struct SubmitRequest {
@@ -75,17 +79,14 @@ async fn answer_batch(
     let sessions: HashMap<String, _> = match store.sessions_by_id(&ids).await {
         Ok(found) => found.into_iter().map(|s| (s.id.clone(), s)).collect(),
         Err(e) => {
-            return requests
-                .iter()
-                .map(|_| Err(ApiError::from(store_error(&e))))
-                .collect();
+            return requests.iter().map(|_| Err(store_error(&e))).collect();
         }
     };
     let mut answers: Vec<Option<SubmitAnswer>> = Vec::with_capacity(requests.len());
     let mut orders = Vec::new();
-    // For each order: its request's index, its 202 reply, and the body's
-    // validation error (answered when the order is refused).
-    let mut pending: Vec<(usize, Reply, Option<ApiError>)> = Vec::new();
+    // For each order: its request's index and the body's validation error
+    // (answered when the order is refused).
+    let mut pending: Vec<(usize, Option<ApiError>)> = Vec::new();
     for (i, request) in requests.into_iter().enumerate() {
         let checked = (|| {
             let session = sessions
@@ -109,24 +110,12 @@ async fn answer_batch(
         };
         answers.push(None);
         let key = key_request(&format!("session:{}", session.id), &key, &body);
-        let saga_id = new_id();
-        let accepted = Reply {
-            status: StatusCode::ACCEPTED,
-            body: json!({
-                "session_id": session.id,
-                "saga_id": saga_id,
-                "status": SessionStatus::Submitting.as_str(),
-                "step": Step::AiPending.as_str(),
-            }),
-        };
         let (action, invalid) = match parse_json(&body).and_then(validate_submission) {
             Ok(submission) => (
                 SubmissionAction::Submit {
                     submission,
-                    saga_id,
+                    saga_id: new_id(),
                     deadline_ms,
-                    accepted: accepted.stored(),
-                    refused: ApiError::AlreadySubmitted.stored(),
                 },
                 None,
             ),
@@ -137,28 +126,32 @@ async fn answer_batch(
             key: Some(key),
             action,
         });
-        pending.push((i, accepted, invalid));
+        pending.push((i, invalid));
     }
     if !orders.is_empty() {
-        match store.submit_batch(&orders, now, KEY_TTL_MS).await {
+        match store
+            .submit_batch(&orders, now, KEY_TTL_MS, &stored_answer)
+            .await
+        {
             Ok(outcomes) => {
-                for ((i, accepted, invalid), outcome) in pending.into_iter().zip(outcomes) {
+                for (((i, invalid), order), outcome) in
+                    pending.into_iter().zip(&orders).zip(outcomes)
+                {
                     answers[i] = Some(match outcome {
-                        SubmissionOutcome::Accepted => Ok((accepted, false)),
-                        SubmissionOutcome::AlreadySubmitted => Err(ApiError::AlreadySubmitted),
                         SubmissionOutcome::Refused => Err(invalid.unwrap_or(ApiError::Internal(
                             "a valid submission was refused".into(),
                         ))),
                         SubmissionOutcome::Key(claim) => answer_taken(claim).unwrap_or(Err(
                             ApiError::Internal("a fresh key was not written".into()),
                         )),
+                        decided => decided_reply(order, &decided).map(|reply| (reply, false)),
                     });
                 }
             }
             Err(e) => {
                 tracing::error!(error = %e, requests = pending.len(), "a batch of submissions failed; their keys were released");
-                for (i, _, _) in pending {
-                    answers[i] = Some(Err(ApiError::from(store_error(&e))));
+                for (i, _) in pending {
+                    answers[i] = Some(Err(store_error(&e)));
                 }
             }
         }
@@ -169,14 +162,81 @@ async fn answer_batch(
         .collect()
 }
 
-/// A store error for one of the requests of a failed batch (the error
-/// itself belongs to the batch).
-fn store_error(e: &crate::store::StoreError) -> crate::store::StoreError {
-    crate::store::StoreError::Db(sea_orm::DbErr::Custom(e.to_string()))
+/// The answer to a submission the store decided: 202 with where the saga
+/// stands in the queue (`queue_position`, 1 = next to start, and
+/// `eta_seconds`, null while no estimate is known), or why it was refused.
+fn decided_reply(order: &SubmissionOrder, outcome: &SubmissionOutcome) -> Result<Reply, ApiError> {
+    match (outcome, &order.action) {
+        (SubmissionOutcome::Accepted(admission), SubmissionAction::Submit { saga_id, .. }) => {
+            Ok(Reply {
+                status: StatusCode::ACCEPTED,
+                body: json!({
+                    "session_id": order.session.id,
+                    "saga_id": saga_id,
+                    "status": SessionStatus::Submitting.as_str(),
+                    "step": Step::AiPending.as_str(),
+                    "queue_position": admission.queue_position,
+                    "eta_seconds": admission.eta_seconds(),
+                }),
+            })
+        }
+        (SubmissionOutcome::AlreadySubmitted, _) => Err(ApiError::AlreadySubmitted),
+        (SubmissionOutcome::BudgetExhausted, _) => Err(ApiError::BudgetExhausted),
+        (SubmissionOutcome::Closing, _) => Err(ApiError::Closing),
+        _ => Err(ApiError::Internal(format!(
+            "no reply for the submission outcome {outcome:?}"
+        ))),
+    }
+}
+
+/// What is stored with the key of a decided submission: the 202 and the
+/// answers about the request itself; None for an answer about the moment
+/// (402 `budget_exhausted`, 409 `closing`), whose key is released so a
+/// retry is decided again (see [`ApiError::is_final_for_request`]).
+fn stored_answer(order: &SubmissionOrder, outcome: &SubmissionOutcome) -> Option<StoredAnswer> {
+    match decided_reply(order, outcome) {
+        Ok(reply) => Some(reply.stored()),
+        Err(e) if e.is_final_for_request() => Some(e.stored()),
+        Err(_) => None,
+    }
+}
+
+/// The answer to each request of a batch that failed as a whole: 503
+/// (with `Retry-After`) when the database was busy or unreachable, so the
+/// phones retry; 500 otherwise.
+fn store_error(e: &crate::store::StoreError) -> ApiError {
+    match e.failure() {
+        DbFailure::Transient => ApiError::Busy,
+        DbFailure::Unavailable => ApiError::Unavailable,
+        DbFailure::Duplicate | DbFailure::Other => ApiError::Internal(e.to_string()),
+    }
 }
 
 /// `POST /api/sessions/{id}/submission`: 202 at once; the saga does the
 /// rest.
+#[utoipa::path(
+    post,
+    path = "/api/sessions/{id}/submission",
+    tag = "participants",
+    summary = "Submit the session's prompt (and score): 202 at once, the saga runs in the background.",
+    description = "Checks, in this order: authentication, the Idempotency-Key rules, the body, the session's state. A session accepts a submission when OPEN or ABORTED (a new try). The experience's credits are deducted before the answer. Follow the progress with `GET /api/sessions/{id}`, or on the booth's terminal socket.",
+    security(("participant" = [])),
+    params(
+        ("id" = String, Path, description = "The session's id."),
+        super::openapi::SubmissionKey,
+    ),
+    request_body = super::participants::SubmissionBody,
+    responses(
+        (status = 202, description = "Accepted (or the replay of an earlier acceptance with the same key and body).", body = super::openapi::SubmissionAccepted, headers(("Location" = String, description = "`/api/sessions/{session_id}`."), ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is missing or malformed; `invalid_json`: the body is not JSON for this request.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: no bearer token, or one that does not open this session.", body = super::openapi::ErrorBody),
+        (status = 402, description = "`budget_exhausted`: the experience has not enough credits left.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such session.", body = super::openapi::ErrorBody),
+        (status = 409, description = "`already_submitted`: the session is not OPEN or ABORTED; `request_in_progress`: the same Idempotency-Key is still running; `closing`: the experience closes before this submission could finish.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the prompt or score breaks its rule; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 429, description = "`rate_limited`: too many submissions for this session.", body = super::openapi::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 pub async fn submit(
     state: web::Data<AppState>,
     id: web::Path<String>,

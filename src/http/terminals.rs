@@ -19,6 +19,23 @@ pub struct SocketQuery {
     after: Option<i64>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/ws/terminals/{id}",
+    tag = "websockets",
+    summary = "A booth display's socket: `hello`, then the terminal's events in `seq` order (see the description).",
+    params(
+        ("id" = String, Path, description = "The terminal's id."),
+        ("token" = String, Query, description = "The terminal's token, as returned by `POST /api/terminals`."),
+        ("after" = Option<i64>, Query, description = "The last `seq` this display showed; the events after it are sent first. Default 0 (all)."),
+    ),
+    responses(
+        (status = 101, description = "Switching Protocols: the socket is open (JSON text frames, see the description)."),
+        (status = 401, description = "`unauthorized`: the token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path or query could not be read.", body = super::openapi::ErrorBody),
+        (status = 426, description = "`upgrade_required`: the request is not a WebSocket handshake.", body = super::openapi::ErrorBody, headers(("Upgrade" = String, description = "`websocket`"))),
+    )
+)]
 pub async fn terminal_socket(
     state: web::Data<AppState>,
     id: web::Path<String>,
@@ -45,7 +62,8 @@ pub async fn terminal_socket(
         .await
         .map_err(ApiError::from)?
         .ok_or(ApiError::NotFound("experience"))?;
-    let (response, session, stream) = actix_ws::handle(&req, body)?;
+    let (response, session, stream) =
+        actix_ws::handle(&req, body).map_err(ApiError::not_a_handshake)?;
     let display = DisplayOf {
         hello: json!({
             "type": "hello",

@@ -3,11 +3,11 @@
 
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
-    QueryOrder, SqlErr,
+    QueryOrder,
 };
 
 use super::entities::{experiences, terminals};
-use super::{new_id, Store, StoreError, StoreResult};
+use super::{new_id, DbFailure, Store, StoreError, StoreResult};
 use crate::domain::keys::token_hash;
 use crate::domain::locale::Locale;
 use crate::domain::policy::EpochMs;
@@ -64,9 +64,9 @@ impl Store {
         .insert(&*tx)
         .await
         // The unique index decides, so two racing creates cannot both pass.
-        .map_err(|e| match e.sql_err() {
-            Some(SqlErr::UniqueConstraintViolation(_)) => taken,
-            _ => e.into(),
+        .map_err(|e| match StoreError::from(e) {
+            e if e.failure() == DbFailure::Duplicate => taken,
+            e => e,
         })?;
         tx.commit().await?;
         Ok(model)

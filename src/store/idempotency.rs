@@ -2,7 +2,10 @@
 //! `INSERT ... ON CONFLICT` for a whole batch of requests, so a duplicate
 //! request learns at once that the first is still in progress and never
 //! waits on a lock held across anything slow. A record whose time ran out
-//! is taken over by the next request with its key.
+//! (24 h) is taken over by the next request with its key, and so is an
+//! IN_PROGRESS record whose owner's lease ([`KEY_LEASE_MS`], the request
+//! timeout) ran out: its request died. Finishing and releasing are fenced
+//! on the owner, so a request that outlived its lease changes nothing.
 
 use sea_orm::sea_query::Condition;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Value};
@@ -15,12 +18,22 @@ use crate::domain::policy::EpochMs;
 const IN_PROGRESS: &str = "in_progress";
 const COMPLETED: &str = "completed";
 
+/// How long a request holds its key IN_PROGRESS: its time to answer. No
+/// request takes longer (its statements wait on a lock at most the lock
+/// timeout, a few times, and on a pool connection at most 10 s); past it,
+/// the request is taken to have died and a retry runs.
+pub const KEY_LEASE_MS: i64 = 30_000;
+/// Expired records deleted per statement by [`Store::purge_expired_keys`].
+pub const PURGE_BATCH: u64 = 1_000;
+
 /// A request's key, in its scope (who asks, at which endpoint).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRequest {
     pub scope: String,
     pub key: String,
     pub request_hash: String,
+    /// This request (a random id): the owner of the record while it runs.
+    pub owner: String,
 }
 
 /// An answer as it is stored for replays.
@@ -85,21 +98,27 @@ impl Store {
         if first.is_empty() {
             return Ok(claims.into_iter().flatten().collect());
         }
-        let mut values: Vec<Value> = vec![now.into(), (now + ttl_ms).into()];
+        let mut values: Vec<Value> = vec![
+            now.into(),
+            (now + ttl_ms).into(),
+            (now + KEY_LEASE_MS).into(),
+        ];
         for &i in &first {
             values.extend([
                 keys[i].scope.clone().into(),
                 keys[i].key.clone().into(),
                 keys[i].request_hash.clone().into(),
+                keys[i].owner.clone().into(),
             ]);
         }
         let rows: Vec<String> = (0..first.len())
             .map(|r| {
-                let p = 3 + 3 * r;
+                let p = 4 + 4 * r;
                 format!(
-                    "(${p}, ${}, ${}, '{IN_PROGRESS}', NULL, NULL, $1, $2)",
+                    "(${p}, ${}, ${}, '{IN_PROGRESS}', NULL, NULL, $1, $2, ${}, $3)",
                     p + 1,
-                    p + 2
+                    p + 2,
+                    p + 3
                 )
             })
             .collect();
@@ -108,11 +127,15 @@ impl Store {
                 &format!(
                     "INSERT INTO idempotency_records \
                      (scope, key, request_hash, state, response_status, response_body, \
-                     created_at_ms, expires_at_ms) VALUES {} \
+                     created_at_ms, expires_at_ms, owner, locked_until_ms) VALUES {} \
                      ON CONFLICT (scope, key) DO UPDATE SET request_hash = excluded.request_hash, \
                      state = excluded.state, response_status = NULL, response_body = NULL, \
-                     created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms \
+                     created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms, \
+                     owner = excluded.owner, locked_until_ms = excluded.locked_until_ms \
                      WHERE idempotency_records.expires_at_ms < $1 \
+                     OR (idempotency_records.state = '{IN_PROGRESS}' \
+                     AND (idempotency_records.locked_until_ms IS NULL \
+                     OR idempotency_records.locked_until_ms < $1)) \
                      RETURNING scope, key",
                     rows.join(", ")
                 ),
@@ -162,19 +185,12 @@ impl Store {
     /// Takes one key (a batch of one).
     pub async fn claim_key(
         &self,
-        scope: &str,
-        key: &str,
-        request_hash: &str,
+        request: &KeyRequest,
         now: EpochMs,
         ttl_ms: i64,
     ) -> StoreResult<KeyClaim> {
-        let request = KeyRequest {
-            scope: scope.to_owned(),
-            key: key.to_owned(),
-            request_hash: request_hash.to_owned(),
-        };
         Ok(self
-            .claim_keys(std::slice::from_ref(&request), now, ttl_ms)
+            .claim_keys(std::slice::from_ref(request), now, ttl_ms)
             .await?
             .pop()
             .unwrap_or(KeyClaim::InProgress))
@@ -182,7 +198,8 @@ impl Store {
 
     /// Stores the answers of finished requests so repeats get them again,
     /// on `conn` (inside the caller's transaction, so the answer commits
-    /// with what it reports).
+    /// with what it reports). Only where the request still owns its record:
+    /// one that outlived its lease and was taken over changes nothing.
     pub(crate) async fn finish_keys<C: ConnectionTrait>(
         conn: &C,
         answers: &[(&KeyRequest, &StoredAnswer)],
@@ -190,23 +207,27 @@ impl Store {
         if answers.is_empty() {
             return Ok(());
         }
-        let mut values: Vec<Value> = Vec::with_capacity(answers.len() * 4);
+        let mut values: Vec<Value> = Vec::with_capacity(answers.len() * 5);
         for (key, answer) in answers {
             values.extend([
                 key.scope.clone().into(),
                 key.key.clone().into(),
                 (answer.status as i32).into(),
                 answer.body.clone().into(),
+                key.owner.clone().into(),
             ]);
         }
         let stmt = super::sql_for(
             conn.get_database_backend(),
             &format!(
-                "WITH v(scope, key, status, body) AS (VALUES {}) \
+                "WITH v(scope, key, status, body, owner) AS (VALUES {}) \
                  UPDATE idempotency_records SET state = '{COMPLETED}', \
-                 response_status = v.status, response_body = v.body FROM v \
-                 WHERE idempotency_records.scope = v.scope AND idempotency_records.key = v.key",
-                value_rows_from(1, answers.len(), 4)
+                 response_status = v.status, response_body = v.body, \
+                 owner = NULL, locked_until_ms = NULL FROM v \
+                 WHERE idempotency_records.scope = v.scope AND idempotency_records.key = v.key \
+                 AND idempotency_records.owner = v.owner \
+                 AND idempotency_records.state = '{IN_PROGRESS}'",
+                value_rows_from(1, answers.len(), 5)
             ),
             values,
         );
@@ -222,7 +243,9 @@ impl Store {
         Ok(())
     }
 
-    /// Forgets keys whose requests failed in a way worth retrying (5xx).
+    /// Forgets keys whose requests failed in a way worth retrying (5xx, or
+    /// an answer about the moment rather than the request), while they
+    /// still own them.
     pub async fn release_keys(&self, keys: &[&KeyRequest]) -> StoreResult<()> {
         if keys.is_empty() {
             return Ok(());
@@ -232,7 +255,8 @@ impl Store {
             any = any.add(
                 Condition::all()
                     .add(records::Column::Scope.eq(key.scope.clone()))
-                    .add(records::Column::Key.eq(key.key.clone())),
+                    .add(records::Column::Key.eq(key.key.clone()))
+                    .add(records::Column::Owner.eq(key.owner.clone())),
             );
         }
         let tx = self.write_tx().await?;
@@ -245,10 +269,15 @@ impl Store {
         Ok(())
     }
 
-    pub async fn purge_expired_keys(&self, now: EpochMs) -> StoreResult<u64> {
+    /// Deletes up to `limit` records that expired before `now`, in one
+    /// short statement (a cleanup round calls it until fewer come back, a
+    /// bounded number of times), so a day's worth of keys never becomes one
+    /// long delete.
+    pub async fn purge_expired_keys(&self, now: EpochMs, limit: u64) -> StoreResult<u64> {
         self.write_one(self.sql(
-            "DELETE FROM idempotency_records WHERE expires_at_ms < $1",
-            vec![now.into()],
+            "DELETE FROM idempotency_records WHERE (scope, key) IN \
+             (SELECT scope, key FROM idempotency_records WHERE expires_at_ms < $1 LIMIT $2)",
+            vec![now.into(), (limit as i64).into()],
         ))
         .await
     }

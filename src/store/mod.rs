@@ -47,6 +47,13 @@ pub enum StoreError {
     /// The session is not OPEN or ABORTED, so it takes no submission.
     #[error("this session has already submitted")]
     AlreadySubmitted,
+    /// The experience has fewer credits left than the submission costs.
+    #[error("this experience has no credits left for a submission")]
+    BudgetExhausted,
+    /// The experience has closed, or closes before the submission could
+    /// finish.
+    #[error("this experience is closing and takes no more submissions")]
+    Closing,
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
     /// The LISTEN connection could not be made or was lost.
@@ -54,10 +61,113 @@ pub enum StoreError {
     Listener(String),
 }
 
+/// What a database error means for the caller, decided here once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbFailure {
+    /// A unique constraint: the row exists (a duplicate); what is stored
+    /// decides the answer.
+    Duplicate,
+    /// Lock timeout, deadlock, serialization failure (PostgreSQL), or
+    /// SQLite BUSY / LOCKED: nothing was changed, and the same work may
+    /// simply run again in a moment.
+    Transient,
+    /// No connection: the pool timed out or the database is not reachable.
+    Unavailable,
+    /// Anything else: a bug or a broken database.
+    Other,
+}
+
+/// PostgreSQL SQLSTATEs of [`DbFailure::Transient`]: lock_not_available
+/// (lock_timeout), deadlock_detected, serialization_failure.
+const PG_TRANSIENT: [&str; 3] = ["55P03", "40P01", "40001"];
+/// SQLite primary result codes of [`DbFailure::Transient`]: SQLITE_BUSY,
+/// SQLITE_LOCKED (extended codes carry them in their low byte).
+const SQLITE_TRANSIENT: [i64; 2] = [5, 6];
+
 impl StoreError {
     pub fn is_lease_lost(&self) -> bool {
         matches!(self, StoreError::Transition(TransitionError::LeaseLost))
     }
+
+    /// What this error means (see [`DbFailure`]).
+    pub fn failure(&self) -> DbFailure {
+        let StoreError::Db(db) = self else {
+            return DbFailure::Other;
+        };
+        if matches!(db, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) {
+            return DbFailure::Unavailable;
+        }
+        if matches!(
+            db.sql_err(),
+            Some(sea_orm::SqlErr::UniqueConstraintViolation(_))
+        ) {
+            return DbFailure::Duplicate;
+        }
+        let (DbErr::Exec(sea_orm::RuntimeErr::SqlxError(e))
+        | DbErr::Query(sea_orm::RuntimeErr::SqlxError(e))) = db
+        else {
+            return DbFailure::Other;
+        };
+        match &**e {
+            sea_orm::sqlx::Error::Database(e) => {
+                let code = e.code().unwrap_or_default();
+                let transient = if e
+                    .try_downcast_ref::<sea_orm::sqlx::sqlite::SqliteError>()
+                    .is_some()
+                {
+                    // Extended result codes carry the primary one in
+                    // their low byte.
+                    code.parse::<i64>()
+                        .is_ok_and(|c| SQLITE_TRANSIENT.contains(&(c & 0xff)))
+                } else {
+                    PG_TRANSIENT.contains(&code.as_ref())
+                };
+                if transient {
+                    DbFailure::Transient
+                } else {
+                    DbFailure::Other
+                }
+            }
+            sea_orm::sqlx::Error::PoolTimedOut
+            | sea_orm::sqlx::Error::PoolClosed
+            | sea_orm::sqlx::Error::Io(_) => DbFailure::Unavailable,
+            _ => DbFailure::Other,
+        }
+    }
+}
+
+/// Transient failures retried by [`retry_transient`] before giving up.
+pub const TRANSIENT_RETRIES: u32 = 3;
+
+/// Runs `op` again after a [`DbFailure::Transient`] error, up to
+/// [`TRANSIENT_RETRIES`] times, waiting [`transient_backoff`] between
+/// tries. `op` must be safe to repeat: a transient error rolled its
+/// transaction back.
+pub async fn retry_transient<T, F, Fut>(mut op: F) -> StoreResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = StoreResult<T>>,
+{
+    let mut retry = 0;
+    loop {
+        match op().await {
+            Err(e) if e.failure() == DbFailure::Transient && retry < TRANSIENT_RETRIES => {
+                let wait = transient_backoff(retry, rand::random::<f64>());
+                tracing::warn!(error = %e, retry, ?wait, "transient database error; trying again");
+                tokio::time::sleep(wait).await;
+                retry += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The wait before retry `retry` (0-based) of a transient failure: 20 ms
+/// doubling, with full jitter (`jitter` in 0..1) so that requests that
+/// collided do not collide again in step.
+pub fn transient_backoff(retry: u32, jitter: f64) -> Duration {
+    let ceiling = 20.0 * f64::from(1u32 << retry.min(10));
+    Duration::from_millis((ceiling * (0.5 + jitter.clamp(0.0, 1.0) / 2.0)) as u64)
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -96,7 +206,19 @@ impl Store {
     /// Connects (creating the SQLite file when the URL says `mode=rwc`) and
     /// sets SQLite to WAL so readers never wait for the writer.
     pub async fn connect(url: &str, pool: u32) -> StoreResult<Store> {
-        let db = Self::pool(url, pool).await?;
+        Self::connect_with(url, pool, None).await
+    }
+
+    /// Like [`Store::connect`], with statements that wait on a lock at most
+    /// `lock_wait` (PostgreSQL `lock_timeout`, SQLite `busy_timeout`) and
+    /// then fail as [`DbFailure::Transient`]: the requests' pool, so that
+    /// no HTTP request waits long on a lock that another process holds.
+    pub async fn connect_with(
+        url: &str,
+        pool: u32,
+        lock_wait: Option<Duration>,
+    ) -> StoreResult<Store> {
+        let db = Self::pool(url, pool, lock_wait).await?;
         let write_gate = match db.get_database_backend() {
             DbBackend::Sqlite => {
                 db.execute_unprepared("PRAGMA journal_mode=WAL").await?;
@@ -116,14 +238,23 @@ impl Store {
     /// another: saga work never starves the HTTP requests.
     pub async fn with_own_pool(&self, pool: u32) -> StoreResult<Store> {
         Ok(Store {
-            db: Self::pool(&self.url, pool).await?,
+            db: Self::pool(&self.url, pool, None).await?,
             write_gate: self.write_gate.clone(),
             url: self.url.clone(),
         })
     }
 
-    async fn pool(url: &str, pool: u32) -> StoreResult<DatabaseConnection> {
+    async fn pool(
+        url: &str,
+        pool: u32,
+        lock_wait: Option<Duration>,
+    ) -> StoreResult<DatabaseConnection> {
         let mut opts = ConnectOptions::new(url.to_owned());
+        if let Some(wait) = lock_wait {
+            let ms = wait.as_millis().max(1).to_string();
+            opts.map_sqlx_postgres_opts(move |o| o.options([("lock_timeout", ms.as_str())]))
+                .map_sqlx_sqlite_opts(move |o| o.busy_timeout(wait));
+        }
         opts.max_connections(pool.max(2))
             .min_connections(1)
             .connect_timeout(Duration::from_secs(10))

@@ -1,17 +1,20 @@
 //! What operators read and do: the counts of the live dashboard, the list
 //! of sagas (filtered, newest first, by cursor), and the retry of an
-//! aborted saga. The operator's cancel is an ordinary fenced abort
+//! aborted saga (charged again when its abort gave its credits back). The
+//! operator's cancel is an ordinary fenced abort
 //! ([`super::sagas::Fence::Operator`]).
 
 use std::collections::BTreeMap;
 
-use sea_orm::{ConnectionTrait, QueryResult, Value};
+use sea_orm::{ConnectionTrait, EntityTrait, QueryResult, Value};
 
-use super::entities::sagas;
+use super::entities::{experiences, sagas};
 use super::presence::TerminalView;
 use super::sessions::set_session_status;
+use super::submissions::take_credits;
 use super::transitions::load;
 use super::{Store, StoreError, StoreResult};
+use crate::domain::admission::submission_cost;
 use crate::domain::policy::{is_stuck, ownership, EpochMs};
 use crate::domain::saga::{retry_from, AbortReason, Step, TransitionError};
 use crate::domain::session::SessionStatus;
@@ -36,15 +39,20 @@ pub struct ExperienceLoad {
 }
 
 /// A saga as operators see it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct SagaView {
+    #[schema(format = Uuid)]
     pub saga_id: String,
+    #[schema(format = Uuid)]
     pub session_id: String,
     /// The experience's slug.
     pub experience: String,
     pub nickname: String,
+    #[schema(value_type = Step)]
     pub step: String,
+    #[schema(value_type = Option<AbortReason>, required = true)]
     pub abort_reason: Option<String>,
+    #[schema(required = true)]
     pub abort_detail: Option<String>,
     pub attempts: i32,
     pub recoveries: i32,
@@ -55,11 +63,13 @@ pub struct SagaView {
         rename = "created_at",
         serialize_with = "crate::clock::serialize_rfc3339"
     )]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at_ms: EpochMs,
     #[serde(
         rename = "updated_at",
         serialize_with = "crate::clock::serialize_rfc3339"
     )]
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at_ms: EpochMs,
 }
 
@@ -331,6 +341,13 @@ impl Store {
     /// Refused (conflict) unless the saga is ABORTED, is its session's
     /// latest, and the session is still ABORTED; fenced on the ABORTED step,
     /// so of two retries at once exactly one runs.
+    ///
+    /// Credits: a saga whose abort gave its credits back (it holds none)
+    /// is charged again, like a new submission (`ai_calls` credits, taken
+    /// only if that many are left: `BudgetExhausted` otherwise, and nothing
+    /// changes). One that still holds its credits (it aborted for the
+    /// participant's input) runs on them. The operator's retry is not held
+    /// to the experience's closing time.
     pub async fn retry_saga(
         &self,
         saga_id: &str,
@@ -366,6 +383,15 @@ impl Store {
                 "the session has a newer submission; retry that one instead",
             ));
         }
+        let experience = experiences::Entity::find_by_id(saga.experience_id.clone())
+            .one(&*tx)
+            .await?
+            .ok_or(StoreError::NotFound("experience"))?;
+        let charge = if saga.charged_credits > 0 {
+            0
+        } else {
+            submission_cost(experience.ai_calls, experience.credits.is_some())
+        };
         let updated = tx
             .execute_raw(self.sql(
                 "UPDATE sagas SET step = $2, lock_token = NULL, locked_until_ms = NULL, \
@@ -376,14 +402,16 @@ impl Store {
                  ai_submitted_at_ms = CASE WHEN ai_job_id IS NULL \
                      OR abort_reason IN ('AI_FAILED', 'AI_TIMEOUT') THEN NULL ELSE $3 END, \
                  abort_reason = NULL, abort_detail = NULL, aborted_at_step = NULL, \
-                 updated_at_ms = $3 \
-                 WHERE id = $1 AND step = 'ABORTED'",
+                 charged_credits = charged_credits + $6, updated_at_ms = $3 \
+                 WHERE id = $1 AND step = 'ABORTED' AND charged_credits = $7",
                 vec![
                     saga.id.clone().into(),
                     resume.as_str().into(),
                     now.into(),
                     (now + deadline_ms).into(),
                     uuid::Uuid::new_v4().to_string().into(),
+                    charge.into(),
+                    saga.charged_credits.into(),
                 ],
             ))
             .await?
@@ -404,6 +432,11 @@ impl Store {
             return Err(conflict(
                 "the session is no longer ABORTED (it took a new submission)",
             ));
+        }
+        // After the saga and its session, like every transaction that
+        // touches credits; dropping the transaction undoes the rest.
+        if charge > 0 && !take_credits(&*tx, &experience.id, charge).await? {
+            return Err(StoreError::BudgetExhausted);
         }
         let shown = tx
             .execute_raw(self.sql(

@@ -13,8 +13,9 @@ use crate::domain::policy::EpochMs;
 
 /// A terminal as operators see it: its displays, where they are connected,
 /// and how far they got.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct TerminalView {
+    #[schema(format = Uuid)]
     pub terminal_id: String,
     pub name: String,
     /// The experience's slug.
@@ -30,6 +31,7 @@ pub struct TerminalView {
         rename = "connected_since",
         serialize_with = "crate::clock::serialize_rfc3339_opt"
     )]
+    #[schema(value_type = Option<String>, format = DateTime, required = true)]
     pub connected_since_ms: Option<EpochMs>,
     /// The terminal's newest numbered event.
     pub last_seq: i64,

@@ -60,7 +60,7 @@ fn claimable(now: usize, max: usize) -> String {
 /// The predicate of the claim's partial indexes. Queries spell it out as
 /// it is: SQLite uses a partial index only for a query whose WHERE clause
 /// contains the index's terms.
-const RUNNABLE: &str = "step IN ('AI_PENDING', 'AI_DONE', 'RANKING_DONE')";
+pub(super) const RUNNABLE: &str = "step IN ('AI_PENDING', 'AI_DONE', 'RANKING_DONE')";
 
 /// Where a claim looks for sagas of one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,18 +1,43 @@
 //! Submissions, group-committed: the requests that arrive together take
 //! their Idempotency-Keys in one statement, then one short transaction
-//! moves their sessions OPEN/ABORTED -> SUBMITTING (a conditional UPDATE,
-//! so racing submissions of one session cannot both pass), inserts their
-//! runnable sagas and stores each request's answer with its key, so the
-//! stored answer commits with exactly what it reports.
+//! decides and writes them all:
+//!
+//! 1. their sessions that take a submission (OPEN or ABORTED) are locked,
+//!    in id order (`FOR UPDATE` on PostgreSQL; SQLite has one writer);
+//! 2. the experiences that count credits are locked the same way, after
+//!    the sessions (the order every transaction that touches both keeps:
+//!    an abort locks its saga, its session, then refunds);
+//! 3. each request, in arrival order, is admitted or refused: the first
+//!    request of a session takes it (the others find it already
+//!    submitted), an experience that has closed, or whose estimated wait
+//!    ends after it closes, refuses it (409 `closing`), and one with fewer
+//!    credits left than `ai_calls` refuses it (402 `budget_exhausted`);
+//! 4. one conditional UPDATE moves the admitted sessions OPEN/ABORTED ->
+//!    SUBMITTING, one UPDATE per experience takes their credits (with
+//!    `credits >= n` in its WHERE), their sagas are inserted holding what
+//!    they were charged, and each request's answer is stored with its key,
+//!    so the stored answer commits with exactly what it reports. Answers
+//!    about the moment (402, 409 `closing`) release their keys instead.
+//!
+//! The queue position and the estimate ([`crate::domain::admission`]) come
+//! from the experience's AI queue as the transaction sees it and the
+//! median AI duration of its last completed sagas (read just before).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
-use sea_orm::{ActiveValue::Set, ConnectionTrait, EntityTrait, Value};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Value,
+};
 use uuid::Uuid;
 
-use super::entities::{sagas, sessions};
+use super::entities::{experiences, sagas, sessions};
 use super::idempotency::{KeyClaim, KeyRequest, StoredAnswer};
 use super::{Store, StoreError, StoreResult};
+use crate::domain::admission::{
+    admit, median_ms, refused_by_closing, submission_cost, Admission, Capacity, QueueLoad,
+    RECENT_AI_DURATIONS,
+};
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::Step;
 use crate::domain::session::SessionStatus;
@@ -36,15 +61,12 @@ pub struct SubmissionOrder {
 
 #[derive(Debug, Clone)]
 pub enum SubmissionAction {
-    /// Start a saga with id `saga_id`. The answer stored with the key is
-    /// `accepted` when the session took the submission, `refused` (409
-    /// already_submitted) when it did not.
+    /// Start a saga with id `saga_id`, if the session, the experience's
+    /// closing time and its credits allow it.
     Submit {
         submission: Submission,
         saga_id: String,
         deadline_ms: i64,
-        accepted: StoredAnswer,
-        refused: StoredAnswer,
     },
     /// A client error found before the database (an invalid body): only
     /// stored with the key, so a repeat gets it again.
@@ -54,11 +76,14 @@ pub enum SubmissionAction {
 /// What became of one submission request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SubmissionOutcome {
-    /// The saga was created (the `accepted` answer was stored).
-    Accepted,
-    /// The session takes no submission now (the `refused` answer was
-    /// stored).
+    /// The saga was created; where it stands in the queue.
+    Accepted(Admission),
+    /// The session takes no submission now.
     AlreadySubmitted,
+    /// The experience has fewer credits left than the submission costs.
+    BudgetExhausted,
+    /// The experience has closed, or closes before the estimated wait ends.
+    Closing,
     /// The `Refuse` answer was stored.
     Refused,
     /// The key was used before: by this same request (answer it again),
@@ -66,16 +91,30 @@ pub enum SubmissionOutcome {
     Key(KeyClaim),
 }
 
+/// Words the outcome of a `Submit` order as the answer stored with its
+/// key. None: the answer is about the moment, not the request (the key is
+/// released, so a retry runs again).
+pub type AnswerFn = dyn Fn(&SubmissionOrder, &SubmissionOutcome) -> Option<StoredAnswer> + Sync;
+
+/// What the transaction of a batch decided: an outcome per fresh request,
+/// and the keys to release after it committed.
+struct Decided {
+    outcomes: Vec<SubmissionOutcome>,
+    release: Vec<usize>,
+}
+
 impl Store {
     /// Submits a batch of requests: keys in one statement, then one
-    /// transaction for every request whose key is fresh (or that has none).
-    /// The outer error means that transaction failed: nothing was written
-    /// and the fresh keys were released.
+    /// transaction for every request whose key is fresh (or that has none;
+    /// a transient failure runs it again). The outer error means that
+    /// transaction failed: nothing was written and the fresh keys were
+    /// released. `answer` words each decided outcome for its key.
     pub async fn submit_batch(
         &self,
         orders: &[SubmissionOrder],
         now: EpochMs,
         key_ttl_ms: i64,
+        answer: &AnswerFn,
     ) -> StoreResult<Vec<SubmissionOutcome>> {
         let keyed: Vec<(usize, KeyRequest)> = orders
             .iter()
@@ -96,24 +135,28 @@ impl Store {
         if fresh.is_empty() {
             return Ok(outcomes.into_iter().flatten().collect());
         }
-        match self.write_fresh(orders, &fresh, now).await {
-            Ok(written) => {
-                for (i, outcome) in fresh.into_iter().zip(written) {
+        let written =
+            super::retry_transient(|| self.write_fresh(orders, &fresh, now, answer)).await;
+        let (release, result): (Vec<usize>, _) = match written {
+            Ok(decided) => {
+                for (&i, outcome) in fresh.iter().zip(decided.outcomes) {
                     outcomes[i] = Some(outcome);
                 }
-                Ok(outcomes.into_iter().flatten().collect())
+                (
+                    decided.release,
+                    Ok(outcomes.into_iter().flatten().collect()),
+                )
             }
-            Err(e) => {
-                let taken: Vec<&KeyRequest> = fresh
-                    .iter()
-                    .filter_map(|&i| orders[i].key.as_ref())
-                    .collect();
-                if let Err(release) = self.release_keys(&taken).await {
-                    tracing::error!(error = %release, "could not release idempotency keys");
-                }
-                Err(e)
-            }
+            Err(e) => (fresh, Err(e)),
+        };
+        let taken: Vec<&KeyRequest> = release
+            .iter()
+            .filter_map(|&i| orders[i].key.as_ref())
+            .collect();
+        if let Err(e) = self.release_keys(&taken).await {
+            tracing::error!(error = %e, "could not release idempotency keys");
         }
+        result
     }
 
     /// The transaction of the fresh requests (indexes into `orders`).
@@ -122,88 +165,221 @@ impl Store {
         orders: &[SubmissionOrder],
         fresh: &[usize],
         now: EpochMs,
-    ) -> StoreResult<Vec<SubmissionOutcome>> {
-        let tx = self.write_tx().await?;
-        let submitting: Vec<String> = fresh
+        answer: &AnswerFn,
+    ) -> StoreResult<Decided> {
+        let submits: Vec<usize> = fresh
             .iter()
-            .filter(|&&i| matches!(orders[i].action, SubmissionAction::Submit { .. }))
-            .map(|&i| orders[i].session.id.clone())
-            .collect::<HashSet<_>>()
-            .into_iter()
+            .copied()
+            .filter(|&i| matches!(orders[i].action, SubmissionAction::Submit { .. }))
             .collect();
-        let mut moved: HashSet<String> = HashSet::new();
-        if !submitting.is_empty() {
-            let mut values: Vec<Value> = vec![now.into()];
-            values.extend(submitting.iter().map(|id| id.clone().into()));
-            let placeholders: Vec<String> = (0..submitting.len())
-                .map(|k| format!("${}", k + 2))
-                .collect();
-            let rows = tx
-                .query_all_raw(self.sql(
-                    &format!(
-                        "UPDATE sessions SET status = '{submitting}', abort_reason = NULL, \
-                         updated_at_ms = $1 WHERE id IN ({ids}) \
-                         AND status IN ('{open}', '{aborted}') RETURNING id",
-                        submitting = SessionStatus::Submitting.as_str(),
-                        open = SessionStatus::Open.as_str(),
-                        aborted = SessionStatus::Aborted.as_str(),
-                        ids = placeholders.join(", ")
-                    ),
-                    values,
-                ))
-                .await?;
-            for row in &rows {
-                moved.insert(row.try_get_by_index::<String>(0)?);
-            }
+        // What does not change, or need not be exact, is read before the
+        // transaction: the experiences' settings and recent AI durations.
+        let experience_ids: BTreeSet<String> = submits
+            .iter()
+            .map(|&i| orders[i].session.experience_id.clone())
+            .collect();
+        let experiences: HashMap<String, experiences::Model> = if experience_ids.is_empty() {
+            HashMap::new()
+        } else {
+            experiences::Entity::find()
+                .filter(experiences::Column::Id.is_in(experience_ids.iter().cloned()))
+                .all(self.db())
+                .await?
+                .into_iter()
+                .map(|e| (e.id.clone(), e))
+                .collect()
+        };
+        let mut medians: HashMap<String, Option<i64>> = HashMap::new();
+        for id in &experience_ids {
+            medians.insert(id.clone(), self.median_ai_ms(id).await?);
         }
 
-        let mut outcomes = Vec::with_capacity(fresh.len());
-        let mut new_sagas = Vec::new();
-        let mut answers: Vec<(&KeyRequest, &StoredAnswer)> = Vec::new();
+        let tx = self.write_tx().await?;
+        let session_ids: BTreeSet<String> = submits
+            .iter()
+            .map(|&i| orders[i].session.id.clone())
+            .collect();
+        let accepting: HashSet<String> = if session_ids.is_empty() {
+            HashSet::new()
+        } else {
+            sessions::Entity::find()
+                .select_only()
+                .column(sessions::Column::Id)
+                .filter(sessions::Column::Id.is_in(session_ids.iter().cloned()))
+                .filter(
+                    sessions::Column::Status.is_in(
+                        SessionStatus::ALL
+                            .into_iter()
+                            .filter(|s| s.accepts_submission())
+                            .map(SessionStatus::as_str),
+                    ),
+                )
+                .order_by_asc(sessions::Column::Id)
+                .lock_exclusive()
+                .into_tuple::<String>()
+                .all(&*tx)
+                .await?
+                .into_iter()
+                .collect()
+        };
+        let involved: BTreeSet<String> = submits
+            .iter()
+            .filter(|&&i| accepting.contains(&orders[i].session.id))
+            .map(|&i| orders[i].session.experience_id.clone())
+            .collect();
+        // Credits left, for the experiences that count them, read under
+        // their row lock.
+        let limited: Vec<String> = involved
+            .iter()
+            .filter(|id| experiences.get(*id).is_some_and(|e| e.credits.is_some()))
+            .cloned()
+            .collect();
+        let mut credits_left: HashMap<String, i64> = if limited.is_empty() {
+            HashMap::new()
+        } else {
+            experiences::Entity::find()
+                .select_only()
+                .column(experiences::Column::Id)
+                .column(experiences::Column::Credits)
+                .filter(experiences::Column::Id.is_in(limited))
+                .order_by_asc(experiences::Column::Id)
+                .lock_exclusive()
+                .into_tuple::<(String, Option<i64>)>()
+                .all(&*tx)
+                .await?
+                .into_iter()
+                .filter_map(|(id, credits)| credits.map(|c| (id, c)))
+                .collect()
+        };
+        let mut loads: HashMap<String, QueueLoad> = HashMap::new();
+        for id in &involved {
+            loads.insert(id.clone(), ai_queue_load(&*tx, id, now).await?);
+        }
+
+        // Each request in arrival order.
+        let mut decided: Vec<SubmissionOutcome> = Vec::with_capacity(fresh.len());
+        let mut taken: HashSet<&str> = HashSet::new();
+        let mut charged: HashMap<usize, i64> = HashMap::new();
         for &i in fresh {
             let order = &orders[i];
-            let (outcome, answer) = match &order.action {
-                SubmissionAction::Submit {
-                    submission,
-                    saga_id,
-                    deadline_ms,
-                    accepted,
-                    refused,
-                } => {
-                    // Each session takes one submission, the first of the
-                    // batch; the others find it already submitted.
-                    if moved.remove(&order.session.id) {
-                        new_sagas.push(new_saga(
-                            &order.session,
-                            submission,
-                            saga_id,
-                            *deadline_ms,
-                            now,
-                        ));
-                        (SubmissionOutcome::Accepted, accepted)
+            let outcome = match &order.action {
+                SubmissionAction::Refuse(_) => SubmissionOutcome::Refused,
+                SubmissionAction::Submit { .. } => {
+                    let session = &order.session;
+                    if !accepting.contains(&session.id) || taken.contains(session.id.as_str()) {
+                        SubmissionOutcome::AlreadySubmitted
                     } else {
-                        (SubmissionOutcome::AlreadySubmitted, refused)
+                        let experience = experiences
+                            .get(&session.experience_id)
+                            .ok_or(StoreError::NotFound("experience"))?;
+                        let load = loads.entry(experience.id.clone()).or_default();
+                        let admission = admit(
+                            *load,
+                            Capacity {
+                                max_in_flight: experience.max_in_flight,
+                                ai_calls: experience.ai_calls,
+                            },
+                            medians.get(&experience.id).copied().flatten(),
+                        );
+                        let cost =
+                            submission_cost(experience.ai_calls, experience.credits.is_some());
+                        let left = credits_left.get_mut(&experience.id);
+                        if refused_by_closing(now, experience.closes_at_ms, admission.eta_ms) {
+                            SubmissionOutcome::Closing
+                        } else if cost > 0 && left.as_deref().is_none_or(|&c| c < cost) {
+                            SubmissionOutcome::BudgetExhausted
+                        } else {
+                            if let Some(left) = left {
+                                *left -= cost;
+                            }
+                            load.waiting += 1;
+                            taken.insert(&session.id);
+                            charged.insert(i, cost);
+                            SubmissionOutcome::Accepted(admission)
+                        }
                     }
                 }
-                SubmissionAction::Refuse(answer) => (SubmissionOutcome::Refused, answer),
             };
-            if let Some(key) = &order.key {
-                answers.push((key, answer));
+            decided.push(outcome);
+        }
+
+        // The one conditional update that starts the sessions. The rows are
+        // locked, so it moves every admitted session; one it did not move
+        // (it cannot happen) is answered as already submitted, uncharged.
+        let admitted: Vec<String> = taken.iter().map(|s| (*s).to_owned()).collect();
+        let moved = start_sessions(self, &*tx, &admitted, now).await?;
+        let mut new_sagas = Vec::new();
+        let mut charges: HashMap<&str, i64> = HashMap::new();
+        for (k, &i) in fresh.iter().enumerate() {
+            let Some(&cost) = charged.get(&i) else {
+                continue;
+            };
+            let order = &orders[i];
+            if !moved.contains(&order.session.id) {
+                decided[k] = SubmissionOutcome::AlreadySubmitted;
+                continue;
             }
-            outcomes.push(outcome);
+            if let SubmissionAction::Submit {
+                submission,
+                saga_id,
+                deadline_ms,
+            } = &order.action
+            {
+                new_sagas.push(new_saga(
+                    &order.session,
+                    submission,
+                    saga_id,
+                    *deadline_ms,
+                    cost,
+                    now,
+                ));
+                *charges
+                    .entry(order.session.experience_id.as_str())
+                    .or_default() += cost;
+            }
+        }
+        let mut charges: Vec<(&str, i64)> = charges.into_iter().filter(|(_, n)| *n > 0).collect();
+        charges.sort();
+        for (experience_id, credits) in charges {
+            if !take_credits(&*tx, experience_id, credits).await? {
+                return Err(StoreError::Corrupt(format!(
+                    "experience {experience_id}: {credits} credits counted under its lock are gone"
+                )));
+            }
         }
         if !new_sagas.is_empty() {
             sagas::Entity::insert_many(new_sagas)
                 .exec_without_returning(&*tx)
                 .await?;
         }
+
+        let mut answers: Vec<(&KeyRequest, StoredAnswer)> = Vec::new();
+        let mut release = Vec::new();
+        for (k, &i) in fresh.iter().enumerate() {
+            let order = &orders[i];
+            let Some(key) = &order.key else { continue };
+            let stored = match (&order.action, &decided[k]) {
+                (SubmissionAction::Refuse(stored), _) => Some(stored.clone()),
+                (SubmissionAction::Submit { .. }, outcome) => answer(order, outcome),
+            };
+            match stored {
+                Some(stored) => answers.push((key, stored)),
+                None => release.push(i),
+            }
+        }
+        let answers: Vec<(&KeyRequest, &StoredAnswer)> =
+            answers.iter().map(|(k, a)| (*k, a)).collect();
         Self::finish_keys(&*tx, &answers).await?;
         tx.commit().await?;
-        Ok(outcomes)
+        Ok(Decided {
+            outcomes: decided,
+            release,
+        })
     }
 
     /// One submission without an Idempotency-Key (a batch of one): the
-    /// saga, or `AlreadySubmitted` when the session takes no submission.
+    /// saga, or why the session or the experience refused it
+    /// (`AlreadySubmitted`, `BudgetExhausted`, `Closing`).
     pub async fn submit(
         &self,
         session: &sessions::Model,
@@ -212,10 +388,6 @@ impl Store {
         now: EpochMs,
     ) -> StoreResult<sagas::Model> {
         let saga_id = super::new_id();
-        let answer = StoredAnswer {
-            status: 0,
-            body: String::new(),
-        };
         let order = SubmissionOrder {
             session: session.clone(),
             key: None,
@@ -223,27 +395,128 @@ impl Store {
                 submission,
                 saga_id: saga_id.clone(),
                 deadline_ms,
-                accepted: answer.clone(),
-                refused: answer,
             },
         };
-        let outcome = self.submit_batch(&[order], now, 0).await?;
+        let outcome = self.submit_batch(&[order], now, 0, &|_, _| None).await?;
         match outcome.first() {
-            Some(SubmissionOutcome::Accepted) => self
+            Some(SubmissionOutcome::Accepted(_)) => self
                 .saga(&saga_id)
                 .await?
                 .ok_or(StoreError::NotFound("saga")),
+            Some(SubmissionOutcome::BudgetExhausted) => Err(StoreError::BudgetExhausted),
+            Some(SubmissionOutcome::Closing) => Err(StoreError::Closing),
             _ => Err(StoreError::AlreadySubmitted),
         }
     }
+
+    /// The median AI duration of the experience's last
+    /// [`RECENT_AI_DURATIONS`] completed sagas (None: none yet), along
+    /// `idx_sagas_completed_ai`.
+    pub async fn median_ai_ms(&self, experience_id: &str) -> StoreResult<Option<i64>> {
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                "SELECT ai_duration_ms FROM sagas WHERE experience_id = $1 \
+                 AND step = 'COMPLETED' AND ai_duration_ms IS NOT NULL \
+                 ORDER BY updated_at_ms DESC LIMIT $2",
+                vec![experience_id.into(), (RECENT_AI_DURATIONS as i64).into()],
+            ))
+            .await?;
+        let durations = rows
+            .iter()
+            .map(|r| r.try_get_by_index::<i64>(0))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(median_ms(&durations))
+    }
 }
 
-/// The runnable saga a submission starts.
+/// The experience's AI queue as the transaction sees it: sagas holding an
+/// AI slot, and those waiting for one (queued or backing off, and those
+/// whose lease ran out, which are resumed first).
+async fn ai_queue_load<C: ConnectionTrait>(
+    conn: &C,
+    experience_id: &str,
+    now: EpochMs,
+) -> StoreResult<QueueLoad> {
+    let running = Store::in_flight(conn, experience_id, now).await?;
+    let runnable = super::sagas::RUNNABLE;
+    let stmt = super::sql_for(
+        conn.get_database_backend(),
+        &format!(
+            "SELECT (SELECT COUNT(*) FROM sagas WHERE experience_id = $1 \
+               AND lock_token IS NULL AND {runnable} AND step = 'AI_PENDING') \
+             + (SELECT COUNT(*) FROM sagas WHERE experience_id = $1 \
+               AND lock_token IS NOT NULL AND {runnable} AND step = 'AI_PENDING' \
+               AND locked_until_ms < $2)"
+        ),
+        vec![experience_id.into(), now.into()],
+    );
+    let waiting = conn
+        .query_one_raw(stmt)
+        .await?
+        .map(|r| r.try_get_by_index::<i64>(0))
+        .transpose()?
+        .unwrap_or(0);
+    Ok(QueueLoad { running, waiting })
+}
+
+/// OPEN/ABORTED -> SUBMITTING for `ids`, in one conditional UPDATE; the
+/// sessions it moved.
+async fn start_sessions<C: ConnectionTrait>(
+    store: &Store,
+    conn: &C,
+    ids: &[String],
+    now: EpochMs,
+) -> StoreResult<HashSet<String>> {
+    if ids.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let mut values: Vec<Value> = vec![now.into()];
+    values.extend(ids.iter().map(|id| id.clone().into()));
+    let placeholders: Vec<String> = (0..ids.len()).map(|k| format!("${}", k + 2)).collect();
+    let rows = conn
+        .query_all_raw(store.sql(
+            &format!(
+                "UPDATE sessions SET status = '{submitting}', abort_reason = NULL, \
+                 updated_at_ms = $1 WHERE id IN ({ids}) \
+                 AND status IN ('{open}', '{aborted}') RETURNING id",
+                submitting = SessionStatus::Submitting.as_str(),
+                open = SessionStatus::Open.as_str(),
+                aborted = SessionStatus::Aborted.as_str(),
+                ids = placeholders.join(", ")
+            ),
+            values,
+        ))
+        .await?;
+    rows.iter()
+        .map(|row| row.try_get_by_index::<String>(0).map_err(Into::into))
+        .collect()
+}
+
+/// Takes `credits` from an experience that counts them, only if it has
+/// that many left; false when it has not (nothing changed).
+pub(crate) async fn take_credits<C: ConnectionTrait>(
+    conn: &C,
+    experience_id: &str,
+    credits: i64,
+) -> StoreResult<bool> {
+    let stmt = super::sql_for(
+        conn.get_database_backend(),
+        "UPDATE experiences SET credits = credits - $2 \
+         WHERE id = $1 AND credits IS NOT NULL AND credits >= $2",
+        vec![experience_id.into(), credits.into()],
+    );
+    Ok(conn.execute_raw(stmt).await?.rows_affected() == 1)
+}
+
+/// The runnable saga a submission starts, holding the credits it was
+/// charged.
 fn new_saga(
     session: &sessions::Model,
     submission: &Submission,
     saga_id: &str,
     deadline_ms: i64,
+    charged_credits: i64,
     now: EpochMs,
 ) -> sagas::ActiveModel {
     sagas::ActiveModel {
@@ -271,6 +544,8 @@ fn new_saga(
         aborted_at_step: Set(None),
         abort_detail: Set(None),
         deadline_at_ms: Set(now + deadline_ms),
+        charged_credits: Set(charged_credits),
+        ai_duration_ms: Set(None),
         created_at_ms: Set(now),
         updated_at_ms: Set(now),
     }

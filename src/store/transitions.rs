@@ -9,7 +9,8 @@
 //! row is judged on its own with [`judge_unapplied`] (rule 3): an idempotent
 //! repeat is success, anything else a lost lease or a conflict. Ending a
 //! saga writes the result, the session status and the outbox event in the
-//! same transaction.
+//! same transaction; an abort that is not the participant's fault gives the
+//! saga's credits back in it too, once ([`refund_credits`]).
 //!
 //! Two batches running at once never touch the same saga: each saga has one
 //! supervisor, which waits for each write before sending the next.
@@ -26,6 +27,7 @@ use super::outbox::{aborted_payload, value_rows_from};
 use super::sagas::{Fence, RankedEntry};
 use super::sessions::set_session_status;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
+use crate::domain::admission::refunds_credits;
 use crate::domain::failure::AiResult;
 use crate::domain::policy::{lease_until, AttemptState, EpochMs};
 use crate::domain::saga::{judge_unapplied, AbortReason, RowNow, Step, TransitionError};
@@ -153,6 +155,7 @@ impl Store {
         let mut ranked = Rows::new();
         let mut released = Rows::new();
         let mut completed = Rows::new();
+        let mut refunds: Vec<Refund> = Vec::new();
         for (i, write) in writes.iter().enumerate() {
             match write {
                 SagaWrite::AiSubmitted {
@@ -213,7 +216,9 @@ impl Store {
                     reason,
                     detail,
                 } => {
-                    outcome[i] = Some(abort_one(&tx, saga_id, fence, *reason, detail, now).await?);
+                    outcome[i] = Some(
+                        abort_one(&tx, saga_id, fence, *reason, detail, now, &mut refunds).await?,
+                    );
                 }
             }
         }
@@ -238,7 +243,8 @@ impl Store {
             Step::AiPending,
             Some(lease),
             "step = 'AI_DONE', content = v.c1, ai_score = v.c2, \
-             ai_job_id = COALESCE(v.c3, ai_job_id)",
+             ai_job_id = COALESCE(v.c3, ai_job_id), \
+             ai_duration_ms = $1 - COALESCE(ai_submitted_at_ms, $1)",
             &ai_done.rows,
             now,
         )
@@ -336,6 +342,8 @@ impl Store {
             });
         }
 
+        // Last, so the experiences' rows are locked only until the commit.
+        refund_credits(&tx, &refunds).await?;
         tx.commit().await?;
         Ok(outcome
             .into_iter()
@@ -595,9 +603,66 @@ async fn finish_completed(
     Ok(appended)
 }
 
+/// Credits an aborted saga gives back (see [`refund_credits`]).
+struct Refund {
+    saga_id: String,
+    experience_id: String,
+    credits: i64,
+}
+
+/// Gives back the credits of the sagas of this batch that aborted for a
+/// reason that is not the participant's fault ([`refunds_credits`]). The
+/// saga's `charged_credits` is the fence: it is set to 0 here, and only
+/// the sagas it was still set for are refunded, so a saga is refunded once
+/// per charge however many abort paths reach it (and its abort itself
+/// applies once: the step moves to ABORTED). The experiences' rows are
+/// updated in id order, one statement each, so two batches never wait on
+/// each other's experiences.
+async fn refund_credits(tx: &WriteTx, refunds: &[Refund]) -> StoreResult<()> {
+    if refunds.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<String> = refunds.iter().map(|r| r.saga_id.clone()).collect();
+    let placeholders: Vec<String> = (1..=ids.len()).map(|k| format!("${k}")).collect();
+    let released: HashSet<String> = tx
+        .query_all_raw(super::sql_for(
+            tx.get_database_backend(),
+            &format!(
+                "UPDATE sagas SET charged_credits = 0 \
+                 WHERE id IN ({}) AND charged_credits > 0 RETURNING id",
+                placeholders.join(", ")
+            ),
+            ids.into_iter().map(Into::into).collect(),
+        ))
+        .await?
+        .iter()
+        .map(|r| r.try_get_by_index::<String>(0))
+        .collect::<Result<_, _>>()?;
+    let mut per_experience: std::collections::BTreeMap<&str, i64> = Default::default();
+    for refund in refunds.iter().filter(|r| released.contains(&r.saga_id)) {
+        *per_experience.entry(&refund.experience_id).or_default() += refund.credits;
+    }
+    for (experience_id, credits) in per_experience {
+        tx.execute_raw(super::sql_for(
+            tx.get_database_backend(),
+            "UPDATE experiences SET credits = credits + $2 \
+             WHERE id = $1 AND credits IS NOT NULL",
+            vec![experience_id.into(), credits.into()],
+        ))
+        .await?;
+        tracing::info!(
+            experience_id,
+            credits,
+            "credits given back for aborted sagas"
+        );
+    }
+    Ok(())
+}
+
 /// Any non-final step -> ABORTED for one saga, with the session status, the
-/// outbox event, and its ranking entry hidden. Outer error: the transaction
-/// must fail; inner: this write's own outcome.
+/// outbox event, and its ranking entry hidden; a saga that holds credits
+/// and aborted for a refundable reason is added to `refunds`. Outer error:
+/// the transaction must fail; inner: this write's own outcome.
 async fn abort_one(
     tx: &WriteTx,
     saga_id: &str,
@@ -605,6 +670,7 @@ async fn abort_one(
     reason: AbortReason,
     detail: &str,
     now: EpochMs,
+    refunds: &mut Vec<Refund>,
 ) -> StoreResult<StoreResult<Written>> {
     let mut update = sagas::Entity::update_many()
         // Where it stood, read before the row changes: a retry resumes there.
@@ -665,6 +731,13 @@ async fn abort_one(
         });
     }
     let saga = load(&**tx, saga_id).await?;
+    if refunds_credits(reason) && saga.charged_credits > 0 {
+        refunds.push(Refund {
+            saga_id: saga.id.clone(),
+            experience_id: saga.experience_id.clone(),
+            credits: saga.charged_credits,
+        });
+    }
     let session = sessions::Entity::find_by_id(saga.session_id.clone())
         .one(&**tx)
         .await?

@@ -136,6 +136,11 @@ pub fn test_config(db: &TestDb, ai_url: &str) -> Config {
     c.backoff_max = Duration::from_millis(400);
     c.saga_deadline = Duration::from_secs(120);
     c.db_pool = 10;
+    // Every test client is 127.0.0.1 and many tests fire hundreds of
+    // requests at once: rate limits are off unless a test sets them
+    // (tests/hostile.rs).
+    c.session_rate_limit = stagehand::config::RateLimit::Off;
+    c.submission_rate_limit = stagehand::config::RateLimit::Off;
     c
 }
 

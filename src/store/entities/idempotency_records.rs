@@ -16,6 +16,10 @@ pub struct Model {
     pub response_body: Option<String>,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
+    /// The request holding an IN_PROGRESS record.
+    pub owner: Option<String>,
+    /// Until when it holds it (its request timeout).
+    pub locked_until_ms: Option<i64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

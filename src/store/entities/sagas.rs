@@ -34,6 +34,10 @@ pub struct Model {
     #[sea_orm(column_type = "Text")]
     pub abort_detail: Option<String>,
     pub deadline_at_ms: i64,
+    /// Credits this saga holds (taken at its start, 0 once given back).
+    pub charged_credits: i64,
+    /// How long the AI step of its last run took, submit to AI_DONE.
+    pub ai_duration_ms: Option<i64>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }

@@ -1,0 +1,661 @@
+//! The OpenAPI 3.1 document of the HTTP API, served at
+//! `GET /api/openapi.json`.
+//!
+//! Operations come from the `#[utoipa::path]` attributes on the handlers;
+//! request bodies from `ToSchema` derives on the handlers' body types. The
+//! answers the handlers build with `json!` are described by the schema-only
+//! types below (never built, only documented). [`CommonAnswers`] adds what
+//! every operation can answer (500, 503 with `Retry-After`, and 413/415 where
+//! there is a body), and the description ([`DESCRIPTION`], `openapi.md`)
+//! holds the rules that belong to no single operation: the error codes, the
+//! Idempotency-Key semantics, the limits and the WebSockets.
+//!
+//! `scripts/fuzz` runs schemathesis against this document: a response whose
+//! status is not listed here, or whose body does not match its schema, fails
+//! CI. `tests/openapi.rs` checks that every route of [`super::routes`] is
+//! here.
+
+#![allow(dead_code)] // the schema types are documented, never built
+
+use std::sync::LazyLock;
+
+use actix_web::HttpResponse;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Type};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr, ResponseBuilder, Schema};
+use utoipa::{IntoParams, Modify, OpenApi, PartialSchema, ToSchema};
+
+use super::{admin, operators, pages, participants, service, submissions, terminals};
+use crate::domain::locale::Locale;
+use crate::domain::saga::{AbortReason, Step};
+use crate::domain::session::SessionStatus;
+
+/// The API's description: errors, Idempotency-Key, limits, WebSockets.
+pub const DESCRIPTION: &str = include_str!("openapi.md");
+
+/// Every `error` code an answer can carry: [`super::error::ApiError::code`]
+/// and the few answers built elsewhere (`not_ready`).
+pub const ERROR_CODES: &[&str] = &[
+    "invalid_json",
+    "validation_failed",
+    "payload_too_large",
+    "unsupported_media_type",
+    "method_not_allowed",
+    "upgrade_required",
+    "idempotency_key_required",
+    "idempotency_key_too_weak",
+    "idempotency_key_reused",
+    "request_in_progress",
+    "already_submitted",
+    "closing",
+    "budget_exhausted",
+    "rate_limited",
+    "unauthorized",
+    "not_found",
+    "conflict",
+    "unsupported",
+    "unavailable",
+    "busy",
+    "not_ready",
+    "internal",
+];
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "stagehand", description = DESCRIPTION),
+    paths(
+        service::healthz,
+        service::readyz,
+        openapi_json,
+        operators::create_experience,
+        operators::list_experiences,
+        operators::get_experience,
+        operators::qr_svg,
+        operators::create_terminal,
+        admin::list_terminals,
+        admin::list_sagas,
+        admin::get_saga,
+        admin::retry_saga,
+        admin::cancel_saga,
+        participants::create_session,
+        participants::ranking,
+        participants::get_session,
+        submissions::submit,
+        admin::operator_socket,
+        terminals::terminal_socket,
+        pages::index,
+        pages::participant,
+        pages::terminal,
+        pages::ops,
+        pages::static_file,
+        pages::i18n,
+    ),
+    components(schemas(ErrorBody, ErrorCode)),
+    modifiers(&SecuritySchemes, &CommonAnswers, &ClosedSchemas),
+    tags(
+        (name = "participants", description = "Anonymous participants: sessions, the submission, the ranking."),
+        (name = "operators", description = "Experiences and terminals (operator token)."),
+        (name = "admin", description = "The operators' console: sagas and booth presence (operator token)."),
+        (name = "service", description = "Liveness, readiness and this document."),
+        (name = "websockets", description = "The sockets' handshakes; their frames are in the description."),
+        (name = "pages", description = "The embedded web pages and their assets."),
+    )
+)]
+pub struct ApiDoc;
+
+/// The document as served, built once.
+static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
+    ApiDoc::openapi()
+        .to_json()
+        .expect("the OpenAPI document serializes")
+});
+
+/// The OpenAPI document.
+pub fn document() -> &'static str {
+    &DOCUMENT
+}
+
+/// `GET /api/openapi.json`
+#[utoipa::path(
+    get,
+    path = "/api/openapi.json",
+    tag = "service",
+    responses(
+        (status = 200, description = "This document (OpenAPI 3.1).", body = Object, content_type = "application/json"),
+    )
+)]
+pub async fn openapi_json() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .insert_header(("Cache-Control", "no-cache"))
+        .body(document())
+}
+
+// ---- security ---------------------------------------------------------------
+
+struct SecuritySchemes;
+
+impl Modify for SecuritySchemes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        let bearer = |description: &str| {
+            let mut http = Http::new(HttpAuthScheme::Bearer);
+            http.description = Some(description.to_owned());
+            SecurityScheme::Http(http)
+        };
+        components.add_security_scheme(
+            "operator",
+            bearer("The operator token (`STAGEHAND_OPERATOR_TOKEN`)."),
+        );
+        components.add_security_scheme(
+            "participant",
+            bearer(
+                "A session's `participant_token`, as returned once by session creation; it opens that session only.",
+            ),
+        );
+    }
+}
+
+// ---- answers every operation can give ----------------------------------------
+
+/// Adds to every operation the answers that do not depend on it: 500
+/// `internal` and 503 `unavailable` (with `Retry-After`), and 413 and 415
+/// where the operation takes a body.
+struct CommonAnswers;
+
+fn error_answer(description: &str, retry_after: bool) -> RefOr<utoipa::openapi::Response> {
+    let mut answer = ResponseBuilder::new().description(description).content(
+        "application/json",
+        ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("Error")))
+            .build(),
+    );
+    if retry_after {
+        answer = answer.header(
+            "Retry-After",
+            HeaderBuilder::new()
+                .schema(Some(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .minimum(Some(0)),
+                ))
+                .description(Some("Seconds to wait before trying again."))
+                .build(),
+        );
+    }
+    RefOr::T(answer.build())
+}
+
+fn add_answer(
+    operation: &mut Operation,
+    status: &str,
+    answer: impl FnOnce() -> RefOr<utoipa::openapi::Response>,
+) {
+    operation
+        .responses
+        .responses
+        .entry(status.to_owned())
+        .or_insert_with(answer);
+}
+
+impl Modify for CommonAnswers {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.patch,
+                &mut item.delete,
+            ];
+            for operation in operations.into_iter().flatten() {
+                if operation.request_body.is_some() {
+                    add_answer(operation, "413", || {
+                        error_answer(
+                            "`payload_too_large`: the body is larger than 64 KiB.",
+                            false,
+                        )
+                    });
+                    add_answer(operation, "415", || {
+                        error_answer(
+                            "`unsupported_media_type`: the body is declared as another media type than JSON.",
+                            false,
+                        )
+                    });
+                }
+                add_answer(operation, "500", || {
+                    error_answer("`internal`: a bug; the server log has the detail.", false)
+                });
+                add_answer(operation, "503", || {
+                    error_answer(
+                        "`unavailable`: the database is unreachable; `busy`: it is still busy (locked) after a few retries.",
+                        true,
+                    )
+                });
+            }
+        }
+    }
+}
+
+/// Schemas that allow no other property, so that `oneOf` tells them apart.
+struct ClosedSchemas;
+
+impl Modify for ClosedSchemas {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let Some(components) = openapi.components.as_mut() else {
+            return;
+        };
+        if let Some(RefOr::T(Schema::Object(object))) = components
+            .schemas
+            .get_mut(PublicExperience::name().as_ref())
+        {
+            object.additional_properties = Some(Box::new(AdditionalProperties::FreeForm(false)));
+        }
+    }
+}
+
+// ---- headers ----------------------------------------------------------------
+
+/// The optional Idempotency-Key of an operator's POST.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct OperatorKey {
+    /// Makes the POST safe to retry: the same key and body replay the first
+    /// answer (`Idempotent-Replayed: true`); the same key still running
+    /// answers 409 `request_in_progress`; another body 422
+    /// `idempotency_key_reused`. Scoped to the operator token and this
+    /// endpoint (path); kept 24 h. Malformed (empty, over 255 characters,
+    /// not visible ASCII): 400 `idempotency_key_required`.
+    #[param(rename = "Idempotency-Key", min_length = 1, max_length = 255)]
+    idempotency_key: Option<String>,
+}
+
+/// The optional Idempotency-Key of the anonymous session creation.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct SessionKey {
+    /// Makes session creation safe to retry, with the same rules as every
+    /// POST. There is no caller token, so whoever knows the key would get
+    /// the replayed `participant_token`: the key must carry at least 122
+    /// random bits, a UUID (make it a random, v4 one) or 32 to 255 hex
+    /// digits, or the answer is 400 `idempotency_key_too_weak`. Scoped to
+    /// the endpoint (the experience); kept 24 h.
+    #[param(
+        rename = "Idempotency-Key",
+        pattern = "^([0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}|[0-9A-Fa-f]{32,255})$",
+        example = "0b5f3c2e-6a51-4d0e-9d5c-4f0b8b7f6a21"
+    )]
+    idempotency_key: Option<String>,
+}
+
+/// The Idempotency-Key the submission requires.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct SubmissionKey {
+    /// Required (400 `idempotency_key_required` without it): the same key
+    /// and body after completion replay the 202 (`Idempotent-Replayed:
+    /// true`), even after the session moved on; the same key still running
+    /// answers 409 `request_in_progress`; another body 422
+    /// `idempotency_key_reused`. Scoped to the participant token; kept 24 h.
+    #[param(rename = "Idempotency-Key", min_length = 1, max_length = 255)]
+    idempotency_key: String,
+}
+
+// ---- errors -------------------------------------------------------------------
+
+/// The body of every error answer.
+#[derive(ToSchema)]
+#[schema(as = Error, example = json!({"error": "not_found", "message": "session not found"}))]
+pub struct ErrorBody {
+    #[schema(value_type = ErrorCode)]
+    error: String,
+    /// A human text, in English.
+    message: String,
+}
+
+/// The machine-readable code of an error (see the table in the description).
+pub struct ErrorCode;
+
+impl PartialSchema for ErrorCode {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(ERROR_CODES.iter().copied()))
+            .into()
+    }
+}
+
+impl ToSchema for ErrorCode {}
+
+// ---- service ------------------------------------------------------------------
+
+#[derive(ToSchema)]
+pub struct Health {
+    #[schema(example = "ok")]
+    status: String,
+}
+
+#[derive(ToSchema)]
+pub struct Ready {
+    #[schema(example = "ready")]
+    status: String,
+}
+
+// ---- experiences and terminals ------------------------------------------------
+
+/// What an experience produces.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+pub enum Kind {
+    Comic,
+    Image,
+    Video,
+    Music,
+    Score,
+}
+
+/// An experience as operators see it (with the operator token).
+#[derive(ToSchema)]
+pub struct Experience {
+    #[schema(format = Uuid)]
+    id: String,
+    slug: String,
+    title: String,
+    kind: Kind,
+    #[schema(minimum = 1)]
+    ai_calls: i32,
+    #[schema(required = true)]
+    min_success: Option<i32>,
+    #[schema(minimum = 1)]
+    max_in_flight: i32,
+    /// Credits left; null: unlimited.
+    #[schema(required = true)]
+    credits: Option<i64>,
+    #[schema(format = DateTime, required = true)]
+    closes_at: Option<String>,
+    locale: Locale,
+    #[schema(format = DateTime)]
+    created_at: String,
+}
+
+/// What anyone may read of an experience: what the public pages show, and
+/// no other field.
+#[derive(ToSchema)]
+pub struct PublicExperience {
+    slug: String,
+    title: String,
+    kind: Kind,
+    locale: Locale,
+    #[schema(format = DateTime, required = true)]
+    closes_at: Option<String>,
+}
+
+/// With the operator token, every field; without it, the public ones.
+pub struct ExperienceView;
+
+impl PartialSchema for ExperienceView {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name(Experience::name()))
+            .item(Ref::from_schema_name(PublicExperience::name()))
+            .into()
+    }
+}
+
+impl ToSchema for ExperienceView {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((Experience::name().into(), Experience::schema()));
+        schemas.push((PublicExperience::name().into(), PublicExperience::schema()));
+        <Experience as ToSchema>::schemas(schemas);
+        <PublicExperience as ToSchema>::schemas(schemas);
+    }
+}
+
+#[derive(ToSchema)]
+pub struct ExperienceList {
+    experiences: Vec<ExperienceView>,
+}
+
+/// A new terminal: its token is shown this once.
+#[derive(ToSchema)]
+pub struct TerminalCreated {
+    #[schema(format = Uuid)]
+    terminal_id: String,
+    /// The display's secret for `GET /ws/terminals/{terminal_id}?token=`.
+    token: String,
+    /// The experience's slug.
+    experience: String,
+    name: String,
+}
+
+#[derive(ToSchema)]
+pub struct TerminalList {
+    terminals: Vec<crate::store::presence::TerminalView>,
+}
+
+// ---- sagas ----------------------------------------------------------------------
+
+#[derive(ToSchema)]
+pub struct SagaList {
+    /// Newest change first.
+    sagas: Vec<crate::store::operators::SagaView>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct SagaOne {
+    saga: crate::store::operators::SagaView,
+}
+
+// ---- participants ------------------------------------------------------------
+
+/// A new session: its `participant_token` is shown this once (and to a
+/// replay of the same Idempotency-Key).
+#[derive(ToSchema)]
+pub struct SessionCreated {
+    #[schema(format = Uuid)]
+    session_id: String,
+    participant_token: String,
+    status: SessionStatus,
+}
+
+/// The submission was taken; the saga runs in the background.
+#[derive(ToSchema)]
+pub struct SubmissionAccepted {
+    #[schema(format = Uuid)]
+    session_id: String,
+    #[schema(format = Uuid)]
+    saga_id: String,
+    status: SessionStatus,
+    step: Step,
+    /// Place in the experience's AI queue: 1 is the next to start.
+    #[schema(minimum = 1)]
+    queue_position: i64,
+    /// Estimated seconds until the result, from recent AI durations and
+    /// the free capacity; null while no estimate is known.
+    #[schema(minimum = 0, required = true)]
+    eta_seconds: Option<i64>,
+}
+
+/// One piece of AI content, as the provider returned it.
+#[derive(ToSchema)]
+pub struct ContentItem {
+    /// e.g. `image`, `text`.
+    #[schema(rename = "type")]
+    kind: String,
+    url: Option<String>,
+    text: Option<String>,
+}
+
+/// The result of a COMPLETED session.
+#[derive(ToSchema)]
+pub struct SessionResult {
+    content: Vec<ContentItem>,
+    /// The ranked score: the participant's, else the AI result's.
+    #[schema(required = true)]
+    score: Option<f64>,
+    /// Rank in the experience's ranking, computed at read time.
+    #[schema(required = true, minimum = 1)]
+    rank: Option<i64>,
+}
+
+/// A session as its participant (or an operator) sees it.
+#[derive(ToSchema)]
+pub struct SessionView {
+    #[schema(format = Uuid)]
+    session_id: String,
+    /// The experience's slug.
+    experience: String,
+    nickname: String,
+    status: SessionStatus,
+    /// The latest saga's step; null before the first submission.
+    #[schema(required = true)]
+    step: Option<Step>,
+    #[schema(required = true)]
+    abort_reason: Option<AbortReason>,
+    /// A human message in the experience's language.
+    message: String,
+    /// Set when the session is COMPLETED.
+    #[schema(required = true)]
+    result: Option<SessionResult>,
+    #[schema(format = DateTime)]
+    updated_at: String,
+}
+
+#[derive(ToSchema)]
+pub struct RankingEntry {
+    #[schema(minimum = 1)]
+    rank: i64,
+    nickname: String,
+    score: f64,
+    #[schema(format = Uuid)]
+    session_id: String,
+}
+
+/// Best first.
+#[derive(ToSchema)]
+pub struct Ranking {
+    entries: Vec<RankingEntry>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::error::ApiError;
+
+    fn enum_of<T: PartialSchema>() -> Vec<String> {
+        let value = serde_json::to_value(T::schema()).unwrap();
+        value["enum"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no enum in {value}"))
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn enums_match_the_domain() {
+        let names = |all: &mut dyn Iterator<Item = &'static str>| -> Vec<String> {
+            all.map(str::to_owned).collect()
+        };
+        assert_eq!(
+            enum_of::<Step>(),
+            names(&mut Step::ALL.iter().map(|s| s.as_str()))
+        );
+        assert_eq!(
+            enum_of::<AbortReason>(),
+            names(&mut AbortReason::ALL.iter().map(|r| r.as_str()))
+        );
+        assert_eq!(
+            enum_of::<SessionStatus>(),
+            names(&mut SessionStatus::ALL.iter().map(|s| s.as_str()))
+        );
+        assert_eq!(
+            enum_of::<Locale>(),
+            names(&mut Locale::ALL.iter().map(|l| l.as_str()))
+        );
+    }
+
+    /// One of each variant. A new variant fails to compile here: add it,
+    /// and its code to [`ERROR_CODES`] (and to the table in `openapi.md`).
+    fn every_api_error() -> Vec<ApiError> {
+        let all = vec![
+            ApiError::InvalidJson(String::new()),
+            ApiError::Validation(String::new()),
+            ApiError::PayloadTooLarge(1),
+            ApiError::IdempotencyKeyRequired,
+            ApiError::IdempotencyKeyTooWeak,
+            ApiError::IdempotencyKeyReused,
+            ApiError::RequestInProgress,
+            ApiError::AlreadySubmitted,
+            ApiError::BudgetExhausted,
+            ApiError::Closing,
+            ApiError::Unauthorized(""),
+            ApiError::NotFound(""),
+            ApiError::Conflict(String::new()),
+            ApiError::Unsupported(String::new()),
+            ApiError::Unavailable,
+            ApiError::Busy,
+            ApiError::Internal(String::new()),
+            ApiError::RateLimited { retry_after: 1 },
+            ApiError::MethodNotAllowed {
+                allow: String::new(),
+            },
+            ApiError::UnsupportedMediaType(String::new()),
+            ApiError::UpgradeRequired(String::new()),
+        ];
+        for e in &all {
+            match e {
+                ApiError::InvalidJson(_)
+                | ApiError::Validation(_)
+                | ApiError::PayloadTooLarge(_)
+                | ApiError::IdempotencyKeyRequired
+                | ApiError::IdempotencyKeyTooWeak
+                | ApiError::IdempotencyKeyReused
+                | ApiError::RequestInProgress
+                | ApiError::AlreadySubmitted
+                | ApiError::BudgetExhausted
+                | ApiError::Closing
+                | ApiError::Unauthorized(_)
+                | ApiError::NotFound(_)
+                | ApiError::Conflict(_)
+                | ApiError::Unsupported(_)
+                | ApiError::Unavailable
+                | ApiError::Busy
+                | ApiError::Internal(_)
+                | ApiError::RateLimited { .. }
+                | ApiError::MethodNotAllowed { .. }
+                | ApiError::UnsupportedMediaType(_)
+                | ApiError::UpgradeRequired(_) => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_error_code_is_documented() {
+        let description = DESCRIPTION;
+        for e in every_api_error() {
+            let code = e.code();
+            assert!(ERROR_CODES.contains(&code), "{code} is not in ERROR_CODES");
+            assert!(
+                description.contains(&format!("`{code}`")),
+                "{code} is not in the status table of openapi.md"
+            );
+        }
+        for code in ERROR_CODES {
+            assert!(description.contains(&format!("`{code}`")), "{code}");
+        }
+    }
+
+    #[test]
+    fn document_is_openapi_3_1() {
+        let doc: serde_json::Value = serde_json::from_str(document()).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        assert!(doc["components"]["securitySchemes"]["operator"].is_object());
+        assert!(doc["components"]["schemas"]["Error"].is_object());
+    }
+}

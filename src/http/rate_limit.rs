@@ -1,0 +1,435 @@
+//! Rate limits (governor's GCRA, in memory, per instance): session creation
+//! per client address, submission per session and token. A refused request
+//! is answered 429 `rate_limited` with `Retry-After` by a middleware on its
+//! route, before the handler runs: it touches neither the database nor an
+//! Idempotency-Key, so a retry after the wait runs normally.
+//!
+//! Keys are bounded. A key is forgotten once its bucket is full again (it is
+//! then no different from a new key): `retain_recent` runs on the request
+//! path at most every [`SWEEP_EVERY`], and at most every
+//! [`SWEEP_WHEN_FULL`] while the store holds `max_keys`. When it is still
+//! full, requests of keys it does not hold share one overflow bucket with
+//! the same quota ([`BoundedStore`]): a flood of addresses neither grows
+//! memory nor gets through unlimited, and keys already held keep their own
+//! bucket.
+//!
+//! The client address is the peer address; `X-Forwarded-For` counts only
+//! with `--trusted-proxies N` ([`ClientAddress`]). IPv6 clients are keyed
+//! by their /64, the block one subscriber is given.
+
+use std::hash::Hash;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use actix_web::{web, Error, HttpRequest};
+use governor::clock::{Clock, DefaultClock, Reference};
+use governor::middleware::NoOpMiddleware;
+use governor::nanos::Nanos;
+use governor::state::keyed::{DashMapStateStore, ShrinkableKeyedStateStore};
+use governor::state::{InMemoryState, NotKeyed, StateStore};
+use governor::{Quota, RateLimiter};
+use sha2::{Digest, Sha256};
+
+use super::auth::bearer;
+use super::error::ApiError;
+use super::AppState;
+use crate::config::{Config, RateLimit};
+
+/// Period of the sweep of forgotten keys.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// Period of the sweep while the store is full.
+pub const SWEEP_WHEN_FULL: Duration = Duration::from_secs(1);
+
+/// The limits of this server, built from the configuration.
+pub struct RateLimits {
+    sessions: Option<KeyedLimiter<IpAddr>>,
+    submissions: Option<KeyedLimiter<u128>>,
+    client: ClientAddress,
+}
+
+impl RateLimits {
+    pub fn from_config(config: &Config) -> RateLimits {
+        let max_keys = config.rate_limit_keys;
+        RateLimits {
+            sessions: KeyedLimiter::of(config.session_rate_limit, max_keys),
+            submissions: KeyedLimiter::of(config.submission_rate_limit, max_keys),
+            client: ClientAddress {
+                trusted_proxies: config.trusted_proxies,
+            },
+        }
+    }
+}
+
+/// The governor quota of a limit; None when off (or when the limit allows
+/// more than one request per nanosecond, which is no limit).
+fn quota(limit: RateLimit) -> Option<Quota> {
+    match limit {
+        RateLimit::Off => None,
+        RateLimit::Every { count, per } => {
+            Quota::with_period(per / count.get()).map(|q| q.allow_burst(count))
+        }
+    }
+}
+
+/// Middleware of session creation: one bucket per client address.
+pub async fn per_client(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
+    limited(req, next, |limits, req| {
+        let limiter = limits.sessions.as_ref()?;
+        Some(limiter.check(&limits.client.of(req)))
+    })
+    .await
+}
+
+/// Middleware of the submission: one bucket per session and bearer token,
+/// so that nobody who only knows a session id (rankings show them) can
+/// use up its participant's bucket.
+pub async fn per_session(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
+    limited(req, next, |limits, req| {
+        let limiter = limits.submissions.as_ref()?;
+        let session = req.match_info().get("id").unwrap_or_default();
+        Some(limiter.check(&session_key(session, bearer(req).unwrap_or_default())))
+    })
+    .await
+}
+
+/// Runs the request unless `check` says how long it must wait (None: no
+/// limit applies).
+async fn limited(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+    check: impl FnOnce(&RateLimits, &HttpRequest) -> Option<Result<(), Duration>>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
+    let Some(state) = req.app_data::<web::Data<AppState>>() else {
+        let e = ApiError::Internal("the rate limits are not configured".into());
+        return Ok(req.error_response(e).map_into_right_body());
+    };
+    if let Some(Err(wait)) = check(&state.limits, req.request()) {
+        let e = ApiError::RateLimited {
+            retry_after: retry_after_secs(wait),
+        };
+        return Ok(req.error_response(e).map_into_right_body());
+    }
+    Ok(next.call(req).await?.map_into_left_body())
+}
+
+/// `Retry-After` in whole seconds, at least 1.
+fn retry_after_secs(wait: Duration) -> u64 {
+    (wait.as_millis().div_ceil(1000) as u64).max(1)
+}
+
+/// The key of a session and token: a digest, so a key has a fixed size
+/// whatever the path and header hold.
+fn session_key(session: &str, token: &str) -> u128 {
+    let digest = Sha256::new()
+        .chain_update(session.as_bytes())
+        .chain_update([0])
+        .chain_update(token.as_bytes())
+        .finalize();
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&digest[..16]);
+    u128::from_be_bytes(first)
+}
+
+/// Where a request comes from.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddress {
+    /// Proxies in front that append to `X-Forwarded-For`: 0 ignores the
+    /// header (any client can write it).
+    pub trusted_proxies: u8,
+}
+
+impl ClientAddress {
+    /// The client's key: the peer address, or with N trusted proxies the
+    /// N-th address from the right of `X-Forwarded-For` (each proxy
+    /// appends the address it was reached from, so the entries left of it
+    /// are the client's own words). A header too short or unreadable
+    /// there falls back to the peer. IPv6 is keyed by its /64; no peer
+    /// address at all (not over TCP) is `0.0.0.0`.
+    pub fn of(&self, req: &HttpRequest) -> IpAddr {
+        let peer = req.peer_addr().map(|a| a.ip());
+        let forwarded = (self.trusted_proxies > 0)
+            .then(|| forwarded_for(req, self.trusted_proxies.into()))
+            .flatten();
+        block(
+            forwarded
+                .or(peer)
+                .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        )
+    }
+}
+
+/// The `hops`-th address from the right of all `X-Forwarded-For` headers.
+fn forwarded_for(req: &HttpRequest, hops: usize) -> Option<IpAddr> {
+    let mut entries = Vec::new();
+    for value in req.headers().get_all("x-forwarded-for") {
+        let Ok(value) = value.to_str() else {
+            return None;
+        };
+        entries.extend(value.split(',').map(str::trim));
+    }
+    let entry = entries.len().checked_sub(hops).map(|i| entries[i])?;
+    entry
+        .parse::<IpAddr>()
+        .ok()
+        .or_else(|| entry.parse::<SocketAddr>().ok().map(|a| a.ip()))
+}
+
+/// The address as a key: IPv4 (also when mapped into IPv6) as is, IPv6 as
+/// its /64.
+fn block(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(Ipv6Addr::from(prefix))
+        }
+        v4 => v4,
+    }
+}
+
+/// A keyed limiter that holds at most `max_keys` keys and sweeps the
+/// forgotten ones.
+pub struct KeyedLimiter<K: Hash + Eq + Clone, C: Clock = DefaultClock> {
+    limiter: RateLimiter<K, BoundedStore<K>, C, NoOpMiddleware<C::Instant>>,
+    max_keys: usize,
+    clock: C,
+    start: C::Instant,
+    /// Nanoseconds from `start` to the last sweep.
+    last_sweep: AtomicU64,
+}
+
+impl<K: Hash + Eq + Clone> KeyedLimiter<K> {
+    /// The limiter of `limit` on the real clock; None when it is off.
+    pub fn of(limit: RateLimit, max_keys: usize) -> Option<Self> {
+        quota(limit).map(|q| KeyedLimiter::new(q, max_keys, DefaultClock::default()))
+    }
+}
+
+impl<K: Hash + Eq + Clone, C: Clock + Clone> KeyedLimiter<K, C> {
+    pub fn new(quota: Quota, max_keys: usize, clock: C) -> Self {
+        let max_keys = max_keys.max(1);
+        let store = BoundedStore {
+            map: DashMapStateStore::default(),
+            overflow: InMemoryState::default(),
+            max_keys,
+        };
+        KeyedLimiter {
+            limiter: RateLimiter::new(quota, store, clock.clone()),
+            max_keys,
+            start: clock.now(),
+            clock,
+            last_sweep: AtomicU64::new(0),
+        }
+    }
+
+    /// Ok, or how long `key` must wait.
+    pub fn check(&self, key: &K) -> Result<(), Duration> {
+        let now = self.clock.now();
+        self.sweep_if_due(now.duration_since(self.start));
+        self.limiter
+            .check_key(key)
+            .map_err(|not_until| not_until.wait_time_from(now))
+    }
+
+    /// Keys held (forgotten ones included until the next sweep).
+    pub fn len(&self) -> usize {
+        self.limiter.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.limiter.is_empty()
+    }
+
+    fn sweep_if_due(&self, now: Nanos) {
+        let now = now.as_u64();
+        let last = self.last_sweep.load(Ordering::Relaxed);
+        let full = self.limiter.len() >= self.max_keys;
+        let period = if full { SWEEP_WHEN_FULL } else { SWEEP_EVERY };
+        if now.saturating_sub(last) < period.as_nanos() as u64 {
+            return;
+        }
+        // One sweeper at a time; the others go on.
+        if self
+            .last_sweep
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.limiter.retain_recent();
+            self.limiter.shrink_to_fit();
+        }
+    }
+}
+
+/// governor's DashMap store with a bound: when it holds `max_keys`, a key
+/// it does not hold is measured against the one `overflow` state instead
+/// of being added.
+pub struct BoundedStore<K: Hash + Eq + Clone> {
+    map: DashMapStateStore<K>,
+    overflow: InMemoryState,
+    max_keys: usize,
+}
+
+impl<K: Hash + Eq + Clone> StateStore for BoundedStore<K> {
+    type Key = K;
+
+    fn measure_and_replace<T, F, E>(&self, key: &K, f: F) -> Result<T, E>
+    where
+        F: Fn(Option<Nanos>) -> Result<(T, Nanos), E>,
+    {
+        if self.map.len() >= self.max_keys && !self.map.contains_key(key) {
+            return self.overflow.measure_and_replace(&NotKeyed::NonKey, f);
+        }
+        self.map.measure_and_replace(key, f)
+    }
+}
+
+impl<K: Hash + Eq + Clone> ShrinkableKeyedStateStore<K> for BoundedStore<K> {
+    fn retain_recent(&self, drop_below: Nanos) {
+        self.map.retain_recent(drop_below);
+    }
+
+    fn shrink_to_fit(&self) {
+        self.map.shrink_to_fit();
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use governor::clock::FakeRelativeClock;
+
+    use super::*;
+
+    fn limiter(
+        count: u32,
+        per: Duration,
+        max_keys: usize,
+    ) -> (KeyedLimiter<u32, FakeRelativeClock>, FakeRelativeClock) {
+        let clock = FakeRelativeClock::default();
+        let limit = RateLimit::Every {
+            count: NonZeroU32::new(count).unwrap(),
+            per,
+        };
+        let limiter = KeyedLimiter::new(quota(limit).unwrap(), max_keys, clock.clone());
+        (limiter, clock)
+    }
+
+    #[test]
+    fn a_burst_then_one_per_interval() {
+        let (limiter, clock) = limiter(3, Duration::from_secs(60), 10);
+        for _ in 0..3 {
+            assert!(limiter.check(&1).is_ok());
+        }
+        let wait = limiter.check(&1).unwrap_err();
+        assert_eq!(wait, Duration::from_secs(20));
+        assert_eq!(retry_after_secs(wait), 20);
+        assert!(limiter.check(&2).is_ok(), "another key has its own bucket");
+        clock.advance(Duration::from_secs(20));
+        assert!(limiter.check(&1).is_ok());
+        assert!(limiter.check(&1).is_err());
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_at_least_one() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1_001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(60)), 60);
+    }
+
+    #[test]
+    fn off_has_no_quota() {
+        assert!(quota(RateLimit::Off).is_none());
+    }
+
+    #[test]
+    fn a_full_store_shares_one_overflow_bucket_and_sweeps_forgotten_keys() {
+        let (limiter, clock) = limiter(2, Duration::from_secs(10), 3);
+        for key in 0..3 {
+            assert!(limiter.check(&key).is_ok());
+        }
+        assert_eq!(limiter.len(), 3);
+        // Full: new keys share the overflow bucket (burst 2) and are not
+        // stored; held keys keep their own.
+        assert!(limiter.check(&100).is_ok());
+        assert!(limiter.check(&101).is_ok());
+        assert!(limiter.check(&102).is_err());
+        assert!(limiter.check(&0).is_ok());
+        assert_eq!(limiter.len(), 3);
+        // Once their buckets are full again, the held keys are forgotten
+        // by the next sweep (due at once while full) and new keys get
+        // their own buckets again.
+        clock.advance(Duration::from_secs(30));
+        assert!(limiter.check(&200).is_ok());
+        assert!(limiter.check(&200).is_ok());
+        assert!(limiter.check(&200).is_err());
+        assert_eq!(limiter.len(), 1);
+    }
+
+    #[test]
+    fn keys_are_swept_periodically() {
+        let (limiter, clock) = limiter(5, Duration::from_secs(1), 1_000);
+        for key in 0..100 {
+            assert!(limiter.check(&key).is_ok());
+        }
+        assert_eq!(limiter.len(), 100);
+        clock.advance(SWEEP_EVERY);
+        assert!(limiter.check(&7).is_ok());
+        assert_eq!(limiter.len(), 1, "only the key just used is held");
+    }
+
+    #[test]
+    fn session_keys_depend_on_session_and_token() {
+        assert_eq!(session_key("s", "t"), session_key("s", "t"));
+        assert_ne!(session_key("s", "t"), session_key("s", "u"));
+        assert_ne!(session_key("st", ""), session_key("s", "t"));
+    }
+
+    #[test]
+    fn ipv6_is_keyed_by_its_64_and_mapped_ipv4_as_ipv4() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(block(a), block(b));
+        assert_ne!(block(a), block(c));
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        assert_eq!(block(mapped), "192.0.2.7".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn forwarded_for_counts_only_trusted_hops() {
+        let req = actix_web::test::TestRequest::default()
+            .peer_addr("10.0.0.1:5000".parse().unwrap())
+            .insert_header(("X-Forwarded-For", "6.6.6.6, 198.51.100.4"))
+            .append_header(("X-Forwarded-For", "203.0.113.9:443"))
+            .to_http_request();
+        let of = |trusted_proxies| ClientAddress { trusted_proxies }.of(&req).to_string();
+        assert_eq!(of(0), "10.0.0.1", "the header is ignored by default");
+        assert_eq!(of(1), "203.0.113.9");
+        assert_eq!(of(2), "198.51.100.4");
+        assert_eq!(of(3), "6.6.6.6");
+        assert_eq!(
+            of(4),
+            "10.0.0.1",
+            "a header too short falls back to the peer"
+        );
+    }
+}

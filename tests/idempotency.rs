@@ -1,0 +1,358 @@
+//! The Idempotency-Key edge, on SQLite and on PostgreSQL: the anonymous key
+//! rule, keys per caller and endpoint, the takeover of a record whose
+//! request died, and database errors classified once — a lock held by
+//! another connection is transient (retried, then 503 with Retry-After, and
+//! the key is not pinned), a unique violation is a duplicate. Expired
+//! records are purged in bounded batches.
+
+mod support;
+
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, Database, DatabaseTransaction, TransactionTrait};
+use serde_json::{json, Value};
+use stagehand::http::idempotency::key_request;
+use stagehand::store::idempotency::{KeyClaim, StoredAnswer, KEY_LEASE_MS};
+use stagehand::store::{DbFailure, Store};
+use support::{fast_sim, Backend, TestApp, TestDb, OPERATOR};
+
+const T0: i64 = 1_800_000_000_000;
+const DAY: i64 = 24 * 3_600_000;
+
+async fn create_session(app: &TestApp, slug: &str, key: Option<&str>) -> (u16, bool, Value) {
+    let mut req = app
+        .http
+        .post(format!("{}/api/experiences/{slug}/sessions", app.base))
+        .json(&json!({"nickname": "same"}));
+    if let Some(key) = key {
+        req = req.header("Idempotency-Key", key);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let replayed = resp.headers().get("Idempotent-Replayed").is_some();
+    (status, replayed, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Session creation has no caller token: a guessable key (the README's old
+/// `1`) is refused, so two phones can never share a participant token; a
+/// UUID or 32+ hex digits is replayed to whoever holds it.
+async fn anonymous_keys_must_be_unguessable(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let slug = app.experience(5).await;
+    for weak in [
+        "1",
+        "abc",
+        "0123456789abcdef0123456789abcde",
+        "not-a-uuid-but-long-enough-0000000",
+    ] {
+        let (status, _, body) = create_session(&app, &slug, Some(weak)).await;
+        assert_eq!(status, 400, "{weak}: {body}");
+        assert_eq!(body["error"], "idempotency_key_too_weak");
+        assert!(body["message"].as_str().unwrap().contains("122"));
+    }
+    for strong in [
+        uuid::Uuid::new_v4().to_string(),
+        uuid::Uuid::new_v4().simple().to_string(),
+        format!("{}{}", uuid::Uuid::new_v4().simple(), "ff"),
+    ] {
+        let (status, replayed, first) = create_session(&app, &slug, Some(&strong)).await;
+        assert_eq!((status, replayed), (201, false), "{first}");
+        let (status, replayed, again) = create_session(&app, &slug, Some(&strong)).await;
+        assert_eq!((status, replayed), (201, true));
+        assert_eq!(again, first, "the holder of the key gets its answer again");
+    }
+    let (a, b) = (
+        create_session(&app, &slug, None).await,
+        create_session(&app, &slug, None).await,
+    );
+    assert_eq!((a.0, b.0), (201, 201));
+    assert_ne!(a.2["participant_token"], b.2["participant_token"]);
+    app.stop().await;
+}
+db_test!(anonymous_keys_must_be_unguessable);
+
+/// One operator key on two endpoints is two requests.
+async fn operator_keys_are_per_endpoint(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let key = "same-key";
+    let slug = format!(
+        "per-endpoint-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
+    let experience = app
+        .http
+        .post(format!("{}/api/experiences", app.base))
+        .bearer_auth(OPERATOR)
+        .header("Idempotency-Key", key)
+        .json(&json!({"slug": slug, "title": "t", "kind": "comic"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(experience.status(), 201);
+    let terminal = app
+        .http
+        .post(format!("{}/api/terminals", app.base))
+        .bearer_auth(OPERATOR)
+        .header("Idempotency-Key", key)
+        .json(&json!({"experience": slug, "name": "booth"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(terminal.status(), 201, "{:?}", terminal.text().await);
+    app.stop().await;
+}
+db_test!(operator_keys_are_per_endpoint);
+
+/// A request that took its key and died leaves it IN_PROGRESS: retries get
+/// 409 until its lease runs out, then one takes it over and runs. The dead
+/// request's late write of its answer changes nothing.
+async fn a_dead_requests_key_is_taken_over_after_its_lease(backend: Backend) {
+    let db = TestDb::fresh(backend).await;
+    let store = db.store().await;
+    let dead = key_request("anonymous /x", "k", b"{}");
+    assert_eq!(
+        store.claim_key(&dead, T0, DAY).await.unwrap(),
+        KeyClaim::Fresh
+    );
+    let retry = key_request("anonymous /x", "k", b"{}");
+    assert_eq!(
+        store
+            .claim_key(&retry, T0 + KEY_LEASE_MS - 1, DAY)
+            .await
+            .unwrap(),
+        KeyClaim::InProgress,
+        "within the lease the first request may still answer"
+    );
+    let late = key_request("anonymous /x", "k", b"{}");
+    assert_eq!(
+        store
+            .claim_key(&late, T0 + KEY_LEASE_MS + 1, DAY)
+            .await
+            .unwrap(),
+        KeyClaim::Fresh,
+        "past the lease a retry takes the key over"
+    );
+    let stale_answer = StoredAnswer {
+        status: 201,
+        body: "{\"from\":\"dead\"}".into(),
+    };
+    store.finish_key(&dead, &stale_answer).await.unwrap();
+    store.release_keys(&[&dead]).await.unwrap();
+    let answer = StoredAnswer {
+        status: 201,
+        body: "{\"from\":\"late\"}".into(),
+    };
+    store.finish_key(&late, &answer).await.unwrap();
+    let again = key_request("anonymous /x", "k", b"{}");
+    assert_eq!(
+        store
+            .claim_key(&again, T0 + KEY_LEASE_MS + 2, DAY)
+            .await
+            .unwrap(),
+        KeyClaim::Replay(answer),
+        "the owner's answer, not the dead request's"
+    );
+}
+db_test!(a_dead_requests_key_is_taken_over_after_its_lease);
+
+/// The same through HTTP: a key left IN_PROGRESS by a request that died
+/// (taken an hour ago) does not pin the session creation.
+async fn a_pinned_key_does_not_block_a_retry(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let slug = app.experience(5).await;
+    let key = uuid::Uuid::new_v4().to_string();
+    let body = serde_json::to_vec(&json!({"nickname": "same"})).unwrap();
+    let path = format!("/api/experiences/{slug}/sessions");
+    let died = key_request(&format!("anonymous {path}"), &key, &body);
+    let an_hour_ago = app.state.clock.now_ms() - 3_600_000;
+    assert_eq!(
+        app.state
+            .store
+            .claim_key(&died, an_hour_ago, DAY)
+            .await
+            .unwrap(),
+        KeyClaim::Fresh
+    );
+    let (status, replayed, created) = create_session(&app, &slug, Some(&key)).await;
+    assert_eq!((status, replayed), (201, false), "{created}");
+    app.stop().await;
+}
+db_test!(a_pinned_key_does_not_block_a_retry);
+
+/// Another connection holds a lock on the experiences table (SQLite: the
+/// write lock). A create waits the lock timeout, is retried, and is then
+/// answered 503 `busy` with `Retry-After`; its key is released, so the
+/// same request succeeds once the lock is gone. The store says the error
+/// is transient; a duplicate row is a duplicate.
+async fn a_held_lock_is_transient_and_a_unique_violation_a_duplicate(backend: Backend) {
+    let app = TestApp::spawn_with(backend, fast_sim(), |config| {
+        config.db_lock_timeout = Duration::from_millis(100);
+    })
+    .await;
+    let holder = Database::connect(&app.db.url).await.unwrap();
+    let lock = hold_write_lock(&holder, backend).await;
+
+    let store = Store::connect_with(&app.db.url, 2, Some(Duration::from_millis(100)))
+        .await
+        .unwrap();
+    let blocked = store
+        .db()
+        .execute_unprepared(
+            "INSERT INTO experiences (id, slug, title, kind, ai_calls, max_in_flight, locale, \
+             created_at_ms) VALUES ('x', 'x', 'x', 'comic', 1, 1, 'en', 0)",
+        )
+        .await
+        .map_err(stagehand::store::StoreError::from)
+        .unwrap_err();
+    assert_eq!(blocked.failure(), DbFailure::Transient, "{blocked}");
+
+    let key = "create-while-locked";
+    let body = json!({"slug": "locked", "title": "t", "kind": "comic"});
+    let post = || {
+        app.http
+            .post(format!("{}/api/experiences", app.base))
+            .bearer_auth(OPERATOR)
+            .header("Idempotency-Key", key)
+            .json(&body)
+            .send()
+    };
+    let busy = post().await.unwrap();
+    assert_eq!(busy.status(), 503);
+    assert_eq!(busy.headers()["retry-after"], "1");
+    let error: Value = busy.json().await.unwrap();
+    assert_eq!(error["error"], "busy");
+
+    lock.rollback().await.unwrap();
+    let created = post().await.unwrap();
+    assert_eq!(created.status(), 201, "the key was not pinned by the 503");
+
+    let duplicate = store
+        .db()
+        .execute_unprepared(
+            "INSERT INTO experiences (id, slug, title, kind, ai_calls, max_in_flight, locale, \
+             created_at_ms) VALUES ('y', 'locked', 'x', 'comic', 1, 1, 'en', 0)",
+        )
+        .await
+        .map_err(stagehand::store::StoreError::from)
+        .unwrap_err();
+    assert_eq!(duplicate.failure(), DbFailure::Duplicate, "{duplicate}");
+    // A data error is permanent (PostgreSQL's 22021 once read as SQLite BUSY).
+    let data_error = match backend {
+        Backend::Postgres => "SELECT convert_from('\\x00'::bytea, 'UTF8')",
+        Backend::Sqlite => "SELECT abs(-9223372036854775808)",
+    };
+    let bad = store
+        .db()
+        .execute_unprepared(data_error)
+        .await
+        .map_err(stagehand::store::StoreError::from)
+        .unwrap_err();
+    assert_eq!(bad.failure(), DbFailure::Other, "{bad}");
+    let taken = post().await.unwrap();
+    assert_eq!(taken.status(), 201, "a replay, not a second insert");
+    assert!(taken.headers().get("Idempotent-Replayed").is_some());
+    app.stop().await;
+}
+db_test!(a_held_lock_is_transient_and_a_unique_violation_a_duplicate);
+
+/// A transaction on `conn` that holds what an insert into `experiences`
+/// needs: the table (PostgreSQL) or the database's write lock (SQLite).
+async fn hold_write_lock(
+    conn: &sea_orm::DatabaseConnection,
+    backend: Backend,
+) -> DatabaseTransaction {
+    let tx = conn.begin().await.unwrap();
+    let sql = match backend {
+        Backend::Postgres => "LOCK TABLE experiences IN ACCESS EXCLUSIVE MODE",
+        Backend::Sqlite => "CREATE TABLE lock_holder (x INTEGER)",
+    };
+    tx.execute_unprepared(sql).await.unwrap();
+    tx
+}
+
+/// 2,500 expired records and 10 live ones: purged 1,000 at a time, the live
+/// ones kept.
+async fn expired_keys_are_purged_in_bounded_batches(backend: Backend) {
+    let db = TestDb::fresh(backend).await;
+    let store = db.store().await;
+    let old: Vec<_> = (0..2_500)
+        .map(|i| key_request("s", &format!("old-{i}"), b""))
+        .collect();
+    for chunk in old.chunks(500) {
+        store.claim_keys(chunk, T0, DAY).await.unwrap();
+    }
+    let live: Vec<_> = (0..10)
+        .map(|i| key_request("s", &format!("live-{i}"), b""))
+        .collect();
+    store.claim_keys(&live, T0 + DAY, DAY).await.unwrap();
+    let now = T0 + DAY + 1;
+    let mut batches = Vec::new();
+    loop {
+        let n = store.purge_expired_keys(now, 1_000).await.unwrap();
+        batches.push(n);
+        if n < 1_000 {
+            break;
+        }
+    }
+    assert_eq!(batches, vec![1_000, 1_000, 500]);
+    let left = store
+        .db()
+        .query_one_raw(store.sql("SELECT COUNT(*) FROM idempotency_records", vec![]))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get_by_index::<i64>(0)
+        .unwrap();
+    assert_eq!(left, 10);
+}
+db_test!(expired_keys_are_purged_in_bounded_batches);
+
+/// The same submission fired 50 times at once: one saga, and every answer
+/// is that 202 (once fresh, the rest replays) or 409 `request_in_progress`.
+/// Then 20 submissions with 20 different keys at once on a new session:
+/// one 202, the others 409 `already_submitted`.
+async fn duplicates_fired_at_once_make_one_saga(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let slug = app.experience(5).await;
+    let (sid, tok) = app.session(&slug, None, "dup").await;
+    let body = json!({"prompt": "once"});
+    let answers = futures_util::future::join_all(
+        (0..50).map(|_| app.submit(&sid, &tok, body.clone(), "the-key")),
+    )
+    .await;
+    let mut fresh = 0;
+    let mut saga_ids = std::collections::HashSet::new();
+    for resp in answers {
+        let status = resp.status().as_u16();
+        let replayed = resp.headers().get("Idempotent-Replayed").is_some();
+        let body: Value = resp.json().await.unwrap();
+        match status {
+            202 => {
+                fresh += usize::from(!replayed);
+                saga_ids.insert(body["saga_id"].as_str().unwrap().to_owned());
+            }
+            409 => assert_eq!(body["error"], "request_in_progress", "{body}"),
+            other => panic!("answer {other}: {body}"),
+        }
+    }
+    assert_eq!(fresh, 1, "exactly one request ran");
+    assert_eq!(saga_ids.len(), 1, "every 202 names the same saga");
+    let (_, list) = app
+        .operator_get(&format!("/api/admin/sagas?experience={slug}"))
+        .await;
+    assert_eq!(list["sagas"].as_array().unwrap().len(), 1);
+
+    let (sid, tok) = app.session(&slug, None, "mixed").await;
+    let keys: Vec<String> = (0..20).map(|i| format!("key-{i}")).collect();
+    let answers = futures_util::future::join_all(
+        keys.iter()
+            .map(|key| app.submit(&sid, &tok, json!({"prompt": "x"}), key)),
+    )
+    .await;
+    let mut statuses: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    statuses.sort();
+    assert_eq!(statuses[0], 202);
+    assert!(statuses[1..].iter().all(|&s| s == 409), "{statuses:?}");
+    app.stop().await;
+}
+db_test!(duplicates_fired_at_once_make_one_saga);
