@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::ai::openai::{self, ApiKey, OpenAiSettings};
+use crate::ai::ProviderKind;
 use crate::domain::policy::{RecoveryLimits, RetryPolicy};
 
 /// Parses `250ms`, `10s`, `7m`, `1h`.
@@ -66,6 +68,38 @@ pub struct Config {
     /// in-process on a loopback port.
     #[arg(long, env = "STAGEHAND_AI_URL")]
     pub ai_url: Option<String>,
+    /// The AI provider: `jobs` (the job API at `--ai-url`, or the built-in
+    /// simulator) or `openai` (an OpenAI-compatible API at
+    /// `--openai-base-url`, with `--openai-api-key`).
+    #[arg(
+        long,
+        env = "STAGEHAND_AI_PROVIDER",
+        value_enum,
+        default_value = "jobs"
+    )]
+    pub ai_provider: ProviderKind,
+    /// Base URL of the OpenAI-compatible API (a trailing `/v1` is dropped).
+    #[arg(long, env = "STAGEHAND_OPENAI_BASE_URL", default_value = openai::DEFAULT_BASE_URL)]
+    pub openai_base_url: String,
+    /// Bearer key of the OpenAI-compatible API. Prefer the environment
+    /// variable: a flag is visible to other users of the machine. Never
+    /// logged, never shown by `--help` or `Debug`. Unset: no
+    /// `Authorization` header (local compatible servers).
+    #[arg(long, env = "STAGEHAND_OPENAI_API_KEY", hide_env_values = true, value_parser = parse_api_key)]
+    pub openai_api_key: Option<ApiKey>,
+    /// Chat model, for text kinds (`video`, `music`, ...) and `score`.
+    #[arg(long, env = "STAGEHAND_OPENAI_CHAT_MODEL", default_value = openai::DEFAULT_CHAT_MODEL)]
+    pub openai_chat_model: String,
+    /// Image model, for `comic` and `image`.
+    #[arg(long, env = "STAGEHAND_OPENAI_IMAGE_MODEL", default_value = openai::DEFAULT_IMAGE_MODEL)]
+    pub openai_image_model: String,
+    /// Size of generated images.
+    #[arg(long, env = "STAGEHAND_OPENAI_IMAGE_SIZE", default_value = openai::DEFAULT_IMAGE_SIZE)]
+    pub openai_image_size: String,
+    /// Bound of one OpenAI-compatible call (capped by `--ai-timeout`);
+    /// past it the outcome is unclear and the call is retried, not counted.
+    #[arg(long, env = "STAGEHAND_OPENAI_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    pub openai_timeout: Duration,
     /// Bearer token of operators. Unset: one is generated and printed once.
     #[arg(long, env = "STAGEHAND_OPERATOR_TOKEN")]
     pub operator_token: Option<String>,
@@ -106,6 +140,16 @@ pub struct Config {
     /// so that saga work never starves the HTTP requests.
     #[arg(long, env = "STAGEHAND_WORKER_DB_POOL", default_value_t = 10)]
     pub worker_db_pool: u32,
+    /// Requests to the AI provider (submits and polls together), shared by
+    /// every saga of every instance: `N/<period>` like `600/min`, or `off`.
+    /// Set it to the AI account's quota so a burst of participants never
+    /// exceeds it; a request over it is not sent and its saga waits.
+    #[arg(long, env = "STAGEHAND_AI_RATE_LIMIT", default_value = "off", value_parser = parse_rate_limit)]
+    pub ai_rate_limit: RateLimit,
+    /// How long the AI provider's circuit breaker stays open after 5
+    /// unavailable answers in a row, before one saga probes it.
+    #[arg(long, env = "STAGEHAND_BREAKER_COOL_DOWN", default_value = "30s", value_parser = parse_duration)]
+    pub breaker_cool_down: Duration,
     /// How long a request's statement waits on a lock held elsewhere
     /// (PostgreSQL `lock_timeout`, SQLite `busy_timeout`) before it is
     /// retried (3 times, with backoff) and then answered 503 `busy` with
@@ -194,6 +238,23 @@ impl Config {
     pub fn lease_ms(&self) -> i64 {
         self.lease.as_millis() as i64
     }
+
+    /// The OpenAI-compatible adapter's settings (`--ai-provider openai`).
+    pub fn openai_settings(&self) -> OpenAiSettings {
+        OpenAiSettings {
+            base_url: self.openai_base_url.clone(),
+            api_key: self.openai_api_key.clone(),
+            chat_model: self.openai_chat_model.clone(),
+            image_model: self.openai_image_model.clone(),
+            image_size: self.openai_image_size.clone(),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: self.openai_timeout.min(self.ai_timeout),
+        }
+    }
+}
+
+fn parse_api_key(s: &str) -> Result<ApiKey, String> {
+    s.parse()
 }
 
 #[cfg(test)]
@@ -234,6 +295,39 @@ mod tests {
         assert_eq!(config.session_rate_limit, every(600, 60));
         assert_eq!(config.submission_rate_limit, every(30, 60));
         assert_eq!(config.trusted_proxies, 0);
+    }
+
+    #[test]
+    fn the_openai_key_is_never_shown() {
+        let config = <Wrapper as clap::Parser>::parse_from([
+            "stagehand",
+            "--ai-provider",
+            "openai",
+            "--openai-api-key",
+            "sk-config-SECRET-42",
+        ])
+        .config;
+        assert_eq!(config.ai_provider, ProviderKind::Openai);
+        let shown = format!("{config:?} {:?}", config.openai_settings());
+        assert!(!shown.contains("sk-config-SECRET-42"), "{shown}");
+        let command = <Wrapper as clap::CommandFactory>::command();
+        let key = command
+            .get_arguments()
+            .find(|a| a.get_id() == "openai_api_key")
+            .expect("the key flag");
+        assert!(key.is_hide_env_values_set(), "--help would show the key");
+        let defaults = Config::defaults();
+        assert_eq!(defaults.ai_provider, ProviderKind::Jobs);
+        assert_eq!(
+            defaults.openai_settings().request_timeout,
+            Duration::from_secs(120)
+        );
+    }
+
+    #[derive(clap::Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        config: Config,
     }
 
     #[test]

@@ -18,7 +18,8 @@
 //! actors::dispatcher ── store::sagas::claim_runnable (lease + lock token, under the AI cap)
 //!        ▼
 //! actors::saga_supervisor (one per saga; renews its lease; domain::policy decides retries)
-//!        ├─ actors::ai ── ai::client (job API; outside errors -> domain::failure::AiFailure)
+//!        ├─ actors::ai ── ai::client (job API) or ai::openai (OpenAI-compatible; outside
+//!        │                errors -> domain::failure::AiFailure)
 //!        ├─ actors::ranking ── store::ranking (one entry per session)
 //!        └─ actors::persistence ── store::sagas (fenced transitions; the final tx writes
 //!                                   result + session + store::outbox event)

@@ -11,6 +11,7 @@ use actix_web::dev::Server;
 use actix_web::{web, App, HttpServer};
 
 use crate::actors::ai::AiActor;
+use crate::actors::breaker::{ProviderBreaker, ProviderRate};
 use crate::actors::cleanup::CleanupActor;
 use crate::actors::cluster::ClusterBridge;
 use crate::actors::dispatcher::Dispatcher;
@@ -23,12 +24,14 @@ use crate::actors::saga_supervisor::{SagaDeps, SagaSettings};
 use crate::actors::terminal_hub::TerminalHub;
 use crate::actors::wakeups::{ClusterMailbox, Wakeups};
 use crate::ai::simulator::{self, RunningSim, SimConfig, SimControl};
-use crate::ai::AiClient;
+use crate::ai::{AiClient, AiProvider, OpenAiClient, ProviderKind};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
+use crate::config::RateLimit;
 use crate::http::auth::new_secret;
 use crate::http::rate_limit::RateLimits;
 use crate::http::{routes, AppState};
+use crate::store::breaker::DEFAULT_PROVIDER;
 use crate::store::sagas::ClaimRules;
 use crate::store::{Store, StoreError};
 
@@ -82,6 +85,8 @@ impl Application {
         tracing::info!(database = %redact(&config.database_url), "database ready (migrations applied)");
 
         let (ai_url, simulator) = match &config.ai_url {
+            // The OpenAI-compatible provider needs no job API.
+            _ if config.ai_provider == ProviderKind::Openai => (String::new(), None),
             Some(url) => (url.clone(), None),
             None => {
                 let sim = simulator::start("127.0.0.1:0", SimControl::new(SimConfig::default()))
@@ -131,11 +136,37 @@ impl Application {
         let persistence =
             PersistenceActor::new(work.clone(), clock.clone(), rules.lease_ms, wakeups.clone())
                 .start();
-        let ai_client = AiClient::new(&ai_url, Duration::from_secs(5), Duration::from_secs(30));
+        let breaker = ProviderBreaker::new(
+            work.clone(),
+            clock.clone(),
+            wakeups.clone(),
+            DEFAULT_PROVIDER,
+            config.breaker_cool_down,
+        );
+        let ai_client = match config.ai_provider {
+            ProviderKind::Jobs => AiProvider::from(AiClient::new(
+                &ai_url,
+                Duration::from_secs(5),
+                Duration::from_secs(30),
+            )),
+            ProviderKind::Openai => openai_provider(&config),
+        };
         let deps = SagaDeps {
             store: work.clone(),
             clock: clock.clone(),
-            ai: AiActor::new(ai_client).start(),
+            ai: AiActor::new(ai_client)
+                .with_breaker(breaker.clone())
+                .with_rate_limit(match config.ai_rate_limit {
+                    RateLimit::Off => None,
+                    RateLimit::Every { count, per } => Some(ProviderRate::new(
+                        work.clone(),
+                        clock.clone(),
+                        DEFAULT_PROVIDER,
+                        count.get(),
+                        per,
+                    )),
+                })
+                .start(),
             ranking: RankingActor::new(work.clone(), clock.clone(), wakeups.clone()).start(),
             persistence: persistence.clone(),
             settings: Arc::new(SagaSettings {
@@ -147,6 +178,7 @@ impl Application {
         };
         Dispatcher::new(
             deps,
+            breaker.clone(),
             rules,
             config.poll_interval,
             wakeups.dispatcher.clone(),
@@ -253,6 +285,20 @@ impl Application {
     pub fn into_server(self) -> (Server, Option<RunningSim>) {
         (self.server, self.simulator)
     }
+}
+
+/// The OpenAI-compatible adapter (`--ai-provider openai`); says which
+/// models it uses and whether a key is set, never the key.
+fn openai_provider(config: &Config) -> AiProvider {
+    let client = OpenAiClient::new(&config.openai_settings());
+    tracing::info!(
+        base_url = %redact(client.base_url()),
+        chat_model = %config.openai_chat_model,
+        image_model = %config.openai_image_model,
+        api_key = if client.has_key() { "set" } else { "unset" },
+        "AI provider: OpenAI-compatible API (chat completions, image generation)"
+    );
+    AiProvider::from(client)
 }
 
 /// The URL without its password, for logs.

@@ -15,6 +15,7 @@ mod m20261202_000003_peoples_side;
 mod m20261203_000004_operator_views;
 mod m20261204_000005_credits;
 mod m20261204_000006_idempotency_lease;
+mod m20261205_000008_breaker;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -29,6 +30,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000004_operator_views::Migration),
             Box::new(m20261204_000005_credits::Migration),
             Box::new(m20261204_000006_idempotency_lease::Migration),
+            Box::new(m20261205_000008_breaker::Migration),
         ]
     }
 }

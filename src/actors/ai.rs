@@ -1,10 +1,15 @@
 //! AiActor: the only place that talks to the AI provider. It has no database
 //! access; every outside failure arrives here already translated into an
-//! [`AiFailure`] by the client.
+//! [`AiFailure`] by the client. Each call's outcome goes to the provider's
+//! circuit breaker ([`ProviderBreaker::record`]), which writes the shared
+//! state after the call when it changes.
+
+use std::sync::Arc;
 
 use actix::prelude::*;
 
-use crate::ai::{AiClient, JobOrder, JobView};
+use super::breaker::{ProviderBreaker, ProviderRate};
+use crate::ai::{AiProvider, JobOrder, JobView};
 use crate::domain::failure::AiFailure;
 
 /// Submit a job (idempotent through the order's key).
@@ -18,12 +23,31 @@ pub struct SubmitJob(pub JobOrder);
 pub struct PollJob(pub String);
 
 pub struct AiActor {
-    client: AiClient,
+    /// The job API client or the OpenAI-compatible adapter.
+    client: AiProvider,
+    breaker: Option<Arc<ProviderBreaker>>,
+    rate: Option<Arc<ProviderRate>>,
 }
 
 impl AiActor {
-    pub fn new(client: AiClient) -> Self {
-        AiActor { client }
+    pub fn new(client: impl Into<AiProvider>) -> Self {
+        AiActor {
+            client: client.into(),
+            breaker: None,
+            rate: None,
+        }
+    }
+
+    /// Takes a request of `rate` before every call.
+    pub fn with_rate_limit(mut self, rate: Option<Arc<ProviderRate>>) -> Self {
+        self.rate = rate;
+        self
+    }
+
+    /// Reports every call's outcome to `breaker`.
+    pub fn with_breaker(mut self, breaker: Arc<ProviderBreaker>) -> Self {
+        self.breaker = Some(breaker);
+        self
     }
 }
 
@@ -35,8 +59,18 @@ impl Handler<SubmitJob> for AiActor {
     type Result = ResponseFuture<Result<JobView, AiFailure>>;
 
     fn handle(&mut self, msg: SubmitJob, _: &mut Context<Self>) -> Self::Result {
-        let client = self.client.clone();
-        Box::pin(async move { client.submit(&msg.0).await })
+        let (client, breaker, rate) =
+            (self.client.clone(), self.breaker.clone(), self.rate.clone());
+        Box::pin(async move {
+            if let Some(rate) = rate {
+                rate.take().await?;
+            }
+            let outcome = client.submit(&msg.0).await;
+            if let Some(breaker) = breaker {
+                breaker.record(&outcome);
+            }
+            outcome
+        })
     }
 }
 
@@ -44,7 +78,17 @@ impl Handler<PollJob> for AiActor {
     type Result = ResponseFuture<Result<JobView, AiFailure>>;
 
     fn handle(&mut self, msg: PollJob, _: &mut Context<Self>) -> Self::Result {
-        let client = self.client.clone();
-        Box::pin(async move { client.poll(&msg.0).await })
+        let (client, breaker, rate) =
+            (self.client.clone(), self.breaker.clone(), self.rate.clone());
+        Box::pin(async move {
+            if let Some(rate) = rate {
+                rate.take().await?;
+            }
+            let outcome = client.poll(&msg.0).await;
+            if let Some(breaker) = breaker {
+                breaker.record(&outcome);
+            }
+            outcome
+        })
     }
 }

@@ -1,7 +1,9 @@
 //! CleanupActor: every `CLEANUP_INTERVAL` ends what nobody owns any more.
 //! Sagas whose lease is gone and that are past their deadline or out of
-//! recoveries are aborted ORPHANED, each in its own transaction (and only if
-//! still unowned at that moment); sessions stuck in SUBMITTING without a saga
+//! recoveries are aborted, each in its own transaction (and only if still
+//! unowned at that moment): AI_TIMEOUT when the deadline passed while the
+//! saga waited for the AI, ORPHANED otherwise
+//! (`domain::policy::orphan_reason`); sessions stuck in SUBMITTING without a saga
 //! are aborted; expired idempotency records (in batches of
 //! [`PURGE_BATCH`], at most [`PURGE_ROUNDS`] a round) and old outbox events
 //! are deleted, and so are the presence rows of displays whose instance
@@ -15,7 +17,7 @@ use super::persistence::{PersistenceActor, Write};
 use super::terminal_hub::PRESENCE_STALE_MS;
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
-use crate::domain::policy::{ownership, recovery, Recovery, RecoveryLimits};
+use crate::domain::policy::{orphan_reason, ownership, recovery, Recovery, RecoveryLimits};
 use crate::domain::saga::AbortReason;
 use crate::store::idempotency::PURGE_BATCH;
 use crate::store::sagas::{ClaimRules, Fence};
@@ -107,7 +109,18 @@ impl CleanupActor {
                         if decision != Recovery::Orphan {
                             continue;
                         }
-                        let detail = if saga.deadline_at_ms < now {
+                        let deadline_passed = saga.deadline_at_ms < now;
+                        // Waiting for the AI when its time ran out: AI_TIMEOUT.
+                        let asked_ai = saga.ai_job_id.is_some()
+                            || saga.attempts > 0
+                            || saga.unavailable_streak > 0;
+                        let reason = match saga.step.parse() {
+                            Ok(step) => orphan_reason(step, deadline_passed, asked_ai),
+                            Err(_) => AbortReason::Orphaned,
+                        };
+                        let detail = if reason == AbortReason::AiTimeout {
+                            "the saga deadline passed while waiting for the AI".to_owned()
+                        } else if deadline_passed {
                             "nobody finished it before its deadline".to_owned()
                         } else {
                             format!("lease lost {} times; giving up", saga.recoveries)
@@ -116,14 +129,14 @@ impl CleanupActor {
                             .send(Write(SagaWrite::Abort {
                                 saga_id: saga.id.clone(),
                                 fence: Fence::Unowned,
-                                reason: AbortReason::Orphaned,
+                                reason,
                                 detail: detail.clone(),
                             }))
                             .await;
                         match aborted {
                             Ok(Ok(_)) => {
                                 report.orphaned_sagas += 1;
-                                tracing::warn!(saga_id = %saga.id, step = %saga.step, %detail, "saga ABORTED as ORPHANED");
+                                tracing::warn!(saga_id = %saga.id, step = %saga.step, %reason, %detail, "saga nobody will finish ABORTED");
                             }
                             Ok(Err(e)) if e.is_lease_lost() => {} // someone took it meanwhile
                             Ok(Err(e)) => {

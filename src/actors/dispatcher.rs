@@ -13,19 +13,28 @@
 //! never overlap: a wake-up during a round asks for one more round, which
 //! starts [`ROUND_GAP`] after it.
 //!
+//! While the AI provider's circuit breaker is open ([`ProviderBreaker`]),
+//! rounds claim no AI work, only sagas past the AI step; after its
+//! cool-down one round, on one instance, claims a single AI saga: the
+//! probe.
+//!
 //! Mailbox: the doorbell loop awaits each `Wake` it sends, so rings collapse
 //! instead of queueing; `SagaStopped` comes once per running saga (at most
 //! `max_running`); `WakeAt` once per backoff.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 
+use super::breaker::ProviderBreaker;
 use super::saga_supervisor::{SagaDeps, SagaSupervisor};
 use super::wakeups::Doorbell;
+use crate::domain::breaker::Admission;
 use crate::domain::policy::EpochMs;
 use crate::store::entities::sagas;
 use crate::store::sagas::ClaimRules;
+use crate::store::sagas::ClaimableExperience;
 use crate::store::{Store, StoreResult};
 
 /// The least time between the end of a round and the start of the next
@@ -50,6 +59,8 @@ pub struct SagaStopped;
 
 pub struct Dispatcher {
     deps: SagaDeps,
+    /// Says whether AI work may be claimed (the provider's circuit breaker).
+    breaker: Arc<ProviderBreaker>,
     rules: ClaimRules,
     poll_interval: Duration,
     bell: Doorbell,
@@ -67,6 +78,7 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new(
         deps: SagaDeps,
+        breaker: Arc<ProviderBreaker>,
         rules: ClaimRules,
         poll_interval: Duration,
         bell: Doorbell,
@@ -74,6 +86,7 @@ impl Dispatcher {
     ) -> Self {
         Dispatcher {
             deps,
+            breaker,
             rules,
             poll_interval,
             bell,
@@ -100,6 +113,7 @@ impl Dispatcher {
         self.again = false;
         let claim = claim_round(
             self.deps.store.clone(),
+            self.breaker.clone(),
             self.deps.clock.now_ms(),
             self.rules,
             room,
@@ -138,22 +152,55 @@ impl Dispatcher {
 
 /// Claims for every experience with claimable work, at most `room` sagas
 /// in all, each with its experience's kind. A failure for one experience
-/// does not stop the others.
+/// does not stop the others. While the provider's breaker is open no AI
+/// work is claimed (sagas past the AI step still are), and when its
+/// cool-down is over, one AI saga in all (the probe).
 async fn claim_round(
     store: Store,
+    breaker: Arc<ProviderBreaker>,
     now: EpochMs,
     rules: ClaimRules,
     room: usize,
 ) -> Vec<(sagas::Model, String)> {
-    let experiences: StoreResult<_> = store.experiences_with_claimable(now, rules).await;
-    let experiences = match experiences {
+    let experiences: StoreResult<Vec<ClaimableExperience>> =
+        store.experiences_with_claimable(now, rules).await;
+    let mut experiences = match experiences {
         Ok(experiences) => experiences,
         Err(e) => {
             tracing::error!(error = %e, "claim round failed; retrying on the next wake-up");
             return Vec::new();
         }
     };
+    let wants_ai = |e: &ClaimableExperience| e.has_expired_ai || e.has_queued_ai;
+    let admission = if experiences.iter().any(wants_ai) {
+        breaker.admission().await
+    } else {
+        Admission::All
+    };
+    let mut probe = None;
+    if admission != Admission::All {
+        if admission == Admission::Probe {
+            probe = experiences
+                .iter()
+                .find(|e| wants_ai(e))
+                .map(|e| ClaimableExperience {
+                    has_resumed: false,
+                    ..e.clone()
+                });
+        }
+        for e in &mut experiences {
+            e.has_expired_ai = false;
+            e.has_queued_ai = false;
+        }
+        experiences.retain(|e| e.has_resumed);
+    }
     let mut claimed = Vec::new();
+    if let Some(experience) = probe {
+        match store.claim_runnable(&experience, 1, now, rules).await {
+            Ok(sagas) => claimed.extend(sagas.into_iter().map(|s| (s, experience.kind.clone()))),
+            Err(e) => tracing::error!(error = %e, "the breaker's probe could not be claimed"),
+        }
+    }
     for experience in experiences {
         let left = room - claimed.len();
         if left == 0 {

@@ -28,6 +28,7 @@
 
 pub mod ai;
 pub mod batching;
+pub mod breaker;
 pub mod cleanup;
 pub mod cluster;
 pub mod dispatcher;

@@ -169,8 +169,8 @@ async fn run(
 ) -> Result<(), Stop> {
     loop {
         match step_of(&saga)? {
-            Step::AiPending => match ai_attempt(&saga, kind, token, deps).await? {
-                Ok((result, job_id)) => {
+            Step::AiPending => match ai_attempt(&mut saga, kind, token, deps).await? {
+                AiOutcome::Done(result, job_id) => {
                     let done = SagaWrite::AiDone {
                         saga_id: saga.id.clone(),
                         token: token.to_owned(),
@@ -183,8 +183,11 @@ async fn run(
                     saga.ai_score = result.score;
                     saga.step = Step::AiDone.as_str().to_owned();
                 }
-                Err(failure) => {
+                AiOutcome::Failed(failure) => {
                     return after_failure(&saga, token, failure, deps, dispatcher).await;
+                }
+                AiOutcome::Abort(reason, detail) => {
+                    return abort(&saga, token, reason, detail, deps).await;
                 }
             },
             Step::AiDone => {
@@ -246,22 +249,53 @@ async fn run(
     }
 }
 
-/// One AI attempt: submit with the attempt's key (or pick up the job a
-/// previous worker already submitted), then poll until a final status or
-/// the attempt timeout. A job that is not final at once is recorded first,
-/// so the attempt timeout counts from its submit even across a crash (one
-/// that is final at once needs no such record: its result is written
-/// next, and a resubmission with the same key finds the same job). Outer
-/// error: we must stop; inner: the AI's answer, with the job id.
+/// How the AI step ended for this worker.
+enum AiOutcome {
+    /// The job succeeded: its result and id.
+    Done(AiResult, String),
+    /// The retry policy decides ([`after_failure`]).
+    Failed(AiFailure),
+    /// End the saga now (its deadline passed while it waited for the AI).
+    Abort(AbortReason, String),
+}
+
+/// The AI step: submit with the attempt's key (or pick up the job a
+/// previous worker already submitted), then poll until a final status.
+///
+/// How the provider is kept within `max_in_flight` (rule 10): the AI slot
+/// of a saga is its lease while it is AI_PENDING (the claim counts held
+/// leases, see `Store::in_flight`), so a worker that may have a job
+/// running at the provider keeps its lease, renewed by the supervisor, and
+/// waits here instead of releasing it:
+/// - a submit whose outcome is unclear (the job may exist) is sent again
+///   with the same key after a backoff: same attempt, same job;
+/// - a poll that fails (unavailable or unclear) is retried after a backoff,
+///   by the job's id;
+/// - an attempt that runs out of `AI_TIMEOUT` counts, and the next attempt
+///   adopts the same job ([`SagaWrite::AiAttemptTimedOut`]) rather than
+///   starting a second one beside it.
+///
+/// Only a submit the provider refused outright (connect error, 5xx, 429:
+/// no job) releases the lease for a backoff, as does a counted failure
+/// once its job is final. `AI_TIMEOUT` bounds each attempt from its submit
+/// whatever the polls answer, and the saga's deadline bounds the whole
+/// wait (then `AI_TIMEOUT`: the time ran out waiting for the AI). A job
+/// that is not final at once is recorded first, so the attempt timeout
+/// counts from its submit even across a crash (one that is final at once
+/// needs no such record: its result is written next, and a resubmission
+/// with the same key finds the same job). Outer error: we must stop.
 async fn ai_attempt(
-    saga: &sagas::Model,
+    saga: &mut sagas::Model,
     kind: &str,
     token: &str,
     deps: &SagaDeps,
-) -> Result<Result<(AiResult, String), AiFailure>, Stop> {
+) -> Result<AiOutcome, Stop> {
     let settings = &deps.settings;
     let timeout_ms = settings.ai_timeout.as_millis() as i64;
-    let (job_id, submitted_at) = match (&saga.ai_job_id, saga.ai_submitted_at_ms) {
+    // Consecutive unavailable or unclear answers within this step, for the
+    // backoff between tries.
+    let mut streak: u32 = 0;
+    let (job_id, mut submitted_at) = match (&saga.ai_job_id, saga.ai_submitted_at_ms) {
         (Some(job_id), Some(at)) => (job_id.clone(), at),
         _ => {
             let base = Uuid::parse_str(&saga.ai_base_key).map_err(|e| {
@@ -274,12 +308,24 @@ async fn ai_attempt(
                 idempotency_key: ai_attempt_key(base, saga.attempts as u32),
             };
             let submitted_at = deps.clock.now_ms();
-            let view = match deps.ai.send(SubmitJob(order)).await? {
-                Ok(view) => view,
-                Err(failure) => return Ok(Err(failure)),
+            let view = loop {
+                match deps.ai.send(SubmitJob(order.clone())).await? {
+                    Ok(view) => break view,
+                    Err(AiFailure::Unclear(detail)) => {
+                        // The provider may have made the job: it holds our
+                        // slot, and the same key will find it.
+                        streak += 1;
+                        tracing::warn!(saga_id = %saga.id, attempt = saga.attempts, %detail, "AI submit outcome unclear; asking again with the same key");
+                        if let Some(end) = out_of_time(saga, submitted_at, timeout_ms, deps) {
+                            return Ok(end);
+                        }
+                        pause(saga, submitted_at, timeout_ms, streak, deps).await;
+                    }
+                    Err(failure) => return Ok(AiOutcome::Failed(failure)),
+                }
             };
             if let Some(outcome) = final_outcome(&view) {
-                return Ok(outcome.map(|result| (result, view.job_id)));
+                return Ok(done_or_failed(outcome, view.job_id));
             }
             let submitted = SagaWrite::AiSubmitted {
                 saga_id: saga.id.clone(),
@@ -288,22 +334,99 @@ async fn ai_attempt(
             };
             write(deps, submitted).await??;
             tracing::info!(saga_id = %saga.id, job_id = %view.job_id, attempt = saga.attempts, "AI job submitted");
+            saga.ai_job_id = Some(view.job_id.clone());
+            saga.ai_submitted_at_ms = Some(submitted_at);
             (view.job_id, submitted_at)
         }
     };
+    streak = 0;
     loop {
-        tokio::time::sleep(settings.ai_poll_interval).await;
+        if streak == 0 {
+            tokio::time::sleep(settings.ai_poll_interval).await;
+        } else {
+            pause(saga, submitted_at, timeout_ms, streak, deps).await;
+        }
         match deps.ai.send(PollJob(job_id.clone())).await? {
             Ok(view) => {
                 if let Some(outcome) = final_outcome(&view) {
-                    return Ok(outcome.map(|result| (result, job_id)));
+                    return Ok(done_or_failed(outcome, job_id));
+                }
+                streak = 0;
+            }
+            Err(failure) if failure.is_unavailable() => {
+                // The job may still be running: keep its slot and ask again.
+                streak += 1;
+                tracing::warn!(saga_id = %saga.id, %job_id, %failure, "AI poll failed; polling the same job again");
+            }
+            Err(failure) => return Ok(AiOutcome::Failed(failure)),
+        }
+        match out_of_time(saga, submitted_at, timeout_ms, deps) {
+            None => {}
+            Some(AiOutcome::Failed(AiFailure::Timeout)) => {
+                match settings.retry.after_timeout(saga.attempts as u32) {
+                    None => return Ok(AiOutcome::Failed(AiFailure::Timeout)),
+                    Some(attempts) => {
+                        let timed_out = SagaWrite::AiAttemptTimedOut {
+                            saga_id: saga.id.clone(),
+                            token: token.to_owned(),
+                            attempts,
+                        };
+                        write(deps, timed_out).await??;
+                        tracing::warn!(saga_id = %saga.id, %job_id, attempts, "AI attempt timed out; the next attempt adopts its job, which may still be running");
+                        saga.attempts = attempts as i32;
+                        submitted_at = deps.clock.now_ms();
+                        saga.ai_submitted_at_ms = Some(submitted_at);
+                        streak = 0;
+                    }
                 }
             }
-            Err(failure) => return Ok(Err(failure)),
+            Some(end) => return Ok(end),
         }
-        if deps.clock.now_ms() - submitted_at > timeout_ms {
-            return Ok(Err(AiFailure::Timeout));
-        }
+    }
+}
+
+/// The attempt's `AI_TIMEOUT` (counted from `submitted_at`) or the saga's
+/// deadline has passed: `Failed(Timeout)` or `Abort(AI_TIMEOUT)`.
+fn out_of_time(
+    saga: &sagas::Model,
+    submitted_at: i64,
+    timeout_ms: i64,
+    deps: &SagaDeps,
+) -> Option<AiOutcome> {
+    let now = deps.clock.now_ms();
+    if now > saga.deadline_at_ms {
+        return Some(AiOutcome::Abort(
+            AbortReason::AiTimeout,
+            "the saga deadline passed while waiting for the AI".to_owned(),
+        ));
+    }
+    (now - submitted_at > timeout_ms).then_some(AiOutcome::Failed(AiFailure::Timeout))
+}
+
+/// Waits before the next try after `streak` unavailable or unclear
+/// answers: the retry policy's backoff, cut short at the attempt timeout
+/// or the saga deadline, whichever comes first (so both fire on time).
+async fn pause(
+    saga: &sagas::Model,
+    submitted_at: i64,
+    timeout_ms: i64,
+    streak: u32,
+    deps: &SagaDeps,
+) {
+    let backoff = deps
+        .settings
+        .retry
+        .backoff_ms(streak.saturating_sub(1), rand::random());
+    let now = deps.clock.now_ms();
+    let until_end = (submitted_at + timeout_ms + 1 - now).min(saga.deadline_at_ms + 1 - now);
+    let wait = backoff.min(until_end).max(1);
+    tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+}
+
+fn done_or_failed(outcome: Result<AiResult, AiFailure>, job_id: String) -> AiOutcome {
+    match outcome {
+        Ok(result) => AiOutcome::Done(result, job_id),
+        Err(failure) => AiOutcome::Failed(failure),
     }
 }
 

@@ -170,27 +170,36 @@ enum Exchange<'a> {
 }
 
 /// The one place where outside errors become [`AiFailure`] (DESIGN.md rule 6):
-/// connect error, timeout, broken connection, 5xx, 429 -> `Unavailable`;
-/// 422 `content_rejected` -> `ContentRejected`; any other 4xx, a bad URL, an
-/// unexpected status or a malformed 2xx answer -> `RequestRejected`.
+/// - connect error, 5xx, 429 -> `Unavailable` (the request was refused or
+///   never arrived: no job);
+/// - no answer in time, a connection broken after the request was sent, an
+///   answer cut short, a 2xx whose body cannot be read, a gateway's 504 ->
+///   `Unclear` (the provider may have made the job; the same key finds it);
+/// - 422 `content_rejected` -> `ContentRejected`;
+/// - any other 4xx, a bad URL or an unexpected status -> `RequestRejected`.
 fn classify(exchange: Exchange<'_>) -> Result<JobView, AiFailure> {
     match exchange {
         Exchange::Transport(error) => {
             let cause = root_cause(error);
+            // A connect error (a connect timeout too) means the request never
+            // left: no job. Anything after the connection was made is unclear.
             Err(if error.is_builder() {
                 AiFailure::RequestRejected(format!("invalid request: {cause}"))
-            } else if error.is_timeout() {
-                AiFailure::Unavailable("no answer in time".to_owned())
             } else if error.is_connect() {
                 AiFailure::Unavailable(format!("cannot connect: {cause}"))
+            } else if error.is_timeout() {
+                AiFailure::Unclear("no answer in time".to_owned())
+            } else if error.is_body() || error.is_decode() {
+                AiFailure::Unclear(format!("answer cut short: {cause}"))
             } else {
-                AiFailure::Unavailable(format!("connection broken: {cause}"))
+                AiFailure::Unclear(format!("connection broken: {cause}"))
             })
         }
         Exchange::Answer { status, body } => {
             if status.is_success() {
+                // The provider accepted something and may have made the job.
                 return serde_json::from_str::<JobView>(body).map_err(|error| {
-                    AiFailure::RequestRejected(format!(
+                    AiFailure::Unclear(format!(
                         "malformed provider answer (HTTP {}): {error}",
                         status.as_u16()
                     ))
@@ -198,23 +207,25 @@ fn classify(exchange: Exchange<'_>) -> Result<JobView, AiFailure> {
             }
             let answer = ErrorAnswer::parse(body);
             let described = answer.describe(status);
-            Err(
-                if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-                    AiFailure::Unavailable(described)
-                } else if status == StatusCode::UNPROCESSABLE_ENTITY
-                    && answer.error.as_deref() == Some("content_rejected")
-                {
-                    AiFailure::ContentRejected(
-                        answer
-                            .message
-                            .unwrap_or_else(|| "input blocked by moderation".to_owned()),
-                    )
-                } else if status.is_client_error() {
-                    AiFailure::RequestRejected(described)
-                } else {
-                    AiFailure::RequestRejected(format!("unexpected answer, {described}"))
-                },
-            )
+            Err(if status == StatusCode::GATEWAY_TIMEOUT {
+                // A gateway gave up waiting: the provider behind it may
+                // have made the job.
+                AiFailure::Unclear(described)
+            } else if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+                AiFailure::Unavailable(described)
+            } else if status == StatusCode::UNPROCESSABLE_ENTITY
+                && answer.error.as_deref() == Some("content_rejected")
+            {
+                AiFailure::ContentRejected(
+                    answer
+                        .message
+                        .unwrap_or_else(|| "input blocked by moderation".to_owned()),
+                )
+            } else if status.is_client_error() {
+                AiFailure::RequestRejected(described)
+            } else {
+                AiFailure::RequestRejected(format!("unexpected answer, {described}"))
+            })
         }
     }
 }
@@ -338,7 +349,7 @@ mod tests {
     }
 
     #[test]
-    fn malformed_success_answer_is_a_rejected_request() {
+    fn malformed_success_answer_is_unclear() {
         for body in [
             "",
             "not json",
@@ -346,7 +357,7 @@ mod tests {
             r#"{"job_id":"j","status":"exploded"}"#,
         ] {
             match answer(200, body) {
-                Err(AiFailure::RequestRejected(message)) => {
+                Err(AiFailure::Unclear(message)) => {
                     assert!(message.contains("malformed"), "{message}")
                 }
                 other => panic!("body {body:?}: unexpected {other:?}"),
@@ -356,7 +367,7 @@ mod tests {
 
     #[test]
     fn server_errors_and_rate_limits_are_unavailable() {
-        for status in [500, 502, 503, 504, 429] {
+        for status in [500, 502, 503, 429] {
             match answer(status, r#"{"error":"unavailable"}"#) {
                 Err(AiFailure::Unavailable(message)) => {
                     assert_eq!(message, format!("HTTP {status}: unavailable"))
@@ -367,6 +378,14 @@ mod tests {
         assert_eq!(
             answer(503, "").expect_err("fails"),
             AiFailure::Unavailable("HTTP 503".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_gateway_timeout_is_unclear() {
+        assert_eq!(
+            answer(504, "").expect_err("fails"),
+            AiFailure::Unclear("HTTP 504".to_owned())
         );
     }
 
@@ -457,7 +476,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn request_timeout_is_unavailable() {
+    async fn request_timeout_is_unclear() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -470,15 +489,12 @@ mod tests {
             }
         });
         let failure = transport_failure(client(&format!("http://{addr}")).poll("job-1").await);
-        assert_eq!(
-            failure,
-            AiFailure::Unavailable("no answer in time".to_owned())
-        );
+        assert_eq!(failure, AiFailure::Unclear("no answer in time".to_owned()));
         silent.abort();
     }
 
     #[tokio::test]
-    async fn broken_connection_is_unavailable() {
+    async fn broken_connection_is_unclear() {
         use tokio::io::AsyncReadExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -494,10 +510,39 @@ mod tests {
         });
         let failure = transport_failure(client(&format!("http://{addr}")).poll("job-1").await);
         assert!(
-            matches!(&failure, AiFailure::Unavailable(message) if message.starts_with("connection broken")),
+            matches!(&failure, AiFailure::Unclear(message) if message.starts_with("connection broken")),
             "{failure:?}"
         );
         rude.abort();
+    }
+
+    #[tokio::test]
+    async fn an_answer_cut_short_is_unclear() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // Accepts the job (202), then hangs up in the middle of the body.
+        let cut = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut buffer = [0u8; 4096];
+                let _ = stream.read(&mut buffer).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"job_id\":")
+                    .await;
+                drop(stream);
+            }
+        });
+        let order = JobOrder {
+            kind: "image".into(),
+            prompt: "p".into(),
+            params: serde_json::json!({}),
+            idempotency_key: uuid::Uuid::new_v4(),
+        };
+        let failure = transport_failure(client(&format!("http://{addr}")).submit(&order).await);
+        assert!(matches!(&failure, AiFailure::Unclear(_)), "{failure:?}");
+        cut.abort();
     }
 
     #[tokio::test]

@@ -67,9 +67,36 @@ pub struct SimStats {
     pub running: u64,
     /// Submits that came without an `Idempotency-Key`.
     pub missing_key: u64,
-    /// Requests answered 503 because of an outage (down or `unavailable_rate`).
+    /// Requests answered 503 because of an outage (down, `unavailable_rate`
+    /// or [`SimFaults::poll_unavailable`]).
     #[serde(default)]
     pub refused: u64,
+    /// Submits that created a job and then gave no readable answer
+    /// ([`SimFaults::drop_after_create`], [`SimFaults::cut_body_after_create`]).
+    #[serde(default)]
+    pub unclear_answers: u64,
+}
+
+/// Faults tests switch on at run time ([`SimControl::set_faults`]), each
+/// one a way the provider's answer can leave the caller unsure of what
+/// happened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimFaults {
+    /// The next `n` submits that create a job close the connection after
+    /// creating it, in the middle of the answer.
+    pub drop_after_create: u64,
+    /// The next `n` submits that create a job answer 202 with a body cut
+    /// short (not valid JSON).
+    pub cut_body_after_create: u64,
+    /// Polls answer 503 while the jobs go on running.
+    pub poll_unavailable: bool,
+}
+
+/// How a submit that created a job is answered under [`SimFaults`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AnswerFault {
+    Drop,
+    Cut,
 }
 
 /// One simulated job.
@@ -132,6 +159,8 @@ struct SimState {
     max_concurrent_jobs: u64,
     missing_key: u64,
     refused: u64,
+    faults: SimFaults,
+    unclear_answers: u64,
 }
 
 impl SimState {
@@ -186,6 +215,8 @@ impl SimControl {
                 max_concurrent_jobs: 0,
                 missing_key: 0,
                 refused: 0,
+                faults: SimFaults::default(),
+                unclear_answers: 0,
             })),
         }
     }
@@ -207,7 +238,48 @@ impl SimControl {
             running,
             missing_key: state.missing_key,
             refused: state.refused,
+            unclear_answers: state.unclear_answers,
         }
+    }
+
+    /// Replaces the faults in force (see [`SimFaults`]).
+    pub fn set_faults(&self, faults: SimFaults) {
+        self.lock().faults = faults;
+    }
+
+    /// The faults in force (the counts left).
+    pub fn faults(&self) -> SimFaults {
+        self.lock().faults
+    }
+
+    /// Polls answer 503 while jobs keep running (`false`: normal again).
+    pub fn set_poll_unavailable(&self, on: bool) {
+        self.lock().faults.poll_unavailable = on;
+    }
+
+    /// True when a poll must answer 503 because of `poll_unavailable`.
+    fn poll_refused(&self) -> bool {
+        let mut state = self.lock();
+        if state.faults.poll_unavailable {
+            state.refused += 1;
+        }
+        state.faults.poll_unavailable
+    }
+
+    /// The fault, if any, of the answer to a submit that just created a job.
+    fn take_answer_fault(&self) -> Option<AnswerFault> {
+        let mut state = self.lock();
+        let fault = if state.faults.drop_after_create > 0 {
+            state.faults.drop_after_create -= 1;
+            AnswerFault::Drop
+        } else if state.faults.cut_body_after_create > 0 {
+            state.faults.cut_body_after_create -= 1;
+            AnswerFault::Cut
+        } else {
+            return None;
+        };
+        state.unclear_answers += 1;
+        Some(fault)
     }
 
     /// When down: every request answers 503 `{"error":"unavailable"}`.
@@ -357,11 +429,35 @@ async fn submit_job(
         .map(str::trim)
         .filter(|key| !key.is_empty());
     let (status, answer) = control.submit(idempotency_key, &parsed);
+    // 202 means a job was just created: the place for the unclear faults.
+    if status == StatusCode::ACCEPTED {
+        match control.take_answer_fault() {
+            Some(AnswerFault::Cut) => {
+                let text = answer.to_string();
+                return HttpResponse::build(status)
+                    .content_type("application/json")
+                    .body(text[..text.len() / 2].to_owned());
+            }
+            Some(AnswerFault::Drop) => {
+                // Headers and half a body, then the connection breaks.
+                let text = answer.to_string();
+                let half = web::Bytes::from(text[..text.len() / 2].to_owned());
+                let body = futures_util::stream::iter([
+                    Ok::<_, std::io::Error>(half),
+                    Err(std::io::Error::other("simulated dropped connection")),
+                ]);
+                return HttpResponse::build(status)
+                    .content_type("application/json")
+                    .streaming(body);
+            }
+            None => {}
+        }
+    }
     json_answer(status, answer)
 }
 
 async fn poll_job(control: web::Data<SimControl>, job_id: web::Path<String>) -> HttpResponse {
-    if control.is_unavailable(true) {
+    if control.is_unavailable(true) || control.poll_refused() {
         return unavailable_answer();
     }
     let (status, answer) = control.poll(&job_id);
@@ -660,6 +756,48 @@ mod tests {
         assert_eq!(stats.jobs_created, 5);
         assert_eq!(stats.running, 3);
         assert_eq!(stats.max_concurrent_jobs, 3);
+    }
+
+    #[actix_web::test]
+    async fn unclear_answers_create_the_job_and_the_same_key_finds_it() {
+        let sim = start_sim().await;
+        let client = client_for(&sim.url());
+        sim.control.set_faults(SimFaults {
+            drop_after_create: 1,
+            cut_body_after_create: 1,
+            poll_unavailable: false,
+        });
+        let dropped = order("dropped");
+        let failure = client.submit(&dropped).await.expect_err("dropped");
+        assert!(matches!(failure, AiFailure::Unclear(_)), "{failure:?}");
+        let cut = order("cut");
+        let failure = client.submit(&cut).await.expect_err("cut short");
+        assert!(
+            matches!(&failure, AiFailure::Unclear(m) if m.contains("malformed")),
+            "{failure:?}"
+        );
+        // Asked again with the same keys: the same jobs, no new one.
+        client.submit(&dropped).await.expect("same key again");
+        client.submit(&cut).await.expect("same key again");
+        let stats = sim.control.stats();
+        assert_eq!(stats.jobs_created, 2);
+        assert_eq!(stats.unclear_answers, 2);
+        assert_eq!(sim.control.faults(), SimFaults::default());
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn unavailable_polls_leave_the_job_running() {
+        let sim = start_sim().await;
+        let client = client_for(&sim.url());
+        let job = client.submit(&order("long")).await.expect("submit");
+        sim.control.set_poll_unavailable(true);
+        let failure = client.poll(&job.job_id).await.expect_err("503");
+        assert!(matches!(failure, AiFailure::Unavailable(_)), "{failure:?}");
+        assert_eq!(sim.control.stats().running, 1);
+        sim.control.set_poll_unavailable(false);
+        client.poll(&job.job_id).await.expect("polls answer again");
+        sim.stop().await;
     }
 
     #[actix_web::test]

@@ -7,10 +7,18 @@ use serde::{Deserialize, Serialize};
 /// What went wrong with one AI call, in the project's own words.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AiFailure {
-    /// Connect error, 5xx or 429: the provider is not there right now. Not an
-    /// attempt; the saga waits with backoff.
+    /// Connect error, 5xx or 429: the provider is not there right now and
+    /// made no job. Not an attempt; the saga waits with backoff.
     #[error("AI provider unavailable: {0}")]
     Unavailable(String),
+    /// The request may have reached the provider but its outcome is unknown:
+    /// the connection dropped after the request was sent, no answer came in
+    /// time, or a 2xx answer could not be read (rule 6). A kind of
+    /// unavailability: not an attempt, and the retry reuses the same key,
+    /// which returns the job if the provider made one. Since that job may be
+    /// running, the saga keeps its AI slot meanwhile (rule 10).
+    #[error("AI provider outcome unclear: {0}")]
+    Unclear(String),
     /// Any other 4xx on submit: our request was refused. Counts as an attempt.
     #[error("AI provider refused the request: {0}")]
     RequestRejected(String),
@@ -25,6 +33,13 @@ pub enum AiFailure {
     /// Counts as an attempt.
     #[error("AI job did not finish within the attempt timeout")]
     Timeout,
+}
+
+impl AiFailure {
+    /// Unavailable or unclear: not an attempt, retried with the same key.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, AiFailure::Unavailable(_) | AiFailure::Unclear(_))
+    }
 }
 
 /// One piece of generated content, as the provider returns it.

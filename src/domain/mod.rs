@@ -1,8 +1,10 @@
 //! The pure core: saga steps and transitions, lease checks, failure kinds,
-//! retry and recovery policy, AI key derivation, the locale tables, and the
-//! admission of a submission (credits, queue estimate, closing time). No
-//! I/O, no clock: every function is given `now`.
+//! retry and recovery policy, the provider's circuit breaker, AI key
+//! derivation, the locale tables, and the admission of a submission
+//! (credits, queue estimate, closing time). No I/O, no clock: every
+//! function is given `now`.
 pub mod admission;
+pub mod breaker;
 pub mod failure;
 pub mod keys;
 pub mod locale;

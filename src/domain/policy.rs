@@ -3,7 +3,7 @@
 //! involved, the random jitter, so tests pin both.
 
 use super::failure::AiFailure;
-use super::saga::AbortReason;
+use super::saga::{AbortReason, Step};
 
 /// Milliseconds since the Unix epoch; the database stores times this way.
 pub type EpochMs = i64;
@@ -80,7 +80,7 @@ impl RetryPolicy {
                     detail: detail.clone(),
                 }
             }
-            AiFailure::Unavailable(_) => (
+            AiFailure::Unavailable(_) | AiFailure::Unclear(_) => (
                 AttemptState {
                     attempts: before.attempts,
                     unavailable_streak: before.unavailable_streak + 1,
@@ -111,8 +111,15 @@ impl RetryPolicy {
         };
         let next_attempt_at = now + self.backoff_ms(exponent, jitter);
         if next_attempt_at > deadline {
+            // The time ran out waiting for the AI (it was not there, or too
+            // slow): AI_TIMEOUT. After a job that failed or a refused
+            // request, the AI failed and there is no time to ask again.
+            let reason = match failure {
+                AiFailure::RequestRejected(_) | AiFailure::JobFailed(_) => AbortReason::AiFailed,
+                _ => AbortReason::AiTimeout,
+            };
             return AfterFailure::Abort {
-                reason: AbortReason::AiFailed,
+                reason,
                 detail: format!("{failure}; no time left before the saga deadline"),
             };
         }
@@ -120,6 +127,34 @@ impl RetryPolicy {
             state,
             next_attempt_at,
         }
+    }
+}
+
+impl RetryPolicy {
+    /// Rule 10: an attempt ran out of `AI_TIMEOUT` while its job may still
+    /// be running. The attempt counts; below the limit, the next attempt
+    /// adopts that same job (polls it by id, with its own `AI_TIMEOUT` from
+    /// now) instead of submitting a new one, so one call never has two jobs
+    /// at the provider. `Some(attempts)` to go on with, `None` when the
+    /// limit is reached (then `after_failure` with `Timeout` aborts
+    /// `AI_TIMEOUT`).
+    pub fn after_timeout(&self, attempts_before: u32) -> Option<u32> {
+        let attempts = attempts_before + 1;
+        (attempts < self.max_attempts).then_some(attempts)
+    }
+}
+
+/// Why a saga that nobody will finish is ended (rule 8), by the cleanup
+/// actor or by its own worker at the deadline: past its deadline while it
+/// waited for the AI (AI_PENDING, and the AI was asked at least once: a
+/// job, a counted attempt or an unavailable answer) it is `AI_TIMEOUT`;
+/// otherwise (never asked, or past the AI step, or out of recoveries) it
+/// is `ORPHANED`.
+pub fn orphan_reason(step: Step, deadline_passed: bool, asked_ai: bool) -> AbortReason {
+    if deadline_passed && step == Step::AiPending && asked_ai {
+        AbortReason::AiTimeout
+    } else {
+        AbortReason::Orphaned
     }
 }
 
@@ -277,21 +312,91 @@ mod tests {
     }
 
     #[test]
-    fn unavailable_past_the_deadline_aborts_ai_failed() {
+    fn waiting_for_the_ai_past_the_deadline_aborts_ai_timeout() {
+        for failure in [
+            AiFailure::Unavailable("x".into()),
+            AiFailure::Unclear("cut".into()),
+            AiFailure::Timeout,
+        ] {
+            let d = policy().after_failure(&failure, st(0, 5), NOW, NOW + 100, 0.0);
+            assert!(
+                matches!(
+                    d,
+                    AfterFailure::Abort {
+                        reason: AbortReason::AiTimeout,
+                        ..
+                    }
+                ),
+                "{failure:?}: {d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_failed_job_past_the_deadline_aborts_ai_failed() {
+        for failure in [
+            AiFailure::JobFailed("x".into()),
+            AiFailure::RequestRejected("400".into()),
+        ] {
+            let d = policy().after_failure(&failure, st(0, 0), NOW, NOW + 100, 0.0);
+            assert!(
+                matches!(
+                    d,
+                    AfterFailure::Abort {
+                        reason: AbortReason::AiFailed,
+                        ..
+                    }
+                ),
+                "{failure:?}: {d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unclear_counts_no_attempt_like_unavailable() {
         let d = policy().after_failure(
-            &AiFailure::Unavailable("x".into()),
-            st(0, 5),
+            &AiFailure::Unclear("connection broken".into()),
+            st(1, 0),
             NOW,
-            NOW + 100,
-            0.0,
+            DEADLINE,
+            1.0,
         );
-        assert!(matches!(
+        assert_eq!(
             d,
-            AfterFailure::Abort {
-                reason: AbortReason::AiFailed,
-                ..
+            AfterFailure::RetryLater {
+                state: st(1, 1),
+                next_attempt_at: NOW + 1_000
             }
-        ));
+        );
+    }
+
+    #[test]
+    fn a_timed_out_attempt_counts_and_the_next_adopts_its_job() {
+        assert_eq!(policy().after_timeout(0), Some(1));
+        assert_eq!(policy().after_timeout(1), Some(2));
+        assert_eq!(policy().after_timeout(2), None);
+    }
+
+    #[test]
+    fn the_deadline_says_ai_timeout_only_while_waiting_for_the_ai() {
+        assert_eq!(
+            orphan_reason(Step::AiPending, true, true),
+            AbortReason::AiTimeout
+        );
+        assert_eq!(
+            orphan_reason(Step::AiPending, true, false),
+            AbortReason::Orphaned,
+            "never asked the AI"
+        );
+        assert_eq!(
+            orphan_reason(Step::AiPending, false, true),
+            AbortReason::Orphaned,
+            "out of recoveries"
+        );
+        assert_eq!(
+            orphan_reason(Step::AiDone, true, true),
+            AbortReason::Orphaned
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The operators' console API (bearer operator token): the saga list, retry
-//! and cancel of one saga, the booths' presence, and the live `stats`
-//! socket `GET /ws/operators?token=`.
+//! and cancel of one saga, the booths' presence, the AI provider's circuit
+//! breaker, and the live `stats` socket `GET /ws/operators?token=`.
 //!
 //! Retry and cancel are fenced in the store (a retry only moves an ABORTED
 //! saga, a cancel only a runnable one; of two at once exactly one applies)
@@ -15,14 +15,17 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::auth::{require_operator, same_secret};
-use super::body::read_body;
+use super::body::{parse_json, read_body};
 use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::actors::operator_socket::OperatorSocket;
 use crate::actors::persistence::Write;
 use crate::actors::terminal_hub::PRESENCE_STALE_MS;
+use crate::clock::rfc3339;
+use crate::domain::breaker::COOL_DOWN_MS;
 use crate::domain::saga::{AbortReason, Step};
+use crate::store::breaker::DEFAULT_PROVIDER;
 use crate::store::operators::{SagaCursor, SagaFilter, SagaView, MAX_PAGE};
 use crate::store::sagas::Fence;
 use crate::store::transitions::SagaWrite;
@@ -364,4 +367,128 @@ pub async fn operator_socket(
         socket
     });
     Ok(response)
+}
+
+/// The AI provider's circuit breaker as operators see it.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct BreakerView {
+    /// Today one provider per instance: `default`.
+    pub provider: String,
+    /// `closed` (AI work is claimed), `open` (none is, until `open_until`),
+    /// `probing` (open, its cool-down over: one saga is trying the
+    /// provider).
+    pub state: String,
+    /// RFC 3339, while open.
+    pub open_until: Option<String>,
+    /// RFC 3339, while a probe is out.
+    pub probe_until: Option<String>,
+}
+
+async fn breaker_view(state: &AppState) -> Result<BreakerView, ApiError> {
+    let breaker = state.store.breaker(DEFAULT_PROVIDER).await?;
+    let now = state.clock.now_ms();
+    let name = match (breaker.open_until_ms, breaker.probe_until_ms) {
+        (None, _) => "closed",
+        (Some(until), Some(probe)) if until <= now && now < probe => "probing",
+        (Some(_), _) => "open",
+    };
+    Ok(BreakerView {
+        provider: DEFAULT_PROVIDER.to_owned(),
+        state: name.to_owned(),
+        open_until: breaker.open_until_ms.map(rfc3339),
+        probe_until: breaker.probe_until_ms.map(rfc3339),
+    })
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenBreakerBody {
+    /// How long to keep it open, 1 to 86,400 seconds (default: the
+    /// automatic cool-down, 30 s). A probe follows, unless it is closed
+    /// by hand first.
+    #[serde(default)]
+    for_seconds: Option<i64>,
+}
+
+/// `GET /api/admin/breaker`
+#[utoipa::path(
+    get,
+    path = "/api/admin/breaker",
+    tag = "admin",
+    summary = "The AI provider's circuit breaker.",
+    security(("operator" = [])),
+    responses(
+        (status = 200, description = "The breaker.", body = BreakerView),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+    )
+)]
+pub async fn get_breaker(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(breaker_view(&state).await?))
+}
+
+/// `POST /api/admin/breaker/open`: no AI work is claimed until it closes
+/// (after `for_seconds` and a successful probe, or by hand).
+#[utoipa::path(
+    post,
+    path = "/api/admin/breaker/open",
+    tag = "admin",
+    summary = "Open the AI provider's circuit breaker by hand.",
+    security(("operator" = [])),
+    request_body(content = Option<OpenBreakerBody>, description = "Optional; empty means the default cool-down."),
+    responses(
+        (status = 200, description = "The breaker after the change.", body = BreakerView),
+        (status = 400, description = "`invalid_json`: the body is not the documented JSON.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: `for_seconds` out of range.", body = super::openapi::ErrorBody),
+    )
+)]
+pub async fn open_breaker(
+    state: web::Data<AppState>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let body = read_body(payload).await?;
+    let seconds = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        parse_json::<OpenBreakerBody>(&body)?.for_seconds
+    };
+    let ms = match seconds {
+        Some(s) if (1..=86_400).contains(&s) => s * 1_000,
+        Some(_) => {
+            return Err(ApiError::Validation(
+                "for_seconds must be 1 to 86400".into(),
+            ))
+        }
+        None => COOL_DOWN_MS,
+    };
+    let now = state.clock.now_ms();
+    state
+        .store
+        .open_breaker(DEFAULT_PROVIDER, now + ms, "operator", now)
+        .await?;
+    tracing::warn!(
+        for_ms = ms,
+        "operator opened the AI provider's circuit breaker"
+    );
+    Ok(HttpResponse::Ok().json(breaker_view(&state).await?))
+}
+
+/// `POST /api/admin/breaker/close`: AI work is claimed again at once.
+#[utoipa::path(
+    post,
+    path = "/api/admin/breaker/close",
+    tag = "admin",
+    summary = "Close the AI provider's circuit breaker by hand.",
+    security(("operator" = [])),
+    responses(
+        (status = 200, description = "The breaker after the change.", body = BreakerView),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+    )
+)]
+pub async fn close_breaker(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let now = state.clock.now_ms();
+    state.store.close_breaker(DEFAULT_PROVIDER, now).await?;
+    tracing::info!("operator closed the AI provider's circuit breaker");
+    state.wakeups.saga_work();
+    Ok(HttpResponse::Ok().json(breaker_view(&state).await?))
 }

@@ -170,6 +170,21 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .post(web::to(admin::cancel_saga).wrap(from_fn(operator_only)))
             .build(),
     )
+    .service(
+        Endpoint::new("/api/admin/breaker")
+            .get(web::to(admin::get_breaker).wrap(from_fn(operator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/breaker/open")
+            .post(web::to(admin::open_breaker).wrap(from_fn(operator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/breaker/close")
+            .post(web::to(admin::close_breaker).wrap(from_fn(operator_only)))
+            .build(),
+    )
     // The token comes in the query (browsers' WebSocket API sends no
     // header); the handler checks it.
     .service(

@@ -158,7 +158,14 @@ impl Store {
     }
 
     /// AI jobs in flight for an experience: sagas in AI_PENDING whose lease is
-    /// held.
+    /// held. The lease is the AI slot, and it covers every job the provider
+    /// may still be running (rule 10): a worker whose poll failed, whose
+    /// submit had an unclear outcome, or whose attempt timed out keeps its
+    /// lease and goes on with the same job (see the supervisor's
+    /// `ai_attempt`); only a submit refused outright (no job) or a job seen
+    /// final releases it. When a worker dies, its saga's lease runs out and
+    /// the next claim takes expired AI_PENDING sagas before queued ones, so
+    /// the job is picked up again by its `ai_job_id` in the slot it had.
     pub async fn in_flight<C: ConnectionTrait>(
         conn: &C,
         experience_id: &str,

@@ -43,6 +43,16 @@ pub enum SagaWrite {
         token: String,
         job_id: String,
     },
+    /// An attempt ran out of `AI_TIMEOUT` while its job may still run (rule
+    /// 10): AI_PENDING stays with `attempts` counted, and the next attempt
+    /// adopts the same job, its timeout counting from now. The job id and
+    /// the lease stay, so the job keeps its AI slot: no second job starts
+    /// beside it.
+    AiAttemptTimedOut {
+        saga_id: String,
+        token: String,
+        attempts: u32,
+    },
     /// AI_PENDING -> AI_DONE with the result (and the job, when known).
     AiDone {
         saga_id: String,
@@ -83,6 +93,7 @@ impl SagaWrite {
     pub fn saga_id(&self) -> &str {
         match self {
             SagaWrite::AiSubmitted { saga_id, .. }
+            | SagaWrite::AiAttemptTimedOut { saga_id, .. }
             | SagaWrite::AiDone { saga_id, .. }
             | SagaWrite::RankingDone { saga_id, .. }
             | SagaWrite::ReleaseForRetry { saga_id, .. }
@@ -151,6 +162,7 @@ impl Store {
         let lease = lease_until(now, lease_ms);
 
         let mut submitted = Rows::new();
+        let mut timed_out = Rows::new();
         let mut ai_done = Rows::new();
         let mut ranked = Rows::new();
         let mut released = Rows::new();
@@ -163,6 +175,11 @@ impl Store {
                     token,
                     job_id,
                 } => submitted.push(i, saga_id, token, vec![job_id.clone().into()]),
+                SagaWrite::AiAttemptTimedOut {
+                    saga_id,
+                    token,
+                    attempts,
+                } => timed_out.push(i, saga_id, token, vec![(*attempts as i32).into()]),
                 SagaWrite::AiDone {
                     saga_id,
                     token,
@@ -236,6 +253,20 @@ impl Store {
         .await?;
         for (k, &i) in submitted.index.iter().enumerate() {
             outcome[i] = Some(lease_kept(applied.contains(&submitted.rows[k].0)));
+        }
+
+        // The same job, a new attempt: its timeout counts from now.
+        let applied = fenced_update_many(
+            &tx,
+            Step::AiPending,
+            Some(lease),
+            "attempts = v.c1, unavailable_streak = 0, ai_submitted_at_ms = $1",
+            &timed_out.rows,
+            now,
+        )
+        .await?;
+        for (k, &i) in timed_out.index.iter().enumerate() {
+            outcome[i] = Some(lease_kept(applied.contains(&timed_out.rows[k].0)));
         }
 
         let applied = fenced_update_many(

@@ -1,0 +1,909 @@
+//! The second AI provider: an OpenAI-compatible HTTP API (OpenAI itself, or
+//! any server that speaks the same two endpoints), called with a bearer key:
+//! - `POST {base}/v1/chat/completions` for text kinds (`video`, `music`, and
+//!   any kind that is not an image) and for score analysis (`score`);
+//! - `POST {base}/v1/images/generations` for image kinds (`comic`, `image`).
+//!
+//! These endpoints are synchronous: the answer is the result. The adapter
+//! fits the saga's submit/poll shape by answering a submit with a job that
+//! is already final (`succeeded`, `failed` or `rejected`), so the saga
+//! records the result right after the call and never polls.
+//!
+//! Idempotency: OpenAI has no idempotency key for these endpoints. The
+//! saga's attempt key is sent anyway as `Idempotency-Key` (and as
+//! `X-Client-Request-Id`, which OpenAI echoes in its logs) for compatible
+//! servers that honour it; against OpenAI itself a crash between the call
+//! and the recording of its result, or an unclear outcome (a dropped
+//! connection after the request was sent, a timeout, an unreadable 2xx
+//! body), makes the retry a second, billed generation. The participant
+//! still gets exactly one result: only the recorded one is shown and ranked.
+//!
+//! Outside errors become [`AiFailure`]s here, in [`OpenAiClient::classify`],
+//! with the same rules as the job API client (DESIGN.md rule 6):
+//! a content-policy refusal (an error code `content_policy_violation`,
+//! `moderation_blocked` or `content_filter`, a chat answer with a `refusal`,
+//! or `finish_reason: content_filter`) is `ContentRejected` (the saga aborts
+//! with `INPUT_REJECTED`); 429, 408 and 5xx are `Unavailable` (not an
+//! attempt; 409, "this key is in progress" on servers that honour
+//! `Idempotency-Key`, is `Unclear`); any other 4xx is `RequestRejected` (an attempt); an unclear
+//! outcome (timeout, broken connection, unreadable 2xx) is `Unclear`, a kind
+//! of unavailability: not an attempt, retried with the same key.
+//!
+//! The key never reaches a log line or a `Debug` output: it lives in an
+//! [`ApiKey`], whose `Debug` prints `***` and which has no `Display`, it is
+//! sent with reqwest's `bearer_auth` (a header marked sensitive), and any
+//! provider text that quotes it back is scrubbed before it becomes a failure
+//! detail.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use reqwest::{RequestBuilder, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::client::{ensure_crypto_provider, JobOrder, JobStatus, JobView};
+use crate::domain::failure::{AiFailure, AiResult, ContentItem};
+
+/// A bearer key. `Debug` prints `ApiKey(***)`; there is no `Display`, so a
+/// key cannot slip into a format string or a tracing field by accident.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(Arc<str>);
+
+impl ApiKey {
+    pub fn new(key: impl Into<String>) -> ApiKey {
+        ApiKey(Arc::from(key.into()))
+    }
+
+    /// The key itself, for the `Authorization` header only.
+    fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(***)")
+    }
+}
+
+impl FromStr for ApiKey {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ApiKey, String> {
+        let key = s.trim();
+        if key.is_empty() {
+            return Err("the API key is empty".to_owned());
+        }
+        if key.chars().any(|c| c.is_control() || c == ' ') {
+            return Err("the API key contains spaces or control characters".to_owned());
+        }
+        Ok(ApiKey::new(key))
+    }
+}
+
+/// Model names and sizes used when the configuration does not say.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com";
+pub const DEFAULT_CHAT_MODEL: &str = "gpt-4o-mini";
+pub const DEFAULT_IMAGE_MODEL: &str = "dall-e-3";
+pub const DEFAULT_IMAGE_SIZE: &str = "1024x1024";
+
+/// Everything the adapter needs, from configuration.
+#[derive(Debug, Clone)]
+pub struct OpenAiSettings {
+    /// `https://api.openai.com` (a trailing `/v1` is accepted and dropped).
+    pub base_url: String,
+    /// Sent as `Authorization: Bearer …`; `None` sends no header (local
+    /// compatible servers often need none).
+    pub api_key: Option<ApiKey>,
+    pub chat_model: String,
+    pub image_model: String,
+    pub image_size: String,
+    pub connect_timeout: Duration,
+    /// Bound of one call. Reaching it is an unclear outcome: unavailable.
+    pub request_timeout: Duration,
+}
+
+/// The system prompt of text kinds; `{kind}` is the experience's kind.
+pub const TEXT_SYSTEM_PROMPT: &str = "You create content for a participant at a live event booth. \
+The booth's experience is: {kind}. From the participant's idea, write a short, vivid {kind} \
+(at most 120 words), in the participant's language, in plain text.";
+
+/// The system prompt of `score` (score analysis): the answer must be one
+/// JSON object whose `score` is a number from 0 to 100.
+pub const SCORE_SYSTEM_PROMPT: &str = "You are the judge of a game at a live event. Rate the \
+participant's entry from 0 to 100. Answer with one JSON object and nothing else: \
+{\"score\": <a number from 0 to 100>, \"comment\": \"<one short sentence for the participant, \
+in their language>\"}";
+
+/// The image prompt of `comic`; `{prompt}` is the participant's text.
+pub const COMIC_IMAGE_PROMPT: &str =
+    "A four-panel comic strip, panels in reading order, bright and friendly, based on this idea: {prompt}";
+
+/// Which endpoint a kind uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// `images/generations`; `comic` wraps the prompt in [`COMIC_IMAGE_PROMPT`].
+    Image { comic: bool },
+    /// `chat/completions`; `score` asks for and parses a JSON score.
+    Chat { score: bool },
+}
+
+fn route(kind: &str) -> Route {
+    match kind {
+        "comic" => Route::Image { comic: true },
+        "image" => Route::Image { comic: false },
+        "score" => Route::Chat { score: true },
+        _ => Route::Chat { score: false },
+    }
+}
+
+/// Cheap clonable client of one OpenAI-compatible provider.
+#[derive(Debug, Clone)]
+pub struct OpenAiClient {
+    http: reqwest::Client,
+    base_url: String,
+    api_key: Option<ApiKey>,
+    chat_model: String,
+    image_model: String,
+    image_size: String,
+}
+
+impl OpenAiClient {
+    pub fn new(settings: &OpenAiSettings) -> OpenAiClient {
+        ensure_crypto_provider();
+        let http = reqwest::Client::builder()
+            .connect_timeout(settings.connect_timeout)
+            .timeout(settings.request_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("the OpenAI HTTP client configuration is static and valid");
+        let base = settings.base_url.trim_end_matches('/');
+        let base = base.strip_suffix("/v1").unwrap_or(base);
+        OpenAiClient {
+            http,
+            base_url: base.to_owned(),
+            api_key: settings.api_key.clone(),
+            chat_model: settings.chat_model.clone(),
+            image_model: settings.image_model.clone(),
+            image_size: settings.image_size.clone(),
+        }
+    }
+
+    /// The base URL, without `/v1` and without a trailing slash.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    pub fn has_key(&self) -> bool {
+        self.api_key.is_some()
+    }
+
+    /// One synchronous call; the answer is a job that is already final, or
+    /// a failure. The job id is `openai:<the answer's id or the attempt key>`.
+    pub async fn submit(&self, order: &JobOrder) -> Result<JobView, AiFailure> {
+        let route = route(&order.kind);
+        let (path, body) = match route {
+            Route::Image { comic } => {
+                let prompt = if comic {
+                    COMIC_IMAGE_PROMPT.replace("{prompt}", &order.prompt)
+                } else {
+                    order.prompt.clone()
+                };
+                let mut body = json!({
+                    "model": self.image_model,
+                    "prompt": prompt,
+                    "n": 1,
+                    "size": self.image_size,
+                });
+                // DALL·E answers a URL when asked; gpt-image models refuse
+                // the parameter and always answer base64.
+                if self.image_model.starts_with("dall-e") {
+                    body["response_format"] = json!("url");
+                }
+                ("/v1/images/generations", body)
+            }
+            Route::Chat { score } => {
+                let system = if score {
+                    SCORE_SYSTEM_PROMPT.to_owned()
+                } else {
+                    TEXT_SYSTEM_PROMPT.replace("{kind}", &order.kind)
+                };
+                let body = json!({
+                    "model": self.chat_model,
+                    "messages": [
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": order.prompt},
+                    ],
+                });
+                ("/v1/chat/completions", body)
+            }
+        };
+        let key = order.idempotency_key.to_string();
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.base_url))
+            .header("Idempotency-Key", &key)
+            .header("X-Client-Request-Id", &key)
+            .json(&body);
+        if let Some(api_key) = &self.api_key {
+            request = request.bearer_auth(api_key.expose());
+        }
+        tracing::debug!(endpoint = path, kind = %order.kind, idempotency_key = %key, "OpenAI-compatible call");
+        let (status, headers, text) = exchange(request).await.map_err(|e| self.transport(&e))?;
+        self.classify(route, &key, status, &headers, &text)
+    }
+
+    /// There are no jobs to poll: every answer is final at once. A job id
+    /// recorded by another provider (the provider was switched while a
+    /// job ran) cannot be read here: the job ends `failed`, which counts
+    /// one attempt, and the next attempt calls this provider.
+    pub async fn poll(&self, job_id: &str) -> Result<JobView, AiFailure> {
+        Ok(JobView {
+            job_id: job_id.to_owned(),
+            status: JobStatus::Failed,
+            result: None,
+            error: Some(
+                "the OpenAI-compatible provider has no job to poll (it was recorded by another provider)"
+                    .to_owned(),
+            ),
+        })
+    }
+
+    fn transport(&self, error: &reqwest::Error) -> AiFailure {
+        let cause = self.scrub(&root_cause(error));
+        if error.is_builder() {
+            AiFailure::RequestRejected(format!("invalid request: {cause}"))
+        } else if error.is_timeout() {
+            AiFailure::Unclear("no answer in time".to_owned())
+        } else if error.is_connect() {
+            AiFailure::Unavailable(format!("cannot connect: {cause}"))
+        } else {
+            // Sent, perhaps processed, answer lost: unclear, so unavailable.
+            AiFailure::Unclear(format!("connection broken: {cause}"))
+        }
+    }
+
+    /// The one place where this provider's answers become results or
+    /// failures.
+    fn classify(
+        &self,
+        route: Route,
+        key: &str,
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: &str,
+    ) -> Result<JobView, AiFailure> {
+        if !status.is_success() {
+            return Err(self.failure(status, headers, body));
+        }
+        let parsed = match route {
+            Route::Image { .. } => {
+                serde_json::from_str::<ImagesAnswer>(body).map(|answer| image_outcome(answer, key))
+            }
+            Route::Chat { score } => serde_json::from_str::<ChatAnswer>(body)
+                .map(|answer| chat_outcome(answer, key, score)),
+        };
+        match parsed {
+            Ok(mut view) => {
+                if let Some(error) = view.error.take() {
+                    view.error = Some(self.scrub(&error));
+                }
+                Ok(view)
+            }
+            // The provider did the work, perhaps; we cannot read it.
+            Err(error) => Err(AiFailure::Unclear(format!(
+                "unreadable answer (HTTP {}): {error}",
+                status.as_u16()
+            ))),
+        }
+    }
+
+    fn failure(&self, status: StatusCode, headers: &HeaderMap, body: &str) -> AiFailure {
+        let answer = ErrorAnswer::parse(body);
+        let reason = answer
+            .message
+            .as_deref()
+            .or(answer.code.as_deref())
+            .or(answer.raw.as_deref())
+            .map(|reason| self.scrub(reason));
+        let described = match &reason {
+            Some(reason) => format!("HTTP {}: {reason}", status.as_u16()),
+            None => format!("HTTP {}", status.as_u16()),
+        };
+        if answer.is_content_policy() {
+            return AiFailure::ContentRejected(
+                reason.unwrap_or_else(|| "refused by the provider's content policy".to_owned()),
+            );
+        }
+        if status == StatusCode::CONFLICT {
+            // A server that honours Idempotency-Key: the same key is still
+            // being processed. The generation may be running: unclear.
+            return AiFailure::Unclear(described);
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS
+            || status.is_server_error()
+            || status == StatusCode::REQUEST_TIMEOUT
+        {
+            return AiFailure::Unavailable(match retry_after(headers) {
+                Some(delay) => format!("{described} (retry after {}s)", delay.as_secs()),
+                None => described,
+            });
+        }
+        if status.is_client_error() {
+            AiFailure::RequestRejected(described)
+        } else {
+            AiFailure::RequestRejected(format!("unexpected answer, {described}"))
+        }
+    }
+
+    /// Provider text with the key replaced by `***`, should it quote it.
+    fn scrub(&self, text: &str) -> String {
+        match &self.api_key {
+            Some(key) if !key.expose().is_empty() => text.replace(key.expose(), "***"),
+            _ => text.to_owned(),
+        }
+    }
+}
+
+/// The delay a 429 or 503 asks for (`Retry-After: <seconds>`), if any.
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+async fn exchange(
+    request: RequestBuilder,
+) -> Result<(StatusCode, HeaderMap, String), reqwest::Error> {
+    let response = request.send().await?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.bytes().await?;
+    Ok((status, headers, String::from_utf8_lossy(&body).into_owned()))
+}
+
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut current = error;
+    while let Some(source) = current.source() {
+        current = source;
+    }
+    current.to_string()
+}
+
+#[derive(Deserialize)]
+struct ChatAnswer {
+    #[serde(default)]
+    id: Option<String>,
+    choices: Vec<ChatChoice>,
+}
+
+#[derive(Deserialize)]
+struct ChatChoice {
+    #[serde(default)]
+    message: Option<ChatMessage>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    refusal: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ImagesAnswer {
+    data: Vec<ImageData>,
+}
+
+#[derive(Deserialize)]
+struct ImageData {
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    b64_json: Option<String>,
+    #[serde(default)]
+    revised_prompt: Option<String>,
+}
+
+fn final_view(job_id: String, outcome: Result<AiResult, (JobStatus, String)>) -> JobView {
+    match outcome {
+        Ok(result) => JobView {
+            job_id,
+            status: JobStatus::Succeeded,
+            result: Some(result),
+            error: None,
+        },
+        Err((status, error)) => JobView {
+            job_id,
+            status,
+            result: None,
+            error: Some(error),
+        },
+    }
+}
+
+fn chat_outcome(answer: ChatAnswer, key: &str, score: bool) -> JobView {
+    let job_id = format!("openai:{}", answer.id.as_deref().unwrap_or(key));
+    let Some(choice) = answer.choices.into_iter().next() else {
+        return final_view(
+            job_id,
+            Err((JobStatus::Failed, "no choice in the answer".into())),
+        );
+    };
+    let message = choice.message.unwrap_or(ChatMessage {
+        content: None,
+        refusal: None,
+    });
+    if let Some(refusal) = message.refusal.filter(|r| !r.trim().is_empty()) {
+        return final_view(job_id, Err((JobStatus::Rejected, refusal)));
+    }
+    if choice.finish_reason.as_deref() == Some("content_filter") {
+        return final_view(
+            job_id,
+            Err((
+                JobStatus::Rejected,
+                "stopped by the provider's content filter".into(),
+            )),
+        );
+    }
+    let text = match message.content.map(|c| c.trim().to_owned()) {
+        Some(text) if !text.is_empty() => text,
+        _ => return final_view(job_id, Err((JobStatus::Failed, "empty answer".into()))),
+    };
+    if !score {
+        let content = vec![ContentItem {
+            kind: "text".into(),
+            url: None,
+            text: Some(text),
+        }];
+        return final_view(
+            job_id,
+            Ok(AiResult {
+                content,
+                score: None,
+            }),
+        );
+    }
+    match parse_score(&text) {
+        Some((score, comment)) => final_view(
+            job_id,
+            Ok(AiResult {
+                content: vec![ContentItem {
+                    kind: "text".into(),
+                    url: None,
+                    text: Some(comment.unwrap_or_else(|| format!("{score}"))),
+                }],
+                score: Some(score),
+            }),
+        ),
+        None => {
+            let start: String = text.chars().take(80).collect();
+            final_view(
+                job_id,
+                Err((
+                    JobStatus::Failed,
+                    format!("no score in the answer: {start}"),
+                )),
+            )
+        }
+    }
+}
+
+fn image_outcome(answer: ImagesAnswer, key: &str) -> JobView {
+    let job_id = format!("openai:{key}");
+    let content: Vec<ContentItem> = answer
+        .data
+        .into_iter()
+        .filter_map(|image| {
+            let url = image.url.filter(|u| !u.is_empty()).or_else(|| {
+                image
+                    .b64_json
+                    .map(|b64| format!("data:image/png;base64,{b64}"))
+            })?;
+            Some(ContentItem {
+                kind: "image".into(),
+                url: Some(url),
+                text: image.revised_prompt,
+            })
+        })
+        .collect();
+    if content.is_empty() {
+        return final_view(
+            job_id,
+            Err((JobStatus::Failed, "no image in the answer".into())),
+        );
+    }
+    final_view(
+        job_id,
+        Ok(AiResult {
+            content,
+            score: None,
+        }),
+    )
+}
+
+/// Reads the score the model was asked for: a JSON object `{"score": n,
+/// "comment": "..."}` (possibly in a code fence or among other words), a
+/// bare JSON number, or else the first number in the text. Finite only.
+pub fn parse_score(text: &str) -> Option<(f64, Option<String>)> {
+    let from_value = |value: &Value| -> Option<(f64, Option<String>)> {
+        match value {
+            Value::Number(n) => n.as_f64().map(|s| (s, None)),
+            Value::Object(map) => {
+                let score = match map.get("score")? {
+                    Value::Number(n) => n.as_f64()?,
+                    Value::String(s) => s.trim().parse().ok()?,
+                    _ => return None,
+                };
+                let comment = map
+                    .get("comment")
+                    .and_then(Value::as_str)
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_owned);
+                Some((score, comment))
+            }
+            _ => None,
+        }
+    };
+    let trimmed = text.trim();
+    let parsed = serde_json::from_str::<Value>(trimmed)
+        .ok()
+        .and_then(|v| from_value(&v))
+        .or_else(|| {
+            let (start, end) = (trimmed.find('{')?, trimmed.rfind('}')?);
+            let object = serde_json::from_str::<Value>(trimmed.get(start..=end)?).ok()?;
+            from_value(&object)
+        })
+        .or_else(|| first_number(trimmed).map(|s| (s, None)));
+    parsed.filter(|(score, _)| score.is_finite())
+}
+
+fn first_number(text: &str) -> Option<f64> {
+    let bytes = text.as_bytes();
+    let start = bytes.iter().position(|b| b.is_ascii_digit())?;
+    let start = if start > 0 && bytes[start - 1] == b'-' {
+        start - 1
+    } else {
+        start
+    };
+    let end = text[start..]
+        .char_indices()
+        .skip(1)
+        .find(|(_, c)| !(c.is_ascii_digit() || *c == '.'))
+        .map_or(text.len(), |(i, _)| start + i);
+    text[start..end].trim_end_matches('.').parse().ok()
+}
+
+/// What a non-2xx answer says: OpenAI's `{"error": {"message", "type",
+/// "code"}}`, or a compatible server's `{"error": "...", "message": "..."}`.
+#[derive(Debug, Default)]
+struct ErrorAnswer {
+    message: Option<String>,
+    code: Option<String>,
+    kind: Option<String>,
+    raw: Option<String>,
+}
+
+impl ErrorAnswer {
+    const POLICY_CODES: [&'static str; 3] = [
+        "content_policy_violation",
+        "moderation_blocked",
+        "content_filter",
+    ];
+
+    fn parse(body: &str) -> ErrorAnswer {
+        let text = |v: Option<&Value>| -> Option<String> {
+            match v? {
+                Value::String(s) => Some(s.clone()),
+                Value::Null => None,
+                other => Some(other.to_string()),
+            }
+        };
+        match serde_json::from_str::<Value>(body) {
+            Ok(Value::Object(top)) => match top.get("error") {
+                Some(Value::Object(error)) => ErrorAnswer {
+                    message: text(error.get("message")),
+                    code: text(error.get("code")),
+                    kind: text(error.get("type")),
+                    raw: None,
+                },
+                other => ErrorAnswer {
+                    message: text(top.get("message")),
+                    code: text(other),
+                    kind: None,
+                    raw: None,
+                },
+            },
+            _ => {
+                let trimmed = body.trim();
+                ErrorAnswer {
+                    raw: (!trimmed.is_empty()).then(|| trimmed.chars().take(80).collect()),
+                    ..ErrorAnswer::default()
+                }
+            }
+        }
+    }
+
+    fn is_content_policy(&self) -> bool {
+        [&self.code, &self.kind]
+            .into_iter()
+            .flatten()
+            .any(|c| Self::POLICY_CODES.contains(&c.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "sk-test-SECRET-0123456789";
+
+    fn client() -> OpenAiClient {
+        OpenAiClient::new(&OpenAiSettings {
+            base_url: "http://127.0.0.1:9/v1/".into(),
+            api_key: Some(ApiKey::new(KEY)),
+            chat_model: DEFAULT_CHAT_MODEL.into(),
+            image_model: DEFAULT_IMAGE_MODEL.into(),
+            image_size: DEFAULT_IMAGE_SIZE.into(),
+            connect_timeout: Duration::from_millis(200),
+            request_timeout: Duration::from_millis(300),
+        })
+    }
+
+    fn answer(route: Route, status: u16, body: &str) -> Result<JobView, AiFailure> {
+        let status = StatusCode::from_u16(status).unwrap();
+        client().classify(route, "key-1", status, &HeaderMap::new(), body)
+    }
+
+    const CHAT: Route = Route::Chat { score: false };
+    const SCORE: Route = Route::Chat { score: true };
+    const IMAGE: Route = Route::Image { comic: false };
+
+    #[test]
+    fn the_key_is_not_in_debug_output() {
+        let c = client();
+        assert_eq!(c.base_url(), "http://127.0.0.1:9");
+        let shown = format!("{c:?} {:?}", ApiKey::new(KEY));
+        assert!(!shown.contains(KEY), "{shown}");
+        assert!(shown.contains("ApiKey(***)"), "{shown}");
+    }
+
+    #[test]
+    fn keys_parse_and_bad_ones_are_refused() {
+        assert_eq!("  sk-1 ".parse::<ApiKey>(), Ok(ApiKey::new("sk-1")));
+        assert!("".parse::<ApiKey>().is_err());
+        assert!("sk 1".parse::<ApiKey>().is_err());
+    }
+
+    #[test]
+    fn kinds_choose_their_endpoint() {
+        assert_eq!(route("comic"), Route::Image { comic: true });
+        assert_eq!(route("image"), IMAGE);
+        assert_eq!(route("score"), SCORE);
+        assert_eq!(route("video"), CHAT);
+        assert_eq!(route("music"), CHAT);
+    }
+
+    #[test]
+    fn chat_text_becomes_a_text_item() {
+        let view = answer(
+            CHAT,
+            200,
+            r#"{"id":"chatcmpl-1","choices":[{"message":{"role":"assistant","content":" a song "},"finish_reason":"stop"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(view.job_id, "openai:chatcmpl-1");
+        assert_eq!(view.status, JobStatus::Succeeded);
+        let result = view.result.unwrap();
+        assert_eq!(result.content[0].kind, "text");
+        assert_eq!(result.content[0].text.as_deref(), Some("a song"));
+        assert_eq!(result.score, None);
+    }
+
+    #[test]
+    fn score_answers_parse() {
+        assert_eq!(
+            parse_score(r#"{"score": 87.5, "comment": "Great"}"#),
+            Some((87.5, Some("Great".into())))
+        );
+        assert_eq!(
+            parse_score("```json\n{\"score\": \"42\"}\n```"),
+            Some((42.0, None))
+        );
+        assert_eq!(parse_score("73"), Some((73.0, None)));
+        assert_eq!(parse_score("I would give it 64.5."), Some((64.5, None)));
+        assert_eq!(parse_score("no idea"), None);
+        let view = answer(
+            SCORE,
+            200,
+            r#"{"choices":[{"message":{"content":"{\"score\": 91, \"comment\": \"Sharp\"}"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(view.job_id, "openai:key-1");
+        let result = view.result.unwrap();
+        assert_eq!(result.score, Some(91.0));
+        assert_eq!(result.content[0].text.as_deref(), Some("Sharp"));
+        let failed = answer(
+            SCORE,
+            200,
+            r#"{"choices":[{"message":{"content":"cannot say"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(failed.status, JobStatus::Failed);
+    }
+
+    #[test]
+    fn images_become_image_items_with_urls() {
+        let view = answer(
+            IMAGE,
+            200,
+            r#"{"created":1,"data":[{"url":"https://img/1.png","revised_prompt":"a cat"},{"b64_json":"QUJD"}]}"#,
+        )
+        .unwrap();
+        let result = view.result.unwrap();
+        assert_eq!(result.content.len(), 2);
+        assert_eq!(result.content[0].url.as_deref(), Some("https://img/1.png"));
+        assert_eq!(result.content[0].text.as_deref(), Some("a cat"));
+        assert_eq!(
+            result.content[1].url.as_deref(),
+            Some("data:image/png;base64,QUJD")
+        );
+        let empty = answer(IMAGE, 200, r#"{"data":[]}"#).unwrap();
+        assert_eq!(empty.status, JobStatus::Failed);
+    }
+
+    #[test]
+    fn refusals_are_content_rejected() {
+        let policy = r#"{"error":{"code":"content_policy_violation","message":"Your request was rejected by our safety system.","type":"invalid_request_error"}}"#;
+        assert_eq!(
+            answer(IMAGE, 400, policy).unwrap_err(),
+            AiFailure::ContentRejected("Your request was rejected by our safety system.".into())
+        );
+        assert!(matches!(
+            answer(IMAGE, 400, r#"{"error":{"code":"moderation_blocked"}}"#),
+            Err(AiFailure::ContentRejected(_))
+        ));
+        let refused = answer(
+            CHAT,
+            200,
+            r#"{"choices":[{"message":{"content":null,"refusal":"I can't help with that."}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(refused.status, JobStatus::Rejected);
+        assert_eq!(refused.error.as_deref(), Some("I can't help with that."));
+        let filtered = answer(
+            CHAT,
+            200,
+            r#"{"choices":[{"message":{"content":""},"finish_reason":"content_filter"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(filtered.status, JobStatus::Rejected);
+    }
+
+    #[test]
+    fn rate_limits_and_server_errors_are_unavailable() {
+        for status in [429, 500, 502, 503, 504, 408, 409] {
+            assert!(
+                answer(CHAT, status, r#"{"error":{"message":"busy"}}"#)
+                    .unwrap_err()
+                    .is_unavailable(),
+                "{status}"
+            );
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", "7".parse().unwrap());
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(7)));
+        let failure = client().classify(
+            CHAT,
+            "k",
+            StatusCode::TOO_MANY_REQUESTS,
+            &headers,
+            r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#,
+        );
+        assert_eq!(
+            failure.unwrap_err(),
+            AiFailure::Unavailable("HTTP 429: Rate limit reached (retry after 7s)".into())
+        );
+    }
+
+    #[test]
+    fn unreadable_success_is_unavailable_other_4xx_are_rejected() {
+        for body in ["", "not json", r#"{"choices":"x"}"#] {
+            assert!(
+                matches!(answer(CHAT, 200, body), Err(AiFailure::Unclear(_))),
+                "{body:?}"
+            );
+        }
+        assert!(matches!(
+            answer(
+                IMAGE,
+                400,
+                r#"{"error":{"code":"invalid_size","message":"bad size"}}"#
+            ),
+            Err(AiFailure::RequestRejected(_))
+        ));
+    }
+
+    #[test]
+    fn the_key_is_scrubbed_from_provider_text() {
+        let body = format!(
+            r#"{{"error":{{"message":"Incorrect API key provided: {KEY}","code":"invalid_api_key"}}}}"#
+        );
+        let failure = answer(CHAT, 401, &body).unwrap_err();
+        let shown = format!("{failure} {failure:?}");
+        assert!(!shown.contains(KEY), "{shown}");
+        assert!(shown.contains("***"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_dropped_after_sending_is_unclear() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Reads the request, then hangs up without an answer.
+        let rude = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut buffer = [0u8; 4096];
+                let _ = stream.read(&mut buffer).await;
+                drop(stream);
+            }
+        });
+        let settings = OpenAiSettings {
+            base_url: format!("http://{addr}"),
+            api_key: Some(ApiKey::new(KEY)),
+            chat_model: "m".into(),
+            image_model: "i".into(),
+            image_size: "s".into(),
+            connect_timeout: Duration::from_millis(300),
+            request_timeout: Duration::from_millis(1000),
+        };
+        let order = JobOrder {
+            kind: "image".into(),
+            prompt: "p".into(),
+            params: json!({}),
+            idempotency_key: uuid::Uuid::new_v4(),
+        };
+        let failure = OpenAiClient::new(&settings)
+            .submit(&order)
+            .await
+            .unwrap_err();
+        assert!(matches!(failure, AiFailure::Unclear(_)), "{failure:?}");
+        assert!(!format!("{failure}").contains(KEY));
+        rude.abort();
+    }
+
+    #[tokio::test]
+    async fn a_connection_refused_is_unavailable() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let mut settings = OpenAiSettings {
+            base_url: format!("http://{addr}"),
+            api_key: Some(ApiKey::new(KEY)),
+            chat_model: "m".into(),
+            image_model: "i".into(),
+            image_size: "s".into(),
+            connect_timeout: Duration::from_millis(300),
+            request_timeout: Duration::from_millis(300),
+        };
+        settings.base_url.push('/');
+        let order = JobOrder {
+            kind: "music".into(),
+            prompt: "p".into(),
+            params: json!({}),
+            idempotency_key: uuid::Uuid::new_v4(),
+        };
+        let failure = OpenAiClient::new(&settings)
+            .submit(&order)
+            .await
+            .unwrap_err();
+        assert!(matches!(failure, AiFailure::Unavailable(_)), "{failure:?}");
+    }
+}
