@@ -55,7 +55,10 @@ impl ProviderBreaker {
     pub fn record<T>(self: &Arc<Self>, outcome: &Result<T, AiFailure>) {
         // An unclear answer (a dropped connection, a cut-short body) is
         // trouble at the provider too.
-        let unavailable = matches!(outcome, Err(failure) if failure.is_unavailable());
+        let unavailable = matches!(
+            outcome,
+            Err(failure) if failure.is_unavailable() && failure.retry_after_ms().is_none()
+        );
         let opens = {
             let mut run = self.run.lock().unwrap_or_else(|e| e.into_inner());
             if unavailable {
@@ -191,9 +194,11 @@ impl ProviderRate {
             .await
         {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(wait_ms)) => Err(AiFailure::Unavailable(format!(
-                "the AI provider's request rate limit is reached; the next request fits in {wait_ms} ms"
-            ))),
+            Ok(Err(wait_ms)) => Err(AiFailure::Throttled {
+                retry_after_ms: wait_ms,
+                detail: "the AI provider's request rate limit (STAGEHAND_AI_RATE_LIMIT) is reached"
+                    .to_owned(),
+            }),
             Err(e) => {
                 tracing::error!(error = %e, "could not read the AI rate limit; sending the request");
                 Ok(())

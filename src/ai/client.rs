@@ -152,10 +152,16 @@ async fn exchange(request: RequestBuilder) -> Result<JobView, AiFailure> {
         Err(error) => return classify(Exchange::Transport(&error)),
     };
     let status = response.status();
+    let retry_after_s = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
     match response.bytes().await {
         Ok(body) => classify(Exchange::Answer {
             status,
             body: &String::from_utf8_lossy(&body),
+            retry_after_s,
         }),
         Err(error) => classify(Exchange::Transport(&error)),
     }
@@ -165,8 +171,13 @@ async fn exchange(request: RequestBuilder) -> Result<JobView, AiFailure> {
 enum Exchange<'a> {
     /// No complete answer: bad URL, connect error, timeout, broken connection.
     Transport(&'a reqwest::Error),
-    /// The provider answered with this status and body.
-    Answer { status: StatusCode, body: &'a str },
+    /// The provider answered with this status and body (and, for a 429,
+    /// the seconds of its `Retry-After`).
+    Answer {
+        status: StatusCode,
+        body: &'a str,
+        retry_after_s: Option<u64>,
+    },
 }
 
 /// The one place where outside errors become [`AiFailure`] (DESIGN.md rule 6):
@@ -195,7 +206,11 @@ fn classify(exchange: Exchange<'_>) -> Result<JobView, AiFailure> {
                 AiFailure::Unclear(format!("connection broken: {cause}"))
             })
         }
-        Exchange::Answer { status, body } => {
+        Exchange::Answer {
+            status,
+            body,
+            retry_after_s,
+        } => {
             if status.is_success() {
                 // The provider accepted something and may have made the job.
                 return serde_json::from_str::<JobView>(body).map_err(|error| {
@@ -207,25 +222,32 @@ fn classify(exchange: Exchange<'_>) -> Result<JobView, AiFailure> {
             }
             let answer = ErrorAnswer::parse(body);
             let described = answer.describe(status);
-            Err(if status == StatusCode::GATEWAY_TIMEOUT {
-                // A gateway gave up waiting: the provider behind it may
-                // have made the job.
-                AiFailure::Unclear(described)
-            } else if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-                AiFailure::Unavailable(described)
-            } else if status == StatusCode::UNPROCESSABLE_ENTITY
-                && answer.error.as_deref() == Some("content_rejected")
-            {
-                AiFailure::ContentRejected(
-                    answer
-                        .message
-                        .unwrap_or_else(|| "input blocked by moderation".to_owned()),
-                )
-            } else if status.is_client_error() {
-                AiFailure::RequestRejected(described)
-            } else {
-                AiFailure::RequestRejected(format!("unexpected answer, {described}"))
-            })
+            Err(
+                if let (StatusCode::TOO_MANY_REQUESTS, Some(seconds)) = (status, retry_after_s) {
+                    AiFailure::Throttled {
+                        retry_after_ms: seconds.saturating_mul(1_000).min(i64::MAX as u64) as i64,
+                        detail: described,
+                    }
+                } else if status == StatusCode::GATEWAY_TIMEOUT {
+                    // A gateway gave up waiting: the provider behind it may
+                    // have made the job.
+                    AiFailure::Unclear(described)
+                } else if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+                    AiFailure::Unavailable(described)
+                } else if status == StatusCode::UNPROCESSABLE_ENTITY
+                    && answer.error.as_deref() == Some("content_rejected")
+                {
+                    AiFailure::ContentRejected(
+                        answer
+                            .message
+                            .unwrap_or_else(|| "input blocked by moderation".to_owned()),
+                    )
+                } else if status.is_client_error() {
+                    AiFailure::RequestRejected(described)
+                } else {
+                    AiFailure::RequestRejected(format!("unexpected answer, {described}"))
+                },
+            )
         }
     }
 }
@@ -299,7 +321,25 @@ mod tests {
 
     fn answer(status: u16, body: &str) -> Result<JobView, AiFailure> {
         let status = StatusCode::from_u16(status).expect("valid status in test");
-        classify(Exchange::Answer { status, body })
+        classify(Exchange::Answer {
+            status,
+            body,
+            retry_after_s: None,
+        })
+    }
+
+    #[test]
+    fn a_429_with_retry_after_is_throttled_without_it_unavailable() {
+        let throttled = classify(Exchange::Answer {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            body: "{}",
+            retry_after_s: Some(7),
+        })
+        .unwrap_err();
+        assert_eq!(throttled.retry_after_ms(), Some(7_000));
+        assert!(throttled.is_unavailable(), "not an attempt");
+        let plain = answer(429, "{}").unwrap_err();
+        assert!(matches!(plain, AiFailure::Unavailable(_)), "{plain:?}");
     }
 
     fn transport_failure(result: Result<JobView, AiFailure>) -> AiFailure {

@@ -328,10 +328,17 @@ impl OpenAiClient {
             || status.is_server_error()
             || status == StatusCode::REQUEST_TIMEOUT
         {
-            return AiFailure::Unavailable(match retry_after(headers) {
-                Some(delay) => format!("{described} (retry after {}s)", delay.as_secs()),
-                None => described,
-            });
+            return match retry_after(headers) {
+                Some(delay) if status == StatusCode::TOO_MANY_REQUESTS => AiFailure::Throttled {
+                    retry_after_ms: delay.as_millis().min(i64::MAX as u128) as i64,
+                    detail: described,
+                },
+                Some(delay) => AiFailure::Unavailable(format!(
+                    "{described} (retry after {}s)",
+                    delay.as_secs()
+                )),
+                None => AiFailure::Unavailable(described),
+            };
         }
         if status.is_client_error() {
             AiFailure::RequestRejected(described)
@@ -809,7 +816,11 @@ mod tests {
         );
         assert_eq!(
             failure.unwrap_err(),
-            AiFailure::Unavailable("HTTP 429: Rate limit reached (retry after 7s)".into())
+            AiFailure::Throttled {
+                retry_after_ms: 7_000,
+                detail: "HTTP 429: Rate limit reached".into()
+            },
+            "a 429's Retry-After is the least wait"
         );
     }
 

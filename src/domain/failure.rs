@@ -19,6 +19,12 @@ pub enum AiFailure {
     /// running, the saga keeps its AI slot meanwhile (rule 10).
     #[error("AI provider outcome unclear: {0}")]
     Unclear(String),
+    /// The provider (429 with `Retry-After`) or our own request rate limit
+    /// says when to ask again. Like `Unavailable` (no job was made, not an
+    /// attempt), but the next try waits at least `retry_after_ms`. Not an
+    /// outage: the circuit breaker does not count it.
+    #[error("AI provider asks to wait {retry_after_ms} ms: {detail}")]
+    Throttled { retry_after_ms: i64, detail: String },
     /// Any other 4xx on submit: our request was refused. Counts as an attempt.
     #[error("AI provider refused the request: {0}")]
     RequestRejected(String),
@@ -36,9 +42,21 @@ pub enum AiFailure {
 }
 
 impl AiFailure {
-    /// Unavailable or unclear: not an attempt, retried with the same key.
+    /// Unavailable, unclear or throttled: not an attempt, retried with the
+    /// same key.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, AiFailure::Unavailable(_) | AiFailure::Unclear(_))
+        matches!(
+            self,
+            AiFailure::Unavailable(_) | AiFailure::Unclear(_) | AiFailure::Throttled { .. }
+        )
+    }
+
+    /// The least wait the provider asked for, if any.
+    pub fn retry_after_ms(&self) -> Option<i64> {
+        match self {
+            AiFailure::Throttled { retry_after_ms, .. } => Some(*retry_after_ms),
+            _ => None,
+        }
     }
 }
 

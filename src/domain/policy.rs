@@ -80,7 +80,7 @@ impl RetryPolicy {
                     detail: detail.clone(),
                 }
             }
-            AiFailure::Unavailable(_) | AiFailure::Unclear(_) => (
+            AiFailure::Unavailable(_) | AiFailure::Unclear(_) | AiFailure::Throttled { .. } => (
                 AttemptState {
                     attempts: before.attempts,
                     unavailable_streak: before.unavailable_streak + 1,
@@ -109,7 +109,11 @@ impl RetryPolicy {
                 )
             }
         };
-        let next_attempt_at = now + self.backoff_ms(exponent, jitter);
+        // A wait the provider asked for is the least one.
+        let wait = self
+            .backoff_ms(exponent, jitter)
+            .max(failure.retry_after_ms().unwrap_or(0));
+        let next_attempt_at = now + wait;
         if next_attempt_at > deadline {
             // The time ran out waiting for the AI (it was not there, or too
             // slow): AI_TIMEOUT. After a job that failed or a refused
@@ -279,6 +283,28 @@ mod tests {
         assert_eq!(p.backoff_ms(60, 0.0), 15_000);
         let mid = p.backoff_ms(2, 0.5);
         assert!((2_000..=4_000).contains(&mid));
+    }
+
+    #[test]
+    fn a_throttled_answer_waits_at_least_what_the_provider_asked() {
+        let throttled = AiFailure::Throttled {
+            retry_after_ms: 20_000,
+            detail: "429".into(),
+        };
+        match policy().after_failure(&throttled, st(1, 0), NOW, DEADLINE, 0.0) {
+            AfterFailure::RetryLater {
+                state,
+                next_attempt_at,
+            } => {
+                assert_eq!(state.attempts, 1, "not an attempt");
+                assert_eq!(
+                    next_attempt_at,
+                    NOW + 20_000,
+                    "the provider's wait, not the 500 ms backoff"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
