@@ -16,6 +16,7 @@ mod m20261203_000004_operator_views;
 mod m20261204_000005_credits;
 mod m20261204_000006_idempotency_lease;
 mod m20261205_000008_breaker;
+mod m20261206_000009_fan_out;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -31,6 +32,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000005_credits::Migration),
             Box::new(m20261204_000006_idempotency_lease::Migration),
             Box::new(m20261205_000008_breaker::Migration),
+            Box::new(m20261206_000009_fan_out::Migration),
         ]
     }
 }

@@ -15,7 +15,7 @@ use migration::{Migrator, MigratorTrait, SchemaManager};
 use sea_orm_migration::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use sea_orm_migration::sea_query::{Alias, Expr, Func, InsertStatement, Order, Query};
 
-const TABLES: [&str; 9] = [
+const TABLES: [&str; 10] = [
     "experiences",
     "terminals",
     "sessions",
@@ -25,6 +25,7 @@ const TABLES: [&str; 9] = [
     "terminal_events",
     "idempotency_records",
     "terminal_presence",
+    "ai_calls",
 ];
 
 const EXPERIENCE_ID: &str = "00000000-0000-4000-8000-000000000001";

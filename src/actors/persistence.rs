@@ -16,6 +16,7 @@ use actix::prelude::*;
 use super::batching::{batch_failed, BatchLimits, BatchQueue};
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
+use crate::store::ai_calls::{CallRow, Slots};
 use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{Store, StoreResult};
 
@@ -33,6 +34,28 @@ pub struct RenewLease {
 #[rtype(result = "StoreResult<Written>")]
 pub struct Write(pub SagaWrite);
 
+/// Write one call of a fan-out saga (see [`Store::write_ai_call`]); the
+/// saga's slots after it. When the slots may have been lowered, the
+/// dispatchers are woken (a slot may be free).
+#[derive(Message)]
+#[rtype(result = "StoreResult<i32>")]
+pub struct WriteCall {
+    pub saga_id: String,
+    pub token: String,
+    pub row: CallRow,
+    pub slots: Slots,
+}
+
+/// Copy the session's earlier successful calls into a fan-out saga that
+/// has none yet (see [`Store::seed_ai_calls`]).
+#[derive(Message)]
+#[rtype(result = "StoreResult<()>")]
+pub struct SeedCalls {
+    pub saga_id: String,
+    pub session_id: String,
+    pub token: String,
+}
+
 /// Writes queued at most before senders wait; writes per transaction;
 /// transactions at once.
 const LIMITS: BatchLimits = BatchLimits {
@@ -47,12 +70,13 @@ pub struct PersistenceActor {
     clock: SharedClock,
     lease_ms: i64,
     writes: BatchQueue<SagaWrite, StoreResult<Written>>,
+    wakeups: Wakeups,
 }
 
 impl PersistenceActor {
     pub fn new(store: Store, clock: SharedClock, lease_ms: i64, wakeups: Wakeups) -> Self {
         let writes = {
-            let (store, clock) = (store.clone(), clock.clone());
+            let (store, clock, wakeups) = (store.clone(), clock.clone(), wakeups.clone());
             BatchQueue::start("saga writes", LIMITS, move |batch: Vec<SagaWrite>| {
                 let (store, now, wakeups) = (store.clone(), clock.now_ms(), wakeups.clone());
                 async move { write_batch(&store, batch, now, lease_ms, &wakeups).await }
@@ -63,6 +87,7 @@ impl PersistenceActor {
             clock,
             lease_ms,
             writes,
+            wakeups,
         }
     }
 }
@@ -120,5 +145,34 @@ impl Handler<Write> for PersistenceActor {
     fn handle(&mut self, m: Write, _: &mut Context<Self>) -> Self::Result {
         let writes = self.writes.clone();
         Box::pin(async move { writes.write(m.0).await })
+    }
+}
+
+impl Handler<WriteCall> for PersistenceActor {
+    type Result = ResponseFuture<StoreResult<i32>>;
+    fn handle(&mut self, m: WriteCall, _: &mut Context<Self>) -> Self::Result {
+        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
+        let wakeups = self.wakeups.clone();
+        Box::pin(async move {
+            let held = store
+                .write_ai_call(&m.saga_id, &m.token, &m.row, m.slots, now, lease)
+                .await?;
+            if m.slots != Slots::Keep {
+                wakeups.saga_work();
+            }
+            Ok(held)
+        })
+    }
+}
+
+impl Handler<SeedCalls> for PersistenceActor {
+    type Result = ResponseFuture<StoreResult<()>>;
+    fn handle(&mut self, m: SeedCalls, _: &mut Context<Self>) -> Self::Result {
+        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
+        Box::pin(async move {
+            store
+                .seed_ai_calls(&m.saga_id, &m.session_id, &m.token, now, lease)
+                .await
+        })
     }
 }

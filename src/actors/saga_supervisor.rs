@@ -25,6 +25,8 @@ use crate::store::sagas::{step_of, Fence};
 use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{Store, StoreError};
 
+mod fan_out;
+
 /// What every supervisor needs; cloned into each.
 #[derive(Clone)]
 pub struct SagaDeps {
@@ -47,7 +49,7 @@ pub struct SagaSettings {
 
 /// Why a supervisor stopped before the saga ended.
 #[derive(Debug, thiserror::Error)]
-enum Stop {
+pub(crate) enum Stop {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("actor mailbox: {0}")]
@@ -168,7 +170,34 @@ async fn run(
     dispatcher: &Addr<Dispatcher>,
 ) -> Result<(), Stop> {
     loop {
-        match step_of(&saga)? {
+        let step = step_of(&saga)?;
+        let fan = match step {
+            Step::AiPending => fan_out_of(&saga, deps).await?,
+            _ => None,
+        };
+        match step {
+            Step::AiPending if fan.is_some() => {
+                let (calls, min_success) = fan.unwrap_or((1, 1));
+                match fan_out::run_fan_out(&saga, kind, token, deps, calls, min_success).await? {
+                    fan_out::FanOutcome::Done(result) => {
+                        let done = SagaWrite::AiDone {
+                            saga_id: saga.id.clone(),
+                            token: token.to_owned(),
+                            result: result.clone(),
+                            job_id: None,
+                        };
+                        write(deps, done).await??;
+                        tracing::info!(saga_id = %saga.id, calls, "fan-out results recorded");
+                        saga.content =
+                            Some(serde_json::to_string(&result.content).unwrap_or_default());
+                        saga.ai_score = result.score;
+                        saga.step = Step::AiDone.as_str().to_owned();
+                    }
+                    fan_out::FanOutcome::Abort(reason, detail) => {
+                        return abort(&saga, token, reason, detail, deps).await;
+                    }
+                }
+            }
             Step::AiPending => match ai_attempt(&mut saga, kind, token, deps).await? {
                 AiOutcome::Done(result, job_id) => {
                     let done = SagaWrite::AiDone {
@@ -247,6 +276,23 @@ async fn run(
             Step::Completed | Step::Aborted => return Ok(()),
         }
     }
+}
+
+/// `Some((ai_calls, min_success))` when the saga's experience fans out
+/// (`ai_calls` > 1); `None` for a single call, which takes [`ai_attempt`].
+async fn fan_out_of(saga: &sagas::Model, deps: &SagaDeps) -> Result<Option<(i32, i32)>, Stop> {
+    let experience = deps
+        .store
+        .experience_by_id(&saga.experience_id)
+        .await?
+        .ok_or(StoreError::NotFound("experience"))?;
+    Ok((experience.ai_calls > 1).then(|| {
+        let calls = experience.ai_calls;
+        (
+            calls,
+            experience.min_success.unwrap_or(calls).clamp(1, calls),
+        )
+    }))
 }
 
 /// How the AI step ended for this worker.

@@ -161,6 +161,8 @@ struct SimState {
     refused: u64,
     faults: SimFaults,
     unclear_answers: u64,
+    /// Jobs still to be created `failed` ([`SimControl::fail_next`]).
+    fail_next: u64,
 }
 
 impl SimState {
@@ -217,6 +219,7 @@ impl SimControl {
                 refused: 0,
                 faults: SimFaults::default(),
                 unclear_answers: 0,
+                fail_next: 0,
             })),
         }
     }
@@ -250,6 +253,11 @@ impl SimControl {
     /// The faults in force (the counts left).
     pub fn faults(&self) -> SimFaults {
         self.lock().faults
+    }
+
+    /// The next `n` jobs created end `failed` (whatever `fail_rate` says).
+    pub fn fail_next(&self, n: u64) {
+        self.lock().fail_next = n;
     }
 
     /// Polls answer 503 while jobs keep running (`false`: normal again).
@@ -351,7 +359,11 @@ impl SimControl {
             kind: text_field(body, "kind").unwrap_or_else(|| "content".to_owned()),
             prompt,
             done_at: now + state.config.latency,
-            will_fail: rand::random::<f64>() < state.config.fail_rate,
+            will_fail: {
+                let forced = state.fail_next > 0;
+                state.fail_next = state.fail_next.saturating_sub(1);
+                forced || rand::random::<f64>() < state.config.fail_rate
+            },
             // The last six hex digits of the id, modulo 1000, like the contract fake.
             score: u64::try_from((job_uuid.as_u128() & 0xFF_FFFF) % 1000).unwrap_or(0),
         };

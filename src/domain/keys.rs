@@ -27,6 +27,19 @@ pub fn ai_attempt_key(base: Uuid, attempt: u32) -> Uuid {
     }
 }
 
+/// The `Idempotency-Key` for attempt `attempt` of call `call` of a fan-out
+/// saga. Call 0 has exactly the keys of a single-call saga
+/// ([`ai_attempt_key`]), so a saga of one call is unchanged; call `i` > 0
+/// uses UUIDv5(`ai_base_key`, "call-{i}/{attempt}"), a name no single-call
+/// key uses (those are bare decimal numbers).
+pub fn ai_call_key(base: Uuid, call: u32, attempt: u32) -> Uuid {
+    if call == 0 {
+        ai_attempt_key(base, attempt)
+    } else {
+        Uuid::new_v5(&base, format!("call-{call}/{attempt}").as_bytes())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,5 +88,25 @@ mod tests {
         assert_eq!(dedup.len(), keys.len());
         let other = Uuid::new_v5(&Uuid::NAMESPACE_OID, b"other saga");
         assert_ne!(ai_attempt_key(other, 1), ai_attempt_key(base, 1));
+    }
+
+    #[test]
+    fn call_keys_keep_call_zero_and_are_distinct() {
+        let base = Uuid::parse_str(BASE).unwrap();
+        for attempt in 0..5 {
+            assert_eq!(ai_call_key(base, 0, attempt), ai_attempt_key(base, attempt));
+        }
+        let mut keys: Vec<Uuid> = (0..30)
+            .flat_map(|call| (0..3).map(move |attempt| ai_call_key(base, call, attempt)))
+            .collect();
+        let n = keys.len();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), n);
+        assert_eq!(
+            ai_call_key(base, 1, 0),
+            Uuid::new_v5(&base, b"call-1/0"),
+            "call 1, attempt 0"
+        );
     }
 }

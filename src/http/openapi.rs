@@ -524,8 +524,24 @@ pub struct SessionView {
     /// Set when the session is COMPLETED.
     #[schema(required = true)]
     result: Option<SessionResult>,
+    /// A fan-out experience's calls (`ai_calls` > 1) while the saga waits
+    /// for the AI ("7 of 30 done"); null otherwise.
+    #[schema(required = true)]
+    progress: Option<SessionProgress>,
     #[schema(format = DateTime)]
     updated_at: String,
+}
+
+/// How far a fan-out saga's AI calls are.
+#[derive(ToSchema)]
+pub struct SessionProgress {
+    /// Calls that are final (succeeded, or failed for good), including
+    /// those kept from an earlier submission of the session.
+    #[schema(minimum = 0)]
+    done: i64,
+    /// The experience's `ai_calls`.
+    #[schema(minimum = 1)]
+    total: i64,
 }
 
 #[derive(ToSchema)]

@@ -30,10 +30,10 @@ struct ExperienceBody {
     title: String,
     #[schema(value_type = crate::http::openapi::Kind)]
     kind: String,
-    /// AI calls per submission (fan-out); only 1 is available yet (422
-    /// `unsupported` otherwise). Default 1.
+    /// AI calls per submission (fan-out), 1 to 1,000; default 1. Each call
+    /// counts one against `max_in_flight`.
     #[serde(default)]
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 1000)]
     ai_calls: Option<i32>,
     /// Calls that must succeed, 1 to `ai_calls`; default all.
     #[serde(default)]
@@ -92,10 +92,8 @@ fn validate_experience(b: ExperienceBody) -> Result<NewExperience, ApiError> {
         )));
     }
     let ai_calls = b.ai_calls.unwrap_or(1);
-    if ai_calls != 1 {
-        return Err(ApiError::Unsupported(
-            "fan-out (ai_calls > 1) is not available yet".into(),
-        ));
+    if !(1..=1_000).contains(&ai_calls) {
+        return Err(ApiError::Validation("ai_calls must be 1 to 1000".into()));
     }
     let max_in_flight = b.max_in_flight.unwrap_or(5);
     if !(1..=10_000).contains(&max_in_flight) {
@@ -166,7 +164,7 @@ fn experience_json(e: &experiences::Model) -> serde_json::Value {
         (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
         (status = 409, description = "`conflict`: the slug is taken; `request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: a field breaks its rule; `unsupported`: `ai_calls` other than 1; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: a field breaks its rule; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
     )
 )]
 pub async fn create_experience(

@@ -206,6 +206,13 @@ pub async fn get_session(
         }
         _ => serde_json::Value::Null,
     };
+    let progress = match &saga {
+        Some(saga) if experience.ai_calls > 1 && saga.step == Step::AiPending.as_str() => {
+            let done = state.store.ai_calls_done(&saga.id).await?;
+            json!({"done": done, "total": experience.ai_calls})
+        }
+        _ => serde_json::Value::Null,
+    };
     Ok(HttpResponse::Ok().json(json!({
         "session_id": session.id,
         "experience": experience.slug,
@@ -215,6 +222,7 @@ pub async fn get_session(
         "abort_reason": session.abort_reason,
         "message": message,
         "result": result,
+        "progress": progress,
         "updated_at": rfc3339(session.updated_at_ms),
     })))
 }

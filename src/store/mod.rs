@@ -6,6 +6,7 @@
 //! process-wide gate so they queue in the process instead of failing with
 //! `database is locked`. PostgreSQL needs no gate.
 
+pub mod ai_calls;
 pub mod breaker;
 pub mod entities;
 pub mod experiences;

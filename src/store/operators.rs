@@ -31,7 +31,8 @@ pub const MAX_PAGE: u64 = 500;
 pub struct ExperienceLoad {
     pub slug: String,
     pub title: String,
-    /// AI jobs running now (AI_PENDING sagas whose lease is held).
+    /// AI jobs running now: the AI slots of the AI_PENDING sagas whose
+    /// lease is held (one per saga, or per call of a fan-out saga).
     pub in_flight: i64,
     pub max_in_flight: i32,
     /// AI_PENDING sagas waiting for a slot or for their retry time.
@@ -187,7 +188,7 @@ impl Store {
             .query_all_raw(self.sql(
                 "SELECT e.slug, e.title, e.max_in_flight, \
                  COALESCE(SUM(CASE WHEN s.lock_token IS NOT NULL AND s.locked_until_ms >= $1 \
-                   THEN 1 ELSE 0 END), 0), \
+                   THEN s.slots ELSE 0 END), 0), \
                  COALESCE(SUM(CASE WHEN s.id IS NOT NULL \
                    AND (s.lock_token IS NULL OR s.locked_until_ms < $1) THEN 1 ELSE 0 END), 0) \
                  FROM experiences e LEFT JOIN sagas s \
@@ -437,6 +438,26 @@ impl Store {
         // touches credits; dropping the transaction undoes the rest.
         if charge > 0 && !take_credits(&*tx, &experience.id, charge).await? {
             return Err(StoreError::BudgetExhausted);
+        }
+        if resume == Step::AiPending {
+            // A fan-out saga runs again the calls that have no result: its
+            // failed ones, and those whose job failed or timed out (like
+            // `ai_job_id` above); a job it was waiting on is polled again.
+            // Every call it runs has fresh attempts.
+            tx.execute_raw(self.sql(
+                "DELETE FROM ai_calls WHERE saga_id = $1 AND (status = 'FAILED' \
+                 OR (status = 'RUNNING' AND $2 IN ('AI_FAILED', 'AI_TIMEOUT')))",
+                vec![
+                    saga.id.clone().into(),
+                    saga.abort_reason.clone().unwrap_or_default().into(),
+                ],
+            ))
+            .await?;
+            tx.execute_raw(self.sql(
+                "UPDATE ai_calls SET attempts = 0 WHERE saga_id = $1 AND status = 'RUNNING'",
+                vec![saga.id.clone().into()],
+            ))
+            .await?;
         }
         let shown = tx
             .execute_raw(self.sql(

@@ -157,8 +157,10 @@ impl Store {
             .map_err(Into::into)
     }
 
-    /// AI jobs in flight for an experience: sagas in AI_PENDING whose lease is
-    /// held. The lease is the AI slot, and it covers every job the provider
+    /// AI jobs in flight for an experience: the slots of the sagas in
+    /// AI_PENDING whose lease is held (1 for a single-call saga; a fan-out
+    /// saga holds one per call it may run at once, see [`Self::claim_runnable`]).
+    /// The lease is the AI slot, and it covers every job the provider
     /// may still be running (rule 10): a worker whose poll failed, whose
     /// submit had an unclear outcome, or whose attempt timed out keeps its
     /// lease and goes on with the same job (see the supervisor's
@@ -174,7 +176,8 @@ impl Store {
         let stmt = super::sql_for(
             conn.get_database_backend(),
             &format!(
-                "SELECT COUNT(*) FROM sagas WHERE experience_id = $1 AND lock_token IS NOT NULL \
+                "SELECT COALESCE(SUM(slots), 0) FROM sagas WHERE experience_id = $1 \
+                 AND lock_token IS NOT NULL \
                  AND {RUNNABLE} AND step = 'AI_PENDING' AND locked_until_ms >= $2"
             ),
             vec![experience_id.into(), now.into()],
@@ -216,9 +219,18 @@ impl Store {
         }
         let token = new_id();
         let mut claimed = Vec::new();
-        let claim = |step, source, n| {
-            let stmt =
-                self.claim_statement("", &experience.id, step, source, n, &token, now, rules);
+        let claim = |step, source, n, slots: i32| {
+            let stmt = self.claim_statement(
+                "",
+                &experience.id,
+                step,
+                source,
+                n,
+                slots,
+                &token,
+                now,
+                rules,
+            );
             let tx = &tx;
             async move { self.claim_with(tx, stmt, n).await }
         };
@@ -226,23 +238,45 @@ impl Store {
             for step in [Step::RankingDone, Step::AiDone] {
                 for source in [ClaimSource::Expired, ClaimSource::Unowned] {
                     let room = limit - claimed.len();
-                    claimed.extend(claim(step, source, room).await?);
+                    claimed.extend(claim(step, source, room, 1).await?);
                 }
             }
         }
         let room = limit - claimed.len();
         if room > 0 && (experience.has_expired_ai || experience.has_queued_ai) {
             let in_flight = Self::in_flight(&*tx, &experience.id, now).await?;
-            let mut free =
-                (experience.max_in_flight as i64 - in_flight).clamp(0, room as i64) as usize;
-            for (source, waiting) in [
-                (ClaimSource::Expired, experience.has_expired_ai),
-                (ClaimSource::Unowned, experience.has_queued_ai),
-            ] {
-                if waiting {
-                    let got = claim(Step::AiPending, source, free).await?;
-                    free -= got.len();
-                    claimed.extend(got);
+            let calls = Self::ai_calls_per_saga(&*tx, &experience.id).await?;
+            if calls <= 1 {
+                let mut free =
+                    (experience.max_in_flight as i64 - in_flight).clamp(0, room as i64) as usize;
+                for (source, waiting) in [
+                    (ClaimSource::Expired, experience.has_expired_ai),
+                    (ClaimSource::Unowned, experience.has_queued_ai),
+                ] {
+                    if waiting {
+                        let got = claim(Step::AiPending, source, free, 1).await?;
+                        free -= got.len();
+                        claimed.extend(got);
+                    }
+                }
+            } else {
+                // Fan-out: one saga at a time, each taking as many of the
+                // free slots as it has calls (a single saga may use them
+                // all); its worker gives back those it no longer needs.
+                let mut free = std::cmp::max(experience.max_in_flight as i64 - in_flight, 0);
+                for (source, waiting) in [
+                    (ClaimSource::Expired, experience.has_expired_ai),
+                    (ClaimSource::Unowned, experience.has_queued_ai),
+                ] {
+                    while waiting && free > 0 && claimed.len() < limit {
+                        let slots = std::cmp::min(free, calls as i64) as i32;
+                        let got = claim(Step::AiPending, source, 1, slots).await?;
+                        if got.is_empty() {
+                            break;
+                        }
+                        free -= slots as i64;
+                        claimed.extend(got);
+                    }
                 }
             }
         }
@@ -279,6 +313,7 @@ impl Store {
         step: Step,
         source: ClaimSource,
         n: usize,
+        slots: i32,
         token: &str,
         now: EpochMs,
         rules: ClaimRules,
@@ -298,6 +333,7 @@ impl Store {
                  WHERE experience_id = $1 AND {condition} \
                  ORDER BY {order} LIMIT $6{lock}) \
                  UPDATE sagas SET lock_token = $4, locked_until_ms = $5, updated_at_ms = $2, \
+                 slots = $7, \
                  recoveries = recoveries + (CASE WHEN lock_token IS NULL THEN 0 ELSE 1 END) \
                  WHERE id IN (SELECT id FROM picked) AND {claimable} RETURNING *",
                 claimable = claimable(2, 3),
@@ -309,8 +345,26 @@ impl Store {
                 token.into(),
                 lease_until(now, rules.lease_ms).into(),
                 (n as i64).into(),
+                slots.into(),
             ],
         )
+    }
+
+    /// The experience's `ai_calls` (calls per submission).
+    async fn ai_calls_per_saga<C: ConnectionTrait>(
+        conn: &C,
+        experience_id: &str,
+    ) -> StoreResult<i32> {
+        let stmt = super::sql_for(
+            conn.get_database_backend(),
+            "SELECT ai_calls FROM experiences WHERE id = $1",
+            vec![experience_id.into()],
+        );
+        let row = conn.query_one_raw(stmt).await?;
+        Ok(row
+            .map(|r| r.try_get_by_index::<i32>(0))
+            .transpose()?
+            .unwrap_or(1))
     }
 
     /// How the database would run the claim of `step` from `source` for
@@ -331,8 +385,17 @@ impl Store {
         } else {
             ("EXPLAIN QUERY PLAN", 3)
         };
-        let stmt =
-            self.claim_statement(prefix, experience_id, step, source, 10, "plan", now, rules);
+        let stmt = self.claim_statement(
+            prefix,
+            experience_id,
+            step,
+            source,
+            10,
+            1,
+            "plan",
+            now,
+            rules,
+        );
         let rows = self.db().query_all_raw(stmt).await?;
         let lines = rows
             .iter()

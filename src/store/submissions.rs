@@ -438,8 +438,22 @@ async fn ai_queue_load<C: ConnectionTrait>(
     experience_id: &str,
     now: EpochMs,
 ) -> StoreResult<QueueLoad> {
-    let running = Store::in_flight(conn, experience_id, now).await?;
     let runnable = super::sagas::RUNNABLE;
+    // Sagas, not slots: a fan-out saga holds several (see `Capacity`).
+    let stmt = super::sql_for(
+        conn.get_database_backend(),
+        &format!(
+            "SELECT COUNT(*) FROM sagas WHERE experience_id = $1 AND lock_token IS NOT NULL \
+             AND {runnable} AND step = 'AI_PENDING' AND locked_until_ms >= $2"
+        ),
+        vec![experience_id.into(), now.into()],
+    );
+    let running = conn
+        .query_one_raw(stmt)
+        .await?
+        .map(|r| r.try_get_by_index::<i64>(0))
+        .transpose()?
+        .unwrap_or(0);
     let stmt = super::sql_for(
         conn.get_database_backend(),
         &format!(
@@ -535,6 +549,7 @@ fn new_saga(
         ai_base_key: Set(Uuid::new_v4().to_string()),
         ai_job_id: Set(None),
         ai_submitted_at_ms: Set(None),
+        slots: Set(1),
         content: Set(None),
         ai_score: Set(None),
         score: Set(None),

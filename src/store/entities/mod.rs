@@ -2,6 +2,7 @@
 //! UUID text, times are `i64` milliseconds since the epoch (`*_ms`), JSON is
 //! text.
 
+pub mod ai_calls;
 pub mod experiences;
 pub mod idempotency_records;
 pub mod results;
@@ -13,6 +14,7 @@ pub mod terminal_presence;
 pub mod terminals;
 
 pub mod prelude {
+    pub use super::ai_calls::Entity as AiCalls;
     pub use super::experiences::Entity as Experiences;
     pub use super::idempotency_records::Entity as IdempotencyRecords;
     pub use super::results::Entity as Results;

@@ -1,0 +1,575 @@
+//! Fan-out experiences (`ai_calls` = N > 1), black box against the
+//! simulator, on SQLite and on PostgreSQL: N jobs per submission under the
+//! experience's `max_in_flight`, each call's result stored the moment it
+//! arrives (`ai_calls` rows), failures kept as values, a resubmission that
+//! re-runs only the calls without a result, `min_success`, and a kill -9 of
+//! the real binary in the middle of a fan-out that re-runs no finished call.
+
+mod support;
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use stagehand::ai::simulator::SimConfig;
+use stagehand::store::Store;
+use support::{Backend, TestApp, OPERATOR};
+
+/// Creates an experience with `ai_calls` calls per submission.
+async fn fan_out_experience(
+    http: &reqwest::Client,
+    base: &str,
+    ai_calls: i32,
+    max_in_flight: i32,
+    min_success: Option<i32>,
+) -> String {
+    let slug = format!("fan-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let resp = http
+        .post(format!("{base}/api/experiences"))
+        .bearer_auth(OPERATOR)
+        .json(&json!({
+            "slug": slug, "title": "Personas", "kind": "score",
+            "ai_calls": ai_calls, "max_in_flight": max_in_flight, "min_success": min_success,
+        }))
+        .send()
+        .await
+        .expect("POST /api/experiences");
+    assert_eq!(resp.status(), 201, "{:?}", resp.text().await);
+    slug
+}
+
+/// Submits and returns the saga id from the 202.
+async fn submit(http: &reqwest::Client, base: &str, sid: &str, token: &str, key: &str) -> String {
+    let resp = support::submit(
+        http,
+        base,
+        sid,
+        token,
+        json!({"prompt": format!("thirty opinions about {key}")}),
+        key,
+    )
+    .await;
+    assert_eq!(resp.status(), 202, "{:?}", resp.text().await);
+    let body: Value = resp.json().await.unwrap();
+    body["saga_id"].as_str().unwrap().to_owned()
+}
+
+/// The saga's calls as (index, status).
+async fn calls(store: &Store, saga_id: &str) -> Vec<(i32, String)> {
+    store
+        .ai_calls_of(saga_id)
+        .await
+        .expect("read ai_calls")
+        .into_iter()
+        .map(|c| (c.call_index, c.status))
+        .collect()
+}
+
+fn count(calls: &[(i32, String)], status: &str) -> usize {
+    calls.iter().filter(|(_, s)| s == status).count()
+}
+
+/// The contents of the saga's successful calls, in call order.
+async fn contents_in_call_order(store: &Store, saga_id: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    for call in store.ai_calls_of(saga_id).await.expect("read ai_calls") {
+        if call.status == "SUCCEEDED" {
+            let items: Vec<Value> = serde_json::from_str(call.content.as_deref().unwrap()).unwrap();
+            out.extend(items);
+        }
+    }
+    out
+}
+
+/// 30 calls with a cap of 10: the provider sees exactly 30 jobs, never more
+/// than 10 at once and at least 8 at once; the session shows its progress
+/// while it runs, and its result (and the terminal frame) lists the 30
+/// contents in call order.
+async fn thirty_calls_under_a_cap_of_ten(backend: Backend) {
+    const LATENCY: Duration = Duration::from_millis(600);
+    let sim = SimConfig {
+        latency: LATENCY,
+        ..support::fast_sim()
+    };
+    let app = TestApp::spawn_with(backend, sim, |_| {}).await;
+    let slug = fan_out_experience(&app.http, &app.base, 30, 10, None).await;
+    let (terminal, terminal_token) = app.terminal(&slug).await;
+    let mut socket = app.terminal_socket(&terminal, &terminal_token, 0).await;
+    let (sid, token) = app.session(&slug, Some(&terminal), "crowd").await;
+
+    let started = Instant::now();
+    let saga_id = submit(&app.http, &app.base, &sid, &token, "fan-30").await;
+    let progress_seen = std::cell::RefCell::new(Vec::new());
+    let done = support::wait_for(Duration::from_secs(60), || {
+        let (http, base, sid, token) = (app.http.clone(), app.base.clone(), &sid, &token);
+        let seen = &progress_seen;
+        async move {
+            let s = support::session_status(&http, &base, sid, token).await;
+            if !s["progress"].is_null() {
+                seen.borrow_mut().push(s["progress"].clone());
+            }
+            matches!(s["status"].as_str(), Some("COMPLETED") | Some("ABORTED")).then_some(s)
+        }
+    })
+    .await
+    .expect("the fan-out ended within 60 s");
+    let wall = started.elapsed();
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    assert!(done["progress"].is_null(), "no progress once final: {done}");
+
+    let stats = app.sim.control.stats();
+    assert_eq!(stats.jobs_created, 30, "one job per call: {stats:?}");
+    assert!(stats.max_concurrent_jobs <= 10, "cap of 10: {stats:?}");
+    assert!(
+        stats.max_concurrent_jobs >= 8,
+        "real parallelism: {stats:?}"
+    );
+    assert_eq!(stats.missing_key, 0, "{stats:?}");
+
+    let ideal = LATENCY * 3;
+    eprintln!(
+        "fan-out ({backend:?}): 30 calls at cap 10, call latency {LATENCY:?}: wall {wall:?} \
+         (202 to COMPLETED seen by GET polls every 25 ms), ideal 3 x latency = {ideal:?}, \
+         ratio {:.2}; provider max concurrent jobs {}",
+        wall.as_secs_f64() / ideal.as_secs_f64(),
+        stats.max_concurrent_jobs
+    );
+
+    let progress_seen = progress_seen.into_inner();
+    assert!(!progress_seen.is_empty(), "progress shown while running");
+    for p in &progress_seen {
+        assert_eq!(p["total"], 30, "{p}");
+        assert!(p["done"].as_i64().unwrap() <= 30, "{p}");
+    }
+    assert!(
+        progress_seen.iter().any(|p| p["done"].as_i64() < Some(30)),
+        "a partial progress was seen: {progress_seen:?}"
+    );
+
+    let store = &app.state.store;
+    let rows = calls(store, &saga_id).await;
+    assert_eq!(rows.len(), 30);
+    assert_eq!(count(&rows, "SUCCEEDED"), 30, "{rows:?}");
+    let expected = contents_in_call_order(store, &saga_id).await;
+    assert_eq!(expected.len(), 30);
+    assert_eq!(done["result"]["content"], Value::Array(expected.clone()));
+    let frame = socket
+        .next_session_event(Duration::from_secs(10))
+        .await
+        .expect("terminal frame");
+    assert_eq!(frame["type"], "session.completed", "{frame}");
+    assert_eq!(frame["result"]["content"], Value::Array(expected));
+    app.stop().await;
+}
+db_test!(thirty_calls_under_a_cap_of_ten);
+
+/// Two calls of six fail for good (one attempt each): the saga aborts
+/// AI_FAILED keeping the four results; a new submission of the session
+/// runs only the two missing calls and completes with all six, in call
+/// order.
+async fn partial_failure_then_resubmission_reruns_only_missing(backend: Backend) {
+    let app = TestApp::spawn_with(backend, support::fast_sim(), |c| c.max_attempts = 1).await;
+    let slug = fan_out_experience(&app.http, &app.base, 6, 6, None).await;
+    let (sid, token) = app.session(&slug, None, "partial").await;
+    app.sim.control.fail_next(2);
+    let first = submit(&app.http, &app.base, &sid, &token, "first").await;
+    let s = app.wait_final(&sid, &token, Duration::from_secs(30)).await;
+    assert_eq!(s["status"], "ABORTED", "{s}");
+    assert_eq!(s["abort_reason"], "AI_FAILED", "{s}");
+    let store = &app.state.store;
+    let rows = calls(store, &first).await;
+    assert_eq!(count(&rows, "SUCCEEDED"), 4, "{rows:?}");
+    assert_eq!(count(&rows, "FAILED"), 2, "{rows:?}");
+    assert_eq!(app.sim.control.stats().jobs_created, 6);
+
+    let second = submit(&app.http, &app.base, &sid, &token, "second").await;
+    assert_ne!(first, second);
+    let s = app.wait_final(&sid, &token, Duration::from_secs(30)).await;
+    assert_eq!(s["status"], "COMPLETED", "{s}");
+    let stats = app.sim.control.stats();
+    assert_eq!(
+        stats.jobs_created, 8,
+        "only the two calls without a result ran again: {stats:?}"
+    );
+    let rows = calls(store, &second).await;
+    assert_eq!(count(&rows, "SUCCEEDED"), 6, "{rows:?}");
+    let expected = contents_in_call_order(store, &second).await;
+    assert_eq!(expected.len(), 6);
+    assert_eq!(s["result"]["content"], Value::Array(expected));
+    app.stop().await;
+}
+db_test!(partial_failure_then_resubmission_reruns_only_missing);
+
+/// `min_success` 3 of 5: two calls fail for good, the saga completes with
+/// the three results.
+async fn min_success_completes_with_k_of_n(backend: Backend) {
+    let app = TestApp::spawn_with(backend, support::fast_sim(), |c| c.max_attempts = 1).await;
+    let slug = fan_out_experience(&app.http, &app.base, 5, 5, Some(3)).await;
+    let (sid, token) = app.session(&slug, None, "enough").await;
+    app.sim.control.fail_next(2);
+    let saga = submit(&app.http, &app.base, &sid, &token, "k-of-n").await;
+    let s = app.wait_final(&sid, &token, Duration::from_secs(30)).await;
+    assert_eq!(s["status"], "COMPLETED", "{s}");
+    let rows = calls(&app.state.store, &saga).await;
+    assert_eq!(count(&rows, "SUCCEEDED"), 3, "{rows:?}");
+    assert_eq!(count(&rows, "FAILED"), 2, "{rows:?}");
+    assert_eq!(app.sim.control.stats().jobs_created, 5);
+    let expected = contents_in_call_order(&app.state.store, &saga).await;
+    assert_eq!(expected.len(), 3);
+    assert_eq!(s["result"]["content"], Value::Array(expected));
+    app.stop().await;
+}
+db_test!(min_success_completes_with_k_of_n);
+
+/// A free loopback port: bind port 0, read it, let it go.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A `stagehand serve` child process (as in tests/crash.rs); SIGKILLed
+/// when dropped.
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    async fn start(db_url: &str, ai_url: &str, log: &Path, http: &reqwest::Client) -> Server {
+        let port = free_port();
+        let out = File::create(log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_stagehand"))
+            .arg("serve")
+            .env("STAGEHAND_DATABASE_URL", db_url)
+            .env("STAGEHAND_BIND", format!("127.0.0.1:{port}"))
+            .env("STAGEHAND_AI_URL", ai_url)
+            .env("STAGEHAND_OPERATOR_TOKEN", OPERATOR)
+            .env("STAGEHAND_POLL_INTERVAL", "200ms")
+            .env("STAGEHAND_LEASE", "2s")
+            .env("STAGEHAND_CLEANUP_INTERVAL", "1h")
+            .env("STAGEHAND_AI_POLL_INTERVAL", "100ms")
+            .env("STAGEHAND_BACKOFF_BASE", "100ms")
+            .env("STAGEHAND_BACKOFF_MAX", "500ms")
+            .env("STAGEHAND_MAX_RECOVERIES", "2")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start stagehand serve");
+        let mut server = Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        let url = format!("{}/healthz", server.base);
+        let healthy = support::wait_for(Duration::from_secs(30), || {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let resp = http.get(url).send().await.ok()?;
+                (resp.status() == 200).then_some(())
+            }
+        })
+        .await;
+        if healthy.is_none() {
+            let exited = server.child.try_wait().ok().flatten();
+            panic!("server did not answer /healthz within 30 s (exit status: {exited:?})");
+        }
+        server
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL the server");
+        let status = self.child.wait().expect("reap the server");
+        assert!(!status.success(), "a killed server does not exit 0");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// kill -9 of the server in the middle of a 12-call fan-out (cap 4, 1 s a
+/// job) once some calls are stored, then a restart on the same database:
+/// the saga completes and the provider saw exactly 12 jobs (no finished
+/// call ran again; the running ones were adopted by their keys).
+async fn kill9_mid_fan_out_reruns_no_finished_call(backend: Backend) {
+    support::init_logs();
+    stagehand::ai::client::ensure_crypto_provider();
+    let http = reqwest::Client::new();
+    let db = support::TestDb::fresh(backend).await;
+    let sim = support::start_sim(SimConfig {
+        latency: Duration::from_secs(1),
+        ..support::fast_sim()
+    })
+    .await;
+    let logs = tempfile::tempdir().expect("log dir");
+    let log = |n: u32| -> PathBuf { logs.path().join(format!("server-{n}.log")) };
+
+    let mut server = Server::start(&db.url, &sim.url(), &log(1), &http).await;
+    let slug = fan_out_experience(&http, &server.base, 12, 4, None).await;
+    let (sid, token) = support::create_session(&http, &server.base, &slug, None, "survivor").await;
+    let saga_id = submit(&http, &server.base, &sid, &token, "crash").await;
+
+    let store = db.store().await;
+    let stored = support::wait_for(Duration::from_secs(30), || {
+        let (store, saga_id) = (&store, &saga_id);
+        async move {
+            let rows = calls(store, saga_id).await;
+            let done = count(&rows, "SUCCEEDED");
+            (done >= 4).then_some(done)
+        }
+    })
+    .await;
+    let Some(done_before) = stored else {
+        panic!(
+            "no call finished within 30 s; log:\n{}",
+            std::fs::read_to_string(log(1)).unwrap_or_default()
+        );
+    };
+    server.kill9();
+    let before = calls(&store, &saga_id).await;
+    assert!(done_before < 12, "killed mid fan-out: {before:?}");
+    let jobs_before = sim.control.stats().jobs_created;
+    eprintln!(
+        "kill -9 with {} of 12 calls stored, {jobs_before} jobs created",
+        count(&before, "SUCCEEDED")
+    );
+
+    let server = Server::start(&db.url, &sim.url(), &log(2), &http).await;
+    let s = support::wait_final(&http, &server.base, &sid, &token, Duration::from_secs(60)).await;
+    if s["status"] != "COMPLETED" {
+        panic!(
+            "{s}\nlog 1:\n{}\nlog 2:\n{}",
+            std::fs::read_to_string(log(1)).unwrap_or_default(),
+            std::fs::read_to_string(log(2)).unwrap_or_default()
+        );
+    }
+    let stats = sim.control.stats();
+    assert_eq!(
+        stats.jobs_created, 12,
+        "one job per call across the crash: {stats:?}"
+    );
+    assert!(stats.max_concurrent_jobs <= 4, "cap of 4: {stats:?}");
+    let after = calls(&store, &saga_id).await;
+    assert_eq!(count(&after, "SUCCEEDED"), 12, "{after:?}");
+    assert_eq!(s["result"]["content"].as_array().map(Vec::len), Some(12));
+}
+db_test!(kill9_mid_fan_out_reruns_no_finished_call);
+
+/// The claim, on the store: a fan-out saga takes as many of the free slots
+/// as it has calls (each call counts one against `max_in_flight`), and the
+/// slots a saga gives back as its calls end are claimed by the next one.
+async fn claim_counts_calls_not_sagas(backend: Backend) {
+    use stagehand::store::ai_calls::{CallRow, Slots, SUCCEEDED};
+    use stagehand::store::experiences::NewExperience;
+    use stagehand::store::sagas::{ClaimRules, ClaimableExperience};
+    use stagehand::store::submissions::Submission;
+
+    const T0: i64 = 1_800_000_000_000;
+    const RULES: ClaimRules = ClaimRules {
+        lease_ms: 60_000,
+        max_recoveries: 2,
+    };
+    let db = support::TestDb::fresh(backend).await;
+    let store = db.store().await;
+    let exp = store
+        .create_experience(
+            NewExperience {
+                slug: "personas".into(),
+                title: "t".into(),
+                kind: "score".into(),
+                ai_calls: 4,
+                min_success: None,
+                max_in_flight: 10,
+                credits: None,
+                closes_at_ms: None,
+                locale: "en".into(),
+            },
+            T0,
+        )
+        .await
+        .unwrap();
+    let mut sagas = Vec::new();
+    for i in 0..4 {
+        let session = store
+            .create_session(&exp.id, None, "n", &uuid::Uuid::new_v4().to_string(), T0)
+            .await
+            .unwrap();
+        let prompt = Submission {
+            prompt: "p".into(),
+            score: None,
+        };
+        sagas.push(
+            store
+                .submit(&session, prompt, 900_000, T0 + i)
+                .await
+                .unwrap(),
+        );
+    }
+    let claimable = ClaimableExperience {
+        id: exp.id.clone(),
+        max_in_flight: 10,
+        kind: "score".into(),
+        has_resumed: false,
+        has_expired_ai: false,
+        has_queued_ai: true,
+    };
+    let now = T0 + 10;
+    let claimed = store
+        .claim_runnable(&claimable, 100, now, RULES)
+        .await
+        .unwrap();
+    let slots: Vec<(String, i32)> = claimed.iter().map(|s| (s.id.clone(), s.slots)).collect();
+    assert_eq!(
+        slots,
+        vec![
+            (sagas[0].id.clone(), 4),
+            (sagas[1].id.clone(), 4),
+            (sagas[2].id.clone(), 2)
+        ],
+        "oldest first, 10 slots in all"
+    );
+    assert_eq!(
+        Store::in_flight(store.db(), &exp.id, now).await.unwrap(),
+        10
+    );
+    assert!(store
+        .claim_runnable(&claimable, 100, now, RULES)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // The first saga's calls end: 3 stored, 1 left, so it needs 1 slot.
+    let token = claimed[0].lock_token.clone().unwrap();
+    for (k, left) in [(0, 3), (1, 2), (2, 1)] {
+        let row = CallRow {
+            call_index: k,
+            attempts: 0,
+            status: SUCCEEDED,
+            job_id: Some(format!("job-{k}")),
+            submitted_at_ms: Some(now),
+            content: Some("[]".into()),
+            score: None,
+            error: None,
+        };
+        store
+            .write_ai_call(
+                &claimed[0].id,
+                &token,
+                &row,
+                Slots::AtMost(left),
+                now,
+                60_000,
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(Store::in_flight(store.db(), &exp.id, now).await.unwrap(), 7);
+    let next = store
+        .claim_runnable(&claimable, 100, now, RULES)
+        .await
+        .unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!(
+        (next[0].id.clone(), next[0].slots),
+        (sagas[3].id.clone(), 3)
+    );
+    // A write with a stale token is refused (rule 2).
+    let refused = store
+        .write_ai_call(
+            &claimed[0].id,
+            "not-the-token",
+            &CallRow {
+                call_index: 3,
+                attempts: 0,
+                status: SUCCEEDED,
+                job_id: None,
+                submitted_at_ms: None,
+                content: Some("[]".into()),
+                score: None,
+                error: None,
+            },
+            Slots::Keep,
+            now,
+            60_000,
+        )
+        .await;
+    assert!(refused.is_err_and(|e| e.is_lease_lost()));
+    assert_eq!(store.ai_calls_done(&claimed[0].id).await.unwrap(), 3);
+}
+db_test!(claim_counts_calls_not_sagas);
+
+/// An operator's retry of a fan-out saga that aborted `AI_FAILED` runs, in
+/// the same saga, only its failed calls (with fresh attempts) and
+/// completes.
+async fn operator_retry_reruns_only_failed_calls(backend: Backend) {
+    let app = TestApp::spawn_with(backend, support::fast_sim(), |c| c.max_attempts = 1).await;
+    let slug = fan_out_experience(&app.http, &app.base, 5, 5, None).await;
+    let (sid, token) = app.session(&slug, None, "retried").await;
+    app.sim.control.fail_next(1);
+    let saga = submit(&app.http, &app.base, &sid, &token, "retry").await;
+    let s = app.wait_final(&sid, &token, Duration::from_secs(30)).await;
+    assert_eq!(s["abort_reason"], "AI_FAILED", "{s}");
+    assert_eq!(app.sim.control.stats().jobs_created, 5);
+
+    let (status, _, body) = app
+        .operator_post(&format!("/api/admin/sagas/{saga}/retry"), None)
+        .await;
+    assert!(status == 200 || status == 202, "{status} {body}");
+    let s = app.wait_final(&sid, &token, Duration::from_secs(30)).await;
+    assert_eq!(s["status"], "COMPLETED", "{s}");
+    let stats = app.sim.control.stats();
+    assert_eq!(
+        stats.jobs_created, 6,
+        "only the failed call ran again: {stats:?}"
+    );
+    let rows = calls(&app.state.store, &saga).await;
+    assert_eq!(count(&rows, "SUCCEEDED"), 5, "{rows:?}");
+    assert_eq!(s["result"]["content"].as_array().map(Vec::len), Some(5));
+    app.stop().await;
+}
+db_test!(operator_retry_reruns_only_failed_calls);
+
+/// Two participants of a 30-call experience at cap 10: the second saga is
+/// claimed with the one slot the first gives back, and grows with the
+/// slots the first frees after (without that it would run its 30 calls one
+/// at a time). Never more than 10 jobs at once, exactly 60 jobs.
+async fn a_second_fan_out_grows_into_freed_slots(backend: Backend) {
+    const LATENCY: Duration = Duration::from_millis(400);
+    let sim = SimConfig {
+        latency: LATENCY,
+        ..support::fast_sim()
+    };
+    let app = TestApp::spawn_with(backend, sim, |_| {}).await;
+    let slug = fan_out_experience(&app.http, &app.base, 30, 10, None).await;
+    let (a, a_token) = app.session(&slug, None, "first").await;
+    let (b, b_token) = app.session(&slug, None, "second").await;
+    let started = Instant::now();
+    submit(&app.http, &app.base, &a, &a_token, "a").await;
+    submit(&app.http, &app.base, &b, &b_token, "b").await;
+    for (sid, token) in [(&a, &a_token), (&b, &b_token)] {
+        let s = app.wait_final(sid, token, Duration::from_secs(60)).await;
+        assert_eq!(s["status"], "COMPLETED", "{s}");
+    }
+    let wall = started.elapsed();
+    let stats = app.sim.control.stats();
+    assert_eq!(stats.jobs_created, 60, "{stats:?}");
+    assert!(stats.max_concurrent_jobs <= 10, "{stats:?}");
+    // Ideal: 6 waves. One slot at a time for the second saga would take
+    // about 3 + 27 waves; allow a generous margin below that.
+    let ideal = LATENCY * 6;
+    eprintln!(
+        "two 30-call fan-outs at cap 10 ({backend:?}): wall {wall:?}, ideal {ideal:?}, ratio {:.2}",
+        wall.as_secs_f64() / ideal.as_secs_f64()
+    );
+    assert!(wall < LATENCY * 12, "the second saga grew: {wall:?}");
+    app.stop().await;
+}
+db_test!(a_second_fan_out_grows_into_freed_slots);
