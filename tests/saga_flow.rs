@@ -234,6 +234,18 @@ async fn cleanup_aborts_orphans_and_stuck_sessions_and_tells_the_terminal(backen
     let (tid, ttok) = app.terminal(&slug).await;
     let mut socket = app.terminal_socket(&tid, &ttok, 0).await;
     let store = &app.state.store;
+    // The dispatcher's start-up round may still be running: with the
+    // provider's breaker open it claims no AI work, so nobody asks the AI
+    // for this saga (else its end would rightly say AI_TIMEOUT).
+    let opened = app
+        .http
+        .post(format!("{}/api/admin/breaker/open", app.base))
+        .bearer_auth(support::OPERATOR)
+        .json(&json!({"for_seconds": 86_400}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), 200);
 
     // A saga nobody runs (no dispatcher round takes it).
     let (sid, ptok) = app.session(&slug, Some(&tid), "fay").await;
