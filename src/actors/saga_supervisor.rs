@@ -18,7 +18,7 @@ use crate::ai::{JobOrder, JobStatus, JobView};
 use crate::clock::SharedClock;
 use crate::domain::failure::{AiFailure, AiResult};
 use crate::domain::keys::ai_attempt_key;
-use crate::domain::policy::{AfterFailure, AttemptState, RetryPolicy};
+use crate::domain::policy::{poll_wait_ms, AfterFailure, AttemptState, RetryPolicy};
 use crate::domain::saga::{AbortReason, Step, TransitionError};
 use crate::store::entities::sagas;
 use crate::store::sagas::{step_of, Fence};
@@ -386,9 +386,14 @@ async fn ai_attempt(
         }
     };
     streak = 0;
+    // Polls of this job so far, and the provider's hint of when to ask next.
+    let (mut polls, mut hint): (u32, Option<i64>) = (0, None);
     loop {
         if streak == 0 {
-            tokio::time::sleep(settings.ai_poll_interval).await;
+            let base = settings.ai_poll_interval.as_millis() as i64;
+            let wait = poll_wait_ms(base, polls, hint) as u64;
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            polls += 1;
         } else {
             pause(saga, submitted_at, timeout_ms, streak, deps).await;
         }
@@ -397,6 +402,7 @@ async fn ai_attempt(
                 if let Some(outcome) = final_outcome(&view) {
                     return Ok(done_or_failed(outcome, job_id));
                 }
+                hint = view.poll_after_ms;
                 streak = 0;
             }
             Err(failure) if failure.is_unavailable() => {

@@ -51,6 +51,10 @@ pub struct JobView {
     pub result: Option<AiResult>,
     #[serde(default)]
     pub error: Option<String>,
+    /// The provider's hint of when to poll again (its `poll_after_ms`, or a
+    /// `Retry-After` header on the answer), if it gave one.
+    #[serde(default)]
+    pub poll_after_ms: Option<i64>,
 }
 
 /// Body of `POST /v1/jobs`.
@@ -213,12 +217,20 @@ fn classify(exchange: Exchange<'_>) -> Result<JobView, AiFailure> {
         } => {
             if status.is_success() {
                 // The provider accepted something and may have made the job.
-                return serde_json::from_str::<JobView>(body).map_err(|error| {
-                    AiFailure::Unclear(format!(
-                        "malformed provider answer (HTTP {}): {error}",
-                        status.as_u16()
-                    ))
-                });
+                return serde_json::from_str::<JobView>(body)
+                    .map(|mut view| {
+                        if view.poll_after_ms.is_none() {
+                            view.poll_after_ms = retry_after_s
+                                .map(|s| s.saturating_mul(1_000).min(i64::MAX as u64) as i64);
+                        }
+                        view
+                    })
+                    .map_err(|error| {
+                        AiFailure::Unclear(format!(
+                            "malformed provider answer (HTTP {}): {error}",
+                            status.as_u16()
+                        ))
+                    });
             }
             let answer = ErrorAnswer::parse(body);
             let described = answer.describe(status);
@@ -326,6 +338,25 @@ mod tests {
             body,
             retry_after_s: None,
         })
+    }
+
+    #[test]
+    fn a_poll_hint_comes_from_the_body_or_a_retry_after() {
+        let running = r#"{"job_id": "j", "status": "running"}"#;
+        let header = classify(Exchange::Answer {
+            status: StatusCode::OK,
+            body: running,
+            retry_after_s: Some(3),
+        })
+        .unwrap();
+        assert_eq!(header.poll_after_ms, Some(3_000));
+        let body = answer(
+            200,
+            r#"{"job_id": "j", "status": "running", "poll_after_ms": 1500}"#,
+        )
+        .unwrap();
+        assert_eq!(body.poll_after_ms, Some(1_500));
+        assert_eq!(answer(200, running).unwrap().poll_after_ms, None);
     }
 
     #[test]

@@ -250,6 +250,7 @@ impl OpenAiClient {
                 "the OpenAI-compatible provider has no job to poll (it was recorded by another provider)"
                     .to_owned(),
             ),
+            poll_after_ms: None,
         })
     }
 
@@ -425,12 +426,14 @@ fn final_view(job_id: String, outcome: Result<AiResult, (JobStatus, String)>) ->
             status: JobStatus::Succeeded,
             result: Some(result),
             error: None,
+            poll_after_ms: None,
         },
         Err((status, error)) => JobView {
             job_id,
             status,
             result: None,
             error: Some(error),
+            poll_after_ms: None,
         },
     }
 }

@@ -162,6 +162,18 @@ pub fn orphan_reason(step: Step, deadline_passed: bool, asked_ai: bool) -> Abort
     }
 }
 
+/// How long to wait before the next poll of a running job: the provider's
+/// hint when it gave one (a `Retry-After` on the poll's answer or its
+/// `poll_after_ms`), kept within 10 ms..60 s; else the poll interval,
+/// doubled every 20 polls up to 8 times, so a job of minutes is not asked
+/// twice a second all along while a job of seconds is seen at once.
+pub fn poll_wait_ms(base_ms: i64, polls: u32, hint_ms: Option<i64>) -> i64 {
+    match hint_ms {
+        Some(hint) => hint.clamp(10, 60_000),
+        None => base_ms.saturating_mul(1_i64 << (polls / 20).min(3)),
+    }
+}
+
 /// When a lease granted at `now` ends.
 pub fn lease_until(now: EpochMs, lease_ms: i64) -> EpochMs {
     now + lease_ms
@@ -283,6 +295,18 @@ mod tests {
         assert_eq!(p.backoff_ms(60, 0.0), 15_000);
         let mid = p.backoff_ms(2, 0.5);
         assert!((2_000..=4_000).contains(&mid));
+    }
+
+    #[test]
+    fn polls_back_off_slowly_and_follow_the_providers_hint() {
+        assert_eq!(poll_wait_ms(500, 0, None), 500);
+        assert_eq!(poll_wait_ms(500, 19, None), 500);
+        assert_eq!(poll_wait_ms(500, 20, None), 1_000);
+        assert_eq!(poll_wait_ms(500, 59, None), 2_000);
+        assert_eq!(poll_wait_ms(500, 1_000, None), 4_000, "at most 8 times");
+        assert_eq!(poll_wait_ms(500, 0, Some(3_000)), 3_000, "the hint wins");
+        assert_eq!(poll_wait_ms(500, 0, Some(0)), 10);
+        assert_eq!(poll_wait_ms(500, 0, Some(600_000)), 60_000);
     }
 
     #[test]

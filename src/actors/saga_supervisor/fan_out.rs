@@ -262,6 +262,9 @@ async fn run_call(
         }};
     }
     let mut streak: u32 = 0;
+    // Polls of the call's job so far, and the provider's hint of when to
+    // ask next (see `poll_wait_ms`).
+    let (mut polls, mut hint): (u32, Option<i64>) = (0, None);
     loop {
         if deps.clock.now_ms() > saga.deadline_at_ms {
             return Ok(CallEnd::OutOfTime);
@@ -306,10 +309,14 @@ async fn run_call(
             }
         };
         // Poll the job until it is final or its attempt runs out of time.
-        tokio::time::sleep(settings.ai_poll_interval).await;
+        let base = settings.ai_poll_interval.as_millis() as i64;
+        let wait = crate::domain::policy::poll_wait_ms(base, polls, hint) as u64;
+        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        polls += 1;
         match deps.ai.send(PollJob(job_id.clone())).await? {
             Ok(view) => {
                 streak = 0;
+                hint = view.poll_after_ms;
                 match final_outcome(&view) {
                     Some(Ok(result)) => return succeeded(&call, result, store_row).await,
                     Some(Err(AiFailure::ContentRejected(d))) => return Ok(CallEnd::Rejected(d)),
