@@ -9,10 +9,7 @@
 
 mod support;
 
-use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sea_orm::EntityTrait;
@@ -20,7 +17,7 @@ use serde_json::json;
 use stagehand::ai::simulator::{RunningSim, SimConfig};
 use stagehand::store::entities::sagas;
 use stagehand::store::Store;
-use support::{Backend, TestDb};
+use support::{Backend, Server, TestDb};
 
 /// The simulator of these tests: every job takes 2 s, so the kill lands
 /// while jobs are running.
@@ -36,12 +33,6 @@ fn crash_sim() -> SimConfig {
 fn http_client() -> reqwest::Client {
     stagehand::ai::client::ensure_crypto_provider();
     reqwest::Client::new()
-}
-
-/// A free loopback port: bind port 0, read it, let it go.
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local addr").port()
 }
 
 /// The last `lines` lines of a log file.
@@ -86,82 +77,6 @@ impl Drop for Logs {
                 );
             }
         }
-    }
-}
-
-/// A `stagehand serve` child process; killed (SIGKILL) when dropped, so a
-/// failing test never leaves a server behind.
-struct Server {
-    child: Child,
-    base: String,
-    pid: u32,
-}
-
-impl Server {
-    async fn start(db_url: &str, ai_url: &str, log: &Path, http: &reqwest::Client) -> Server {
-        let port = free_port();
-        let out = File::create(log).expect("log file");
-        let err = out.try_clone().expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_stagehand"))
-            .arg("serve")
-            .env("STAGEHAND_DATABASE_URL", db_url)
-            .env("STAGEHAND_BIND", format!("127.0.0.1:{port}"))
-            .env("STAGEHAND_AI_URL", ai_url)
-            .env("STAGEHAND_OPERATOR_TOKEN", support::OPERATOR)
-            .env("STAGEHAND_POLL_INTERVAL", "200ms")
-            .env("STAGEHAND_LEASE", "2s")
-            .env("STAGEHAND_CLEANUP_INTERVAL", "1h")
-            .env("STAGEHAND_AI_POLL_INTERVAL", "100ms")
-            .env("STAGEHAND_BACKOFF_BASE", "100ms")
-            .env("STAGEHAND_BACKOFF_MAX", "500ms")
-            .env("STAGEHAND_MAX_RECOVERIES", "2")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start stagehand serve");
-        let pid = child.id();
-        let mut server = Server {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            pid,
-        };
-        let url = format!("{}/healthz", server.base);
-        let healthy = support::wait_for(Duration::from_secs(30), || {
-            let http = http.clone();
-            let url = url.clone();
-            async move {
-                let resp = http.get(url).send().await.ok()?;
-                (resp.status() == 200).then_some(())
-            }
-        })
-        .await;
-        if healthy.is_none() {
-            let exited = server.child.try_wait().ok().flatten();
-            panic!(
-                "server pid {} did not answer /healthz within 30 s (exit status: {exited:?})",
-                server.pid
-            );
-        }
-        server
-    }
-
-    /// SIGKILL (what `Child::kill` sends on Unix), then reap it.
-    fn kill9(&mut self) {
-        self.child.kill().expect("SIGKILL the server");
-        let status = self.child.wait().expect("reap the server");
-        assert!(
-            !status.success(),
-            "a killed server does not exit 0: {status}"
-        );
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

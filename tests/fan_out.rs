@@ -7,16 +7,13 @@
 
 mod support;
 
-use std::fs::File;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use stagehand::ai::simulator::SimConfig;
 use stagehand::store::Store;
-use support::{Backend, TestApp, OPERATOR};
+use support::{Backend, Server, TestApp, OPERATOR};
 
 /// Creates an experience with `ai_calls` calls per submission.
 async fn fan_out_experience(
@@ -223,77 +220,6 @@ async fn min_success_completes_with_k_of_n(backend: Backend) {
     app.stop().await;
 }
 db_test!(min_success_completes_with_k_of_n);
-
-/// A free loopback port: bind port 0, read it, let it go.
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local addr").port()
-}
-
-/// A `stagehand serve` child process (as in tests/crash.rs); SIGKILLed
-/// when dropped.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    async fn start(db_url: &str, ai_url: &str, log: &Path, http: &reqwest::Client) -> Server {
-        let port = free_port();
-        let out = File::create(log).expect("log file");
-        let err = out.try_clone().expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_stagehand"))
-            .arg("serve")
-            .env("STAGEHAND_DATABASE_URL", db_url)
-            .env("STAGEHAND_BIND", format!("127.0.0.1:{port}"))
-            .env("STAGEHAND_AI_URL", ai_url)
-            .env("STAGEHAND_OPERATOR_TOKEN", OPERATOR)
-            .env("STAGEHAND_POLL_INTERVAL", "200ms")
-            .env("STAGEHAND_LEASE", "2s")
-            .env("STAGEHAND_CLEANUP_INTERVAL", "1h")
-            .env("STAGEHAND_AI_POLL_INTERVAL", "100ms")
-            .env("STAGEHAND_BACKOFF_BASE", "100ms")
-            .env("STAGEHAND_BACKOFF_MAX", "500ms")
-            .env("STAGEHAND_MAX_RECOVERIES", "2")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start stagehand serve");
-        let mut server = Server {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        let url = format!("{}/healthz", server.base);
-        let healthy = support::wait_for(Duration::from_secs(30), || {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                let resp = http.get(url).send().await.ok()?;
-                (resp.status() == 200).then_some(())
-            }
-        })
-        .await;
-        if healthy.is_none() {
-            let exited = server.child.try_wait().ok().flatten();
-            panic!("server did not answer /healthz within 30 s (exit status: {exited:?})");
-        }
-        server
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().expect("SIGKILL the server");
-        let status = self.child.wait().expect("reap the server");
-        assert!(!status.success(), "a killed server does not exit 0");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// kill -9 of the server in the middle of a 12-call fan-out (cap 4, 1 s a
 /// job) once some calls are stored, then a restart on the same database:

@@ -5,7 +5,11 @@
 //! condition with a deadline.
 #![allow(dead_code)]
 
+use std::fs::File;
 use std::future::Future;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -882,4 +886,86 @@ pub async fn wait_all_final(
         }
     }
     Ok(finals)
+}
+
+/// A free loopback port: bind port 0, read it, let it go.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A `stagehand serve` child process; killed (SIGKILL) when dropped, so a
+/// failing test never leaves a server behind.
+pub struct Server {
+    child: Child,
+    pub base: String,
+    pub pid: u32,
+}
+
+impl Server {
+    pub async fn start(db_url: &str, ai_url: &str, log: &Path, http: &reqwest::Client) -> Server {
+        let port = free_port();
+        let out = File::create(log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_stagehand"))
+            .arg("serve")
+            .env("STAGEHAND_DATABASE_URL", db_url)
+            .env("STAGEHAND_BIND", format!("127.0.0.1:{port}"))
+            .env("STAGEHAND_AI_URL", ai_url)
+            .env("STAGEHAND_OPERATOR_TOKEN", OPERATOR)
+            .env("STAGEHAND_POLL_INTERVAL", "200ms")
+            .env("STAGEHAND_LEASE", "2s")
+            .env("STAGEHAND_CLEANUP_INTERVAL", "1h")
+            .env("STAGEHAND_AI_POLL_INTERVAL", "100ms")
+            .env("STAGEHAND_BACKOFF_BASE", "100ms")
+            .env("STAGEHAND_BACKOFF_MAX", "500ms")
+            .env("STAGEHAND_MAX_RECOVERIES", "2")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start stagehand serve");
+        let pid = child.id();
+        let mut server = Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            pid,
+        };
+        let url = format!("{}/healthz", server.base);
+        let healthy = wait_for(Duration::from_secs(30), || {
+            let http = http.clone();
+            let url = url.clone();
+            async move {
+                let resp = http.get(url).send().await.ok()?;
+                (resp.status() == 200).then_some(())
+            }
+        })
+        .await;
+        if healthy.is_none() {
+            let exited = server.child.try_wait().ok().flatten();
+            panic!(
+                "server pid {} did not answer /healthz within 30 s (exit status: {exited:?})",
+                server.pid
+            );
+        }
+        server
+    }
+
+    /// SIGKILL (what `Child::kill` sends on Unix), then reap it.
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL the server");
+        let status = self.child.wait().expect("reap the server");
+        assert!(
+            !status.success(),
+            "a killed server does not exit 0: {status}"
+        );
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
