@@ -112,6 +112,12 @@ pub struct Config {
     /// Period of the cleanup actor.
     #[arg(long, env = "STAGEHAND_CLEANUP_INTERVAL", default_value = "60s", value_parser = parse_duration)]
     pub cleanup_interval: Duration,
+    /// On SIGTERM or SIGINT, how long running sagas may go on before
+    /// what is left is handed over to another instance (which resumes it
+    /// at once, without using up a recovery). Set the orchestrator's kill
+    /// timeout above this plus a few seconds.
+    #[arg(long, env = "STAGEHAND_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
     /// Bound of one AI attempt, from submit to a final job status.
     #[arg(long, env = "STAGEHAND_AI_TIMEOUT", default_value = "7m", value_parser = parse_duration)]
     pub ai_timeout: Duration,

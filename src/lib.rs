@@ -43,5 +43,6 @@ pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod http;
+pub mod metrics;
 pub mod startup;
 pub mod store;

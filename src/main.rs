@@ -1,4 +1,5 @@
-//! The `stagehand` command: `serve`, `migrate`, `sim-ai`, `bench`.
+//! The `stagehand` command: `serve`, `migrate`, `sim-ai`, `bench`,
+//! `rehearse`, and the log format they share.
 
 use std::time::Duration;
 
@@ -17,8 +18,23 @@ use stagehand::store::Store;
     about = "Backstage server for AI-powered experiences at live events"
 )]
 struct Cli {
+    /// How log lines are written: `text` for people, `json` (one object
+    /// per line, with the span fields) for log collectors.
+    #[arg(
+        long,
+        global = true,
+        env = "STAGEHAND_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -54,15 +70,29 @@ enum Command {
     /// Measure the server as a user runs it (subprocesses on 127.0.0.1) and
     /// print one table.
     Bench(stagehand::bench::BenchArgs),
+    /// Replay a synthetic event day against a server (a given URL, or an
+    /// embedded one with the simulator) and print what an event team needs
+    /// to know before doors open.
+    Rehearse(stagehand::bench::rehearse::RehearseArgs),
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
     let cli = Cli::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a person at a terminal, not in files or collectors.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    match cli.log_format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_ansi(ansi)
+            .with_env_filter(filter)
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_env_filter(filter)
+            .init(),
+    }
     let outcome = actix_web::rt::System::new().block_on(async move {
         match cli.command {
             Command::Serve(config) => serve(config).await,
@@ -96,6 +126,7 @@ fn main() -> std::process::ExitCode {
                 Ok(())
             }
             Command::Bench(args) => stagehand::bench::run(args).await,
+            Command::Rehearse(args) => stagehand::bench::rehearse::run(args).await,
         }
     });
     match outcome {
@@ -111,18 +142,19 @@ async fn serve(config: Config) -> Result<(), String> {
     let app = Application::build(config)
         .await
         .map_err(|e| e.to_string())?;
+    let shutdown = app.shutdown();
     let (server, _simulator) = app.into_server();
     let handle = server.handle();
     let run = actix_web::rt::spawn(server);
     wait_for_ctrl_c().await;
-    tracing::info!("shutting down");
-    handle.stop(true).await;
+    shutdown.run(handle).await;
     let _ = run.await;
     Ok(())
 }
 
-/// Ctrl-C or SIGTERM. Stopping at any other point is safe too: the database
-/// says where every saga stands, and leases expire.
+/// Ctrl-C or SIGTERM: the graceful stop ([`stagehand::startup::Shutdown`]).
+/// Stopping at any other point (kill -9) is safe too: the database says
+/// where every saga stands, and leases expire.
 async fn wait_for_ctrl_c() {
     #[cfg(unix)]
     {

@@ -1,26 +1,34 @@
 //! Wiring: connect and migrate the database, start the AI simulator when no
 //! provider is configured, start the actors, and bind the HTTP server. Tests
 //! build the same [`Application`] on port 0 with a fresh database.
+//!
+//! A SQLite database is one instance's: [`Application::build`] takes an
+//! exclusive lock on the file (released by the OS when the process ends,
+//! even by kill -9) and refuses to start when another process holds it.
+//! [`Shutdown`] is the graceful stop.
 
+use std::fs::File;
 use std::net::TcpListener;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Actor, Addr};
-use actix_web::dev::Server;
+use actix_web::dev::{Server, ServerHandle};
 use actix_web::{web, App, HttpServer};
 
 use crate::actors::ai::AiActor;
 use crate::actors::breaker::{ProviderBreaker, ProviderRate};
 use crate::actors::cleanup::CleanupActor;
 use crate::actors::cluster::ClusterBridge;
-use crate::actors::dispatcher::Dispatcher;
+use crate::actors::dispatcher::{Dispatcher, Drain, Drained};
 use crate::actors::operator_hub::OperatorHub;
 use crate::actors::outbox_relay::OutboxRelay;
 use crate::actors::persistence::PersistenceActor;
 use crate::actors::ranking::RankingActor;
 use crate::actors::ranking_board::RankingBoard;
 use crate::actors::saga_supervisor::{SagaDeps, SagaSettings};
+use crate::actors::shutdown::ShutdownSignal;
 use crate::actors::terminal_hub::TerminalHub;
 use crate::actors::wakeups::{ClusterMailbox, Wakeups};
 use crate::ai::simulator::{self, RunningSim, SimConfig, SimControl};
@@ -48,6 +56,16 @@ pub enum StartupError {
     PublicUrl(String),
     #[error("cannot start the AI simulator: {0}")]
     Simulator(std::io::Error),
+    #[error(
+        "the SQLite database {path} is in use by another stagehand process; SQLite mode is \
+         single-instance (stop the other `serve`, or use PostgreSQL to run several instances)"
+    )]
+    SqliteInUse { path: String },
+    #[error("cannot lock the SQLite database {path}: {source}")]
+    SqliteLock {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// A built server, not yet awaited.
@@ -57,6 +75,42 @@ pub struct Application {
     state: AppState,
     cleanup: Addr<CleanupActor>,
     simulator: Option<RunningSim>,
+    shutdown: Shutdown,
+}
+
+/// The graceful stop, in this order: the signal is set (`/readyz` answers
+/// 503, display and operator sockets close with 1001 "going away"); the
+/// HTTP server stops taking connections and finishes the requests it has;
+/// meanwhile the dispatcher claims nothing more, gives running sagas
+/// `grace`, then hands over the rest so another instance resumes them at
+/// once without using up a recovery.
+#[derive(Clone)]
+pub struct Shutdown {
+    signal: ShutdownSignal,
+    dispatcher: Addr<Dispatcher>,
+    grace: Duration,
+}
+
+impl Shutdown {
+    pub async fn run(&self, server: ServerHandle) -> Drained {
+        tracing::info!(
+            grace_ms = self.grace.as_millis() as u64,
+            "shutting down: not ready; sockets closing (1001 going away); claiming nothing more"
+        );
+        self.signal.trigger();
+        let (_, drained) = futures_util::join!(
+            server.stop(true),
+            self.dispatcher.send(Drain { grace: self.grace })
+        );
+        let drained = drained.unwrap_or_default();
+        tracing::info!(
+            running = drained.running,
+            handed_over = drained.handed_over,
+            left_to_expire = drained.left_to_expire,
+            "shut down"
+        );
+        drained
+    }
 }
 
 impl Application {
@@ -73,6 +127,7 @@ impl Application {
                 return Err(StartupError::PublicUrl(url.clone()));
             }
         }
+        let sqlite_lock = lock_sqlite_file(&config.database_url)?;
         let store = Store::connect_with(
             &config.database_url,
             config.db_pool,
@@ -176,7 +231,7 @@ impl Application {
                 retry: config.retry_policy(),
             }),
         };
-        Dispatcher::new(
+        let dispatcher = Dispatcher::new(
             deps,
             breaker.clone(),
             rules,
@@ -185,6 +240,11 @@ impl Application {
             config.max_running as usize,
         )
         .start();
+        let shutdown = Shutdown {
+            signal: ShutdownSignal::default(),
+            dispatcher,
+            grace: config.shutdown_grace,
+        };
         let operators = OperatorHub::new(work.clone(), clock.clone(), wakeups.clone()).start();
         let cleanup = CleanupActor::new(
             work.clone(),
@@ -226,6 +286,8 @@ impl Application {
             operators,
             public_url: config.public_base_url(port),
             limits: Arc::new(RateLimits::from_config(&config)),
+            shutdown: shutdown.signal.clone(),
+            sqlite_lock: sqlite_lock.map(Arc::new),
         };
         let data = web::Data::new(state.clone());
         let server = HttpServer::new(move || {
@@ -261,7 +323,13 @@ impl Application {
             state,
             cleanup,
             simulator,
+            shutdown,
         })
+    }
+
+    /// The graceful stop of this application.
+    pub fn shutdown(&self) -> Shutdown {
+        self.shutdown.clone()
     }
 
     pub fn port(&self) -> u16 {
@@ -301,6 +369,54 @@ fn openai_provider(config: &Config) -> AiProvider {
     AiProvider::from(client)
 }
 
+/// Takes the exclusive lock of a SQLite database file (an advisory
+/// `flock`, which SQLite's own POSIX locks do not see), or says who holds
+/// it. None for PostgreSQL and in-memory SQLite.
+fn lock_sqlite_file(url: &str) -> Result<Option<File>, StartupError> {
+    let Some(path) = sqlite_file(url) else {
+        return Ok(None);
+    };
+    let shown = path.display().to_string();
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+    {
+        Ok(file) => file,
+        // Not there and not to be created (no `mode=rwc`): the database
+        // connection says why.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(StartupError::SqliteLock {
+                path: shown,
+                source,
+            })
+        }
+    };
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StartupError::SqliteInUse { path: shown }),
+        Err(std::fs::TryLockError::Error(source)) => Err(StartupError::SqliteLock {
+            path: shown,
+            source,
+        }),
+    }
+}
+
+/// The file of a `sqlite:` URL (`sqlite://stagehand.db?mode=rwc`,
+/// `sqlite:/tmp/x.db`); None for other databases and in-memory ones.
+fn sqlite_file(url: &str) -> Option<PathBuf> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if path.is_empty() || path == ":memory:" || query.contains("mode=memory") {
+        return None;
+    }
+    Some(PathBuf::from(path))
+}
+
 /// The URL without its password, for logs.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.find('@')) {
@@ -317,5 +433,27 @@ fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_file_of_urls() {
+        let file = |url| sqlite_file(url).map(|p| p.display().to_string());
+        assert_eq!(
+            file("sqlite://stagehand.db?mode=rwc").as_deref(),
+            Some("stagehand.db")
+        );
+        assert_eq!(
+            file("sqlite:///tmp/x.db?mode=rwc").as_deref(),
+            Some("/tmp/x.db")
+        );
+        assert_eq!(file("sqlite:/tmp/x.db").as_deref(), Some("/tmp/x.db"));
+        assert_eq!(file("sqlite::memory:"), None);
+        assert_eq!(file("sqlite://x.db?mode=memory"), None);
+        assert_eq!(file("postgres://postgres@127.0.0.1/x"), None);
     }
 }

@@ -9,7 +9,6 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sea_orm::EntityTrait;
@@ -17,7 +16,7 @@ use serde_json::json;
 use stagehand::ai::simulator::{RunningSim, SimConfig};
 use stagehand::store::entities::sagas;
 use stagehand::store::Store;
-use support::{Backend, Server, TestDb};
+use support::{http_client, Backend, Logs, Server, TestDb};
 
 /// The simulator of these tests: every job takes 2 s, so the kill lands
 /// while jobs are running.
@@ -25,58 +24,6 @@ fn crash_sim() -> SimConfig {
     SimConfig {
         latency: Duration::from_secs(2),
         ..support::fast_sim()
-    }
-}
-
-/// reqwest is built without a default TLS provider; the application installs
-/// one when it starts, but here it runs in another process.
-fn http_client() -> reqwest::Client {
-    stagehand::ai::client::ensure_crypto_provider();
-    reqwest::Client::new()
-}
-
-/// The last `lines` lines of a log file.
-fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("<cannot read: {e}>"));
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// The log files of the server runs of one test; on panic, prints their tails.
-struct Logs {
-    dir: tempfile::TempDir,
-    files: Vec<PathBuf>,
-}
-
-impl Logs {
-    fn new() -> Logs {
-        Logs {
-            dir: tempfile::tempdir().expect("log dir"),
-            files: Vec::new(),
-        }
-    }
-
-    fn next(&mut self) -> PathBuf {
-        let path = self
-            .dir
-            .path()
-            .join(format!("server-{}.log", self.files.len() + 1));
-        self.files.push(path.clone());
-        path
-    }
-}
-
-impl Drop for Logs {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for file in &self.files {
-                eprintln!(
-                    "----- tail of {} -----\n{}\n-----",
-                    file.display(),
-                    tail(file, 80)
-                );
-            }
-        }
     }
 }
 

@@ -17,6 +17,7 @@ use support::{Backend, TestApp};
 const ROUTES: &[(&str, &str)] = &[
     ("get", "/healthz"),
     ("get", "/readyz"),
+    ("get", "/metrics"),
     ("get", "/api/openapi.json"),
     ("get", "/api/experiences"),
     ("post", "/api/experiences"),

@@ -17,6 +17,8 @@ mod m20261204_000005_credits;
 mod m20261204_000006_idempotency_lease;
 mod m20261205_000008_breaker;
 mod m20261206_000009_fan_out;
+mod m20261207_000010_handover;
+mod m20261207_000011_outbox_autovacuum;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -33,6 +35,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000006_idempotency_lease::Migration),
             Box::new(m20261205_000008_breaker::Migration),
             Box::new(m20261206_000009_fan_out::Migration),
+            Box::new(m20261207_000010_handover::Migration),
+            Box::new(m20261207_000011_outbox_autovacuum::Migration),
         ]
     }
 }

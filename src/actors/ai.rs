@@ -2,15 +2,20 @@
 //! access; every outside failure arrives here already translated into an
 //! [`AiFailure`] by the client. Each call's outcome goes to the provider's
 //! circuit breaker ([`ProviderBreaker::record`]), which writes the shared
-//! state after the call when it changes.
+//! state after the call when it changes, and to the metrics: each request's
+//! latency by outcome ([`metrics::ai_request`]) and each job's time from
+//! submit to final status ([`AiJobTimes`]). A request refused by our own
+//! rate limit is never sent, so it is not timed.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::prelude::*;
 
 use super::breaker::{ProviderBreaker, ProviderRate};
 use crate::ai::{AiProvider, JobOrder, JobView};
 use crate::domain::failure::AiFailure;
+use crate::metrics::{self, AiJobTimes, AiRequest};
 
 /// Submit a job (idempotent through the order's key).
 #[derive(Message)]
@@ -27,6 +32,8 @@ pub struct AiActor {
     client: AiProvider,
     breaker: Option<Arc<ProviderBreaker>>,
     rate: Option<Arc<ProviderRate>>,
+    /// When this process submitted each job still running.
+    jobs: Arc<AiJobTimes>,
 }
 
 impl AiActor {
@@ -35,6 +42,7 @@ impl AiActor {
             client: client.into(),
             breaker: None,
             rate: None,
+            jobs: Arc::default(),
         }
     }
 
@@ -59,13 +67,20 @@ impl Handler<SubmitJob> for AiActor {
     type Result = ResponseFuture<Result<JobView, AiFailure>>;
 
     fn handle(&mut self, msg: SubmitJob, _: &mut Context<Self>) -> Self::Result {
-        let (client, breaker, rate) =
-            (self.client.clone(), self.breaker.clone(), self.rate.clone());
+        let (client, breaker, rate, jobs) = (
+            self.client.clone(),
+            self.breaker.clone(),
+            self.rate.clone(),
+            self.jobs.clone(),
+        );
         Box::pin(async move {
             if let Some(rate) = rate {
                 rate.take().await?;
             }
+            let sent_at = Instant::now();
             let outcome = client.submit(&msg.0).await;
+            metrics::ai_request(AiRequest::Submit, &outcome, sent_at.elapsed());
+            jobs.submitted(&outcome, sent_at);
             if let Some(breaker) = breaker {
                 breaker.record(&outcome);
             }
@@ -78,13 +93,20 @@ impl Handler<PollJob> for AiActor {
     type Result = ResponseFuture<Result<JobView, AiFailure>>;
 
     fn handle(&mut self, msg: PollJob, _: &mut Context<Self>) -> Self::Result {
-        let (client, breaker, rate) =
-            (self.client.clone(), self.breaker.clone(), self.rate.clone());
+        let (client, breaker, rate, jobs) = (
+            self.client.clone(),
+            self.breaker.clone(),
+            self.rate.clone(),
+            self.jobs.clone(),
+        );
         Box::pin(async move {
             if let Some(rate) = rate {
                 rate.take().await?;
             }
+            let sent_at = Instant::now();
             let outcome = client.poll(&msg.0).await;
+            metrics::ai_request(AiRequest::Poll, &outcome, sent_at.elapsed());
+            jobs.polled(&msg.0, &outcome);
             if let Some(breaker) = breaker {
                 breaker.record(&outcome);
             }

@@ -126,9 +126,14 @@ impl<W: Send + 'static, T: Send + 'static> BatchQueue<W, StoreResult<T>> {
 /// The answers of a batch whose transaction failed: every write gets the
 /// error (and was not written).
 pub fn batch_failed<T>(writes: usize, error: &StoreError) -> Vec<StoreResult<T>> {
-    let message = error.to_string();
+    let (failure, message) = (error.failure(), error.to_string());
     (0..writes)
-        .map(|_| Err(StoreError::Db(sea_orm::DbErr::Custom(message.clone()))))
+        .map(|_| {
+            Err(StoreError::BatchFailed {
+                failure,
+                message: message.clone(),
+            })
+        })
         .collect()
 }
 

@@ -1,17 +1,32 @@
 //! CleanupActor: every `CLEANUP_INTERVAL` ends what nobody owns any more.
-//! Sagas whose lease is gone and that are past their deadline or out of
-//! recoveries are aborted, each in its own transaction (and only if still
-//! unowned at that moment): AI_TIMEOUT when the deadline passed while the
-//! saga waited for the AI, ORPHANED otherwise
-//! (`domain::policy::orphan_reason`); sessions stuck in SUBMITTING without a saga
-//! are aborted; expired idempotency records (in batches of
-//! [`PURGE_BATCH`], at most [`PURGE_ROUNDS`] a round) and old outbox events
-//! are deleted, and so are the presence rows of displays whose instance
-//! died.
+//! Orphans (`Store::orphans`: sagas nobody holds that are past their
+//! deadline, or whose lease ran out with their recoveries used up) are
+//! aborted, each in its own transaction and only if still unowned at that
+//! moment: AI_TIMEOUT when the deadline passed while the saga waited for
+//! the AI, ORPHANED otherwise (`domain::policy::orphan_reason`); sessions
+//! stuck in SUBMITTING without a saga are aborted, each in its own
+//! transaction; the presence rows of displays whose instance died, expired
+//! idempotency records and old outbox events are deleted, the last two in
+//! statements of at most [`PURGE_BATCH`] rows, at most [`PURGE_ROUNDS`]
+//! statements each a round (what is left waits for the next round). One
+//! item that fails is logged with its id and counted in
+//! [`CleanupReport::failed`]; the round goes on with the rest.
+//!
+//! Rounds never overlap. When rounds are asked for faster than they run:
+//! a timer tick that comes while a round runs is skipped (the next tick
+//! comes anyway), and every [`RunCleanup`] that arrives while a round runs
+//! waits for one more round that starts when the current one ends; all
+//! such requests share that one round and its report (they are
+//! coalesced). So at most one round runs and at most one more is queued,
+//! however often rounds are asked for; the mailbox is actix's bounded one
+//! (a sender waits while it is full), and each waiting request costs one
+//! small entry until its round ends.
 
-use std::time::Duration;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use tokio::sync::oneshot;
 
 use super::persistence::{PersistenceActor, Write};
 use super::terminal_hub::PRESENCE_STALE_MS;
@@ -19,23 +34,31 @@ use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::domain::policy::{orphan_reason, ownership, recovery, Recovery, RecoveryLimits};
 use crate::domain::saga::AbortReason;
-use crate::store::idempotency::PURGE_BATCH;
 use crate::store::sagas::{ClaimRules, Fence};
 use crate::store::transitions::SagaWrite;
-use crate::store::Store;
+use crate::store::{Store, StoreResult};
+
+pub use crate::store::idempotency::PURGE_BATCH;
 
 /// Outbox events are kept this long for displays that reconnect.
 const OUTBOX_RETENTION_MS: i64 = 7 * 24 * 3_600_000;
-/// Rows handled per round at most, so a round stays short.
+/// Orphans, and stuck sessions, handled per round at most, so a round
+/// stays short; the rest wait for the next round.
 const BATCH: u64 = 500;
+/// Purge statements (of [`PURGE_BATCH`] rows) per table and round at most.
+pub const PURGE_ROUNDS: u32 = 20;
 
-/// Run one round now (tests and operators).
+/// Run one round (tests and operators). Answered with the report of a
+/// round that started after the request arrived: at once when no round
+/// runs, else the one queued after the current round (see the module doc).
 #[derive(Message)]
 #[rtype(result = "CleanupReport")]
 pub struct RunCleanup;
 
-/// Batches of expired idempotency records deleted per round at most.
-const PURGE_ROUNDS: u32 = 20;
+/// How the rounds went so far (see [`CleanupStats`]).
+#[derive(Message)]
+#[rtype(result = "CleanupStats")]
+pub struct GetCleanupStats;
 
 /// What one round did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +68,89 @@ pub struct CleanupReport {
     pub expired_keys: u64,
     pub old_events: u64,
     pub stale_displays: u64,
+    /// Items (a saga, a session, a purge statement) that failed; each is
+    /// logged with its id, and the round went on with the rest.
+    pub failed: u64,
+}
+
+/// Counters of the rounds since the actor started.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CleanupStats {
+    /// Rounds started.
+    pub rounds: u64,
+    /// Rounds running now: 0 or 1.
+    pub running: u64,
+    /// Timer ticks skipped because a round was running.
+    pub ticks_skipped: u64,
+    /// `RunCleanup` requests that came while a round ran and waited for
+    /// the next one.
+    pub requests_queued: u64,
+    /// How long the last finished round took, in milliseconds.
+    pub last_round_ms: u64,
+}
+
+/// When rounds start: the rule of the module doc, apart from the actor so
+/// it is tested alone. `W` is what a waiting request is answered through.
+#[derive(Debug)]
+struct Rounds<W> {
+    running: bool,
+    /// Requests for the round after the current one.
+    queued: Vec<W>,
+    stats: CleanupStats,
+}
+
+impl<W> Default for Rounds<W> {
+    fn default() -> Self {
+        Rounds {
+            running: false,
+            queued: Vec::new(),
+            stats: CleanupStats::default(),
+        }
+    }
+}
+
+impl<W> Rounds<W> {
+    /// The timer fired: true to start a round now, false when one runs
+    /// (the tick is skipped).
+    fn tick(&mut self) -> bool {
+        if self.running {
+            self.stats.ticks_skipped += 1;
+            return false;
+        }
+        self.start();
+        true
+    }
+
+    /// A request: `Some(waiters)` to start a round now for them; `None`
+    /// when it waits for the round after the current one.
+    fn request(&mut self, waiter: W) -> Option<Vec<W>> {
+        if self.running {
+            self.stats.requests_queued += 1;
+            self.queued.push(waiter);
+            return None;
+        }
+        self.start();
+        Some(vec![waiter])
+    }
+
+    /// The running round ended after `elapsed_ms`: `Some(waiters)` to start
+    /// the queued round now for them.
+    fn finished(&mut self, elapsed_ms: u64) -> Option<Vec<W>> {
+        self.running = false;
+        self.stats.running = 0;
+        self.stats.last_round_ms = elapsed_ms;
+        if self.queued.is_empty() {
+            return None;
+        }
+        self.start();
+        Some(std::mem::take(&mut self.queued))
+    }
+
+    fn start(&mut self) {
+        self.running = true;
+        self.stats.running = 1;
+        self.stats.rounds += 1;
+    }
 }
 
 pub struct CleanupActor {
@@ -56,6 +162,7 @@ pub struct CleanupActor {
     interval: Duration,
     /// How long a session may sit in SUBMITTING without a saga.
     stuck_after_ms: i64,
+    rounds: Rounds<oneshot::Sender<CleanupReport>>,
 }
 
 impl CleanupActor {
@@ -75,10 +182,41 @@ impl CleanupActor {
             rules,
             interval,
             stuck_after_ms: rules.lease_ms,
+            rounds: Rounds::default(),
         }
     }
 
-    fn round(&self) -> impl std::future::Future<Output = CleanupReport> + 'static {
+    /// Runs a round (the caller has marked it started in `rounds`); its
+    /// report goes to `waiters`, and when it ends the queued round, if
+    /// any, starts.
+    fn start_round(
+        &mut self,
+        ctx: &mut Context<Self>,
+        waiters: Vec<oneshot::Sender<CleanupReport>>,
+    ) {
+        let started = Instant::now();
+        let round = self.round();
+        ctx.spawn(actix::fut::wrap_future(round).map(
+            move |report, act: &mut Self, ctx: &mut Context<Self>| {
+                let elapsed = started.elapsed();
+                if report != CleanupReport::default() {
+                    tracing::info!(
+                        ?report,
+                        elapsed_ms = elapsed.as_millis() as u64,
+                        "cleanup round"
+                    );
+                }
+                for waiter in waiters {
+                    let _ = waiter.send(report); // the requester gave up
+                }
+                if let Some(next) = act.rounds.finished(elapsed.as_millis() as u64) {
+                    act.start_round(ctx, next);
+                }
+            },
+        ));
+    }
+
+    fn round(&self) -> impl Future<Output = CleanupReport> + 'static {
         let (store, clock, persistence, wakeups, rules) = (
             self.store.clone(),
             self.clock.clone(),
@@ -90,116 +228,176 @@ impl CleanupActor {
         async move {
             let mut report = CleanupReport::default();
             let now = clock.now_ms();
-            let limits = RecoveryLimits {
-                max_recoveries: rules.max_recoveries,
-            };
-            match store.unowned_candidates(now, rules, BATCH).await {
-                Ok(candidates) => {
-                    for saga in candidates {
-                        let owner =
-                            ownership(saga.lock_token.as_deref(), saga.locked_until_ms, now);
-                        let decision = recovery(
-                            owner,
-                            saga.recoveries as u32,
-                            saga.next_attempt_at_ms,
-                            saga.deadline_at_ms,
-                            now,
-                            limits,
-                        );
-                        if decision != Recovery::Orphan {
-                            continue;
-                        }
-                        let deadline_passed = saga.deadline_at_ms < now;
-                        // Waiting for the AI when its time ran out: AI_TIMEOUT.
-                        let asked_ai = saga.ai_job_id.is_some()
-                            || saga.attempts > 0
-                            || saga.unavailable_streak > 0;
-                        let reason = match saga.step.parse() {
-                            Ok(step) => orphan_reason(step, deadline_passed, asked_ai),
-                            Err(_) => AbortReason::Orphaned,
-                        };
-                        let detail = if reason == AbortReason::AiTimeout {
-                            "the saga deadline passed while waiting for the AI".to_owned()
-                        } else if deadline_passed {
-                            "nobody finished it before its deadline".to_owned()
-                        } else {
-                            format!("lease lost {} times; giving up", saga.recoveries)
-                        };
-                        let aborted = persistence
-                            .send(Write(SagaWrite::Abort {
-                                saga_id: saga.id.clone(),
-                                fence: Fence::Unowned,
-                                reason,
-                                detail: detail.clone(),
-                            }))
-                            .await;
-                        match aborted {
-                            Ok(Ok(_)) => {
-                                report.orphaned_sagas += 1;
-                                tracing::warn!(saga_id = %saga.id, step = %saga.step, %reason, %detail, "saga nobody will finish ABORTED");
-                            }
-                            Ok(Err(e)) if e.is_lease_lost() => {} // someone took it meanwhile
-                            Ok(Err(e)) => {
-                                tracing::error!(saga_id = %saga.id, error = %e, "could not abort orphan")
-                            }
-                            Err(e) => tracing::error!(error = %e, "persistence actor unreachable"),
-                        }
-                    }
-                }
-                Err(e) => tracing::error!(error = %e, "cleanup: reading orphans failed"),
-            }
-            match store
-                .submitting_without_saga(now - stuck_after_ms, BATCH as i64)
-                .await
-            {
-                Ok(ids) => {
-                    for id in ids {
-                        match store.abort_stuck_session(&id, now).await {
-                            Ok(appended) => {
-                                report.stuck_sessions += 1;
-                                tracing::warn!(session_id = %id, "session stuck in SUBMITTING without a saga: ABORTED");
-                                if appended {
-                                    wakeups.event_appended();
-                                }
-                            }
-                            Err(e) => {
-                                tracing::error!(session_id = %id, error = %e, "could not abort stuck session")
-                            }
-                        }
-                    }
-                }
-                Err(e) => tracing::error!(error = %e, "cleanup: reading stuck sessions failed"),
-            }
-            // Bounded batches, at most PURGE_ROUNDS of them a round: what
-            // is left waits for the next round.
-            for _ in 0..PURGE_ROUNDS {
-                match store.purge_expired_keys(now, PURGE_BATCH).await {
-                    Ok(n) => {
-                        report.expired_keys += n;
-                        if n < PURGE_BATCH {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "cleanup: purging idempotency keys failed");
-                        break;
-                    }
-                }
-            }
-            match store.purge_events_before(now - OUTBOX_RETENTION_MS).await {
-                Ok(n) => report.old_events = n,
-                Err(e) => tracing::error!(error = %e, "cleanup: purging outbox failed"),
-            }
+            abort_orphans(&store, &persistence, rules, now, &mut report).await;
+            abort_stuck_sessions(&store, &wakeups, now - stuck_after_ms, now, &mut report).await;
+            // Before the outbox: a display whose instance died no longer
+            // holds back the purge of the events it did not acknowledge.
             match store.purge_stale_presence(now - PRESENCE_STALE_MS).await {
                 Ok(n) => report.stale_displays = n,
-                Err(e) => tracing::error!(error = %e, "cleanup: purging stale presence failed"),
+                Err(e) => {
+                    report.failed += 1;
+                    tracing::error!(error = %e, "cleanup: purging stale presence failed")
+                }
             }
-            if report != CleanupReport::default() {
-                tracing::info!(?report, "cleanup round");
-            }
+            report.expired_keys =
+                purge_in_batches("idempotency records", &mut report.failed, |n| {
+                    store.purge_expired_keys(now, n)
+                })
+                .await;
+            report.old_events = purge_in_batches("outbox events", &mut report.failed, |n| {
+                store.purge_events_before(now - OUTBOX_RETENTION_MS, n)
+            })
+            .await;
             report
         }
     }
+}
+
+/// Aborts up to [`BATCH`] orphans, each in its own transaction.
+async fn abort_orphans(
+    store: &Store,
+    persistence: &Addr<PersistenceActor>,
+    rules: ClaimRules,
+    now: i64,
+    report: &mut CleanupReport,
+) {
+    let candidates = match store.orphans(now, rules.max_recoveries, BATCH).await {
+        Ok(candidates) => candidates,
+        Err(e) => {
+            report.failed += 1;
+            tracing::error!(error = %e, "cleanup: reading orphans failed");
+            return;
+        }
+    };
+    let limits = RecoveryLimits {
+        max_recoveries: rules.max_recoveries,
+    };
+    for saga in candidates {
+        let owner = ownership(
+            saga.lock_token.as_deref(),
+            saga.locked_until_ms,
+            saga.handed_over,
+            now,
+        );
+        let decision = recovery(
+            owner,
+            saga.recoveries as u32,
+            saga.next_attempt_at_ms,
+            saga.deadline_at_ms,
+            now,
+            limits,
+        );
+        if decision != Recovery::Orphan {
+            // The query is the policy in SQL: this is a bug in one of them.
+            report.failed += 1;
+            tracing::error!(saga_id = %saga.id, ?decision, "cleanup: the orphan query and the recovery policy disagree; saga left alone");
+            continue;
+        }
+        let deadline_passed = saga.deadline_at_ms < now;
+        // Waiting for the AI when its time ran out: AI_TIMEOUT.
+        let asked_ai = saga.ai_job_id.is_some() || saga.attempts > 0 || saga.unavailable_streak > 0;
+        let reason = match saga.step.parse() {
+            Ok(step) => orphan_reason(step, deadline_passed, asked_ai),
+            Err(_) => AbortReason::Orphaned,
+        };
+        let detail = if reason == AbortReason::AiTimeout {
+            "the saga deadline passed while waiting for the AI".to_owned()
+        } else if deadline_passed {
+            "nobody finished it before its deadline".to_owned()
+        } else {
+            format!("lease lost {} times; giving up", saga.recoveries)
+        };
+        let aborted = persistence
+            .send(Write(SagaWrite::Abort {
+                saga_id: saga.id.clone(),
+                fence: Fence::Unowned,
+                reason,
+                detail: detail.clone(),
+            }))
+            .await;
+        match aborted {
+            Ok(Ok(_)) => {
+                report.orphaned_sagas += 1;
+                tracing::warn!(saga_id = %saga.id, step = %saga.step, %reason, %detail, "saga nobody will finish ABORTED");
+            }
+            Ok(Err(e)) if e.is_lease_lost() => {
+                tracing::debug!(saga_id = %saga.id, "orphan taken by a worker meanwhile; left alone")
+            }
+            Ok(Err(e)) => {
+                report.failed += 1;
+                tracing::error!(saga_id = %saga.id, error = %e, "cleanup: could not abort orphan");
+            }
+            Err(e) => {
+                report.failed += 1;
+                tracing::error!(saga_id = %saga.id, error = %e, "cleanup: persistence actor unreachable");
+            }
+        }
+    }
+}
+
+/// Aborts up to [`BATCH`] sessions stuck in SUBMITTING without a saga since
+/// before `older_than`, each in its own transaction.
+async fn abort_stuck_sessions(
+    store: &Store,
+    wakeups: &Wakeups,
+    older_than: i64,
+    now: i64,
+    report: &mut CleanupReport,
+) {
+    let ids = match store
+        .submitting_without_saga(older_than, BATCH as i64)
+        .await
+    {
+        Ok(ids) => ids,
+        Err(e) => {
+            report.failed += 1;
+            tracing::error!(error = %e, "cleanup: reading stuck sessions failed");
+            return;
+        }
+    };
+    for id in ids {
+        match store.abort_stuck_session(&id, now).await {
+            Ok(appended) => {
+                report.stuck_sessions += 1;
+                tracing::warn!(session_id = %id, "session stuck in SUBMITTING without a saga: ABORTED");
+                if appended {
+                    wakeups.event_appended();
+                }
+            }
+            Err(e) => {
+                report.failed += 1;
+                tracing::error!(session_id = %id, error = %e, "cleanup: could not abort stuck session");
+            }
+        }
+    }
+}
+
+/// Runs `purge` (given the batch size, returning the rows it deleted) up
+/// to [`PURGE_ROUNDS`] times, until a statement deletes less than a full
+/// batch; returns the rows deleted. A failed statement ends the purge of
+/// this round, counted in `failed`.
+async fn purge_in_batches<F, Fut>(what: &'static str, failed: &mut u64, mut purge: F) -> u64
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = StoreResult<u64>>,
+{
+    let mut deleted = 0;
+    for _ in 0..PURGE_ROUNDS {
+        match purge(PURGE_BATCH).await {
+            Ok(n) => {
+                deleted += n;
+                if n < PURGE_BATCH {
+                    break;
+                }
+            }
+            Err(e) => {
+                *failed += 1;
+                tracing::error!(what, error = %e, "cleanup: purge failed");
+                break;
+            }
+        }
+    }
+    deleted
 }
 
 impl Actor for CleanupActor {
@@ -207,17 +405,72 @@ impl Actor for CleanupActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(self.interval, |act, ctx| {
-            let round = act.round();
-            ctx.spawn(actix::fut::wrap_future(async move {
-                round.await;
-            }));
+            if act.rounds.tick() {
+                act.start_round(ctx, Vec::new());
+            } else {
+                tracing::info!("cleanup round still running at the next tick; tick skipped");
+            }
         });
     }
 }
 
 impl Handler<RunCleanup> for CleanupActor {
     type Result = ResponseFuture<CleanupReport>;
-    fn handle(&mut self, _: RunCleanup, _: &mut Context<Self>) -> Self::Result {
-        Box::pin(self.round())
+    fn handle(&mut self, _: RunCleanup, ctx: &mut Context<Self>) -> Self::Result {
+        let (answer, report) = oneshot::channel();
+        if let Some(waiters) = self.rounds.request(answer) {
+            self.start_round(ctx, waiters);
+        }
+        Box::pin(async move {
+            report.await.unwrap_or_else(|_| {
+                // Only when the actor stops before the round ends.
+                tracing::warn!("cleanup actor stopped before the requested round ended");
+                CleanupReport::default()
+            })
+        })
+    }
+}
+
+impl Handler<GetCleanupStats> for CleanupActor {
+    type Result = MessageResult<GetCleanupStats>;
+    fn handle(&mut self, _: GetCleanupStats, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.rounds.stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_while_a_round_runs_waits_for_one_more_round_shared_by_all() {
+        let mut rounds = Rounds::default();
+        assert_eq!(rounds.request(1), Some(vec![1]), "nothing runs: start now");
+        assert_eq!(rounds.request(2), None);
+        assert_eq!(rounds.request(3), None);
+        assert_eq!(rounds.stats.running, 1);
+        assert_eq!(rounds.finished(5), Some(vec![2, 3]), "one round for both");
+        assert_eq!(rounds.request(4), None, "the queued round runs now");
+        assert_eq!(rounds.finished(5), Some(vec![4]));
+        assert_eq!(rounds.finished(5), None);
+        assert_eq!(rounds.stats.rounds, 3);
+        assert_eq!(rounds.stats.requests_queued, 3);
+        assert_eq!(rounds.stats.running, 0);
+    }
+
+    #[test]
+    fn a_tick_while_a_round_runs_is_skipped() {
+        let mut rounds = Rounds::<u32>::default();
+        assert!(rounds.tick());
+        assert!(!rounds.tick(), "a round runs");
+        assert_eq!(rounds.request(1), None);
+        assert!(!rounds.tick());
+        assert_eq!(rounds.finished(7), Some(vec![1]));
+        assert!(!rounds.tick(), "the queued round runs");
+        assert_eq!(rounds.finished(7), None);
+        assert!(rounds.tick());
+        assert_eq!(rounds.stats.ticks_skipped, 3);
+        assert_eq!(rounds.stats.rounds, 3);
+        assert_eq!(rounds.stats.last_round_ms, 7);
     }
 }

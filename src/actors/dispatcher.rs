@@ -9,7 +9,9 @@
 //! under its `max_in_flight` and under this instance's `max_running` (the
 //! store makes the claim atomic), and starts one [`SagaSupervisor`] per
 //! claimed saga. A claim that fails for one experience is logged and the
-//! round goes on with the others, starting everything it did claim. Rounds
+//! round goes on with the others, starting everything it did claim; a
+//! round that failed anywhere is followed by another one second later, so
+//! claims resume soon after a database restart. Rounds
 //! never overlap: a wake-up during a round asks for one more round, which
 //! starts [`ROUND_GAP`] after it.
 //!
@@ -18,29 +20,41 @@
 //! cool-down one round, on one instance, claims a single AI saga: the
 //! probe.
 //!
+//! Shutting down ([`Drain`]): rounds stop claiming at once; running sagas
+//! go on for a bounded grace; what is still running then is stopped and
+//! handed over in one transaction ([`Store::hand_over`]), so another
+//! instance resumes it at once without using up a recovery.
+//!
 //! Mailbox: the doorbell loop awaits each `Wake` it sends, so rings collapse
 //! instead of queueing; `SagaStopped` comes once per running saga (at most
-//! `max_running`); `WakeAt` once per backoff.
+//! `max_running`); `WakeAt` once per backoff; `Drain` once.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use tokio::sync::watch;
 
 use super::breaker::ProviderBreaker;
-use super::saga_supervisor::{SagaDeps, SagaSupervisor};
+use super::saga_supervisor::{SagaDeps, SagaSupervisor, StopSupervisor};
 use super::wakeups::Doorbell;
 use crate::domain::breaker::Admission;
 use crate::domain::policy::EpochMs;
+use crate::metrics;
 use crate::store::entities::sagas;
 use crate::store::sagas::ClaimRules;
 use crate::store::sagas::ClaimableExperience;
-use crate::store::{Store, StoreResult};
+use crate::store::{retry_transient, Store, StoreResult};
 
 /// The least time between the end of a round and the start of the next
 /// when wake-ups keep coming. A freed slot still starts the next saga
 /// within milliseconds.
 const ROUND_GAP: Duration = Duration::from_millis(5);
+
+/// After a round that failed (the database is restarting, say), the next
+/// one starts this soon, whatever the poll interval.
+const RETRY_FAILED_ROUND: Duration = Duration::from_secs(1);
 
 /// Claim now.
 #[derive(Message)]
@@ -55,7 +69,35 @@ pub struct WakeAt(pub EpochMs);
 /// One of this instance's supervisors stopped: its place is free.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct SagaStopped;
+pub struct SagaStopped {
+    pub saga_id: String,
+}
+
+/// Shut down: claim nothing more, give running sagas up to `grace` to
+/// end, then stop and hand over the rest. Answered when done.
+#[derive(Message)]
+#[rtype(result = "Drained")]
+pub struct Drain {
+    pub grace: Duration,
+}
+
+/// What [`Drain`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Drained {
+    /// Sagas running when the drain began.
+    pub running: usize,
+    /// Of those, still running at the end of the grace and handed over.
+    pub handed_over: u64,
+    /// Still running at the end of the grace and NOT handed over (the
+    /// database refused): their leases run out and they are recovered.
+    pub left_to_expire: usize,
+}
+
+/// A running supervisor: its lock token, and how to stop it.
+struct Running {
+    token: String,
+    supervisor: Addr<SagaSupervisor>,
+}
 
 pub struct Dispatcher {
     deps: SagaDeps,
@@ -66,8 +108,12 @@ pub struct Dispatcher {
     bell: Doorbell,
     /// Supervisors this instance runs at most.
     max_running: usize,
-    /// Supervisors running now.
-    running: usize,
+    /// Supervisors running now, by saga id.
+    running: HashMap<String, Running>,
+    /// How many are running, for [`Drain`] to wait on.
+    running_count: watch::Sender<usize>,
+    /// Shutting down: claim nothing more.
+    draining: bool,
     /// A round is running; a wake-up meanwhile sets `again`.
     busy: bool,
     again: bool,
@@ -91,7 +137,9 @@ impl Dispatcher {
             poll_interval,
             bell,
             max_running: max_running.max(1),
-            running: 0,
+            running: HashMap::new(),
+            running_count: watch::channel(0).0,
+            draining: false,
             busy: false,
             again: false,
             starved: false,
@@ -99,11 +147,14 @@ impl Dispatcher {
     }
 
     fn round(&mut self, ctx: &mut Context<Self>) {
+        if self.draining {
+            return;
+        }
         if self.busy {
             self.again = true;
             return;
         }
-        let room = self.max_running.saturating_sub(self.running);
+        let room = self.max_running.saturating_sub(self.running.len());
         if room == 0 {
             self.starved = true;
             return;
@@ -118,41 +169,54 @@ impl Dispatcher {
             self.rules,
             room,
         );
-        ctx.spawn(claim.into_actor(self).map(move |claimed, act, ctx| {
-            if claimed.len() == room {
-                // More may be waiting than we had room for.
-                act.starved = true;
-            }
-            for (saga, kind) in claimed {
-                tracing::debug!(
-                    saga_id = %saga.id, step = %saga.step, recoveries = saga.recoveries,
-                    "claimed saga"
-                );
-                if let Some(supervisor) =
-                    SagaSupervisor::new(saga, kind, act.deps.clone(), ctx.address())
-                {
-                    supervisor.start();
-                    act.running += 1;
-                }
-            }
-            if std::mem::take(&mut act.again) {
-                // Woken during the round: one more round, after a short
-                // gap in which more work gathers, so a busy queue is
-                // claimed in batches rather than in one round per commit.
-                ctx.run_later(ROUND_GAP, |act, ctx| {
-                    act.busy = false;
-                    act.round(ctx);
-                });
-            } else {
-                act.busy = false;
-            }
-        }));
+        ctx.spawn(
+            claim
+                .into_actor(self)
+                .map(move |(claimed, failed), act, ctx| {
+                    metrics::claimed(claimed.len());
+                    if failed {
+                        // The database may be restarting: try again soon rather
+                        // than at the next poll (10 s by default).
+                        ctx.run_later(RETRY_FAILED_ROUND, |act, ctx| act.round(ctx));
+                    }
+                    if claimed.len() == room {
+                        // More may be waiting than we had room for.
+                        act.starved = true;
+                    }
+                    for (saga, kind) in claimed {
+                        tracing::debug!(
+                            saga_id = %saga.id, step = %saga.step, recoveries = saga.recoveries,
+                            "claimed saga"
+                        );
+                        let (saga_id, token) = (saga.id.clone(), saga.lock_token.clone());
+                        if let (Some(supervisor), Some(token)) = (
+                            SagaSupervisor::new(saga, kind, act.deps.clone(), ctx.address()),
+                            token,
+                        ) {
+                            let supervisor = supervisor.start();
+                            act.running.insert(saga_id, Running { token, supervisor });
+                        }
+                    }
+                    act.running_count.send_replace(act.running.len());
+                    if std::mem::take(&mut act.again) {
+                        // Woken during the round: one more round, after a short
+                        // gap in which more work gathers, so a busy queue is
+                        // claimed in batches rather than in one round per commit.
+                        ctx.run_later(ROUND_GAP, |act, ctx| {
+                            act.busy = false;
+                            act.round(ctx);
+                        });
+                    } else {
+                        act.busy = false;
+                    }
+                }),
+        );
     }
 }
 
 /// Claims for every experience with claimable work, at most `room` sagas
-/// in all, each with its experience's kind. A failure for one experience
-/// does not stop the others. While the provider's breaker is open no AI
+/// in all, each with its experience's kind, and says whether anything
+/// failed. A failure for one experience does not stop the others. While the provider's breaker is open no AI
 /// work is claimed (sagas past the AI step still are), and when its
 /// cool-down is over, one AI saga in all (the probe).
 async fn claim_round(
@@ -161,16 +225,17 @@ async fn claim_round(
     now: EpochMs,
     rules: ClaimRules,
     room: usize,
-) -> Vec<(sagas::Model, String)> {
+) -> (Vec<(sagas::Model, String)>, bool) {
     let experiences: StoreResult<Vec<ClaimableExperience>> =
         store.experiences_with_claimable(now, rules).await;
     let mut experiences = match experiences {
         Ok(experiences) => experiences,
         Err(e) => {
-            tracing::error!(error = %e, "claim round failed; retrying on the next wake-up");
-            return Vec::new();
+            tracing::error!(error = %e, retry_in_ms = RETRY_FAILED_ROUND.as_millis() as u64, "claim round failed");
+            return (Vec::new(), true);
         }
     };
+    let mut failed = false;
     let wants_ai = |e: &ClaimableExperience| e.has_expired_ai || e.has_queued_ai;
     let admission = if experiences.iter().any(wants_ai) {
         breaker.admission().await
@@ -198,7 +263,10 @@ async fn claim_round(
     if let Some(experience) = probe {
         match store.claim_runnable(&experience, 1, now, rules).await {
             Ok(sagas) => claimed.extend(sagas.into_iter().map(|s| (s, experience.kind.clone()))),
-            Err(e) => tracing::error!(error = %e, "the breaker's probe could not be claimed"),
+            Err(e) => {
+                failed = true;
+                tracing::error!(error = %e, "the breaker's probe could not be claimed")
+            }
         }
     }
     for experience in experiences {
@@ -208,13 +276,17 @@ async fn claim_round(
         }
         match store.claim_runnable(&experience, left, now, rules).await {
             Ok(sagas) => claimed.extend(sagas.into_iter().map(|s| (s, experience.kind.clone()))),
-            Err(e) => tracing::error!(
-                experience_id = %experience.id, error = %e,
-                "claim failed for this experience; the others go on, it is retried on the next wake-up"
-            ),
+            Err(e) => {
+                failed = true;
+                tracing::error!(
+                    experience_id = %experience.id, error = %e,
+                    retry_in_ms = RETRY_FAILED_ROUND.as_millis() as u64,
+                    "claim failed for this experience; the others go on"
+                )
+            }
         }
     }
-    claimed
+    (claimed, failed)
 }
 
 impl Actor for Dispatcher {
@@ -252,10 +324,77 @@ impl Handler<WakeAt> for Dispatcher {
 
 impl Handler<SagaStopped> for Dispatcher {
     type Result = ();
-    fn handle(&mut self, _: SagaStopped, ctx: &mut Context<Self>) {
-        self.running = self.running.saturating_sub(1);
+    fn handle(&mut self, m: SagaStopped, ctx: &mut Context<Self>) {
+        self.running.remove(&m.saga_id);
+        self.running_count.send_replace(self.running.len());
         if std::mem::take(&mut self.starved) {
             self.round(ctx);
         }
+    }
+}
+
+impl Handler<Drain> for Dispatcher {
+    type Result = ResponseActFuture<Self, Drained>;
+
+    fn handle(&mut self, m: Drain, _: &mut Context<Self>) -> Self::Result {
+        self.draining = true;
+        let running = self.running.len();
+        tracing::info!(
+            running,
+            grace_ms = m.grace.as_millis() as u64,
+            "shutting down: claiming nothing more; waiting for running sagas"
+        );
+        let mut count = self.running_count.subscribe();
+        let wait = async move {
+            let _ = tokio::time::timeout(m.grace, count.wait_for(|n| *n == 0)).await;
+        };
+        Box::pin(wait.into_actor(self).then(move |_, act, _| {
+            // Stop what is left first, so no step of ours runs on while
+            // another instance takes the saga.
+            let held: Vec<(String, String)> = act
+                .running
+                .drain()
+                .map(|(saga_id, r)| {
+                    r.supervisor.do_send(StopSupervisor);
+                    (saga_id, r.token)
+                })
+                .collect();
+            act.running_count.send_replace(0);
+            let (store, now) = (act.deps.store.clone(), act.deps.clock.now_ms());
+            async move {
+                let left = held.len();
+                if left == 0 {
+                    return Drained {
+                        running,
+                        ..Drained::default()
+                    };
+                }
+                match retry_transient(|| store.hand_over(&held, now)).await {
+                    Ok(handed_over) => {
+                        tracing::info!(
+                            handed_over,
+                            "handed over the sagas still running; another instance resumes them now"
+                        );
+                        Drained {
+                            running,
+                            handed_over,
+                            left_to_expire: left - handed_over as usize,
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            sagas = left, error = %e,
+                            "could not hand over the sagas still running; they are resumed when their leases run out"
+                        );
+                        Drained {
+                            running,
+                            handed_over: 0,
+                            left_to_expire: left,
+                        }
+                    }
+                }
+            }
+            .into_actor(act)
+        }))
     }
 }

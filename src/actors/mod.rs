@@ -24,7 +24,8 @@
 //!   instances with LISTEN/NOTIFY.
 //!
 //! [`wakeups`] is not an actor: the doorbells committers ring after commit;
-//! nor is [`heartbeat`], the sockets' ping and pong bookkeeping.
+//! nor is [`heartbeat`], the sockets' ping and pong bookkeeping, nor
+//! [`shutdown`], the flag that closes sockets when the instance stops.
 
 pub mod ai;
 pub mod batching;
@@ -40,6 +41,7 @@ pub mod persistence;
 pub mod ranking;
 pub mod ranking_board;
 pub mod saga_supervisor;
+pub mod shutdown;
 pub mod terminal_hub;
 pub mod terminal_socket;
 pub mod wakeups;

@@ -14,21 +14,36 @@ use actix_ws::{Message, ProtocolError, Session};
 
 use super::heartbeat::Heartbeat;
 use super::operator_hub::{OperatorHub, Subscribe};
+use super::shutdown::{going_away, ShutdownSignal};
 
 pub struct OperatorSocket {
     hub: Addr<OperatorHub>,
     session: Session,
     heartbeat: Heartbeat,
     streaming: Option<tokio::task::AbortHandle>,
+    /// Set when the instance shuts down: the socket closes with 1001.
+    shutdown: ShutdownSignal,
+    /// Why the server closes the socket, when it does ("going away").
+    close_reason: Option<actix_ws::CloseReason>,
+    /// Counts this socket in `/metrics` while it lives.
+    _gauge: crate::metrics::SocketGauge,
 }
 
 impl OperatorSocket {
-    pub fn new(hub: Addr<OperatorHub>, session: Session, heartbeat: Duration) -> Self {
+    pub fn new(
+        hub: Addr<OperatorHub>,
+        session: Session,
+        heartbeat: Duration,
+        shutdown: ShutdownSignal,
+    ) -> Self {
         OperatorSocket {
             hub,
             session,
             heartbeat: Heartbeat::new(heartbeat),
             streaming: None,
+            shutdown,
+            close_reason: None,
+            _gauge: crate::metrics::operator_socket_connected(),
         }
     }
 }
@@ -82,15 +97,24 @@ impl Actor for OperatorSocket {
                 ctx.stop();
             }
         });
+        let shutdown = self.shutdown.clone();
+        ctx.spawn(
+            async move { shutdown.wait().await }
+                .into_actor(self)
+                .map(|_, act, ctx| {
+                    act.close_reason = Some(going_away());
+                    ctx.stop();
+                }),
+        );
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
         if let Some(streaming) = self.streaming.take() {
             streaming.abort();
         }
-        let session = self.session.clone();
+        let (session, reason) = (self.session.clone(), self.close_reason.take());
         actix::spawn(async move {
-            let _ = session.close(None).await;
+            let _ = session.close(reason).await;
         });
     }
 }

@@ -122,7 +122,7 @@ async fn write_batch(
             outcomes
         }
         Err(e) => {
-            tracing::error!(error = %e, writes = batch.len(), "a batch of saga writes failed; its sagas resume when their leases run out");
+            tracing::error!(error = %e, writes = batch.len(), "a batch of saga writes failed; each saga's worker decides (a database error: the step runs again)");
             batch_failed(batch.len(), &e)
         }
     }

@@ -3,11 +3,17 @@
 //! lease while it waits, and ends with a terminal event. It holds no
 //! transaction across a step: every step is read -> outside I/O with no
 //! transaction -> one short fenced write. On `LeaseLost` it stops quietly.
+//! A step that fails because the database is briefly gone (a restart, a
+//! lock timeout) is run again with backoff for up to one lease: every step
+//! is idempotent (rule 3), and fenced, so a worker that lost the saga
+//! meanwhile is refused. Everything it logs is inside a `saga` span with
+//! `saga_id`, `session_id` and `experience`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::ai::{AiActor, PollJob, SubmitJob};
@@ -20,10 +26,11 @@ use crate::domain::failure::{AiFailure, AiResult};
 use crate::domain::keys::ai_attempt_key;
 use crate::domain::policy::{poll_wait_ms, AfterFailure, AttemptState, RetryPolicy};
 use crate::domain::saga::{AbortReason, Step, TransitionError};
+use crate::metrics;
 use crate::store::entities::sagas;
 use crate::store::sagas::{step_of, Fence};
 use crate::store::transitions::{SagaWrite, Written};
-use crate::store::{Store, StoreError};
+use crate::store::{transient_backoff, DbFailure, Store, StoreError};
 
 mod fan_out;
 
@@ -56,7 +63,14 @@ pub(crate) enum Stop {
     Mailbox(#[from] MailboxError),
 }
 
+/// Stop now (the instance shuts down and hands the saga over); whatever
+/// step is in flight is dropped with the actor.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopSupervisor;
+
 pub struct SagaSupervisor {
+    saga_id: String,
     saga: Option<sagas::Model>,
     /// The experience's kind, as the AI job's `kind`.
     kind: String,
@@ -75,6 +89,7 @@ impl SagaSupervisor {
     ) -> Option<Self> {
         let token = saga.lock_token.clone()?;
         Some(SagaSupervisor {
+            saga_id: saga.id.clone(),
             saga: Some(saga),
             kind,
             token,
@@ -125,7 +140,16 @@ impl Actor for SagaSupervisor {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        self.dispatcher.do_send(SagaStopped);
+        self.dispatcher.do_send(SagaStopped {
+            saga_id: self.saga_id.clone(),
+        });
+    }
+}
+
+impl Handler<StopSupervisor> for SagaSupervisor {
+    type Result = ();
+    fn handle(&mut self, _: StopSupervisor, ctx: &mut Context<Self>) {
+        ctx.stop();
     }
 }
 
@@ -143,34 +167,66 @@ async fn drive(
     deps: SagaDeps,
     dispatcher: Addr<Dispatcher>,
 ) {
-    let saga_id = saga.id.clone();
-    match run(saga, &kind, &token, &deps, &dispatcher).await {
-        Ok(()) => {}
-        Err(Stop::Store(e)) if e.is_lease_lost() => {
-            tracing::info!(saga_id = %saga_id, "lease lost; another worker owns this saga now");
-        }
-        // The saga ended without this worker while it held the lease (an
-        // operator's cancel): its write is refused, and nothing is left to
-        // resume.
-        Err(Stop::Store(StoreError::Transition(TransitionError::Conflict { detail, .. }))) => {
-            tracing::info!(saga_id = %saga_id, %detail, "the saga ended without this worker (an operator cancelled it); stopping");
-        }
-        Err(e) => {
-            // The lease will expire and the dispatcher resumes the saga.
-            tracing::error!(saga_id = %saga_id, error = %e, "saga step failed; it will be resumed after its lease expires");
+    let span = tracing::info_span!(
+        "saga",
+        saga_id = %saga.id,
+        session_id = %saga.session_id,
+        experience = %saga.experience_id,
+    );
+    async move {
+        let mut saga = saga;
+        let since = Instant::now();
+        let mut retry = 0;
+        loop {
+            match run(&mut saga, &kind, &token, &deps, &dispatcher).await {
+                Ok(()) => {}
+                Err(Stop::Store(e)) if e.is_lease_lost() => {
+                    tracing::info!("lease lost; another worker owns this saga now");
+                }
+                // The saga ended without this worker while it held the
+                // lease (an operator's cancel): its write is refused, and
+                // nothing is left to resume.
+                Err(Stop::Store(StoreError::Transition(TransitionError::Conflict {
+                    detail, ..
+                }))) => {
+                    tracing::info!(%detail, "the saga ended without this worker (an operator cancelled it); stopping");
+                }
+                Err(Stop::Store(e))
+                    if matches!(e.failure(), DbFailure::Transient | DbFailure::Unavailable)
+                        && since.elapsed() < deps.settings.lease =>
+                {
+                    let wait = transient_backoff(retry, rand::random::<f64>())
+                        .min(Duration::from_secs(2));
+                    tracing::warn!(
+                        error = %e, retry, wait_ms = wait.as_millis() as u64, step = %saga.step,
+                        "database error in a saga step; running the step again (steps are idempotent and fenced)"
+                    );
+                    tokio::time::sleep(wait).await;
+                    retry += 1;
+                    continue;
+                }
+                Err(e) => {
+                    // The lease will expire and the dispatcher resumes the saga.
+                    tracing::error!(error = %e, "saga step failed; it will be resumed after its lease expires");
+                }
+            }
+            return;
         }
     }
+    .instrument(span)
+    .await
 }
 
 async fn run(
-    mut saga: sagas::Model,
+    saga: &mut sagas::Model,
     kind: &str,
     token: &str,
     deps: &SagaDeps,
     dispatcher: &Addr<Dispatcher>,
 ) -> Result<(), Stop> {
     loop {
-        let step = step_of(&saga)?;
+        let step_started = Instant::now();
+        let step = step_of(saga)?;
         let fan = match step {
             Step::AiPending => fan_out_of(&saga, deps).await?,
             _ => None,
@@ -187,6 +243,7 @@ async fn run(
                             job_id: None,
                         };
                         write(deps, done).await??;
+                        metrics::step_finished(Step::AiPending, step_started.elapsed());
                         tracing::info!(saga_id = %saga.id, calls, "fan-out results recorded");
                         saga.content =
                             Some(serde_json::to_string(&result.content).unwrap_or_default());
@@ -198,7 +255,7 @@ async fn run(
                     }
                 }
             }
-            Step::AiPending => match ai_attempt(&mut saga, kind, token, deps).await? {
+            Step::AiPending => match ai_attempt(saga, kind, token, deps).await? {
                 AiOutcome::Done(result, job_id) => {
                     let done = SagaWrite::AiDone {
                         saga_id: saga.id.clone(),
@@ -207,6 +264,7 @@ async fn run(
                         job_id: Some(job_id),
                     };
                     write(deps, done).await??;
+                    metrics::step_finished(Step::AiPending, step_started.elapsed());
                     tracing::info!(saga_id = %saga.id, attempt = saga.attempts, "AI result recorded");
                     saga.content = Some(serde_json::to_string(&result.content).unwrap_or_default());
                     saga.ai_score = result.score;
@@ -255,6 +313,7 @@ async fn run(
                     entry,
                 };
                 write(deps, ranked).await??;
+                metrics::step_finished(Step::AiDone, step_started.elapsed());
                 saga.step = Step::RankingDone.as_str().to_owned();
             }
             Step::RankingDone => {
@@ -264,6 +323,8 @@ async fn run(
                 };
                 return match write(deps, complete).await? {
                     Ok(_) => {
+                        metrics::step_finished(Step::RankingDone, step_started.elapsed());
+                        metrics::saga_ended(None, age(saga, deps));
                         tracing::info!(saga_id = %saga.id, "saga COMPLETED");
                         Ok(())
                     }
@@ -558,5 +619,11 @@ async fn abort(
         detail,
     };
     write(deps, aborted).await??;
+    metrics::saga_ended(Some(reason), age(saga, deps));
     Ok(())
+}
+
+/// Time since the saga was submitted.
+fn age(saga: &sagas::Model, deps: &SagaDeps) -> Duration {
+    Duration::from_millis((deps.clock.now_ms() - saga.created_at_ms).max(0) as u64)
 }

@@ -28,6 +28,7 @@ use serde_json::Value;
 
 use super::heartbeat::Heartbeat;
 use super::ranking_board::ranking_frame;
+use super::shutdown::{going_away, ShutdownSignal};
 use super::spawn_if_running;
 use super::terminal_hub::{Connect, Disconnect, TerminalHub};
 use super::wakeups::{Doorbell, Wakeups};
@@ -65,6 +66,8 @@ pub struct SocketDeps {
     pub instance_id: String,
     /// Ping period; three without an answer close the socket.
     pub heartbeat: Duration,
+    /// Set when the instance shuts down: the socket closes with 1001.
+    pub shutdown: ShutdownSignal,
 }
 
 /// Who the display is.
@@ -92,6 +95,8 @@ pub struct TerminalSocket {
     reported: (i64, i64),
     /// The stream's task, stopped with the socket.
     streaming: Option<tokio::task::AbortHandle>,
+    /// Why the server closes the socket, when it does ("going away").
+    close_reason: Option<actix_ws::CloseReason>,
 }
 
 impl TerminalSocket {
@@ -109,6 +114,7 @@ impl TerminalSocket {
             acked: after,
             reported: (after, after),
             streaming: None,
+            close_reason: None,
         }
     }
 
@@ -241,6 +247,15 @@ impl Actor for TerminalSocket {
             }
         });
         ctx.run_interval(PROGRESS_EVERY, |act, _| act.report_progress());
+        let shutdown = self.deps.shutdown.clone();
+        ctx.spawn(
+            async move { shutdown.wait().await }
+                .into_actor(self)
+                .map(|_, act, ctx| {
+                    act.close_reason = Some(going_away());
+                    ctx.stop();
+                }),
+        );
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
@@ -264,9 +279,9 @@ impl Actor for TerminalSocket {
             }
             stats.ring();
         });
-        let session = self.session.clone();
+        let (session, reason) = (self.session.clone(), self.close_reason.take());
         actix::spawn(async move {
-            let _ = session.close(None).await;
+            let _ = session.close(reason).await;
         });
     }
 }

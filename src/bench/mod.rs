@@ -7,6 +7,7 @@
 
 pub mod load;
 pub mod pgbench;
+pub mod rehearse;
 pub mod sockets;
 pub mod table;
 

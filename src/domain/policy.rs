@@ -188,16 +188,22 @@ pub enum Ownership {
     Held,
     /// A worker held it and its lease ran out: it died or hangs.
     Expired,
+    /// Its instance shut down gracefully and cut the lease short on
+    /// purpose: resumed at once like an expired lease (it keeps its AI
+    /// slot's priority), but no recovery is used up.
+    HandedOver,
 }
 
 pub fn ownership(
     lock_token: Option<&str>,
     locked_until: Option<EpochMs>,
+    handed_over: bool,
     now: EpochMs,
 ) -> Ownership {
     match (lock_token, locked_until) {
         (None, _) => Ownership::Free,
         (Some(_), Some(until)) if until >= now => Ownership::Held,
+        (Some(_), _) if handed_over => Ownership::HandedOver,
         (Some(_), _) => Ownership::Expired,
     }
 }
@@ -236,7 +242,7 @@ pub fn recovery(
         Ownership::Expired => Recovery::Claim {
             counts_as_recovery: true,
         },
-        Ownership::Free => Recovery::Claim {
+        Ownership::Free | Ownership::HandedOver => Recovery::Claim {
             counts_as_recovery: false,
         },
     }
@@ -530,11 +536,19 @@ mod tests {
 
     #[test]
     fn ownership_from_lease_columns() {
-        assert_eq!(ownership(None, None, NOW), Ownership::Free);
-        assert_eq!(ownership(None, Some(NOW - 1), NOW), Ownership::Free);
-        assert_eq!(ownership(Some("t"), Some(NOW), NOW), Ownership::Held);
-        assert_eq!(ownership(Some("t"), Some(NOW - 1), NOW), Ownership::Expired);
-        assert_eq!(ownership(Some("t"), None, NOW), Ownership::Expired);
+        assert_eq!(ownership(None, None, false, NOW), Ownership::Free);
+        assert_eq!(ownership(None, Some(NOW - 1), false, NOW), Ownership::Free);
+        assert_eq!(ownership(Some("t"), Some(NOW), false, NOW), Ownership::Held);
+        assert_eq!(ownership(Some("t"), Some(NOW), true, NOW), Ownership::Held);
+        assert_eq!(
+            ownership(Some("t"), Some(NOW - 1), false, NOW),
+            Ownership::Expired
+        );
+        assert_eq!(
+            ownership(Some("t"), Some(NOW - 1), true, NOW),
+            Ownership::HandedOver
+        );
+        assert_eq!(ownership(Some("t"), None, false, NOW), Ownership::Expired);
         assert_eq!(lease_until(NOW, 60_000), NOW + 60_000);
     }
 
@@ -559,5 +573,14 @@ mod tests {
         assert_eq!(r(Ownership::Expired, 2, NOW, DEADLINE), Recovery::Orphan);
         assert_eq!(r(Ownership::Expired, 0, NOW, NOW - 1), Recovery::Orphan);
         assert_eq!(r(Ownership::Free, 0, NOW, NOW - 1), Recovery::Orphan);
+        // A handed-over saga is resumed without using up a recovery, even
+        // when it has none left, until its deadline.
+        assert_eq!(
+            r(Ownership::HandedOver, 2, NOW, DEADLINE),
+            Recovery::Claim {
+                counts_as_recovery: false
+            }
+        );
+        assert_eq!(r(Ownership::HandedOver, 2, NOW, NOW - 1), Recovery::Orphan);
     }
 }

@@ -360,7 +360,12 @@ pub async fn operator_socket(
     }
     let (response, session, stream) =
         actix_ws::handle(&req, body).map_err(ApiError::not_a_handshake)?;
-    let socket = OperatorSocket::new(state.operators.clone(), session, state.display_heartbeat);
+    let socket = OperatorSocket::new(
+        state.operators.clone(),
+        session,
+        state.display_heartbeat,
+        state.shutdown.clone(),
+    );
     OperatorSocket::create(|ctx| {
         use actix::AsyncContext;
         ctx.add_stream(stream);

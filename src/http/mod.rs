@@ -7,6 +7,7 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod idempotency;
+pub mod metrics;
 pub mod openapi;
 pub mod operators;
 pub mod pages;
@@ -61,6 +62,11 @@ pub struct AppState {
     pub public_url: String,
     /// Session creation and submission rate limits.
     pub limits: std::sync::Arc<rate_limit::RateLimits>,
+    /// Set when the instance shuts down: not ready, sockets close.
+    pub shutdown: crate::actors::shutdown::ShutdownSignal,
+    /// The SQLite file's exclusive lock (SQLite mode is single-instance),
+    /// held as long as the application runs.
+    pub sqlite_lock: Option<std::sync::Arc<std::fs::File>>,
 }
 
 impl AppState {
@@ -84,6 +90,7 @@ impl AppState {
             clock: self.clock.clone(),
             instance_id: self.instance_id.clone(),
             heartbeat: self.display_heartbeat,
+            shutdown: self.shutdown.clone(),
         }
     }
 }
@@ -115,6 +122,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .get(web::to(service::readyz))
             .build(),
     )
+    .service(Endpoint::new("/metrics").get(web::to(metrics::metrics)).build())
     .service(
         Endpoint::new("/api/openapi.json")
             .get(web::to(openapi::openapi_json))

@@ -26,7 +26,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr, ResponseBuilder, Schema};
 use utoipa::{IntoParams, Modify, OpenApi, PartialSchema, ToSchema};
 
-use super::{admin, operators, pages, participants, service, submissions, terminals};
+use super::{admin, metrics, operators, pages, participants, service, submissions, terminals};
 use crate::domain::locale::Locale;
 use crate::domain::saga::{AbortReason, Step};
 use crate::domain::session::SessionStatus;
@@ -67,6 +67,7 @@ pub const ERROR_CODES: &[&str] = &[
     paths(
         service::healthz,
         service::readyz,
+        metrics::metrics,
         openapi_json,
         operators::create_experience,
         operators::list_experiences,
@@ -100,7 +101,7 @@ pub const ERROR_CODES: &[&str] = &[
         (name = "participants", description = "Anonymous participants: sessions, the submission, the ranking."),
         (name = "operators", description = "Experiences and terminals (operator token)."),
         (name = "admin", description = "The operators' console: sagas and booth presence (operator token)."),
-        (name = "service", description = "Liveness, readiness and this document."),
+        (name = "service", description = "Liveness, readiness, the Prometheus metrics and this document."),
         (name = "websockets", description = "The sockets' handshakes; their frames are in the description."),
         (name = "pages", description = "The embedded web pages and their assets."),
     )

@@ -17,7 +17,8 @@ pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
-/// Ready when the database answers and every migration is applied.
+/// Ready when the instance is not shutting down, the database answers
+/// and every migration is applied.
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -25,19 +26,27 @@ pub async fn healthz() -> HttpResponse {
     summary = "Readiness: the database answers and every migration is applied.",
     responses(
         (status = 200, description = "Ready.", body = super::openapi::Ready),
-        (status = 503, description = "`not_ready`: the database is not reachable or migrations are pending.", body = super::openapi::ErrorBody),
+        (status = 503, description = "`not_ready`: the instance is shutting down, the database does not answer within 2 s, or migrations are pending.", body = super::openapi::ErrorBody),
     )
 )]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    if state.store.is_ready().await {
-        HttpResponse::Ok().json(json!({"status": "ready"}))
-    } else {
-        HttpResponse::ServiceUnavailable().json(json!({
-            "error": "not_ready",
-            "message": "the database is not reachable or migrations are pending"
-        }))
+    let not_ready = |message: &str| {
+        HttpResponse::ServiceUnavailable().json(json!({"error": "not_ready", "message": message}))
+    };
+    if state.shutdown.is_set() {
+        return not_ready("the instance is shutting down");
+    }
+    // A database that is down makes the pool wait for its acquire timeout:
+    // a load balancer's probe wants its answer sooner.
+    match tokio::time::timeout(READY_CHECK, state.store.is_ready()).await {
+        Ok(true) => HttpResponse::Ok().json(json!({"status": "ready"})),
+        Ok(false) => not_ready("the database is not reachable or migrations are pending"),
+        Err(_) => not_ready("the database did not answer within 2 s"),
     }
 }
+
+/// How long `/readyz` waits for the database.
+const READY_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub async fn not_found() -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound("route"))

@@ -8,6 +8,7 @@
 
 pub mod ai_calls;
 pub mod breaker;
+pub mod cleanup;
 pub mod entities;
 pub mod experiences;
 pub mod idempotency;
@@ -56,6 +57,10 @@ pub enum StoreError {
     /// finish.
     #[error("this experience is closing and takes no more submissions")]
     Closing,
+    /// The shared transaction of a batch of writes failed (each write of
+    /// the batch gets this), with what the database error meant.
+    #[error("the batch of writes failed: {message}")]
+    BatchFailed { failure: DbFailure, message: String },
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
     /// The LISTEN connection could not be made or was lost.
@@ -73,7 +78,9 @@ pub enum DbFailure {
     /// SQLite BUSY / LOCKED: nothing was changed, and the same work may
     /// simply run again in a moment.
     Transient,
-    /// No connection: the pool timed out or the database is not reachable.
+    /// No connection: the pool timed out, the database is not reachable,
+    /// or it dropped the connection (a restart). A write may or may not
+    /// have committed: only idempotent work may simply run again.
     Unavailable,
     /// Anything else: a bug or a broken database.
     Other,
@@ -86,6 +93,13 @@ const PG_TRANSIENT: [&str; 3] = ["55P03", "40P01", "40001"];
 /// SQLITE_LOCKED (extended codes carry them in their low byte).
 const SQLITE_TRANSIENT: [i64; 2] = [5, 6];
 
+/// PostgreSQL SQLSTATEs that say the server went away or is not taking
+/// connections (a restart): class 08 (connection exception) and 57P01-03
+/// (admin shutdown, crash shutdown, cannot connect now).
+fn pg_connection_lost(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+}
+
 impl StoreError {
     pub fn is_lease_lost(&self) -> bool {
         matches!(self, StoreError::Transition(TransitionError::LeaseLost))
@@ -93,8 +107,10 @@ impl StoreError {
 
     /// What this error means (see [`DbFailure`]).
     pub fn failure(&self) -> DbFailure {
-        let StoreError::Db(db) = self else {
-            return DbFailure::Other;
+        let db = match self {
+            StoreError::Db(db) => db,
+            StoreError::BatchFailed { failure, .. } => return *failure,
+            _ => return DbFailure::Other,
         };
         if matches!(db, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) {
             return DbFailure::Unavailable;
@@ -126,6 +142,8 @@ impl StoreError {
                 };
                 if transient {
                     DbFailure::Transient
+                } else if pg_connection_lost(&code) {
+                    DbFailure::Unavailable
                 } else {
                     DbFailure::Other
                 }
@@ -275,12 +293,26 @@ impl Store {
         Ok(())
     }
 
-    /// Whether every migration is applied (for `/readyz`).
+    /// Whether the database answers and every migration this binary knows
+    /// is applied (for `/readyz`). Migrations newer than this binary do not
+    /// make it unready: during a rolling deploy the new version migrates
+    /// first, and the old instances (whose schema is a subset, since
+    /// migrations only add) keep serving until they are replaced.
     pub async fn is_ready(&self) -> bool {
-        match Migrator::get_pending_migrations(&self.db).await {
-            Ok(pending) => pending.is_empty(),
-            Err(_) => false,
-        }
+        let applied = match self
+            .db
+            .query_all_raw(self.sql("SELECT version FROM seaql_migrations", vec![]))
+            .await
+        {
+            Ok(rows) => rows
+                .iter()
+                .filter_map(|r| r.try_get_by_index::<String>(0).ok())
+                .collect::<std::collections::HashSet<_>>(),
+            Err(_) => return false,
+        };
+        Migrator::migrations()
+            .iter()
+            .all(|m| applied.contains(m.name()))
     }
 
     pub fn db(&self) -> &DatabaseConnection {

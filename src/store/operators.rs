@@ -135,7 +135,7 @@ pub struct Retried {
 /// The columns of [`SagaView`], in the order [`saga_view_of`] reads them.
 const SAGA_VIEW_COLUMNS: &str = "s.id, s.session_id, e.slug, se.nickname, s.step, \
      s.abort_reason, s.abort_detail, s.attempts, s.recoveries, s.lock_token, \
-     s.locked_until_ms, s.deadline_at_ms, s.created_at_ms, s.updated_at_ms";
+     s.locked_until_ms, s.deadline_at_ms, s.created_at_ms, s.updated_at_ms, s.handed_over";
 const SAGA_VIEW_FROM: &str = "FROM sagas s JOIN experiences e ON e.id = s.experience_id \
      JOIN sessions se ON se.id = s.session_id";
 
@@ -155,7 +155,12 @@ fn saga_view_of(row: &QueryResult, now: EpochMs) -> StoreResult<SagaView> {
         nickname: row.try_get_by_index(3)?,
         stuck: is_stuck(
             ended,
-            ownership(lock_token.as_deref(), locked_until, now),
+            ownership(
+                lock_token.as_deref(),
+                locked_until,
+                row.try_get_by_index(14)?,
+                now,
+            ),
             deadline,
             now,
         ),

@@ -220,18 +220,23 @@ impl Store {
             .collect()
     }
 
-    /// Deletes numbered outbox events older than `before`; returns how many.
-    /// Unnumbered ones stay until the relay has numbered them.
-    pub async fn purge_events_before(&self, before: EpochMs) -> StoreResult<u64> {
-        let tx = self.write_tx().await?;
-        let n = terminal_events::Entity::delete_many()
-            .filter(terminal_events::Column::CreatedAtMs.lt(before))
-            .filter(terminal_events::Column::Seq.is_not_null())
-            .exec(&*tx)
-            .await?
-            .rows_affected;
-        tx.commit().await?;
-        Ok(n)
+    /// Deletes at most `limit` outbox events older than `before`, in one
+    /// statement (its own short transaction); returns how many. The
+    /// caller repeats it for more, so no statement holds many row locks
+    /// or a long write. Kept whatever their age: events not numbered yet
+    /// (the relay has not seen them), and events that a connected display
+    /// (a `terminal_presence` row) of their terminal has not acknowledged,
+    /// so a display that is behind never loses what it has still to read.
+    pub async fn purge_events_before(&self, before: EpochMs, limit: u64) -> StoreResult<u64> {
+        self.write_one(self.sql(
+            "DELETE FROM terminal_events WHERE id IN (SELECT e.id FROM terminal_events e \
+             WHERE e.created_at_ms < $1 AND e.seq IS NOT NULL \
+             AND NOT EXISTS (SELECT 1 FROM terminal_presence p \
+             WHERE p.terminal_id = e.terminal_id AND p.acked_seq < e.seq) \
+             ORDER BY e.created_at_ms LIMIT $2)",
+            vec![before.into(), (limit as i64).into()],
+        ))
+        .await
     }
 }
 

@@ -1,12 +1,9 @@
-//! Saga rows: the claim, the lease, and the reads of the cleanup actor and
-//! the stats. The fenced transitions and the final transactions are in
+//! Saga rows: the claim, the lease and its hand-over, and the stats'
+//! reads. The cleanup actor's read is in [`super::cleanup`]. The fenced transitions and the final transactions are in
 //! [`super::transitions`].
 
 use sea_orm::sea_query::Expr;
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, EntityTrait, ExprTrait, FromQueryResult, QueryFilter, QueryOrder,
-    QuerySelect,
-};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, FromQueryResult, QueryFilter};
 
 use super::entities::sagas;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
@@ -53,7 +50,8 @@ pub enum Fence {
 fn claimable(now: usize, max: usize) -> String {
     format!(
         "{RUNNABLE} AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now} \
-         AND (lock_token IS NULL OR (locked_until_ms < ${now} AND recoveries < ${max}))"
+         AND (lock_token IS NULL OR (locked_until_ms < ${now} \
+         AND (recoveries < ${max} OR handed_over)))"
     )
 }
 
@@ -68,8 +66,9 @@ pub enum ClaimSource {
     /// Nobody holds them (queued, or released): oldest first, along
     /// `idx_sagas_unowned`, never passing a saga someone holds.
     Unowned,
-    /// Their lease ran out (their worker died): to resume, earliest
-    /// expiry first, at the start of `idx_sagas_leased`.
+    /// Their lease ran out (their worker died, or its instance shut down
+    /// and handed them over): to resume, earliest expiry first, at the
+    /// start of `idx_sagas_leased`.
     Expired,
 }
 
@@ -91,7 +90,7 @@ impl ClaimSource {
                 format!(
                     "lock_token IS NOT NULL AND {RUNNABLE} AND step = '{step}' \
                      AND locked_until_ms < ${now} \
-                     AND recoveries < ${max} \
+                     AND (recoveries < ${max} OR handed_over) \
                      AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now}"
                 ),
                 "locked_until_ms, id",
@@ -334,7 +333,9 @@ impl Store {
                  ORDER BY {order} LIMIT $6{lock}) \
                  UPDATE sagas SET lock_token = $4, locked_until_ms = $5, updated_at_ms = $2, \
                  slots = $7, \
-                 recoveries = recoveries + (CASE WHEN lock_token IS NULL THEN 0 ELSE 1 END) \
+                 recoveries = recoveries + \
+                 (CASE WHEN lock_token IS NULL OR handed_over THEN 0 ELSE 1 END), \
+                 handed_over = false \
                  WHERE id IN (SELECT id FROM picked) AND {claimable} RETURNING *",
                 claimable = claimable(2, 3),
             ),
@@ -404,6 +405,47 @@ impl Store {
         Ok(lines.join("\n"))
     }
 
+    /// Hands over sagas this instance holds (`(saga id, lock token)`) as
+    /// it shuts down: each lease is cut short now and marked
+    /// `handed_over`, so the next claim, on any instance, resumes it at
+    /// once and counts no recovery. An AI_PENDING saga keeps its job and
+    /// its place before queued sagas (it is claimed as an expired lease),
+    /// so the in-flight cap holds. The lock token changes too: a step of
+    /// ours still finishing after this is refused (`LeaseLost`). Sagas no
+    /// longer ours, or whose lease already ran out (they were lost, not
+    /// handed over: the cleanup actor may be ending them), are skipped. Returns how many were handed over; other
+    /// instances are woken after the commit.
+    pub async fn hand_over(&self, held: &[(String, String)], now: EpochMs) -> StoreResult<u64> {
+        if held.is_empty() {
+            return Ok(0);
+        }
+        let tx = self.write_tx().await?;
+        let mut handed = 0;
+        for (saga_id, token) in held {
+            let stmt = self.sql(
+                &format!(
+                    "UPDATE sagas SET lock_token = $1, locked_until_ms = $2, \
+                     handed_over = true, updated_at_ms = $3 \
+                     WHERE id = $4 AND lock_token = $5 AND locked_until_ms >= $3 AND {RUNNABLE}"
+                ),
+                vec![
+                    new_id().into(),
+                    (now - 1).into(),
+                    now.into(),
+                    saga_id.clone().into(),
+                    token.clone().into(),
+                ],
+            );
+            handed += tx.execute_raw(stmt).await?.rows_affected();
+        }
+        tx.commit().await?;
+        if handed > 0 && self.is_postgres() {
+            self.notify(super::notify::DISPATCH_CHANNEL, "handover")
+                .await?;
+        }
+        Ok(handed)
+    }
+
     /// Extends the lease of a saga we hold; `LeaseLost` when we do not.
     pub async fn renew_lease(
         &self,
@@ -428,33 +470,6 @@ impl Store {
         } else {
             Err(TransitionError::LeaseLost.into())
         }
-    }
-
-    /// Non-final sagas that nobody holds and that may be orphans: lease
-    /// expired or never taken, and past the deadline or out of recoveries.
-    /// The caller decides with `domain::policy::recovery`.
-    pub async fn unowned_candidates(
-        &self,
-        now: EpochMs,
-        rules: ClaimRules,
-        limit: u64,
-    ) -> StoreResult<Vec<sagas::Model>> {
-        Ok(sagas::Entity::find()
-            .filter(sagas::Column::Step.is_in(Step::runnable().map(Step::as_str)))
-            .filter(
-                sagas::Column::LockToken
-                    .is_null()
-                    .or(sagas::Column::LockedUntilMs.lt(now)),
-            )
-            .filter(
-                sagas::Column::DeadlineAtMs
-                    .lt(now)
-                    .or(sagas::Column::Recoveries.gte(rules.max_recoveries as i32)),
-            )
-            .order_by_asc(sagas::Column::CreatedAtMs)
-            .limit(limit)
-            .all(self.db())
-            .await?)
     }
 
     /// Counts of sagas per step (for stats and tests).

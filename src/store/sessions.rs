@@ -94,8 +94,13 @@ impl Store {
 
     /// Ends a session stuck in SUBMITTING without a running saga: ABORTED
     /// with ORPHANED, and the terminal is told (true when an outbox event was
-    /// appended). The outbox row carries the session id where a saga id would
-    /// stand, since no saga exists.
+    /// appended), in one transaction. No saga ended, so the outbox row's
+    /// `saga_id` is a fresh id of this abort alone: it never repeats, so a
+    /// session may end this way any number of times (it resubmits, sticks
+    /// again, is aborted again), each time with one event of its own. (It
+    /// used to carry the session id, the same on every abort, which the
+    /// unique `idx_terminal_events_saga` of the first schema refused the
+    /// second time.)
     pub async fn abort_stuck_session(&self, session_id: &str, now: EpochMs) -> StoreResult<bool> {
         let reason = AbortReason::Orphaned;
         let tx = self.write_tx().await?;
@@ -118,7 +123,7 @@ impl Store {
         let appended = Self::announce(
             &tx,
             &session,
-            &session.id,
+            &new_id(),
             aborted_payload(
                 &session,
                 reason,

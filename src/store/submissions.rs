@@ -550,6 +550,7 @@ fn new_saga(
         ai_job_id: Set(None),
         ai_submitted_at_ms: Set(None),
         slots: Set(1),
+        handed_over: Set(false),
         content: Set(None),
         ai_score: Set(None),
         score: Set(None),

@@ -8,7 +8,7 @@
 use std::fs::File;
 use std::future::Future;
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -888,6 +888,58 @@ pub async fn wait_all_final(
     Ok(finals)
 }
 
+/// reqwest is built without a default TLS provider; the application installs
+/// one when it starts, but here it runs in another process.
+pub fn http_client() -> reqwest::Client {
+    stagehand::ai::client::ensure_crypto_provider();
+    reqwest::Client::new()
+}
+
+/// The last `lines` lines of a log file.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("<cannot read: {e}>"));
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The log files of the server runs of one test; on panic, prints their tails.
+pub struct Logs {
+    dir: tempfile::TempDir,
+    files: Vec<PathBuf>,
+}
+
+impl Logs {
+    pub fn new() -> Logs {
+        Logs {
+            dir: tempfile::tempdir().expect("log dir"),
+            files: Vec::new(),
+        }
+    }
+
+    pub fn next(&mut self) -> PathBuf {
+        let path = self
+            .dir
+            .path()
+            .join(format!("server-{}.log", self.files.len() + 1));
+        self.files.push(path.clone());
+        path
+    }
+}
+
+impl Drop for Logs {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for file in &self.files {
+                eprintln!(
+                    "----- tail of {} -----\n{}\n-----",
+                    file.display(),
+                    tail(file, 80)
+                );
+            }
+        }
+    }
+}
+
 /// A free loopback port: bind port 0, read it, let it go.
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
@@ -904,10 +956,23 @@ pub struct Server {
 
 impl Server {
     pub async fn start(db_url: &str, ai_url: &str, log: &Path, http: &reqwest::Client) -> Server {
+        Self::start_with(db_url, ai_url, log, http, &[]).await
+    }
+
+    /// Like [`Server::start`], with `env` set over the test settings (an
+    /// empty value removes a setting, so the server's default applies).
+    pub async fn start_with(
+        db_url: &str,
+        ai_url: &str,
+        log: &Path,
+        http: &reqwest::Client,
+        env: &[(&str, &str)],
+    ) -> Server {
         let port = free_port();
         let out = File::create(log).expect("log file");
         let err = out.try_clone().expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_stagehand"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_stagehand"));
+        command
             .arg("serve")
             .env("STAGEHAND_DATABASE_URL", db_url)
             .env("STAGEHAND_BIND", format!("127.0.0.1:{port}"))
@@ -923,9 +988,15 @@ impl Server {
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start stagehand serve");
+            .stderr(err);
+        for (name, value) in env {
+            if value.is_empty() {
+                command.env_remove(name);
+            } else {
+                command.env(name, value);
+            }
+        }
+        let child = command.spawn().expect("start stagehand serve");
         let pid = child.id();
         let mut server = Server {
             child,
@@ -950,6 +1021,29 @@ impl Server {
             );
         }
         server
+    }
+
+    /// SIGTERM: the graceful stop.
+    pub fn sigterm(&self) {
+        // SAFETY: kill(2) on our own child's pid; it is not reaped yet.
+        let sent = unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+        assert_eq!(sent, 0, "SIGTERM the server");
+    }
+
+    /// Waits until the process exits (None when it is still running after
+    /// `within`).
+    pub async fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let child = &mut self.child;
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for the server") {
+                return Some(status);
+            }
+            if started.elapsed() > within {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// SIGKILL (what `Child::kill` sends on Unix), then reap it.

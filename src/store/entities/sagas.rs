@@ -41,6 +41,10 @@ pub struct Model {
     /// AI slots the saga holds while leased in AI_PENDING (one per call it
     /// may run at once; 1 for a single-call saga).
     pub slots: i32,
+    /// Its instance shut down and handed it over: the lease was cut short
+    /// on purpose, so the next claim resumes it at once and counts no
+    /// recovery. Every claim sets it back to false.
+    pub handed_over: bool,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }

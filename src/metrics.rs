@@ -1,0 +1,740 @@
+//! Metrics: the recording API the rest of the code calls (small named
+//! functions: [`step_finished`], [`saga_ended`], [`claimed`],
+//! [`ai_request`], [`AiJobTimes`], [`operator_socket_connected`]) and the
+//! text of `GET /metrics` ([`render`]), in the Prometheus text format.
+//!
+//! Two kinds of figures, kept apart on purpose:
+//!
+//! - **What happens** (durations, batch sizes, AI answers) is recorded when
+//!   it happens, with the `metrics` crate, into one Prometheus recorder per
+//!   process. It is installed once ([`install`], behind a `OnceLock`, by
+//!   the first recording or scrape), so building several applications in
+//!   one process (the tests do) never tries to install a second one; a
+//!   thread runs its upkeep every [`UPKEEP`] so histogram samples do not
+//!   pile up between scrapes. These are process-wide: in tests that run
+//!   several apps in one process they add up, which is why tests compare
+//!   them before and after, never to a fixed value. Durations use
+//!   explicit buckets from 10 ms to 10 min ([`DURATION_BUCKETS`]).
+//! - **What is** (sagas per step, queue depth, AI slots, breaker state,
+//!   outbox lag, sockets, pool connections) is computed at scrape time
+//!   from the scraping application's own state — its database, its pools,
+//!   its instance id — and appended to the recorder's text. So two apps in
+//!   one process never mix their gauges, and a gauge is never stale.
+//!   Figures read from the database describe the whole database: on
+//!   PostgreSQL every instance reports the same sagas, queue and lag
+//!   (aggregate them with `max`, not `sum`); sockets and pools are this
+//!   instance's own. The only process-wide gauge is the operator sockets'
+//!   count ([`operator_socket_connected`]): one app per process in
+//!   production.
+//!
+//! A scrape costs a few short statements (the operators' dashboard counts,
+//! [`Store::operator_stats`], plus one over the connected displays and one
+//! for the breaker) and one pool checkout per pool; no per-saga rows. If
+//! the database cannot be read, the scrape still answers 200 with the
+//! process figures and the pools, and `stagehand_metrics_database_up 0`.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sea_orm::{ConnectionTrait, DbBackend};
+
+use crate::actors::terminal_hub::PRESENCE_STALE_MS;
+use crate::ai::{JobStatus, JobView};
+use crate::clock::SharedClock;
+use crate::domain::failure::AiFailure;
+use crate::domain::policy::EpochMs;
+use crate::domain::saga::{AbortReason, Step};
+use crate::store::breaker::DEFAULT_PROVIDER;
+use crate::store::{Store, StoreResult};
+
+/// Histogram: how long a worker spent on one saga step.
+pub const STEP_DURATION: &str = "stagehand_saga_step_duration_seconds";
+/// Histogram: submission to COMPLETED or ABORTED.
+pub const SAGA_DURATION: &str = "stagehand_saga_duration_seconds";
+/// Histogram: one request to the AI provider.
+pub const AI_REQUEST_DURATION: &str = "stagehand_ai_request_duration_seconds";
+/// Histogram: an AI job, submit to final status.
+pub const AI_JOB_DURATION: &str = "stagehand_ai_job_duration_seconds";
+/// Counter: AI jobs seen reaching a final status.
+pub const AI_JOBS_FINISHED: &str = "stagehand_ai_jobs_finished_total";
+/// Histogram: sagas one claim round took.
+pub const CLAIM_BATCH: &str = "stagehand_claim_batch_size";
+
+/// Buckets of every duration, in seconds: 10 ms to 10 min.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+/// Buckets of the claim batch sizes (a round claims at most `MAX_RUNNING`).
+pub const BATCH_BUCKETS: &[f64] = &[
+    0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+/// How often the recorder's upkeep runs.
+pub const UPKEEP: Duration = Duration::from_secs(5);
+/// The scrape's own wait for a pool connection is cut off here.
+pub const ACQUIRE_PROBE_LIMIT: Duration = Duration::from_secs(1);
+
+static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// The process's recorder, installed on first use. None when another
+/// recorder was installed first (then only the scrape-time gauges show).
+pub fn install() -> Option<&'static PrometheusHandle> {
+    RECORDER
+        .get_or_init(|| {
+            let built = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(CLAIM_BATCH.into()), BATCH_BUCKETS))
+                .and_then(|b| b.install_recorder());
+            let handle = match built {
+                Ok(handle) => handle,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics recorder not installed (another one is); /metrics shows only the gauges read at scrape time");
+                    return None;
+                }
+            };
+            describe();
+            let upkeep = handle.clone();
+            let spawned = std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || loop {
+                    std::thread::sleep(UPKEEP);
+                    upkeep.run_upkeep();
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "no metrics upkeep thread; histograms are compacted at each scrape only");
+            }
+            Some(handle)
+        })
+        .as_ref()
+}
+
+fn describe() {
+    use ::metrics::{describe_counter, describe_histogram, Unit};
+    describe_histogram!(
+        STEP_DURATION,
+        Unit::Seconds,
+        "Time a worker spent on one saga step, from starting it to its write committing, by the step it left (step)."
+    );
+    describe_histogram!(
+        SAGA_DURATION,
+        Unit::Seconds,
+        "Sagas ended by their worker, from submission to COMPLETED or ABORTED, by outcome (COMPLETED or the abort reason)."
+    );
+    describe_histogram!(
+        AI_REQUEST_DURATION,
+        Unit::Seconds,
+        "One request to the AI provider (request: submit or poll), by its outcome: the job status it answered, or the failure kind."
+    );
+    describe_histogram!(
+        AI_JOB_DURATION,
+        Unit::Seconds,
+        "AI jobs whose submit this process sent, from that submit to the final status (outcome: succeeded, failed, rejected). A job adopted after a restart is only counted in stagehand_ai_jobs_finished_total."
+    );
+    describe_counter!(
+        AI_JOBS_FINISHED,
+        "AI jobs seen reaching a final status by this process (outcome: succeeded, failed, rejected)."
+    );
+    describe_histogram!(
+        CLAIM_BATCH,
+        "Sagas claimed per dispatcher claim round (0 included: the rounds that found nothing)."
+    );
+}
+
+// ---- recording ----------------------------------------------------------------
+
+/// A worker finished `step` (its write committed) after `elapsed` on it.
+pub fn step_finished(step: Step, elapsed: Duration) {
+    install();
+    ::metrics::histogram!(STEP_DURATION, "step" => step.as_str()).record(elapsed.as_secs_f64());
+}
+
+/// A saga ended, `elapsed` after its submission: COMPLETED (`None`) or
+/// ABORTED with `reason`.
+pub fn saga_ended(reason: Option<AbortReason>, elapsed: Duration) {
+    install();
+    let outcome = reason.map_or("COMPLETED", AbortReason::as_str);
+    ::metrics::histogram!(SAGA_DURATION, "outcome" => outcome).record(elapsed.as_secs_f64());
+}
+
+/// A claim round took `batch` sagas.
+pub fn claimed(batch: usize) {
+    install();
+    ::metrics::histogram!(CLAIM_BATCH).record(batch as f64);
+}
+
+/// Which request to the AI provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AiRequest {
+    Submit,
+    Poll,
+}
+
+impl AiRequest {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AiRequest::Submit => "submit",
+            AiRequest::Poll => "poll",
+        }
+    }
+}
+
+/// The label of a job status.
+pub fn status_label(status: JobStatus) -> &'static str {
+    match status {
+        JobStatus::Queued => "queued",
+        JobStatus::Running => "running",
+        JobStatus::Succeeded => "succeeded",
+        JobStatus::Failed => "failed",
+        JobStatus::Rejected => "rejected",
+    }
+}
+
+/// The label of a failure kind.
+pub fn failure_label(failure: &AiFailure) -> &'static str {
+    match failure {
+        AiFailure::Unavailable(_) => "unavailable",
+        AiFailure::Unclear(_) => "unclear",
+        AiFailure::Throttled { .. } => "throttled",
+        AiFailure::RequestRejected(_) => "request_rejected",
+        AiFailure::ContentRejected(_) => "content_rejected",
+        AiFailure::JobFailed(_) => "job_failed",
+        AiFailure::Timeout => "timeout",
+    }
+}
+
+/// One request to the AI provider answered `outcome` after `elapsed`.
+pub fn ai_request(request: AiRequest, outcome: &Result<JobView, AiFailure>, elapsed: Duration) {
+    install();
+    let outcome = match outcome {
+        Ok(view) => status_label(view.status),
+        Err(failure) => failure_label(failure),
+    };
+    ::metrics::histogram!(AI_REQUEST_DURATION, "request" => request.as_str(), "outcome" => outcome)
+        .record(elapsed.as_secs_f64());
+}
+
+/// Jobs timed at most at once by one [`AiJobTimes`].
+pub const MAX_TIMED_JOBS: usize = 10_000;
+/// A timed job not seen final for this long is forgotten when the table is
+/// full (its saga was cancelled or taken over by another instance).
+pub const FORGET_JOB_AFTER: Duration = Duration::from_secs(3_600);
+
+/// When each AI job of this process was submitted, so that the poll that
+/// sees it final can record its duration. Bounded: at most
+/// [`MAX_TIMED_JOBS`]; when full, jobs older than [`FORGET_JOB_AFTER`] are
+/// dropped, and if that frees nothing a new job is counted but not timed.
+#[derive(Debug, Default)]
+pub struct AiJobTimes {
+    started: Mutex<HashMap<String, Instant>>,
+}
+
+impl AiJobTimes {
+    /// A submit sent at `sent_at` answered `outcome`.
+    pub fn submitted(&self, outcome: &Result<JobView, AiFailure>, sent_at: Instant) {
+        let Ok(view) = outcome else { return };
+        if view.status.is_final() {
+            // Final at once (or a job found again by its key): timed from
+            // its first submit when known, else from this one.
+            let started = self.take(&view.job_id).unwrap_or(sent_at);
+            job_finished(view.status, Some(started.elapsed()));
+            return;
+        }
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        if !started.contains_key(&view.job_id) && started.len() >= MAX_TIMED_JOBS {
+            started.retain(|_, at| at.elapsed() < FORGET_JOB_AFTER);
+            if started.len() >= MAX_TIMED_JOBS {
+                return;
+            }
+        }
+        // A second submit with the same key finds the same job: the first
+        // submit's time stays.
+        started.entry(view.job_id.clone()).or_insert(sent_at);
+    }
+
+    /// A poll of `job_id` answered `outcome`.
+    pub fn polled(&self, job_id: &str, outcome: &Result<JobView, AiFailure>) {
+        let Ok(view) = outcome else { return };
+        if view.status.is_final() {
+            let started = self.take(job_id);
+            job_finished(view.status, started.map(|at| at.elapsed()));
+        }
+    }
+
+    fn take(&self, job_id: &str) -> Option<Instant> {
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(job_id)
+    }
+
+    /// Jobs being timed now.
+    pub fn len(&self) -> usize {
+        self.started.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn job_finished(status: JobStatus, elapsed: Option<Duration>) {
+    install();
+    let outcome = status_label(status);
+    ::metrics::counter!(AI_JOBS_FINISHED, "outcome" => outcome).increment(1);
+    if let Some(elapsed) = elapsed {
+        ::metrics::histogram!(AI_JOB_DURATION, "outcome" => outcome).record(elapsed.as_secs_f64());
+    }
+}
+
+/// Operator sockets open in this process.
+static OPERATOR_SOCKETS: AtomicI64 = AtomicI64::new(0);
+
+/// Counts one operator socket while it lives: the socket holds it and the
+/// count goes down when it is dropped.
+#[derive(Debug)]
+pub struct SocketGauge(());
+
+/// An operator socket connected; keep the guard for as long as it lives.
+pub fn operator_socket_connected() -> SocketGauge {
+    OPERATOR_SOCKETS.fetch_add(1, Ordering::Relaxed);
+    SocketGauge(())
+}
+
+impl Drop for SocketGauge {
+    fn drop(&mut self) {
+        OPERATOR_SOCKETS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+// ---- the scrape -----------------------------------------------------------------
+
+/// What a scrape reads: the application's pools, clock and instance.
+pub struct Scrape<'a> {
+    /// The requests' pool; the scrape's statements run on it.
+    pub requests: &'a Store,
+    /// The pool of saga work and display streams.
+    pub work: &'a Store,
+    pub clock: &'a SharedClock,
+    /// This instance (its display sockets are the ones counted).
+    pub instance_id: &'a str,
+}
+
+/// The whole `GET /metrics` text: the process's recorded figures, then the
+/// application's gauges.
+pub async fn render(scrape: Scrape<'_>) -> String {
+    let mut text = install().map(PrometheusHandle::render).unwrap_or_default();
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    let mut out = Exposition(text);
+    // The pools first, before the scrape's own statements use one.
+    let mut pools = Vec::new();
+    for (name, store) in [("requests", scrape.requests), ("work", scrape.work)] {
+        pools.push((name, pool_state(store.db()).await));
+    }
+    let now = scrape.clock.now_ms();
+    let database = database_gauges(&mut out, scrape.requests, scrape.instance_id, now).await;
+    let (up, displays) = match database {
+        Ok(displays) => (1.0, Some(displays)),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: could not read the database gauges");
+            (0.0, None)
+        }
+    };
+    out.family(
+        "stagehand_metrics_database_up",
+        "1 when this scrape read the database gauges, 0 when the database could not be read (they are then missing).",
+    );
+    out.sample("stagehand_metrics_database_up", &[], up);
+    out.family(
+        "stagehand_sockets_connected",
+        "WebSockets connected to this instance: kind display (booth displays, from the presence rows; missing when the database cannot be read) or operator (dashboards, counted in this process).",
+    );
+    if let Some(displays) = displays {
+        out.sample(
+            "stagehand_sockets_connected",
+            &[("kind", "display")],
+            displays as f64,
+        );
+    }
+    out.sample(
+        "stagehand_sockets_connected",
+        &[("kind", "operator")],
+        OPERATOR_SOCKETS.load(Ordering::Relaxed) as f64,
+    );
+    pool_gauges(&mut out, &pools);
+    out.0
+}
+
+/// The gauges read from the database at `now`; the display sockets
+/// connected to this instance.
+async fn database_gauges(
+    out: &mut Exposition,
+    store: &Store,
+    instance_id: &str,
+    now: EpochMs,
+) -> StoreResult<i64> {
+    // Read everything first, so that a failure writes no family halfway.
+    let stats = store.operator_stats(now, now - PRESENCE_STALE_MS).await?;
+    let displays = display_positions(store, instance_id, now - PRESENCE_STALE_MS).await?;
+    let breaker = store.breaker(DEFAULT_PROVIDER).await?;
+
+    out.family(
+        "stagehand_sagas",
+        "Sagas in the database per step (the whole database: every instance reports the same).",
+    );
+    for (step, n) in &stats.steps {
+        out.sample("stagehand_sagas", &[("step", step)], *n as f64);
+    }
+    out.family(
+        "stagehand_sagas_aborted_last_hour",
+        "Sagas aborted in the last hour, per abort reason (as the operators' dashboard counts them).",
+    );
+    let mut aborted: Vec<(String, i64)> = AbortReason::ALL
+        .iter()
+        .map(|r| (r.as_str().to_owned(), 0))
+        .collect();
+    for (reason, n) in &stats.aborted_by_reason {
+        match aborted.iter_mut().find(|(r, _)| r == reason) {
+            Some(entry) => entry.1 = *n,
+            None => aborted.push((reason.clone(), *n)),
+        }
+    }
+    for (reason, n) in &aborted {
+        out.sample(
+            "stagehand_sagas_aborted_last_hour",
+            &[("reason", reason)],
+            *n as f64,
+        );
+    }
+    out.family(
+        "stagehand_queue_depth",
+        "Runnable sagas nobody holds: queued for an AI slot, waiting for a retry, or to be resumed.",
+    );
+    out.sample("stagehand_queue_depth", &[], stats.queue_depth as f64);
+
+    out.family(
+        "stagehand_ai_jobs_in_flight",
+        "AI jobs running now per experience: the AI slots of its AI_PENDING sagas whose lease is held (one per call of a fan-out saga).",
+    );
+    for e in &stats.experiences {
+        out.sample(
+            "stagehand_ai_jobs_in_flight",
+            &[("experience", &e.slug)],
+            e.in_flight as f64,
+        );
+    }
+    out.family(
+        "stagehand_ai_capacity",
+        "AI jobs an experience may have in flight at once (its max_in_flight).",
+    );
+    for e in &stats.experiences {
+        out.sample(
+            "stagehand_ai_capacity",
+            &[("experience", &e.slug)],
+            f64::from(e.max_in_flight),
+        );
+    }
+    out.family(
+        "stagehand_ai_queued",
+        "AI_PENDING sagas of an experience waiting for an AI slot or for their retry time.",
+    );
+    for e in &stats.experiences {
+        out.sample(
+            "stagehand_ai_queued",
+            &[("experience", &e.slug)],
+            e.queued as f64,
+        );
+    }
+
+    out.family(
+        "stagehand_breaker_state",
+        "The AI provider's circuit breaker: 0 closed, 1 open (no AI work is claimed), 2 probing (cool-down over, one saga tries the provider).",
+    );
+    out.sample(
+        "stagehand_breaker_state",
+        &[("provider", DEFAULT_PROVIDER)],
+        f64::from(breaker_state(
+            breaker.open_until_ms,
+            breaker.probe_until_ms,
+            now,
+        )),
+    );
+
+    out.family(
+        "stagehand_outbox_lag",
+        "Per terminal with a connected display (any instance): its newest event seq minus the acked seq of its slowest connected display.",
+    );
+    for d in &displays {
+        out.sample(
+            "stagehand_outbox_lag",
+            &[("terminal", &d.terminal_id), ("experience", &d.experience)],
+            d.lag() as f64,
+        );
+    }
+    out.family(
+        "stagehand_outbox_lag_max",
+        "The largest stagehand_outbox_lag over the terminals (0 when no display is connected).",
+    );
+    let max = displays
+        .iter()
+        .map(DisplayPositions::lag)
+        .max()
+        .unwrap_or(0);
+    out.sample("stagehand_outbox_lag_max", &[], max as f64);
+    Ok(displays.iter().map(|d| d.here).sum())
+}
+
+/// 0 closed, 1 open, 2 probing: the breaker as `GET /api/admin/breaker`
+/// names it (`closed`, `open`, `probing`).
+pub fn breaker_state(
+    open_until: Option<EpochMs>,
+    probe_until: Option<EpochMs>,
+    now: EpochMs,
+) -> u8 {
+    match (open_until, probe_until) {
+        (None, _) => 0,
+        (Some(until), Some(probe)) if until <= now && now < probe => 2,
+        (Some(_), _) => 1,
+    }
+}
+
+/// One terminal's connected displays, as the lag needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisplayPositions {
+    pub terminal_id: String,
+    /// The experience's slug.
+    pub experience: String,
+    /// The terminal's newest numbered event.
+    pub last_seq: i64,
+    /// The lowest acked seq among its connected displays.
+    pub slowest_acked: i64,
+    /// Its displays connected to this instance.
+    pub here: i64,
+}
+
+impl DisplayPositions {
+    pub fn lag(&self) -> i64 {
+        (self.last_seq - self.slowest_acked).max(0)
+    }
+}
+
+/// The terminals with a display seen since `seen_since`, one row each.
+///
+/// Belongs in `src/store/presence.rs` with the other presence statements;
+/// it is here only until that file's owner moves it.
+pub async fn display_positions(
+    store: &Store,
+    instance_id: &str,
+    seen_since: EpochMs,
+) -> StoreResult<Vec<DisplayPositions>> {
+    let rows = store
+        .db()
+        .query_all_raw(store.sql(
+            "SELECT t.id, e.slug, t.last_seq, MIN(p.acked_seq), \
+             SUM(CASE WHEN p.instance_id = $2 THEN 1 ELSE 0 END) \
+             FROM terminal_presence p JOIN terminals t ON t.id = p.terminal_id \
+             JOIN experiences e ON e.id = t.experience_id \
+             WHERE p.seen_at_ms >= $1 GROUP BY t.id, e.slug, t.last_seq ORDER BY t.id",
+            vec![seen_since.into(), instance_id.into()],
+        ))
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(DisplayPositions {
+                terminal_id: r.try_get_by_index(0)?,
+                experience: r.try_get_by_index(1)?,
+                last_seq: r.try_get_by_index(2)?,
+                slowest_acked: r.try_get_by_index(3)?,
+                here: r.try_get_by_index(4)?,
+            })
+        })
+        .collect::<Result<_, sea_orm::DbErr>>()
+        .map_err(Into::into)
+}
+
+/// Connections of each pool, and how long this scrape waited for one.
+fn pool_gauges(out: &mut Exposition, rows: &[(&str, PoolState)]) {
+    out.family(
+        "stagehand_db_pool_connections",
+        "Open connections of each database pool (pool: requests, work), by state: in_use or idle.",
+    );
+    for (name, p) in rows {
+        out.sample(
+            "stagehand_db_pool_connections",
+            &[("pool", name), ("state", "in_use")],
+            f64::from(p.size.saturating_sub(p.idle)),
+        );
+        out.sample(
+            "stagehand_db_pool_connections",
+            &[("pool", name), ("state", "idle")],
+            f64::from(p.idle),
+        );
+    }
+    out.family(
+        "stagehand_db_pool_max_connections",
+        "The most connections each pool opens.",
+    );
+    for (name, p) in rows {
+        out.sample(
+            "stagehand_db_pool_max_connections",
+            &[("pool", name)],
+            f64::from(p.max),
+        );
+    }
+    out.family(
+        "stagehand_db_pool_acquire_seconds",
+        "How long this scrape waited for a connection of each pool (cut off at 1 s): a sample of what a request waits. The pool (sqlx) does not count its waiters, so no waiting count is reported.",
+    );
+    for (name, p) in rows {
+        out.sample(
+            "stagehand_db_pool_acquire_seconds",
+            &[("pool", name)],
+            p.acquire.as_secs_f64(),
+        );
+    }
+}
+
+struct PoolState {
+    size: u32,
+    idle: u32,
+    max: u32,
+    acquire: Duration,
+}
+
+async fn pool_state(db: &sea_orm::DatabaseConnection) -> PoolState {
+    // Each probe takes a connection and gives it straight back.
+    // The counts are read before the probe takes its connection.
+    async fn probe<DB: sea_orm::sqlx::Database>(pool: &sea_orm::sqlx::Pool<DB>) -> PoolState {
+        let (size, idle) = (pool.size(), pool.num_idle() as u32);
+        let started = Instant::now();
+        let taken = tokio::time::timeout(ACQUIRE_PROBE_LIMIT, pool.acquire()).await;
+        let acquire = started.elapsed().min(ACQUIRE_PROBE_LIMIT);
+        drop(taken);
+        PoolState {
+            acquire,
+            size,
+            idle,
+            max: pool.options().get_max_connections(),
+        }
+    }
+    match db.get_database_backend() {
+        DbBackend::Postgres => probe(db.get_postgres_connection_pool()).await,
+        _ => probe(db.get_sqlite_connection_pool()).await,
+    }
+}
+
+/// Text in the Prometheus exposition format (0.0.4).
+struct Exposition(String);
+
+impl Exposition {
+    /// The `# HELP` and `# TYPE` lines of a gauge family.
+    fn family(&mut self, name: &str, help: &str) {
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = writeln!(self.0, "# HELP {name} {help}");
+        let _ = writeln!(self.0, "# TYPE {name} gauge");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            self.0.push('{');
+            for (i, (key, value)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.0.push(',');
+                }
+                let _ = write!(self.0, "{key}=\"{}\"", escape_label(value));
+            }
+            self.0.push('}');
+        }
+        let _ = writeln!(self.0, " {value}");
+    }
+}
+
+/// A label value as the text format writes it.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn breaker_states() {
+        assert_eq!(breaker_state(None, None, 10), 0);
+        assert_eq!(breaker_state(Some(20), None, 10), 1);
+        assert_eq!(
+            breaker_state(Some(5), None, 10),
+            1,
+            "cool-down over, no probe yet"
+        );
+        assert_eq!(breaker_state(Some(5), Some(20), 10), 2);
+        assert_eq!(breaker_state(Some(5), Some(8), 10), 1, "the probe ran out");
+    }
+
+    #[test]
+    fn samples_are_escaped() {
+        let mut out = Exposition(String::new());
+        out.family("x", "a help\nline");
+        out.sample("x", &[("a", "q\"b\\c\nd"), ("b", "e")], 1.5);
+        out.sample("x", &[], 2.0);
+        assert_eq!(
+            out.0,
+            "# HELP x a help\\nline\n# TYPE x gauge\nx{a=\"q\\\"b\\\\c\\nd\",b=\"e\"} 1.5\nx 2\n"
+        );
+    }
+
+    #[test]
+    fn lag_never_goes_below_zero() {
+        let d = DisplayPositions {
+            terminal_id: "t".into(),
+            experience: "e".into(),
+            last_seq: 3,
+            slowest_acked: 5,
+            here: 1,
+        };
+        assert_eq!(d.lag(), 0);
+        assert_eq!(
+            DisplayPositions {
+                slowest_acked: 1,
+                ..d
+            }
+            .lag(),
+            2
+        );
+    }
+
+    fn view(job_id: &str, status: JobStatus) -> Result<JobView, AiFailure> {
+        Ok(JobView {
+            job_id: job_id.into(),
+            status,
+            result: None,
+            error: None,
+            poll_after_ms: None,
+        })
+    }
+
+    #[test]
+    fn job_times_keep_the_first_submit_and_forget_final_jobs() {
+        let times = AiJobTimes::default();
+        let first = Instant::now();
+        times.submitted(&view("j", JobStatus::Queued), first);
+        times.submitted(&view("j", JobStatus::Running), Instant::now());
+        assert_eq!(times.len(), 1);
+        assert_eq!(times.started.lock().unwrap()["j"], first);
+        times.polled("j", &view("j", JobStatus::Running));
+        assert_eq!(times.len(), 1);
+        times.polled("j", &view("j", JobStatus::Succeeded));
+        assert!(times.is_empty());
+        times.submitted(&view("k", JobStatus::Succeeded), Instant::now());
+        times.submitted(&Err(AiFailure::Timeout), Instant::now());
+        assert!(times.is_empty(), "nothing to wait for");
+    }
+}
