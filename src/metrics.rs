@@ -40,7 +40,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use sea_orm::{ConnectionTrait, DbBackend};
+use sea_orm::DbBackend;
 
 use crate::actors::terminal_hub::PRESENCE_STALE_MS;
 use crate::ai::{JobStatus, JobView};
@@ -49,6 +49,7 @@ use crate::domain::failure::AiFailure;
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::{AbortReason, Step};
 use crate::store::breaker::DEFAULT_PROVIDER;
+use crate::store::presence::DisplayPositions;
 use crate::store::{Store, StoreResult};
 
 /// Histogram: how long a worker spent on one saga step.
@@ -379,7 +380,9 @@ async fn database_gauges(
 ) -> StoreResult<i64> {
     // Read everything first, so that a failure writes no family halfway.
     let stats = store.operator_stats(now, now - PRESENCE_STALE_MS).await?;
-    let displays = display_positions(store, instance_id, now - PRESENCE_STALE_MS).await?;
+    let displays = store
+        .display_positions(instance_id, now - PRESENCE_STALE_MS)
+        .await?;
     let breaker = store.breaker(DEFAULT_PROVIDER).await?;
 
     out.family(
@@ -457,11 +460,7 @@ async fn database_gauges(
     out.sample(
         "stagehand_breaker_state",
         &[("provider", DEFAULT_PROVIDER)],
-        f64::from(breaker_state(
-            breaker.open_until_ms,
-            breaker.probe_until_ms,
-            now,
-        )),
+        f64::from(breaker.state(now).gauge()),
     );
 
     out.family(
@@ -486,74 +485,6 @@ async fn database_gauges(
         .unwrap_or(0);
     out.sample("stagehand_outbox_lag_max", &[], max as f64);
     Ok(displays.iter().map(|d| d.here).sum())
-}
-
-/// 0 closed, 1 open, 2 probing: the breaker as `GET /api/admin/breaker`
-/// names it (`closed`, `open`, `probing`).
-pub fn breaker_state(
-    open_until: Option<EpochMs>,
-    probe_until: Option<EpochMs>,
-    now: EpochMs,
-) -> u8 {
-    match (open_until, probe_until) {
-        (None, _) => 0,
-        (Some(until), Some(probe)) if until <= now && now < probe => 2,
-        (Some(_), _) => 1,
-    }
-}
-
-/// One terminal's connected displays, as the lag needs them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DisplayPositions {
-    pub terminal_id: String,
-    /// The experience's slug.
-    pub experience: String,
-    /// The terminal's newest numbered event.
-    pub last_seq: i64,
-    /// The lowest acked seq among its connected displays.
-    pub slowest_acked: i64,
-    /// Its displays connected to this instance.
-    pub here: i64,
-}
-
-impl DisplayPositions {
-    pub fn lag(&self) -> i64 {
-        (self.last_seq - self.slowest_acked).max(0)
-    }
-}
-
-/// The terminals with a display seen since `seen_since`, one row each.
-///
-/// Belongs in `src/store/presence.rs` with the other presence statements;
-/// it is here only until that file's owner moves it.
-pub async fn display_positions(
-    store: &Store,
-    instance_id: &str,
-    seen_since: EpochMs,
-) -> StoreResult<Vec<DisplayPositions>> {
-    let rows = store
-        .db()
-        .query_all_raw(store.sql(
-            "SELECT t.id, e.slug, t.last_seq, MIN(p.acked_seq), \
-             SUM(CASE WHEN p.instance_id = $2 THEN 1 ELSE 0 END) \
-             FROM terminal_presence p JOIN terminals t ON t.id = p.terminal_id \
-             JOIN experiences e ON e.id = t.experience_id \
-             WHERE p.seen_at_ms >= $1 GROUP BY t.id, e.slug, t.last_seq ORDER BY t.id",
-            vec![seen_since.into(), instance_id.into()],
-        ))
-        .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(DisplayPositions {
-                terminal_id: r.try_get_by_index(0)?,
-                experience: r.try_get_by_index(1)?,
-                last_seq: r.try_get_by_index(2)?,
-                slowest_acked: r.try_get_by_index(3)?,
-                here: r.try_get_by_index(4)?,
-            })
-        })
-        .collect::<Result<_, sea_orm::DbErr>>()
-        .map_err(Into::into)
 }
 
 /// Connections of each pool, and how long this scrape waited for one.
@@ -665,19 +596,6 @@ fn escape_label(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn breaker_states() {
-        assert_eq!(breaker_state(None, None, 10), 0);
-        assert_eq!(breaker_state(Some(20), None, 10), 1);
-        assert_eq!(
-            breaker_state(Some(5), None, 10),
-            1,
-            "cool-down over, no probe yet"
-        );
-        assert_eq!(breaker_state(Some(5), Some(20), 10), 2);
-        assert_eq!(breaker_state(Some(5), Some(8), 10), 1, "the probe ran out");
-    }
 
     #[test]
     fn samples_are_escaped() {

@@ -25,6 +25,32 @@ pub struct Breaker {
     pub probe_until_ms: Option<EpochMs>,
 }
 
+/// The breaker as operators see it (the admin API and `/metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed,
+    /// Open: no AI work is claimed (also once the cool-down is over,
+    /// until a probe is out).
+    Open,
+    /// Cool-down over and a probe is out: one saga tries the provider.
+    Probing,
+}
+
+impl BreakerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::Probing => "probing",
+        }
+    }
+
+    /// `/metrics`: 0 closed, 1 open, 2 probing.
+    pub fn gauge(self) -> u8 {
+        self as u8
+    }
+}
+
 /// What the dispatcher may claim for the provider's experiences.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
@@ -40,6 +66,15 @@ pub enum Admission {
 impl Breaker {
     pub fn is_open(&self) -> bool {
         self.open_until_ms.is_some()
+    }
+
+    /// How operators see it at `now`.
+    pub fn state(&self, now: EpochMs) -> BreakerState {
+        match (self.open_until_ms, self.probe_until_ms) {
+            (None, _) => BreakerState::Closed,
+            (Some(until), Some(probe)) if until <= now && now < probe => BreakerState::Probing,
+            (Some(_), _) => BreakerState::Open,
+        }
     }
 
     /// What may be claimed at `now`.
@@ -80,6 +115,28 @@ impl UnavailableRun {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn states_as_operators_see_them() {
+        let b = |open, probe| Breaker {
+            open_until_ms: open,
+            probe_until_ms: probe,
+        };
+        assert_eq!(b(None, None).state(10), BreakerState::Closed);
+        assert_eq!(b(Some(20), None).state(10), BreakerState::Open);
+        assert_eq!(
+            b(Some(5), None).state(10),
+            BreakerState::Open,
+            "cool-down over, no probe yet"
+        );
+        assert_eq!(b(Some(5), Some(20)).state(10), BreakerState::Probing);
+        assert_eq!(
+            b(Some(5), Some(8)).state(10),
+            BreakerState::Open,
+            "the probe ran out"
+        );
+        assert_eq!(BreakerState::Probing.gauge(), 2);
+    }
 
     #[test]
     fn closed_admits_all_open_none_then_one_probe() {

@@ -392,14 +392,9 @@ pub struct BreakerView {
 async fn breaker_view(state: &AppState) -> Result<BreakerView, ApiError> {
     let breaker = state.store.breaker(DEFAULT_PROVIDER).await?;
     let now = state.clock.now_ms();
-    let name = match (breaker.open_until_ms, breaker.probe_until_ms) {
-        (None, _) => "closed",
-        (Some(until), Some(probe)) if until <= now && now < probe => "probing",
-        (Some(_), _) => "open",
-    };
     Ok(BreakerView {
         provider: DEFAULT_PROVIDER.to_owned(),
-        state: name.to_owned(),
+        state: breaker.state(now).as_str().to_owned(),
         open_until: breaker.open_until_ms.map(rfc3339),
         probe_until: breaker.probe_until_ms.map(rfc3339),
     })

@@ -209,3 +209,57 @@ impl Store {
             .collect())
     }
 }
+
+/// One terminal's connected displays, as the lag needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisplayPositions {
+    pub terminal_id: String,
+    /// The experience's slug.
+    pub experience: String,
+    /// The terminal's newest numbered event.
+    pub last_seq: i64,
+    /// The lowest acked seq among its connected displays.
+    pub slowest_acked: i64,
+    /// Its displays connected to this instance.
+    pub here: i64,
+}
+
+impl DisplayPositions {
+    pub fn lag(&self) -> i64 {
+        (self.last_seq - self.slowest_acked).max(0)
+    }
+}
+
+impl Store {
+    /// The terminals with a display seen since `seen_since`, one row each
+    /// (for the outbox lag of `/metrics`).
+    pub async fn display_positions(
+        &self,
+        instance_id: &str,
+        seen_since: EpochMs,
+    ) -> StoreResult<Vec<DisplayPositions>> {
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                "SELECT t.id, e.slug, t.last_seq, MIN(p.acked_seq), \
+             SUM(CASE WHEN p.instance_id = $2 THEN 1 ELSE 0 END) \
+             FROM terminal_presence p JOIN terminals t ON t.id = p.terminal_id \
+             JOIN experiences e ON e.id = t.experience_id \
+             WHERE p.seen_at_ms >= $1 GROUP BY t.id, e.slug, t.last_seq ORDER BY t.id",
+                vec![seen_since.into(), instance_id.into()],
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DisplayPositions {
+                    terminal_id: r.try_get_by_index(0)?,
+                    experience: r.try_get_by_index(1)?,
+                    last_seq: r.try_get_by_index(2)?,
+                    slowest_acked: r.try_get_by_index(3)?,
+                    here: r.try_get_by_index(4)?,
+                })
+            })
+            .collect::<Result<_, sea_orm::DbErr>>()
+            .map_err(Into::into)
+    }
+}
