@@ -14,7 +14,7 @@ use actix_ws::{Message, ProtocolError, Session};
 
 use super::heartbeat::Heartbeat;
 use super::operator_hub::{OperatorHub, Subscribe};
-use super::shutdown::{going_away, ShutdownSignal};
+use super::shutdown::{GoesAway, ShutdownSignal};
 
 pub struct OperatorSocket {
     hub: Addr<OperatorHub>,
@@ -97,15 +97,7 @@ impl Actor for OperatorSocket {
                 ctx.stop();
             }
         });
-        let shutdown = self.shutdown.clone();
-        ctx.spawn(
-            async move { shutdown.wait().await }
-                .into_actor(self)
-                .map(|_, act, ctx| {
-                    act.close_reason = Some(going_away());
-                    ctx.stop();
-                }),
-        );
+        self.shutdown.clone().stop_on_shutdown(self, ctx);
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
@@ -131,5 +123,11 @@ impl StreamHandler<Result<Message, ProtocolError>> for OperatorSocket {
 
     fn finished(&mut self, ctx: &mut Self::Context) {
         ctx.stop();
+    }
+}
+
+impl GoesAway for OperatorSocket {
+    fn going_away(&mut self, reason: actix_ws::CloseReason) {
+        self.close_reason = Some(reason);
     }
 }

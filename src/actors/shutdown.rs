@@ -7,8 +7,16 @@
 
 use std::sync::Arc;
 
+use actix::prelude::*;
 use actix_ws::{CloseCode, CloseReason};
 use tokio::sync::watch;
+
+/// A socket actor that closes with "going away" when the instance shuts
+/// down.
+pub trait GoesAway: Actor<Context = Context<Self>> {
+    /// Remember why: the actor's `stopped` closes the socket with it.
+    fn going_away(&mut self, reason: CloseReason);
+}
 
 #[derive(Clone)]
 pub struct ShutdownSignal(Arc<watch::Sender<bool>>);
@@ -33,6 +41,19 @@ impl ShutdownSignal {
     pub async fn wait(&self) {
         let mut set = self.0.subscribe();
         let _ = set.wait_for(|s| *s).await;
+    }
+
+    /// Stops `actor` with [`going_away`] once the signal is set.
+    pub fn stop_on_shutdown<A: GoesAway>(&self, actor: &A, ctx: &mut Context<A>) {
+        let signal = self.clone();
+        ctx.spawn(
+            async move { signal.wait().await }
+                .into_actor(actor)
+                .map(|_, act, ctx| {
+                    act.going_away(going_away());
+                    ctx.stop();
+                }),
+        );
     }
 }
 

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use super::heartbeat::Heartbeat;
 use super::ranking_board::ranking_frame;
-use super::shutdown::{going_away, ShutdownSignal};
+use super::shutdown::{GoesAway, ShutdownSignal};
 use super::spawn_if_running;
 use super::terminal_hub::{Connect, Disconnect, TerminalHub};
 use super::wakeups::{Doorbell, Wakeups};
@@ -247,15 +247,7 @@ impl Actor for TerminalSocket {
             }
         });
         ctx.run_interval(PROGRESS_EVERY, |act, _| act.report_progress());
-        let shutdown = self.deps.shutdown.clone();
-        ctx.spawn(
-            async move { shutdown.wait().await }
-                .into_actor(self)
-                .map(|_, act, ctx| {
-                    act.close_reason = Some(going_away());
-                    ctx.stop();
-                }),
-        );
+        self.deps.shutdown.clone().stop_on_shutdown(self, ctx);
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
@@ -316,5 +308,11 @@ impl StreamHandler<Result<Message, ProtocolError>> for TerminalSocket {
 
     fn finished(&mut self, ctx: &mut Self::Context) {
         ctx.stop();
+    }
+}
+
+impl GoesAway for TerminalSocket {
+    fn going_away(&mut self, reason: actix_ws::CloseReason) {
+        self.close_reason = Some(reason);
     }
 }
