@@ -363,7 +363,10 @@ async fn claim_counts_calls_not_sagas(backend: Backend) {
         "oldest first, 10 slots in all"
     );
     assert_eq!(
-        Store::in_flight(store.db(), &exp.id, now).await.unwrap(),
+        Store::in_flight(store.db(), &exp.id, now)
+            .await
+            .unwrap()
+            .total(),
         10
     );
     assert!(store
@@ -397,7 +400,13 @@ async fn claim_counts_calls_not_sagas(backend: Backend) {
             .await
             .unwrap();
     }
-    assert_eq!(Store::in_flight(store.db(), &exp.id, now).await.unwrap(), 7);
+    assert_eq!(
+        Store::in_flight(store.db(), &exp.id, now)
+            .await
+            .unwrap()
+            .total(),
+        7
+    );
     let next = store
         .claim_runnable(&claimable, 100, now, RULES)
         .await
@@ -499,3 +508,152 @@ async fn a_second_fan_out_grows_into_freed_slots(backend: Backend) {
     app.stop().await;
 }
 db_test!(a_second_fan_out_grows_into_freed_slots);
+
+/// The slots of a saga whose lease ran out, or that its instance handed
+/// over on shutdown, stay counted until it is resumed: its jobs may still
+/// run at the provider. So neither a fan-out saga growing its slots nor a
+/// queued saga takes them meanwhile, and the next claim resumes the saga
+/// in them, even when the probe before the claim's transaction saw no
+/// expired lease (the chaos suite once saw the provider run 5 jobs of an
+/// experience capped at 4 right after a hand-over).
+async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
+    use stagehand::store::ai_calls::{CallRow, Slots, RUNNING};
+    use stagehand::store::experiences::NewExperience;
+    use stagehand::store::sagas::{ClaimRules, ClaimableExperience};
+    use stagehand::store::submissions::Submission;
+
+    const T0: i64 = 1_800_000_000_000;
+    const RULES: ClaimRules = ClaimRules {
+        lease_ms: 60_000,
+        max_recoveries: 2,
+    };
+    let db = support::TestDb::fresh(backend).await;
+    let store = db.store().await;
+    let exp = store
+        .create_experience(
+            NewExperience {
+                slug: "panels".into(),
+                title: "t".into(),
+                kind: "score".into(),
+                ai_calls: 2,
+                min_success: None,
+                max_in_flight: 2,
+                credits: None,
+                closes_at_ms: None,
+                locale: "en".into(),
+            },
+            T0,
+        )
+        .await
+        .unwrap();
+    let mut sagas = Vec::new();
+    for i in 0..3 {
+        let session = store
+            .create_session(&exp.id, None, "n", &uuid::Uuid::new_v4().to_string(), T0)
+            .await
+            .unwrap();
+        let prompt = Submission {
+            prompt: "p".into(),
+            score: None,
+        };
+        sagas.push(
+            store
+                .submit(&session, prompt, 900_000, T0 + i)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut claimable = ClaimableExperience {
+        id: exp.id.clone(),
+        max_in_flight: 2,
+        kind: "score".into(),
+        has_resumed: false,
+        has_expired_ai: false,
+        has_queued_ai: true,
+    };
+    // Two sagas, one slot each (the claim of one, then its slots lowered
+    // to 1, then the next).
+    let now = T0 + 10;
+    let running = |k: i32| CallRow {
+        call_index: k,
+        attempts: 0,
+        status: RUNNING,
+        job_id: Some(format!("job-{k}")),
+        submitted_at_ms: Some(now),
+        content: None,
+        score: None,
+        error: None,
+    };
+    let a = store
+        .claim_runnable(&claimable, 1, now, RULES)
+        .await
+        .unwrap()
+        .remove(0);
+    let a_token = a.lock_token.clone().unwrap();
+    store
+        .write_ai_call(&a.id, &a_token, &running(0), Slots::AtMost(1), now, 60_000)
+        .await
+        .unwrap();
+    let b = store
+        .claim_runnable(&claimable, 1, now, RULES)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (a.id.as_str(), b.id.as_str()),
+        (sagas[0].id.as_str(), sagas[1].id.as_str())
+    );
+    assert_eq!(b.slots, 1, "one slot left for the second");
+    let b_token = b.lock_token.clone().unwrap();
+
+    // The first one's instance shuts down and hands it over: its job runs on.
+    let later = now + 1_000;
+    assert_eq!(
+        store
+            .hand_over(&[(a.id.clone(), a_token.clone())], later)
+            .await
+            .unwrap(),
+        1
+    );
+    let in_flight = Store::in_flight(store.db(), &exp.id, later).await.unwrap();
+    assert_eq!((in_flight.held, in_flight.expired), (1, 1));
+
+    // The second one wants its second slot: none is free.
+    let slots = store
+        .write_ai_call(
+            &b.id,
+            &b_token,
+            &running(1),
+            Slots::GrowTo(2),
+            later,
+            60_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(slots, 1, "the handed-over saga's slot is not free");
+
+    // A claim whose probe saw only the queue resumes the handed-over saga in
+    // its slot, and gives the queued one nothing.
+    claimable.has_expired_ai = false;
+    let claimed = store
+        .claim_runnable(&claimable, 10, later, RULES)
+        .await
+        .unwrap();
+    let ids: Vec<(&str, i32, i32)> = claimed
+        .iter()
+        .map(|s| (s.id.as_str(), s.slots, s.recoveries))
+        .collect();
+    assert_eq!(
+        ids,
+        vec![(a.id.as_str(), 1, 0)],
+        "resumed in its one slot, no recovery used"
+    );
+    assert_eq!(
+        Store::in_flight(store.db(), &exp.id, later)
+            .await
+            .unwrap()
+            .total(),
+        2
+    );
+}
+db_test!(a_handed_over_saga_keeps_its_slots_until_it_resumes);

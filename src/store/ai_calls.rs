@@ -156,7 +156,7 @@ impl Store {
         if let (Some(want), Some((experience_id, max_in_flight))) = (grow_to, experience) {
             if held < want {
                 let in_flight = Store::in_flight(&*tx, &experience_id, now).await?;
-                let free = i64::from(max_in_flight) - in_flight;
+                let free = i64::from(max_in_flight) - in_flight.total();
                 if free > 0 {
                     let grown = std::cmp::min(i64::from(want), i64::from(held) + free) as i32;
                     tx.execute_raw(self.sql(

@@ -17,6 +17,27 @@ pub struct ClaimRules {
     pub max_recoveries: u32,
 }
 
+/// `slots` of a claim that keeps each saga's own slots (a resumed
+/// AI_PENDING saga takes back the slots its jobs may still run in).
+const KEEP_SLOTS: i32 = -1;
+
+/// AI slots of an experience's AI_PENDING sagas, as [`Store::in_flight`]
+/// counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InFlight {
+    /// Of sagas whose worker holds the lease.
+    pub held: i64,
+    /// Of sagas whose lease ran out (the worker died, or its instance
+    /// handed them over) before their deadline: their jobs may still run.
+    pub expired: i64,
+}
+
+impl InFlight {
+    pub fn total(&self) -> i64 {
+        self.held + self.expired
+    }
+}
+
 /// An experience with work to claim, and what the claim and the sagas
 /// need to know of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,10 +67,15 @@ pub enum Fence {
 
 /// The SQL condition "a worker may claim this saga now", the mirror of
 /// `domain::policy::recovery` returning `Claim`, with `now` and
-/// `max_recoveries` bound at placeholders `$now` and `$max`.
+/// `max_recoveries` bound at placeholders `$now` and `$max`. It re-checks
+/// rows already picked by id, so its step term is written `step || ''`:
+/// otherwise SQLite walks `idx_sagas_step_updated` through every runnable
+/// saga instead of looking the picked ids up by key (10x slower at 100k
+/// queued than at 1k, measured by `stagehand bench`'s claim cost).
 fn claimable(now: usize, max: usize) -> String {
     format!(
-        "{RUNNABLE} AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now} \
+        "step || '' IN ('AI_PENDING', 'AI_DONE', 'RANKING_DONE') \
+         AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now} \
          AND (lock_token IS NULL OR (locked_until_ms < ${now} \
          AND (recoveries < ${max} OR handed_over)))"
     )
@@ -164,28 +190,34 @@ impl Store {
     /// submit had an unclear outcome, or whose attempt timed out keeps its
     /// lease and goes on with the same job (see the supervisor's
     /// `ai_attempt`); only a submit refused outright (no job) or a job seen
-    /// final releases it. When a worker dies, its saga's lease runs out and
-    /// the next claim takes expired AI_PENDING sagas before queued ones, so
-    /// the job is picked up again by its `ai_job_id` in the slot it had.
+    /// final releases it. When a worker dies (or its instance shuts down
+    /// and hands the saga over), its lease runs out but its jobs may still
+    /// run at the provider: such a saga keeps its slots ([`InFlight::expired`])
+    /// until the next claim resumes it in them, so neither a queued saga
+    /// nor a fan-out saga growing its slots takes them meanwhile. Only past
+    /// its deadline does it stop counting (the cleanup actor ends it).
     pub async fn in_flight<C: ConnectionTrait>(
         conn: &C,
         experience_id: &str,
         now: EpochMs,
-    ) -> StoreResult<i64> {
+    ) -> StoreResult<InFlight> {
         let stmt = super::sql_for(
             conn.get_database_backend(),
             &format!(
-                "SELECT COALESCE(SUM(slots), 0) FROM sagas WHERE experience_id = $1 \
-                 AND lock_token IS NOT NULL \
-                 AND {RUNNABLE} AND step = 'AI_PENDING' AND locked_until_ms >= $2"
+                "SELECT COALESCE(SUM(CASE WHEN locked_until_ms >= $2 THEN slots ELSE 0 END), 0), \
+                 COALESCE(SUM(CASE WHEN locked_until_ms < $2 AND deadline_at_ms >= $2 \
+                 THEN slots ELSE 0 END), 0) \
+                 FROM sagas WHERE experience_id = $1 AND lock_token IS NOT NULL \
+                 AND {RUNNABLE} AND step = 'AI_PENDING'"
             ),
             vec![experience_id.into(), now.into()],
         );
         let row = conn.query_one_raw(stmt).await?;
-        Ok(row
-            .map(|r| r.try_get_by_index::<i64>(0))
-            .transpose()?
-            .unwrap_or(0))
+        let (held, expired) = match row {
+            Some(r) => (r.try_get_by_index::<i64>(0)?, r.try_get_by_index::<i64>(1)?),
+            None => (0, 0),
+        };
+        Ok(InFlight { held, expired })
     }
 
     /// Claims, for one experience, at most `limit` claimable sagas: first
@@ -244,32 +276,25 @@ impl Store {
         let room = limit - claimed.len();
         if room > 0 && (experience.has_expired_ai || experience.has_queued_ai) {
             let in_flight = Self::in_flight(&*tx, &experience.id, now).await?;
-            let calls = Self::ai_calls_per_saga(&*tx, &experience.id).await?;
-            if calls <= 1 {
-                let mut free =
-                    (experience.max_in_flight as i64 - in_flight).clamp(0, room as i64) as usize;
-                for (source, waiting) in [
-                    (ClaimSource::Expired, experience.has_expired_ai),
-                    (ClaimSource::Unowned, experience.has_queued_ai),
-                ] {
-                    if waiting {
-                        let got = claim(Step::AiPending, source, free, 1).await?;
-                        free -= got.len();
-                        claimed.extend(got);
-                    }
-                }
-            } else {
-                // Fan-out: one saga at a time, each taking as many of the
-                // free slots as it has calls (a single saga may use them
-                // all); its worker gives back those it no longer needs.
-                let mut free = std::cmp::max(experience.max_in_flight as i64 - in_flight, 0);
-                for (source, waiting) in [
-                    (ClaimSource::Expired, experience.has_expired_ai),
-                    (ClaimSource::Unowned, experience.has_queued_ai),
-                ] {
-                    while waiting && free > 0 && claimed.len() < limit {
+            // Sagas whose AI lease ran out resume in the slots they still
+            // hold (counted in `in_flight`), whatever the probe before this
+            // transaction saw: a lease that ran out, or was handed over,
+            // since then is found here too.
+            claimed.extend(claim(Step::AiPending, ClaimSource::Expired, room, KEEP_SLOTS).await?);
+            let mut free = std::cmp::max(experience.max_in_flight as i64 - in_flight.total(), 0);
+            if experience.has_queued_ai && free > 0 && claimed.len() < limit {
+                let calls = Self::ai_calls_per_saga(&*tx, &experience.id).await?;
+                if calls <= 1 {
+                    let n = std::cmp::min(free, (limit - claimed.len()) as i64) as usize;
+                    claimed.extend(claim(Step::AiPending, ClaimSource::Unowned, n, 1).await?);
+                } else {
+                    // Fan-out: one saga at a time, each taking as many of
+                    // the free slots as it has calls (a single saga may use
+                    // them all); its worker gives back those it no longer
+                    // needs.
+                    while free > 0 && claimed.len() < limit {
                         let slots = std::cmp::min(free, calls as i64) as i32;
-                        let got = claim(Step::AiPending, source, 1, slots).await?;
+                        let got = claim(Step::AiPending, ClaimSource::Unowned, 1, slots).await?;
                         if got.is_empty() {
                             break;
                         }
@@ -332,7 +357,7 @@ impl Store {
                  WHERE experience_id = $1 AND {condition} \
                  ORDER BY {order} LIMIT $6{lock}) \
                  UPDATE sagas SET lock_token = $4, locked_until_ms = $5, updated_at_ms = $2, \
-                 slots = $7, \
+                 slots = CASE WHEN $7 < 0 THEN slots ELSE $7 END, \
                  recoveries = recoveries + \
                  (CASE WHEN lock_token IS NULL OR handed_over THEN 0 ELSE 1 END), \
                  handed_over = false \
