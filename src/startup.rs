@@ -80,10 +80,12 @@ pub struct Application {
 
 /// The graceful stop, in this order: the signal is set (`/readyz` answers
 /// 503, display and operator sockets close with 1001 "going away"); the
-/// HTTP server stops taking connections and finishes the requests it has;
-/// meanwhile the dispatcher claims nothing more, gives running sagas
-/// `grace`, then hands over the rest so another instance resumes them at
-/// once without using up a recovery.
+/// HTTP server stops accepting connections (it still answers the ones it
+/// has); the dispatcher claims nothing more, gives running sagas `grace`,
+/// then hands over the rest so another instance resumes them at once
+/// without using up a recovery; only then does the HTTP server stop. Its
+/// workers' runtimes must outlive the hand-over: pooled connections opened
+/// on them (by request handlers and display streams) die with them.
 #[derive(Clone)]
 pub struct Shutdown {
     signal: ShutdownSignal,
@@ -98,11 +100,13 @@ impl Shutdown {
             "shutting down: not ready; sockets closing (1001 going away); claiming nothing more"
         );
         self.signal.trigger();
-        let (_, drained) = futures_util::join!(
-            server.stop(true),
-            self.dispatcher.send(Drain { grace: self.grace })
-        );
-        let drained = drained.unwrap_or_default();
+        server.pause().await;
+        let drained = self
+            .dispatcher
+            .send(Drain { grace: self.grace })
+            .await
+            .unwrap_or_default();
+        server.stop(true).await;
         tracing::info!(
             running = drained.running,
             handed_over = drained.handed_over,

@@ -51,7 +51,8 @@ impl Store {
         after: i64,
         now: EpochMs,
     ) -> StoreResult<()> {
-        self.write_one(self.sql(
+        let tx = self.write_tx().await?;
+        tx.execute_raw(self.sql(
             "INSERT INTO terminal_presence \
              (socket_id, terminal_id, instance_id, connected_at_ms, seen_at_ms, sent_seq, acked_seq) \
              VALUES ($1, $2, $3, $4, $4, $5, $5)",
@@ -64,6 +65,17 @@ impl Store {
             ],
         ))
         .await?;
+        // Resuming after `after` says the display has shown everything up
+        // to it: its last acks may have died with the instance it was on
+        // (progress is written at most once a second), so the terminal's
+        // acked seq catches up here, never past its last seq.
+        tx.execute_raw(self.sql(
+            "UPDATE terminals SET acked_seq = CASE WHEN last_seq < $2 THEN last_seq ELSE $2 END \
+             WHERE id = $1 AND acked_seq < $2 AND acked_seq < last_seq",
+            vec![terminal_id.into(), after.into()],
+        ))
+        .await?;
+        tx.commit().await?;
         Ok(())
     }
 
