@@ -54,9 +54,14 @@ enum Command {
     SimAi {
         #[arg(long, default_value = "127.0.0.1:9090")]
         bind: String,
-        /// Time from job creation until it finishes.
+        /// Time from job creation until it finishes (the median, with
+        /// `--latency-p99`).
         #[arg(long, default_value = "2s", value_parser = parse_duration)]
         latency: Duration,
+        /// Spread job times: log-normal with `--latency` as the median and
+        /// this as the 99th percentile.
+        #[arg(long, value_parser = parse_duration)]
+        latency_p99: Option<Duration>,
         /// Prompts containing this word are refused by "moderation".
         #[arg(long, default_value = "forbidden")]
         reject_word: String,
@@ -107,6 +112,7 @@ fn main() -> std::process::ExitCode {
             Command::SimAi {
                 bind,
                 latency,
+                latency_p99,
                 reject_word,
                 fail_rate,
                 unavailable_rate,
@@ -117,7 +123,9 @@ fn main() -> std::process::ExitCode {
                     fail_rate,
                     unavailable_rate,
                 };
-                let sim = simulator::start(&bind, SimControl::new(config))
+                let control = SimControl::new(config);
+                control.set_latency_p99(latency_p99);
+                let sim = simulator::start(&bind, control)
                     .await
                     .map_err(|e| e.to_string())?;
                 println!("AI simulator listening on {}", sim.url());

@@ -143,6 +143,23 @@ impl SimJob {
     }
 }
 
+/// How long one job takes: `median`, or with a `p99`, a log-normal sample
+/// with that median and 99th percentile (sigma = ln(p99 / median) / z99).
+fn job_latency(median: Duration, p99: Option<Duration>) -> Duration {
+    const Z99: f64 = 2.326_347_874;
+    let Some(p99) = p99.filter(|p| *p > median && !median.is_zero()) else {
+        return median;
+    };
+    let sigma = (p99.as_secs_f64() / median.as_secs_f64()).ln() / Z99;
+    // Box-Muller: a standard normal from two uniforms.
+    let (u1, u2) = (
+        rand::random::<f64>().max(f64::MIN_POSITIVE),
+        rand::random::<f64>(),
+    );
+    let normal = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+    median.mul_f64((sigma * normal).exp().min(1e6))
+}
+
 /// Everything the simulator knows, behind one lock.
 #[derive(Debug)]
 struct SimState {
@@ -163,6 +180,8 @@ struct SimState {
     unclear_answers: u64,
     /// Jobs still to be created `failed` ([`SimControl::fail_next`]).
     fail_next: u64,
+    /// The 99th percentile of job times ([`SimControl::set_latency_p99`]).
+    latency_p99: Option<Duration>,
 }
 
 impl SimState {
@@ -220,6 +239,7 @@ impl SimControl {
                 faults: SimFaults::default(),
                 unclear_answers: 0,
                 fail_next: 0,
+                latency_p99: None,
             })),
         }
     }
@@ -300,6 +320,13 @@ impl SimControl {
         self.lock().config.latency = latency;
     }
 
+    /// Spread the latency: each job takes a log-normal time whose median is
+    /// the latency and whose 99th percentile is `p99` (None: every job takes
+    /// the latency). Applies to jobs created afterwards.
+    pub fn set_latency_p99(&self, p99: Option<Duration>) {
+        self.lock().latency_p99 = p99;
+    }
+
     /// Applies to jobs created afterwards.
     pub fn set_fail_rate(&self, rate: f64) {
         self.lock().config.fail_rate = rate;
@@ -358,7 +385,7 @@ impl SimControl {
             job_id: format!("job-{}", job_uuid.simple()),
             kind: text_field(body, "kind").unwrap_or_else(|| "content".to_owned()),
             prompt,
-            done_at: now + state.config.latency,
+            done_at: now + job_latency(state.config.latency, state.latency_p99),
             will_fail: {
                 let forced = state.fail_next > 0;
                 state.fail_next = state.fail_next.saturating_sub(1);
@@ -551,6 +578,19 @@ pub async fn start(bind: &str, control: SimControl) -> std::io::Result<RunningSi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_latency_spreads_around_the_median_up_to_the_p99() {
+        let median = Duration::from_millis(100);
+        assert_eq!(job_latency(median, None), median);
+        let mut samples: Vec<Duration> = (0..20_000)
+            .map(|_| job_latency(median, Some(Duration::from_millis(800))))
+            .collect();
+        samples.sort();
+        let at = |q: f64| samples[(q * samples.len() as f64) as usize].as_millis();
+        assert!((85..=115).contains(&at(0.5)), "median {}", at(0.5));
+        assert!((600..=1000).contains(&at(0.99)), "p99 {}", at(0.99));
+    }
     use crate::ai::{AiClient, JobOrder, JobStatus};
     use crate::domain::failure::AiFailure;
 

@@ -24,7 +24,7 @@ const START_DEADLINE: Duration = Duration::from_secs(60);
 /// At most this many missing sessions are looked up on the server.
 const LOOKUPS: usize = 200;
 /// How often the unrelated reader reads.
-const READ_EVERY: Duration = Duration::from_millis(20);
+pub(super) const READ_EVERY: Duration = Duration::from_millis(20);
 /// Longest an unrelated read may take before it counts as failed.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// A display acknowledges the last `seq` it saw at most this often (the
@@ -272,10 +272,12 @@ pub(super) fn free_port() -> Result<u16, String> {
 }
 
 /// One participant session of the run.
-struct Session {
-    id: String,
-    token: String,
-    terminal: usize,
+#[derive(Clone)]
+pub(super) struct Session {
+    pub(super) id: String,
+    pub(super) token: String,
+    /// Index of its terminal.
+    pub(super) terminal: usize,
 }
 
 /// One terminal: its id and token.
@@ -285,43 +287,45 @@ pub(super) struct Terminal {
 }
 
 /// A frame as it arrived at a display.
-struct Frame {
-    at: Instant,
-    seq: i64,
-    session_id: String,
-    kind: String,
-    reason: Option<String>,
+pub(super) struct Frame {
+    pub(super) at: Instant,
+    pub(super) seq: i64,
+    pub(super) session_id: String,
+    /// `session.completed`, `session.rejected` or `session.aborted`.
+    pub(super) kind: String,
+    pub(super) reason: Option<String>,
 }
 
 /// What one display saw.
 #[derive(Default)]
-struct DisplayLog {
-    frames: Vec<Frame>,
-    reconnects: usize,
-    problems: Vec<String>,
+pub(super) struct DisplayLog {
+    pub(super) frames: Vec<Frame>,
+    pub(super) reconnects: usize,
+    pub(super) problems: Vec<String>,
 }
 
 /// What the unrelated reader saw: the latency of each successful read, and
 /// the failed ones (1-based read number, what went wrong).
 #[derive(Default)]
-struct ReadLog {
-    latencies_ms: Vec<f64>,
-    failures: Vec<(usize, String)>,
+pub(super) struct ReadLog {
+    pub(super) latencies_ms: Vec<f64>,
+    pub(super) failures: Vec<(usize, String)>,
 }
 
 impl ReadLog {
-    fn count(&self) -> usize {
+    pub(super) fn count(&self) -> usize {
         self.latencies_ms.len() + self.failures.len()
     }
 
-    /// Correctness violations: every read must answer 200 with the ranking.
-    fn problems(&self) -> Vec<String> {
+    /// Correctness violations: every read (`what`, e.g. `GET
+    /// .../ranking?limit=10`) must answer 200 with what it asked for.
+    pub(super) fn problems(&self, what: &str) -> Vec<String> {
         let mut out = Vec::new();
         if self.failures.is_empty() {
             return out;
         }
         out.push(format!(
-            "  {} of {} unrelated read(s) (GET .../ranking?limit=10) failed under load:",
+            "  {} of {} unrelated read(s) ({what}) failed under load:",
             self.failures.len(),
             self.count()
         ));
@@ -355,44 +359,52 @@ pub(super) struct Stack {
     pub(super) server: Proc,
     /// `http://127.0.0.1:<port>`.
     pub(super) base: String,
-    pub(super) port: u16,
     pub(super) operator: String,
+    /// The simulator's base URL, `http://127.0.0.1:<port>`.
+    pub(super) sim_url: String,
 }
 
-/// Starts the AI simulator (0 ms) and `stagehand serve` on `database_url`,
-/// as a user runs them, and waits until both answer. The client keeps up to
-/// `pool` idle connections.
+/// The submitters' client: keeps up to `pool` idle connections (for
+/// [`CLIENT_IDLE`]), gives up on a request after 60 s.
+pub(super) fn http_client(pool: usize) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(pool)
+        .pool_idle_timeout(CLIENT_IDLE)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| format!("HTTP client: {e}"))
+}
+
+/// The simulator flags of the bench: every job done at once.
+pub(super) fn instant_ai() -> Vec<String> {
+    vec!["--latency".into(), "0ms".into()]
+}
+
+/// Starts the AI simulator (`stagehand sim-ai` with `sim_args`, e.g.
+/// [`instant_ai`]) and `stagehand serve` on `database_url`, as a user runs
+/// them, and waits until both answer. The client keeps up to `pool` idle
+/// connections.
 pub(super) async fn start_stack(
     exe: &Path,
     database_url: &str,
+    sim_args: &[String],
     server_args: &[String],
     sim_log: &Path,
     server_log: &Path,
     pool: usize,
 ) -> Result<Stack, String> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(pool)
-        .pool_idle_timeout(CLIENT_IDLE)
-        .timeout(Duration::from_secs(60))
-        .build()
-        .map_err(|e| format!("HTTP client: {e}"))?;
+    let client = http_client(pool)?;
 
     // The AI simulator.
     let sim_port = free_port()?;
     let sim_url = format!("http://127.0.0.1:{sim_port}");
-    let mut sim = Proc::start(
-        exe,
-        "the AI simulator",
-        &[
-            "sim-ai".into(),
-            "--bind".into(),
-            format!("127.0.0.1:{sim_port}"),
-            "--latency".into(),
-            "0ms".into(),
-        ],
-        &[],
-        sim_log,
-    )?;
+    let mut args: Vec<String> = vec![
+        "sim-ai".into(),
+        "--bind".into(),
+        format!("127.0.0.1:{sim_port}"),
+    ];
+    args.extend(sim_args.iter().cloned());
+    let mut sim = Proc::start(exe, "the AI simulator", &args, &[], sim_log)?;
     sim.wait_ready(&client, &format!("{sim_url}/v1/stats"))
         .await?;
 
@@ -407,7 +419,7 @@ pub(super) async fn start_stack(
         "--bind".into(),
         format!("127.0.0.1:{port}"),
         "--ai-url".into(),
-        sim_url,
+        sim_url.clone(),
         "--operator-token".into(),
         operator.clone(),
     ];
@@ -422,8 +434,8 @@ pub(super) async fn start_stack(
         sim,
         server,
         base,
-        port,
         operator,
+        sim_url,
     })
 }
 
@@ -443,39 +455,157 @@ pub fn server_env() -> impl Iterator<Item = (&'static str, &'static str)> {
         .filter(|(name, _)| std::env::var_os(name).is_none())
 }
 
-/// Creates an experience (kind `score`, up to 1,000 sagas in flight) and
-/// `n` terminals on it; returns its slug and the terminals.
+/// The experience the bench creates: kind `score`, up to 1,000 sagas in
+/// flight.
+pub(super) fn bench_experience() -> Value {
+    json!({"title": "Bench", "kind": "score", "max_in_flight": 1000})
+}
+
+/// Terminals created at the same time.
+const CREATING: usize = 16;
+
+/// Creates an experience (`experience`: the body of `POST /api/experiences`
+/// without its slug, e.g. [`bench_experience`]) and `n` terminals on it;
+/// returns its slug and the terminals.
 pub(super) async fn create_terminals(
     client: &reqwest::Client,
     base: &str,
     operator: &str,
+    experience: Value,
     n: usize,
 ) -> Result<(String, Vec<Terminal>), String> {
     let slug = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let mut body = experience;
+    body["slug"] = json!(slug);
     post(
         client,
         &format!("{base}/api/experiences"),
         Some(operator),
-        json!({"slug": slug, "title": "Bench", "kind": "score", "max_in_flight": 1000}),
+        body,
         StatusCode::CREATED,
     )
     .await?;
-    let mut terminals = Vec::new();
-    for t in 0..n {
-        let body = post(
-            client,
-            &format!("{base}/api/terminals"),
-            Some(operator),
-            json!({"experience": slug, "name": format!("bench display {t}")}),
-            StatusCode::CREATED,
-        )
-        .await?;
-        terminals.push(Terminal {
-            id: field(&body, "terminal_id")?,
-            token: field(&body, "token")?,
-        });
-    }
+    let created = {
+        let (client, base, operator, slug) = (
+            client.clone(),
+            base.to_owned(),
+            operator.to_owned(),
+            slug.clone(),
+        );
+        in_workers(n, CREATING, move |t| {
+            let (client, base, operator, slug) =
+                (client.clone(), base.clone(), operator.clone(), slug.clone());
+            async move {
+                let body = post(
+                    &client,
+                    &format!("{base}/api/terminals"),
+                    Some(&operator),
+                    json!({"experience": slug, "name": format!("bench display {t}")}),
+                    StatusCode::CREATED,
+                )
+                .await?;
+                Ok::<_, String>(Terminal {
+                    id: field(&body, "terminal_id")?,
+                    token: field(&body, "token")?,
+                })
+            }
+        })
+        .await
+    };
+    let terminals = created.into_iter().collect::<Result<Vec<_>, _>>()?;
     Ok((slug, terminals))
+}
+
+/// Creates `n` participant sessions of `slug`, session `i` on terminal
+/// `i % terminal_ids.len()`, `concurrency` at a time (untimed setup);
+/// `created` counts them as they come.
+pub(super) async fn create_sessions(
+    client: &reqwest::Client,
+    base: &str,
+    slug: &str,
+    terminal_ids: Vec<String>,
+    n: usize,
+    concurrency: usize,
+    created: Arc<AtomicUsize>,
+) -> Result<Vec<Session>, String> {
+    let ids = Arc::new(terminal_ids);
+    let (client, base, slug) = (client.clone(), base.to_owned(), slug.to_owned());
+    let made = in_workers(n, concurrency, move |i| {
+        let (client, base, slug, ids, created) = (
+            client.clone(),
+            base.clone(),
+            slug.clone(),
+            ids.clone(),
+            created.clone(),
+        );
+        async move {
+            let terminal = i % ids.len();
+            let body = post(
+                &client,
+                &format!("{base}/api/experiences/{slug}/sessions"),
+                None,
+                json!({"nickname": format!("p{i}"), "terminal_id": ids[terminal]}),
+                StatusCode::CREATED,
+            )
+            .await?;
+            created.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, String>(Session {
+                id: field(&body, "session_id")?,
+                token: field(&body, "participant_token")?,
+                terminal,
+            })
+        }
+    })
+    .await;
+    made.into_iter().collect()
+}
+
+/// Why a submission got no 202: the status when there was an answer.
+#[derive(Debug, Clone)]
+pub(super) struct Refused {
+    pub(super) status: Option<StatusCode>,
+    pub(super) detail: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.status {
+            Some(status) => write!(f, "{status} {}", self.detail),
+            None => f.write_str(&self.detail),
+        }
+    }
+}
+
+/// Submits for `session` (a fresh `Idempotency-Key`), as the participant
+/// page does; Ok on 202.
+pub(super) async fn submit(
+    client: &reqwest::Client,
+    base: &str,
+    session: &Session,
+    body: &Value,
+) -> Result<(), Refused> {
+    let sent = client
+        .post(format!("{base}/api/sessions/{}/submission", session.id))
+        .bearer_auth(&session.token)
+        .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+        .json(body)
+        .send()
+        .await;
+    match sent {
+        Ok(resp) if resp.status() == StatusCode::ACCEPTED => Ok(()),
+        Ok(resp) => {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            Err(Refused {
+                status: Some(status),
+                detail: shorten(&text, 200),
+            })
+        }
+        Err(e) => Err(Refused {
+            status: None,
+            detail: with_causes(&e),
+        }),
+    }
 }
 
 async fn drive(
@@ -490,11 +620,12 @@ async fn drive(
         sim,
         mut server,
         base,
-        port,
         operator,
+        ..
     } = start_stack(
         &s.exe,
         database_url,
+        &instant_ai(),
         &s.server_args,
         &logs.join(format!("{}-sim.log", s.file_stem())),
         server_log,
@@ -503,39 +634,24 @@ async fn drive(
     .await?;
 
     // 3. Setup, not timed.
-    let (slug, terminals) = create_terminals(&client, &base, &operator, s.terminals).await?;
+    let (slug, terminals) =
+        create_terminals(&client, &base, &operator, bench_experience(), s.terminals).await?;
     eprintln!(
         "  {}: setup: {} sessions on {} terminal(s)",
         s.label(),
         s.sessions,
         s.terminals
     );
-    let terminal_ids: Arc<Vec<String>> = Arc::new(terminals.iter().map(|t| t.id.clone()).collect());
-    let created = {
-        let (client, base, slug, ids) = (client.clone(), base.clone(), slug.clone(), terminal_ids);
-        in_workers(s.sessions, s.concurrency, move |i| {
-            let (client, base, slug, ids) =
-                (client.clone(), base.clone(), slug.clone(), ids.clone());
-            async move {
-                let terminal = i % ids.len();
-                let body = post(
-                    &client,
-                    &format!("{base}/api/experiences/{slug}/sessions"),
-                    None,
-                    json!({"nickname": format!("p{i}"), "terminal_id": ids[terminal]}),
-                    StatusCode::CREATED,
-                )
-                .await?;
-                Ok::<_, String>(Session {
-                    id: field(&body, "session_id")?,
-                    token: field(&body, "participant_token")?,
-                    terminal,
-                })
-            }
-        })
-        .await
-    };
-    let sessions: Vec<Session> = created.into_iter().collect::<Result<_, _>>()?;
+    let sessions = create_sessions(
+        &client,
+        &base,
+        &slug,
+        terminals.iter().map(|t| t.id.clone()).collect(),
+        s.sessions,
+        s.concurrency,
+        Arc::default(),
+    )
+    .await?;
     let sessions = Arc::new(sessions);
     let index_of: HashMap<&str, usize> = sessions
         .iter()
@@ -548,7 +664,7 @@ async fn drive(
     let arrived = Arc::new(AtomicUsize::new(0));
     let mut displays = Vec::new();
     for (t, terminal) in terminals.iter().enumerate() {
-        let url = display_url(port, terminal);
+        let url = display_url(&base, terminal);
         let ws = connect_display(&url, 0)
             .await
             .map_err(|e| format!("display {t}: {e}"))?;
@@ -581,17 +697,11 @@ async fn drive(
     let reader = if s.load.is_paced() {
         None
     } else {
-        // Its own client: one kept-alive connection, not one of the
-        // submitters' pooled connections.
-        let read_client = reqwest::Client::builder()
-            .pool_max_idle_per_host(1)
-            .pool_idle_timeout(CLIENT_IDLE)
-            .timeout(READ_TIMEOUT)
-            .build()
-            .map_err(|e| format!("HTTP client: {e}"))?;
+        let read_client = read_client()?;
         Some(tokio::spawn(unrelated_reads(
             read_client,
             format!("{base}/api/experiences/{slug}/ranking?limit=10"),
+            |v| v["entries"].is_array(),
             s.sessions,
             arrived.clone(),
             reads.clone(),
@@ -621,27 +731,16 @@ async fn drive(
                 };
                 let start = Instant::now();
                 let due = due.unwrap_or(start);
-                let sent = client
-                    .post(format!("{base}/api/sessions/{}/submission", session.id))
-                    .bearer_auth(&session.token)
-                    .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
-                    .json(
-                        &json!({"prompt": format!("bench prompt {i}"), "score": (i % 1000) as f64}),
-                    )
-                    .send()
-                    .await;
+                let body =
+                    json!({"prompt": format!("bench prompt {i}"), "score": (i % 1000) as f64});
+                let sent = submit(&client, &base, session, &body).await;
                 let end = Instant::now();
                 let outcome = match sent {
-                    Ok(resp) if resp.status() == StatusCode::ACCEPTED => {
+                    Ok(()) => {
                         accepted.fetch_add(1, Ordering::Relaxed);
                         Ok(())
                     }
-                    Ok(resp) => {
-                        let status = resp.status();
-                        let text = resp.text().await.unwrap_or_default();
-                        Err(format!("{status} {}", shorten(&text, 200)))
-                    }
-                    Err(e) => Err(with_causes(&e)),
+                    Err(refused) => Err(refused.to_string()),
                 };
                 Submitted {
                     due,
@@ -708,7 +807,7 @@ async fn drive(
         for (i, e) in failed.iter().take(10) {
             msg.push_str(&format!("\n  submission {i}: {e}"));
         }
-        for line in read_log.problems() {
+        for line in read_log.problems(RANKING_READ) {
             msg.push('\n');
             msg.push_str(&line);
         }
@@ -720,10 +819,11 @@ async fn drive(
         &sessions,
         &index_of,
         &logs_by_terminal,
+        true,
         timed_out,
         s.deadline,
     );
-    violations.extend(read_log.problems());
+    violations.extend(read_log.problems(RANKING_READ));
     if !violations.is_empty() {
         let mut msg = violations.join("\n");
         let missing: Vec<&str> = missing_sessions(&sessions, &logs_by_terminal);
@@ -826,15 +926,31 @@ async fn report_progress(
     }
 }
 
+/// The bench's unrelated read, as the failures name it.
+const RANKING_READ: &str = "GET .../ranking?limit=10";
+
+/// A client for an unrelated reader: one kept-alive connection of its own,
+/// not one of the submitters' pooled connections.
+pub(super) fn read_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .pool_idle_timeout(CLIENT_IDLE)
+        .timeout(READ_TIMEOUT)
+        .build()
+        .map_err(|e| format!("HTTP client: {e}"))
+}
+
 /// The unrelated reader: `GET url` every [`READ_EVERY`] (a read that takes
 /// longer is followed by the next at once), from the first submission until
 /// all `n` frames arrived (or the run is stopped), timing each read to the
-/// last byte of its answer. A read in flight when the last frame arrives is
+/// last byte of its answer; a read counts when it answers 200 with JSON that
+/// `valid` accepts. A read in flight when the last frame arrives is
 /// finished and counted. Paced, not back to back: it samples what a reader
 /// waits under the load, without becoming a load of its own.
-async fn unrelated_reads(
+pub(super) async fn unrelated_reads(
     client: reqwest::Client,
     url: String,
+    valid: fn(&Value) -> bool,
     n: usize,
     arrived: Arc<AtomicUsize>,
     reads: Arc<AtomicUsize>,
@@ -858,10 +974,10 @@ async fn unrelated_reads(
         let number = log.count() + 1;
         match answer {
             Ok((StatusCode::OK, text)) => match serde_json::from_str::<Value>(&text) {
-                Ok(v) if v["entries"].is_array() => log.latencies_ms.push(ms(took)),
+                Ok(v) if valid(&v) => log.latencies_ms.push(ms(took)),
                 _ => log.failures.push((
                     number,
-                    format!("200 without an entries list: {}", shorten(&text, 200)),
+                    format!("200 but not the expected answer: {}", shorten(&text, 200)),
                 )),
             },
             Ok((status, text)) => log.failures.push((
@@ -876,12 +992,14 @@ async fn unrelated_reads(
     log
 }
 
-/// Every session exactly once, at its own terminal, completed; `seq` 1, 2,
-/// 3, ... per display. Returns the violations (empty when all is well).
-fn check(
+/// Every session exactly once, at its own terminal (completed, when
+/// `completed_only`); `seq` 1, 2, 3, ... per display. Returns the violations
+/// (empty when all is well).
+pub(super) fn check(
     sessions: &[Session],
     index_of: &HashMap<&str, usize>,
     logs: &[DisplayLog],
+    completed_only: bool,
     timed_out: bool,
     deadline: Duration,
 ) -> Vec<String> {
@@ -917,7 +1035,7 @@ fn check(
                     f.session_id, f.seq
                 )),
             }
-            if f.kind != "session.completed" {
+            if completed_only && f.kind != "session.completed" {
                 let key = format!("{} {}", f.kind, f.reason.as_deref().unwrap_or("-"));
                 *not_completed.entry(key).or_default() += 1;
             }
@@ -988,7 +1106,7 @@ fn check(
     out
 }
 
-fn missing_sessions<'a>(sessions: &'a [Session], logs: &[DisplayLog]) -> Vec<&'a str> {
+pub(super) fn missing_sessions<'a>(sessions: &'a [Session], logs: &[DisplayLog]) -> Vec<&'a str> {
     let seen: HashSet<&str> = logs
         .iter()
         .flat_map(|l| l.frames.iter().map(|f| f.session_id.as_str()))
@@ -1001,7 +1119,12 @@ fn missing_sessions<'a>(sessions: &'a [Session], logs: &[DisplayLog]) -> Vec<&'a
 }
 
 /// Asks the server where the missing sessions stand: "COMPLETED: 53, ...".
-async fn lookup(client: &reqwest::Client, base: &str, operator: &str, ids: &[&str]) -> String {
+pub(super) async fn lookup(
+    client: &reqwest::Client,
+    base: &str,
+    operator: &str,
+    ids: &[&str],
+) -> String {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for id in ids.iter().take(LOOKUPS) {
         let status = match client
@@ -1033,11 +1156,23 @@ async fn lookup(client: &reqwest::Client, base: &str, operator: &str, ids: &[&st
 pub(super) type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-/// A terminal's display URL, without `after`.
-pub(super) fn display_url(port: u16, terminal: &Terminal) -> String {
+/// The WebSocket base of a server's HTTP base URL: `http://h:p` ->
+/// `ws://h:p` (`https` -> `wss`).
+pub(super) fn ws_base(base: &str) -> String {
+    match base.strip_prefix("http") {
+        Some(rest) => format!("ws{rest}"),
+        None => base.to_owned(),
+    }
+}
+
+/// A terminal's display URL on the server at `base` (`http://...`),
+/// without `after`.
+pub(super) fn display_url(base: &str, terminal: &Terminal) -> String {
     format!(
-        "ws://127.0.0.1:{port}/ws/terminals/{}?token={}",
-        terminal.id, terminal.token
+        "{}/ws/terminals/{}?token={}",
+        ws_base(base),
+        terminal.id,
+        terminal.token
     )
 }
 
@@ -1075,7 +1210,7 @@ pub(super) async fn connect_display(url: &str, after: i64) -> Result<Ws, String>
 /// ranking snapshots, acknowledges the last `seq` it saw (at most every
 /// [`ACK_EVERY`]), and reconnects with the last seen `seq` when the server
 /// closes the socket.
-async fn display(
+pub(super) async fn display(
     url: String,
     mut ws: Ws,
     expected: HashSet<String>,
@@ -1211,7 +1346,7 @@ where
 }
 
 /// POSTs JSON and expects `want`; returns the JSON answer.
-async fn post(
+pub(super) async fn post(
     client: &reqwest::Client,
     url: &str,
     bearer: Option<&str>,
@@ -1237,7 +1372,7 @@ async fn post(
     serde_json::from_str(&text).map_err(|e| format!("POST {url}: answer is not JSON: {e}"))
 }
 
-fn field(v: &Value, name: &str) -> Result<String, String> {
+pub(super) fn field(v: &Value, name: &str) -> Result<String, String> {
     v[name]
         .as_str()
         .map(str::to_owned)
@@ -1246,7 +1381,7 @@ fn field(v: &Value, name: &str) -> Result<String, String> {
 
 /// An error and its causes: "error sending request ...: connection closed
 /// before message completed".
-fn with_causes(e: &dyn std::error::Error) -> String {
+pub(super) fn with_causes(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {
@@ -1268,16 +1403,16 @@ pub(super) fn shorten(text: &str, max: usize) -> String {
     }
 }
 
-fn ms(d: Duration) -> f64 {
+pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn secs(d: Duration) -> f64 {
+pub(super) fn secs(d: Duration) -> f64 {
     d.as_secs_f64().max(1e-9)
 }
 
 /// Nearest-rank percentile (`p` in 0..=1) of `values`, sorted in place.
-fn percentile(values: &mut [f64], p: f64) -> f64 {
+pub(super) fn percentile(values: &mut [f64], p: f64) -> f64 {
     if values.is_empty() {
         return f64::NAN;
     }

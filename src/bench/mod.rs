@@ -1,10 +1,12 @@
 //! `stagehand bench`: the flags, the order of the run (pgbench, then per
 //! backend one flat-out scenario per terminal count and the paced push
-//! latency scenario, then the memory per idle socket), the temp dir of logs
-//! and SQLite files, and the exit status. The load itself is in [`load`],
-//! pgbench in [`pgbench`], the idle sockets in [`sockets`], the printed table
-//! in [`table`].
+//! latency scenario, then the claim cost against queue length, then the
+//! memory per idle socket), the temp dir of logs and SQLite files, and the
+//! exit status. The load itself is in [`load`], pgbench in [`pgbench`], the
+//! claim rounds in [`claim`], the idle sockets in [`sockets`], the printed
+//! table in [`table`]. `stagehand rehearse` is [`rehearse`].
 
+pub mod claim;
 pub mod load;
 pub mod pgbench;
 pub mod rehearse;
@@ -79,6 +81,17 @@ pub struct BenchArgs {
     /// and the server each need about this many open files, plus 256.
     #[arg(long, default_value_t = 1000)]
     pub idle_sockets: usize,
+    /// Skip the throughput scenarios (1 and 50 terminals flat out) and
+    /// pgbench.
+    #[arg(long)]
+    pub no_throughput: bool,
+    /// Skip the claim cost (per backend, a dispatcher claim round's time
+    /// with 1,000 and with 100,000 sagas queued, and their ratio).
+    #[arg(long)]
+    pub no_claim_cost: bool,
+    /// Claim rounds timed per queue length (their median is the figure).
+    #[arg(long, default_value_t = 30)]
+    pub claim_rounds: usize,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -124,7 +137,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
 
     let mut sync_commit = None;
     let mut pgbench = None;
-    if let Some(admin) = &postgres {
+    if let Some(admin) = postgres.as_ref().filter(|_| !args.no_throughput) {
         sync_commit = Some(synchronous_commit(admin).await?);
         eprintln!("bench: pgbench (prepared single-row UPDATE, -c 8 -j 2 -T 8)");
         let outcome = pgbench::run(admin, &dir).await;
@@ -145,8 +158,10 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     }
     let mut scenarios = Vec::new();
     for backend in backends {
-        scenarios.push((backend, 1, Load::FlatOut));
-        scenarios.push((backend, 50, Load::FlatOut));
+        if !args.no_throughput {
+            scenarios.push((backend, 1, Load::FlatOut));
+            scenarios.push((backend, 50, Load::FlatOut));
+        }
         if push {
             scenarios.push((backend, PUSH_TERMINALS, Load::Paced(args.push_rate)));
         }
@@ -201,6 +216,29 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         results.push(result);
     }
 
+    let mut claim_costs = Vec::new();
+    if !args.no_claim_cost && args.claim_rounds > 0 {
+        let mut backends = Vec::new();
+        if postgres.is_some() {
+            backends.push(Backend::Postgres);
+        }
+        if run_sqlite {
+            backends.push(Backend::Sqlite);
+        }
+        for backend in backends {
+            eprintln!(
+                "bench: claim cost ({}, {} rounds at 1,000 and at 100,000 queued) running",
+                backend.name(),
+                args.claim_rounds
+            );
+            let c = claim::run(backend, postgres.as_deref(), &dir, args.claim_rounds).await;
+            if let Err(e) = &c.outcome {
+                eprintln!("bench: claim cost ({}) FAILED: {e}", backend.name());
+            }
+            claim_costs.push(c);
+        }
+    }
+
     let memory = if socket_memory {
         eprintln!(
             "bench: memory per idle socket (SQLite, {} display WebSockets) running",
@@ -243,6 +281,12 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     if !results.is_empty() {
         println!("{}", table::render(&results, pgbench.as_ref()));
     }
+    if !claim_costs.is_empty() {
+        println!();
+        for line in table::claim_cost(&claim_costs) {
+            println!("{line}");
+        }
+    }
     if let Some(m) = &memory {
         println!();
         for line in table::socket_memory(m) {
@@ -274,12 +318,13 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         },
         None => false,
     };
+    let claim_failed = claim_costs.iter().any(|c| c.outcome.is_err());
     let keep = args.keep_logs || !failed.is_empty() || pgbench_failed || memory_failed;
     cleanup(&dir, keep);
     if keep {
         eprintln!("logs kept in {}", dir.join("logs").display());
     }
-    if failed.is_empty() && !pgbench_failed && !memory_failed {
+    if failed.is_empty() && !pgbench_failed && !memory_failed && !claim_failed {
         Ok(())
     } else {
         let mut what = Vec::new();
@@ -296,12 +341,15 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         if memory_failed {
             what.push("the memory per idle socket failed".into());
         }
+        if claim_failed {
+            what.push("the claim cost failed".into());
+        }
         Err(what.join(", "))
     }
 }
 
 /// The 1-minute load average of `/proc/loadavg`, if there is one.
-fn load_average() -> Option<f64> {
+pub(super) fn load_average() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg")
         .ok()?
         .split_whitespace()
@@ -311,7 +359,7 @@ fn load_average() -> Option<f64> {
 }
 
 /// Deletes the SQLite files always, and the logs unless `keep`.
-fn cleanup(dir: &Path, keep: bool) {
+pub(super) fn cleanup(dir: &Path, keep: bool) {
     if keep {
         if let Ok(entries) = std::fs::read_dir(dir) {
             for entry in entries.flatten() {
@@ -328,7 +376,7 @@ fn cleanup(dir: &Path, keep: bool) {
 
 /// A connection through the admin URL, without sqlx's statement logs (they
 /// would land in the middle of the table).
-async fn admin_connect(admin: &str) -> Result<DatabaseConnection, sea_orm::DbErr> {
+pub(super) async fn admin_connect(admin: &str) -> Result<DatabaseConnection, sea_orm::DbErr> {
     let mut options = ConnectOptions::new(admin);
     options.sqlx_logging(false).max_connections(1);
     Database::connect(options).await

@@ -1,11 +1,1158 @@
-//! `stagehand rehearse`: replays a synthetic event day against a server and
-//! prints the figures an event team needs before doors open.
-//! (Being written: see issue 9.)
+//! `stagehand rehearse`: replays a synthetic event day — participants per
+//! minute or one burst, an AI latency, failure and rejection rates, N booth
+//! displays — against a running server (`--url`) or an embedded one (this
+//! binary's `serve` and `sim-ai` as subprocesses, SQLite in a temp dir or
+//! the PostgreSQL of `--database-url`), with a progress bar on stderr, and
+//! prints (and with `--json`, writes) the figures an event team needs before
+//! doors open. It owns the plan of the day (who submits when, whose prompt
+//! is rejected), the samplers (operator stats socket, `pg_stat_activity`,
+//! an unrelated reader, the server's RSS) and the run's order; the pieces it
+//! shares with `stagehand bench` (subprocesses, setup, displays, the
+//! submission) are in [`super::load`] and [`super::sockets`], the figures
+//! and their table and JSON in [`report`].
+
+mod report;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::load::{self, DisplayLog, Session, Stack};
+use super::sockets;
+use crate::config::{parse_duration, parse_rate_limit, RateLimit};
+pub use report::Report;
+use report::{Latency, Memory, Outcomes, PgActivity, Reads};
+
+/// How often `pg_stat_activity` is sampled.
+const PG_EVERY: Duration = Duration::from_millis(50);
+/// Displays connecting at the same time.
+const CONNECTING: usize = sockets::CONNECTING;
+/// Sessions looked up at the same time after the run (their `updated_at`).
+const LOOKING_UP: usize = 32;
+/// Between two progress lines when stderr is not a terminal.
+const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// Flags of `stagehand rehearse`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct RehearseArgs {}
+pub struct RehearseArgs {
+    /// A running server, `http://host:port`. Without it, an embedded server
+    /// and the AI simulator are started (subprocesses on 127.0.0.1).
+    #[arg(long)]
+    pub url: Option<String>,
+    /// The server's operator token (needed with --url; the embedded server
+    /// gets a fresh one).
+    #[arg(long, env = "STAGEHAND_OPERATOR_TOKEN", hide_env_values = true)]
+    pub operator_token: Option<String>,
+    /// PostgreSQL URL. Embedded: the server's database (default: SQLite in
+    /// a temp dir). With --url: the server's database, only read to sample
+    /// pg_stat_activity.
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// Participants arriving at a steady rate: `600/min`, `10/s`.
+    #[arg(long, default_value = "60/min", value_parser = parse_arrivals)]
+    pub rate: f64,
+    /// How long participants keep arriving at --rate.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Instead of --rate: N participants submitting at the same moment.
+    #[arg(long)]
+    pub burst: Option<usize>,
+    /// Median time the AI takes per job (embedded simulator).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub ai_latency: Duration,
+    /// 99th percentile of the AI's time per job (log-normal between the
+    /// median and this); unset: every job takes --ai-latency.
+    #[arg(long, value_parser = parse_duration)]
+    pub ai_latency_p99: Option<Duration>,
+    /// Share of AI jobs that end `failed` (each failure is retried up to the
+    /// server's --max-attempts; embedded simulator).
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_rate: f64,
+    /// Share of participants whose prompt moderation rejects (it contains
+    /// --reject-word); chosen evenly, so exactly floor(N x rate) of N.
+    #[arg(long, default_value_t = 0.0)]
+    pub reject_rate: f64,
+    /// The word the AI provider rejects (the simulator's --reject-word).
+    #[arg(long, default_value = "forbidden")]
+    pub reject_word: String,
+    /// Booth displays connected during the run, each a WebSocket; session
+    /// i shows on terminal i mod N.
+    #[arg(long, default_value_t = 10)]
+    pub terminals: usize,
+    /// AI calls per submission (the experience's ai_calls).
+    #[arg(long, default_value_t = 1)]
+    pub ai_calls: u32,
+    /// AI jobs in flight at most (the experience's max_in_flight).
+    #[arg(long, default_value_t = 5)]
+    pub max_in_flight: u32,
+    /// The embedded server's --db-pool (connections for HTTP requests).
+    #[arg(long)]
+    pub db_pool: Option<u32>,
+    /// Extra flags for the embedded `stagehand serve`, split on whitespace
+    /// (repeatable): `--server-arg "--ai-poll-interval 100ms"`.
+    #[arg(long = "server-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
+    /// Submissions (and session creations) in flight at most.
+    #[arg(long, default_value_t = 256)]
+    pub concurrency: usize,
+    /// Also write the figures as JSON to this file (`-`: stdout, instead of
+    /// the table).
+    #[arg(long)]
+    pub json: Option<String>,
+    /// How long to wait, after the last submission, for every frame.
+    #[arg(long, default_value = "300s", value_parser = parse_duration)]
+    pub deadline: Duration,
+    /// Keep the embedded server's and simulator's logs.
+    #[arg(long)]
+    pub keep_logs: bool,
+    /// Do not watch the operators' stats socket (no dashboard open: the
+    /// server builds no stats frames; no queue depth or AI concurrency from
+    /// it).
+    #[arg(long)]
+    pub no_operator_stats: bool,
+}
 
-pub async fn run(_args: RehearseArgs) -> Result<(), String> {
-    Err("rehearse is not built yet".into())
+/// `600/min` -> 10.0 participants per second.
+fn parse_arrivals(s: &str) -> Result<f64, String> {
+    match parse_rate_limit(s)? {
+        RateLimit::Off => Err(format!(
+            "{s:?}: a rate of participants like 600/min or 10/s"
+        )),
+        RateLimit::Every { count, per } => Ok(f64::from(count.get()) / per.as_secs_f64()),
+    }
+}
+
+/// When the participants arrive.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrivals {
+    /// `per_s` participants a second for `duration`.
+    Rate { per_s: f64, duration: Duration },
+    /// `n` at once.
+    Burst(usize),
+}
+
+impl Arrivals {
+    /// Each participant's submission time, from the start of the run:
+    /// `i / per_s` for a steady rate (`round(per_s x duration)` of them),
+    /// all 0 for a burst.
+    pub fn schedule(self) -> Vec<Duration> {
+        match self {
+            Arrivals::Burst(n) => vec![Duration::ZERO; n],
+            Arrivals::Rate { per_s, duration } => {
+                let n = (per_s * duration.as_secs_f64()).round() as usize;
+                (0..n)
+                    .map(|i| Duration::from_secs_f64(i as f64 / per_s))
+                    .collect()
+            }
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Arrivals::Burst(n) => format!("a burst of {n} at once"),
+            Arrivals::Rate { per_s, duration } => format!(
+                "{:.0}/min for {}",
+                per_s * 60.0,
+                humantime::format_duration(duration)
+            ),
+        }
+    }
+}
+
+/// Whether participant `i` sends a prompt moderation rejects: the rejected
+/// ones are spread evenly, exactly `floor(n x rate)` of the first `n`.
+pub fn is_rejected(i: usize, rate: f64) -> bool {
+    let before = |k: usize| (k as f64 * rate + 1e-9).floor();
+    before(i + 1) > before(i)
+}
+
+/// Participant `i`'s game score: the scores 0 to 999 in a fixed scrambled
+/// order (7919 is prime, so `i x 7919 mod 1000` visits each once per
+/// thousand), as a game's scores come: the booth's top 10 changes often at
+/// first and rarely later, not with every participant as rising scores
+/// would make it (each change is a ranking frame to every display).
+pub fn score(i: usize) -> f64 {
+    ((i as u64 * 7919) % 1000) as f64
+}
+
+/// The server the day is replayed against.
+enum Target {
+    Embedded {
+        stack: Stack,
+        dir: PathBuf,
+    },
+    Remote {
+        client: reqwest::Client,
+        base: String,
+        operator: String,
+    },
+}
+
+impl Target {
+    fn client(&self) -> &reqwest::Client {
+        match self {
+            Target::Embedded { stack, .. } => &stack.client,
+            Target::Remote { client, .. } => client,
+        }
+    }
+    fn base(&self) -> &str {
+        match self {
+            Target::Embedded { stack, .. } => &stack.base,
+            Target::Remote { base, .. } => base,
+        }
+    }
+    fn operator(&self) -> &str {
+        match self {
+            Target::Embedded { stack, .. } => &stack.operator,
+            Target::Remote { operator, .. } => operator,
+        }
+    }
+    fn server_pid(&self) -> Option<u32> {
+        match self {
+            Target::Embedded { stack, .. } => Some(stack.server.child.id()),
+            Target::Remote { .. } => None,
+        }
+    }
+    /// Err when the embedded server has exited.
+    fn alive(&mut self) -> Result<(), String> {
+        match self {
+            Target::Embedded { stack, .. } => match stack.server.child.try_wait() {
+                Ok(Some(status)) => Err(format!("the server exited ({status})")),
+                _ => Ok(()),
+            },
+            Target::Remote { .. } => Ok(()),
+        }
+    }
+}
+
+/// Runs the rehearsal, prints the table (and writes the JSON). Err when a
+/// session was lost (accepted but no frame by the deadline), a display saw
+/// a gap or a repeat, or the run could not start.
+pub async fn run(args: RehearseArgs) -> Result<(), String> {
+    let arrivals = match args.burst {
+        Some(n) => Arrivals::Burst(n),
+        None => Arrivals::Rate {
+            per_s: args.rate,
+            duration: args.duration,
+        },
+    };
+    let schedule = arrivals.schedule();
+    if schedule.is_empty() {
+        return Err("no participants: --burst 0, or --rate x --duration under one".into());
+    }
+    if args.terminals == 0 || args.concurrency == 0 {
+        return Err("--terminals and --concurrency must be at least 1".into());
+    }
+    for (name, rate) in [
+        ("--fail-rate", args.fail_rate),
+        ("--reject-rate", args.reject_rate),
+    ] {
+        if !(0.0..=1.0).contains(&rate) {
+            return Err(format!("{name} must be between 0 and 1"));
+        }
+    }
+    if args.reject_rate > 0.0 && args.reject_word.trim().is_empty() {
+        return Err("--reject-rate needs a --reject-word".into());
+    }
+    if let Some(p99) = args.ai_latency_p99 {
+        if p99 < args.ai_latency {
+            return Err("--ai-latency-p99 must be at least --ai-latency (the median)".into());
+        }
+    }
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let started = chrono::Utc::now();
+    let load_start = super::load_average();
+    let exe = std::env::current_exe().map_err(|e| format!("current executable: {e}"))?;
+    let database_url = args.database_url.clone().filter(|u| !u.trim().is_empty());
+    let postgres = database_url
+        .as_deref()
+        .filter(|u| u.starts_with("postgres"))
+        .map(str::to_owned);
+
+    // Each display is a socket in this process (and in an embedded server,
+    // which inherits the limit), besides the submitters' connections.
+    sockets::ensure_open_files(
+        (args.terminals + args.concurrency * 2) as u64 + sockets::FD_MARGIN,
+        "or use fewer --terminals",
+    )?;
+    let mut notes = Vec::new();
+    let (mut target, backend, ai) = match &args.url {
+        Some(url) => {
+            let operator = args
+                .operator_token
+                .clone()
+                .ok_or("--url needs --operator-token (or STAGEHAND_OPERATOR_TOKEN)")?;
+            notes.push(
+                "remote server: its own AI provider, database pool and settings apply; \
+                 --ai-latency, --ai-latency-p99, --fail-rate, --db-pool and --server-arg are \
+                 not used, and the server's memory is not measured"
+                    .to_owned(),
+            );
+            let target = Target::Remote {
+                client: load::http_client(args.concurrency * 2 + 8)?,
+                base: url.trim_end_matches('/').to_owned(),
+                operator,
+            };
+            let backend = match &postgres {
+                Some(_) => "remote, PostgreSQL",
+                None => "remote",
+            };
+            (target, backend, "the server's own".to_owned())
+        }
+        None => {
+            let dir =
+                std::env::temp_dir().join(format!("stagehand-rehearse-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+            let db = match &database_url {
+                Some(url) => url.clone(),
+                None => format!("sqlite://{}/rehearse.db?mode=rwc", dir.display()),
+            };
+            let (sim_args, ai) = simulator_args(&args);
+            let mut server_args: Vec<String> = Vec::new();
+            if let Some(pool) = args.db_pool {
+                server_args.extend(["--db-pool".into(), pool.to_string()]);
+            }
+            server_args.extend(
+                args.server_args
+                    .iter()
+                    .flat_map(|a| a.split_whitespace().map(str::to_owned)),
+            );
+            let logs = super::logs_dir(&dir);
+            eprintln!("rehearse: starting the AI simulator and the server ({db})");
+            let stack = load::start_stack(
+                &exe,
+                &db,
+                &sim_args,
+                &server_args,
+                &logs.join("sim.log"),
+                &logs.join("server.log"),
+                args.concurrency * 2 + 8,
+            )
+            .await;
+            let stack = match stack {
+                Ok(s) => s,
+                Err(e) => {
+                    super::cleanup(&dir, true);
+                    return Err(format!("{e} (logs kept in {})", logs.display()));
+                }
+            };
+            let backend = if postgres.is_some() {
+                "PostgreSQL"
+            } else {
+                "SQLite"
+            };
+            (Target::Embedded { stack, dir }, backend, ai)
+        }
+    };
+
+    let outcome = day(&args, &mut target, &schedule, postgres.as_deref()).await;
+    let keep = args.keep_logs || outcome.as_ref().map_or(true, |d| !d.violations.is_empty());
+    let logs_note = match &target {
+        Target::Embedded { dir, .. } if keep => {
+            Some(format!("logs kept in {}", dir.join("logs").display()))
+        }
+        _ => None,
+    };
+    let server_log = match &target {
+        Target::Embedded { dir, .. } => load::summarize_log(&dir.join("logs").join("server.log")),
+        Target::Remote { .. } => None,
+    };
+    if let Target::Embedded { stack, dir } = target {
+        drop(stack);
+        super::cleanup(&dir, keep);
+    }
+    let day = outcome?;
+    if let Some(log) = &server_log {
+        notes.push(format!(
+            "server log: {} ERROR, {} WARN line(s)",
+            log.errors, log.warnings
+        ));
+        notes.extend(log.samples.iter().map(|s| format!("    {s}")));
+    }
+    notes.extend(day.notes.iter().cloned());
+    notes.extend(logs_note);
+
+    let report = Report {
+        started: started.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_average: [load_start, super::load_average()],
+        target: args.url.clone().unwrap_or_else(|| "embedded".into()),
+        backend: backend.into(),
+        arrivals: arrivals.describe(),
+        ai,
+        fail_rate: args.fail_rate,
+        reject_rate: args.reject_rate,
+        terminals: args.terminals,
+        ai_calls: args.ai_calls,
+        max_in_flight: args.max_in_flight,
+        db_pool: args.db_pool,
+        outcomes: day.outcomes,
+        accepted_per_s: day.accepted_per_s,
+        completed_per_s: day.completed_per_s,
+        submit_ms: day.submit_ms,
+        submit_to_frame_ms: day.submit_to_frame_ms,
+        push_ms: day.push_ms,
+        queue_depth_peak: day.queue_depth_peak,
+        ai_in_flight_peak: day.ai_in_flight_peak,
+        simulator_max_concurrent_jobs: day.sim_max_concurrent,
+        stats_frames: day.stats_frames,
+        pg: day.pg,
+        unrelated_reads: day.reads,
+        memory: day.memory,
+        notes,
+        violations: day.violations.clone(),
+    };
+    let json = serde_json::to_string_pretty(&report.to_json())
+        .map_err(|e| format!("JSON of the report: {e}"))?;
+    match args.json.as_deref() {
+        Some("-") => println!("{json}"),
+        Some(path) => {
+            std::fs::write(path, format!("{json}\n")).map_err(|e| format!("write {path}: {e}"))?;
+            println!("{}", report.render());
+        }
+        None => println!("{}", report.render()),
+    }
+    if day.violations.is_empty() {
+        Ok(())
+    } else {
+        for v in &day.violations {
+            eprintln!("{v}");
+        }
+        Err(format!(
+            "{} problem(s) with the delivery (above)",
+            day.violations.len()
+        ))
+    }
+}
+
+/// The simulator's flags for the AI inputs, and how the AI is described.
+fn simulator_args(args: &RehearseArgs) -> (Vec<String>, String) {
+    let mut sim = vec![
+        "--latency".into(),
+        humantime::format_duration(args.ai_latency).to_string(),
+        "--fail-rate".into(),
+        args.fail_rate.to_string(),
+        "--reject-word".into(),
+        args.reject_word.clone(),
+    ];
+    let median = humantime::format_duration(args.ai_latency).to_string();
+    let ai = match args.ai_latency_p99 {
+        Some(p99) => {
+            let p99 = humantime::format_duration(p99).to_string();
+            sim.extend(["--latency-p99".into(), p99.clone()]);
+            format!("simulator, latency median {median}, p99 {p99} (log-normal)")
+        }
+        None => format!("simulator, latency {median} fixed"),
+    };
+    (sim, ai)
+}
+
+/// What the day gave, before it becomes a [`Report`].
+struct Day {
+    outcomes: Outcomes,
+    accepted_per_s: f64,
+    completed_per_s: f64,
+    submit_ms: Latency,
+    submit_to_frame_ms: Latency,
+    push_ms: Latency,
+    queue_depth_peak: Option<i64>,
+    ai_in_flight_peak: Option<i64>,
+    sim_max_concurrent: Option<u64>,
+    stats_frames: usize,
+    pg: PgActivity,
+    reads: Reads,
+    memory: Option<Memory>,
+    notes: Vec<String>,
+    violations: Vec<String>,
+}
+
+/// One submission as sent.
+struct Sent {
+    start: Instant,
+    end: Instant,
+    outcome: Result<(), load::Refused>,
+}
+
+/// What the operators' stats socket showed, shared with the progress bar.
+#[derive(Default)]
+struct Live {
+    submitted: AtomicUsize,
+    accepted: AtomicUsize,
+    finished: Arc<AtomicUsize>,
+    queue_depth: AtomicI64,
+    queue_depth_peak: AtomicI64,
+    in_flight: AtomicI64,
+    in_flight_peak: AtomicI64,
+    stats_frames: AtomicUsize,
+}
+
+async fn day(
+    args: &RehearseArgs,
+    target: &mut Target,
+    schedule: &[Duration],
+    postgres: Option<&str>,
+) -> Result<Day, String> {
+    let n = schedule.len();
+    let client = target.client().clone();
+    let base = target.base().to_owned();
+    let operator = target.operator().to_owned();
+    let mut notes = Vec::new();
+
+    // Setup, not timed.
+    eprintln!(
+        "rehearse: setup: an experience (max_in_flight {}, ai_calls {}), {} terminal(s), {n} \
+         session(s)",
+        args.max_in_flight, args.ai_calls, args.terminals
+    );
+    let experience = json!({
+        "title": "Rehearsal",
+        "kind": "image",
+        "max_in_flight": args.max_in_flight,
+        "ai_calls": args.ai_calls,
+    });
+    let (slug, terminals) =
+        load::create_terminals(&client, &base, &operator, experience, args.terminals).await?;
+    let sessions = load::create_sessions(
+        &client,
+        &base,
+        &slug,
+        terminals.iter().map(|t| t.id.clone()).collect(),
+        n,
+        args.concurrency,
+        Arc::default(),
+    )
+    .await
+    .map_err(|e| {
+        if e.contains("429") {
+            format!(
+                "{e}\n  (the server limits session creations per address: --session-rate-limit)"
+            )
+        } else {
+            e
+        }
+    })?;
+    let sessions = Arc::new(sessions);
+
+    // The displays, with the server's RSS before and after.
+    let pid = target.server_pid();
+    let rss_before = match pid {
+        Some(pid) => Some(sockets::median(&sockets::rss_reads(pid).await?)),
+        None => None,
+    };
+    eprintln!("rehearse: connecting {} display(s)", terminals.len());
+    let urls: Arc<Vec<String>> = Arc::new(
+        terminals
+            .iter()
+            .map(|t| load::display_url(&base, t))
+            .collect(),
+    );
+    let connected = {
+        let urls = urls.clone();
+        load::in_workers(terminals.len(), CONNECTING, move |t| {
+            let url = urls[t].clone();
+            async move {
+                load::connect_display(&url, 0)
+                    .await
+                    .map_err(|e| format!("display {t}: {e}"))
+            }
+        })
+        .await
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let live = Arc::new(Live::default());
+    let mut displays = Vec::new();
+    for (t, ws) in connected.into_iter().enumerate() {
+        let expected: HashSet<String> = sessions
+            .iter()
+            .filter(|s| s.terminal == t)
+            .map(|s| s.id.clone())
+            .collect();
+        displays.push(tokio::spawn(load::display(
+            urls[t].clone(),
+            ws?,
+            expected,
+            live.finished.clone(),
+            stop_rx.clone(),
+        )));
+    }
+    let memory = match (pid, rss_before) {
+        (Some(pid), Some(before)) => {
+            let after = sockets::median(&sockets::rss_reads(pid).await?);
+            Some((pid, before, after))
+        }
+        _ => None,
+    };
+
+    // The samplers, then the timed day.
+    let operators = (!args.no_operator_stats).then(|| {
+        tokio::spawn(watch_operators(
+            format!("{}/ws/operators?token={operator}", load::ws_base(&base)),
+            slug.clone(),
+            live.clone(),
+            stop_rx.clone(),
+        ))
+    });
+    let pg = postgres.map(|url| tokio::spawn(sample_pg(url.to_owned(), stop_rx.clone())));
+    let reader = tokio::spawn(load::unrelated_reads(
+        load::read_client()?,
+        format!("{base}/api/experiences/{slug}"),
+        |v| v["slug"].is_string(),
+        usize::MAX,
+        Arc::default(),
+        Arc::default(),
+        stop_rx.clone(),
+    ));
+    let bar = progress_bar(n);
+    let progress = tokio::spawn(show_progress(
+        bar.clone(),
+        n,
+        args.max_in_flight,
+        live.clone(),
+    ));
+
+    let anchor = (Instant::now(), SystemTime::now());
+    let t0 = Instant::now() + Duration::from_millis(20);
+    let sent: Vec<Sent> = {
+        let (client, base, sessions, live) =
+            (client.clone(), base.clone(), sessions.clone(), live.clone());
+        let schedule: Arc<Vec<Duration>> = Arc::new(schedule.to_vec());
+        let word = args.reject_word.clone();
+        let reject_rate = args.reject_rate;
+        load::in_workers(n, args.concurrency, move |i| {
+            let (client, base, sessions, live, schedule, word) = (
+                client.clone(),
+                base.clone(),
+                sessions.clone(),
+                live.clone(),
+                schedule.clone(),
+                word.clone(),
+            );
+            async move {
+                tokio::time::sleep_until((t0 + schedule[i]).into()).await;
+                let prompt = if is_rejected(i, reject_rate) {
+                    format!("rehearsal prompt {i}, {word}")
+                } else {
+                    format!("rehearsal prompt {i}")
+                };
+                let body = json!({"prompt": prompt, "score": score(i)});
+                let start = Instant::now();
+                let outcome = load::submit(&client, &base, &sessions[i], &body).await;
+                let end = Instant::now();
+                live.submitted.fetch_add(1, Ordering::Relaxed);
+                if outcome.is_ok() {
+                    live.accepted.fetch_add(1, Ordering::Relaxed);
+                }
+                Sent {
+                    start,
+                    end,
+                    outcome,
+                }
+            }
+        })
+        .await
+    };
+    let accepted_n = live.accepted.load(Ordering::Relaxed);
+
+    // Every accepted session's frame, or the deadline.
+    let deadline = Instant::now() + args.deadline;
+    let mut timed_out = false;
+    while live.finished.load(Ordering::Relaxed) < accepted_n {
+        if Instant::now() > deadline {
+            timed_out = true;
+            break;
+        }
+        if let Err(e) = target.alive() {
+            notes.push(e);
+            timed_out = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop_tx.send(true);
+    progress.abort();
+    bar.finish_and_clear();
+    let mut logs: Vec<DisplayLog> = Vec::new();
+    for d in displays {
+        logs.push(d.await.map_err(|e| format!("display task: {e}"))?);
+    }
+    let read_log = reader.await.map_err(|e| format!("reader task: {e}"))?;
+    let operator_problems = match operators {
+        Some(task) => task.await.map_err(|e| format!("operators task: {e}"))?,
+        None => vec![
+            "no operators' stats socket (--no-operator-stats): no queue depth or AI \
+             concurrency from it"
+                .to_owned(),
+        ],
+    };
+    notes.extend(operator_problems);
+    let pg = match pg {
+        Some(task) => task
+            .await
+            .map_err(|e| format!("pg_stat_activity task: {e}"))?,
+        None => PgActivity::NotSampled(if args.url.is_some() {
+            "n/a (no PostgreSQL --database-url)".into()
+        } else {
+            "n/a (SQLite)".into()
+        }),
+    };
+
+    // The simulator's own count of jobs at once.
+    let sim_max_concurrent = match target {
+        Target::Embedded { stack, .. } => {
+            let stats: Value = client
+                .get(format!("{}/v1/stats", stack.sim_url))
+                .send()
+                .await
+                .map_err(|e| format!("simulator stats: {e}"))?
+                .json()
+                .await
+                .map_err(|e| format!("simulator stats: {e}"))?;
+            stats["max_concurrent_jobs"].as_u64()
+        }
+        Target::Remote { .. } => None,
+    };
+    let memory = memory.map(|(pid, before, after)| Memory {
+        rss_before_kib: before,
+        rss_after_kib: after,
+        sockets: args.terminals,
+        peak_kib: sockets::status_kib(pid, "VmHWM").ok(),
+    });
+
+    // Correctness: every accepted session exactly once, at its terminal, in
+    // seq order.
+    let accepted: Vec<Session> = sessions
+        .iter()
+        .zip(&sent)
+        .filter(|(_, s)| s.outcome.is_ok())
+        .map(|(x, _)| x.clone())
+        .collect();
+    let index_of: HashMap<&str, usize> = accepted
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.id.as_str(), i))
+        .collect();
+    let mut violations = load::check(&accepted, &index_of, &logs, false, timed_out, args.deadline);
+    let missing = load::missing_sessions(&accepted, &logs);
+    if !missing.is_empty() {
+        violations.push(format!(
+            "  the server's view of {} missing session(s), status/step: {}",
+            missing.len().min(200),
+            load::lookup(&client, &base, &operator, &missing).await
+        ));
+    }
+    if !read_log.failures.is_empty() {
+        notes.extend(read_log.problems(&format!("GET /api/experiences/{slug}")));
+    }
+
+    // When each session's end was recorded, for the push latency.
+    let ended_at = ended_at_ms(&client, &base, &accepted).await;
+
+    // Figures.
+    let wall_ms = |at: Instant| -> f64 {
+        let wall = anchor.1 + at.saturating_duration_since(anchor.0);
+        wall.duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    let mut frame_of: HashMap<&str, &load::Frame> = HashMap::new();
+    for log in &logs {
+        for f in &log.frames {
+            frame_of.entry(f.session_id.as_str()).or_insert(f);
+        }
+    }
+    let mut outcomes = Outcomes {
+        participants: n,
+        accepted: accepted_n,
+        ..Outcomes::default()
+    };
+    let mut refused: BTreeMap<String, usize> = BTreeMap::new();
+    let mut submit_ms = Vec::new();
+    let mut to_frame_ms = Vec::new();
+    let mut push_ms = Vec::new();
+    let mut last_completion: Option<Instant> = None;
+    for (session, s) in sessions.iter().zip(&sent) {
+        if let Err(r) = &s.outcome {
+            let key = r
+                .status
+                .map_or("no answer".to_owned(), |st| st.as_u16().to_string());
+            *refused.entry(key).or_default() += 1;
+            continue;
+        }
+        submit_ms.push(load::ms(s.end - s.start));
+        let Some(frame) = frame_of.get(session.id.as_str()) else {
+            outcomes.lost += 1;
+            continue;
+        };
+        to_frame_ms.push(load::ms(frame.at.saturating_duration_since(s.end)));
+        if let Some(ended) = ended_at.get(session.id.as_str()) {
+            push_ms.push((wall_ms(frame.at) - *ended as f64).max(0.0));
+        }
+        match frame.kind.as_str() {
+            "session.completed" => {
+                outcomes.completed += 1;
+                last_completion = last_completion.max(Some(frame.at));
+            }
+            _ => {
+                let reason = frame.reason.clone().unwrap_or_else(|| "UNKNOWN".into());
+                if reason == "INPUT_REJECTED" {
+                    outcomes.rejected += 1;
+                }
+                *outcomes.aborted_by_reason.entry(reason).or_default() += 1;
+            }
+        }
+    }
+    outcomes.refused_by_status = refused;
+    outcomes.injected_rejections = (0..n).filter(|&i| is_rejected(i, args.reject_rate)).count();
+    let first_start = sent.iter().map(|s| s.start).min().expect("n > 0");
+    let last_accepted = sent
+        .iter()
+        .filter(|s| s.outcome.is_ok())
+        .map(|s| s.end)
+        .max();
+    let rate = |count: usize, until: Option<Instant>| match until {
+        Some(t) if count > 0 => count as f64 / load::secs(t - first_start),
+        _ => 0.0,
+    };
+    let live_peak = |v: &AtomicI64| {
+        let x = v.load(Ordering::Relaxed);
+        (live.stats_frames.load(Ordering::Relaxed) > 0).then_some(x)
+    };
+    let reconnects: usize = logs.iter().map(|l| l.reconnects).sum();
+    if reconnects > 0 {
+        notes.push(format!("display reconnects: {reconnects}"));
+    }
+    Ok(Day {
+        accepted_per_s: rate(accepted_n, last_accepted),
+        completed_per_s: rate(outcomes.completed, last_completion),
+        outcomes,
+        submit_ms: Latency::of(&mut submit_ms),
+        submit_to_frame_ms: Latency::of(&mut to_frame_ms),
+        push_ms: Latency::of(&mut push_ms),
+        queue_depth_peak: live_peak(&live.queue_depth_peak),
+        ai_in_flight_peak: live_peak(&live.in_flight_peak),
+        sim_max_concurrent,
+        stats_frames: live.stats_frames.load(Ordering::Relaxed),
+        pg,
+        reads: Reads {
+            p50_ms: load::percentile(&mut read_log.latencies_ms.clone(), 0.50),
+            p99_ms: load::percentile(&mut read_log.latencies_ms.clone(), 0.99),
+            count: read_log.count(),
+            failed: read_log.failures.len(),
+            every_ms: load::READ_EVERY.as_millis() as u64,
+        },
+        memory,
+        notes,
+        violations,
+    })
+}
+
+/// `updated_at` (ms since the epoch) of each session, as the server
+/// recorded it in the transaction that ended the saga. Sessions it could
+/// not read are left out (no push latency for them).
+async fn ended_at_ms(
+    client: &reqwest::Client,
+    base: &str,
+    sessions: &[Session],
+) -> HashMap<String, i64> {
+    let sessions: Arc<Vec<Session>> = Arc::new(sessions.to_vec());
+    let (client, base) = (client.clone(), base.to_owned());
+    let read = {
+        let sessions = sessions.clone();
+        load::in_workers(sessions.len(), LOOKING_UP, move |i| {
+            let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
+            async move {
+                let s = &sessions[i];
+                let v: Value = client
+                    .get(format!("{base}/api/sessions/{}", s.id))
+                    .bearer_auth(&s.token)
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                let at = chrono::DateTime::parse_from_rfc3339(v["updated_at"].as_str()?).ok()?;
+                Some(at.timestamp_millis())
+            }
+        })
+        .await
+    };
+    sessions
+        .iter()
+        .zip(read)
+        .filter_map(|(s, at)| Some((s.id.clone(), at?)))
+        .collect()
+}
+
+/// Reads the operators' stats socket until `stop`, keeping the queue depth
+/// and the experience's AI jobs in flight (now and their peaks) in `live`.
+/// Reconnects when it closes. Returns what went wrong, for the notes.
+async fn watch_operators(
+    url: String,
+    slug: String,
+    live: Arc<Live>,
+    mut stop: watch::Receiver<bool>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    'connect: loop {
+        let ws = tokio::select! {
+            biased;
+            _ = stop.changed() => break,
+            ws = tokio_tungstenite::connect_async(url.as_str()) => ws,
+        };
+        let mut ws = match ws {
+            Ok((ws, _)) => ws,
+            Err(e) => {
+                if problems.len() < 3 {
+                    problems.push(format!("operators' stats socket: {e}"));
+                }
+                tokio::select! {
+                    biased;
+                    _ = stop.changed() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                }
+            }
+        };
+        loop {
+            let msg = tokio::select! {
+                biased;
+                _ = stop.changed() => break 'connect,
+                msg = ws.next() => msg,
+            };
+            match msg {
+                Some(Ok(Message::Text(text))) => {
+                    if let Some((depth, in_flight)) = stats_of(text.as_str(), &slug) {
+                        live.stats_frames.fetch_add(1, Ordering::Relaxed);
+                        live.queue_depth.store(depth, Ordering::Relaxed);
+                        live.queue_depth_peak.fetch_max(depth, Ordering::Relaxed);
+                        live.in_flight.store(in_flight, Ordering::Relaxed);
+                        live.in_flight_peak.fetch_max(in_flight, Ordering::Relaxed);
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => continue 'connect,
+            }
+        }
+    }
+    problems
+}
+
+/// `queue_depth` and the experience's `in_flight` of a `stats` frame.
+fn stats_of(text: &str, slug: &str) -> Option<(i64, i64)> {
+    let v: Value = serde_json::from_str(text).ok()?;
+    if v["type"] != "stats" {
+        return None;
+    }
+    let depth = v["queue_depth"].as_i64()?;
+    let in_flight = v["experiences"]
+        .as_array()?
+        .iter()
+        .find(|e| e["slug"] == slug)
+        .and_then(|e| e["in_flight"].as_i64())
+        .unwrap_or(0);
+    Some((depth, in_flight))
+}
+
+/// Samples `pg_stat_activity` of the server's database every [`PG_EVERY`]
+/// until `stop`: the most connections idle in a transaction at one sample,
+/// the most that had been so for 100 ms or more, the longest one had been
+/// so, and the most connections.
+async fn sample_pg(url: String, mut stop: watch::Receiver<bool>) -> PgActivity {
+    let conn = match super::admin_connect(&url).await {
+        Ok(c) => c,
+        Err(e) => return PgActivity::NotSampled(format!("n/a (connect: {e})")),
+    };
+    let mut tick = tokio::time::interval(PG_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut peak = PgPeaks::default();
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.changed() => break,
+            _ = tick.tick() => {}
+        }
+        let row = conn
+            .query_one_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "SELECT \
+                   count(*) FILTER (WHERE state LIKE 'idle in transaction%'), \
+                   COALESCE(max((extract(epoch FROM clock_timestamp() - state_change) * 1000)) \
+                     FILTER (WHERE state LIKE 'idle in transaction%'), 0)::bigint, \
+                   count(*), \
+                   count(*) FILTER (WHERE state LIKE 'idle in transaction%' \
+                     AND clock_timestamp() - state_change >= interval '100 milliseconds') \
+                 FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            ))
+            .await;
+        match row {
+            Ok(Some(r)) => {
+                let get = |i: usize| r.try_get_by_index::<i64>(i).unwrap_or(0);
+                peak.add(get(0), get(1), get(2), get(3));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                conn.close().await.ok();
+                return PgActivity::NotSampled(format!("n/a (pg_stat_activity: {e})"));
+            }
+        }
+    }
+    conn.close().await.ok();
+    PgActivity::Sampled {
+        samples: peak.samples,
+        idle_in_transaction_peak: peak.idle,
+        idle_in_transaction_longest_ms: peak.longest_ms,
+        idle_in_transaction_100ms_peak: peak.held,
+        connections_peak: peak.connections,
+        every_ms: PG_EVERY.as_millis() as u64,
+    }
+}
+
+#[derive(Default)]
+struct PgPeaks {
+    samples: usize,
+    idle: i64,
+    longest_ms: i64,
+    connections: i64,
+    /// Idle in a transaction for 100 ms or more.
+    held: i64,
+}
+
+impl PgPeaks {
+    fn add(&mut self, idle: i64, longest_ms: i64, connections: i64, held: i64) {
+        self.samples += 1;
+        self.held = self.held.max(held);
+        self.idle = self.idle.max(idle);
+        self.longest_ms = self.longest_ms.max(longest_ms);
+        self.connections = self.connections.max(connections);
+    }
+}
+
+/// The progress bar on stderr (hidden when stderr is not a terminal).
+fn progress_bar(n: usize) -> ProgressBar {
+    let bar = ProgressBar::new(n as u64);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} {elapsed_precise} [{bar:24}] {pos}/{len} finished | {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// Moves the bar every 100 ms: sessions finished (a frame arrived),
+/// submitted, the queue depth and AI jobs in flight (against the cap) of
+/// the last stats frame. When stderr is not a terminal, a line every
+/// [`PLAIN_PROGRESS_EVERY`] instead.
+async fn show_progress(bar: ProgressBar, n: usize, cap: u32, live: Arc<Live>) {
+    let start = Instant::now();
+    let mut last_line = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let finished = live.finished.load(Ordering::Relaxed);
+        let msg = format!(
+            "{} submitted, queue {}, AI {}/{cap}",
+            live.submitted.load(Ordering::Relaxed),
+            live.queue_depth.load(Ordering::Relaxed),
+            live.in_flight.load(Ordering::Relaxed),
+        );
+        if bar.is_hidden() {
+            if last_line.elapsed() >= PLAIN_PROGRESS_EVERY {
+                last_line = Instant::now();
+                eprintln!(
+                    "rehearse: {:.0}s: {finished}/{n} finished, {msg}",
+                    start.elapsed().as_secs_f64()
+                );
+            }
+        } else {
+            bar.set_position(finished as u64);
+            bar.set_message(msg);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_spreads_participants_evenly() {
+        let s = Arrivals::Rate {
+            per_s: 10.0,
+            duration: Duration::from_secs(2),
+        }
+        .schedule();
+        assert_eq!(s.len(), 20);
+        assert_eq!(s[0], Duration::ZERO);
+        assert_eq!(s[1], Duration::from_millis(100));
+        assert_eq!(s[19], Duration::from_millis(1900));
+        assert!(s.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn a_burst_arrives_at_once() {
+        let s = Arrivals::Burst(40).schedule();
+        assert_eq!(s.len(), 40);
+        assert!(s.iter().all(|d| d.is_zero()));
+        assert!(Arrivals::Burst(0).schedule().is_empty());
+    }
+
+    #[test]
+    fn rates_parse_per_second() {
+        assert_eq!(parse_arrivals("600/min"), Ok(10.0));
+        assert_eq!(parse_arrivals("5/s"), Ok(5.0));
+        assert!(parse_arrivals("off").is_err());
+        assert!(parse_arrivals("fast").is_err());
+    }
+
+    #[test]
+    fn rejections_are_exact_and_spread() {
+        let picked: Vec<usize> = (0..40).filter(|&i| is_rejected(i, 0.1)).collect();
+        assert_eq!(picked, vec![9, 19, 29, 39]);
+        assert_eq!((0..1000).filter(|&i| is_rejected(i, 0.37)).count(), 370);
+        assert_eq!((0..50).filter(|&i| is_rejected(i, 0.0)).count(), 0);
+        assert_eq!((0..50).filter(|&i| is_rejected(i, 1.0)).count(), 50);
+    }
+
+    #[test]
+    fn scores_are_a_scrambled_thousand() {
+        let mut seen: Vec<f64> = (0..1000).map(score).collect();
+        assert_ne!(
+            seen[..10],
+            [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+        );
+        seen.sort_by(f64::total_cmp);
+        assert_eq!(seen, (0..1000).map(|x| x as f64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn stats_frames_give_depth_and_in_flight() {
+        let frame = r#"{"type":"stats","queue_depth":12,"experiences":[
+            {"slug":"other","in_flight":9,"max_in_flight":9,"queued":0},
+            {"slug":"mine","in_flight":5,"max_in_flight":5,"queued":12}]}"#;
+        assert_eq!(stats_of(frame, "mine"), Some((12, 5)));
+        assert_eq!(stats_of(frame, "absent"), Some((12, 0)));
+        assert_eq!(stats_of(r#"{"type":"saga"}"#, "mine"), None);
+    }
+
+    #[test]
+    fn pg_peaks_keep_the_most() {
+        let mut p = PgPeaks::default();
+        p.add(0, 0, 7, 0);
+        p.add(2, 30, 5, 0);
+        p.add(1, 150, 9, 1);
+        assert_eq!(
+            (p.samples, p.idle, p.longest_ms, p.connections, p.held),
+            (3, 2, 150, 9, 1)
+        );
+    }
 }

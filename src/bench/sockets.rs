@@ -29,7 +29,7 @@ pub const RSS_EVERY: Duration = Duration::from_millis(200);
 pub const SETTLE: Duration = Duration::from_secs(2);
 /// File descriptors a process needs besides the sockets (listeners, the
 /// database, the HTTP client's pool, the runtime, logs).
-const FD_MARGIN: u64 = 256;
+pub(super) const FD_MARGIN: u64 = 256;
 
 /// What the measurement gave.
 #[derive(Debug, Clone)]
@@ -96,7 +96,7 @@ async fn measure(
     // Both this process and the server (which inherits the limit) hold one
     // descriptor per socket.
     let need = sockets as u64 + FD_MARGIN;
-    ensure_open_files(need)?;
+    ensure_open_files(need, "or skip this measurement with --no-socket-memory")?;
 
     let db_dir = dir.join("db-sockets");
     std::fs::create_dir_all(&db_dir).map_err(|e| format!("create {}: {e}", db_dir.display()))?;
@@ -106,11 +106,12 @@ async fn measure(
         sim,
         mut server,
         base,
-        port,
         operator,
+        ..
     } = load::start_stack(
         exe,
         &database_url,
+        &load::instant_ai(),
         server_args,
         &logs.join("sockets-sim.log"),
         server_log,
@@ -125,7 +126,14 @@ async fn measure(
              {need}: raise the limit (ulimit -n {need}) or skip this with --no-socket-memory"
         ));
     }
-    let (_slug, terminals) = load::create_terminals(&client, &base, &operator, TERMINALS).await?;
+    let (_slug, terminals) = load::create_terminals(
+        &client,
+        &base,
+        &operator,
+        load::bench_experience(),
+        TERMINALS,
+    )
+    .await?;
     drop(client);
 
     // No display connected.
@@ -141,7 +149,7 @@ async fn measure(
     let urls: Arc<Vec<String>> = Arc::new(
         terminals
             .iter()
-            .map(|t| load::display_url(port, t))
+            .map(|t| load::display_url(&base, t))
             .collect(),
     );
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -271,7 +279,7 @@ async fn hold(
 }
 
 /// [`RSS_READS`] reads of the process's VmRSS, [`RSS_EVERY`] apart, KiB.
-async fn rss_reads(pid: u32) -> Result<Vec<u64>, String> {
+pub(super) async fn rss_reads(pid: u32) -> Result<Vec<u64>, String> {
     let mut out = Vec::with_capacity(RSS_READS);
     for i in 0..RSS_READS {
         if i > 0 {
@@ -284,14 +292,23 @@ async fn rss_reads(pid: u32) -> Result<Vec<u64>, String> {
 
 /// `VmRSS:` of `/proc/<pid>/status`, in KiB.
 fn vm_rss_kib(pid: u32) -> Result<u64, String> {
-    let path = format!("/proc/{pid}/status");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("read {path}: {e}"))?;
-    parse_vm_rss(&text).ok_or_else(|| format!("no VmRSS line in {path}"))
+    status_kib(pid, "VmRSS")
 }
 
-fn parse_vm_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let mut parts = line["VmRSS:".len()..].split_whitespace();
+/// A `<name>:` line (`VmRSS`, `VmHWM`: the peak) of `/proc/<pid>/status`, in
+/// KiB.
+pub(super) fn status_kib(pid: u32, name: &str) -> Result<u64, String> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("read {path}: {e}"))?;
+    parse_status_kib(&text, name).ok_or_else(|| format!("no {name} line in {path}"))
+}
+
+fn parse_status_kib(status: &str, name: &str) -> Option<u64> {
+    let line = status.lines().find(|l| {
+        l.strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with(':'))
+    })?;
+    let mut parts = line[name.len() + 1..].split_whitespace();
     let value: u64 = parts.next()?.parse().ok()?;
     match parts.next() {
         Some("kB") | None => Some(value),
@@ -299,7 +316,7 @@ fn parse_vm_rss(status: &str) -> Option<u64> {
     }
 }
 
-fn median(values: &[u64]) -> u64 {
+pub(super) fn median(values: &[u64]) -> u64 {
     let mut v = values.to_vec();
     v.sort_unstable();
     v[v.len() / 2]
@@ -308,16 +325,14 @@ fn median(values: &[u64]) -> u64 {
 /// Makes sure this process may open `need` files: reads its soft and hard
 /// limits from `/proc/self/limits` and, when the soft limit is too low but
 /// the hard one allows, raises it with `prlimit` (util-linux). The server,
-/// started afterwards, inherits it.
-fn ensure_open_files(need: u64) -> Result<(), String> {
+/// started afterwards, inherits it. `otherwise` ends the advice of the
+/// error ("or skip this measurement with --no-socket-memory").
+pub(super) fn ensure_open_files(need: u64, otherwise: &str) -> Result<(), String> {
     let (soft, hard) = open_files_limit("/proc/self/limits")?;
     if soft >= need {
         return Ok(());
     }
-    let advice = format!(
-        "raise it in the shell that runs the bench (ulimit -n {need}) or skip this \
-         measurement with --no-socket-memory"
-    );
+    let advice = format!("raise it in the shell that runs this (ulimit -n {need}) {otherwise}");
     if hard < need {
         return Err(format!(
             "the open-file limit is {soft} (hard limit {hard}) and {} idle sockets need \
@@ -373,13 +388,14 @@ fn parse_open_files(limits: &str) -> Option<(u64, u64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{median, parse_open_files, parse_vm_rss};
+    use super::{median, parse_open_files, parse_status_kib};
 
     #[test]
     fn reads_vm_rss() {
         let status = "Name:\tstagehand\nVmHWM:\t   30000 kB\nVmRSS:\t   21504 kB\nThreads:\t5\n";
-        assert_eq!(parse_vm_rss(status), Some(21504));
-        assert_eq!(parse_vm_rss("Name:\tx\n"), None);
+        assert_eq!(parse_status_kib(status, "VmRSS"), Some(21504));
+        assert_eq!(parse_status_kib(status, "VmHWM"), Some(30000));
+        assert_eq!(parse_status_kib("Name:\tx\n", "VmRSS"), None);
     }
 
     #[test]

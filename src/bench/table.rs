@@ -4,6 +4,7 @@
 //! small table of the memory per idle display socket, and notes on the
 //! server logs.
 
+use super::claim::{ClaimCostResult, SIZES};
 use super::load::{Backend, Figures, Load, ScenarioResult};
 use super::pgbench::{Pgbench, DESCRIPTION};
 use super::sockets::SocketMemoryResult;
@@ -308,6 +309,81 @@ pub fn socket_memory(m: &SocketMemoryResult) -> Vec<String> {
     out
 }
 
+/// The claim cost: per backend, one claim round's median and p90 at each
+/// queue length, and the ratio of the medians (longest / shortest queue).
+pub fn claim_cost(results: &[ClaimCostResult]) -> Vec<String> {
+    let mut head = vec!["figure".to_owned()];
+    head.extend(results.iter().map(|r| r.backend.name().to_owned()));
+    let mut body = Vec::new();
+    for (k, queued) in SIZES.iter().enumerate() {
+        let mut row = vec![format!(
+            "claim round, {} sagas queued, median / p90 (ms)",
+            thousands(*queued)
+        )];
+        for r in results {
+            row.push(match &r.outcome {
+                Ok(sizes) => sizes.get(k).map_or("-".into(), |s| {
+                    format!("{:.2} / {:.2}", s.median_ms(), s.p90_ms())
+                }),
+                Err(_) => "FAILED".into(),
+            });
+        }
+        body.push(row);
+        let mut row = vec![format!(
+            "  of which listing the experiences with work, median (ms)"
+        )];
+        for r in results {
+            row.push(match &r.outcome {
+                Ok(sizes) => sizes
+                    .get(k)
+                    .map_or("-".into(), |s| format!("{:.2}", s.list_median_ms())),
+                Err(_) => "FAILED".into(),
+            });
+        }
+        body.push(row);
+    }
+    let mut ratio = vec![format!(
+        "ratio of the medians, {} / {} queued",
+        thousands(SIZES[SIZES.len() - 1]),
+        thousands(SIZES[0])
+    )];
+    ratio.extend(
+        results
+            .iter()
+            .map(|r| r.ratio().map_or("-".into(), |x| format!("{x:.2}"))),
+    );
+    body.push(ratio);
+    let rounds = results
+        .iter()
+        .find_map(|r| r.outcome.as_ref().ok()?.first().map(|s| s.rounds_ms.len()))
+        .unwrap_or(0);
+    vec![
+        "claim cost against queue length: a fresh database, one experience at cap 5, its \
+         AI_PENDING queue (and a tenth as many"
+            .into(),
+        format!(
+            "  COMPLETED sagas beside it); a round = which experiences have work + the claim of \
+             5, {rounds} rounds per length, slots given back between rounds;"
+        ),
+        "  PostgreSQL ANALYZEd after each load (as autovacuum would), SQLite not (the server \
+         never analyzes it); the claim's plans are on stderr"
+            .into(),
+        markdown(&head, &body),
+    ]
+}
+
+fn thousands(n: i64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Lines under the tables: per scenario, the error and warning counts of
 /// the server log, the display reconnects and the number of unrelated reads
 /// (or, paced, the rate kept).
@@ -341,7 +417,7 @@ pub fn notes(results: &[ScenarioResult]) -> Vec<String> {
 }
 
 /// Pipes, first column left-aligned, the others right-aligned.
-fn markdown(head: &[String], body: &[Vec<String>]) -> String {
+pub(super) fn markdown(head: &[String], body: &[Vec<String>]) -> String {
     let width = |i: usize| {
         body.iter()
             .map(|r| r[i].chars().count())
@@ -388,7 +464,7 @@ fn pair(p50: f64, p99: f64) -> String {
     format!("{} / {}", millis(p50), millis(p99))
 }
 
-fn millis(x: f64) -> String {
+pub(super) fn millis(x: f64) -> String {
     if x < 10.0 {
         format!("{x:.1}")
     } else {
@@ -398,7 +474,14 @@ fn millis(x: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::markdown;
+    use super::{markdown, thousands};
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(100_000), "100,000");
+        assert_eq!(thousands(999), "999");
+    }
 
     #[test]
     fn aligned_pipes() {

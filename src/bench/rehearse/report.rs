@@ -1,0 +1,560 @@
+//! The figures of one rehearsal: the [`Report`], its printed table (what
+//! each figure measures, under it) and its JSON for machines.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use super::super::load::percentile;
+use super::super::table::{markdown, millis};
+
+/// p50 / p95 / p99 (ms) of some latencies, and how many there were; NaN
+/// (null in JSON) when there were none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Latency {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub count: usize,
+}
+
+impl Latency {
+    /// Nearest-rank percentiles of `values` (sorted in place).
+    pub fn of(values: &mut [f64]) -> Latency {
+        Latency {
+            p50: percentile(values, 0.50),
+            p95: percentile(values, 0.95),
+            p99: percentile(values, 0.99),
+            count: values.len(),
+        }
+    }
+
+    fn to_json(self) -> Value {
+        json!({"p50": self.p50, "p95": self.p95, "p99": self.p99, "count": self.count})
+    }
+}
+
+/// How the participants' sessions ended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcomes {
+    pub participants: usize,
+    /// Submissions answered 202.
+    pub accepted: usize,
+    /// Submissions answered otherwise, by status (`no answer` when none).
+    pub refused_by_status: BTreeMap<String, usize>,
+    /// `session.completed` frames.
+    pub completed: usize,
+    /// `session.rejected` (INPUT_REJECTED) frames.
+    pub rejected: usize,
+    /// Prompts sent with the reject word.
+    pub injected_rejections: usize,
+    /// Every frame that was not a completion, by reason (INPUT_REJECTED
+    /// included).
+    pub aborted_by_reason: BTreeMap<String, usize>,
+    /// Accepted, but no frame by the deadline.
+    pub lost: usize,
+}
+
+/// The unrelated reader's figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reads {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub count: usize,
+    pub failed: usize,
+    pub every_ms: u64,
+}
+
+/// `pg_stat_activity` while the day ran.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PgActivity {
+    Sampled {
+        samples: usize,
+        /// Most connections of the database in state `idle in
+        /// transaction` at one sample.
+        idle_in_transaction_peak: i64,
+        /// Longest time one of them had been in that state when sampled.
+        idle_in_transaction_longest_ms: i64,
+        /// Most of them at one sample that had been so for 100 ms or more
+        /// (a transaction held open, not one between two statements).
+        idle_in_transaction_100ms_peak: i64,
+        connections_peak: i64,
+        every_ms: u64,
+    },
+    /// Why not: `n/a (SQLite)`, ...
+    NotSampled(String),
+}
+
+/// The embedded server's resident set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Memory {
+    /// VmRSS (KiB) after setup, before the displays connected.
+    pub rss_before_kib: u64,
+    /// VmRSS (KiB) with every display connected, before the day.
+    pub rss_after_kib: u64,
+    pub sockets: usize,
+    /// VmHWM (KiB) at the end.
+    pub peak_kib: Option<u64>,
+}
+
+impl Memory {
+    pub fn per_socket_kib(&self) -> f64 {
+        (self.rss_after_kib as f64 - self.rss_before_kib as f64) / self.sockets.max(1) as f64
+    }
+}
+
+/// Everything one rehearsal measured.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub started: String,
+    pub cpus: usize,
+    /// 1-minute load average at the start and the end.
+    pub load_average: [Option<f64>; 2],
+    /// `embedded` or the URL.
+    pub target: String,
+    pub backend: String,
+    pub arrivals: String,
+    pub ai: String,
+    pub fail_rate: f64,
+    pub reject_rate: f64,
+    pub terminals: usize,
+    pub ai_calls: u32,
+    pub max_in_flight: u32,
+    pub db_pool: Option<u32>,
+    pub outcomes: Outcomes,
+    pub accepted_per_s: f64,
+    pub completed_per_s: f64,
+    pub submit_ms: Latency,
+    pub submit_to_frame_ms: Latency,
+    pub push_ms: Latency,
+    /// From the operators' stats frames (None: no frame came).
+    pub queue_depth_peak: Option<i64>,
+    pub ai_in_flight_peak: Option<i64>,
+    /// The embedded simulator's `max_concurrent_jobs`.
+    pub simulator_max_concurrent_jobs: Option<u64>,
+    pub stats_frames: usize,
+    pub pg: PgActivity,
+    pub unrelated_reads: Reads,
+    pub memory: Option<Memory>,
+    pub notes: Vec<String>,
+    pub violations: Vec<String>,
+}
+
+/// What push latency measures, in the table and the JSON.
+pub const PUSH_MEANS: &str = "from the session's updated_at (written in the transaction that \
+    ended the saga, server clock, ms) to this process reading the frame (its wall clock)";
+
+impl Report {
+    /// The figures for machines (`--json`). NaN figures are null.
+    pub fn to_json(&self) -> Value {
+        let o = &self.outcomes;
+        let abort_rate: BTreeMap<&String, f64> = o
+            .aborted_by_reason
+            .iter()
+            .map(|(reason, n)| (reason, *n as f64 / o.accepted.max(1) as f64))
+            .collect();
+        let pg = match &self.pg {
+            PgActivity::Sampled {
+                samples,
+                idle_in_transaction_peak,
+                idle_in_transaction_longest_ms,
+                idle_in_transaction_100ms_peak,
+                connections_peak,
+                every_ms,
+            } => json!({
+                "idle_in_transaction_peak": idle_in_transaction_peak,
+                "idle_in_transaction_100ms_peak": idle_in_transaction_100ms_peak,
+                "idle_in_transaction_longest_ms": idle_in_transaction_longest_ms,
+                "connections_peak": connections_peak,
+                "samples": samples,
+                "every_ms": every_ms,
+            }),
+            PgActivity::NotSampled(why) => json!({"not_sampled": why}),
+        };
+        let memory = self.memory.as_ref().map(|m| {
+            json!({
+                "rss_before_displays_kib": m.rss_before_kib,
+                "rss_with_displays_kib": m.rss_after_kib,
+                "sockets": m.sockets,
+                "per_socket_kib": m.per_socket_kib(),
+                "peak_rss_kib": m.peak_kib,
+            })
+        });
+        json!({
+            "started": self.started,
+            "machine": {
+                "cpus": self.cpus,
+                "load_average": {"start": self.load_average[0], "end": self.load_average[1]},
+            },
+            "target": self.target,
+            "backend": self.backend,
+            "inputs": {
+                "arrivals": self.arrivals,
+                "ai": self.ai,
+                "fail_rate": self.fail_rate,
+                "reject_rate": self.reject_rate,
+                "terminals": self.terminals,
+                "ai_calls": self.ai_calls,
+                "max_in_flight": self.max_in_flight,
+                "db_pool": self.db_pool,
+            },
+            "sessions": {
+                "participants": o.participants,
+                "accepted": o.accepted,
+                "refused_by_status": o.refused_by_status,
+                "completed": o.completed,
+                "rejected": o.rejected,
+                "injected_rejections": o.injected_rejections,
+                "aborted_by_reason": o.aborted_by_reason,
+                "lost": o.lost,
+            },
+            "abort_rate_by_reason": abort_rate,
+            "accepted_per_s": self.accepted_per_s,
+            "completed_per_s": self.completed_per_s,
+            "submit_ms": self.submit_ms.to_json(),
+            "submit_to_frame_ms": self.submit_to_frame_ms.to_json(),
+            "push_ms": self.push_ms.to_json(),
+            "push_measures": PUSH_MEANS,
+            "queue_depth_peak": self.queue_depth_peak,
+            "ai_concurrency": {
+                "cap": self.max_in_flight,
+                "peak_in_flight": self.ai_in_flight_peak,
+                "simulator_max_concurrent_jobs": self.simulator_max_concurrent_jobs,
+                "stats_frames": self.stats_frames,
+            },
+            "postgres": pg,
+            "unrelated_read_ms": {
+                "p50": self.unrelated_reads.p50_ms,
+                "p99": self.unrelated_reads.p99_ms,
+                "count": self.unrelated_reads.count,
+                "failed": self.unrelated_reads.failed,
+                "every_ms": self.unrelated_reads.every_ms,
+            },
+            "memory": memory,
+            "notes": self.notes,
+            "violations": self.violations,
+        })
+    }
+
+    /// The printed table, a header above it and what the figures mean
+    /// under it.
+    pub fn render(&self) -> String {
+        let o = &self.outcomes;
+        let load = match self.load_average {
+            [Some(a), Some(b)] => format!(", load average {a:.2} at start, {b:.2} at end"),
+            _ => String::new(),
+        };
+        let pool = self
+            .db_pool
+            .map_or("the server's".to_owned(), |p| p.to_string());
+        let mut out = vec![
+            format!(
+                "stagehand rehearse, {}, {} CPU(s){load}",
+                self.started, self.cpus
+            ),
+            format!(
+                "{} ({}): {}; AI: {}, fail rate {}, reject rate {}; {} terminal(s); ai_calls {}, \
+                 max_in_flight {}; db pool {pool}",
+                self.target,
+                self.backend,
+                self.arrivals,
+                self.ai,
+                self.fail_rate,
+                self.reject_rate,
+                self.terminals,
+                self.ai_calls,
+                self.max_in_flight
+            ),
+            String::new(),
+        ];
+        let refused: usize = o.refused_by_status.values().sum();
+        let refused_detail = if refused == 0 {
+            String::new()
+        } else {
+            let parts: Vec<String> = o
+                .refused_by_status
+                .iter()
+                .map(|(status, n)| format!("{status}: {n}"))
+                .collect();
+            format!(" ({})", parts.join(", "))
+        };
+        let other_aborts: usize = o
+            .aborted_by_reason
+            .iter()
+            .filter(|(r, _)| r.as_str() != "INPUT_REJECTED")
+            .map(|(_, n)| n)
+            .sum();
+        let opt = |x: Option<i64>| x.map_or("n/a".to_owned(), |x| x.to_string());
+        let mut rows: Vec<Vec<String>> = vec![
+            vec![
+                "participants / accepted (202) / refused".into(),
+                format!(
+                    "{} / {} / {refused}{refused_detail}",
+                    o.participants, o.accepted
+                ),
+            ],
+            vec![
+                "completed / rejected (prompts sent to be rejected) / other aborts / lost".into(),
+                format!(
+                    "{} / {} ({}) / {other_aborts} / {}",
+                    o.completed, o.rejected, o.injected_rejections, o.lost
+                ),
+            ],
+            vec![
+                "submissions accepted per second".into(),
+                format!("{:.1}", self.accepted_per_s),
+            ],
+            vec![
+                "sagas completed per second".into(),
+                format!("{:.1}", self.completed_per_s),
+            ],
+            vec![
+                "submit latency, POST to 202, p50 / p95 / p99 (ms)".into(),
+                triple(&self.submit_ms),
+            ],
+            vec![
+                "202 to terminal frame, p50 / p95 / p99 (ms)".into(),
+                triple(&self.submit_to_frame_ms),
+            ],
+            vec![
+                "push latency, saga ended to frame, p50 / p95 / p99 (ms)".into(),
+                triple(&self.push_ms),
+            ],
+        ];
+        if o.aborted_by_reason.is_empty() {
+            rows.push(vec!["abort rate".into(), "0 %".into()]);
+        }
+        for (reason, n) in &o.aborted_by_reason {
+            rows.push(vec![
+                format!("abort rate, {reason}"),
+                format!(
+                    "{:.1} % ({n})",
+                    100.0 * *n as f64 / o.accepted.max(1) as f64
+                ),
+            ]);
+        }
+        rows.push(vec![
+            "peak queue depth (operators' stats)".into(),
+            opt(self.queue_depth_peak),
+        ]);
+        rows.push(vec![
+            "peak AI concurrency / cap (operators' stats)".into(),
+            format!("{} / {}", opt(self.ai_in_flight_peak), self.max_in_flight),
+        ]);
+        if let Some(sim) = self.simulator_max_concurrent_jobs {
+            rows.push(vec![
+                "peak AI concurrency / cap (simulator)".into(),
+                format!("{sim} / {}", self.max_in_flight),
+            ]);
+        }
+        let pg = match &self.pg {
+            PgActivity::Sampled {
+                idle_in_transaction_peak,
+                idle_in_transaction_longest_ms,
+                idle_in_transaction_100ms_peak,
+                ..
+            } => format!(
+                "{idle_in_transaction_peak}; {idle_in_transaction_100ms_peak} for >= 100 ms \
+                 (longest {idle_in_transaction_longest_ms} ms)"
+            ),
+            PgActivity::NotSampled(why) => why.clone(),
+        };
+        rows.push(vec!["most connections idle in a transaction".into(), pg]);
+        if let PgActivity::Sampled {
+            connections_peak, ..
+        } = &self.pg
+        {
+            rows.push(vec![
+                "most connections to the database".into(),
+                connections_peak.to_string(),
+            ]);
+        }
+        let r = &self.unrelated_reads;
+        let failed = if r.failed > 0 {
+            format!(", {} failed", r.failed)
+        } else {
+            String::new()
+        };
+        rows.push(vec![
+            "unrelated read, p50 / p99 (ms)".into(),
+            format!("{} / {}{failed}", millis(r.p50_ms), millis(r.p99_ms)),
+        ]);
+        match &self.memory {
+            Some(m) => {
+                rows.push(vec![
+                    format!("server RSS before / with {} displays (KiB)", m.sockets),
+                    format!("{} / {}", m.rss_before_kib, m.rss_after_kib),
+                ]);
+                rows.push(vec![
+                    "memory per display socket (KiB)".into(),
+                    format!("{:.1}", m.per_socket_kib()),
+                ]);
+                rows.push(vec![
+                    "server peak RSS (KiB)".into(),
+                    m.peak_kib.map_or("n/a".into(), |k| k.to_string()),
+                ]);
+            }
+            None => rows.push(vec![
+                "server RSS, memory per socket".into(),
+                "n/a (remote server)".into(),
+            ]),
+        }
+        out.push(markdown(&["figure".into(), "value".into()], &rows));
+        out.push(String::new());
+        out.push(
+            "202 to terminal frame: from this process holding the 202 to the display of the \
+             session's terminal"
+                .into(),
+        );
+        out.push("  reading its session.completed / rejected / aborted frame.".into());
+        out.push(format!("push latency: {PUSH_MEANS}."));
+        out.push(format!(
+            "queue depth and AI concurrency: the peaks of the operators' stats frames ({} \
+             received, at most 4 a second){}",
+            self.stats_frames,
+            if self.simulator_max_concurrent_jobs.is_some() {
+                ";\n  the simulator's figure is its own exact count of unfinished jobs."
+            } else {
+                "."
+            }
+        ));
+        if let PgActivity::Sampled {
+            samples, every_ms, ..
+        } = &self.pg
+        {
+            out.push(format!(
+                "idle in a transaction: pg_stat_activity of the database every {every_ms} ms \
+                 ({samples} samples), state 'idle in transaction%'; >= 100 ms: in that state \
+                 for 100 ms or more when sampled"
+            ));
+            out.push(
+                "  (a transaction held open across something slow, not one between two of its \
+                 statements)."
+                    .into(),
+            );
+        }
+        out.push(format!(
+            "unrelated read: GET /api/experiences/<slug> every {} ms by a client of its own, \
+             {} reads.",
+            r.every_ms, r.count
+        ));
+        if self.memory.is_some() {
+            out.push(
+                "memory per display socket: server VmRSS (median of 5 reads) with the displays \
+                 connected minus before, / displays."
+                    .into(),
+            );
+        }
+        for note in &self.notes {
+            out.push(format!("note: {note}"));
+        }
+        out.join("\n")
+    }
+}
+
+fn triple(l: &Latency) -> String {
+    format!("{} / {} / {}", millis(l.p50), millis(l.p95), millis(l.p99))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        let mut aborted = BTreeMap::new();
+        aborted.insert("INPUT_REJECTED".to_owned(), 4);
+        Report {
+            started: "2026-12-01T02:00:00Z".into(),
+            cpus: 2,
+            load_average: [Some(1.5), None],
+            target: "embedded".into(),
+            backend: "SQLite".into(),
+            arrivals: "a burst of 40 at once".into(),
+            ai: "simulator, latency 50ms fixed".into(),
+            fail_rate: 0.0,
+            reject_rate: 0.1,
+            terminals: 3,
+            ai_calls: 1,
+            max_in_flight: 5,
+            db_pool: None,
+            outcomes: Outcomes {
+                participants: 40,
+                accepted: 40,
+                completed: 36,
+                rejected: 4,
+                injected_rejections: 4,
+                aborted_by_reason: aborted,
+                ..Outcomes::default()
+            },
+            accepted_per_s: 400.0,
+            completed_per_s: 9.0,
+            submit_ms: Latency::of(&mut [3.0, 1.0, 2.0]),
+            submit_to_frame_ms: Latency::of(&mut []),
+            push_ms: Latency::of(&mut [5.0]),
+            queue_depth_peak: Some(35),
+            ai_in_flight_peak: Some(5),
+            simulator_max_concurrent_jobs: Some(5),
+            stats_frames: 12,
+            pg: PgActivity::NotSampled("n/a (SQLite)".into()),
+            unrelated_reads: Reads {
+                p50_ms: 1.0,
+                p99_ms: 4.0,
+                count: 100,
+                failed: 0,
+                every_ms: 20,
+            },
+            memory: Some(Memory {
+                rss_before_kib: 1000,
+                rss_after_kib: 1300,
+                sockets: 3,
+                peak_kib: None,
+            }),
+            notes: vec![],
+            violations: vec![],
+        }
+    }
+
+    #[test]
+    fn latencies_are_nearest_rank() {
+        let l = Latency::of(&mut (1..=100).map(f64::from).collect::<Vec<_>>());
+        assert_eq!((l.p50, l.p95, l.p99, l.count), (50.0, 95.0, 99.0, 100));
+        assert!(Latency::of(&mut []).p99.is_nan());
+    }
+
+    #[test]
+    fn the_json_has_the_documented_shape() {
+        let v = report().to_json();
+        assert_eq!(v["sessions"]["participants"], 40);
+        assert_eq!(v["sessions"]["completed"], 36);
+        assert_eq!(v["sessions"]["rejected"], 4);
+        assert_eq!(v["sessions"]["injected_rejections"], 4);
+        assert_eq!(v["sessions"]["aborted_by_reason"]["INPUT_REJECTED"], 4);
+        assert_eq!(v["abort_rate_by_reason"]["INPUT_REJECTED"], 0.1);
+        assert_eq!(v["submit_ms"]["p50"], 2.0);
+        assert_eq!(v["submit_ms"]["count"], 3);
+        // No frame: null, not a number.
+        assert!(v["submit_to_frame_ms"]["p99"].is_null());
+        assert_eq!(v["ai_concurrency"]["cap"], 5);
+        assert_eq!(v["ai_concurrency"]["peak_in_flight"], 5);
+        assert_eq!(v["ai_concurrency"]["simulator_max_concurrent_jobs"], 5);
+        assert_eq!(v["postgres"]["not_sampled"], "n/a (SQLite)");
+        assert_eq!(v["memory"]["per_socket_kib"], 100.0);
+        assert!(v["memory"]["peak_rss_kib"].is_null());
+        assert_eq!(v["machine"]["load_average"]["start"], 1.5);
+        assert!(v["machine"]["load_average"]["end"].is_null());
+        assert_eq!(v["unrelated_read_ms"]["p99"], 4.0);
+        assert!(v["violations"].as_array().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_table_says_what_is_not_measured() {
+        let mut r = report();
+        let table = r.render();
+        assert!(table.contains("| most connections idle in a transaction "));
+        assert!(table.contains("n/a (SQLite)"));
+        assert!(table.contains("| abort rate, INPUT_REJECTED "));
+        assert!(table.contains("10.0 % (4)"));
+        r.memory = None;
+        assert!(r.render().contains("n/a (remote server)"));
+    }
+}
