@@ -372,6 +372,8 @@ impl Fixture {
             id: self.experience_id.clone(),
             max_in_flight: self.max_in_flight,
             kind: "comic".into(),
+            ai_calls: 1,
+            min_success: None,
             has_resumed: true,
             has_expired_ai: true,
             has_queued_ai: true,

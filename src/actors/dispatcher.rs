@@ -37,7 +37,7 @@ use actix::prelude::*;
 use tokio::sync::watch;
 
 use super::breaker::ProviderBreaker;
-use super::saga_supervisor::{SagaDeps, SagaSupervisor, StopSupervisor};
+use super::saga_supervisor::{ExperienceOf, SagaDeps, SagaSupervisor, StopSupervisor};
 use super::wakeups::Doorbell;
 use crate::domain::breaker::Admission;
 use crate::domain::policy::EpochMs;
@@ -183,14 +183,14 @@ impl Dispatcher {
                         // More may be waiting than we had room for.
                         act.starved = true;
                     }
-                    for (saga, kind) in claimed {
+                    for (saga, experience) in claimed {
                         tracing::debug!(
                             saga_id = %saga.id, step = %saga.step, recoveries = saga.recoveries,
                             "claimed saga"
                         );
                         let (saga_id, token) = (saga.id.clone(), saga.lock_token.clone());
                         if let (Some(supervisor), Some(token)) = (
-                            SagaSupervisor::new(saga, kind, act.deps.clone(), ctx.address()),
+                            SagaSupervisor::new(saga, experience, act.deps.clone(), ctx.address()),
                             token,
                         ) {
                             let supervisor = supervisor.start();
@@ -215,7 +215,7 @@ impl Dispatcher {
 }
 
 /// Claims for every experience with claimable work, at most `room` sagas
-/// in all, each with its experience's kind, and says whether anything
+/// in all, each with what its supervisor needs of its experience, and says whether anything
 /// failed. A failure for one experience does not stop the others. While the provider's breaker is open no AI
 /// work is claimed (sagas past the AI step still are), and when its
 /// cool-down is over, one AI saga in all (the probe).
@@ -225,7 +225,7 @@ async fn claim_round(
     now: EpochMs,
     rules: ClaimRules,
     room: usize,
-) -> (Vec<(sagas::Model, String)>, bool) {
+) -> (Vec<(sagas::Model, ExperienceOf)>, bool) {
     let experiences: StoreResult<Vec<ClaimableExperience>> =
         store.experiences_with_claimable(now, rules).await;
     let mut experiences = match experiences {
@@ -262,7 +262,11 @@ async fn claim_round(
     let mut claimed = Vec::new();
     if let Some(experience) = probe {
         match store.claim_runnable(&experience, 1, now, rules).await {
-            Ok(sagas) => claimed.extend(sagas.into_iter().map(|s| (s, experience.kind.clone()))),
+            Ok(sagas) => claimed.extend(
+                sagas
+                    .into_iter()
+                    .map(|s| (s, ExperienceOf::of(&experience))),
+            ),
             Err(e) => {
                 failed = true;
                 tracing::error!(error = %e, "the breaker's probe could not be claimed")
@@ -275,7 +279,11 @@ async fn claim_round(
             break;
         }
         match store.claim_runnable(&experience, left, now, rules).await {
-            Ok(sagas) => claimed.extend(sagas.into_iter().map(|s| (s, experience.kind.clone()))),
+            Ok(sagas) => claimed.extend(
+                sagas
+                    .into_iter()
+                    .map(|s| (s, ExperienceOf::of(&experience))),
+            ),
             Err(e) => {
                 failed = true;
                 tracing::error!(

@@ -28,7 +28,7 @@ use crate::domain::policy::{poll_wait_ms, AfterFailure, AttemptState, RetryPolic
 use crate::domain::saga::{AbortReason, Step, TransitionError};
 use crate::metrics;
 use crate::store::entities::sagas;
-use crate::store::sagas::{step_of, Fence};
+use crate::store::sagas::{step_of, ClaimableExperience, Fence};
 use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{transient_backoff, DbFailure, Store, StoreError};
 
@@ -69,11 +69,29 @@ pub(crate) enum Stop {
 #[rtype(result = "()")]
 pub struct StopSupervisor;
 
+/// What a supervisor needs of its saga's experience, read with the claim
+/// (so no saga reads its experience again).
+#[derive(Debug, Clone)]
+pub struct ExperienceOf {
+    /// The experience's kind, as the AI job's `kind`.
+    pub kind: String,
+    /// `Some((ai_calls, min_success))` when it fans out.
+    pub fan_out: Option<(i32, i32)>,
+}
+
+impl ExperienceOf {
+    pub fn of(experience: &ClaimableExperience) -> ExperienceOf {
+        ExperienceOf {
+            kind: experience.kind.clone(),
+            fan_out: experience.fan_out(),
+        }
+    }
+}
+
 pub struct SagaSupervisor {
     saga_id: String,
     saga: Option<sagas::Model>,
-    /// The experience's kind, as the AI job's `kind`.
-    kind: String,
+    experience: ExperienceOf,
     token: String,
     deps: SagaDeps,
     dispatcher: Addr<Dispatcher>,
@@ -83,7 +101,7 @@ impl SagaSupervisor {
     /// `saga` must be a row just claimed (it carries our lock token).
     pub fn new(
         saga: sagas::Model,
-        kind: String,
+        experience: ExperienceOf,
         deps: SagaDeps,
         dispatcher: Addr<Dispatcher>,
     ) -> Option<Self> {
@@ -91,7 +109,7 @@ impl SagaSupervisor {
         Some(SagaSupervisor {
             saga_id: saga.id.clone(),
             saga: Some(saga),
-            kind,
+            experience,
             token,
             deps,
             dispatcher,
@@ -131,7 +149,7 @@ impl Actor for SagaSupervisor {
         });
         let drive = drive(
             saga,
-            self.kind.clone(),
+            self.experience.clone(),
             self.token.clone(),
             self.deps.clone(),
             self.dispatcher.clone(),
@@ -162,7 +180,7 @@ async fn write(deps: &SagaDeps, write: SagaWrite) -> Result<Result<Written, Stor
 /// (backoff) or the lease is lost.
 async fn drive(
     saga: sagas::Model,
-    kind: String,
+    experience: ExperienceOf,
     token: String,
     deps: SagaDeps,
     dispatcher: Addr<Dispatcher>,
@@ -178,7 +196,7 @@ async fn drive(
         let since = Instant::now();
         let mut retry = 0;
         loop {
-            match run(&mut saga, &kind, &token, &deps, &dispatcher).await {
+            match run(&mut saga, &experience, &token, &deps, &dispatcher).await {
                 Ok(()) => {}
                 Err(Stop::Store(e)) if e.is_lease_lost() => {
                     tracing::info!("lease lost; another worker owns this saga now");
@@ -219,7 +237,7 @@ async fn drive(
 
 async fn run(
     saga: &mut sagas::Model,
-    kind: &str,
+    experience: &ExperienceOf,
     token: &str,
     deps: &SagaDeps,
     dispatcher: &Addr<Dispatcher>,
@@ -227,13 +245,10 @@ async fn run(
     loop {
         let step_started = Instant::now();
         let step = step_of(saga)?;
-        let fan = match step {
-            Step::AiPending => fan_out_of(&saga, deps).await?,
-            _ => None,
-        };
+        let kind = experience.kind.as_str();
         match step {
-            Step::AiPending if fan.is_some() => {
-                let (calls, min_success) = fan.unwrap_or((1, 1));
+            Step::AiPending if experience.fan_out.is_some() => {
+                let (calls, min_success) = experience.fan_out.unwrap_or((1, 1));
                 match fan_out::run_fan_out(&saga, kind, token, deps, calls, min_success).await? {
                     fan_out::FanOutcome::Done(result) => {
                         let done = SagaWrite::AiDone {
@@ -337,23 +352,6 @@ async fn run(
             Step::Completed | Step::Aborted => return Ok(()),
         }
     }
-}
-
-/// `Some((ai_calls, min_success))` when the saga's experience fans out
-/// (`ai_calls` > 1); `None` for a single call, which takes [`ai_attempt`].
-async fn fan_out_of(saga: &sagas::Model, deps: &SagaDeps) -> Result<Option<(i32, i32)>, Stop> {
-    let experience = deps
-        .store
-        .experience_by_id(&saga.experience_id)
-        .await?
-        .ok_or(StoreError::NotFound("experience"))?;
-    Ok((experience.ai_calls > 1).then(|| {
-        let calls = experience.ai_calls;
-        (
-            calls,
-            experience.min_success.unwrap_or(calls).clamp(1, calls),
-        )
-    }))
 }
 
 /// How the AI step ended for this worker.

@@ -32,6 +32,17 @@ pub struct InFlight {
     pub expired: i64,
 }
 
+impl ClaimableExperience {
+    /// `Some((ai_calls, min_success))` when the experience fans out
+    /// (`ai_calls` > 1); `min_success` defaults to all calls.
+    pub fn fan_out(&self) -> Option<(i32, i32)> {
+        (self.ai_calls > 1).then(|| {
+            let calls = self.ai_calls;
+            (calls, self.min_success.unwrap_or(calls).clamp(1, calls))
+        })
+    }
+}
+
 impl InFlight {
     pub fn total(&self) -> i64 {
         self.held + self.expired
@@ -45,6 +56,10 @@ pub struct ClaimableExperience {
     pub id: String,
     pub max_in_flight: i32,
     pub kind: String,
+    /// AI calls per submission (> 1: fan-out).
+    pub ai_calls: i32,
+    /// Calls that must succeed (None: all).
+    pub min_success: Option<i32>,
     /// Sagas past the AI step wait to be resumed (unowned, or their
     /// lease ran out).
     pub has_resumed: bool,
@@ -157,6 +172,7 @@ impl Store {
         let stmt = self.sql(
             &format!(
                 "SELECT * FROM (SELECT e.id, e.max_in_flight, e.kind, e.created_at_ms, \
+                 e.ai_calls, e.min_success, \
                  ({} OR {}) AS resumed, {} AS expired_ai, {} AS queued_ai FROM experiences e) x \
                  WHERE resumed OR expired_ai OR queued_ai ORDER BY created_at_ms, id",
                 probe(&resumed, ClaimSource::Unowned),
@@ -173,9 +189,11 @@ impl Store {
                     id: r.try_get_by_index(0)?,
                     max_in_flight: r.try_get_by_index(1)?,
                     kind: r.try_get_by_index(2)?,
-                    has_resumed: r.try_get_by_index(4)?,
-                    has_expired_ai: r.try_get_by_index(5)?,
-                    has_queued_ai: r.try_get_by_index(6)?,
+                    ai_calls: r.try_get_by_index(4)?,
+                    min_success: r.try_get_by_index(5)?,
+                    has_resumed: r.try_get_by_index(6)?,
+                    has_expired_ai: r.try_get_by_index(7)?,
+                    has_queued_ai: r.try_get_by_index(8)?,
                 })
             })
             .collect::<Result<_, sea_orm::DbErr>>()
@@ -279,11 +297,15 @@ impl Store {
             // Sagas whose AI lease ran out resume in the slots they still
             // hold (counted in `in_flight`), whatever the probe before this
             // transaction saw: a lease that ran out, or was handed over,
-            // since then is found here too.
-            claimed.extend(claim(Step::AiPending, ClaimSource::Expired, room, KEEP_SLOTS).await?);
+            // since then is found here too (and when `in_flight` counts
+            // none, the statement is not sent).
+            if in_flight.expired > 0 {
+                claimed
+                    .extend(claim(Step::AiPending, ClaimSource::Expired, room, KEEP_SLOTS).await?);
+            }
             let mut free = std::cmp::max(experience.max_in_flight as i64 - in_flight.total(), 0);
             if experience.has_queued_ai && free > 0 && claimed.len() < limit {
-                let calls = Self::ai_calls_per_saga(&*tx, &experience.id).await?;
+                let calls = experience.ai_calls;
                 if calls <= 1 {
                     let n = std::cmp::min(free, (limit - claimed.len()) as i64) as usize;
                     claimed.extend(claim(Step::AiPending, ClaimSource::Unowned, n, 1).await?);
@@ -374,23 +396,6 @@ impl Store {
                 slots.into(),
             ],
         )
-    }
-
-    /// The experience's `ai_calls` (calls per submission).
-    async fn ai_calls_per_saga<C: ConnectionTrait>(
-        conn: &C,
-        experience_id: &str,
-    ) -> StoreResult<i32> {
-        let stmt = super::sql_for(
-            conn.get_database_backend(),
-            "SELECT ai_calls FROM experiences WHERE id = $1",
-            vec![experience_id.into()],
-        );
-        let row = conn.query_one_raw(stmt).await?;
-        Ok(row
-            .map(|r| r.try_get_by_index::<i32>(0))
-            .transpose()?
-            .unwrap_or(1))
     }
 
     /// How the database would run the claim of `step` from `source` for
