@@ -289,43 +289,63 @@ async fn kill9_mid_fan_out_reruns_no_finished_call(backend: Backend) {
 }
 db_test!(kill9_mid_fan_out_reruns_no_finished_call);
 
-/// The claim, on the store: a fan-out saga takes as many of the free slots
-/// as it has calls (each call counts one against `max_in_flight`), and the
-/// slots a saga gives back as its calls end are claimed by the next one.
-async fn claim_counts_calls_not_sagas(backend: Backend) {
-    use stagehand::store::ai_calls::{CallRow, Slots, SUCCEEDED};
+/// The store claim tests' ground: a fresh database with one fan-out
+/// experience (`ai_calls` calls per submission, cap `max_in_flight`), and
+/// `sessions` submitted sessions, one millisecond apart from `CLAIM_T0`.
+struct ClaimGround {
+    _db: support::TestDb,
+    store: stagehand::store::Store,
+    experience_id: String,
+    sagas: Vec<stagehand::store::entities::sagas::Model>,
+    claimable: stagehand::store::sagas::ClaimableExperience,
+}
+
+const CLAIM_T0: i64 = 1_800_000_000_000;
+const CLAIM_RULES: stagehand::store::sagas::ClaimRules = stagehand::store::sagas::ClaimRules {
+    lease_ms: 60_000,
+    max_recoveries: 2,
+};
+
+async fn claim_ground(
+    backend: Backend,
+    slug: &str,
+    ai_calls: i32,
+    max_in_flight: i32,
+    sessions: i64,
+) -> ClaimGround {
     use stagehand::store::experiences::NewExperience;
-    use stagehand::store::sagas::{ClaimRules, ClaimableExperience};
+    use stagehand::store::sagas::ClaimableExperience;
     use stagehand::store::submissions::Submission;
 
-    const T0: i64 = 1_800_000_000_000;
-    const RULES: ClaimRules = ClaimRules {
-        lease_ms: 60_000,
-        max_recoveries: 2,
-    };
     let db = support::TestDb::fresh(backend).await;
     let store = db.store().await;
     let exp = store
         .create_experience(
             NewExperience {
-                slug: "personas".into(),
+                slug: slug.into(),
                 title: "t".into(),
                 kind: "score".into(),
-                ai_calls: 4,
+                ai_calls,
                 min_success: None,
-                max_in_flight: 10,
+                max_in_flight,
                 credits: None,
                 closes_at_ms: None,
                 locale: "en".into(),
             },
-            T0,
+            CLAIM_T0,
         )
         .await
         .unwrap();
     let mut sagas = Vec::new();
-    for i in 0..4 {
+    for i in 0..sessions {
         let session = store
-            .create_session(&exp.id, None, "n", &uuid::Uuid::new_v4().to_string(), T0)
+            .create_session(
+                &exp.id,
+                None,
+                "n",
+                &uuid::Uuid::new_v4().to_string(),
+                CLAIM_T0,
+            )
             .await
             .unwrap();
         let prompt = Submission {
@@ -334,21 +354,45 @@ async fn claim_counts_calls_not_sagas(backend: Backend) {
         };
         sagas.push(
             store
-                .submit(&session, prompt, 900_000, T0 + i)
+                .submit(&session, prompt, 900_000, CLAIM_T0 + i)
                 .await
                 .unwrap(),
         );
     }
     let claimable = ClaimableExperience {
         id: exp.id.clone(),
-        max_in_flight: 10,
+        max_in_flight,
         kind: "score".into(),
-        ai_calls: 4,
+        ai_calls,
         min_success: None,
         has_resumed: false,
         has_expired_ai: false,
         has_queued_ai: true,
     };
+    ClaimGround {
+        _db: db,
+        store,
+        experience_id: exp.id,
+        sagas,
+        claimable,
+    }
+}
+
+/// The claim, on the store: a fan-out saga takes as many of the free slots
+/// as it has calls (each call counts one against `max_in_flight`), and the
+/// slots a saga gives back as its calls end are claimed by the next one.
+async fn claim_counts_calls_not_sagas(backend: Backend) {
+    use stagehand::store::ai_calls::{CallRow, Slots, SUCCEEDED};
+
+    let ClaimGround {
+        _db,
+        store,
+        experience_id: exp_id,
+        sagas,
+        claimable,
+    } = claim_ground(backend, "personas", 4, 10, 4).await;
+    const T0: i64 = CLAIM_T0;
+    const RULES: stagehand::store::sagas::ClaimRules = CLAIM_RULES;
     let now = T0 + 10;
     let claimed = store
         .claim_runnable(&claimable, 100, now, RULES)
@@ -365,7 +409,7 @@ async fn claim_counts_calls_not_sagas(backend: Backend) {
         "oldest first, 10 slots in all"
     );
     assert_eq!(
-        Store::in_flight(store.db(), &exp.id, now)
+        Store::in_flight(store.db(), &exp_id, now)
             .await
             .unwrap()
             .total(),
@@ -403,7 +447,7 @@ async fn claim_counts_calls_not_sagas(backend: Backend) {
             .unwrap();
     }
     assert_eq!(
-        Store::in_flight(store.db(), &exp.id, now)
+        Store::in_flight(store.db(), &exp_id, now)
             .await
             .unwrap()
             .total(),
@@ -520,61 +564,16 @@ db_test!(a_second_fan_out_grows_into_freed_slots);
 /// experience capped at 4 right after a hand-over).
 async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
     use stagehand::store::ai_calls::{CallRow, Slots, RUNNING};
-    use stagehand::store::experiences::NewExperience;
-    use stagehand::store::sagas::{ClaimRules, ClaimableExperience};
-    use stagehand::store::submissions::Submission;
 
-    const T0: i64 = 1_800_000_000_000;
-    const RULES: ClaimRules = ClaimRules {
-        lease_ms: 60_000,
-        max_recoveries: 2,
-    };
-    let db = support::TestDb::fresh(backend).await;
-    let store = db.store().await;
-    let exp = store
-        .create_experience(
-            NewExperience {
-                slug: "panels".into(),
-                title: "t".into(),
-                kind: "score".into(),
-                ai_calls: 2,
-                min_success: None,
-                max_in_flight: 2,
-                credits: None,
-                closes_at_ms: None,
-                locale: "en".into(),
-            },
-            T0,
-        )
-        .await
-        .unwrap();
-    let mut sagas = Vec::new();
-    for i in 0..3 {
-        let session = store
-            .create_session(&exp.id, None, "n", &uuid::Uuid::new_v4().to_string(), T0)
-            .await
-            .unwrap();
-        let prompt = Submission {
-            prompt: "p".into(),
-            score: None,
-        };
-        sagas.push(
-            store
-                .submit(&session, prompt, 900_000, T0 + i)
-                .await
-                .unwrap(),
-        );
-    }
-    let mut claimable = ClaimableExperience {
-        id: exp.id.clone(),
-        max_in_flight: 2,
-        kind: "score".into(),
-        ai_calls: 2,
-        min_success: None,
-        has_resumed: false,
-        has_expired_ai: false,
-        has_queued_ai: true,
-    };
+    let ClaimGround {
+        _db,
+        store,
+        experience_id: exp_id,
+        sagas,
+        mut claimable,
+    } = claim_ground(backend, "panels", 2, 2, 3).await;
+    const T0: i64 = CLAIM_T0;
+    const RULES: stagehand::store::sagas::ClaimRules = CLAIM_RULES;
     // Two sagas, one slot each (the claim of one, then its slots lowered
     // to 1, then the next).
     let now = T0 + 10;
@@ -619,7 +618,7 @@ async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
             .unwrap(),
         1
     );
-    let in_flight = Store::in_flight(store.db(), &exp.id, later).await.unwrap();
+    let in_flight = Store::in_flight(store.db(), &exp_id, later).await.unwrap();
     assert_eq!((in_flight.held, in_flight.expired), (1, 1));
 
     // The second one wants its second slot: none is free.
@@ -653,7 +652,7 @@ async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
         "resumed in its one slot, no recovery used"
     );
     assert_eq!(
-        Store::in_flight(store.db(), &exp.id, later)
+        Store::in_flight(store.db(), &exp_id, later)
             .await
             .unwrap()
             .total(),

@@ -122,7 +122,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .get(web::to(service::readyz))
             .build(),
     )
-    .service(Endpoint::new("/metrics").get(web::to(metrics::metrics)).build())
+    .service(
+        Endpoint::new("/metrics")
+            .get(web::to(metrics::metrics))
+            .build(),
+    )
     .service(
         Endpoint::new("/api/openapi.json")
             .get(web::to(openapi::openapi_json))
