@@ -63,10 +63,23 @@ impl Actor for AiActor {
     type Context = Context<Self>;
 }
 
-impl Handler<SubmitJob> for AiActor {
-    type Result = ResponseFuture<Result<JobView, AiFailure>>;
+/// The answer of one request to the provider.
+type Answer = Result<JobView, AiFailure>;
 
-    fn handle(&mut self, msg: SubmitJob, _: &mut Context<Self>) -> Self::Result {
+impl AiActor {
+    /// One request: waits for the shared rate limit, sends it with `send`,
+    /// then reports its outcome to the metrics (`request`, and the job
+    /// timings through `timed`) and to the breaker.
+    fn request<Send, Sent>(
+        &self,
+        request: AiRequest,
+        send: Send,
+        timed: impl FnOnce(&AiJobTimes, &Answer, Instant) + 'static,
+    ) -> ResponseFuture<Answer>
+    where
+        Send: FnOnce(AiProvider) -> Sent + 'static,
+        Sent: std::future::Future<Output = Answer> + 'static,
+    {
         let (client, breaker, rate, jobs) = (
             self.client.clone(),
             self.breaker.clone(),
@@ -78,9 +91,9 @@ impl Handler<SubmitJob> for AiActor {
                 rate.take().await?;
             }
             let sent_at = Instant::now();
-            let outcome = client.submit(&msg.0).await;
-            metrics::ai_request(AiRequest::Submit, &outcome, sent_at.elapsed());
-            jobs.submitted(&outcome, sent_at);
+            let outcome = send(client).await;
+            metrics::ai_request(request, &outcome, sent_at.elapsed());
+            timed(&jobs, &outcome, sent_at);
             if let Some(breaker) = breaker {
                 breaker.record(&outcome);
             }
@@ -89,28 +102,27 @@ impl Handler<SubmitJob> for AiActor {
     }
 }
 
+impl Handler<SubmitJob> for AiActor {
+    type Result = ResponseFuture<Answer>;
+
+    fn handle(&mut self, msg: SubmitJob, _: &mut Context<Self>) -> Self::Result {
+        self.request(
+            AiRequest::Submit,
+            |client| async move { client.submit(&msg.0).await },
+            |jobs, outcome, sent_at| jobs.submitted(outcome, sent_at),
+        )
+    }
+}
+
 impl Handler<PollJob> for AiActor {
-    type Result = ResponseFuture<Result<JobView, AiFailure>>;
+    type Result = ResponseFuture<Answer>;
 
     fn handle(&mut self, msg: PollJob, _: &mut Context<Self>) -> Self::Result {
-        let (client, breaker, rate, jobs) = (
-            self.client.clone(),
-            self.breaker.clone(),
-            self.rate.clone(),
-            self.jobs.clone(),
-        );
-        Box::pin(async move {
-            if let Some(rate) = rate {
-                rate.take().await?;
-            }
-            let sent_at = Instant::now();
-            let outcome = client.poll(&msg.0).await;
-            metrics::ai_request(AiRequest::Poll, &outcome, sent_at.elapsed());
-            jobs.polled(&msg.0, &outcome);
-            if let Some(breaker) = breaker {
-                breaker.record(&outcome);
-            }
-            outcome
-        })
+        let job_id = msg.0.clone();
+        self.request(
+            AiRequest::Poll,
+            |client| async move { client.poll(&msg.0).await },
+            move |jobs, outcome, _| jobs.polled(&job_id, outcome),
+        )
     }
 }
