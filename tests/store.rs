@@ -878,8 +878,14 @@ async fn claim_walks_the_index_however_long_the_queue(backend: Backend) {
     let mut timings = Vec::new();
     for (queued, finished) in [(1_000i64, 1_000i64), (100_000, 10_000)] {
         let have: i64 = count(&f.store, "SELECT COUNT(*) FROM sagas").await;
-        bulk_sagas(&f.store, &template, have, queued, "AI_PENDING").await;
-        bulk_sagas(&f.store, &template, have + queued, finished, "COMPLETED").await;
+        f.store
+            .insert_bulk_sagas(&template, have, queued, "AI_PENDING", T0)
+            .await
+            .unwrap();
+        f.store
+            .insert_bulk_sagas(&template, have + queued, finished, "COMPLETED", T0)
+            .await
+            .unwrap();
         f.store.db().execute_unprepared("ANALYZE").await.unwrap();
         for step in [Step::AiPending, Step::AiDone, Step::RankingDone] {
             for source in [ClaimSource::Unowned, ClaimSource::Expired] {
@@ -943,45 +949,6 @@ async fn count(store: &Store, sql: &str) -> i64 {
         .unwrap()
         .unwrap();
     row.try_get_by_index::<i64>(0).unwrap()
-}
-
-/// Test setup: `n` copies of `template` in `step`, created after it, in
-/// one statement (a generated series on either database).
-async fn bulk_sagas(store: &Store, template: &sagas::Model, offset: i64, n: i64, step: &str) {
-    let series = if store.is_postgres() {
-        "SELECT g AS i FROM generate_series(1, $1) AS g".to_owned()
-    } else {
-        "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < $1) SELECT i FROM s"
-            .to_owned()
-    };
-    let id = if store.is_postgres() {
-        "md5(random()::text || i::text)"
-    } else {
-        "lower(hex(randomblob(16)))"
-    };
-    store
-        .db()
-        .execute_raw(store.sql(
-            &format!(
-                "INSERT INTO sagas (id, session_id, experience_id, step, prompt, attempts, \
-                 recoveries, unavailable_streak, next_attempt_at_ms, ai_base_key, deadline_at_ms, \
-                 created_at_ms, updated_at_ms) \
-                 SELECT {id}, $2, $3, $4, 'bulk', 0, 0, 0, $5, $6, $7, $5 + $8 + i, $5 \
-                 FROM ({series}) AS series"
-            ),
-            vec![
-                n.into(),
-                template.session_id.clone().into(),
-                template.experience_id.clone().into(),
-                step.into(),
-                T0.into(),
-                template.ai_base_key.clone().into(),
-                (T0 + 900_000).into(),
-                offset.into(),
-            ],
-        ))
-        .await
-        .unwrap();
 }
 
 /// Many sagas' writes in one transaction, each judged on its own terms: a

@@ -16,7 +16,6 @@ use sea_orm::ConnectionTrait;
 use super::load::{self, Backend};
 use crate::domain::saga::AbortReason;
 use crate::domain::saga::Step;
-use crate::store::entities::sagas;
 use crate::store::experiences::NewExperience;
 use crate::store::sagas::{ClaimRules, ClaimSource, Fence};
 use crate::store::submissions::Submission;
@@ -152,8 +151,14 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
     let mut have = 1i64;
     let mut out = Vec::new();
     for queued in SIZES {
-        bulk_sagas(&store, &template, have, queued - have, "AI_PENDING", now).await?;
-        bulk_sagas(&store, &template, queued, queued / 10, "COMPLETED", now).await?;
+        store
+            .insert_bulk_sagas(&template, have, queued - have, "AI_PENDING", now)
+            .await
+            .map_err(|e| format!("insert {} AI_PENDING sagas: {e}", queued - have))?;
+        store
+            .insert_bulk_sagas(&template, queued, queued / 10, "COMPLETED", now)
+            .await
+            .map_err(|e| format!("insert {} COMPLETED sagas: {e}", queued / 10))?;
         have = queued + queued / 10;
         if store.is_postgres() {
             // What autovacuum does after such a load; the server never
@@ -256,55 +261,4 @@ fn migrate(url: &str, dir: &Path) -> Result<(), String> {
             log.display()
         ))
     }
-}
-
-/// `n` copies of `template` in `step`, created after it (the `offset`-th
-/// onwards, so the oldest queued stay the oldest), in one statement.
-async fn bulk_sagas(
-    store: &Store,
-    template: &sagas::Model,
-    offset: i64,
-    n: i64,
-    step: &str,
-    now: i64,
-) -> Result<(), String> {
-    if n <= 0 {
-        return Ok(());
-    }
-    let (series, id) = if store.is_postgres() {
-        (
-            "SELECT g AS i FROM generate_series(1, $1) AS g",
-            "md5(random()::text || i::text)",
-        )
-    } else {
-        (
-            "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < $1) \
-             SELECT i FROM s",
-            "lower(hex(randomblob(16)))",
-        )
-    };
-    store
-        .db()
-        .execute_raw(store.sql(
-            &format!(
-                "INSERT INTO sagas (id, session_id, experience_id, step, prompt, attempts, \
-                 recoveries, unavailable_streak, next_attempt_at_ms, ai_base_key, deadline_at_ms, \
-                 created_at_ms, updated_at_ms) \
-                 SELECT {id}, $2, $3, $4, 'bulk', 0, 0, 0, $5, $6, $7, $5 + $8 + i, $5 \
-                 FROM ({series}) AS series"
-            ),
-            vec![
-                n.into(),
-                template.session_id.clone().into(),
-                template.experience_id.clone().into(),
-                step.into(),
-                now.into(),
-                template.ai_base_key.clone().into(),
-                (now + 900_000).into(),
-                offset.into(),
-            ],
-        ))
-        .await
-        .map_err(|e| format!("insert {n} {step} sagas: {e}"))?;
-    Ok(())
 }

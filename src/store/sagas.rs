@@ -502,6 +502,57 @@ impl Store {
         }
     }
 
+    /// `n` copies of `template` in `step` (prompt `bulk`, no lease),
+    /// created after it: the `offset`-th onwards, so the oldest queued stay
+    /// the oldest. One statement. For benchmarks and tests that need long
+    /// queues (`stagehand bench`'s claim cost, `tests/store.rs`).
+    pub async fn insert_bulk_sagas(
+        &self,
+        template: &sagas::Model,
+        offset: i64,
+        n: i64,
+        step: &str,
+        now: EpochMs,
+    ) -> StoreResult<()> {
+        if n <= 0 {
+            return Ok(());
+        }
+        let (series, id) = if self.is_postgres() {
+            (
+                "SELECT g AS i FROM generate_series(1, $1) AS g",
+                "md5(random()::text || i::text)",
+            )
+        } else {
+            (
+                "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < $1) \
+                 SELECT i FROM s",
+                "lower(hex(randomblob(16)))",
+            )
+        };
+        self.db()
+            .execute_raw(self.sql(
+                &format!(
+                    "INSERT INTO sagas (id, session_id, experience_id, step, prompt, attempts, \
+                     recoveries, unavailable_streak, next_attempt_at_ms, ai_base_key, \
+                     deadline_at_ms, created_at_ms, updated_at_ms) \
+                     SELECT {id}, $2, $3, $4, 'bulk', 0, 0, 0, $5, $6, $7, $5 + $8 + i, $5 \
+                     FROM ({series}) AS series"
+                ),
+                vec![
+                    n.into(),
+                    template.session_id.clone().into(),
+                    template.experience_id.clone().into(),
+                    step.into(),
+                    now.into(),
+                    template.ai_base_key.clone().into(),
+                    (now + 900_000).into(),
+                    offset.into(),
+                ],
+            ))
+            .await?;
+        Ok(())
+    }
+
     /// Counts of sagas per step (for stats and tests).
     pub async fn count_by_step(&self) -> StoreResult<Vec<(String, i64)>> {
         let rows = self
