@@ -190,6 +190,7 @@ pub fn status_label(status: JobStatus) -> &'static str {
         JobStatus::Succeeded => "succeeded",
         JobStatus::Failed => "failed",
         JobStatus::Rejected => "rejected",
+        JobStatus::Cancelled => "cancelled",
     }
 }
 

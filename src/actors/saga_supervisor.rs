@@ -551,6 +551,8 @@ fn final_outcome(view: &JobView) -> Option<Result<AiResult, AiFailure>> {
         JobStatus::Succeeded => Some(Ok(view.result.clone().unwrap_or_default())),
         JobStatus::Failed => Some(Err(AiFailure::JobFailed(error()))),
         JobStatus::Rejected => Some(Err(AiFailure::ContentRejected(error()))),
+        // Nobody but us cancels a job; one found cancelled failed.
+        JobStatus::Cancelled => Some(Err(AiFailure::JobFailed(format!("cancelled: {}", error())))),
         JobStatus::Queued | JobStatus::Running => None,
     }
 }

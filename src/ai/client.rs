@@ -30,6 +30,8 @@ pub enum JobStatus {
     Succeeded,
     Failed,
     Rejected,
+    /// Stopped by a cancel (the optional `POST /v1/jobs/{id}/cancel`).
+    Cancelled,
 }
 
 impl JobStatus {
@@ -37,9 +39,22 @@ impl JobStatus {
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            JobStatus::Succeeded | JobStatus::Failed | JobStatus::Rejected
+            JobStatus::Succeeded | JobStatus::Failed | JobStatus::Rejected | JobStatus::Cancelled
         )
     }
+}
+
+/// What a provider said to a cancel.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelOutcome {
+    /// The job is final now (cancelled, or it had ended already): its slot
+    /// is free.
+    Final(JobStatus),
+    /// The provider took the cancel but the job is not final yet: poll it.
+    Pending,
+    /// The provider has no cancel (404 or 405 on the cancel endpoint, or an
+    /// adapter without one): hold the slot and poll until the job ends.
+    Unsupported,
 }
 
 /// A job as the provider answers it to a submit or a poll.
@@ -111,6 +126,26 @@ impl AiClient {
             .header("Idempotency-Key", order.idempotency_key.to_string())
             .json(&body);
         exchange(request).await
+    }
+
+    /// POST {base}/v1/jobs/{job_id}/cancel (optional in the job API): 404
+    /// or 405 means the provider has no cancel.
+    pub async fn cancel(&self, job_id: &str) -> Result<CancelOutcome, AiFailure> {
+        let request = self.http.post(format!(
+            "{}/v1/jobs/{}/cancel",
+            self.base_url,
+            path_segment(job_id)
+        ));
+        match exchange(request).await {
+            Ok(view) if view.status.is_final() => Ok(CancelOutcome::Final(view.status)),
+            Ok(_) => Ok(CancelOutcome::Pending),
+            Err(AiFailure::RequestRejected(detail))
+                if detail.starts_with("HTTP 404") || detail.starts_with("HTTP 405") =>
+            {
+                Ok(CancelOutcome::Unsupported)
+            }
+            Err(failure) => Err(failure),
+        }
     }
 
     /// GET {base}/v1/jobs/{job_id}

@@ -14,7 +14,7 @@ pub mod client;
 pub mod openai;
 pub mod simulator;
 
-pub use client::{AiClient, JobOrder, JobStatus, JobView};
+pub use client::{AiClient, CancelOutcome, JobOrder, JobStatus, JobView};
 pub use openai::{ApiKey, OpenAiClient, OpenAiSettings};
 pub use simulator::{RunningSim, SimConfig, SimControl, SimFaults, SimStats};
 
@@ -52,6 +52,19 @@ impl AiProvider {
         match self {
             AiProvider::Jobs(client) => client.poll(job_id).await,
             AiProvider::OpenAi(client) => client.poll(job_id).await,
+        }
+    }
+
+    /// Asks the provider to stop a job whose saga no longer needs it.
+    /// The OpenAI-compatible adapter's jobs are final at submit: there is
+    /// nothing to cancel.
+    pub async fn cancel(
+        &self,
+        job_id: &str,
+    ) -> Result<CancelOutcome, crate::domain::failure::AiFailure> {
+        match self {
+            AiProvider::Jobs(client) => client.cancel(job_id).await,
+            AiProvider::OpenAi(_) => Ok(CancelOutcome::Unsupported),
         }
     }
 
