@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::ai::openai::{self, ApiKey, OpenAiSettings};
+use crate::ai::providers::{self, ProviderSpec, ProvidersFileError};
 use crate::ai::ProviderKind;
 use crate::domain::policy::{RecoveryLimits, RetryPolicy};
 
@@ -78,6 +79,12 @@ pub struct Config {
         default_value = "jobs"
     )]
     pub ai_provider: ProviderKind,
+    /// The providers file (TOML): several AI providers, one account each,
+    /// with the account's `max_in_flight` shared by every experience on it
+    /// (see `crate::ai::providers`). Unset: one provider `default` from
+    /// `--ai-url` / `--ai-provider` and `--ai-rate-limit`.
+    #[arg(long, env = "STAGEHAND_PROVIDERS")]
+    pub providers: Option<std::path::PathBuf>,
     /// Base URL of the OpenAI-compatible API (a trailing `/v1` is dropped).
     #[arg(long, env = "STAGEHAND_OPENAI_BASE_URL", default_value = openai::DEFAULT_BASE_URL)]
     pub openai_base_url: String,
@@ -243,6 +250,31 @@ impl Config {
 
     pub fn lease_ms(&self) -> i64 {
         self.lease.as_millis() as i64
+    }
+
+    /// The providers: the providers file's, or the one `default` provider
+    /// of `--ai-url` / `--ai-provider` (no shared cap: each experience's own
+    /// `max_in_flight` is its only limit, as before providers existed).
+    pub fn provider_specs(&self) -> Result<Vec<ProviderSpec>, ProvidersFileError> {
+        if let Some(path) = &self.providers {
+            return providers::load(path);
+        }
+        Ok(vec![ProviderSpec {
+            name: providers::DEFAULT_PROVIDER.to_owned(),
+            kind: self.ai_provider,
+            url: match self.ai_provider {
+                ProviderKind::Openai => Some(self.openai_base_url.clone()),
+                _ => self.ai_url.clone(),
+            },
+            max_in_flight: None,
+            rate_limit: self.ai_rate_limit,
+            api_key_env: None,
+            model: None,
+            version: None,
+            chat_model: None,
+            image_model: None,
+            image_size: None,
+        }])
     }
 
     /// The OpenAI-compatible adapter's settings (`--ai-provider openai`).

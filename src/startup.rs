@@ -22,24 +22,26 @@ use crate::actors::breaker::{ProviderBreaker, ProviderRate};
 use crate::actors::cleanup::CleanupActor;
 use crate::actors::cluster::ClusterBridge;
 use crate::actors::dispatcher::{Dispatcher, Drain, Drained};
+use crate::actors::lingering::LingeringJobsActor;
 use crate::actors::operator_hub::OperatorHub;
 use crate::actors::outbox_relay::OutboxRelay;
 use crate::actors::persistence::PersistenceActor;
+use crate::actors::providers::{ProviderHandle, Providers};
 use crate::actors::ranking::RankingActor;
 use crate::actors::ranking_board::RankingBoard;
 use crate::actors::saga_supervisor::{SagaDeps, SagaSettings};
 use crate::actors::shutdown::ShutdownSignal;
 use crate::actors::terminal_hub::TerminalHub;
 use crate::actors::wakeups::{ClusterMailbox, Wakeups};
+use crate::ai::providers::{ProviderSpec, ProvidersFileError};
 use crate::ai::simulator::{self, RunningSim, SimConfig, SimControl};
-use crate::ai::{AiClient, AiProvider, OpenAiClient, ProviderKind};
+use crate::ai::{AiClient, AiProvider, ApiKey, OpenAiClient, OpenAiSettings, ProviderKind};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
 use crate::config::RateLimit;
 use crate::http::auth::new_secret;
 use crate::http::rate_limit::RateLimits;
 use crate::http::{routes, AppState};
-use crate::store::breaker::DEFAULT_PROVIDER;
 use crate::store::sagas::ClaimRules;
 use crate::store::{Store, StoreError};
 
@@ -56,6 +58,10 @@ pub enum StartupError {
     PublicUrl(String),
     #[error("cannot start the AI simulator: {0}")]
     Simulator(std::io::Error),
+    #[error("{0}")]
+    ProvidersFile(#[from] ProvidersFileError),
+    #[error("{0}")]
+    Provider(String),
     #[error(
         "the SQLite database {path} is in use by another stagehand process; SQLite mode is \
          single-instance (stop the other `serve`, or use PostgreSQL to run several instances)"
@@ -140,21 +146,26 @@ impl Application {
         .await?;
         store.migrate().await?;
         // Saga work and display streams get their own connections.
+        let store = store.with_linger(config.ai_timeout);
         let work = store.with_own_pool(config.worker_db_pool).await?;
         tracing::info!(database = %redact(&config.database_url), "database ready (migrations applied)");
 
-        let (ai_url, simulator) = match &config.ai_url {
-            // The OpenAI-compatible provider needs no job API.
-            _ if config.ai_provider == ProviderKind::Openai => (String::new(), None),
-            Some(url) => (url.clone(), None),
-            None => {
-                let sim = simulator::start("127.0.0.1:0", SimControl::new(SimConfig::default()))
-                    .await
-                    .map_err(StartupError::Simulator)?;
-                tracing::info!(url = %sim.url(), "no STAGEHAND_AI_URL set: started the built-in AI simulator in-process");
-                (sim.url(), Some(sim))
-            }
+        let specs = config.provider_specs()?;
+        // A job API without a URL is the built-in simulator (one, shared by
+        // every such provider).
+        let simulator = if specs
+            .iter()
+            .any(|p| p.kind == ProviderKind::Jobs && p.url.is_none())
+        {
+            let sim = simulator::start("127.0.0.1:0", SimControl::new(SimConfig::default()))
+                .await
+                .map_err(StartupError::Simulator)?;
+            tracing::info!(url = %sim.url(), "no STAGEHAND_AI_URL set: started the built-in AI simulator in-process");
+            Some(sim)
+        } else {
+            None
         };
+        store.register_providers(&specs, clock.now_ms()).await?;
         let operator_token = match &config.operator_token {
             Some(token) => token.clone(),
             None => {
@@ -195,37 +206,54 @@ impl Application {
         let persistence =
             PersistenceActor::new(work.clone(), clock.clone(), rules.lease_ms, wakeups.clone())
                 .start();
-        let breaker = ProviderBreaker::new(
+        let mut handles = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            let breaker = ProviderBreaker::new(
+                work.clone(),
+                clock.clone(),
+                wakeups.clone(),
+                &spec.name,
+                config.breaker_cool_down,
+            );
+            let client = provider_client(&config, spec, simulator.as_ref())?;
+            let rate = match spec.rate_limit {
+                RateLimit::Off => None,
+                RateLimit::Every { count, per } => Some(ProviderRate::new(
+                    work.clone(),
+                    clock.clone(),
+                    &spec.name,
+                    count.get(),
+                    per,
+                )),
+            };
+            tracing::info!(
+                provider = %spec.name,
+                kind = spec.kind_name(),
+                max_in_flight = ?spec.max_in_flight,
+                rate_limit = ?spec.rate_limit_text(),
+                "AI provider ready"
+            );
+            handles.push(ProviderHandle {
+                spec: spec.clone(),
+                ai: AiActor::new(client)
+                    .with_breaker(breaker.clone())
+                    .with_rate_limit(rate)
+                    .start(),
+                breaker,
+            });
+        }
+        let providers = Providers::new(handles);
+        LingeringJobsActor::new(
             work.clone(),
             clock.clone(),
+            providers.clone(),
             wakeups.clone(),
-            DEFAULT_PROVIDER,
-            config.breaker_cool_down,
-        );
-        let ai_client = match config.ai_provider {
-            ProviderKind::Jobs => AiProvider::from(AiClient::new(
-                &ai_url,
-                Duration::from_secs(5),
-                Duration::from_secs(30),
-            )),
-            ProviderKind::Openai => openai_provider(&config),
-        };
+            config.ai_poll_interval,
+        )
+        .start();
         let deps = SagaDeps {
             store: work.clone(),
             clock: clock.clone(),
-            ai: AiActor::new(ai_client)
-                .with_breaker(breaker.clone())
-                .with_rate_limit(match config.ai_rate_limit {
-                    RateLimit::Off => None,
-                    RateLimit::Every { count, per } => Some(ProviderRate::new(
-                        work.clone(),
-                        clock.clone(),
-                        DEFAULT_PROVIDER,
-                        count.get(),
-                        per,
-                    )),
-                })
-                .start(),
             ranking: RankingActor::new(work.clone(), clock.clone(), wakeups.clone()).start(),
             persistence: persistence.clone(),
             settings: Arc::new(SagaSettings {
@@ -237,7 +265,7 @@ impl Application {
         };
         let dispatcher = Dispatcher::new(
             deps,
-            breaker.clone(),
+            providers.clone(),
             rules,
             config.poll_interval,
             wakeups.dispatcher.clone(),
@@ -359,14 +387,75 @@ impl Application {
     }
 }
 
-/// The OpenAI-compatible adapter (`--ai-provider openai`); says which
-/// models it uses and whether a key is set, never the key.
-fn openai_provider(config: &Config) -> AiProvider {
-    let client = OpenAiClient::new(&config.openai_settings());
+/// The client of one provider. A key comes from the variable the spec
+/// names (`api_key_env`); a named variable that is unset or empty stops the
+/// start, saying which.
+fn provider_client(
+    config: &Config,
+    spec: &ProviderSpec,
+    simulator: Option<&RunningSim>,
+) -> Result<AiProvider, StartupError> {
+    let key = match &spec.api_key_env {
+        None => None,
+        Some(var) => match std::env::var(var) {
+            Ok(value) if !value.trim().is_empty() => Some(ApiKey::new(value.trim())),
+            _ => {
+                return Err(StartupError::Provider(format!(
+                    "provider {}: api_key_env names {var}, which is not set",
+                    spec.name
+                )))
+            }
+        },
+    };
+    Ok(match spec.kind {
+        ProviderKind::Jobs => {
+            let url = match (&spec.url, simulator) {
+                (Some(url), _) => url.clone(),
+                (None, Some(sim)) => sim.url(),
+                (None, None) => String::new(),
+            };
+            AiProvider::from(AiClient::new(
+                &url,
+                Duration::from_secs(5),
+                Duration::from_secs(30),
+            ))
+        }
+        ProviderKind::Openai => {
+            let mut settings = config.openai_settings();
+            if let Some(url) = &spec.url {
+                settings.base_url = url.clone();
+            }
+            if key.is_some() {
+                settings.api_key = key;
+            }
+            if let Some(model) = &spec.chat_model {
+                settings.chat_model = model.clone();
+            }
+            if let Some(model) = &spec.image_model {
+                settings.image_model = model.clone();
+            }
+            if let Some(size) = &spec.image_size {
+                settings.image_size = size.clone();
+            }
+            openai_provider(settings)
+        }
+        ProviderKind::Replicate => {
+            return Err(StartupError::Provider(format!(
+                "provider {}: the replicate kind is not available in this build",
+                spec.name
+            )))
+        }
+    })
+}
+
+/// The OpenAI-compatible adapter; says which models it uses and whether a
+/// key is set, never the key.
+fn openai_provider(settings: OpenAiSettings) -> AiProvider {
+    let client = OpenAiClient::new(&settings);
     tracing::info!(
         base_url = %redact(client.base_url()),
-        chat_model = %config.openai_chat_model,
-        image_model = %config.openai_image_model,
+        chat_model = %settings.chat_model,
+        image_model = %settings.image_model,
         api_key = if client.has_key() { "set" } else { "unset" },
         "AI provider: OpenAI-compatible API (chat completions, image generation)"
     );

@@ -334,6 +334,8 @@ async fn fixture(backend: Backend, max_in_flight: i32, credits: Option<i64>) -> 
                 credits,
                 closes_at_ms: None,
                 locale: "en".into(),
+                provider: "default".into(),
+                weight: 1,
             },
             T0,
         )
@@ -376,6 +378,9 @@ impl Fixture {
             min_success: None,
             has_resumed: true,
             has_expired_ai: true,
+            provider: "default".into(),
+            weight: 1,
+            provider_max_in_flight: None,
             has_queued_ai: true,
         };
         self.store
@@ -559,6 +564,7 @@ async fn refunds_follow_the_reason_and_a_batch_of_aborts(backend: Backend) {
             AbortReason::AiTimeout
         },
         detail: "attempts used up".into(),
+        linger: true,
     });
     let outcome = f
         .store

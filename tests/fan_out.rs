@@ -331,6 +331,8 @@ async fn claim_ground(
                 credits: None,
                 closes_at_ms: None,
                 locale: "en".into(),
+                provider: "default".into(),
+                weight: 1,
             },
             CLAIM_T0,
         )
@@ -367,6 +369,9 @@ async fn claim_ground(
         min_success: None,
         has_resumed: false,
         has_expired_ai: false,
+        provider: "default".into(),
+        weight: 1,
+        provider_max_in_flight: None,
         has_queued_ai: true,
     };
     ClaimGround {

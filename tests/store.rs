@@ -50,6 +50,8 @@ async fn fixture(backend: Backend, max_in_flight: i32) -> Fixture {
                 credits: None,
                 closes_at_ms: None,
                 locale: "en".into(),
+                provider: "default".into(),
+                weight: 1,
             },
             T0,
         )
@@ -78,6 +80,9 @@ impl Fixture {
             min_success: None,
             has_resumed: true,
             has_expired_ai: true,
+            provider: "default".into(),
+            weight: 1,
+            provider_max_in_flight: None,
             has_queued_ai: true,
         }
     }
@@ -1022,6 +1027,7 @@ async fn a_batch_applies_each_write_on_its_own_terms(backend: Backend) {
                     fence: Fence::Token(token(d)),
                     reason: AbortReason::AiFailed,
                     detail: "gave up".into(),
+                    linger: true,
                 },
                 // c is at AI_DONE: the same result again is a repeat.
                 done(c, &token(c), "c"),

@@ -19,6 +19,7 @@ mod m20261205_000008_breaker;
 mod m20261206_000009_fan_out;
 mod m20261207_000010_handover;
 mod m20261207_000011_outbox_autovacuum;
+mod m20261208_000012_providers;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -37,6 +38,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_000009_fan_out::Migration),
             Box::new(m20261207_000010_handover::Migration),
             Box::new(m20261207_000011_outbox_autovacuum::Migration),
+            Box::new(m20261208_000012_providers::Migration),
         ]
     }
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::breaker::{ProviderBreaker, ProviderRate};
-use crate::ai::{AiProvider, JobOrder, JobView};
+use crate::ai::{AiProvider, CancelOutcome, JobOrder, JobView};
 use crate::domain::failure::AiFailure;
 use crate::metrics::{self, AiJobTimes, AiRequest};
 
@@ -26,6 +26,12 @@ pub struct SubmitJob(pub JobOrder);
 #[derive(Message)]
 #[rtype(result = "Result<JobView, AiFailure>")]
 pub struct PollJob(pub String);
+
+/// Ask the provider to stop a job nobody needs any more (see
+/// [`CancelOutcome`]).
+#[derive(Message)]
+#[rtype(result = "Result<CancelOutcome, AiFailure>")]
+pub struct CancelJob(pub String);
 
 pub struct AiActor {
     /// The job API client or the OpenAI-compatible adapter.
@@ -124,5 +130,26 @@ impl Handler<PollJob> for AiActor {
             |client| async move { client.poll(&msg.0).await },
             move |jobs, outcome, _| jobs.polled(&job_id, outcome),
         )
+    }
+}
+
+impl Handler<CancelJob> for AiActor {
+    type Result = ResponseFuture<Result<CancelOutcome, AiFailure>>;
+
+    /// Under the same rate limit and breaker as every other request; not
+    /// timed as a job request.
+    fn handle(&mut self, msg: CancelJob, _: &mut Context<Self>) -> Self::Result {
+        let (client, breaker, rate) =
+            (self.client.clone(), self.breaker.clone(), self.rate.clone());
+        Box::pin(async move {
+            if let Some(rate) = rate {
+                rate.take().await?;
+            }
+            let outcome = client.cancel(&msg.0).await;
+            if let Some(breaker) = breaker {
+                breaker.record(&outcome);
+            }
+            outcome
+        })
     }
 }

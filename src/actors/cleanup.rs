@@ -313,6 +313,7 @@ async fn abort_orphans(
                 fence: Fence::Unowned,
                 reason,
                 detail: detail.clone(),
+                linger: true,
             }))
             .await;
         match aborted {

@@ -15,10 +15,11 @@
 //! never overlap: a wake-up during a round asks for one more round, which
 //! starts [`ROUND_GAP`] after it.
 //!
-//! While the AI provider's circuit breaker is open ([`ProviderBreaker`]),
-//! rounds claim no AI work, only sagas past the AI step; after its
-//! cool-down one round, on one instance, claims a single AI saga: the
-//! probe.
+//! Experiences are claimed provider by provider, sharing a provider's
+//! slots by weight (see `domain::sharing`). While a provider's circuit
+//! breaker is open (`ProviderBreaker`), rounds claim no AI work for its
+//! experiences, only sagas past the AI step; after its cool-down one round,
+//! on one instance, claims a single AI saga of it: the probe.
 //!
 //! Shutting down ([`Drain`]): rounds stop claiming at once; running sagas
 //! go on for a bounded grace; what is still running then is stopped and
@@ -30,13 +31,12 @@
 //! `max_running`); `WakeAt` once per backoff; `Drain` once.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use tokio::sync::watch;
 
-use super::breaker::ProviderBreaker;
+use super::providers::Providers;
 use super::saga_supervisor::{ExperienceOf, SagaDeps, SagaSupervisor, StopSupervisor};
 use super::wakeups::Doorbell;
 use crate::domain::breaker::Admission;
@@ -101,8 +101,9 @@ struct Running {
 
 pub struct Dispatcher {
     deps: SagaDeps,
-    /// Says whether AI work may be claimed (the provider's circuit breaker).
-    breaker: Arc<ProviderBreaker>,
+    /// The providers, each with its circuit breaker (which says whether
+    /// its AI work may be claimed).
+    providers: Providers,
     rules: ClaimRules,
     poll_interval: Duration,
     bell: Doorbell,
@@ -124,7 +125,7 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new(
         deps: SagaDeps,
-        breaker: Arc<ProviderBreaker>,
+        providers: Providers,
         rules: ClaimRules,
         poll_interval: Duration,
         bell: Doorbell,
@@ -132,7 +133,7 @@ impl Dispatcher {
     ) -> Self {
         Dispatcher {
             deps,
-            breaker,
+            providers,
             rules,
             poll_interval,
             bell,
@@ -164,7 +165,7 @@ impl Dispatcher {
         self.again = false;
         let claim = claim_round(
             self.deps.store.clone(),
-            self.breaker.clone(),
+            self.providers.clone(),
             self.deps.clock.now_ms(),
             self.rules,
             room,
@@ -215,82 +216,103 @@ impl Dispatcher {
 }
 
 /// Claims for every experience with claimable work, at most `room` sagas
-/// in all, each with what its supervisor needs of its experience, and says whether anything
-/// failed. A failure for one experience does not stop the others. While the provider's breaker is open no AI
-/// work is claimed (sagas past the AI step still are), and when its
-/// cool-down is over, one AI saga in all (the probe).
+/// in all, each with what its supervisor needs of its experience, and
+/// says whether anything failed. Experiences are claimed provider by
+/// provider: on a provider with a shared cap, all its experiences in one
+/// claim that shares the slots among them ([`Store::claim_for_provider`]);
+/// on one without, each experience in its own claim, so a failure for one
+/// does not stop the others. While a provider's breaker is open no AI work
+/// is claimed for its experiences (sagas past the AI step still are), and
+/// when its cool-down is over, one AI saga (the probe). An experience
+/// whose provider this instance does not know (it is not in the providers
+/// file) is skipped with an error.
 async fn claim_round(
     store: Store,
-    breaker: Arc<ProviderBreaker>,
+    providers: Providers,
     now: EpochMs,
     rules: ClaimRules,
     room: usize,
 ) -> (Vec<(sagas::Model, ExperienceOf)>, bool) {
     let experiences: StoreResult<Vec<ClaimableExperience>> =
         store.experiences_with_claimable(now, rules).await;
-    let mut experiences = match experiences {
+    let experiences = match experiences {
         Ok(experiences) => experiences,
         Err(e) => {
             tracing::error!(error = %e, retry_in_ms = RETRY_FAILED_ROUND.as_millis() as u64, "claim round failed");
             return (Vec::new(), true);
         }
     };
-    let mut failed = false;
-    let wants_ai = |e: &ClaimableExperience| e.has_expired_ai || e.has_queued_ai;
-    let admission = if experiences.iter().any(wants_ai) {
-        breaker.admission().await
-    } else {
-        Admission::All
-    };
-    let mut probe = None;
-    if admission != Admission::All {
-        if admission == Admission::Probe {
-            probe = experiences
-                .iter()
-                .find(|e| wants_ai(e))
-                .map(|e| ClaimableExperience {
-                    has_resumed: false,
-                    ..e.clone()
-                });
+    // By provider, each in the order of its experiences (oldest first).
+    let mut groups: Vec<(String, Vec<ClaimableExperience>)> = Vec::new();
+    for e in experiences {
+        match groups.iter_mut().find(|(p, _)| *p == e.provider) {
+            Some((_, group)) => group.push(e),
+            None => groups.push((e.provider.clone(), vec![e])),
         }
-        for e in &mut experiences {
-            e.has_expired_ai = false;
-            e.has_queued_ai = false;
-        }
-        experiences.retain(|e| e.has_resumed);
     }
+    let mut failed = false;
     let mut claimed = Vec::new();
-    if let Some(experience) = probe {
-        match store.claim_runnable(&experience, 1, now, rules).await {
-            Ok(sagas) => claimed.extend(
-                sagas
-                    .into_iter()
-                    .map(|s| (s, ExperienceOf::of(&experience))),
-            ),
-            Err(e) => {
-                failed = true;
-                tracing::error!(error = %e, "the breaker's probe could not be claimed")
+    for (provider, mut experiences) in groups {
+        let Some(handle) = providers.get(&provider) else {
+            tracing::error!(
+                %provider, experiences = experiences.len(),
+                "experiences name a provider this instance does not have (not in its providers file): their sagas wait"
+            );
+            continue;
+        };
+        let wants_ai = |e: &ClaimableExperience| e.has_expired_ai || e.has_queued_ai;
+        let admission = if experiences.iter().any(wants_ai) {
+            handle.breaker.admission().await
+        } else {
+            Admission::All
+        };
+        let mut probe = None;
+        if admission != Admission::All {
+            if admission == Admission::Probe {
+                probe = experiences
+                    .iter()
+                    .find(|e| wants_ai(e))
+                    .map(|e| ClaimableExperience {
+                        has_resumed: false,
+                        ..e.clone()
+                    });
+            }
+            for e in &mut experiences {
+                e.has_expired_ai = false;
+                e.has_queued_ai = false;
+            }
+            experiences.retain(|e| e.has_resumed);
+        }
+        let of = |e: &ClaimableExperience| ExperienceOf::of(e, handle.ai.clone());
+        if let Some(experience) = probe {
+            match store.claim_runnable(&experience, 1, now, rules).await {
+                Ok(sagas) => claimed.extend(sagas.into_iter().map(|s| (s, of(&experience)))),
+                Err(e) => {
+                    failed = true;
+                    tracing::error!(%provider, error = %e, "the breaker's probe could not be claimed")
+                }
             }
         }
-    }
-    for experience in experiences {
-        let left = room - claimed.len();
-        if left == 0 {
-            break;
-        }
-        match store.claim_runnable(&experience, left, now, rules).await {
-            Ok(sagas) => claimed.extend(
-                sagas
-                    .into_iter()
-                    .map(|s| (s, ExperienceOf::of(&experience))),
-            ),
-            Err(e) => {
-                failed = true;
-                tracing::error!(
-                    experience_id = %experience.id, error = %e,
-                    retry_in_ms = RETRY_FAILED_ROUND.as_millis() as u64,
-                    "claim failed for this experience; the others go on"
-                )
+        // One claim for a shared cap; one per experience without.
+        let batches: Vec<Vec<ClaimableExperience>> = match experiences.first() {
+            Some(first) if first.provider_max_in_flight.is_some() => vec![experiences],
+            _ => experiences.into_iter().map(|e| vec![e]).collect(),
+        };
+        for batch in batches {
+            let left = room.saturating_sub(claimed.len());
+            if left == 0 {
+                break;
+            }
+            match store.claim_for_provider(&batch, left, now, rules).await {
+                Ok(sagas) => claimed.extend(sagas.into_iter().map(|(s, i)| (s, of(&batch[i])))),
+                Err(e) => {
+                    failed = true;
+                    tracing::error!(
+                        %provider, experiences = batch.len(), error = %e,
+                        retry_in_ms = RETRY_FAILED_ROUND.as_millis() as u64,
+                        "claim failed; the other experiences go on"
+                    )
+                }
             }
         }
     }

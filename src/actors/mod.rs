@@ -3,10 +3,14 @@
 //!
 //! One file per actor, its messages declared at the top of the file:
 //! - [`dispatcher::Dispatcher`]: the queue; claims runnable sagas under each
-//!   experience's AI capacity and starts a supervisor per saga.
+//!   provider's cap and each experience's ceiling, sharing a provider's
+//!   slots by weight, and starts a supervisor per saga.
 //! - [`saga_supervisor::SagaSupervisor`]: drives one saga step by step and
 //!   renews its lease while it waits.
-//! - [`ai::AiActor`]: talks to the AI provider; no database access.
+//! - [`ai::AiActor`]: talks to one AI provider (one per provider); its
+//!   breaker and rate limit write their shared rows.
+//! - [`lingering::LingeringJobsActor`]: cancels or polls the jobs that
+//!   outlived their saga, and frees their slots when they end.
 //! - [`ranking::RankingActor`]: registers scores, idempotently per session.
 //! - [`persistence::PersistenceActor`]: the short fenced transactions; pushes
 //!   terminal events after they commit.
@@ -23,7 +27,8 @@
 //! - [`cluster::ClusterBridge`] (PostgreSQL): carries wake-ups between
 //!   instances with LISTEN/NOTIFY.
 //!
-//! [`wakeups`] is not an actor: the doorbells committers ring after commit;
+//! [`wakeups`] is not an actor, nor is [`providers`], the map of the
+//! providers' actors and breakers: the doorbells committers ring after commit;
 //! nor is [`heartbeat`], the sockets' ping and pong bookkeeping, nor
 //! [`shutdown`], the flag that closes sockets when the instance stops.
 
@@ -34,10 +39,12 @@ pub mod cleanup;
 pub mod cluster;
 pub mod dispatcher;
 pub mod heartbeat;
+pub mod lingering;
 pub mod operator_hub;
 pub mod operator_socket;
 pub mod outbox_relay;
 pub mod persistence;
+pub mod providers;
 pub mod ranking;
 pub mod ranking_board;
 pub mod saga_supervisor;

@@ -112,6 +112,12 @@ async fn write_batch(
             {
                 wakeups.event_appended();
             }
+            if outcomes
+                .iter()
+                .any(|o| o.as_ref().is_ok_and(|w| w.lingering))
+            {
+                wakeups.lingering.ring();
+            }
             let hidden: Vec<String> = outcomes
                 .iter()
                 .filter_map(|o| o.as_ref().ok()?.ranking_changed.clone())
@@ -159,6 +165,9 @@ impl Handler<WriteCall> for PersistenceActor {
                 .await?;
             if m.slots != Slots::Keep {
                 wakeups.saga_work();
+            }
+            if m.row.status == crate::store::ai_calls::FAILED && m.row.job_id.is_some() {
+                wakeups.lingering.ring();
             }
             Ok(held)
         })

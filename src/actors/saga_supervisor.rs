@@ -14,17 +14,15 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tracing::Instrument;
-use uuid::Uuid;
 
-use super::ai::{AiActor, PollJob, SubmitJob};
+use super::ai::AiActor;
 use super::dispatcher::{Dispatcher, SagaStopped, WakeAt};
 use super::persistence::{PersistenceActor, RenewLease, Write};
 use super::ranking::{RankingActor, RegisterScore};
-use crate::ai::{JobOrder, JobStatus, JobView};
+use crate::ai::{JobStatus, JobView};
 use crate::clock::SharedClock;
 use crate::domain::failure::{AiFailure, AiResult};
-use crate::domain::keys::ai_attempt_key;
-use crate::domain::policy::{poll_wait_ms, AfterFailure, AttemptState, RetryPolicy};
+use crate::domain::policy::RetryPolicy;
 use crate::domain::saga::{AbortReason, Step, TransitionError};
 use crate::metrics;
 use crate::store::entities::sagas;
@@ -32,14 +30,13 @@ use crate::store::sagas::{step_of, ClaimableExperience, Fence};
 use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{transient_backoff, DbFailure, Store, StoreError};
 
-mod fan_out;
+mod ai_step;
 
 /// What every supervisor needs; cloned into each.
 #[derive(Clone)]
 pub struct SagaDeps {
     pub store: Store,
     pub clock: SharedClock,
-    pub ai: Addr<AiActor>,
     pub ranking: Addr<RankingActor>,
     pub persistence: Addr<PersistenceActor>,
     pub settings: Arc<SagaSettings>,
@@ -77,13 +74,16 @@ pub struct ExperienceOf {
     pub kind: String,
     /// `Some((ai_calls, min_success))` when it fans out.
     pub fan_out: Option<(i32, i32)>,
+    /// The AiActor of its provider.
+    pub ai: Addr<AiActor>,
 }
 
 impl ExperienceOf {
-    pub fn of(experience: &ClaimableExperience) -> ExperienceOf {
+    pub fn of(experience: &ClaimableExperience, ai: Addr<AiActor>) -> ExperienceOf {
         ExperienceOf {
             kind: experience.kind.clone(),
             fan_out: experience.fan_out(),
+            ai,
         }
     }
 }
@@ -172,7 +172,10 @@ impl Handler<StopSupervisor> for SagaSupervisor {
 }
 
 /// Sends one write to the persistence actor and waits until it committed.
-async fn write(deps: &SagaDeps, write: SagaWrite) -> Result<Result<Written, StoreError>, Stop> {
+pub(super) async fn write(
+    deps: &SagaDeps,
+    write: SagaWrite,
+) -> Result<Result<Written, StoreError>, Stop> {
     Ok(deps.persistence.send(Write(write)).await?)
 }
 
@@ -245,38 +248,14 @@ async fn run(
     loop {
         let step_started = Instant::now();
         let step = step_of(saga)?;
-        let kind = experience.kind.as_str();
         match step {
-            Step::AiPending if experience.fan_out.is_some() => {
-                let (calls, min_success) = experience.fan_out.unwrap_or((1, 1));
-                match fan_out::run_fan_out(&saga, kind, token, deps, calls, min_success).await? {
-                    fan_out::FanOutcome::Done(result) => {
-                        let done = SagaWrite::AiDone {
-                            saga_id: saga.id.clone(),
-                            token: token.to_owned(),
-                            result: result.clone(),
-                            job_id: None,
-                        };
-                        write(deps, done).await??;
-                        metrics::step_finished(Step::AiPending, step_started.elapsed());
-                        tracing::info!(saga_id = %saga.id, calls, "fan-out results recorded");
-                        saga.content =
-                            Some(serde_json::to_string(&result.content).unwrap_or_default());
-                        saga.ai_score = result.score;
-                        saga.step = Step::AiDone.as_str().to_owned();
-                    }
-                    fan_out::FanOutcome::Abort(reason, detail) => {
-                        return abort(&saga, token, reason, detail, deps).await;
-                    }
-                }
-            }
-            Step::AiPending => match ai_attempt(saga, kind, token, deps).await? {
-                AiOutcome::Done(result, job_id) => {
+            Step::AiPending => match ai_step::run_ai_step(saga, experience, token, deps).await? {
+                ai_step::StepOutcome::Done { result, job_id } => {
                     let done = SagaWrite::AiDone {
                         saga_id: saga.id.clone(),
                         token: token.to_owned(),
                         result: result.clone(),
-                        job_id: Some(job_id),
+                        job_id,
                     };
                     write(deps, done).await??;
                     metrics::step_finished(Step::AiPending, step_started.elapsed());
@@ -285,11 +264,34 @@ async fn run(
                     saga.ai_score = result.score;
                     saga.step = Step::AiDone.as_str().to_owned();
                 }
-                AiOutcome::Failed(failure) => {
-                    return after_failure(&saga, token, failure, deps, dispatcher).await;
+                ai_step::StepOutcome::Abort {
+                    reason,
+                    detail,
+                    linger,
+                } => {
+                    return abort_with(saga, token, reason, detail, linger, deps).await;
                 }
-                AiOutcome::Abort(reason, detail) => {
-                    return abort(&saga, token, reason, detail, deps).await;
+                ai_step::StepOutcome::Release {
+                    state,
+                    next_attempt_at,
+                    attempt_counted,
+                    failure,
+                } => {
+                    let now = deps.clock.now_ms();
+                    tracing::warn!(
+                        saga_id = %saga.id, %failure, attempts = state.attempts, in_ms = next_attempt_at - now,
+                        "AI attempt failed; retrying later (the saga's AI slots are free meanwhile)"
+                    );
+                    let release = SagaWrite::ReleaseForRetry {
+                        saga_id: saga.id.clone(),
+                        token: token.to_owned(),
+                        state,
+                        next_attempt_at,
+                        attempt_counted,
+                    };
+                    write(deps, release).await??;
+                    dispatcher.do_send(WakeAt(next_attempt_at));
+                    return Ok(());
                 }
             },
             Step::AiDone => {
@@ -354,193 +356,6 @@ async fn run(
     }
 }
 
-/// How the AI step ended for this worker.
-enum AiOutcome {
-    /// The job succeeded: its result and id.
-    Done(AiResult, String),
-    /// The retry policy decides ([`after_failure`]).
-    Failed(AiFailure),
-    /// End the saga now (its deadline passed while it waited for the AI).
-    Abort(AbortReason, String),
-}
-
-/// The AI step: submit with the attempt's key (or pick up the job a
-/// previous worker already submitted), then poll until a final status.
-///
-/// How the provider is kept within `max_in_flight` (rule 10): the AI slot
-/// of a saga is its lease while it is AI_PENDING (the claim counts held
-/// leases, see `Store::in_flight`), so a worker that may have a job
-/// running at the provider keeps its lease, renewed by the supervisor, and
-/// waits here instead of releasing it:
-/// - a submit whose outcome is unclear (the job may exist) is sent again
-///   with the same key after a backoff: same attempt, same job;
-/// - a poll that fails (unavailable or unclear) is retried after a backoff,
-///   by the job's id;
-/// - an attempt that runs out of `AI_TIMEOUT` counts, and the next attempt
-///   adopts the same job ([`SagaWrite::AiAttemptTimedOut`]) rather than
-///   starting a second one beside it.
-///
-/// Only a submit the provider refused outright (connect error, 5xx, 429:
-/// no job) releases the lease for a backoff, as does a counted failure
-/// once its job is final. `AI_TIMEOUT` bounds each attempt from its submit
-/// whatever the polls answer, and the saga's deadline bounds the whole
-/// wait (then `AI_TIMEOUT`: the time ran out waiting for the AI). A job
-/// that is not final at once is recorded first, so the attempt timeout
-/// counts from its submit even across a crash (one that is final at once
-/// needs no such record: its result is written next, and a resubmission
-/// with the same key finds the same job). Outer error: we must stop.
-async fn ai_attempt(
-    saga: &mut sagas::Model,
-    kind: &str,
-    token: &str,
-    deps: &SagaDeps,
-) -> Result<AiOutcome, Stop> {
-    let settings = &deps.settings;
-    let timeout_ms = settings.ai_timeout.as_millis() as i64;
-    // Consecutive unavailable or unclear answers within this step, for the
-    // backoff between tries.
-    let mut streak: u32 = 0;
-    let (job_id, mut submitted_at) = match (&saga.ai_job_id, saga.ai_submitted_at_ms) {
-        (Some(job_id), Some(at)) => (job_id.clone(), at),
-        _ => {
-            let base = Uuid::parse_str(&saga.ai_base_key).map_err(|e| {
-                StoreError::Corrupt(format!("ai_base_key of saga {}: {e}", saga.id))
-            })?;
-            let order = JobOrder {
-                kind: kind.to_owned(),
-                prompt: saga.prompt.clone(),
-                params: serde_json::json!({"session_id": saga.session_id}),
-                idempotency_key: ai_attempt_key(base, saga.attempts as u32),
-            };
-            let submitted_at = deps.clock.now_ms();
-            let view = loop {
-                match deps.ai.send(SubmitJob(order.clone())).await? {
-                    Ok(view) => break view,
-                    Err(AiFailure::Unclear(detail)) => {
-                        // The provider may have made the job: it holds our
-                        // slot, and the same key will find it.
-                        streak += 1;
-                        tracing::warn!(saga_id = %saga.id, attempt = saga.attempts, %detail, "AI submit outcome unclear; asking again with the same key");
-                        if let Some(end) = out_of_time(saga, submitted_at, timeout_ms, deps) {
-                            return Ok(end);
-                        }
-                        pause(saga, submitted_at, timeout_ms, streak, deps).await;
-                    }
-                    Err(failure) => return Ok(AiOutcome::Failed(failure)),
-                }
-            };
-            if let Some(outcome) = final_outcome(&view) {
-                return Ok(done_or_failed(outcome, view.job_id));
-            }
-            let submitted = SagaWrite::AiSubmitted {
-                saga_id: saga.id.clone(),
-                token: token.to_owned(),
-                job_id: view.job_id.clone(),
-            };
-            write(deps, submitted).await??;
-            tracing::info!(saga_id = %saga.id, job_id = %view.job_id, attempt = saga.attempts, "AI job submitted");
-            saga.ai_job_id = Some(view.job_id.clone());
-            saga.ai_submitted_at_ms = Some(submitted_at);
-            (view.job_id, submitted_at)
-        }
-    };
-    streak = 0;
-    // Polls of this job so far, and the provider's hint of when to ask next.
-    let (mut polls, mut hint): (u32, Option<i64>) = (0, None);
-    loop {
-        if streak == 0 {
-            let base = settings.ai_poll_interval.as_millis() as i64;
-            let wait = poll_wait_ms(base, polls, hint) as u64;
-            tokio::time::sleep(Duration::from_millis(wait)).await;
-            polls += 1;
-        } else {
-            pause(saga, submitted_at, timeout_ms, streak, deps).await;
-        }
-        match deps.ai.send(PollJob(job_id.clone())).await? {
-            Ok(view) => {
-                if let Some(outcome) = final_outcome(&view) {
-                    return Ok(done_or_failed(outcome, job_id));
-                }
-                hint = view.poll_after_ms;
-                streak = 0;
-            }
-            Err(failure) if failure.is_unavailable() => {
-                // The job may still be running: keep its slot and ask again.
-                streak += 1;
-                tracing::warn!(saga_id = %saga.id, %job_id, %failure, "AI poll failed; polling the same job again");
-            }
-            Err(failure) => return Ok(AiOutcome::Failed(failure)),
-        }
-        match out_of_time(saga, submitted_at, timeout_ms, deps) {
-            None => {}
-            Some(AiOutcome::Failed(AiFailure::Timeout)) => {
-                match settings.retry.after_timeout(saga.attempts as u32) {
-                    None => return Ok(AiOutcome::Failed(AiFailure::Timeout)),
-                    Some(attempts) => {
-                        let timed_out = SagaWrite::AiAttemptTimedOut {
-                            saga_id: saga.id.clone(),
-                            token: token.to_owned(),
-                            attempts,
-                        };
-                        write(deps, timed_out).await??;
-                        tracing::warn!(saga_id = %saga.id, %job_id, attempts, "AI attempt timed out; the next attempt adopts its job, which may still be running");
-                        saga.attempts = attempts as i32;
-                        submitted_at = deps.clock.now_ms();
-                        saga.ai_submitted_at_ms = Some(submitted_at);
-                        streak = 0;
-                    }
-                }
-            }
-            Some(end) => return Ok(end),
-        }
-    }
-}
-
-/// The attempt's `AI_TIMEOUT` (counted from `submitted_at`) or the saga's
-/// deadline has passed: `Failed(Timeout)` or `Abort(AI_TIMEOUT)`.
-fn out_of_time(
-    saga: &sagas::Model,
-    submitted_at: i64,
-    timeout_ms: i64,
-    deps: &SagaDeps,
-) -> Option<AiOutcome> {
-    let now = deps.clock.now_ms();
-    if now > saga.deadline_at_ms {
-        return Some(AiOutcome::Abort(
-            AbortReason::AiTimeout,
-            "the saga deadline passed while waiting for the AI".to_owned(),
-        ));
-    }
-    (now - submitted_at > timeout_ms).then_some(AiOutcome::Failed(AiFailure::Timeout))
-}
-
-/// Waits before the next try after `streak` unavailable or unclear
-/// answers: the retry policy's backoff, cut short at the attempt timeout
-/// or the saga deadline, whichever comes first (so both fire on time).
-async fn pause(
-    saga: &sagas::Model,
-    submitted_at: i64,
-    timeout_ms: i64,
-    streak: u32,
-    deps: &SagaDeps,
-) {
-    let backoff = deps
-        .settings
-        .retry
-        .backoff_ms(streak.saturating_sub(1), rand::random());
-    let now = deps.clock.now_ms();
-    let until_end = (submitted_at + timeout_ms + 1 - now).min(saga.deadline_at_ms + 1 - now);
-    let wait = backoff.min(until_end).max(1);
-    tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-}
-
-fn done_or_failed(outcome: Result<AiResult, AiFailure>, job_id: String) -> AiOutcome {
-    match outcome {
-        Ok(result) => AiOutcome::Done(result, job_id),
-        Err(failure) => AiOutcome::Failed(failure),
-    }
-}
-
 fn final_outcome(view: &JobView) -> Option<Result<AiResult, AiFailure>> {
     let error = || {
         view.error
@@ -557,54 +372,24 @@ fn final_outcome(view: &JobView) -> Option<Result<AiResult, AiFailure>> {
     }
 }
 
-/// Applies the retry policy to a failed attempt.
-async fn after_failure(
-    saga: &sagas::Model,
-    token: &str,
-    failure: AiFailure,
-    deps: &SagaDeps,
-    dispatcher: &Addr<Dispatcher>,
-) -> Result<(), Stop> {
-    let before = AttemptState {
-        attempts: saga.attempts as u32,
-        unavailable_streak: saga.unavailable_streak as u32,
-    };
-    let now = deps.clock.now_ms();
-    let jitter: f64 = rand::random();
-    match deps
-        .settings
-        .retry
-        .after_failure(&failure, before, now, saga.deadline_at_ms, jitter)
-    {
-        AfterFailure::Abort { reason, detail } => abort(saga, token, reason, detail, deps).await,
-        AfterFailure::RetryLater {
-            state,
-            next_attempt_at,
-        } => {
-            let attempt_counted = state.attempts > before.attempts;
-            tracing::warn!(
-                saga_id = %saga.id, %failure, attempts = state.attempts, in_ms = next_attempt_at - now,
-                "AI attempt failed; retrying later"
-            );
-            let release = SagaWrite::ReleaseForRetry {
-                saga_id: saga.id.clone(),
-                token: token.to_owned(),
-                state,
-                next_attempt_at,
-                attempt_counted,
-            };
-            write(deps, release).await??;
-            dispatcher.do_send(WakeAt(next_attempt_at));
-            Ok(())
-        }
-    }
-}
-
 async fn abort(
     saga: &sagas::Model,
     token: &str,
     reason: AbortReason,
     detail: String,
+    deps: &SagaDeps,
+) -> Result<(), Stop> {
+    abort_with(saga, token, reason, detail, true, deps).await
+}
+
+/// Ends the saga; `linger`: a job of it may still run at the provider (it
+/// keeps its slot until the provider says it is final).
+async fn abort_with(
+    saga: &sagas::Model,
+    token: &str,
+    reason: AbortReason,
+    detail: String,
+    linger: bool,
     deps: &SagaDeps,
 ) -> Result<(), Stop> {
     if reason == AbortReason::InputRejected {
@@ -617,6 +402,7 @@ async fn abort(
         fence: Fence::Token(token.to_owned()),
         reason,
         detail,
+        linger,
     };
     write(deps, aborted).await??;
     metrics::saga_ended(Some(reason), age(saga, deps));

@@ -139,6 +139,10 @@ pub struct Wakeups {
     pub rankings: Mailbox<Names>,
     /// Something operators count changed, for this instance's operator hub.
     pub stats: Doorbell,
+    /// A job lingers after its saga, for this instance's lingering-jobs
+    /// actor (it cancels or polls it at once; the others' safety tick
+    /// covers an instance that died).
+    pub lingering: Doorbell,
     /// The other instances (PostgreSQL only).
     pub cluster: Option<ClusterMailbox>,
 }

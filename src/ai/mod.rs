@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod openai;
+pub mod providers;
 pub mod simulator;
 
 pub use client::{AiClient, CancelOutcome, JobOrder, JobStatus, JobView};
@@ -26,6 +27,8 @@ pub enum ProviderKind {
     Jobs,
     /// An OpenAI-compatible API (`STAGEHAND_OPENAI_*`), see [`openai`].
     Openai,
+    /// Replicate's predictions API (providers file only).
+    Replicate,
 }
 
 /// The AI provider the AiActor talks to: one submit/poll shape for both.

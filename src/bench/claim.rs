@@ -116,6 +116,8 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                 credits: None,
                 closes_at_ms: None,
                 locale: "en".into(),
+                provider: "default".into(),
+                weight: 1,
             },
             now,
         )

@@ -1,7 +1,8 @@
 //! The pure core: saga steps and transitions, lease checks, failure kinds,
 //! retry and recovery policy, the provider's circuit breaker, AI key
 //! derivation, the locale tables, and the admission of a submission
-//! (credits, queue estimate, closing time). No I/O, no clock: every
+//! (credits, queue estimate, closing time), and how a provider's slots are
+//! shared among its experiences. No I/O, no clock: every
 //! function is given `now`.
 pub mod admission;
 pub mod breaker;
@@ -11,3 +12,4 @@ pub mod locale;
 pub mod policy;
 pub mod saga;
 pub mod session;
+pub mod sharing;

@@ -273,6 +273,7 @@ pub async fn cancel_saga(
             fence: Fence::Operator,
             reason: AbortReason::Cancelled,
             detail: "cancelled by an operator".into(),
+            linger: true,
         };
         state
             .persistence
@@ -374,10 +375,10 @@ pub async fn operator_socket(
     Ok(response)
 }
 
-/// The AI provider's circuit breaker as operators see it.
+/// A provider's circuit breaker as operators see it.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct BreakerView {
-    /// Today one provider per instance: `default`.
+    /// The provider (`default` without a providers file).
     pub provider: String,
     /// `closed` (AI work is claimed), `open` (none is, until `open_until`),
     /// `probing` (open, its cool-down over: one saga is trying the
@@ -389,11 +390,11 @@ pub struct BreakerView {
     pub probe_until: Option<String>,
 }
 
-async fn breaker_view(state: &AppState) -> Result<BreakerView, ApiError> {
-    let breaker = state.store.breaker(DEFAULT_PROVIDER).await?;
+async fn breaker_view(state: &AppState, provider: &str) -> Result<BreakerView, ApiError> {
+    let breaker = state.store.breaker(provider).await?;
     let now = state.clock.now_ms();
     Ok(BreakerView {
-        provider: DEFAULT_PROVIDER.to_owned(),
+        provider: provider.to_owned(),
         state: breaker.state(now).as_str().to_owned(),
         open_until: breaker.open_until_ms.map(rfc3339),
         probe_until: breaker.probe_until_ms.map(rfc3339),
@@ -410,20 +411,49 @@ pub struct OpenBreakerBody {
     for_seconds: Option<i64>,
 }
 
+/// Which provider's breaker (`?provider=`; default `default`).
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ProviderQuery {
+    /// A provider's name; default `default`.
+    provider: Option<String>,
+}
+
+/// The provider a breaker request names; 404 when it is not configured.
+async fn named_provider(state: &AppState, q: &ProviderQuery) -> Result<String, ApiError> {
+    let name = q
+        .provider
+        .clone()
+        .unwrap_or_else(|| DEFAULT_PROVIDER.to_owned());
+    let known = state.store.providers().await?;
+    if known.iter().any(|p| p.name == name) {
+        Ok(name)
+    } else {
+        Err(ApiError::NotFound("provider"))
+    }
+}
+
 /// `GET /api/admin/breaker`
 #[utoipa::path(
     get,
     path = "/api/admin/breaker",
     tag = "admin",
-    summary = "The AI provider's circuit breaker.",
+    summary = "An AI provider's circuit breaker.",
     security(("operator" = [])),
+    params(ProviderQuery),
     responses(
         (status = 200, description = "The breaker.", body = BreakerView),
         (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such provider.", body = super::openapi::ErrorBody),
     )
 )]
-pub async fn get_breaker(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(breaker_view(&state).await?))
+pub async fn get_breaker(
+    state: web::Data<AppState>,
+    q: web::Query<ProviderQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let provider = named_provider(&state, &q).await?;
+    Ok(HttpResponse::Ok().json(breaker_view(&state, &provider).await?))
 }
 
 /// `POST /api/admin/breaker/open`: no AI work is claimed until it closes
@@ -432,20 +462,24 @@ pub async fn get_breaker(state: web::Data<AppState>) -> Result<HttpResponse, Api
     post,
     path = "/api/admin/breaker/open",
     tag = "admin",
-    summary = "Open the AI provider's circuit breaker by hand.",
+    summary = "Open an AI provider's circuit breaker by hand.",
     security(("operator" = [])),
+    params(ProviderQuery),
     request_body(content = Option<OpenBreakerBody>, description = "Optional; empty means the default cool-down."),
     responses(
         (status = 200, description = "The breaker after the change.", body = BreakerView),
         (status = 400, description = "`invalid_json`: the body is not the documented JSON.", body = super::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such provider.", body = super::openapi::ErrorBody),
         (status = 422, description = "`validation_failed`: `for_seconds` out of range.", body = super::openapi::ErrorBody),
     )
 )]
 pub async fn open_breaker(
     state: web::Data<AppState>,
+    q: web::Query<ProviderQuery>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    let provider = named_provider(&state, &q).await?;
     let body = read_body(payload).await?;
     let seconds = if body.iter().all(u8::is_ascii_whitespace) {
         None
@@ -464,13 +498,13 @@ pub async fn open_breaker(
     let now = state.clock.now_ms();
     state
         .store
-        .open_breaker(DEFAULT_PROVIDER, now + ms, "operator", now)
+        .open_breaker(&provider, now + ms, "operator", now)
         .await?;
     tracing::warn!(
-        for_ms = ms,
+        %provider, for_ms = ms,
         "operator opened the AI provider's circuit breaker"
     );
-    Ok(HttpResponse::Ok().json(breaker_view(&state).await?))
+    Ok(HttpResponse::Ok().json(breaker_view(&state, &provider).await?))
 }
 
 /// `POST /api/admin/breaker/close`: AI work is claimed again at once.
@@ -478,17 +512,125 @@ pub async fn open_breaker(
     post,
     path = "/api/admin/breaker/close",
     tag = "admin",
-    summary = "Close the AI provider's circuit breaker by hand.",
+    summary = "Close an AI provider's circuit breaker by hand.",
     security(("operator" = [])),
+    params(ProviderQuery),
     responses(
         (status = 200, description = "The breaker after the change.", body = BreakerView),
         (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such provider.", body = super::openapi::ErrorBody),
     )
 )]
-pub async fn close_breaker(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn close_breaker(
+    state: web::Data<AppState>,
+    q: web::Query<ProviderQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let provider = named_provider(&state, &q).await?;
     let now = state.clock.now_ms();
-    state.store.close_breaker(DEFAULT_PROVIDER, now).await?;
-    tracing::info!("operator closed the AI provider's circuit breaker");
+    state.store.close_breaker(&provider, now).await?;
+    tracing::info!(%provider, "operator closed the AI provider's circuit breaker");
     state.wakeups.saga_work();
-    Ok(HttpResponse::Ok().json(breaker_view(&state).await?))
+    Ok(HttpResponse::Ok().json(breaker_view(&state, &provider).await?))
+}
+
+/// One experience's part of a provider.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ProviderExperienceView {
+    pub slug: String,
+    /// 1 to 100.
+    pub weight: i32,
+    /// Slots it uses now (running jobs, and jobs that outlived their saga).
+    pub in_flight: i64,
+    /// Its AI_PENDING sagas waiting for a slot.
+    pub queued: i64,
+    /// The slots its weight entitles it to now, among the experiences with
+    /// work (running or queued), at most its own `max_in_flight`; null
+    /// without a shared cap.
+    pub share: Option<f64>,
+    /// Its own ceiling.
+    pub max_in_flight: i32,
+}
+
+/// A provider (one AI account) as operators see it.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ProviderView {
+    pub name: String,
+    /// `jobs`, `openai` or `replicate`.
+    pub kind: String,
+    /// The account's concurrent jobs across every experience and instance;
+    /// null: no shared cap.
+    pub max_in_flight: Option<i32>,
+    /// Slots in use on it now.
+    pub in_flight: i64,
+    /// AI_PENDING sagas of its experiences waiting for a slot.
+    pub queued: i64,
+    /// `closed`, `open` or `probing`.
+    pub breaker: String,
+    /// Its request rate limit (`20/1s`), null when off.
+    pub rate_limit: Option<String>,
+    pub experiences: Vec<ProviderExperienceView>,
+}
+
+/// `GET /api/admin/providers`
+#[utoipa::path(
+    get,
+    path = "/api/admin/providers",
+    tag = "admin",
+    summary = "The AI providers: slots in use against the cap, queues, breaker, and each experience's share.",
+    security(("operator" = [])),
+    responses(
+        (status = 200, description = "Every provider, by name.", body = inline(ProvidersBody)),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+    )
+)]
+pub async fn list_providers(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let now = state.clock.now_ms();
+    let mut providers = Vec::new();
+    for p in state.store.providers().await? {
+        let shares = state.store.provider_shares(&p.name, now).await?;
+        let active_weight: i64 = shares
+            .iter()
+            .filter(|(_, s)| s.in_flight > 0 || s.queued > 0)
+            .map(|(_, s)| i64::from(s.weight))
+            .sum();
+        let experiences = shares
+            .into_iter()
+            .map(|(_, s)| {
+                let active = s.in_flight > 0 || s.queued > 0;
+                let share = p
+                    .max_in_flight
+                    .filter(|_| active && active_weight > 0)
+                    .map(|cap| {
+                        let fair = f64::from(cap) * f64::from(s.weight) / active_weight as f64;
+                        (fair.min(f64::from(s.max_in_flight)) * 10.0).round() / 10.0
+                    });
+                ProviderExperienceView {
+                    slug: s.slug,
+                    weight: s.weight,
+                    in_flight: s.in_flight,
+                    queued: s.queued,
+                    share,
+                    max_in_flight: s.max_in_flight,
+                }
+            })
+            .collect::<Vec<_>>();
+        let breaker = state.store.breaker(&p.name).await?.state(now);
+        providers.push(ProviderView {
+            in_flight: experiences.iter().map(|e| e.in_flight).sum(),
+            queued: experiences.iter().map(|e| e.queued).sum(),
+            name: p.name,
+            kind: p.kind,
+            max_in_flight: p.max_in_flight,
+            breaker: breaker.as_str().to_owned(),
+            rate_limit: p.rate_limit,
+            experiences,
+        });
+    }
+    Ok(HttpResponse::Ok().json(ProvidersBody { providers }))
+}
+
+/// The body of `GET /api/admin/providers`.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ProvidersBody {
+    pub providers: Vec<ProviderView>,
 }

@@ -183,6 +183,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .build(),
     )
     .service(
+        Endpoint::new("/api/admin/providers")
+            .get(web::to(admin::list_providers).wrap(from_fn(operator_only)))
+            .build(),
+    )
+    .service(
         Endpoint::new("/api/admin/breaker")
             .get(web::to(admin::get_breaker).wrap(from_fn(operator_only)))
             .build(),

@@ -80,6 +80,7 @@ pub const ERROR_CODES: &[&str] = &[
         admin::retry_saga,
         admin::cancel_saga,
         admin::get_breaker,
+        admin::list_providers,
         admin::open_breaker,
         admin::close_breaker,
         participants::create_session,
@@ -379,6 +380,14 @@ pub struct Experience {
     #[schema(format = DateTime, required = true)]
     closes_at: Option<String>,
     locale: Locale,
+    /// The AI provider its jobs run on.
+    provider: String,
+    /// Its share of the provider's slots, 1 to 100.
+    #[schema(minimum = 1, maximum = 100)]
+    weight: i32,
+    /// One experience only (`GET /api/experiences/{slug}`): its provider's
+    /// breaker is open, so the AI is paused and every place is kept.
+    ai_paused: Option<bool>,
     #[schema(format = DateTime)]
     created_at: String,
 }
@@ -393,6 +402,9 @@ pub struct PublicExperience {
     locale: Locale,
     #[schema(format = DateTime, required = true)]
     closes_at: Option<String>,
+    /// One experience only (`GET /api/experiences/{slug}`): its provider's
+    /// breaker is open, so the AI is paused and every place is kept.
+    ai_paused: Option<bool>,
 }
 
 /// With the operator token, every field; without it, the public ones.
@@ -529,6 +541,13 @@ pub struct SessionView {
     /// for the AI ("7 of 30 done"); null otherwise.
     #[schema(required = true)]
     progress: Option<SessionProgress>,
+    /// While the saga waits for an AI slot: its place in the experience's
+    /// queue (1: next); null otherwise.
+    #[schema(required = true, minimum = 1)]
+    queue_position: Option<i64>,
+    /// The experience's AI provider is paused (its breaker is open): the
+    /// participant keeps their place.
+    ai_paused: bool,
     #[schema(format = DateTime)]
     updated_at: String,
 }

@@ -55,6 +55,16 @@ struct ExperienceBody {
     #[serde(default)]
     #[schema(value_type = Option<crate::domain::locale::Locale>)]
     locale: Option<String>,
+    /// The AI provider (account) its jobs run on: a name from the
+    /// providers file; default `default`. An unknown name is 422.
+    #[serde(default)]
+    #[schema(example = "default", max_length = 40)]
+    provider: Option<String>,
+    /// Its share of the provider's slots among the experiences with work,
+    /// 1 to 100; default 1. `max_in_flight` stays its own ceiling.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 100)]
+    weight: Option<i32>,
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -68,7 +78,10 @@ struct TerminalBody {
     name: String,
 }
 
-fn validate_experience(b: ExperienceBody) -> Result<NewExperience, ApiError> {
+fn validate_experience(
+    b: ExperienceBody,
+    providers: &[crate::store::providers::ProviderRow],
+) -> Result<NewExperience, ApiError> {
     let slug_ok = !b.slug.is_empty()
         && b.slug.len() <= 64
         && b.slug
@@ -121,7 +134,25 @@ fn validate_experience(b: ExperienceBody) -> Result<NewExperience, ApiError> {
         Some(text) => text.parse::<Locale>().map_err(ApiError::Validation)?,
         None => Locale::default(),
     };
+    let weight = b.weight.unwrap_or(1);
+    if !(1..=100).contains(&weight) {
+        return Err(ApiError::Validation("weight must be 1 to 100".into()));
+    }
+    let provider = b
+        .provider
+        .unwrap_or_else(|| crate::ai::providers::DEFAULT_PROVIDER.to_owned());
+    if !providers.iter().any(|p| p.name == provider) {
+        let mut names: Vec<&str> = providers.iter().map(|p| p.name.as_str()).collect();
+        names.sort_unstable();
+        return Err(ApiError::Validation(format!(
+            "provider {:?} is not configured; the providers are: {}",
+            provider.chars().take(40).collect::<String>(),
+            names.join(", ")
+        )));
+    }
     Ok(NewExperience {
+        provider,
+        weight,
         locale: locale.as_str().to_owned(),
         slug: b.slug,
         title: b.title.trim().to_owned(),
@@ -146,6 +177,8 @@ fn experience_json(e: &experiences::Model) -> serde_json::Value {
         "credits": e.credits,
         "closes_at": e.closes_at_ms.map(rfc3339),
         "locale": e.locale,
+        "provider": e.provider,
+        "weight": e.weight,
         "created_at": rfc3339(e.created_at_ms),
     })
 }
@@ -176,7 +209,8 @@ pub async fn create_experience(
     let key = key_of(&req)?;
     let body = read_body(payload).await?;
     let (reply, replayed) = run_idempotent(&state, &operator_scope(&req), key, &body, || async {
-        let new = validate_experience(parse_json(&body)?)?;
+        let providers = state.store.providers().await?;
+        let new = validate_experience(parse_json(&body)?, &providers)?;
         let created = state
             .store
             .create_experience(new, state.clock.now_ms())
@@ -253,11 +287,15 @@ pub async fn get_experience(
     slug: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let experience = state.experience(&slug).await?;
-    let body = if is_operator(&state, &req) {
+    let mut body = if is_operator(&state, &req) {
         experience_json(&experience)
     } else {
         public_experience_json(&experience)
     };
+    // The booth display shows a calm banner while the AI is paused.
+    let breaker = state.store.breaker(&experience.provider).await?;
+    body["ai_paused"] =
+        json!(breaker.state(state.clock.now_ms()) != crate::domain::breaker::BreakerState::Closed);
     Ok(HttpResponse::Ok().json(body))
 }
 

@@ -213,6 +213,22 @@ pub async fn get_session(
         }
         _ => serde_json::Value::Null,
     };
+    // Waiting for the AI: its place in the experience's queue, and
+    // whether the provider is paused (its breaker open).
+    let now = state.clock.now_ms();
+    let (queue_position, ai_paused) = match &saga {
+        Some(saga) if saga.step == Step::AiPending.as_str() => {
+            let paused = state.store.breaker(&experience.provider).await?.state(now)
+                != crate::domain::breaker::BreakerState::Closed;
+            (state.store.queue_position(saga, now).await?, paused)
+        }
+        _ => (None, false),
+    };
+    let message = if ai_paused {
+        locale.text("session.ai_paused")
+    } else {
+        message
+    };
     Ok(HttpResponse::Ok().json(json!({
         "session_id": session.id,
         "experience": experience.slug,
@@ -223,6 +239,8 @@ pub async fn get_session(
         "message": message,
         "result": result,
         "progress": progress,
+        "queue_position": queue_position,
+        "ai_paused": ai_paused,
         "updated_at": rfc3339(session.updated_at_ms),
     })))
 }

@@ -129,8 +129,9 @@ impl Store {
             Some(_) => {
                 let experience = tx
                     .query_one_raw(self.sql(
-                        "SELECT s.experience_id, e.max_in_flight FROM sagas s \
-                         JOIN experiences e ON e.id = s.experience_id WHERE s.id = $1",
+                        "SELECT s.experience_id, e.max_in_flight, e.provider, p.max_in_flight \
+                         FROM sagas s JOIN experiences e ON e.id = s.experience_id \
+                         LEFT JOIN providers p ON p.name = e.provider WHERE s.id = $1",
                         vec![saga_id.into()],
                     ))
                     .await?
@@ -138,25 +139,40 @@ impl Store {
                         Ok::<_, sea_orm::DbErr>((
                             r.try_get_by_index::<String>(0)?,
                             r.try_get_by_index::<i32>(1)?,
+                            r.try_get_by_index::<String>(2)?,
+                            r.try_get_by_index::<Option<i32>>(3)?,
                         ))
                     })
                     .transpose()?;
-                if let (Some((id, _)), true) = (&experience, self.is_postgres()) {
-                    tx.execute_raw(self.sql(
-                        "SELECT pg_advisory_xact_lock(hashtext($1))",
-                        vec![id.clone().into()],
-                    ))
-                    .await?;
+                if let (Some((_, _, provider, _)), true) = (&experience, self.is_postgres()) {
+                    super::sagas::lock_provider(self, &tx, provider).await?;
                 }
                 experience
             }
             None => None,
         };
         let mut held = fence(&*tx, saga_id, token, slots_at_most, now, lease_ms).await?;
-        if let (Some(want), Some((experience_id, max_in_flight))) = (grow_to, experience) {
+        if let (Some(want), Some((experience_id, max_in_flight, provider, provider_max))) =
+            (grow_to, experience)
+        {
             if held < want {
-                let in_flight = Store::in_flight(&*tx, &experience_id, now).await?;
-                let free = i64::from(max_in_flight) - in_flight.total();
+                // Free slots: under the experience's ceiling and, when the
+                // provider has a shared cap, under that too.
+                let free = match provider_max {
+                    None => {
+                        i64::from(max_in_flight)
+                            - Store::in_flight(&*tx, &experience_id, now).await?.total()
+                    }
+                    Some(cap) => {
+                        let all = Store::provider_in_flight(&*tx, &provider, now).await?;
+                        let mine = all.get(&experience_id).copied().unwrap_or_default();
+                        let total: i64 = all.values().map(|f| f.total()).sum();
+                        std::cmp::min(
+                            i64::from(max_in_flight) - mine.total(),
+                            i64::from(cap) - total,
+                        )
+                    }
+                };
                 if free > 0 {
                     let grown = std::cmp::min(i64::from(want), i64::from(held) + free) as i32;
                     tx.execute_raw(self.sql(
@@ -191,6 +207,24 @@ impl Store {
             ],
         ))
         .await?;
+        if let (FAILED, Some(job_id)) = (row.status, &row.job_id) {
+            // Failed by its time running out while its job may still run:
+            // the job keeps a slot until the provider says it is final
+            // (rule 10), even if the saga goes on without it.
+            let saga = tx
+                .query_one_raw(self.sql(
+                    "SELECT experience_id, deadline_at_ms FROM sagas WHERE id = $1",
+                    vec![saga_id.into()],
+                ))
+                .await?;
+            if let Some(saga) = saga {
+                let experience_id: String = saga.try_get_by_index(0)?;
+                let deadline: i64 = saga.try_get_by_index(1)?;
+                let until = deadline.max(now) + self.linger_ms();
+                super::providers::linger_job(&*tx, saga_id, &experience_id, job_id, until, now)
+                    .await?;
+            }
+        }
         tx.commit().await?;
         Ok(held)
     }

@@ -25,6 +25,10 @@ pub struct NewExperience {
     pub closes_at_ms: Option<EpochMs>,
     /// `en` or `ko`.
     pub locale: String,
+    /// The provider's name (checked to exist by the caller).
+    pub provider: String,
+    /// 1 to 100.
+    pub weight: i32,
 }
 
 /// The language of an experience (English when it is gone).
@@ -59,6 +63,8 @@ impl Store {
             credits: Set(new.credits),
             closes_at_ms: Set(new.closes_at_ms),
             locale: Set(new.locale),
+            provider: Set(new.provider),
+            weight: Set(new.weight),
             created_at_ms: Set(now),
         }
         .insert(&*tx)

@@ -16,6 +16,7 @@ pub mod notify;
 pub mod operators;
 pub mod outbox;
 pub mod presence;
+pub mod providers;
 pub mod ranking;
 pub mod sagas;
 pub mod sessions;
@@ -199,6 +200,9 @@ pub struct Store {
     /// Shared by every pool on the same SQLite file.
     write_gate: Option<Arc<Mutex<()>>>,
     url: Arc<str>,
+    /// How long a job that may still run after its saga ended holds its
+    /// slot at the least (`AI_TIMEOUT`; see `lingering_jobs`).
+    linger_ms: i64,
 }
 
 /// A write transaction; holds the SQLite gate until it is committed or
@@ -250,6 +254,7 @@ impl Store {
             db,
             write_gate,
             url: url.into(),
+            linger_ms: 420_000,
         })
     }
 
@@ -261,7 +266,19 @@ impl Store {
             db: Self::pool(&self.url, pool, None).await?,
             write_gate: self.write_gate.clone(),
             url: self.url.clone(),
+            linger_ms: self.linger_ms,
         })
+    }
+
+    /// This store with `AI_TIMEOUT` as the least time a job that may still
+    /// run after its saga ended holds its slot (default 7 min).
+    pub fn with_linger(mut self, linger: Duration) -> Store {
+        self.linger_ms = linger.as_millis() as i64;
+        self
+    }
+
+    pub(crate) fn linger_ms(&self) -> i64 {
+        self.linger_ms
     }
 
     async fn pool(

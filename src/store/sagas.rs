@@ -2,6 +2,8 @@
 //! reads. The cleanup actor's read is in [`super::cleanup`]. The fenced transitions and the final transactions are in
 //! [`super::transitions`].
 
+use std::collections::HashMap;
+
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, FromQueryResult, QueryFilter};
 
@@ -9,6 +11,7 @@ use super::entities::sagas;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::policy::{lease_until, EpochMs};
 use crate::domain::saga::{Step, TransitionError};
+use crate::domain::sharing::{next_grant, Claimant};
 
 /// Settings the claim needs, from configuration.
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +33,10 @@ pub struct InFlight {
     /// Of sagas whose lease ran out (the worker died, or its instance
     /// handed them over) before their deadline: their jobs may still run.
     pub expired: i64,
+    /// Jobs that may still run after their saga ended without them
+    /// (`lingering_jobs`): one slot each until the provider says they are
+    /// final.
+    pub lingering: i64,
 }
 
 impl ClaimableExperience {
@@ -45,16 +52,24 @@ impl ClaimableExperience {
 
 impl InFlight {
     pub fn total(&self) -> i64 {
-        self.held + self.expired
+        self.held + self.expired + self.lingering
     }
 }
 
 /// An experience with work to claim, and what the claim and the sagas
 /// need to know of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClaimableExperience {
     pub id: String,
+    /// Its own ceiling of AI jobs in flight.
     pub max_in_flight: i32,
+    /// The provider (account) its jobs run on.
+    pub provider: String,
+    /// Its share of the provider's slots (1 to 100).
+    pub weight: i32,
+    /// The provider's cap across every experience and instance (None: no
+    /// shared cap).
+    pub provider_max_in_flight: Option<i32>,
     pub kind: String,
     /// AI calls per submission (> 1: fan-out).
     pub ai_calls: i32,
@@ -173,7 +188,9 @@ impl Store {
             &format!(
                 "SELECT * FROM (SELECT e.id, e.max_in_flight, e.kind, e.created_at_ms, \
                  e.ai_calls, e.min_success, \
-                 ({} OR {}) AS resumed, {} AS expired_ai, {} AS queued_ai FROM experiences e) x \
+                 ({} OR {}) AS resumed, {} AS expired_ai, {} AS queued_ai, \
+                 e.provider, e.weight, p.max_in_flight AS provider_max \
+                 FROM experiences e LEFT JOIN providers p ON p.name = e.provider) x \
                  WHERE resumed OR expired_ai OR queued_ai ORDER BY created_at_ms, id",
                 probe(&resumed, ClaimSource::Unowned),
                 probe(&resumed, ClaimSource::Expired),
@@ -194,6 +211,9 @@ impl Store {
                     has_resumed: r.try_get_by_index(6)?,
                     has_expired_ai: r.try_get_by_index(7)?,
                     has_queued_ai: r.try_get_by_index(8)?,
+                    provider: r.try_get_by_index(9)?,
+                    weight: r.try_get_by_index(10)?,
+                    provider_max_in_flight: r.try_get_by_index(11)?,
                 })
             })
             .collect::<Result<_, sea_orm::DbErr>>()
@@ -224,30 +244,75 @@ impl Store {
             &format!(
                 "SELECT COALESCE(SUM(CASE WHEN locked_until_ms >= $2 THEN slots ELSE 0 END), 0), \
                  COALESCE(SUM(CASE WHEN locked_until_ms < $2 AND deadline_at_ms >= $2 \
-                 THEN slots ELSE 0 END), 0) \
+                 THEN slots ELSE 0 END), 0), \
+                 (SELECT COUNT(*) FROM lingering_jobs l WHERE l.experience_id = $1 \
+                 AND l.until_ms >= $2) \
                  FROM sagas WHERE experience_id = $1 AND lock_token IS NOT NULL \
                  AND {RUNNABLE} AND step = 'AI_PENDING'"
             ),
             vec![experience_id.into(), now.into()],
         );
         let row = conn.query_one_raw(stmt).await?;
-        let (held, expired) = match row {
-            Some(r) => (r.try_get_by_index::<i64>(0)?, r.try_get_by_index::<i64>(1)?),
-            None => (0, 0),
-        };
-        Ok(InFlight { held, expired })
+        Ok(match row {
+            Some(r) => InFlight {
+                held: r.try_get_by_index::<i64>(0)?,
+                expired: r.try_get_by_index::<i64>(1)?,
+                lingering: r.try_get_by_index::<i64>(2)?,
+            },
+            None => InFlight::default(),
+        })
     }
 
-    /// Claims, for one experience, at most `limit` claimable sagas: first
-    /// those past the AI step (they need no AI slot, so a long AI queue
-    /// never starves them), then AI_PENDING ones up to the experience's
-    /// free AI capacity, those whose lease ran out before the queued ones.
-    /// The claimed sagas share one fresh lock token and get a lease; one
-    /// resumed after a lost lease counts a recovery. On PostgreSQL the count
-    /// and the claim run under a transaction-scoped advisory lock per
-    /// experience, so the cap is exact across instances, and rows locked by
-    /// someone else are skipped, never waited for. A source the experience
-    /// has nothing in (see [`ClaimableExperience`]) costs no statement.
+    /// [`Self::in_flight`] of every experience on `provider`, by
+    /// experience id (experiences with nothing in flight are absent).
+    pub async fn provider_in_flight<C: ConnectionTrait>(
+        conn: &C,
+        provider: &str,
+        now: EpochMs,
+    ) -> StoreResult<HashMap<String, InFlight>> {
+        let backend = conn.get_database_backend();
+        let sagas = conn
+            .query_all_raw(super::sql_for(
+                backend,
+                &format!(
+                    "SELECT s.experience_id, \
+                     COALESCE(SUM(CASE WHEN s.locked_until_ms >= $2 THEN s.slots ELSE 0 END), 0), \
+                     COALESCE(SUM(CASE WHEN s.locked_until_ms < $2 AND s.deadline_at_ms >= $2 \
+                     THEN s.slots ELSE 0 END), 0) \
+                     FROM sagas s WHERE s.experience_id IN \
+                     (SELECT e.id FROM experiences e WHERE e.provider = $1) \
+                     AND s.lock_token IS NOT NULL AND {RUNNABLE} AND s.step = 'AI_PENDING' \
+                     GROUP BY s.experience_id"
+                ),
+                vec![provider.into(), now.into()],
+            ))
+            .await?;
+        let mut by_experience: HashMap<String, InFlight> = HashMap::new();
+        for row in sagas {
+            let entry = by_experience
+                .entry(row.try_get_by_index::<String>(0)?)
+                .or_default();
+            entry.held = row.try_get_by_index::<i64>(1)?;
+            entry.expired = row.try_get_by_index::<i64>(2)?;
+        }
+        let lingering = conn
+            .query_all_raw(super::sql_for(
+                backend,
+                "SELECT experience_id, COUNT(*) FROM lingering_jobs \
+                 WHERE provider = $1 AND until_ms >= $2 GROUP BY experience_id",
+                vec![provider.into(), now.into()],
+            ))
+            .await?;
+        for row in lingering {
+            by_experience
+                .entry(row.try_get_by_index::<String>(0)?)
+                .or_default()
+                .lingering = row.try_get_by_index::<i64>(1)?;
+        }
+        Ok(by_experience)
+    }
+
+    /// Claims for one experience alone (see [`Self::claim_for_provider`]).
     pub async fn claim_runnable(
         &self,
         experience: &ClaimableExperience,
@@ -255,20 +320,48 @@ impl Store {
         now: EpochMs,
         rules: ClaimRules,
     ) -> StoreResult<Vec<sagas::Model>> {
+        let claimed = self
+            .claim_for_provider(std::slice::from_ref(experience), limit, now, rules)
+            .await?;
+        Ok(claimed.into_iter().map(|(saga, _)| saga).collect())
+    }
+
+    /// Claims, for the experiences of one provider (all on
+    /// `experiences[0].provider`), at most `limit` claimable sagas, each
+    /// with the index of its experience: first those past the AI step (they
+    /// need no AI slot, so a long AI queue never starves them), then
+    /// AI_PENDING ones whose lease ran out (they resume in the slots they
+    /// still hold), then queued ones, one saga at a time to the experience
+    /// that [`next_grant`] picks: slots shared by weight among the
+    /// experiences with work, never above the provider's cap (counting
+    /// every experience on it, and jobs that linger after their saga) nor
+    /// an experience's own ceiling. The claimed sagas share one fresh lock
+    /// token and get a lease; one resumed after a lost lease counts a
+    /// recovery. On PostgreSQL the count and the claim run under a
+    /// transaction-scoped advisory lock per provider, so the caps are exact
+    /// across instances, and rows locked by someone else are skipped, never
+    /// waited for. A source an experience has nothing in (see
+    /// [`ClaimableExperience`]) costs no statement.
+    pub async fn claim_for_provider(
+        &self,
+        experiences: &[ClaimableExperience],
+        limit: usize,
+        now: EpochMs,
+        rules: ClaimRules,
+    ) -> StoreResult<Vec<(sagas::Model, usize)>> {
+        let Some(first) = experiences.first() else {
+            return Ok(Vec::new());
+        };
         if limit == 0 {
             return Ok(Vec::new());
         }
         let tx = self.write_tx().await?;
         if self.is_postgres() {
-            tx.execute_raw(self.sql(
-                "SELECT pg_advisory_xact_lock(hashtext($1))",
-                vec![experience.id.clone().into()],
-            ))
-            .await?;
+            lock_provider(self, &tx, &first.provider).await?;
         }
         let token = new_id();
-        let mut claimed = Vec::new();
-        let claim = |step, source, n, slots: i32| {
+        let mut claimed: Vec<(sagas::Model, usize)> = Vec::new();
+        let claim = |experience: &ClaimableExperience, step, source, n, slots: i32| {
             let stmt = self.claim_statement(
                 "",
                 &experience.id,
@@ -283,46 +376,125 @@ impl Store {
             let tx = &tx;
             async move { self.claim_with(tx, stmt, n).await }
         };
-        if experience.has_resumed {
+        for (i, experience) in experiences.iter().enumerate() {
+            if !experience.has_resumed {
+                continue;
+            }
             for step in [Step::RankingDone, Step::AiDone] {
                 for source in [ClaimSource::Expired, ClaimSource::Unowned] {
                     let room = limit - claimed.len();
-                    claimed.extend(claim(step, source, room, 1).await?);
+                    let got = claim(experience, step, source, room, 1).await?;
+                    claimed.extend(got.into_iter().map(|s| (s, i)));
                 }
             }
         }
-        let room = limit - claimed.len();
-        if room > 0 && (experience.has_expired_ai || experience.has_queued_ai) {
-            let in_flight = Self::in_flight(&*tx, &experience.id, now).await?;
+        let wants_ai = |e: &ClaimableExperience| e.has_expired_ai || e.has_queued_ai;
+        if claimed.len() < limit && experiences.iter().any(wants_ai) {
+            // Slots in use on the provider, by experience, inside this
+            // transaction (every experience on it, not only these).
+            let in_flight = if experiences.len() == 1 && first.provider_max_in_flight.is_none() {
+                let mut one = HashMap::new();
+                one.insert(
+                    first.id.clone(),
+                    Self::in_flight(&*tx, &first.id, now).await?,
+                );
+                one
+            } else {
+                Self::provider_in_flight(&*tx, &first.provider, now).await?
+            };
+            let of = |id: &str| in_flight.get(id).copied().unwrap_or_default();
             // Sagas whose AI lease ran out resume in the slots they still
-            // hold (counted in `in_flight`), whatever the probe before this
+            // hold (counted above), whatever the probe before this
             // transaction saw: a lease that ran out, or was handed over,
-            // since then is found here too (and when `in_flight` counts
-            // none, the statement is not sent).
-            if in_flight.expired > 0 {
-                claimed
-                    .extend(claim(Step::AiPending, ClaimSource::Expired, room, KEEP_SLOTS).await?);
+            // since then is found here too (and when none is counted, the
+            // statement is not sent).
+            for (i, experience) in experiences.iter().enumerate() {
+                if wants_ai(experience) && of(&experience.id).expired > 0 && claimed.len() < limit {
+                    let room = limit - claimed.len();
+                    let got = claim(
+                        experience,
+                        Step::AiPending,
+                        ClaimSource::Expired,
+                        room,
+                        KEEP_SLOTS,
+                    )
+                    .await?;
+                    claimed.extend(got.into_iter().map(|s| (s, i)));
+                }
             }
-            let mut free = std::cmp::max(experience.max_in_flight as i64 - in_flight.total(), 0);
-            if experience.has_queued_ai && free > 0 && claimed.len() < limit {
-                let calls = experience.ai_calls;
-                if calls <= 1 {
-                    let n = std::cmp::min(free, (limit - claimed.len()) as i64) as usize;
-                    claimed.extend(claim(Step::AiPending, ClaimSource::Unowned, n, 1).await?);
-                } else {
-                    // Fan-out: one saga at a time, each taking as many of
-                    // the free slots as it has calls (a single saga may use
-                    // them all); its worker gives back those it no longer
-                    // needs.
-                    while free > 0 && claimed.len() < limit {
-                        let slots = std::cmp::min(free, calls as i64) as i32;
-                        let got = claim(Step::AiPending, ClaimSource::Unowned, 1, slots).await?;
-                        if got.is_empty() {
-                            break;
-                        }
-                        free -= slots as i64;
-                        claimed.extend(got);
+            let mut free = first
+                .provider_max_in_flight
+                .map(|cap| i64::from(cap) - in_flight.values().map(InFlight::total).sum::<i64>());
+            let mut claimants: Vec<Claimant> = experiences
+                .iter()
+                .map(|e| Claimant {
+                    weight: i64::from(e.weight.max(1)),
+                    used: of(&e.id).total(),
+                    ceiling: i64::from(e.max_in_flight),
+                    per_saga: i64::from(e.ai_calls.max(1)),
+                    has_work: e.has_queued_ai,
+                })
+                .collect();
+            // Plan the grants, claim them, and plan again with what an
+            // experience that ran out of queued sagas left over.
+            loop {
+                let mut plan: Vec<Vec<i32>> = vec![Vec::new(); experiences.len()];
+                let mut planned = 0;
+                while claimed.len() + planned < limit {
+                    let Some((i, slots)) = next_grant(&claimants, free) else {
+                        break;
+                    };
+                    claimants[i].used += slots;
+                    free = free.map(|f| f - slots);
+                    plan[i].push(slots as i32);
+                    planned += 1;
+                }
+                if planned == 0 {
+                    break;
+                }
+                let mut short = false;
+                for (i, grants) in plan.into_iter().enumerate() {
+                    if grants.is_empty() {
+                        continue;
                     }
+                    let experience = &experiences[i];
+                    let mut missing: Vec<i32> = Vec::new();
+                    if experience.ai_calls <= 1 {
+                        let got = claim(
+                            experience,
+                            Step::AiPending,
+                            ClaimSource::Unowned,
+                            grants.len(),
+                            1,
+                        )
+                        .await?;
+                        missing.extend(grants.iter().skip(got.len()));
+                        claimed.extend(got.into_iter().map(|s| (s, i)));
+                    } else {
+                        // Fan-out: one saga per grant, each taking the
+                        // slots granted (a single saga may use them all);
+                        // its worker gives back those it no longer needs.
+                        for (g, &slots) in grants.iter().enumerate() {
+                            let got =
+                                claim(experience, Step::AiPending, ClaimSource::Unowned, 1, slots)
+                                    .await?;
+                            if got.is_empty() {
+                                missing.extend(&grants[g..]);
+                                break;
+                            }
+                            claimed.extend(got.into_iter().map(|s| (s, i)));
+                        }
+                    }
+                    if !missing.is_empty() {
+                        let back: i64 = missing.iter().map(|&s| i64::from(s)).sum();
+                        claimants[i].used -= back;
+                        claimants[i].has_work = false;
+                        free = free.map(|f| f + back);
+                        short = true;
+                    }
+                }
+                if !short {
+                    break;
                 }
             }
         }
@@ -577,6 +749,18 @@ pub struct RankedEntry {
     pub score_attempt_id: String,
     pub score: f64,
     pub rank: i32,
+}
+
+/// Takes the transaction-scoped advisory lock of `provider` (PostgreSQL):
+/// everything that counts its slots and takes some (the claim, a fan-out
+/// saga growing) runs under it, so its cap is exact across instances.
+pub(super) async fn lock_provider(store: &Store, tx: &WriteTx, provider: &str) -> StoreResult<()> {
+    tx.execute_raw(store.sql(
+        "SELECT pg_advisory_xact_lock(hashtext($1))",
+        vec![format!("provider:{provider}").into()],
+    ))
+    .await?;
+    Ok(())
 }
 
 pub(crate) fn step_of(saga: &sagas::Model) -> StoreResult<Step> {

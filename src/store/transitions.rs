@@ -86,6 +86,11 @@ pub enum SagaWrite {
         fence: Fence,
         reason: AbortReason,
         detail: String,
+        /// A job of the saga may still run at the provider (its worker
+        /// does not know it final): when the saga was AI_PENDING, each of
+        /// its jobs keeps a slot until the provider says it is final
+        /// (`lingering_jobs`, see [`super::providers`]).
+        linger: bool,
     },
 }
 
@@ -120,6 +125,9 @@ pub struct Written {
     /// The visible ranking of this experience changed (an aborted saga's
     /// entry was hidden).
     pub ranking_changed: Option<String>,
+    /// Jobs of the aborted saga may still run: they linger, holding their
+    /// slots, until the provider says they are final.
+    pub lingering: bool,
 }
 
 /// The outcome of each write of a batch, in the batch's order.
@@ -232,9 +240,21 @@ impl Store {
                     fence,
                     reason,
                     detail,
+                    linger,
                 } => {
+                    let linger_ms = linger.then(|| self.linger_ms());
                     outcome[i] = Some(
-                        abort_one(&tx, saga_id, fence, *reason, detail, now, &mut refunds).await?,
+                        abort_one(
+                            &tx,
+                            saga_id,
+                            fence,
+                            *reason,
+                            detail,
+                            linger_ms,
+                            now,
+                            &mut refunds,
+                        )
+                        .await?,
                     );
                 }
             }
@@ -358,7 +378,7 @@ impl Store {
             outcome[i] = Some(if applied.contains(saga_id) {
                 Ok(Written {
                     event_appended: appended.contains(saga_id),
-                    ranking_changed: None,
+                    ..Written::default()
                 })
             } else {
                 judge(
@@ -493,6 +513,7 @@ impl Store {
             fence,
             reason,
             detail: detail.to_owned(),
+            linger: true,
         };
         self.apply_one(write, now, 0).await
     }
@@ -694,12 +715,14 @@ async fn refund_credits(tx: &WriteTx, refunds: &[Refund]) -> StoreResult<()> {
 /// outbox event, and its ranking entry hidden; a saga that holds credits
 /// and aborted for a refundable reason is added to `refunds`. Outer error:
 /// the transaction must fail; inner: this write's own outcome.
+#[allow(clippy::too_many_arguments)]
 async fn abort_one(
     tx: &WriteTx,
     saga_id: &str,
     fence: &Fence,
     reason: AbortReason,
     detail: &str,
+    linger_ms: Option<i64>,
     now: EpochMs,
     refunds: &mut Vec<Refund>,
 ) -> StoreResult<StoreResult<Written>> {
@@ -801,9 +824,17 @@ async fn abort_one(
         .exec(&**tx)
         .await?
         .rows_affected;
+    // Jobs that may still run keep their slots (rule 10).
+    let lingering = match linger_ms {
+        Some(linger_ms) if saga.aborted_at_step.as_deref() == Some(Step::AiPending.as_str()) => {
+            super::providers::linger_jobs_of(&**tx, &saga, now, linger_ms).await? > 0
+        }
+        _ => false,
+    };
     Ok(Ok(Written {
         event_appended: appended,
         ranking_changed: (hidden > 0).then(|| saga.experience_id.clone()),
+        lingering,
     }))
 }
 

@@ -18,6 +18,12 @@ pub struct Model {
     pub closes_at_ms: Option<i64>,
     /// `en` or `ko`: the language of its human messages and page texts.
     pub locale: String,
+    /// The AI provider (account) its jobs run on: a name from the
+    /// providers file, `default` without one.
+    pub provider: String,
+    /// Its share of the provider's slots among the experiences with work
+    /// (1 to 100).
+    pub weight: i32,
     pub created_at_ms: i64,
 }
 

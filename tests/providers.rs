@@ -1,0 +1,351 @@
+//! Several providers, one account each, black box against the simulator,
+//! on SQLite and on PostgreSQL: a provider's cap shared by weight among the
+//! experiences with work (a booth arriving behind another's backlog gets
+//! its share as soon as jobs end), never above the cap nor an experience's
+//! ceiling, also with two instances; the providers file and its errors;
+//! the experiences' `provider` and `weight`; `GET /api/admin/providers`.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use stagehand::ai::simulator::SimConfig;
+use stagehand::config::Config;
+use stagehand::startup::Application;
+use support::{Backend, Instance, TestApp, TestDb, OPERATOR};
+
+/// A providers file in a temp dir, kept alive with the value.
+struct ProvidersFile {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+fn providers_file(text: &str) -> ProvidersFile {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("providers.toml");
+    std::fs::write(&path, text).expect("write providers file");
+    ProvidersFile { _dir: dir, path }
+}
+
+/// One provider `shared` on the simulator at `url` with `cap` slots.
+fn shared_provider(url: &str, cap: i32) -> ProvidersFile {
+    providers_file(&format!(
+        "[providers.shared]\nkind = \"jobs\"\nurl = \"{url}\"\nmax_in_flight = {cap}\n"
+    ))
+}
+
+/// Creates an experience on `provider`; its slug.
+async fn experience_on(
+    http: &reqwest::Client,
+    base: &str,
+    provider: &str,
+    weight: i32,
+    max_in_flight: i32,
+) -> String {
+    let slug = format!("booth-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let resp = http
+        .post(format!("{base}/api/experiences"))
+        .bearer_auth(OPERATOR)
+        .json(&json!({
+            "slug": slug, "title": "Booth", "kind": "image",
+            "provider": provider, "weight": weight, "max_in_flight": max_in_flight,
+        }))
+        .send()
+        .await
+        .expect("POST /api/experiences");
+    assert_eq!(resp.status(), 201, "{:?}", resp.text().await);
+    slug
+}
+
+/// `n` sessions of `slug`, each submitted at once; their (id, token).
+async fn submit_many(
+    http: &reqwest::Client,
+    base: &str,
+    slug: &str,
+    n: usize,
+) -> Vec<(String, String)> {
+    let mut sessions = Vec::with_capacity(n);
+    for i in 0..n {
+        sessions.push(support::create_session(http, base, slug, None, &format!("p{i}")).await);
+    }
+    let submits = sessions.iter().map(|(sid, token)| {
+        let (http, base) = (http.clone(), base.to_owned());
+        async move {
+            let key = uuid::Uuid::new_v4().to_string();
+            let resp =
+                support::submit(&http, &base, sid, token, json!({"prompt": "a cat"}), &key).await;
+            assert_eq!(resp.status(), 202, "{:?}", resp.text().await);
+        }
+    });
+    futures_util::future::join_all(submits).await;
+    sessions
+}
+
+fn one_second_jobs() -> SimConfig {
+    SimConfig {
+        latency: Duration::from_secs(1),
+        ..support::fast_sim()
+    }
+}
+
+/// The scenario: cap 6, 1 s jobs; booth A floods 60, booth B
+/// submits 6 a moment later. First come, first served, B would wait for
+/// A's ten waves (~10 s); shared by weight, B gets 3 slots as soon as A's
+/// first jobs end, so its 6 are done in about 3 s.
+async fn a_late_booth_gets_its_share_of_the_cap(backend: Backend) {
+    let sim = support::start_sim(one_second_jobs()).await;
+    let file = shared_provider(&sim.url(), 6);
+    let app = TestApp::spawn_with(backend, support::fast_sim(), |c| {
+        c.providers = Some(file.path.clone());
+    })
+    .await;
+    let (http, base) = (&app.http, app.base.as_str());
+    let a = experience_on(http, base, "shared", 1, 20).await;
+    let b = experience_on(http, base, "shared", 1, 20).await;
+    let a_sessions = submit_many(http, base, &a, 60).await;
+    // A fills the cap first.
+    let filled = support::wait_for(Duration::from_secs(5), || async {
+        (sim.control.stats().running >= 6).then_some(())
+    })
+    .await;
+    assert!(
+        filled.is_some(),
+        "booth A never filled the cap: {:?}",
+        sim.control.stats()
+    );
+    let b_started = Instant::now();
+    let b_sessions = submit_many(http, base, &b, 6).await;
+    let b_finals = support::wait_all_final(http, base, &b_sessions, Duration::from_secs(20))
+        .await
+        .expect("booth B's sessions end");
+    let b_took = b_started.elapsed();
+    assert!(
+        b_finals.iter().all(|s| s["status"] == "COMPLETED"),
+        "{b_finals:?}"
+    );
+    eprintln!(
+        "booth B's 6 done {:.2} s after its submit (cap 6, A had 60 queued)",
+        b_took.as_secs_f64()
+    );
+    assert!(
+        b_took < Duration::from_millis(4_500),
+        "booth B waited {b_took:?} behind booth A's backlog (its share is 3 of 6 slots: ~3 s)"
+    );
+    // While B had work, the cap was never passed; A's backlog ends too.
+    support::wait_all_final(http, base, &a_sessions, Duration::from_secs(40))
+        .await
+        .expect("booth A's sessions end");
+    let stats = sim.control.stats();
+    assert!(
+        stats.max_concurrent_jobs <= 6,
+        "the provider ran {} jobs at once against a cap of 6",
+        stats.max_concurrent_jobs
+    );
+    assert_eq!(stats.jobs_created, 66, "one job per session: {stats:?}");
+
+    // A third experience whose own ceiling (20) is above the provider's
+    // cap (6) still never runs more than the cap.
+    let c = experience_on(http, base, "shared", 1, 20).await;
+    let before = sim.control.stats();
+    let c_sessions = submit_many(http, base, &c, 18).await;
+    support::wait_all_final(http, base, &c_sessions, Duration::from_secs(20))
+        .await
+        .expect("C's sessions end");
+    let after = sim.control.stats();
+    assert_eq!(after.jobs_created - before.jobs_created, 18);
+    assert!(after.max_concurrent_jobs <= 6, "{after:?}");
+
+    // The operators' view of the provider.
+    let (status, body) = app.operator_get("/api/admin/providers").await;
+    assert_eq!(status, 200, "{body}");
+    let shared = &body["providers"][0];
+    assert_eq!(shared["name"], "shared");
+    assert_eq!(shared["kind"], "jobs");
+    assert_eq!(shared["max_in_flight"], 6);
+    assert_eq!(shared["breaker"], "closed");
+    assert_eq!(shared["in_flight"], 0);
+    assert_eq!(shared["queued"], 0);
+    let slugs: Vec<&str> = shared["experiences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["slug"].as_str().unwrap())
+        .collect();
+    assert_eq!(slugs, vec![a.as_str(), b.as_str(), c.as_str()]);
+    app.stop().await;
+}
+stagehand::db_test!(a_late_booth_gets_its_share_of_the_cap);
+
+/// Weights share the cap in proportion while both booths have work, and
+/// `/api/admin/providers` shows each share.
+async fn weights_share_the_cap_in_proportion(backend: Backend) {
+    let sim = support::start_sim(SimConfig {
+        latency: Duration::from_secs(3),
+        ..support::fast_sim()
+    })
+    .await;
+    let file = shared_provider(&sim.url(), 6);
+    let app = TestApp::spawn_with(backend, support::fast_sim(), |c| {
+        c.providers = Some(file.path.clone());
+    })
+    .await;
+    let (http, base) = (&app.http, app.base.as_str());
+    let heavy = experience_on(http, base, "shared", 2, 20).await;
+    let light = experience_on(http, base, "shared", 1, 20).await;
+    // Both queues arrive before any slot is taken: the first claim
+    // shares the six slots 4:2.
+    let mut sessions = submit_many(http, base, &heavy, 12).await;
+    sessions.extend(submit_many(http, base, &light, 12).await);
+    let seen = support::wait_for(Duration::from_secs(5), || async {
+        let (_, body) = app.operator_get("/api/admin/providers").await;
+        let p = &body["providers"][0];
+        (p["in_flight"] == 6).then(|| p.clone())
+    })
+    .await
+    .expect("the cap fills");
+    let of = |slug: &str| {
+        seen["experiences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["slug"] == slug)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(of(&heavy)["in_flight"], 4, "{seen}");
+    assert_eq!(of(&light)["in_flight"], 2, "{seen}");
+    assert_eq!(of(&heavy)["share"], 4.0, "{seen}");
+    assert_eq!(of(&light)["share"], 2.0, "{seen}");
+    assert_eq!(of(&heavy)["weight"], 2);
+    support::wait_all_final(http, base, &sessions, Duration::from_secs(60))
+        .await
+        .expect("every session ends");
+    assert!(sim.control.stats().max_concurrent_jobs <= 6);
+    app.stop().await;
+}
+stagehand::db_test!(weights_share_the_cap_in_proportion);
+
+/// Two instances on one PostgreSQL share one provider's cap exactly, and
+/// the late booth still gets its share (its sessions go to the other
+/// instance).
+#[actix_web::test]
+async fn two_instances_share_one_cap() {
+    if support::postgres_admin_url().is_none() {
+        eprintln!("skipped: STAGEHAND_TEST_POSTGRES_URL is not set");
+        return;
+    }
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let sim = support::start_sim(one_second_jobs()).await;
+    let file = shared_provider(&sim.url(), 6);
+    let one = Instance::start(&db, &sim.url(), |c| c.providers = Some(file.path.clone())).await;
+    let two = Instance::start(&db, &sim.url(), |c| c.providers = Some(file.path.clone())).await;
+    let http = reqwest::Client::new();
+    let a = experience_on(&http, &one.base, "shared", 1, 20).await;
+    let b = experience_on(&http, &one.base, "shared", 1, 20).await;
+    let a_sessions = submit_many(&http, &one.base, &a, 60).await;
+    let filled = support::wait_for(Duration::from_secs(5), || async {
+        (sim.control.stats().running >= 6).then_some(())
+    })
+    .await;
+    assert!(filled.is_some(), "{:?}", sim.control.stats());
+    let b_started = Instant::now();
+    let b_sessions = submit_many(&http, &two.base, &b, 6).await;
+    support::wait_all_final(&http, &two.base, &b_sessions, Duration::from_secs(20))
+        .await
+        .expect("booth B's sessions end");
+    let b_took = b_started.elapsed();
+    eprintln!(
+        "two instances: booth B's 6 done {:.2} s after its submit",
+        b_took.as_secs_f64()
+    );
+    assert!(
+        b_took < Duration::from_millis(4_500),
+        "booth B waited {b_took:?}"
+    );
+    support::wait_all_final(&http, &one.base, &a_sessions, Duration::from_secs(40))
+        .await
+        .expect("booth A's sessions end");
+    let stats = sim.control.stats();
+    assert!(stats.max_concurrent_jobs <= 6, "{stats:?}");
+    assert_eq!(stats.jobs_created, 66, "{stats:?}");
+    one.stop().await;
+    two.stop().await;
+}
+
+/// Without a providers file there is one provider `default` with no
+/// shared cap; an experience naming another provider is refused.
+async fn experiences_name_a_configured_provider(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let resp = app
+        .http
+        .post(format!("{}/api/experiences", app.base))
+        .bearer_auth(OPERATOR)
+        .json(&json!({"slug": "x", "title": "X", "kind": "image", "provider": "nope"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 422);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"], "validation_failed");
+    assert!(
+        body["message"].as_str().unwrap().contains("default"),
+        "{body}"
+    );
+    for weight in [0, 101] {
+        let resp = app
+            .http
+            .post(format!("{}/api/experiences", app.base))
+            .bearer_auth(OPERATOR)
+            .json(&json!({"slug": "y", "title": "Y", "kind": "image", "weight": weight}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 422, "weight {weight}");
+    }
+    let slug = app.experience(3).await;
+    let (_, body) = app.operator_get(&format!("/api/experiences/{slug}")).await;
+    assert_eq!(body["provider"], "default");
+    assert_eq!(body["weight"], 1);
+    assert_eq!(body["ai_paused"], false);
+    let (status, body) = app.operator_get("/api/admin/providers").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body["providers"],
+        json!([{
+            "name": "default", "kind": "jobs", "max_in_flight": null, "in_flight": 0,
+            "queued": 0, "breaker": "closed", "rate_limit": null,
+            "experiences": [{"slug": slug, "weight": 1, "in_flight": 0, "queued": 0,
+                             "share": null, "max_in_flight": 3}],
+        }])
+    );
+    app.stop().await;
+}
+stagehand::db_test!(experiences_name_a_configured_provider);
+
+/// A providers file that cannot be used stops the start with its line and
+/// the reason; a key in it is refused without being shown.
+#[actix_web::test]
+async fn a_bad_providers_file_stops_the_start() {
+    let db = TestDb::fresh(Backend::Sqlite).await;
+    let cases = [
+        (
+            "[providers.a]\nkind = \"jobs\"\nmax_in_flight = 2\napi_key = \"sk-secret-1\"\n",
+            "line 4",
+        ),
+        ("[providers.a]\nkind = \"jobs\"\nmax_in_flight = -1\n", "max_in_flight"),
+        ("[providers.a]\nkind = \"jobs\"\nmax_in_flight = 2\napi_key_env = \"UNSET_STAGEHAND_KEY\"\n", "UNSET_STAGEHAND_KEY"),
+    ];
+    for (text, expected) in cases {
+        let file = providers_file(text);
+        let mut config: Config = support::test_config(&db, "http://127.0.0.1:9");
+        config.providers = Some(file.path.clone());
+        let err = match Application::build(config).await {
+            Ok(_) => panic!("{text:?} was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(expected), "{text:?}: {err}");
+        assert!(!err.contains("sk-secret"), "{err}");
+    }
+}
