@@ -71,6 +71,10 @@ enum Command {
         /// Share of requests answered 503.
         #[arg(long, default_value_t = 0.0)]
         unavailable_rate: f64,
+        /// Play a provider without cancel: `POST /v1/jobs/{id}/cancel`
+        /// answers 405.
+        #[arg(long)]
+        refuse_cancel: bool,
     },
     /// Measure the server as a user runs it (subprocesses on 127.0.0.1) and
     /// print one table.
@@ -116,12 +120,14 @@ fn main() -> std::process::ExitCode {
                 reject_word,
                 fail_rate,
                 unavailable_rate,
+                refuse_cancel,
             } => {
                 let config = SimConfig {
                     latency,
                     reject_word: Some(reject_word).filter(|w| !w.is_empty()),
                     fail_rate,
                     unavailable_rate,
+                    refuse_cancel,
                 };
                 let control = SimControl::new(config);
                 control.set_latency_p99(latency_p99);

@@ -1431,6 +1431,7 @@ async fn chaos_run() {
         reject_word: Some(REJECT_WORD.into()),
         fail_rate: 0.0,
         unavailable_rate: 0.0,
+        refuse_cancel: false,
     })
     .await;
 

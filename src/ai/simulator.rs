@@ -1,7 +1,10 @@
 //! The built-in simulator of the AI provider's job API (DESIGN.md "The AI
 //! provider"), an actix-web server that behaves on the wire like the contract
 //! fake (`contract/fakeai.py`). It owns the simulated jobs, their idempotency
-//! keys and the counters tests read. `stagehand sim-ai` serves it,
+//! keys and the counters tests read. It has the job API's optional cancel
+//! (`POST /v1/jobs/{id}/cancel`), which tests can switch off
+//! ([`SimConfig::refuse_cancel`]) to play a provider without one.
+//! `stagehand sim-ai` serves it,
 //! `stagehand serve` starts it in-process when no AI URL is configured, and
 //! tests use it as the fake provider, changing its behaviour at run time
 //! through [`SimControl`].
@@ -38,6 +41,9 @@ pub struct SimConfig {
     pub fail_rate: f64,
     /// Probability that any submit or poll answers 503.
     pub unavailable_rate: f64,
+    /// Play a provider without cancel: `POST /v1/jobs/{id}/cancel` answers
+    /// 405 `method_not_allowed` and leaves the job alone.
+    pub refuse_cancel: bool,
 }
 
 impl Default for SimConfig {
@@ -47,6 +53,7 @@ impl Default for SimConfig {
             reject_word: Some("forbidden".to_owned()),
             fail_rate: 0.0,
             unavailable_rate: 0.0,
+            refuse_cancel: false,
         }
     }
 }
@@ -75,6 +82,14 @@ pub struct SimStats {
     /// ([`SimFaults::drop_after_create`], [`SimFaults::cut_body_after_create`]).
     #[serde(default)]
     pub unclear_answers: u64,
+    /// Jobs stopped by a cancel while still running (a cancel of a job that
+    /// had ended already, or a refused one, cancels nothing).
+    #[serde(default)]
+    pub cancelled: u64,
+    /// Cancel requests handled, refused and unknown-job ones included
+    /// (outage answers not counted).
+    #[serde(default)]
+    pub cancel_requests: u64,
 }
 
 /// Faults tests switch on at run time ([`SimControl::set_faults`]), each
@@ -108,15 +123,21 @@ struct SimJob {
     done_at: Instant,
     will_fail: bool,
     score: u64,
+    /// Stopped by a cancel before `done_at`: final, `cancelled`.
+    cancelled: bool,
 }
 
 impl SimJob {
+    /// Ended at `now`: cancelled, or its `done_at` has come.
     fn is_done(&self, now: Instant) -> bool {
-        self.done_at <= now
+        self.cancelled || self.done_at <= now
     }
 
     /// The job as `GET /v1/jobs/{id}` answers it at `now`.
     fn view(&self, now: Instant) -> Value {
+        if self.cancelled {
+            return json!({ "job_id": self.job_id, "status": "cancelled" });
+        }
         if !self.is_done(now) {
             return json!({ "job_id": self.job_id, "status": "running" });
         }
@@ -167,10 +188,14 @@ struct SimState {
     down: bool,
     jobs: HashMap<String, SimJob>,
     job_id_by_key: HashMap<String, String>,
-    /// `done_at` of every job not yet seen done, earliest on top: finished
-    /// jobs are popped as time passes, so its length is the running count.
-    /// Each job is pushed once and popped once, O(log n) each.
+    /// `done_at` of every job not yet seen past it, earliest on top: they
+    /// are popped as time passes. Each job is pushed once and popped once,
+    /// O(log n) each.
     unfinished: BinaryHeap<Reverse<Instant>>,
+    /// `done_at` of the jobs cancelled before it, popped as `unfinished`
+    /// is: always a part of `unfinished`, so the running count is the
+    /// difference of the two lengths.
+    cancelled_unfinished: BinaryHeap<Reverse<Instant>>,
     submits: u64,
     polls: u64,
     max_concurrent_jobs: u64,
@@ -178,6 +203,8 @@ struct SimState {
     refused: u64,
     faults: SimFaults,
     unclear_answers: u64,
+    cancelled: u64,
+    cancel_requests: u64,
     /// Jobs still to be created `failed` ([`SimControl::fail_next`]).
     fail_next: u64,
     /// The 99th percentile of job times ([`SimControl::set_latency_p99`]).
@@ -185,18 +212,21 @@ struct SimState {
 }
 
 impl SimState {
-    /// Jobs not done at `now` (`done_at > now`, as [`SimJob::is_done`]
-    /// says). Forgets the ones that are done, so `now` must not go back in
-    /// time between calls (it is always `Instant::now()`).
+    /// Jobs not done at `now` (not cancelled and `done_at > now`, as
+    /// [`SimJob::is_done`] says). Forgets the ones that are past their
+    /// `done_at`, so `now` must not go back in time between calls (it is
+    /// always `Instant::now()`).
     fn running_jobs(&mut self, now: Instant) -> u64 {
-        while self
-            .unfinished
-            .peek()
-            .is_some_and(|Reverse(done_at)| *done_at <= now)
-        {
-            self.unfinished.pop();
+        for heap in [&mut self.unfinished, &mut self.cancelled_unfinished] {
+            while heap.peek().is_some_and(|Reverse(done_at)| *done_at <= now) {
+                heap.pop();
+            }
         }
-        u64::try_from(self.unfinished.len()).unwrap_or(u64::MAX)
+        let running = self
+            .unfinished
+            .len()
+            .saturating_sub(self.cancelled_unfinished.len());
+        u64::try_from(running).unwrap_or(u64::MAX)
     }
 
     fn is_rejected(&self, prompt: &str) -> bool {
@@ -231,6 +261,7 @@ impl SimControl {
                 jobs: HashMap::new(),
                 job_id_by_key: HashMap::new(),
                 unfinished: BinaryHeap::new(),
+                cancelled_unfinished: BinaryHeap::new(),
                 submits: 0,
                 polls: 0,
                 max_concurrent_jobs: 0,
@@ -238,6 +269,8 @@ impl SimControl {
                 refused: 0,
                 faults: SimFaults::default(),
                 unclear_answers: 0,
+                cancelled: 0,
+                cancel_requests: 0,
                 fail_next: 0,
                 latency_p99: None,
             })),
@@ -262,6 +295,8 @@ impl SimControl {
             missing_key: state.missing_key,
             refused: state.refused,
             unclear_answers: state.unclear_answers,
+            cancelled: state.cancelled,
+            cancel_requests: state.cancel_requests,
         }
     }
 
@@ -325,6 +360,12 @@ impl SimControl {
     /// the latency). Applies to jobs created afterwards.
     pub fn set_latency_p99(&self, p99: Option<Duration>) {
         self.lock().latency_p99 = p99;
+    }
+
+    /// Cancels answer 405 `method_not_allowed` and leave the job alone, as
+    /// from a provider without cancel (`false`: cancels work again).
+    pub fn set_refuse_cancel(&self, refuse: bool) {
+        self.lock().config.refuse_cancel = refuse;
     }
 
     /// Applies to jobs created afterwards.
@@ -393,6 +434,7 @@ impl SimControl {
             },
             // The last six hex digits of the id, modulo 1000, like the contract fake.
             score: u64::try_from((job_uuid.as_u128() & 0xFF_FFFF) % 1000).unwrap_or(0),
+            cancelled: false,
         };
         tracing::debug!(
             job_id = %job.job_id,
@@ -419,6 +461,34 @@ impl SimControl {
             Some(job) => (StatusCode::OK, job.view(Instant::now())),
             None => (StatusCode::NOT_FOUND, json!({ "error": "not_found" })),
         }
+    }
+
+    /// `POST /v1/jobs/{id}/cancel`: returns the status and the body. A job
+    /// still running ends `cancelled` at once (it stops counting as running
+    /// from now on); one that had ended keeps its final status. Unknown job:
+    /// 404 as a poll; [`SimConfig::refuse_cancel`]: 405, the job untouched.
+    fn cancel(&self, job_id: &str) -> (StatusCode, Value) {
+        let mut state = self.lock();
+        state.cancel_requests += 1;
+        if state.config.refuse_cancel {
+            return (
+                StatusCode::METHOD_NOT_ALLOWED,
+                json!({ "error": "method_not_allowed", "message": "this provider has no cancel" }),
+            );
+        }
+        let now = Instant::now();
+        let Some(job) = state.jobs.get_mut(job_id) else {
+            return (StatusCode::NOT_FOUND, json!({ "error": "not_found" }));
+        };
+        if job.is_done(now) {
+            return (StatusCode::OK, job.view(now));
+        }
+        job.cancelled = true;
+        let (done_at, view) = (job.done_at, job.view(now));
+        tracing::debug!(job_id, "simulator cancelled a job");
+        state.cancelled_unfinished.push(Reverse(done_at));
+        state.cancelled += 1;
+        (StatusCode::OK, view)
     }
 }
 
@@ -503,6 +573,16 @@ async fn poll_job(control: web::Data<SimControl>, job_id: web::Path<String>) -> 
     json_answer(status, answer)
 }
 
+/// Only a down simulator answers a cancel 503: `unavailable_rate` and
+/// `poll_unavailable` are for submits and polls.
+async fn cancel_job(control: web::Data<SimControl>, job_id: web::Path<String>) -> HttpResponse {
+    if control.is_unavailable(false) {
+        return unavailable_answer();
+    }
+    let (status, answer) = control.cancel(&job_id);
+    json_answer(status, answer)
+}
+
 async fn serve_stats(control: web::Data<SimControl>) -> HttpResponse {
     if control.is_unavailable(false) {
         return unavailable_answer();
@@ -549,6 +629,7 @@ pub async fn start(bind: &str, control: SimControl) -> std::io::Result<RunningSi
             .app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
             .route("/v1/jobs", web::post().to(submit_job))
             .route("/v1/jobs/{job_id}", web::get().to(poll_job))
+            .route("/v1/jobs/{job_id}/cancel", web::post().to(cancel_job))
             .route("/v1/stats", web::get().to(serve_stats))
             .default_service(web::to(not_found))
     })
@@ -591,7 +672,7 @@ mod tests {
         assert!((85..=115).contains(&at(0.5)), "median {}", at(0.5));
         assert!((600..=1000).contains(&at(0.99)), "p99 {}", at(0.99));
     }
-    use crate::ai::{AiClient, JobOrder, JobStatus};
+    use crate::ai::{AiClient, CancelOutcome, JobOrder, JobStatus};
     use crate::domain::failure::AiFailure;
 
     fn test_config() -> SimConfig {
@@ -850,6 +931,148 @@ mod tests {
         sim.control.set_poll_unavailable(false);
         client.poll(&job.job_id).await.expect("polls answer again");
         sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn cancel_of_a_running_job_ends_it_cancelled() {
+        let sim = start_sim().await;
+        sim.control.set_latency(Duration::from_secs(600));
+        let client = client_for(&sim.url());
+        let job = client.submit(&order("endless")).await.expect("submit");
+        assert_eq!(sim.control.stats().running, 1);
+        let outcome = client.cancel(&job.job_id).await.expect("cancel");
+        assert_eq!(outcome, CancelOutcome::Final(JobStatus::Cancelled));
+        let stats = sim.control.stats();
+        assert_eq!(stats.running, 0);
+        assert_eq!(stats.cancelled, 1);
+        assert_eq!(stats.cancel_requests, 1);
+        let view = client.poll(&job.job_id).await.expect("poll");
+        assert_eq!(view.status, JobStatus::Cancelled);
+        // Cancelled again: still cancelled, not counted twice.
+        let again = client.cancel(&job.job_id).await.expect("cancel again");
+        assert_eq!(again, CancelOutcome::Final(JobStatus::Cancelled));
+        // The cancelled job no longer counts towards the concurrency maximum.
+        client.submit(&order("next")).await.expect("submit");
+        let answer = plain_http()
+            .get(format!("{}/v1/stats", sim.url()))
+            .send()
+            .await
+            .expect("stats answer");
+        let stats: Value = answer.json().await.expect("stats JSON");
+        assert_eq!(stats["cancelled"], 1);
+        assert_eq!(stats["cancel_requests"], 2);
+        assert_eq!(stats["running"], 1);
+        assert_eq!(stats["max_concurrent_jobs"], 1);
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn cancel_of_a_finished_job_keeps_its_final_status() {
+        let sim = start_sim().await;
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let job = client.submit(&order("instant")).await.expect("submit");
+        let outcome = client.cancel(&job.job_id).await.expect("cancel");
+        assert_eq!(outcome, CancelOutcome::Final(JobStatus::Succeeded));
+        let stats = sim.control.stats();
+        assert_eq!(stats.cancelled, 0);
+        assert_eq!(stats.cancel_requests, 1);
+        let view = client.poll(&job.job_id).await.expect("poll");
+        assert_eq!(view.status, JobStatus::Succeeded);
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn refused_cancel_is_unsupported_and_the_job_runs_to_success() {
+        let sim = start_sim().await;
+        sim.control.set_refuse_cancel(true);
+        let client = client_for(&sim.url());
+        let job = client.submit(&order("unstoppable")).await.expect("submit");
+        let outcome = client.cancel(&job.job_id).await.expect("cancel");
+        assert_eq!(outcome, CancelOutcome::Unsupported);
+        let answer = plain_http()
+            .post(format!("{}/v1/jobs/{}/cancel", sim.url(), job.job_id))
+            .send()
+            .await
+            .expect("cancel answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::METHOD_NOT_ALLOWED);
+        let body: Value = answer.json().await.expect("JSON error body");
+        assert_eq!(body["error"], "method_not_allowed");
+        let stats = sim.control.stats();
+        assert_eq!(stats.running, 1);
+        assert_eq!(stats.cancelled, 0);
+        assert_eq!(stats.cancel_requests, 2);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let finished = loop {
+            let view = client.poll(&job.job_id).await.expect("poll");
+            if view.status.is_final() {
+                break view;
+            }
+            assert!(Instant::now() < deadline, "the job did not finish in time");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(finished.status, JobStatus::Succeeded);
+        sim.stop().await;
+    }
+
+    /// 404 for an unknown job, as a poll answers; `AiClient::cancel` reads
+    /// any 404 as "no cancel here" (it cannot tell the two apart), so an
+    /// unknown job is `Unsupported` to it.
+    #[actix_web::test]
+    async fn cancel_of_an_unknown_job_is_404_and_unsupported_to_the_client() {
+        let sim = start_sim().await;
+        let client = client_for(&sim.url());
+        let outcome = client.cancel("job-unknown").await.expect("cancel");
+        assert_eq!(outcome, CancelOutcome::Unsupported);
+        let answer = plain_http()
+            .post(format!("{}/v1/jobs/job-unknown/cancel", sim.url()))
+            .send()
+            .await
+            .expect("cancel answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::NOT_FOUND);
+        let body: Value = answer.json().await.expect("JSON error body");
+        assert_eq!(body["error"], "not_found");
+        assert_eq!(sim.control.stats().cancelled, 0);
+        sim.stop().await;
+    }
+
+    /// A cancelled job stops counting as running at the cancel, also for
+    /// the maximum, and its `done_at` passing later changes nothing.
+    #[test]
+    fn cancelled_jobs_leave_the_running_count_at_once() {
+        let control = SimControl::new(SimConfig {
+            latency: Duration::from_secs(600),
+            ..SimConfig::default()
+        });
+        let submit = |prompt: &str| {
+            let (status, view) = control.submit(
+                Some(&uuid::Uuid::new_v4().to_string()),
+                &json!({ "prompt": prompt }),
+            );
+            assert_eq!(status, StatusCode::ACCEPTED);
+            view["job_id"].as_str().expect("a job id").to_owned()
+        };
+        let slow = submit("slow");
+        control.set_latency(Duration::from_millis(30));
+        let quick = submit("quick");
+        assert_eq!(control.stats().running, 2);
+        let (status, view) = control.cancel(&quick);
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(view["status"], "cancelled");
+        assert_eq!(control.stats().running, 1);
+        std::thread::sleep(Duration::from_millis(60));
+        // The quick job's done_at has passed: it is not taken off twice.
+        assert_eq!(control.stats().running, 1);
+        let (_, view) = control.poll(&quick);
+        assert_eq!(view["status"], "cancelled");
+        control.cancel(&slow);
+        control.set_latency(Duration::from_secs(600));
+        submit("after");
+        let stats = control.stats();
+        assert_eq!(stats.running, 1);
+        assert_eq!(stats.max_concurrent_jobs, 2);
+        assert_eq!(stats.cancelled, 2);
+        assert_eq!(stats.cancel_requests, 2);
     }
 
     #[actix_web::test]

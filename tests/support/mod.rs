@@ -154,6 +154,7 @@ pub fn fast_sim() -> SimConfig {
         reject_word: Some("forbidden".into()),
         fail_rate: 0.0,
         unavailable_rate: 0.0,
+        refuse_cancel: false,
     }
 }
 
