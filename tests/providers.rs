@@ -176,7 +176,7 @@ async fn a_late_booth_gets_its_share_of_the_cap(backend: Backend) {
     assert_eq!(slugs, vec![a.as_str(), b.as_str(), c.as_str()]);
     app.stop().await;
 }
-stagehand::db_test!(a_late_booth_gets_its_share_of_the_cap);
+db_test!(a_late_booth_gets_its_share_of_the_cap);
 
 /// Weights share the cap in proportion while both booths have work, and
 /// `/api/admin/providers` shows each share.
@@ -194,10 +194,26 @@ async fn weights_share_the_cap_in_proportion(backend: Backend) {
     let (http, base) = (&app.http, app.base.as_str());
     let heavy = experience_on(http, base, "shared", 2, 20).await;
     let light = experience_on(http, base, "shared", 1, 20).await;
-    // Both queues arrive before any slot is taken: the first claim
-    // shares the six slots 4:2.
+    // Both queues arrive while the provider is paused (its breaker open
+    // by hand); the claim after it closes shares the six slots 4:2.
+    let (status, _, _) = app.operator_post("/api/admin/breaker/open?provider=shared", None).await;
+    assert_eq!(status, 200);
     let mut sessions = submit_many(http, base, &heavy, 12).await;
     sessions.extend(submit_many(http, base, &light, 12).await);
+    // Paused: the phone keeps its place and says so; so does the booth's.
+    // Each of light's 12 has its own place, 1 to 12.
+    let mut places = Vec::new();
+    for (sid, token) in &sessions[12..] {
+        let paused = support::session_status(http, base, sid, token).await;
+        assert_eq!(paused["ai_paused"], true, "{paused}");
+        assert!(paused["message"].as_str().unwrap().contains("paused"), "{paused}");
+        places.push(paused["queue_position"].as_i64().expect("a queue position"));
+    }
+    places.sort_unstable();
+    assert_eq!(places, (1..=12).collect::<Vec<i64>>());
+    assert_eq!(app.get_json(&format!("/api/experiences/{light}")).await["ai_paused"], true);
+    let (status, _, _) = app.operator_post("/api/admin/breaker/close?provider=shared", None).await;
+    assert_eq!(status, 200);
     let seen = support::wait_for(Duration::from_secs(5), || async {
         let (_, body) = app.operator_get("/api/admin/providers").await;
         let p = &body["providers"][0];
@@ -225,7 +241,7 @@ async fn weights_share_the_cap_in_proportion(backend: Backend) {
     assert!(sim.control.stats().max_concurrent_jobs <= 6);
     app.stop().await;
 }
-stagehand::db_test!(weights_share_the_cap_in_proportion);
+db_test!(weights_share_the_cap_in_proportion);
 
 /// Two instances on one PostgreSQL share one provider's cap exactly, and
 /// the late booth still gets its share (its sessions go to the other
@@ -322,7 +338,7 @@ async fn experiences_name_a_configured_provider(backend: Backend) {
     );
     app.stop().await;
 }
-stagehand::db_test!(experiences_name_a_configured_provider);
+db_test!(experiences_name_a_configured_provider);
 
 /// A providers file that cannot be used stops the start with its line and
 /// the reason; a key in it is refused without being shown.

@@ -119,6 +119,8 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             credits: Some(5_000_000_000),
             closes_at_ms: Some(T0 + 3_600_000),
             locale: "ko".into(),
+            provider: "images".into(),
+            weight: 3,
             created_at_ms: T0,
         },
         exp_full.clone()
@@ -137,6 +139,8 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             credits: None,
             closes_at_ms: None,
             locale: "en".into(),
+            provider: "default".into(),
+            weight: 1,
             created_at_ms: T0,
         },
         exp_min.clone()
