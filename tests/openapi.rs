@@ -30,6 +30,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/admin/sagas/{id}/retry"),
     ("post", "/api/admin/sagas/{id}/cancel"),
     ("get", "/api/admin/breaker"),
+    ("get", "/api/admin/providers"),
     ("post", "/api/admin/breaker/open"),
     ("post", "/api/admin/breaker/close"),
     ("get", "/ws/operators"),
