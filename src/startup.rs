@@ -146,6 +146,8 @@ impl Application {
         let (ai_url, simulator) = match &config.ai_url {
             // The OpenAI-compatible provider needs no job API.
             _ if config.ai_provider == ProviderKind::Openai => (String::new(), None),
+            // Replicate reads `config.ai_url` itself (replicate_provider).
+            _ if config.ai_provider == ProviderKind::Replicate => (String::new(), None),
             Some(url) => (url.clone(), None),
             None => {
                 let sim = simulator::start("127.0.0.1:0", SimControl::new(SimConfig::default()))
@@ -209,6 +211,7 @@ impl Application {
                 Duration::from_secs(30),
             )),
             ProviderKind::Openai => openai_provider(&config),
+            ProviderKind::Replicate => replicate_provider(&config),
         };
         let deps = SagaDeps {
             store: work.clone(),
@@ -369,6 +372,33 @@ fn openai_provider(config: &Config) -> AiProvider {
         image_model = %config.openai_image_model,
         api_key = if client.has_key() { "set" } else { "unset" },
         "AI provider: OpenAI-compatible API (chat completions, image generation)"
+    );
+    AiProvider::from(client)
+}
+
+/// Interim wiring of the Replicate adapter: base URL from
+/// `STAGEHAND_AI_URL` (default Replicate's), token from
+/// `REPLICATE_API_TOKEN`, model from `REPLICATE_MODEL` (`owner/name`) or
+/// version from `REPLICATE_VERSION`.
+fn replicate_provider(config: &Config) -> AiProvider {
+    use crate::ai::{replicate, ApiKey, ReplicateClient, ReplicateSettings};
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let settings = ReplicateSettings {
+        base_url: config
+            .ai_url
+            .clone()
+            .unwrap_or_else(|| replicate::DEFAULT_BASE_URL.to_owned()),
+        model: env("REPLICATE_MODEL"),
+        version: env("REPLICATE_VERSION"),
+        ..ReplicateSettings::new(
+            env("REPLICATE_API_TOKEN").and_then(|token| token.parse::<ApiKey>().ok()),
+        )
+    };
+    let client = ReplicateClient::new(&settings);
+    tracing::info!(
+        base_url = %redact(client.base_url()),
+        api_key = if client.has_key() { "set" } else { "unset" },
+        "AI provider: Replicate predictions API"
     );
     AiProvider::from(client)
 }

@@ -4,18 +4,21 @@
 //! is configured, and tests use as the fake provider.
 //!
 //! The second provider, an OpenAI-compatible API (chat completions and image
-//! generation with a bearer key), is `openai`; [`AiProvider`] is the choice.
+//! generation with a bearer key), is `openai`; the third, Replicate's
+//! predictions API, is `replicate`; [`AiProvider`] is the choice.
 //!
 //! Every outside error of a provider becomes a
-//! [`AiFailure`](crate::domain::failure::AiFailure) in `client` (job API) or
-//! `openai`, and nowhere else.
+//! [`AiFailure`](crate::domain::failure::AiFailure) in `client` (job API),
+//! `openai` or `replicate`, and nowhere else.
 
 pub mod client;
 pub mod openai;
+pub mod replicate;
 pub mod simulator;
 
 pub use client::{AiClient, CancelOutcome, JobOrder, JobStatus, JobView};
 pub use openai::{ApiKey, OpenAiClient, OpenAiSettings};
+pub use replicate::{ReplicateClient, ReplicateSettings};
 pub use simulator::{RunningSim, SimConfig, SimControl, SimFaults, SimStats};
 
 /// Which provider `STAGEHAND_AI_PROVIDER` selects.
@@ -26,6 +29,9 @@ pub enum ProviderKind {
     Jobs,
     /// An OpenAI-compatible API (`STAGEHAND_OPENAI_*`), see [`openai`].
     Openai,
+    /// Replicate's predictions API (`REPLICATE_API_TOKEN`), see
+    /// [`replicate`].
+    Replicate,
 }
 
 /// The AI provider the AiActor talks to: one submit/poll shape for both.
@@ -35,6 +41,7 @@ pub enum ProviderKind {
 pub enum AiProvider {
     Jobs(AiClient),
     OpenAi(OpenAiClient),
+    Replicate(ReplicateClient),
 }
 
 impl AiProvider {
@@ -45,6 +52,7 @@ impl AiProvider {
         match self {
             AiProvider::Jobs(client) => client.submit(order).await,
             AiProvider::OpenAi(client) => client.submit(order).await,
+            AiProvider::Replicate(client) => client.submit(order).await,
         }
     }
 
@@ -52,6 +60,7 @@ impl AiProvider {
         match self {
             AiProvider::Jobs(client) => client.poll(job_id).await,
             AiProvider::OpenAi(client) => client.poll(job_id).await,
+            AiProvider::Replicate(client) => client.poll(job_id).await,
         }
     }
 
@@ -65,6 +74,7 @@ impl AiProvider {
         match self {
             AiProvider::Jobs(client) => client.cancel(job_id).await,
             AiProvider::OpenAi(_) => Ok(CancelOutcome::Unsupported),
+            AiProvider::Replicate(client) => client.cancel(job_id).await,
         }
     }
 
@@ -72,6 +82,7 @@ impl AiProvider {
         match self {
             AiProvider::Jobs(_) => ProviderKind::Jobs,
             AiProvider::OpenAi(_) => ProviderKind::Openai,
+            AiProvider::Replicate(_) => ProviderKind::Replicate,
         }
     }
 }
@@ -79,6 +90,12 @@ impl AiProvider {
 impl From<AiClient> for AiProvider {
     fn from(client: AiClient) -> Self {
         AiProvider::Jobs(client)
+    }
+}
+
+impl From<ReplicateClient> for AiProvider {
+    fn from(client: ReplicateClient) -> Self {
+        AiProvider::Replicate(client)
     }
 }
 
