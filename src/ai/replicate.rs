@@ -77,7 +77,7 @@
 //! # Errors
 //!
 //! Outside errors become [`AiFailure`]s in one place,
-//! [`ReplicateClient::classify`], with the rules of the job API client
+//! `ReplicateClient::classify`, with the rules of the job API client
 //! (DESIGN.md rule 6), whose transport classification it reuses: connect
 //! error, 5xx, 429 -> `Unavailable` (`Throttled` when the wait is known);
 //! no answer in time, a connection broken after sending, an unreadable 2xx,
