@@ -12,6 +12,15 @@ use crate::ai::providers::{self, ProviderSpec, ProvidersFileError};
 use crate::ai::ProviderKind;
 use crate::domain::policy::{RecoveryLimits, RetryPolicy};
 
+/// A Replicate setting from the environment, for `--ai-provider replicate`
+/// without a providers file.
+fn replicate_env(name: &str, kind: ProviderKind) -> Option<String> {
+    (kind == ProviderKind::Replicate)
+        .then(|| std::env::var(name).ok())
+        .flatten()
+        .filter(|v| !v.trim().is_empty())
+}
+
 /// Parses `250ms`, `10s`, `7m`, `1h`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim())
@@ -268,9 +277,13 @@ impl Config {
             },
             max_in_flight: None,
             rate_limit: self.ai_rate_limit,
-            api_key_env: None,
-            model: None,
-            version: None,
+            // `--ai-provider replicate` without a providers file: the
+            // adapter's usual variables.
+            api_key_env: (self.ai_provider == ProviderKind::Replicate
+                && std::env::var_os("REPLICATE_API_TOKEN").is_some())
+            .then(|| "REPLICATE_API_TOKEN".to_owned()),
+            model: replicate_env("REPLICATE_MODEL", self.ai_provider),
+            version: replicate_env("REPLICATE_VERSION", self.ai_provider),
             chat_model: None,
             image_model: None,
             image_size: None,

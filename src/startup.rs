@@ -439,12 +439,7 @@ fn provider_client(
             }
             openai_provider(settings)
         }
-        ProviderKind::Replicate => {
-            return Err(StartupError::Provider(format!(
-                "provider {}: the replicate kind is not available in this build",
-                spec.name
-            )))
-        }
+        ProviderKind::Replicate => replicate_provider(spec, key),
     })
 }
 
@@ -458,6 +453,31 @@ fn openai_provider(settings: OpenAiSettings) -> AiProvider {
         image_model = %settings.image_model,
         api_key = if client.has_key() { "set" } else { "unset" },
         "AI provider: OpenAI-compatible API (chat completions, image generation)"
+    );
+    AiProvider::from(client)
+}
+
+/// The Replicate adapter of a provider; says which model it runs and
+/// whether a key is set, never the key.
+fn replicate_provider(spec: &ProviderSpec, key: Option<ApiKey>) -> AiProvider {
+    use crate::ai::{replicate, ReplicateClient, ReplicateSettings};
+    let settings = ReplicateSettings {
+        base_url: spec
+            .url
+            .clone()
+            .unwrap_or_else(|| replicate::DEFAULT_BASE_URL.to_owned()),
+        model: spec.model.clone(),
+        version: spec.version.clone(),
+        ..ReplicateSettings::new(key)
+    };
+    let client = ReplicateClient::new(&settings);
+    tracing::info!(
+        provider = %spec.name,
+        base_url = %redact(client.base_url()),
+        model = ?spec.model,
+        version = ?spec.version,
+        api_key = if client.has_key() { "set" } else { "unset" },
+        "AI provider: Replicate predictions API"
     );
     AiProvider::from(client)
 }

@@ -196,7 +196,9 @@ async fn weights_share_the_cap_in_proportion(backend: Backend) {
     let light = experience_on(http, base, "shared", 1, 20).await;
     // Both queues arrive while the provider is paused (its breaker open
     // by hand); the claim after it closes shares the six slots 4:2.
-    let (status, _, _) = app.operator_post("/api/admin/breaker/open?provider=shared", None).await;
+    let (status, _, _) = app
+        .operator_post("/api/admin/breaker/open?provider=shared", None)
+        .await;
     assert_eq!(status, 200);
     let mut sessions = submit_many(http, base, &heavy, 12).await;
     sessions.extend(submit_many(http, base, &light, 12).await);
@@ -206,13 +208,21 @@ async fn weights_share_the_cap_in_proportion(backend: Backend) {
     for (sid, token) in &sessions[12..] {
         let paused = support::session_status(http, base, sid, token).await;
         assert_eq!(paused["ai_paused"], true, "{paused}");
-        assert!(paused["message"].as_str().unwrap().contains("paused"), "{paused}");
+        assert!(
+            paused["message"].as_str().unwrap().contains("paused"),
+            "{paused}"
+        );
         places.push(paused["queue_position"].as_i64().expect("a queue position"));
     }
     places.sort_unstable();
     assert_eq!(places, (1..=12).collect::<Vec<i64>>());
-    assert_eq!(app.get_json(&format!("/api/experiences/{light}")).await["ai_paused"], true);
-    let (status, _, _) = app.operator_post("/api/admin/breaker/close?provider=shared", None).await;
+    assert_eq!(
+        app.get_json(&format!("/api/experiences/{light}")).await["ai_paused"],
+        true
+    );
+    let (status, _, _) = app
+        .operator_post("/api/admin/breaker/close?provider=shared", None)
+        .await;
     assert_eq!(status, 200);
     let seen = support::wait_for(Duration::from_secs(5), || async {
         let (_, body) = app.operator_get("/api/admin/providers").await;

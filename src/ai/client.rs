@@ -171,7 +171,7 @@ pub fn ensure_crypto_provider() {
 
 /// Percent-encodes everything but RFC 3986 unreserved characters, so a job id
 /// from the provider stays one path segment.
-fn path_segment(raw: &str) -> String {
+pub(crate) fn path_segment(raw: &str) -> String {
     let mut encoded = String::with_capacity(raw.len());
     for byte in raw.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
@@ -186,24 +186,40 @@ fn path_segment(raw: &str) -> String {
 /// Sends one request and reads the whole answer; all interpretation is left to
 /// [`classify`].
 async fn exchange(request: RequestBuilder) -> Result<JobView, AiFailure> {
-    let response = match request.send().await {
-        Ok(response) => response,
-        Err(error) => return classify(Exchange::Transport(&error)),
-    };
+    match send(request).await {
+        Ok(answer) => classify(Exchange::Answer {
+            status: answer.status,
+            body: &answer.body,
+            retry_after_s: answer.retry_after_s,
+        }),
+        Err(error) => classify(Exchange::Transport(&error)),
+    }
+}
+
+/// A whole answer of the provider, read but not interpreted.
+pub(crate) struct RawAnswer {
+    pub(crate) status: StatusCode,
+    pub(crate) body: String,
+    /// The seconds of a `Retry-After` header, when it is a number.
+    pub(crate) retry_after_s: Option<u64>,
+}
+
+/// Sends one request and reads the whole answer (status, `Retry-After`,
+/// body); a transport error is left to the caller's classification.
+pub(crate) async fn send(request: RequestBuilder) -> Result<RawAnswer, reqwest::Error> {
+    let response = request.send().await?;
     let status = response.status();
     let retry_after_s = response
         .headers()
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    match response.bytes().await {
-        Ok(body) => classify(Exchange::Answer {
-            status,
-            body: &String::from_utf8_lossy(&body),
-            retry_after_s,
-        }),
-        Err(error) => classify(Exchange::Transport(&error)),
-    }
+    let body = response.bytes().await?;
+    Ok(RawAnswer {
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        retry_after_s,
+    })
 }
 
 /// What one HTTP exchange with the provider produced, before interpretation.
@@ -229,22 +245,7 @@ enum Exchange<'a> {
 /// - any other 4xx, a bad URL or an unexpected status -> `RequestRejected`.
 fn classify(exchange: Exchange<'_>) -> Result<JobView, AiFailure> {
     match exchange {
-        Exchange::Transport(error) => {
-            let cause = root_cause(error);
-            // A connect error (a connect timeout too) means the request never
-            // left: no job. Anything after the connection was made is unclear.
-            Err(if error.is_builder() {
-                AiFailure::RequestRejected(format!("invalid request: {cause}"))
-            } else if error.is_connect() {
-                AiFailure::Unavailable(format!("cannot connect: {cause}"))
-            } else if error.is_timeout() {
-                AiFailure::Unclear("no answer in time".to_owned())
-            } else if error.is_body() || error.is_decode() {
-                AiFailure::Unclear(format!("answer cut short: {cause}"))
-            } else {
-                AiFailure::Unclear(format!("connection broken: {cause}"))
-            })
-        }
+        Exchange::Transport(error) => Err(transport_failure(error)),
         Exchange::Answer {
             status,
             body,
@@ -296,6 +297,24 @@ fn classify(exchange: Exchange<'_>) -> Result<JobView, AiFailure> {
                 },
             )
         }
+    }
+}
+
+/// A transport error (no complete answer) as a failure: a connect error
+/// (a connect timeout too) means the request never left: no job. Anything
+/// after the connection was made is unclear.
+pub(crate) fn transport_failure(error: &reqwest::Error) -> AiFailure {
+    let cause = root_cause(error);
+    if error.is_builder() {
+        AiFailure::RequestRejected(format!("invalid request: {cause}"))
+    } else if error.is_connect() {
+        AiFailure::Unavailable(format!("cannot connect: {cause}"))
+    } else if error.is_timeout() {
+        AiFailure::Unclear("no answer in time".to_owned())
+    } else if error.is_body() || error.is_decode() {
+        AiFailure::Unclear(format!("answer cut short: {cause}"))
+    } else {
+        AiFailure::Unclear(format!("connection broken: {cause}"))
     }
 }
 

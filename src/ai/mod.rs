@@ -4,19 +4,22 @@
 //! is configured, and tests use as the fake provider.
 //!
 //! The second provider, an OpenAI-compatible API (chat completions and image
-//! generation with a bearer key), is `openai`; [`AiProvider`] is the choice.
+//! generation with a bearer key), is `openai`; the third, Replicate's
+//! predictions API, is `replicate`; [`AiProvider`] is the choice.
 //!
 //! Every outside error of a provider becomes a
-//! [`AiFailure`](crate::domain::failure::AiFailure) in `client` (job API) or
-//! `openai`, and nowhere else.
+//! [`AiFailure`](crate::domain::failure::AiFailure) in `client` (job API),
+//! `openai` or `replicate`, and nowhere else.
 
 pub mod client;
 pub mod openai;
 pub mod providers;
+pub mod replicate;
 pub mod simulator;
 
 pub use client::{AiClient, CancelOutcome, JobOrder, JobStatus, JobView};
 pub use openai::{ApiKey, OpenAiClient, OpenAiSettings};
+pub use replicate::{ReplicateClient, ReplicateSettings};
 pub use simulator::{RunningSim, SimConfig, SimControl, SimFaults, SimStats};
 
 /// Which provider `STAGEHAND_AI_PROVIDER` selects.
@@ -27,7 +30,8 @@ pub enum ProviderKind {
     Jobs,
     /// An OpenAI-compatible API (`STAGEHAND_OPENAI_*`), see [`openai`].
     Openai,
-    /// Replicate's predictions API (providers file only).
+    /// Replicate's predictions API (a providers file's `kind = "replicate"`),
+    /// see [`replicate`].
     Replicate,
 }
 
@@ -38,6 +42,7 @@ pub enum ProviderKind {
 pub enum AiProvider {
     Jobs(AiClient),
     OpenAi(OpenAiClient),
+    Replicate(ReplicateClient),
 }
 
 impl AiProvider {
@@ -48,6 +53,7 @@ impl AiProvider {
         match self {
             AiProvider::Jobs(client) => client.submit(order).await,
             AiProvider::OpenAi(client) => client.submit(order).await,
+            AiProvider::Replicate(client) => client.submit(order).await,
         }
     }
 
@@ -55,6 +61,7 @@ impl AiProvider {
         match self {
             AiProvider::Jobs(client) => client.poll(job_id).await,
             AiProvider::OpenAi(client) => client.poll(job_id).await,
+            AiProvider::Replicate(client) => client.poll(job_id).await,
         }
     }
 
@@ -68,6 +75,7 @@ impl AiProvider {
         match self {
             AiProvider::Jobs(client) => client.cancel(job_id).await,
             AiProvider::OpenAi(_) => Ok(CancelOutcome::Unsupported),
+            AiProvider::Replicate(client) => client.cancel(job_id).await,
         }
     }
 
@@ -75,6 +83,7 @@ impl AiProvider {
         match self {
             AiProvider::Jobs(_) => ProviderKind::Jobs,
             AiProvider::OpenAi(_) => ProviderKind::Openai,
+            AiProvider::Replicate(_) => ProviderKind::Replicate,
         }
     }
 }
@@ -82,6 +91,12 @@ impl AiProvider {
 impl From<AiClient> for AiProvider {
     fn from(client: AiClient) -> Self {
         AiProvider::Jobs(client)
+    }
+}
+
+impl From<ReplicateClient> for AiProvider {
+    fn from(client: ReplicateClient) -> Self {
+        AiProvider::Replicate(client)
     }
 }
 

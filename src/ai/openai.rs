@@ -58,8 +58,9 @@ impl ApiKey {
         ApiKey(Arc::from(key.into()))
     }
 
-    /// The key itself, for the `Authorization` header only.
-    fn expose(&self) -> &str {
+    /// The key itself, for the `Authorization` header only (of this
+    /// adapter and of `replicate`).
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
