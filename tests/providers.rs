@@ -375,3 +375,164 @@ async fn a_bad_providers_file_stops_the_start() {
         assert!(!err.contains("sk-secret"), "{err}");
     }
 }
+
+/// The second scenario: cap 1, `AI_TIMEOUT` 2 s (one attempt), 6 s
+/// jobs, two submissions. The first saga ends AI_TIMEOUT at 2 s while its
+/// job still runs. Returns (seconds from the first job to the second,
+/// seconds from the first saga's end to the second job, the simulator's
+/// stats then).
+async fn second_job_after_a_timed_out_first(
+    backend: Backend,
+    refuse_cancel: bool,
+) -> (f64, f64, stagehand::ai::SimStats) {
+    let sim = support::start_sim(SimConfig {
+        latency: Duration::from_secs(6),
+        refuse_cancel,
+        ..support::fast_sim()
+    })
+    .await;
+    let file = shared_provider(&sim.url(), 1);
+    let app = TestApp::spawn_with(backend, support::fast_sim(), |c| {
+        c.providers = Some(file.path.clone());
+        c.ai_timeout = Duration::from_secs(2);
+        c.max_attempts = 1;
+    })
+    .await;
+    let (http, base) = (&app.http, app.base.as_str());
+    let slug = experience_on(http, base, "shared", 1, 5).await;
+    let first = submit_many(http, base, &slug, 1).await;
+    let first_job = support::wait_for(Duration::from_secs(5), || async {
+        (sim.control.stats().jobs_created == 1).then(Instant::now)
+    })
+    .await
+    .expect("the first job starts");
+    let second = submit_many(http, base, &slug, 1).await;
+    let ended = support::wait_all_final(http, base, &first, Duration::from_secs(10))
+        .await
+        .expect("the first saga ends");
+    assert_eq!(ended[0]["abort_reason"], "AI_TIMEOUT", "{}", ended[0]);
+    let first_ended = Instant::now();
+    let second_job = support::wait_for(Duration::from_secs(15), || async {
+        (sim.control.stats().jobs_created == 2).then(Instant::now)
+    })
+    .await
+    .expect("the second job starts");
+    let stats = sim.control.stats();
+    support::wait_all_final(http, base, &second, Duration::from_secs(15))
+        .await
+        .expect("the second saga ends");
+    // Every job that outlived its saga is settled in the end.
+    let store = app.state.store.clone();
+    let settled = support::wait_for(Duration::from_secs(15), || async {
+        (store.lingering_count().await.unwrap() == 0).then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "a lingering job was never settled");
+    app.stop().await;
+    (
+        second_job.duration_since(first_job).as_secs_f64(),
+        second_job.duration_since(first_ended).as_secs_f64(),
+        stats,
+    )
+}
+
+/// Without cancel the timed-out job keeps its slot until it ends: the
+/// provider never runs two at once, and the second starts when the first
+/// job ends (6 s), not when its saga ended (2 s).
+async fn without_cancel_a_timed_out_job_keeps_its_slot(backend: Backend) {
+    let (from_first_job, from_first_end, stats) =
+        second_job_after_a_timed_out_first(backend, true).await;
+    eprintln!(
+        "no cancel: second job {from_first_job:.2} s after the first job, {from_first_end:.2} s after the first saga ended"
+    );
+    assert_eq!(stats.max_concurrent_jobs, 1, "{stats:?}");
+    assert_eq!(stats.cancelled, 0, "{stats:?}");
+    assert!(
+        stats.cancel_requests >= 1,
+        "the server never asked to cancel: {stats:?}"
+    );
+    assert!(
+        from_first_job >= 5.8,
+        "the second job started {from_first_job:.2} s after the first, before the first ended (6 s)"
+    );
+    assert!(
+        from_first_job < 8.0,
+        "the freed slot was not used promptly: {from_first_job:.2} s"
+    );
+}
+db_test!(without_cancel_a_timed_out_job_keeps_its_slot);
+
+/// With cancel the timed-out job is cancelled once, and the second starts
+/// within a second of the first saga's end.
+async fn with_cancel_a_timed_out_job_is_cancelled(backend: Backend) {
+    let (from_first_job, from_first_end, stats) =
+        second_job_after_a_timed_out_first(backend, false).await;
+    eprintln!(
+        "cancel: second job {from_first_job:.2} s after the first job, {from_first_end:.2} s after the first saga ended"
+    );
+    assert_eq!(stats.max_concurrent_jobs, 1, "{stats:?}");
+    assert_eq!(stats.cancelled, 1, "{stats:?}");
+    assert_eq!(stats.cancel_requests, 1, "{stats:?}");
+    assert!(
+        from_first_end < 1.0,
+        "the second job started {from_first_end:.2} s after the first saga ended"
+    );
+}
+db_test!(with_cancel_a_timed_out_job_is_cancelled);
+
+/// An instance that stops while a job of an ended saga still runs loses
+/// nothing: the job's row keeps the slot, and another instance polls the
+/// job and frees the slot only when it ends.
+#[actix_web::test]
+async fn a_lingering_job_survives_its_instance() {
+    if support::postgres_admin_url().is_none() {
+        eprintln!("skipped: STAGEHAND_TEST_POSTGRES_URL is not set");
+        return;
+    }
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let sim = support::start_sim(SimConfig {
+        latency: Duration::from_secs(6),
+        refuse_cancel: true,
+        ..support::fast_sim()
+    })
+    .await;
+    let file = shared_provider(&sim.url(), 1);
+    let tweak = |c: &mut Config| {
+        c.providers = Some(file.path.clone());
+        c.ai_timeout = Duration::from_secs(2);
+        c.max_attempts = 1;
+    };
+    let one = Instance::start(&db, &sim.url(), tweak).await;
+    let http = reqwest::Client::new();
+    let slug = experience_on(&http, &one.base, "shared", 1, 5).await;
+    let first = submit_many(&http, &one.base, &slug, 1).await;
+    let first_job = support::wait_for(Duration::from_secs(5), || async {
+        (sim.control.stats().jobs_created == 1).then(Instant::now)
+    })
+    .await
+    .expect("the first job starts");
+    support::wait_all_final(&http, &one.base, &first, Duration::from_secs(10))
+        .await
+        .expect("the first saga ends");
+    let store = db.store().await;
+    assert_eq!(store.lingering_count().await.unwrap(), 1);
+    one.stop().await;
+    let two = Instance::start(&db, &sim.url(), tweak).await;
+    let second = submit_many(&http, &two.base, &slug, 1).await;
+    let second_job = support::wait_for(Duration::from_secs(20), || async {
+        (sim.control.stats().jobs_created == 2).then(Instant::now)
+    })
+    .await
+    .expect("the second job starts");
+    let waited = second_job.duration_since(first_job).as_secs_f64();
+    eprintln!("after a restart: second job {waited:.2} s after the first");
+    assert!(
+        waited >= 5.8,
+        "the slot was freed {waited:.2} s after the first job, before it ended"
+    );
+    assert_eq!(sim.control.stats().max_concurrent_jobs, 1);
+    support::wait_all_final(&http, &two.base, &second, Duration::from_secs(15))
+        .await
+        .expect("the second saga ends");
+    two.stop().await;
+}

@@ -33,7 +33,7 @@ use crate::store::Store;
 /// Rows taken per round.
 const BATCH: usize = 64;
 /// How long a taken row is ours while we ask the provider about it.
-const LEASE_MS: i64 = 30_000;
+const LEASE_MS: i64 = 5_000;
 /// The safety net's period.
 const TICK: Duration = Duration::from_secs(1);
 /// After an unavailable provider, ask again this much later.
