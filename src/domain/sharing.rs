@@ -68,9 +68,38 @@ pub fn next_grant(claimants: &[Claimant], free: Option<i64>) -> Option<(usize, i
     Some((i, slots.max(1)))
 }
 
+/// The slots an experience can count on while every experience with work
+/// on its provider keeps its share: `cap × weight / (weight + others)`,
+/// rounded down, at least 1 and at most its own `ceiling`. `others`: the
+/// weights of the provider's other experiences with work. `cap` None (no
+/// shared cap): its ceiling. For the 202's wait estimate.
+pub fn share_of(cap: Option<i64>, weight: i64, others: i64, ceiling: i64) -> i64 {
+    match cap {
+        None => ceiling,
+        Some(cap) => {
+            let weight = weight.max(1);
+            (cap * weight / (weight + others.max(0))).clamp(1, ceiling.max(1))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_share_counts_only_experiences_with_work() {
+        assert_eq!(share_of(Some(6), 1, 1, 20), 3);
+        assert_eq!(share_of(Some(6), 1, 0, 20), 6);
+        assert_eq!(share_of(Some(6), 2, 1, 20), 4);
+        assert_eq!(share_of(Some(6), 1, 2, 2), 2);
+        assert_eq!(
+            share_of(Some(6), 1, 50, 20),
+            1,
+            "never 0: it still gets slots in turn"
+        );
+        assert_eq!(share_of(None, 1, 5, 7), 7);
+    }
 
     fn claimant(weight: i64, used: i64) -> Claimant {
         Claimant {

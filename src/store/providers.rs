@@ -19,10 +19,11 @@
 
 use sea_orm::ConnectionTrait;
 
-use super::entities::sagas;
+use super::entities::{experiences, sagas};
 use super::{new_id, Store, StoreResult};
 use crate::ai::providers::ProviderSpec;
 use crate::domain::policy::EpochMs;
+use crate::domain::sharing::share_of;
 
 /// A provider as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,6 +273,42 @@ impl Store {
             .transpose()?
             .unwrap_or(0);
         Ok(Some(ahead + 1))
+    }
+
+    /// The AI slots `experience` can count on now (see
+    /// [`crate::domain::sharing::share_of`]): its ceiling, or its weighted
+    /// share of its provider's cap among the experiences with AI work.
+    pub async fn capacity_share(&self, experience: &experiences::Model) -> StoreResult<i64> {
+        let runnable = super::sagas::RUNNABLE;
+        let row = self
+            .db()
+            .query_one_raw(self.sql(
+                &format!(
+                    "SELECT p.max_in_flight, CASE WHEN p.max_in_flight IS NULL THEN 0 ELSE \
+                     (SELECT COALESCE(SUM(x.weight), 0) FROM experiences x \
+                     WHERE x.provider = p.name AND x.id <> $2 AND EXISTS (SELECT 1 FROM sagas s \
+                     WHERE s.experience_id = x.id AND {runnable} AND s.step = 'AI_PENDING')) END \
+                     FROM providers p WHERE p.name = $1"
+                ),
+                vec![
+                    experience.provider.clone().into(),
+                    experience.id.clone().into(),
+                ],
+            ))
+            .await?;
+        let (cap, others) = match row {
+            Some(r) => (
+                r.try_get_by_index::<Option<i32>>(0)?.map(i64::from),
+                r.try_get_by_index::<i64>(1)?,
+            ),
+            None => (None, 0),
+        };
+        Ok(share_of(
+            cap,
+            i64::from(experience.weight),
+            others,
+            i64::from(experience.max_in_flight),
+        ))
     }
 
     /// Lingering jobs now (for tests and operators).

@@ -193,6 +193,14 @@ impl Store {
         for id in &experience_ids {
             medians.insert(id.clone(), self.median_ai_ms(id).await?);
         }
+        // The slots each can count on: its share of a shared provider cap.
+        let mut shares: HashMap<String, i64> = HashMap::new();
+        for experience in experiences.values() {
+            shares.insert(
+                experience.id.clone(),
+                self.capacity_share(experience).await?,
+            );
+        }
 
         let tx = self.write_tx().await?;
         let session_ids: BTreeSet<String> = submits
@@ -276,7 +284,9 @@ impl Store {
                         let admission = admit(
                             *load,
                             Capacity {
-                                max_in_flight: experience.max_in_flight,
+                                max_in_flight: shares
+                                    .get(&experience.id)
+                                    .map_or(experience.max_in_flight, |&n| n as i32),
                                 ai_calls: experience.ai_calls,
                             },
                             medians.get(&experience.id).copied().flatten(),
