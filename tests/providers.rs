@@ -555,3 +555,59 @@ async fn a_lingering_job_survives_its_instance() {
         .expect("the second saga ends");
     two.stop().await;
 }
+
+/// An operator cancels a fan-out saga while its three jobs run: each job
+/// is cancelled at the provider (once), and their slots are free at once.
+async fn an_operator_cancel_cancels_the_running_jobs(backend: Backend) {
+    let app = TestApp::spawn_with(
+        backend,
+        SimConfig {
+            latency: Duration::from_secs(30),
+            ..support::fast_sim()
+        },
+        |_| {},
+    )
+    .await;
+    let (http, base) = (&app.http, app.base.as_str());
+    let slug = format!("fan-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let resp = http
+        .post(format!("{base}/api/experiences"))
+        .bearer_auth(OPERATOR)
+        .json(&json!({"slug": slug, "title": "Panels", "kind": "comic",
+                      "ai_calls": 3, "max_in_flight": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let sessions = submit_many(http, base, &slug, 1).await;
+    let running = support::wait_for(Duration::from_secs(5), || async {
+        (app.sim.control.stats().running == 3).then_some(())
+    })
+    .await;
+    assert!(running.is_some(), "{:?}", app.sim.control.stats());
+    let saga = app.saga_of(&sessions[0].0).await;
+    let saga_id = saga["saga_id"].as_str().expect("saga id").to_owned();
+    let (status, _, body) = app
+        .operator_post(&format!("/api/admin/sagas/{saga_id}/cancel"), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let cancelled = support::wait_for(Duration::from_secs(2), || async {
+        let stats = app.sim.control.stats();
+        (stats.cancelled == 3 && stats.running == 0).then_some(stats)
+    })
+    .await;
+    let stats = app.sim.control.stats();
+    assert!(
+        cancelled.is_some(),
+        "the jobs of the cancelled saga still run: {stats:?}"
+    );
+    assert_eq!(stats.cancel_requests, 3, "{stats:?}");
+    let store = app.state.store.clone();
+    let freed = support::wait_for(Duration::from_secs(2), || async {
+        (store.lingering_count().await.unwrap() == 0).then_some(())
+    })
+    .await;
+    assert!(freed.is_some(), "the cancelled jobs still hold their slots");
+    app.stop().await;
+}
+db_test!(an_operator_cancel_cancels_the_running_jobs);
