@@ -1,6 +1,9 @@
-//! AiActor: the only place that talks to the AI provider. It has no database
-//! access; every outside failure arrives here already translated into an
-//! [`AiFailure`] by the client. Each call's outcome goes to the provider's
+//! AiActor: the only place that talks to an AI provider (one actor per
+//! provider). Every outside failure arrives here already translated into
+//! an [`AiFailure`] by the client. It reads and writes the database only
+//! through the provider's shared guards: the rate limit takes a request
+//! (one statement) before each call, and the breaker writes its row when
+//! its state changes. Each call's outcome goes to the provider's
 //! circuit breaker ([`ProviderBreaker::record`]), which writes the shared
 //! state after the call when it changes, and to the metrics: each request's
 //! latency by outcome ([`metrics::ai_request`]) and each job's time from

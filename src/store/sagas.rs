@@ -226,14 +226,16 @@ impl Store {
     /// The lease is the AI slot, and it covers every job the provider
     /// may still be running (rule 10): a worker whose poll failed, whose
     /// submit had an unclear outcome, or whose attempt timed out keeps its
-    /// lease and goes on with the same job (see the supervisor's
-    /// `ai_attempt`); only a submit refused outright (no job) or a job seen
-    /// final releases it. When a worker dies (or its instance shuts down
+    /// lease and goes on with the same job (see the supervisor's AI step,
+    /// `ai_step.rs`); it releases the lease only while no job of the saga
+    /// may be running. When a worker dies (or its instance shuts down
     /// and hands the saga over), its lease runs out but its jobs may still
     /// run at the provider: such a saga keeps its slots ([`InFlight::expired`])
     /// until the next claim resumes it in them, so neither a queued saga
     /// nor a fan-out saga growing its slots takes them meanwhile. Only past
-    /// its deadline does it stop counting (the cleanup actor ends it).
+    /// its deadline does it stop counting (the cleanup actor ends it, and
+    /// its jobs then linger). A job that outlived its saga counts one slot
+    /// ([`InFlight::lingering`]) until the provider says it is final.
     pub async fn in_flight<C: ConnectionTrait>(
         conn: &C,
         experience_id: &str,
