@@ -466,3 +466,62 @@ async fn the_pages_are_served(backend: Backend) {
     app.stop().await;
 }
 db_test!(the_pages_are_served);
+
+/// A display that closes before it registered with the hub (its stream
+/// ended before `Connect`) must not unregister anyone: its `Disconnect`
+/// once dropped the experience's watcher count to 0, which dropped the
+/// ranking channel and so closed every other display of the experience on
+/// the instance.
+#[actix_web::test]
+async fn a_display_that_never_connected_disconnects_nobody() {
+    use actix::Actor;
+    use stagehand::actors::terminal_hub::{
+        Connect, ConnectedCount, Disconnect, TerminalHub, WatchedExperiences,
+    };
+    use stagehand::actors::wakeups::Doorbell;
+    let db = support::TestDb::fresh(support::Backend::Sqlite).await;
+    let hub = TerminalHub::new(
+        db.store().await,
+        std::sync::Arc::new(stagehand::clock::SystemClock),
+        "instance".into(),
+    )
+    .start();
+    let mut ranking = hub
+        .send(Connect {
+            terminal_id: "t1".into(),
+            experience_id: "e".into(),
+            socket_id: "staying".into(),
+            bell: Doorbell::default(),
+        })
+        .await
+        .unwrap();
+    // A second display of the same experience closes before it connected.
+    hub.send(Disconnect {
+        terminal_id: "t2".into(),
+        experience_id: "e".into(),
+        socket_id: "never-connected".into(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        hub.send(WatchedExperiences).await.unwrap(),
+        vec!["e".to_owned()]
+    );
+    assert_eq!(hub.send(ConnectedCount).await.unwrap(), 1);
+    assert!(
+        ranking.has_changed().is_ok(),
+        "the staying display's ranking channel was closed"
+    );
+    // Its own Disconnect, twice, unregisters it once.
+    for _ in 0..2 {
+        hub.send(Disconnect {
+            terminal_id: "t1".into(),
+            experience_id: "e".into(),
+            socket_id: "staying".into(),
+        })
+        .await
+        .unwrap();
+    }
+    assert!(hub.send(WatchedExperiences).await.unwrap().is_empty());
+    let _ = ranking.borrow_and_update();
+}

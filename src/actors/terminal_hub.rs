@@ -13,7 +13,8 @@
 //! Mailbox: rings and rankings come from the outbox relay, the ranking board
 //! and the cluster bridge, each awaiting its `send`, so each has at most one
 //! message here at a time; `Connect` is awaited by the socket, and
-//! `Disconnect` comes once per socket.
+//! `Disconnect` comes once per socket, and counts off only a socket that
+//! registered (one that closed before its `Connect` changes nothing).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -145,11 +146,17 @@ impl Handler<Connect> for TerminalHub {
 impl Handler<Disconnect> for TerminalHub {
     type Result = ();
     fn handle(&mut self, m: Disconnect, _: &mut Context<Self>) {
-        if let Some(sockets) = self.sockets.get_mut(&m.terminal_id) {
-            sockets.remove(&m.socket_id);
-            if sockets.is_empty() {
-                self.sockets.remove(&m.terminal_id);
-            }
+        // Only a socket that registered is counted off: one whose stream
+        // ended before its `Connect` (or a second `Disconnect`) changes
+        // nothing, so it never drops its neighbours' ranking channel.
+        let Some(sockets) = self.sockets.get_mut(&m.terminal_id) else {
+            return;
+        };
+        if sockets.remove(&m.socket_id).is_none() {
+            return;
+        }
+        if sockets.is_empty() {
+            self.sockets.remove(&m.terminal_id);
         }
         if let Some((_, watchers)) = self.rankings.get_mut(&m.experience_id) {
             *watchers -= 1;
