@@ -872,6 +872,9 @@ def test_ops_shows_providers_and_breaker(env):
     pcard = provider_card(phone, "default")
     expect(pcard.locator("tr[data-slug=comics]")).to_be_visible()
     assert_fits(phone, "the ops providers section at 360 px")
+    table = pcard.locator("table.provider-experiences")
+    widths = table.evaluate("t => [t.scrollWidth, t.parentElement.clientWidth]")
+    assert widths[0] <= widths[1], f"the provider's experiences fit a phone without scrolling: {widths}"
     pcard.scroll_into_view_if_needed()
     shot(phone, "ops-providers-phone")
 
