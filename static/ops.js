@@ -10,6 +10,11 @@
   const FINAL = ["COMPLETED", "ABORTED"];
   const REASONS = ["INPUT_REJECTED", "AI_FAILED", "AI_TIMEOUT", "RANKING_FAILED", "PERSIST_FAILED", "ORPHANED", "CANCELLED"];
   const SAGA_PAGE = 50;
+  // The providers section (slots, queues, breakers) is read this often.
+  const PROVIDERS_MS = 2000;
+  // How long the Pause button keeps a provider's breaker open (seconds);
+  // Resume closes it at any time.
+  const PAUSE_CHOICES = [30, 300, 1800, 3600];
   // The sagas table follows the live figures: reloaded when the socket
   // reports a change, at most once per this period (and once more at its
   // end, so the last change always shows).
@@ -33,6 +38,12 @@
   let refreshTimer = null;
   let followTimer = null;
   let lastRecent = "";
+  let providersTimer = null;
+  let providersLoading = false;
+  let providerNames = [];
+  // The card of each provider, by name, updated in place so that a button
+  // is never replaced under the pointer.
+  const providerCards = new Map();
   let flashTimer = null;
 
   const $ = (id) => document.getElementById(id);
@@ -92,6 +103,8 @@
     SH.session.set(TOKEN_KEY, null);
     closeSocket();
     clearInterval(refreshTimer);
+    clearInterval(providersTimer);
+    providersTimer = null;
     showLogin(error);
   }
 
@@ -325,6 +338,195 @@
     }
   }
 
+  // ---- AI providers --------------------------------------------------------
+
+  async function loadProviders() {
+    if (!token || providersLoading) return;
+    providersLoading = true;
+    try {
+      const { data } = await call("/api/admin/providers");
+      const list = (data && data.providers) || [];
+      $("providers-note").hidden = true;
+      renderProviders(list);
+    } catch (err) {
+      if (err instanceof SH.ApiError && err.status === 404) {
+        // A server without providers: no section.
+        $("providers-section").hidden = true;
+        clearInterval(providersTimer);
+        providersTimer = null;
+        return;
+      }
+      // What was shown stays; a note says it is not current.
+      $("providers-note").textContent = SH.errorText(err);
+      $("providers-note").hidden = false;
+    } finally {
+      providersLoading = false;
+    }
+  }
+
+  function renderProviders(list) {
+    $("providers-section").hidden = false;
+    const names = list.map((p) => p.name);
+    if (names.join("\n") !== providerNames.join("\n")) {
+      providerNames = names;
+      fillProviderSelect();
+    }
+    for (const name of [...providerCards.keys()]) {
+      if (!names.includes(name)) {
+        providerCards.get(name).root.remove();
+        providerCards.delete(name);
+      }
+    }
+    if (!list.length) {
+      $("providers").replaceChildren(SH.el("li", { class: "muted", text: SH.t("ops.noProviders") }));
+      return;
+    }
+    const cards = list.map((p) => {
+      let card = providerCards.get(p.name);
+      if (!card) {
+        card = providerCard(p.name);
+        providerCards.set(p.name, card);
+      }
+      updateProviderCard(card, p);
+      return card.root;
+    });
+    // Keep the order of the list; moving a node keeps its state.
+    const ul = $("providers");
+    if ([...ul.children].some((n, i) => n !== cards[i]) || ul.children.length !== cards.length) {
+      ul.replaceChildren(...cards);
+    }
+  }
+
+  function providerCard(name) {
+    const c = {};
+    c.name = SH.el("strong", { class: "provider-name", text: name });
+    c.kind = SH.el("span", { class: "badge" });
+    c.breaker = SH.el("span", { class: "breaker-badge" });
+    c.inFlight = SH.el("span", { class: "value" });
+    c.cap = SH.el("span", { class: "label" });
+    c.queued = SH.el("span", { class: "value" });
+    c.rate = SH.el("span", { class: "value rate" });
+    c.bar = SH.el("span");
+    c.barBox = SH.el("div", { class: "bar" }, c.bar);
+    c.pauseFor = SH.el("select", { class: "pause-for", "aria-label": SH.t("ops.breaker.for") },
+      ...PAUSE_CHOICES.map((sec) => SH.el("option", { value: sec, text: durationText(sec) })));
+    c.pauseFor.value = "300";
+    c.open = SH.el("button", { type: "button", class: "btn btn-small breaker-open", text: SH.t("ops.breaker.pause") });
+    c.close = SH.el("button", { type: "button", class: "btn btn-small breaker-close", text: SH.t("ops.breaker.resume") });
+    c.rows = SH.el("tbody");
+    c.root = SH.el("li", { class: "provider-card", dataset: { provider: name } },
+      SH.el("div", { class: "provider-head" }, c.name, " ", c.kind, " ", c.breaker),
+      SH.el("div", { class: "provider-figures" },
+        SH.el("div", { class: "tile in-flight" }, c.inFlight, c.cap),
+        SH.el("div", { class: "tile queued" }, c.queued, SH.el("span", { class: "label", text: SH.t("ops.provider.queued") })),
+        SH.el("div", { class: "tile rate-limit" }, c.rate, SH.el("span", { class: "label", text: SH.t("ops.provider.rateLimit") }))),
+      c.barBox,
+      SH.el("div", { class: "provider-actions" }, c.open, c.pauseFor, c.close),
+      SH.el("div", { class: "table-wrap" },
+        SH.el("table", { class: "provider-experiences" },
+          SH.el("thead", {}, SH.el("tr", {},
+            SH.el("th", { text: SH.t("ops.col.experience") }),
+            SH.el("th", { class: "num", text: SH.t("ops.col.weight") }),
+            SH.el("th", { class: "num", text: SH.t("ops.col.inFlight") }),
+            SH.el("th", { class: "num", text: SH.t("ops.col.queued") }),
+            SH.el("th", { class: "num", text: SH.t("ops.col.share") }))),
+          c.rows)));
+    // Pausing stops every experience on the provider: two clicks, like
+    // Cancel. Resuming takes one.
+    let armTimer = null;
+    c.open.addEventListener("click", () => {
+      if (!c.open.classList.contains("armed")) {
+        c.open.classList.add("armed");
+        c.open.textContent = SH.t("ops.breaker.confirmPause");
+        armTimer = setTimeout(() => {
+          c.open.classList.remove("armed");
+          c.open.textContent = SH.t("ops.breaker.pause");
+        }, 4000);
+        return;
+      }
+      clearTimeout(armTimer);
+      c.open.classList.remove("armed");
+      c.open.textContent = SH.t("ops.breaker.pause");
+      breakerAction(c, name, "open", { for_seconds: Number(c.pauseFor.value) || 300 });
+    });
+    c.close.addEventListener("click", () => breakerAction(c, name, "close", undefined));
+    return c;
+  }
+
+  function durationText(sec) {
+    return sec < 60 ? SH.t("ops.seconds", { n: sec }) : SH.t("ops.minutes", { n: Math.round(sec / 60) });
+  }
+
+  async function breakerAction(card, name, action, body) {
+    card.open.disabled = true;
+    card.close.disabled = true;
+    try {
+      const { data } = await call(`/api/admin/breaker/${action}?provider=${enc(name)}`, { method: "POST", body, key: SH.uuid() });
+      if (data && data.state) showBreaker(card, data.state);
+      flash(SH.t(`ops.breaker.done.${action}`, { name }));
+    } catch (err) {
+      flash(SH.errorText(err), true);
+    } finally {
+      card.open.disabled = false;
+      card.close.disabled = false;
+    }
+    loadProviders();
+  }
+
+  function showBreaker(card, state) {
+    const known = ["closed", "open", "probing"].includes(state) ? state : "open";
+    card.root.dataset.breaker = known;
+    card.breaker.dataset.state = known;
+    card.breaker.textContent = SH.t(`ops.breaker.${known}`);
+    card.breaker.title = SH.t(`ops.breaker.${known}.help`);
+    // Closed: it can be paused; open or probing: it can be resumed.
+    card.open.hidden = known !== "closed";
+    card.pauseFor.hidden = known !== "closed";
+    card.close.hidden = known === "closed";
+  }
+
+  function updateProviderCard(c, p) {
+    c.kind.textContent = p.kind || "";
+    c.kind.hidden = !p.kind;
+    showBreaker(c, p.breaker);
+    const n = Number(p.in_flight) || 0;
+    const cap = p.max_in_flight == null ? null : Number(p.max_in_flight);
+    c.inFlight.textContent = cap == null ? SH.fmtNumber(n) : `${SH.fmtNumber(n)} / ${SH.fmtNumber(cap)}`;
+    c.cap.textContent = cap == null ? SH.t("ops.provider.noCap") : SH.t("ops.provider.inFlight");
+    c.barBox.hidden = cap == null;
+    if (cap != null) {
+      c.bar.style.width = `${cap ? Math.min(100, Math.round((100 * n) / cap)) : 0}%`;
+      c.barBox.classList.toggle("full", cap > 0 && n >= cap);
+    }
+    c.queued.textContent = SH.fmtNumber(Number(p.queued) || 0);
+    c.rate.textContent = p.rate_limit || SH.t("ops.provider.noRateLimit");
+    const list = p.experiences || [];
+    const shown = JSON.stringify(list);
+    if (c.rows.dataset.shown === shown) return;
+    c.rows.dataset.shown = shown;
+    if (!list.length) {
+      c.rows.replaceChildren(SH.el("tr", {}, SH.el("td", { colspan: 5, class: "muted", text: SH.t("ops.provider.noExperiences") })));
+      return;
+    }
+    c.rows.replaceChildren(
+      ...list.map((e) =>
+        SH.el("tr", { dataset: { slug: e.slug } },
+          SH.el("td", { class: "slug", text: e.slug }),
+          SH.el("td", { class: "num weight", text: SH.fmtNumber(e.weight) }),
+          SH.el("td", { class: "num in-flight", text: `${SH.fmtNumber(e.in_flight || 0)} / ${SH.fmtNumber(e.max_in_flight)}` }),
+          SH.el("td", { class: "num queued", text: SH.fmtNumber(e.queued || 0) }),
+          SH.el("td", { class: "num share", title: SH.t("ops.provider.shareHelp"), text: e.share == null ? SH.t("common.none") : SH.fmtNumber(e.share) }))));
+  }
+
+  // The new-experience form's provider choices.
+  function fillProviderSelect() {
+    const select = $("new-experience").elements.provider;
+    const was = select.value;
+    select.replaceChildren(...providerNames.map((n) => SH.el("option", { value: n, text: n })));
+    if (providerNames.includes(was)) select.value = was;
+    else if (providerNames.includes("default")) select.value = "default";
+  }
+
   // ---- experiences -----------------------------------------------------------
 
   async function loadExperiences() {
@@ -506,10 +708,14 @@
       max_in_flight: Number(f.elements.max_in_flight.value),
       locale: f.elements.locale.value,
     };
+    // Optional: the server's defaults are the `default` provider, weight 1.
+    if (f.elements.provider.value) body.provider = f.elements.provider.value;
+    if (f.elements.weight.value.trim()) body.weight = Number(f.elements.weight.value);
     const created = await submitForm(f, "/api/experiences", body);
     if (!created) return;
     flash(SH.t("ops.createdExperience", { slug: created.slug || body.slug }));
     f.reset();
+    fillProviderSelect();
     await loadExperiences();
     $("new-terminal").elements.experience.value = created.slug || body.slug;
   }
@@ -575,6 +781,9 @@
     renderSteps({}, null);
     renderReasons({});
     connect();
+    loadProviders();
+    clearInterval(providersTimer);
+    providersTimer = setInterval(loadProviders, PROVIDERS_MS);
     await loadExperiences();
     loadTerminals();
     loadSagas();

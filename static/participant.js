@@ -250,6 +250,8 @@
     $("wait-message").textContent = SH.t("session.SUBMITTING");
     $("wait-stage").textContent = SH.t("p.stage.AI_PENDING");
     markStage("AI_PENDING");
+    showPaused(false);
+    showQueuePlace(st.queue && st.queue.position);
     $("wait-extra").textContent = queueText("AI_PENDING").join(" · ");
     show("view-waiting");
     poll();
@@ -303,15 +305,28 @@
     return q.position || q.until ? q : null;
   }
 
-  // The queue's words while the AI has not started on it.
+  // The estimated wait while the AI has not started on it (the place in
+  // the queue shows apart, in #wait-queue).
   function queueText(step) {
     const q = st.queue;
     if (!q || (step && step !== "AI_PENDING")) return [];
     const out = [];
-    if (q.position) out.push(SH.t("p.queue", { n: q.position }));
     const left = q.until ? Math.ceil((q.until - Date.now()) / 1000) : 0;
     if (left > 0) out.push(SH.t("p.estimate", { s: left }));
     return out;
+  }
+
+  function showPaused(paused, message) {
+    $("view-waiting").classList.toggle("paused", paused);
+    $("wait-message").hidden = paused;
+    $("wait-paused").hidden = !paused;
+    $("wait-paused").textContent = paused ? message || SH.t("session.ai_paused") : "";
+  }
+
+  function showQueuePlace(n) {
+    const ok = typeof n === "number" && Number.isFinite(n) && n > 0;
+    $("wait-queue").hidden = !ok;
+    $("wait-queue").textContent = ok ? SH.t("session.queue_position", { n }) : "";
   }
 
   function markStage(step) {
@@ -330,9 +345,18 @@
         waitingSince = Date.now();
         show("view-waiting");
       }
-      $("wait-message").textContent = s.message || SH.t("session.SUBMITTING");
+      // The provider paused (its breaker open): a calm word, not an
+      // error; the session waits in its place and goes on by itself.
+      const paused = s.ai_paused === true;
+      showPaused(paused, s.message);
+      if (!paused) $("wait-message").textContent = s.message || SH.t("session.SUBMITTING");
       $("wait-stage").textContent = s.step ? SH.t(`p.stage.${s.step}`) : "";
       markStage(s.step || "AI_PENDING");
+      // The place in the queue: the server's, while the saga waits for an
+      // AI slot (null once it has one); before it says, the 202's.
+      const serverSays = "queue_position" in s;
+      const place = serverSays ? Number(s.queue_position) : st.queue && st.queue.position;
+      showQueuePlace(s.step === "AI_PENDING" || !s.step ? place : null);
       const secs = Math.floor((Date.now() - waitingSince) / 1000);
       const parts = [SH.t("p.elapsed", { s: secs })];
       parts.unshift(...queueText(s.step));

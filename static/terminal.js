@@ -10,6 +10,8 @@
   const FEED_MAX = 8;
   const ALERT_MS = 10000;
   const RENDER_DELAY_MS = 40;
+  // The experience is read this often, for whether its AI is paused.
+  const PAUSED_POLL_MS = 5000;
 
   // {token, seq, locale}: the token from the link (so a reload without the
   // hash still works), the last seq shown, the experience's language.
@@ -34,6 +36,9 @@
   let ranking = null;
   let renderTimer = null;
   let ackedSeq = lastSeq;
+  let aiPaused = false;
+  let pausedSlug = null;
+  let pausedTimer = null;
 
   const $ = (id) => document.getElementById(id);
   const persist = () => SH.local.set(STORE_KEY, { ...saved, seq: lastSeq });
@@ -148,6 +153,10 @@
         const qr = `/api/experiences/${encodeURIComponent(experience.slug)}/qr.svg?terminal=${encodeURIComponent(terminalId)}`;
         if ($("qr").getAttribute("src") !== qr) $("qr").src = qr;
         $("scan").hidden = false;
+        if (pausedSlug !== experience.slug) {
+          pausedSlug = experience.slug;
+          pollPaused();
+        }
       }
     }
     scheduleRender();
@@ -183,6 +192,7 @@
   function render() {
     renderTimer = null;
     renderLatest();
+    renderPaused();
     renderAlert();
     renderRanking();
     renderFeed();
@@ -218,6 +228,34 @@
     $("latest").classList.remove("enter");
     void $("latest").offsetWidth;
     $("latest").classList.add("enter");
+  }
+
+  // ---- the AI paused --------------------------------------------------------
+
+  // Reads the experience every few seconds: while its provider's breaker is
+  // open, a calm banner says the AI is taking a break. A failed read keeps
+  // what is shown (the socket's state already says when the server is gone).
+  async function pollPaused() {
+    clearTimeout(pausedTimer);
+    const slug = pausedSlug;
+    if (!slug) return;
+    try {
+      const { data } = await SH.api(`/api/experiences/${encodeURIComponent(slug)}`, { timeoutMs: 8000 });
+      if (slug !== pausedSlug) return;
+      const now = Boolean(data && data.ai_paused === true);
+      if (now !== aiPaused) {
+        aiPaused = now;
+        scheduleRender();
+      }
+    } catch (_) {
+      /* keep the banner as it is; try again later */
+    }
+    if (slug === pausedSlug) pausedTimer = setTimeout(pollPaused, PAUSED_POLL_MS);
+  }
+
+  function renderPaused() {
+    $("paused").hidden = !aiPaused;
+    if (aiPaused) $("paused").textContent = SH.t("terminal.ai_paused");
   }
 
   function renderAlert() {

@@ -18,6 +18,10 @@ pages the way people use them:
                experience and a terminal, its Cancel button cancels a queued
                saga, whose participant then reads the CANCELLED message, and
                its Retry button runs that saga again to its result
+  providers    /ops shows each AI provider with its experiences, and pauses and
+               resumes it (its breaker); while it is paused the phone shows a
+               calm notice with its place in the queue and the booth display
+               a calm banner, and the result follows once it resumes
   language     a Korean experience shows Korean texts
   layout       every page fits a 360 px phone; the booth display fills 1080p
   screenshots  of every page, in target/screenshots/
@@ -783,6 +787,145 @@ def test_layouts_fit_phone_and_1080p(env):
             shot(phone, "terminal-phone")
 
 
+def provider_card(page, name):
+    return page.locator(f"#providers li.provider-card[data-provider='{name}']")
+
+
+def breaker_state(env, provider="default"):
+    return env.server.ok("GET", f"/api/admin/breaker?provider={provider}", token=OPERATOR_TOKEN)["state"]
+
+
+def test_ops_shows_providers_and_breaker(env):
+    """The providers section: the default provider with its experiences and
+    figures; its Pause button opens the breaker, Resume closes it; the
+    section follows the server by itself (every 2 s)."""
+    ops = ops_page(env)
+    card = provider_card(ops, "default")
+    expect(card).to_be_visible()
+    expect(card.locator(".provider-name")).to_have_text("default")
+    listed = env.server.ok("GET", "/api/admin/providers", token=OPERATOR_TOKEN)["providers"]
+    default = next(p for p in listed if p["name"] == "default")
+    assert default["experiences"], default
+    if default["kind"]:
+        expect(card.locator(".badge")).to_have_text(default["kind"])
+    for e in default["experiences"]:
+        row = card.locator(f"tr[data-slug='{e['slug']}']")
+        expect(row).to_be_visible()
+        expect(row.locator(".weight")).to_have_text(str(e["weight"]))
+        expect(row.locator(".in-flight")).to_contain_text(f"/ {e['max_in_flight']:,}")
+    assert {"comics", "game"} <= {e["slug"] for e in default["experiences"]}, default
+    cap = default["max_in_flight"]
+    in_flight = card.locator(".tile.in-flight")
+    if cap is None:
+        expect(in_flight.locator(".label")).to_have_text(EN["ops.provider.noCap"])
+        expect(in_flight.locator(".value")).to_have_text(re.compile(r"^\d+$"))
+    else:
+        expect(in_flight.locator(".label")).to_have_text(EN["ops.provider.inFlight"])
+        expect(in_flight.locator(".value")).to_have_text(re.compile(rf"^\d+ / {cap:,}$"))
+    expect(card.locator(".tile.rate-limit .value")).to_have_text(default["rate_limit"] or EN["ops.provider.noRateLimit"])
+    expect(card).to_have_attribute("data-breaker", "closed")
+    badge = card.locator(".breaker-badge")
+    expect(badge).to_have_text(EN["ops.breaker.closed"])
+    expect(card.locator("button.breaker-close")).to_be_hidden()
+
+    # Pause: two clicks (it stops every experience on the provider).
+    pause = card.locator("button.breaker-open")
+    pause.click()
+    expect(pause).to_have_text(EN["ops.breaker.confirmPause"])
+    assert breaker_state(env) == "closed", "the first click only arms the button"
+    pause.click()
+    expect(ops.locator("#flash")).to_have_text(EN["ops.breaker.done.open"].format(name="default"))
+    expect(card).to_have_attribute("data-breaker", "open")
+    expect(badge).to_have_text(EN["ops.breaker.open"])
+    expect(badge).to_have_attribute("data-state", "open")
+    assert breaker_state(env) == "open"
+    expect(pause).to_be_hidden()
+    section = ops.locator("#providers-section")
+    section.scroll_into_view_if_needed()
+    shot(ops, "ops-providers")
+    # A submission waits in the provider's queue while it is open.
+    env.server.submit_as("comics", "queued-while-paused", "a kite in the rain")
+    expect(card.locator("tr[data-slug=comics] .queued")).to_have_text("1", timeout=10 * SECOND)
+    expect(card.locator(".tile.queued .value")).not_to_have_text("0")
+
+    # Resume: one click.
+    card.locator("button.breaker-close").click()
+    expect(ops.locator("#flash")).to_have_text(EN["ops.breaker.done.close"].format(name="default"))
+    expect(card).to_have_attribute("data-breaker", "closed")
+    expect(badge).to_have_text(EN["ops.breaker.closed"])
+    assert breaker_state(env) == "closed"
+    expect(card.locator("tr[data-slug=comics] .queued")).to_have_text("0", timeout=RESULT_WAIT)
+
+    # Changed elsewhere (the API), the card follows by itself.
+    env.server.operator("POST", "/api/admin/breaker/open?provider=default", {"for_seconds": 60})
+    try:
+        expect(card).to_have_attribute("data-breaker", "open", timeout=6 * SECOND)
+    finally:
+        env.server.operator("POST", "/api/admin/breaker/close?provider=default")
+    expect(card).to_have_attribute("data-breaker", "closed", timeout=6 * SECOND)
+
+    # The same section on a phone.
+    phone = env.phone()
+    phone.goto("/ops")
+    phone.fill("#token", OPERATOR_TOKEN)
+    phone.click("#sign-in")
+    pcard = provider_card(phone, "default")
+    expect(pcard.locator("tr[data-slug=comics]")).to_be_visible()
+    assert_fits(phone, "the ops providers section at 360 px")
+    table = pcard.locator("table.provider-experiences")
+    widths = table.evaluate("t => [t.scrollWidth, t.parentElement.clientWidth]")
+    assert widths[0] <= widths[1], f"the provider's experiences fit a phone without scrolling: {widths}"
+    pcard.scroll_into_view_if_needed()
+    shot(phone, "ops-providers-phone")
+
+
+def test_ai_paused_on_phone_and_display(env):
+    """While the provider's breaker is open, the phone says so calmly with
+    its place in the queue and the booth display shows a calm banner; once
+    it closes, the result arrives on both and the banner goes."""
+    term = env.fixtures["comics_terminal"]
+    display = open_terminal(env, term)
+    banner = display.locator("#paused")
+    expect(banner).to_be_hidden()
+    env.server.operator("POST", "/api/admin/breaker/open?provider=default", {"for_seconds": 60})
+    try:
+        # The display reads the experience every 5 s.
+        expect(banner).to_be_visible(timeout=12 * SECOND)
+        expect(banner).to_have_text(EN["terminal.ai_paused"])
+        assert banner.evaluate("n => n.getAnimations().length") == 0, "the banner does not flash"
+
+        phone = env.phone()
+        phone.goto(f"/p/comics?terminal={term['terminal_id']}")
+        participant_submit(phone, "patient", "a sloth waiting for a bus")
+        expect(phone.locator("#view-waiting")).to_be_visible()
+        notice = phone.locator("#wait-paused")
+        expect(notice).to_be_visible()
+        expect(notice).to_have_text(EN["session.ai_paused"])
+        place = re.compile("^" + re.escape(EN["session.queue_position"]).replace(re.escape("{n}"), r"\d+") + "$")
+        expect(phone.locator("#wait-queue")).to_have_text(place)
+        expect(phone.locator("#wait-message")).to_be_hidden()
+        # It stays a calm wait: no error, no abort, through a few polls and
+        # a reload.
+        phone.wait_for_timeout(3 * SECOND)
+        expect(phone.locator("#view-waiting")).to_be_visible()
+        expect(phone.locator("#form-error")).to_be_hidden()
+        phone.reload()
+        expect(notice).to_be_visible()
+        expect(phone.locator("#wait-queue")).to_have_text(place)
+        assert_fits(phone, "the paused notice at 360 px")
+        shot(phone, "participant-paused")
+        shot(display, "terminal-paused")
+        size = display.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+        assert size == [1920, 1080], f"the banner keeps the display on one screen: {size}"
+    finally:
+        env.server.operator("POST", "/api/admin/breaker/close?provider=default")
+
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    expect(phone.locator("#result-content figcaption")).to_contain_text("a sloth waiting for a bus")
+    expect(display.locator("#latest-nickname")).to_have_text("patient", timeout=RESULT_WAIT)
+    expect(banner).to_be_hidden(timeout=12 * SECOND)
+
+
 def test_no_page_errors(env):
     """No page threw an uncaught JavaScript error in any of the tests."""
     assert not env.console_errors, "\n".join(env.console_errors)
@@ -800,6 +943,8 @@ TESTS = [
     test_korean_experience,
     test_terminal_screenshot,
     test_layouts_fit_phone_and_1080p,
+    test_ops_shows_providers_and_breaker,
+    test_ai_paused_on_phone_and_display,
     test_no_page_errors,
 ]
 
