@@ -299,11 +299,13 @@ impl Application {
                 source,
             })?
             .port();
+        let limits = Arc::new(RateLimits::from_config(&config));
         let state = AppState {
             submissions: crate::http::submissions::submission_queue(
                 store.clone(),
                 clock.clone(),
                 config.saga_deadline.as_millis() as i64,
+                limits.clone(),
             ),
             store,
             work_store: work,
@@ -317,7 +319,7 @@ impl Application {
             persistence,
             operators,
             public_url: config.public_base_url(port),
-            limits: Arc::new(RateLimits::from_config(&config)),
+            limits,
             shutdown: shutdown.signal.clone(),
             sqlite_lock: sqlite_lock.map(Arc::new),
         };

@@ -1032,13 +1032,12 @@ async fn submission_is_limited_per_session_and_token(backend: Backend) {
     let (other_sid, other_token) = app.session(&slug, None, "bystander").await;
     let body = json!({"prompt": "a cat"});
     // Someone who knows the session id (rankings show it) but not its
-    // token hammers it: they are limited in their own bucket...
+    // token hammers it: refused before the limit, they take no bucket...
     let guessed = "guessed-token";
-    for status in [401, 401] {
+    for _ in 0..5 {
         let resp = app.submit(&sid, guessed, body.clone(), "k").await;
-        assert_eq!(resp.status(), status);
+        assert_eq!(resp.status(), 401);
     }
-    rate_limited(app.submit(&sid, guessed, body.clone(), "k").await).await;
     // ...and the participant's bucket is untouched: two requests, then 429.
     let first = app.submit(&sid, &token, body.clone(), "k1").await;
     assert_eq!(first.status(), 202);
@@ -1058,6 +1057,31 @@ async fn submission_is_limited_per_session_and_token(backend: Backend) {
     app.stop().await;
 }
 db_test!(submission_is_limited_per_session_and_token);
+
+/// A flood of submissions with random bearer tokens takes no key of the
+/// limiter (they are refused 401 before it), so it cannot fill the key
+/// store and push real sessions into the shared overflow bucket. Before,
+/// the limiter ran ahead of authentication and the participant's first
+/// submission after such a flood was 429.
+async fn random_tokens_do_not_fill_the_submission_limiter(backend: Backend) {
+    let app = TestApp::spawn_with(backend, fast_sim(), |c| {
+        c.submission_rate_limit = limit("3/min");
+        c.rate_limit_keys = 5;
+    })
+    .await;
+    let slug = app.experience(5).await;
+    let (sid, token) = app.session(&slug, None, "real").await;
+    let body = json!({"prompt": "a cat"});
+    for i in 0..40 {
+        let random = format!("random-token-{i}");
+        let resp = app.submit(&sid, &random, body.clone(), "k").await;
+        assert_eq!(resp.status(), 401, "random token {i}");
+    }
+    let resp = app.submit(&sid, &token, body.clone(), "real-key").await;
+    assert_eq!(resp.status(), 202, "{:?}", resp.text().await);
+    app.stop().await;
+}
+db_test!(random_tokens_do_not_fill_the_submission_limiter);
 
 async fn off_never_limits(backend: Backend) {
     let app = TestApp::spawn_with(backend, fast_sim(), |c| {

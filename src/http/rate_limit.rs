@@ -1,8 +1,11 @@
 //! Rate limits (governor's GCRA, in memory, per instance): session creation
 //! per client address, submission per session and token. A refused request
-//! is answered 429 `rate_limited` with `Retry-After` by a middleware on its
-//! route, before the handler runs: it touches neither the database nor an
-//! Idempotency-Key, so a retry after the wait runs normally.
+//! is answered 429 `rate_limited` with `Retry-After`: session creation by a
+//! middleware on its route, before the handler runs; a submission by the
+//! submission desk right after its token opened the session
+//! ([`RateLimits::check_submission`]), before its Idempotency-Key is taken.
+//! Neither touches an Idempotency-Key, so a retry after the wait runs
+//! normally.
 //!
 //! Keys are bounded. A key is forgotten once its bucket is full again (it is
 //! then no different from a new key): `retain_recent` runs on the request
@@ -34,7 +37,6 @@ use governor::state::{InMemoryState, NotKeyed, StateStore};
 use governor::{Quota, RateLimiter};
 use sha2::{Digest, Sha256};
 
-use super::auth::bearer;
 use super::error::ApiError;
 use super::AppState;
 use crate::config::{Config, RateLimit};
@@ -52,6 +54,20 @@ pub struct RateLimits {
 }
 
 impl RateLimits {
+    /// The submission limit, one bucket per session and bearer token,
+    /// asked by the submission desk only once the token opened the session
+    /// (so random tokens never take a key, and nobody who only knows a
+    /// session id, which rankings show, can use up its participant's
+    /// bucket). `Err(seconds)`: wait that long.
+    pub fn check_submission(&self, session: &str, token: &str) -> Result<(), u64> {
+        match &self.submissions {
+            None => Ok(()),
+            Some(limiter) => limiter
+                .check(&session_key(session, token))
+                .map_err(retry_after_secs),
+        }
+    }
+
     pub fn from_config(config: &Config) -> RateLimits {
         let max_keys = config.rate_limit_keys;
         RateLimits {
@@ -83,21 +99,6 @@ pub async fn per_client(
     limited(req, next, |limits, req| {
         let limiter = limits.sessions.as_ref()?;
         Some(limiter.check(&limits.client.of(req)))
-    })
-    .await
-}
-
-/// Middleware of the submission: one bucket per session and bearer token,
-/// so that nobody who only knows a session id (rankings show them) can
-/// use up its participant's bucket.
-pub async fn per_session(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
-    limited(req, next, |limits, req| {
-        let limiter = limits.submissions.as_ref()?;
-        let session = req.match_info().get("id").unwrap_or_default();
-        Some(limiter.check(&session_key(session, bearer(req).unwrap_or_default())))
     })
     .await
 }

@@ -4,7 +4,9 @@
 //! Idempotency-Keys and, in one transaction, starts their sagas (taking the
 //! experience's credits) and stores each answer with its key. Each request
 //! still gets the answer the contract gives it alone, with checks in the
-//! contract's order: authentication, the Idempotency-Key rules, the body,
+//! contract's order: authentication, the submission rate limit (per
+//! session and token, so only a request whose token opened its session
+//! takes a bucket), the Idempotency-Key rules, the body,
 //! the session's state, then the experience's closing time (409 `closing`)
 //! and credits (402 `budget_exhausted`). The 202 tells where the saga
 //! stands: `queue_position` (1 = next to start) and `eta_seconds`.
@@ -14,6 +16,7 @@
 //! each other's rows.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -24,6 +27,7 @@ use super::body::{parse_json, read_body};
 use super::error::ApiError;
 use super::idempotency::{answer_taken, key_of, key_request, respond, Reply, KEY_TTL_MS};
 use super::participants::validate_submission;
+use super::rate_limit::RateLimits;
 use super::AppState;
 use crate::actors::batching::{BatchLimits, BatchQueue};
 use crate::clock::SharedClock;
@@ -51,7 +55,12 @@ pub type SubmitAnswer = Result<(Reply, bool), ApiError>;
 pub type SubmissionQueue = BatchQueue<SubmitRequest, SubmitAnswer>;
 
 /// Starts the desk's queue on the requests' pool.
-pub fn submission_queue(store: Store, clock: SharedClock, deadline_ms: i64) -> SubmissionQueue {
+pub fn submission_queue(
+    store: Store,
+    clock: SharedClock,
+    deadline_ms: i64,
+    limits: Arc<RateLimits>,
+) -> SubmissionQueue {
     const LIMITS: BatchLimits = BatchLimits {
         capacity: 4_096,
         max_batch: 256,
@@ -62,8 +71,8 @@ pub fn submission_queue(store: Store, clock: SharedClock, deadline_ms: i64) -> S
         "submissions",
         LIMITS,
         move |requests: Vec<SubmitRequest>| {
-            let (store, now) = (store.clone(), clock.now_ms());
-            async move { answer_batch(&store, requests, now, deadline_ms).await }
+            let (store, now, limits) = (store.clone(), clock.now_ms(), limits.clone());
+            async move { answer_batch(&store, &limits, requests, now, deadline_ms).await }
         },
     )
 }
@@ -71,6 +80,7 @@ pub fn submission_queue(store: Store, clock: SharedClock, deadline_ms: i64) -> S
 /// Checks and writes one batch; one answer per request, in order.
 async fn answer_batch(
     store: &Store,
+    limits: &RateLimits,
     requests: Vec<SubmitRequest>,
     now: i64,
     deadline_ms: i64,
@@ -97,6 +107,10 @@ async fn answer_batch(
                     "this token does not open that session",
                 ));
             }
+            // Only now, authenticated, does the request take a bucket.
+            limits
+                .check_submission(&session.id, &request.token)
+                .map_err(|retry_after| ApiError::RateLimited { retry_after })?;
             let key = request.key.ok_or(ApiError::IdempotencyKeyRequired)?;
             let body = request.body?;
             Ok((session.clone(), key, body))
