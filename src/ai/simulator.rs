@@ -13,7 +13,7 @@
 //! injectable clock: the simulator stands for a provider outside the app.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -28,6 +28,11 @@ use serde_json::{json, Value};
 const MAX_BODY_BYTES: usize = 64 * 1024;
 /// How many characters of the prompt the generated text quotes.
 const PROMPT_EXCERPT_CHARS: usize = 40;
+/// Jobs the simulator keeps at most (`stagehand serve` runs it for as long
+/// as the server runs); older finished ones are forgotten.
+pub const MAX_JOBS: usize = 100_000;
+/// How long a finished job stays readable.
+pub const KEEP_FINISHED: Duration = Duration::from_secs(3_600);
 
 /// How the simulator behaves.
 #[derive(Debug, Clone)]
@@ -125,6 +130,8 @@ struct SimJob {
     score: u64,
     /// Stopped by a cancel before `done_at`: final, `cancelled`.
     cancelled: bool,
+    /// The Idempotency-Key it was made under (forgotten with it).
+    key: String,
 }
 
 impl SimJob {
@@ -188,6 +195,11 @@ struct SimState {
     down: bool,
     jobs: HashMap<String, SimJob>,
     job_id_by_key: HashMap<String, String>,
+    /// Job ids, oldest first, for forgetting old jobs: memory is bounded
+    /// (see [`SimState::forget_old_jobs`]).
+    created: VecDeque<String>,
+    /// Jobs kept at most (finished ones beyond it are forgotten).
+    max_jobs: usize,
     /// `done_at` of every job not yet seen past it, earliest on top: they
     /// are popped as time passes. Each job is pushed once and popped once,
     /// O(log n) each.
@@ -229,6 +241,30 @@ impl SimState {
         u64::try_from(running).unwrap_or(u64::MAX)
     }
 
+    /// Forgets the oldest jobs that ended more than [`KEEP_FINISHED`] ago,
+    /// and, to make room within `max_jobs`, the oldest ended ones whatever their age (as
+    /// a real provider drops old jobs: a poll of one is then 404). A job
+    /// still running is never forgotten, so memory is bounded by the jobs
+    /// running plus `max_jobs`.
+    fn forget_old_jobs(&mut self, now: Instant) {
+        while let Some(oldest) = self.created.front() {
+            let Some(job) = self.jobs.get(oldest) else {
+                self.created.pop_front();
+                continue;
+            };
+            let ended = job.is_done(now);
+            let stale = ended && job.done_at + KEEP_FINISHED <= now;
+            let over = ended && self.created.len() >= self.max_jobs;
+            if !(stale || over) {
+                break;
+            }
+            if let Some(job) = self.jobs.remove(oldest) {
+                self.job_id_by_key.remove(&job.key);
+            }
+            self.created.pop_front();
+        }
+    }
+
     fn is_rejected(&self, prompt: &str) -> bool {
         match self.config.reject_word.as_deref() {
             Some(word) if !word.is_empty() => prompt.to_lowercase().contains(&word.to_lowercase()),
@@ -260,6 +296,8 @@ impl SimControl {
                 down: false,
                 jobs: HashMap::new(),
                 job_id_by_key: HashMap::new(),
+                created: VecDeque::new(),
+                max_jobs: MAX_JOBS,
                 unfinished: BinaryHeap::new(),
                 cancelled_unfinished: BinaryHeap::new(),
                 submits: 0,
@@ -364,6 +402,16 @@ impl SimControl {
 
     /// Cancels answer 405 `method_not_allowed` and leave the job alone, as
     /// from a provider without cancel (`false`: cancels work again).
+    /// Keep at most `n` jobs (tests of the bound; default [`MAX_JOBS`]).
+    pub fn set_max_jobs(&self, n: usize) {
+        self.lock().max_jobs = n;
+    }
+
+    /// Jobs the simulator holds now (running or readable).
+    pub fn jobs_held(&self) -> usize {
+        self.lock().jobs.len()
+    }
+
     pub fn set_refuse_cancel(&self, refuse: bool) {
         self.lock().config.refuse_cancel = refuse;
     }
@@ -435,6 +483,7 @@ impl SimControl {
             // The last six hex digits of the id, modulo 1000, like the contract fake.
             score: u64::try_from((job_uuid.as_u128() & 0xFF_FFFF) % 1000).unwrap_or(0),
             cancelled: false,
+            key: key.clone(),
         };
         tracing::debug!(
             job_id = %job.job_id,
@@ -445,8 +494,10 @@ impl SimControl {
             "simulator created a job"
         );
         let view = job.view(now);
+        state.forget_old_jobs(now);
         state.job_id_by_key.insert(key, job.job_id.clone());
         state.unfinished.push(Reverse(job.done_at));
+        state.created.push_back(job.job_id.clone());
         state.jobs.insert(job.job_id.clone(), job);
         let running = state.running_jobs(now);
         state.max_concurrent_jobs = state.max_concurrent_jobs.max(running);
@@ -706,6 +757,38 @@ mod tests {
             params: json!({ "style": "comic" }),
             idempotency_key: uuid::Uuid::new_v4(),
         }
+    }
+
+    /// Memory is bounded: past `max_jobs`, the oldest finished jobs are
+    /// forgotten (a poll of one is then 404, as at a provider that dropped
+    /// it), never a running one. Before, every job stayed forever.
+    #[actix_web::test]
+    async fn old_finished_jobs_are_forgotten() {
+        let sim = start_sim().await;
+        sim.control.set_max_jobs(3);
+        let client = client_for(&sim.url());
+        let first = client.submit(&order("first")).await.expect("submit");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        for i in 0..5 {
+            client
+                .submit(&order(&format!("job {i}")))
+                .await
+                .expect("submit");
+        }
+        // Five running jobs are kept whatever the bound; the first, ended,
+        // is gone.
+        assert_eq!(sim.control.jobs_held(), 5);
+        assert!(matches!(
+            client.poll(&first.job_id).await,
+            Err(AiFailure::RequestRejected(_))
+        ));
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        client.submit(&order("one more")).await.expect("submit");
+        assert_eq!(
+            sim.control.jobs_held(),
+            3,
+            "ended jobs beyond the bound are forgotten"
+        );
     }
 
     #[actix_web::test]
