@@ -109,12 +109,12 @@ db_test!(operator_keys_are_per_endpoint);
 async fn a_dead_requests_key_is_taken_over_after_its_lease(backend: Backend) {
     let db = TestDb::fresh(backend).await;
     let store = db.store().await;
-    let dead = key_request("anonymous /x", "k", b"{}");
+    let dead = key_request("anonymous /x", "k", "", b"{}");
     assert_eq!(
         store.claim_key(&dead, T0, DAY).await.unwrap(),
         KeyClaim::Fresh
     );
-    let retry = key_request("anonymous /x", "k", b"{}");
+    let retry = key_request("anonymous /x", "k", "", b"{}");
     assert_eq!(
         store
             .claim_key(&retry, T0 + KEY_LEASE_MS - 1, DAY)
@@ -123,7 +123,7 @@ async fn a_dead_requests_key_is_taken_over_after_its_lease(backend: Backend) {
         KeyClaim::InProgress,
         "within the lease the first request may still answer"
     );
-    let late = key_request("anonymous /x", "k", b"{}");
+    let late = key_request("anonymous /x", "k", "", b"{}");
     assert_eq!(
         store
             .claim_key(&late, T0 + KEY_LEASE_MS + 1, DAY)
@@ -143,7 +143,7 @@ async fn a_dead_requests_key_is_taken_over_after_its_lease(backend: Backend) {
         body: "{\"from\":\"late\"}".into(),
     };
     store.finish_key(&late, &answer).await.unwrap();
-    let again = key_request("anonymous /x", "k", b"{}");
+    let again = key_request("anonymous /x", "k", "", b"{}");
     assert_eq!(
         store
             .claim_key(&again, T0 + KEY_LEASE_MS + 2, DAY)
@@ -163,7 +163,7 @@ async fn a_pinned_key_does_not_block_a_retry(backend: Backend) {
     let key = uuid::Uuid::new_v4().to_string();
     let body = serde_json::to_vec(&json!({"nickname": "same"})).unwrap();
     let path = format!("/api/experiences/{slug}/sessions");
-    let died = key_request(&format!("anonymous {path}"), &key, &body);
+    let died = key_request(&format!("anonymous {path}"), &key, "", &body);
     let an_hour_ago = app.state.clock.now_ms() - 3_600_000;
     assert_eq!(
         app.state
@@ -276,13 +276,13 @@ async fn expired_keys_are_purged_in_bounded_batches(backend: Backend) {
     let db = TestDb::fresh(backend).await;
     let store = db.store().await;
     let old: Vec<_> = (0..2_500)
-        .map(|i| key_request("s", &format!("old-{i}"), b""))
+        .map(|i| key_request("s", &format!("old-{i}"), "", b""))
         .collect();
     for chunk in old.chunks(500) {
         store.claim_keys(chunk, T0, DAY).await.unwrap();
     }
     let live: Vec<_> = (0..10)
-        .map(|i| key_request("s", &format!("live-{i}"), b""))
+        .map(|i| key_request("s", &format!("live-{i}"), "", b""))
         .collect();
     store.claim_keys(&live, T0 + DAY, DAY).await.unwrap();
     let now = T0 + DAY + 1;
@@ -356,3 +356,133 @@ async fn duplicates_fired_at_once_make_one_saga(backend: Backend) {
     app.stop().await;
 }
 db_test!(duplicates_fired_at_once_make_one_saga);
+
+/// After a flow in which every create carries an Idempotency-Key (as the
+/// pages always send), no token the server issued, nor the operator's, nor
+/// any Idempotency-Key, is anywhere in the database: not in the SQLite file
+/// and its WAL, not in a `pg_dump`. Replays still hand each caller its
+/// answer. Before, every 201 with a token was kept in clear for 24 h as
+/// the key's replay body (5 of 5 tokens were found in the file).
+async fn no_token_is_stored_in_clear(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let (http, base) = (&app.http, app.base.as_str());
+    let post = |path: String, bearer: Option<String>, key: String, body: Value| {
+        let http = http.clone();
+        async move {
+            let mut req = http
+                .post(format!("{base}{path}"))
+                .header("Idempotency-Key", key)
+                .json(&body);
+            if let Some(bearer) = bearer {
+                req = req.bearer_auth(bearer);
+            }
+            let resp = req.send().await.expect("POST");
+            let replayed = resp.headers().contains_key("idempotent-replayed");
+            (
+                resp.status().as_u16(),
+                replayed,
+                resp.json::<Value>().await.unwrap(),
+            )
+        }
+    };
+    let operator = Some(OPERATOR.to_owned());
+    let mut secrets: Vec<String> = vec![OPERATOR.to_owned()];
+    let experience_key = "experience-key-1".to_owned();
+    let body = json!({"slug": "sealed", "title": "Sealed", "kind": "image"});
+    let (status, _, _) = post(
+        "/api/experiences".into(),
+        operator.clone(),
+        experience_key.clone(),
+        body,
+    )
+    .await;
+    assert_eq!(status, 201);
+    secrets.push(experience_key);
+    let mut tokens = Vec::new();
+    for i in 0..2 {
+        let key = format!("terminal-key-{i}");
+        let body = json!({"experience": "sealed", "name": format!("booth {i}")});
+        let (status, _, first) = post(
+            "/api/terminals".into(),
+            operator.clone(),
+            key.clone(),
+            body.clone(),
+        )
+        .await;
+        assert_eq!(status, 201);
+        let (status, replayed, again) =
+            post("/api/terminals".into(), operator.clone(), key.clone(), body).await;
+        assert_eq!((status, replayed), (201, true));
+        assert_eq!(
+            again["token"], first["token"],
+            "the replay hands the operator the same token"
+        );
+        tokens.push(first["token"].as_str().unwrap().to_owned());
+        secrets.push(key);
+    }
+    for i in 0..3 {
+        let key = uuid::Uuid::new_v4().to_string();
+        let body = json!({"nickname": format!("p{i}")});
+        let path = "/api/experiences/sealed/sessions".to_owned();
+        let (status, _, first) = post(path.clone(), None, key.clone(), body.clone()).await;
+        assert_eq!(status, 201);
+        let (status, replayed, again) = post(path, None, key.clone(), body).await;
+        assert_eq!((status, replayed), (201, true));
+        assert_eq!(again["participant_token"], first["participant_token"]);
+        let (sid, token) = (
+            first["session_id"].as_str().unwrap().to_owned(),
+            first["participant_token"].as_str().unwrap().to_owned(),
+        );
+        let submit_key = format!("submit-key-{i}");
+        let (status, _, _) = post(
+            format!("/api/sessions/{sid}/submission"),
+            Some(token.clone()),
+            submit_key.clone(),
+            json!({"prompt": "a cat"}),
+        )
+        .await;
+        assert_eq!(status, 202);
+        tokens.push(token);
+        secrets.push(key);
+        secrets.push(submit_key);
+    }
+    assert_eq!(tokens.len(), 5);
+    secrets.extend(tokens);
+    // Everything the database holds, as bytes.
+    let stored: Vec<u8> = match backend {
+        Backend::Sqlite => {
+            let file = app.db.url.trim_start_matches("sqlite://");
+            let file = file.split('?').next().unwrap().to_owned();
+            let mut bytes = Vec::new();
+            for suffix in ["", "-wal", "-shm"] {
+                if let Ok(b) = std::fs::read(format!("{file}{suffix}")) {
+                    bytes.extend(b);
+                }
+            }
+            assert!(!bytes.is_empty());
+            bytes
+        }
+        Backend::Postgres => {
+            let out = std::process::Command::new("pg_dump")
+                .arg("--data-only")
+                .arg(&app.db.url)
+                .output()
+                .expect("pg_dump runs");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
+        }
+    };
+    let text = String::from_utf8_lossy(&stored);
+    for secret in &secrets {
+        assert!(
+            !text.contains(secret.as_str()),
+            "{secret:?} is stored in clear"
+        );
+    }
+    app.stop().await;
+}
+db_test!(no_token_is_stored_in_clear);

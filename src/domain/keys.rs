@@ -1,5 +1,7 @@
-//! Keys: the AI idempotency key derivation (rule 5) and the hash under which
-//! tokens are stored.
+//! Keys: the AI idempotency key derivation (rule 5), the hash under which
+//! tokens are stored, and how Idempotency-Keys and their stored answers are
+//! kept (a digest of the key; the answer sealed with a key only its caller
+//! can derive).
 //!
 //! AI attempt 0 uses the saga's `ai_base_key`; attempt n uses
 //! UUIDv5(`ai_base_key`, n). Two workers on the same attempt therefore send
@@ -15,6 +17,38 @@ use uuid::Uuid;
 /// same function.)
 pub fn token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// How an Idempotency-Key is stored: SHA-256 of its scope and the key, in
+/// hex. The key itself never reaches the database: for session creation
+/// it is the caller's only secret.
+pub fn idempotency_key_digest(scope: &str, key: &str) -> String {
+    hex::encode(
+        Sha256::new()
+            .chain_update(b"stagehand idempotency key\0")
+            .chain_update(scope.as_bytes())
+            .chain_update([0])
+            .chain_update(key.as_bytes())
+            .finalize(),
+    )
+}
+
+/// The key that seals a stored answer of `scope` and Idempotency-Key
+/// `key` for `caller` (the caller's bearer token; empty for anonymous
+/// session creation, whose key carries at least 122 random bits): only
+/// someone who sends the same key with the same token can read the answer
+/// back, so a stolen database holds no token it issued. Distinct from
+/// [`idempotency_key_digest`] by its domain prefix.
+pub fn replay_seal_key(caller: &str, scope: &str, key: &str) -> [u8; 32] {
+    Sha256::new()
+        .chain_update(b"stagehand replay seal\0")
+        .chain_update(caller.as_bytes())
+        .chain_update([0])
+        .chain_update(scope.as_bytes())
+        .chain_update([0])
+        .chain_update(key.as_bytes())
+        .finalize()
+        .into()
 }
 
 /// The `Idempotency-Key` for AI attempt `attempt` of a saga. The name hashed
@@ -43,6 +77,23 @@ pub fn ai_call_key(base: Uuid, call: u32, attempt: u32) -> Uuid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_keys_and_seals_depend_on_every_input() {
+        let d = idempotency_key_digest("s", "k");
+        assert_eq!(d.len(), 64);
+        assert!(!d.contains('k'));
+        assert_ne!(d, idempotency_key_digest("s", "k2"));
+        assert_ne!(d, idempotency_key_digest("s2", "k"));
+        assert_ne!(
+            idempotency_key_digest("sk", ""),
+            idempotency_key_digest("s", "k")
+        );
+        let seal = replay_seal_key("t", "s", "k");
+        assert_ne!(seal, replay_seal_key("u", "s", "k"));
+        assert_ne!(seal, replay_seal_key("t", "s", "k2"));
+        assert_ne!(hex::encode(seal), d, "the seal is not the stored digest");
+    }
 
     #[test]
     fn token_hash_is_sha256_hex() {

@@ -180,15 +180,16 @@ where
     let key = key_of(req)?;
     let body = read_body(payload).await?;
     let scope = operator_scope(req);
-    let (reply, replayed) = run_idempotent(state, &scope, key, &body, || async {
-        action().await?;
-        let view = saga_or_404(&state, id).await?;
-        Ok(Reply {
-            status: StatusCode::OK,
-            body: json!({"saga": view}),
+    let (reply, replayed) =
+        run_idempotent(state, &scope, &state.operator_token, key, &body, || async {
+            action().await?;
+            let view = saga_or_404(&state, id).await?;
+            Ok(Reply {
+                status: StatusCode::OK,
+                body: json!({"saga": view}),
+            })
         })
-    })
-    .await?;
+        .await?;
     Ok(respond(reply, replayed, None))
 }
 

@@ -78,15 +78,11 @@ impl ApiError {
     }
 }
 
-/// The key of a request in its scope, with the hash of its body and a new
-/// owner id for this request.
-pub fn key_request(scope: &str, key: &str, body: &[u8]) -> KeyRequest {
-    KeyRequest {
-        scope: scope.to_owned(),
-        key: key.to_owned(),
-        request_hash: request_hash(body),
-        owner: crate::store::new_id(),
-    }
+/// The key of a request of `caller` (its bearer token; empty when
+/// anonymous) in its scope, with the hash of its body and a new owner id
+/// for this request.
+pub fn key_request(scope: &str, key: &str, caller: &str, body: &[u8]) -> KeyRequest {
+    KeyRequest::new(scope, key, caller, request_hash(body))
 }
 
 /// Whether a key sent without a caller token is unguessable: a UUID, or 32
@@ -141,6 +137,7 @@ where
 pub async fn run_idempotent<F, Fut>(
     state: &AppState,
     scope: &str,
+    caller: &str,
     key: Option<String>,
     body: &[u8],
     handler: F,
@@ -152,7 +149,7 @@ where
     let Some(key) = key else {
         return with_transient_retry(handler).await.map(|r| (r, false));
     };
-    let key = key_request(scope, &key, body);
+    let key = key_request(scope, &key, caller, body);
     let now = state.clock.now_ms();
     let claim = retry_transient(|| state.store.claim_key(&key, now, KEY_TTL_MS)).await?;
     if let Some(answer) = answer_taken(claim) {

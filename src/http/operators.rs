@@ -208,19 +208,26 @@ pub async fn create_experience(
     require_operator(&state, &req)?;
     let key = key_of(&req)?;
     let body = read_body(payload).await?;
-    let (reply, replayed) = run_idempotent(&state, &operator_scope(&req), key, &body, || async {
-        let providers = state.store.providers().await?;
-        let new = validate_experience(parse_json(&body)?, &providers)?;
-        let created = state
-            .store
-            .create_experience(new, state.clock.now_ms())
-            .await?;
-        tracing::info!(slug = %created.slug, "experience created");
-        Ok(Reply {
-            status: StatusCode::CREATED,
-            body: experience_json(&created),
-        })
-    })
+    let (reply, replayed) = run_idempotent(
+        &state,
+        &operator_scope(&req),
+        &state.operator_token,
+        key,
+        &body,
+        || async {
+            let providers = state.store.providers().await?;
+            let new = validate_experience(parse_json(&body)?, &providers)?;
+            let created = state
+                .store
+                .create_experience(new, state.clock.now_ms())
+                .await?;
+            tracing::info!(slug = %created.slug, "experience created");
+            Ok(Reply {
+                status: StatusCode::CREATED,
+                body: experience_json(&created),
+            })
+        },
+    )
     .await?;
     Ok(respond(reply, replayed, None))
 }
@@ -379,30 +386,37 @@ pub async fn create_terminal(
     require_operator(&state, &req)?;
     let key = key_of(&req)?;
     let body = read_body(payload).await?;
-    let (reply, replayed) = run_idempotent(&state, &operator_scope(&req), key, &body, || async {
-        let b: TerminalBody = parse_json(&body)?;
-        let name_len = b.name.trim().chars().count();
-        if name_len == 0 || name_len > 80 {
-            return Err(ApiError::Validation(
-                "name must be 1 to 80 characters".into(),
-            ));
-        }
-        let experience = state.experience(&b.experience).await?;
-        let token = new_secret();
-        let terminal = state
-            .store
-            .create_terminal(&experience.id, b.name.trim(), &token, state.clock.now_ms())
-            .await?;
-        Ok(Reply {
-            status: StatusCode::CREATED,
-            body: json!({
-                "terminal_id": terminal.id,
-                "token": token,
-                "experience": experience.slug,
-                "name": terminal.name,
-            }),
-        })
-    })
+    let (reply, replayed) = run_idempotent(
+        &state,
+        &operator_scope(&req),
+        &state.operator_token,
+        key,
+        &body,
+        || async {
+            let b: TerminalBody = parse_json(&body)?;
+            let name_len = b.name.trim().chars().count();
+            if name_len == 0 || name_len > 80 {
+                return Err(ApiError::Validation(
+                    "name must be 1 to 80 characters".into(),
+                ));
+            }
+            let experience = state.experience(&b.experience).await?;
+            let token = new_secret();
+            let terminal = state
+                .store
+                .create_terminal(&experience.id, b.name.trim(), &token, state.clock.now_ms())
+                .await?;
+            Ok(Reply {
+                status: StatusCode::CREATED,
+                body: json!({
+                    "terminal_id": terminal.id,
+                    "token": token,
+                    "experience": experience.slug,
+                    "name": terminal.name,
+                }),
+            })
+        },
+    )
     .await?;
     Ok(respond(reply, replayed, None))
 }

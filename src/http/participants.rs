@@ -113,7 +113,7 @@ pub async fn create_session(
     }
     let body = read_body(payload).await?;
     let scope = format!("anonymous {}", req.path());
-    let (reply, replayed) = run_idempotent(&state, &scope, key, &body, || async {
+    let (reply, replayed) = run_idempotent(&state, &scope, "", key, &body, || async {
         let new: NewSession = parse_json(&body)?;
         let nickname = validate_nickname(&new.nickname)?;
         let experience = state.experience(&slug).await?;

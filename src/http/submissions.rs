@@ -113,9 +113,9 @@ async fn answer_batch(
                 .map_err(|retry_after| ApiError::RateLimited { retry_after })?;
             let key = request.key.ok_or(ApiError::IdempotencyKeyRequired)?;
             let body = request.body?;
-            Ok((session.clone(), key, body))
+            Ok((session.clone(), key, body, request.token))
         })();
-        let (session, key, body) = match checked {
+        let (session, key, body, request_token) = match checked {
             Ok(checked) => checked,
             Err(e) => {
                 answers.push(Some(Err(e)));
@@ -123,7 +123,12 @@ async fn answer_batch(
             }
         };
         answers.push(None);
-        let key = key_request(&format!("session:{}", session.id), &key, &body);
+        let key = key_request(
+            &format!("session:{}", session.id),
+            &key,
+            &request_token,
+            &body,
+        );
         let (action, invalid) = match parse_json(&body).and_then(validate_submission) {
             Ok(submission) => (
                 SubmissionAction::Submit {

@@ -6,6 +6,12 @@
 //! IN_PROGRESS record whose owner's lease ([`KEY_LEASE_MS`], the request
 //! timeout) ran out: its request died. Finishing and releasing are fenced
 //! on the owner, so a request that outlived its lease changes nothing.
+//!
+//! Nothing here lets someone with the database act as anyone: the key is
+//! stored as a digest, and a stored answer (which may carry a token the
+//! request issued) is sealed with a key derived from the Idempotency-Key
+//! and the caller's token, so only the caller who sends them again reads
+//! it back.
 
 use sea_orm::sea_query::Condition;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Value};
@@ -13,7 +19,9 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Value};
 use super::entities::idempotency_records as records;
 use super::outbox::value_rows_from;
 use super::{Store, StoreResult};
+use crate::domain::keys::{idempotency_key_digest, replay_seal_key};
 use crate::domain::policy::EpochMs;
+use ring::aead;
 
 const IN_PROGRESS: &str = "in_progress";
 const COMPLETED: &str = "completed";
@@ -30,10 +38,85 @@ pub const PURGE_BATCH: u64 = 1_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRequest {
     pub scope: String,
+    /// The key's digest ([`idempotency_key_digest`]): the key itself is
+    /// never stored.
     pub key: String,
     pub request_hash: String,
     /// This request (a random id): the owner of the record while it runs.
     pub owner: String,
+    /// Seals the stored answer ([`replay_seal_key`]).
+    pub seal: Seal,
+}
+
+impl KeyRequest {
+    /// The key `key` of `caller` (its bearer token; empty when anonymous)
+    /// in `scope`, for a request whose body hashes to `request_hash`.
+    pub fn new(scope: &str, key: &str, caller: &str, request_hash: String) -> KeyRequest {
+        KeyRequest {
+            scope: scope.to_owned(),
+            key: idempotency_key_digest(scope, key),
+            request_hash,
+            owner: super::new_id(),
+            seal: Seal(replay_seal_key(caller, scope, key)),
+        }
+    }
+}
+
+/// The key that seals one stored answer (ChaCha20-Poly1305, a random
+/// nonce per answer). Its `Debug` shows nothing of it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Seal([u8; 32]);
+
+impl std::fmt::Debug for Seal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Seal(***)")
+    }
+}
+
+/// Stored answers start with this, then base64url of nonce and sealed body.
+const SEALED: &str = "sealed1:";
+
+impl Seal {
+    fn key(&self) -> aead::LessSafeKey {
+        aead::LessSafeKey::new(
+            aead::UnboundKey::new(&aead::CHACHA20_POLY1305, &self.0)
+                .expect("a 32-byte ChaCha20-Poly1305 key"),
+        )
+    }
+
+    /// `body` sealed, as stored.
+    pub fn seal(&self, body: &str) -> String {
+        let mut nonce = [0u8; aead::NONCE_LEN];
+        rand::fill(&mut nonce);
+        let mut sealed = body.as_bytes().to_vec();
+        self.key()
+            .seal_in_place_append_tag(
+                aead::Nonce::assume_unique_for_key(nonce),
+                aead::Aad::empty(),
+                &mut sealed,
+            )
+            .expect("sealing an answer of at most a few KiB");
+        let mut stored = nonce.to_vec();
+        stored.extend(sealed);
+        format!("{SEALED}{}", hex::encode(stored))
+    }
+
+    /// The body of a stored answer; None when it was not sealed with this
+    /// key (or not sealed at all).
+    pub fn open(&self, stored: &str) -> Option<String> {
+        let bytes = hex::decode(stored.strip_prefix(SEALED)?).ok()?;
+        if bytes.len() < aead::NONCE_LEN {
+            return None;
+        }
+        let (nonce, sealed) = bytes.split_at(aead::NONCE_LEN);
+        let nonce = aead::Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut sealed = sealed.to_vec();
+        let plain = self
+            .key()
+            .open_in_place(nonce, aead::Aad::empty(), &mut sealed)
+            .ok()?;
+        String::from_utf8(plain.to_vec()).ok()
+    }
 }
 
 /// An answer as it is stored for replays.
@@ -57,15 +140,20 @@ pub enum KeyClaim {
 }
 
 impl KeyClaim {
-    /// What a stored record means for a request with `request_hash`.
-    fn of_record(record: &records::Model, request_hash: &str) -> KeyClaim {
-        if record.request_hash != request_hash {
+    /// What a stored record means for `request`.
+    fn of_record(record: &records::Model, request: &KeyRequest) -> KeyClaim {
+        if record.request_hash != request.request_hash {
             KeyClaim::Mismatch
         } else if record.state == COMPLETED {
-            KeyClaim::Replay(StoredAnswer {
-                status: record.response_status.unwrap_or(200) as u16,
-                body: record.response_body.clone().unwrap_or_default(),
-            })
+            let stored = record.response_body.as_deref().unwrap_or_default();
+            match request.seal.open(stored) {
+                Some(body) => KeyClaim::Replay(StoredAnswer {
+                    status: record.response_status.unwrap_or(200) as u16,
+                    body,
+                }),
+                // Same key and body, another caller's seal: not theirs.
+                None => KeyClaim::Mismatch,
+            }
         } else {
             KeyClaim::InProgress
         }
@@ -172,7 +260,7 @@ impl Store {
                 KeyClaim::Fresh
             } else {
                 match stored.iter().find(|r| r.scope == k.scope && r.key == k.key) {
-                    Some(record) => KeyClaim::of_record(record, &k.request_hash),
+                    Some(record) => KeyClaim::of_record(record, k),
                     // Taken and purged between our insert and read: the
                     // caller may simply try again.
                     None => KeyClaim::InProgress,
@@ -213,7 +301,7 @@ impl Store {
                 key.scope.clone().into(),
                 key.key.clone().into(),
                 (answer.status as i32).into(),
-                answer.body.clone().into(),
+                key.seal.seal(&answer.body).into(),
                 key.owner.clone().into(),
             ]);
         }
