@@ -119,6 +119,14 @@ pub struct Config {
     /// Bearer token of operators. Unset: one is generated and printed once.
     #[arg(long, env = "STAGEHAND_OPERATOR_TOKEN")]
     pub operator_token: Option<String>,
+    /// Bearer token that opens `GET /metrics` (the operator token opens it
+    /// too). Unset: only the operator token.
+    #[arg(long, env = "STAGEHAND_METRICS_TOKEN")]
+    pub metrics_token: Option<String>,
+    /// A second address serving only `GET /metrics`, without a token (for
+    /// a Prometheus on a private network). Unset: none.
+    #[arg(long, env = "STAGEHAND_METRICS_BIND")]
+    pub metrics_bind: Option<String>,
     /// Safety-net period of the dispatcher (it is also woken on submit).
     #[arg(long, env = "STAGEHAND_POLL_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub poll_interval: Duration,

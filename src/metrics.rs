@@ -48,7 +48,6 @@ use crate::clock::SharedClock;
 use crate::domain::failure::AiFailure;
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::{AbortReason, Step};
-use crate::store::breaker::DEFAULT_PROVIDER;
 use crate::store::presence::DisplayPositions;
 use crate::store::{Store, StoreResult};
 
@@ -313,6 +312,22 @@ impl Drop for SocketGauge {
 
 // ---- the scrape -----------------------------------------------------------------
 
+/// The database part of the scrape, kept for [`DATABASE_GAUGES_MAX_AGE`]:
+/// a flood of scrapes reads the database once a second at most, and
+/// concurrent scrapes wait for the one read in progress instead of each
+/// starting their own. One per application (in its state).
+#[derive(Default)]
+pub struct ScrapeCache {
+    /// When it was read, its text, and the display sockets it counted
+    /// (None: the database could not be read).
+    last: tokio::sync::Mutex<Option<(std::time::Instant, String, Option<i64>)>>,
+    /// Times the database gauges were read (for tests and the bench).
+    pub reads: std::sync::atomic::AtomicU64,
+}
+
+/// How old the database gauges of a scrape may be.
+pub const DATABASE_GAUGES_MAX_AGE: Duration = Duration::from_secs(1);
+
 /// What a scrape reads: the application's pools, clock and instance.
 pub struct Scrape<'a> {
     /// The requests' pool; the scrape's statements run on it.
@@ -322,6 +337,8 @@ pub struct Scrape<'a> {
     pub clock: &'a SharedClock,
     /// This instance (its display sockets are the ones counted).
     pub instance_id: &'a str,
+    /// The database gauges of the last second.
+    pub cache: &'a ScrapeCache,
 }
 
 /// The whole `GET /metrics` text: the process's recorded figures, then the
@@ -337,15 +354,38 @@ pub async fn render(scrape: Scrape<'_>) -> String {
     for (name, store) in [("requests", scrape.requests), ("work", scrape.work)] {
         pools.push((name, pool_state(store.db()).await));
     }
-    let now = scrape.clock.now_ms();
-    let database = database_gauges(&mut out, scrape.requests, scrape.instance_id, now).await;
-    let (up, displays) = match database {
-        Ok(displays) => (1.0, Some(displays)),
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics: could not read the database gauges");
-            (0.0, None)
+    let (section, displays) = {
+        let mut last = scrape.cache.last.lock().await;
+        match &*last {
+            Some((at, section, displays)) if at.elapsed() < DATABASE_GAUGES_MAX_AGE => {
+                (section.clone(), *displays)
+            }
+            _ => {
+                scrape.cache.reads.fetch_add(1, Ordering::Relaxed);
+                let now = scrape.clock.now_ms();
+                let mut section = Exposition(String::new());
+                let displays = match database_gauges(
+                    &mut section,
+                    scrape.work,
+                    scrape.instance_id,
+                    now,
+                )
+                .await
+                {
+                    Ok(displays) => Some(displays),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "metrics: could not read the database gauges");
+                        section.0.clear();
+                        None
+                    }
+                };
+                *last = Some((std::time::Instant::now(), section.0.clone(), displays));
+                (section.0, displays)
+            }
         }
     };
+    out.0.push_str(&section);
+    let up = if displays.is_some() { 1.0 } else { 0.0 };
     out.family(
         "stagehand_metrics_database_up",
         "1 when this scrape read the database gauges, 0 when the database could not be read (they are then missing).",
@@ -384,7 +424,11 @@ async fn database_gauges(
     let displays = store
         .display_positions(instance_id, now - PRESENCE_STALE_MS)
         .await?;
-    let breaker = store.breaker(DEFAULT_PROVIDER).await?;
+    let mut breakers = Vec::new();
+    for provider in store.providers().await? {
+        let breaker = store.breaker(&provider.name).await?;
+        breakers.push((provider.name, breaker));
+    }
 
     out.family(
         "stagehand_sagas",
@@ -456,13 +500,15 @@ async fn database_gauges(
 
     out.family(
         "stagehand_breaker_state",
-        "The AI provider's circuit breaker: 0 closed, 1 open (no AI work is claimed), 2 probing (cool-down over, one saga tries the provider).",
+        "Each AI provider's circuit breaker: 0 closed, 1 open (no AI work is claimed), 2 probing (cool-down over, one saga tries the provider).",
     );
-    out.sample(
-        "stagehand_breaker_state",
-        &[("provider", DEFAULT_PROVIDER)],
-        f64::from(breaker.state(now).gauge()),
-    );
+    for (provider, breaker) in &breakers {
+        out.sample(
+            "stagehand_breaker_state",
+            &[("provider", provider)],
+            f64::from(breaker.state(now).gauge()),
+        );
+    }
 
     out.family(
         "stagehand_outbox_lag",

@@ -97,6 +97,8 @@ pub struct Shutdown {
     signal: ShutdownSignal,
     dispatcher: Addr<Dispatcher>,
     grace: Duration,
+    /// The `--metrics-bind` server, stopped last.
+    metrics_server: Option<ServerHandle>,
 }
 
 impl Shutdown {
@@ -113,6 +115,9 @@ impl Shutdown {
             .await
             .unwrap_or_default();
         server.stop(true).await;
+        if let Some(metrics) = &self.metrics_server {
+            metrics.stop(true).await;
+        }
         tracing::info!(
             running = drained.running,
             handed_over = drained.handed_over,
@@ -276,6 +281,7 @@ impl Application {
             signal: ShutdownSignal::default(),
             dispatcher,
             grace: config.shutdown_grace,
+            metrics_server: None,
         };
         let operators = OperatorHub::new(work.clone(), clock.clone(), wakeups.clone()).start();
         let cleanup = CleanupActor::new(
@@ -321,6 +327,8 @@ impl Application {
             public_url: config.public_base_url(port),
             limits,
             shutdown: shutdown.signal.clone(),
+            metrics_token: config.metrics_token.clone(),
+            scrape_cache: Arc::default(),
             sqlite_lock: sqlite_lock.map(Arc::new),
         };
         let data = web::Data::new(state.clone());
@@ -340,6 +348,42 @@ impl Application {
         .disable_signals()
         .shutdown_timeout(5)
         .run();
+        let metrics_server = match &config.metrics_bind {
+            None => None,
+            Some(addr) => {
+                let listener = TcpListener::bind(addr).map_err(|source| StartupError::Bind {
+                    addr: addr.clone(),
+                    source,
+                })?;
+                let shown = listener
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|_| addr.clone());
+                let data = web::Data::new(state.clone());
+                let server = HttpServer::new(move || {
+                    App::new().app_data(data.clone()).route(
+                        "/metrics",
+                        web::get().to(crate::http::metrics::metrics_only),
+                    )
+                })
+                .listen(listener)
+                .map_err(|source| StartupError::Bind {
+                    addr: addr.clone(),
+                    source,
+                })?
+                .disable_signals()
+                .workers(1)
+                .run();
+                let handle = server.handle();
+                actix_web::rt::spawn(server);
+                tracing::info!(address = %shown, "GET /metrics served without a token on its own address");
+                Some(handle)
+            }
+        };
+        let shutdown = Shutdown {
+            metrics_server,
+            ..shutdown
+        };
         tracing::info!(
             sessions = ?config.session_rate_limit,
             submissions = ?config.submission_rate_limit,

@@ -187,6 +187,7 @@ async fn scrape(app: &TestApp) -> Scrape {
     let resp = app
         .http
         .get(format!("{}/metrics", app.base))
+        .bearer_auth(support::OPERATOR)
         .send()
         .await
         .expect("GET /metrics");
@@ -270,7 +271,12 @@ async fn metrics_follow_sagas_displays_and_the_breaker(backend: Backend) {
 
     let slug = app.experience(3).await;
     let (terminal, terminal_token) = app.terminal(&slug).await;
-    let s = scrape(&app).await;
+    // The database gauges are at most a second old.
+    let s = wait_scrape(&app, "the new experience", |s| {
+        s.value("stagehand_ai_capacity", &[("experience", &slug)])
+            .is_some()
+    })
+    .await;
     assert_eq!(
         s.value("stagehand_ai_capacity", &[("experience", &slug)]),
         Some(3.0),
@@ -459,21 +465,16 @@ async fn metrics_follow_sagas_displays_and_the_breaker(backend: Backend) {
     // An operator opens the breaker.
     let (status, _, opened) = app.operator_post("/api/admin/breaker/open", None).await;
     assert_eq!(status, 200, "{opened}");
-    let s = scrape(&app).await;
-    assert_eq!(
-        s.value("stagehand_breaker_state", &[("provider", "default")]),
-        Some(1.0),
-        "open"
-    );
+    wait_scrape(&app, "the breaker open", |s| {
+        s.value("stagehand_breaker_state", &[("provider", "default")]) == Some(1.0)
+    })
+    .await;
     let (status, _, _) = app.operator_post("/api/admin/breaker/close", None).await;
     assert_eq!(status, 200);
-    assert_eq!(
-        scrape(&app)
-            .await
-            .value("stagehand_breaker_state", &[("provider", "default")]),
-        Some(0.0),
-        "closed again"
-    );
+    wait_scrape(&app, "the breaker closed again", |s| {
+        s.value("stagehand_breaker_state", &[("provider", "default")]) == Some(0.0)
+    })
+    .await;
 
     // The displays leave: no socket, no lag series for its terminal.
     drop(display);
@@ -566,6 +567,8 @@ async fn a_database_that_cannot_be_read_is_reported(backend: Backend) {
                     work: store,
                     clock,
                     instance_id: "here",
+                    // A fresh cache each time: this test is about the read.
+                    cache: &stagehand::metrics::ScrapeCache::default(),
                 })
                 .await,
             )
@@ -603,3 +606,61 @@ async fn a_database_that_cannot_be_read_is_reported(backend: Backend) {
 }
 
 db_test!(a_database_that_cannot_be_read_is_reported);
+
+/// `/metrics` is not public: anonymous scrapes are refused 401; the
+/// operator token or `STAGEHAND_METRICS_TOKEN` opens it; `--metrics-bind`
+/// serves it without a token on its own address only. Before, anyone could
+/// read it (terminal ids and slugs included) and every scrape ran the full
+/// statistics.
+async fn metrics_need_a_credential_or_their_own_address(backend: Backend) {
+    let metrics_port = support::free_port();
+    let app = TestApp::spawn_with(backend, support::fast_sim(), |c| {
+        c.metrics_token = Some("scraper-secret".into());
+        c.metrics_bind = Some(format!("127.0.0.1:{metrics_port}"));
+    })
+    .await;
+    let get = |url: String, token: Option<&'static str>| {
+        let http = app.http.clone();
+        async move {
+            let mut req = http.get(url);
+            if let Some(token) = token {
+                req = req.bearer_auth(token);
+            }
+            req.send().await.expect("GET /metrics").status().as_u16()
+        }
+    };
+    let main = format!("{}/metrics", app.base);
+    assert_eq!(get(main.clone(), None).await, 401);
+    assert_eq!(get(main.clone(), Some("wrong")).await, 401);
+    assert_eq!(get(main.clone(), Some("scraper-secret")).await, 200);
+    assert_eq!(get(main.clone(), Some(support::OPERATOR)).await, 200);
+    let own = format!("http://127.0.0.1:{metrics_port}/metrics");
+    assert_eq!(get(own.clone(), None).await, 200);
+    // Only /metrics there.
+    assert_eq!(
+        get(
+            format!("http://127.0.0.1:{metrics_port}/api/experiences"),
+            None
+        )
+        .await,
+        404
+    );
+    // A flood of scrapes reads the database once (a second's worth).
+    let before = app
+        .state
+        .scrape_cache
+        .reads
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let flood = (0..50).map(|_| get(own.clone(), None));
+    let statuses = futures_util::future::join_all(flood).await;
+    assert!(statuses.iter().all(|s| *s == 200));
+    let reads = app
+        .state
+        .scrape_cache
+        .reads
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - before;
+    assert!(reads <= 2, "50 scrapes read the database {reads} times");
+    app.stop().await;
+}
+db_test!(metrics_need_a_credential_or_their_own_address);

@@ -64,6 +64,10 @@ pub struct AppState {
     pub limits: std::sync::Arc<rate_limit::RateLimits>,
     /// Set when the instance shuts down: not ready, sockets close.
     pub shutdown: crate::actors::shutdown::ShutdownSignal,
+    /// Opens `GET /metrics` besides the operator token.
+    pub metrics_token: Option<String>,
+    /// The database gauges of the last scrape (a second at most).
+    pub scrape_cache: std::sync::Arc<crate::metrics::ScrapeCache>,
     /// The SQLite file's exclusive lock (SQLite mode is single-instance),
     /// held as long as the application runs.
     pub sqlite_lock: Option<std::sync::Arc<std::fs::File>>,
