@@ -1073,3 +1073,91 @@ async fn a_batch_applies_each_write_on_its_own_terms(backend: Backend) {
     assert_eq!(session.abort_reason.as_deref(), Some("AI_FAILED"));
 }
 db_test!(a_batch_applies_each_write_on_its_own_terms);
+
+/// The ranking write is fenced against an abort that commits while it
+/// runs (PostgreSQL; SQLite has one writer): an operator's cancel holds
+/// the saga's row when the ranking write starts, and commits afterwards.
+/// The write must wait for it and then find the saga ABORTED, so no visible
+/// entry is left for an aborted session. Before, the write's snapshot still
+/// saw AI_DONE: it inserted an entry the abort had already hidden its
+/// entries without, and the ABORTED session stayed ranked.
+#[actix_web::test]
+async fn a_cancel_committing_during_the_ranking_write_leaves_no_entry() {
+    use sea_orm::TransactionTrait;
+    if support::postgres_admin_url().is_none() {
+        eprintln!("skipped: STAGEHAND_TEST_POSTGRES_URL is not set");
+        return;
+    }
+    let f = fixture(Backend::Postgres, 5).await;
+    f.saga(T0).await;
+    let s = f.claim(5, T0).await.remove(0);
+    let t = token(&s);
+    f.store
+        .record_ai_done(&s.id, &t, &result("a"), T0 + 1, LEASE)
+        .await
+        .unwrap();
+    // The operator's cancel, holding the saga's row, not committed yet.
+    let cancel = f.store.db().begin().await.unwrap();
+    cancel
+        .execute_unprepared(&format!(
+            "UPDATE sagas SET step = 'ABORTED', abort_reason = 'CANCELLED' WHERE id = '{}'",
+            s.id
+        ))
+        .await
+        .unwrap();
+    cancel
+        .execute_unprepared(&format!(
+            "UPDATE score_attempts SET hidden = true WHERE saga_id = '{}'",
+            s.id
+        ))
+        .await
+        .unwrap();
+    let store = f.store.clone();
+    let entry = ScoreEntry {
+        experience_id: s.experience_id.clone(),
+        session_id: s.session_id.clone(),
+        saga_id: s.id.clone(),
+        token: t.clone(),
+        score: 10.0,
+    };
+    let write = actix_web::rt::spawn(async move { store.register_scores(&[entry], T0 + 2).await });
+    // Wait until the write either finished or waits on the saga's row.
+    let waiting = support::wait_for(std::time::Duration::from_secs(5), || async {
+        let row = f
+            .store
+            .db()
+            .query_one_raw(f.store.sql(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND datname = current_database()",
+                vec![],
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        let waiting: i64 = row.try_get_by_index(0).unwrap();
+        (waiting > 0 || write.is_finished()).then_some(waiting)
+    })
+    .await;
+    assert!(
+        waiting.is_some(),
+        "the ranking write neither finished nor waited"
+    );
+    cancel.commit().await.unwrap();
+    let outcome = write.await.unwrap().unwrap().remove(0);
+    assert!(
+        outcome.is_err(),
+        "the write of an aborted saga succeeded: {outcome:?}"
+    );
+    let visible = f
+        .store
+        .db()
+        .query_one_raw(f.store.sql(
+            "SELECT COUNT(*) FROM score_attempts WHERE saga_id = $1 AND NOT hidden",
+            vec![s.id.clone().into()],
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let visible: i64 = visible.try_get_by_index(0).unwrap();
+    assert_eq!(visible, 0, "the ABORTED session is ranked");
+}

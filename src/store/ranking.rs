@@ -57,6 +57,27 @@ impl Store {
         let mut ranked: HashMap<String, RankedEntry> = HashMap::new();
         if !valid.is_empty() {
             let tx = self.write_tx().await?;
+            if self.is_postgres() {
+                // The fence holds until the commit: the sagas' rows are
+                // taken FOR SHARE first (in id order), so an abort that
+                // holds one (an operator's cancel) is waited for, and the
+                // insert below, a new statement, sees it committed. Without
+                // it the insert's snapshot could still see AI_DONE after
+                // the abort had hidden the saga's entries, leaving an
+                // ABORTED session ranked. (SQLite has one writer.)
+                let mut ids: Vec<&str> = valid.iter().map(|e| e.saga_id.as_str()).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                let marks: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
+                tx.execute_raw(self.sql(
+                    &format!(
+                        "SELECT id FROM sagas WHERE id IN ({}) ORDER BY id FOR SHARE",
+                        marks.join(", ")
+                    ),
+                    ids.iter().map(|id| (*id).into()).collect(),
+                ))
+                .await?;
+            }
             let mut values: Vec<Value> = vec![now.into()];
             for e in &valid {
                 values.extend([
