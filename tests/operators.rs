@@ -369,3 +369,57 @@ async fn the_operator_socket_sends_stats_at_once_and_on_change(backend: Backend)
     app.stop().await;
 }
 db_test!(the_operator_socket_sends_stats_at_once_and_on_change);
+
+/// An operator's retry never makes a second AI job for a submit whose job
+/// was made but never recorded: the first submit's answer is lost after
+/// the provider made the job, and the saga is cancelled while its worker
+/// waits to ask again. The retry goes on with the same key, so it finds
+/// that job. Before, the retry took a fresh base key and the provider ran
+/// a second job beside the first.
+async fn a_retry_finds_the_unrecorded_job_of_the_cancelled_run(backend: Backend) {
+    let app = TestApp::spawn_with(backend, fast_sim(), |c| {
+        // The worker waits long after the unclear submit: the cancel and
+        // the retry happen meanwhile.
+        c.backoff_base = Duration::from_secs(20);
+        c.backoff_max = Duration::from_secs(20);
+    })
+    .await;
+    app.sim.control.set_faults(stagehand::ai::SimFaults {
+        drop_after_create: 1,
+        ..Default::default()
+    });
+    let slug = app.experience(5).await;
+    let (sid, token) = app.session(&slug, None, "lost").await;
+    let resp = app
+        .submit(&sid, &token, json!({"prompt": "a cat"}), "k1")
+        .await;
+    assert_eq!(resp.status(), 202);
+    let made = support::wait_for(Duration::from_secs(5), || async {
+        (app.sim.control.stats().unclear_answers == 1).then_some(())
+    })
+    .await;
+    assert!(made.is_some(), "{:?}", app.sim.control.stats());
+    assert_eq!(app.sim.control.stats().jobs_created, 1);
+    let saga_id = app.saga_of(&sid).await["saga_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, _, body) = app
+        .operator_post(&format!("/api/admin/sagas/{saga_id}/cancel"), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = app
+        .operator_post(&format!("/api/admin/sagas/{saga_id}/retry"), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let done = app.wait_final(&sid, &token, Duration::from_secs(10)).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    assert_eq!(
+        app.sim.control.stats().jobs_created,
+        1,
+        "the retry made a second job: {:?}",
+        app.sim.control.stats()
+    );
+    app.stop().await;
+}
+db_test!(a_retry_finds_the_unrecorded_job_of_the_cancelled_run);

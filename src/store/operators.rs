@@ -337,9 +337,12 @@ impl Store {
     /// An operator's retry: the ABORTED saga runs again from the step it
     /// aborted at ([`retry_from`]), keeping its AI result and its ranking
     /// entry (shown again), with fresh attempts, recoveries and deadline
-    /// (`deadline_ms` from now), unowned so any worker claims it. Its AI
-    /// keys start from a new base key, so a fresh attempt never gets a
-    /// failed job of the first run back. A job it was waiting on is kept and
+    /// (`deadline_ms` from now), unowned so any worker claims it. A single
+    /// call keeps its base key and goes on from the key of the attempt that
+    /// was in flight (`attempt_offset`): a job made under it but never
+    /// recorded is found again, not doubled, while a failed attempt's key
+    /// is skipped. A fan-out starts its calls from a new base key (its
+    /// failed calls' jobs are never got back). A job it was waiting on is kept and
     /// polled again (no second AI job for a cancelled or orphaned saga),
     /// unless the job itself failed or timed out (AI_FAILED, AI_TIMEOUT).
     /// Its session goes ABORTED -> SUBMITTING.
@@ -402,7 +405,10 @@ impl Store {
             .execute_raw(self.sql(
                 "UPDATE sagas SET step = $2, lock_token = NULL, locked_until_ms = NULL, \
                  attempts = 0, recoveries = 0, unavailable_streak = 0, \
-                 next_attempt_at_ms = $3, deadline_at_ms = $4, ai_base_key = $5, \
+                 next_attempt_at_ms = $3, deadline_at_ms = $4, \
+                 ai_base_key = CASE WHEN $8 THEN ai_base_key ELSE $5 END, \
+                 attempt_offset = CASE WHEN $8 THEN attempt_offset + attempts \
+                     + (CASE WHEN abort_reason = 'AI_FAILED' THEN 1 ELSE 0 END) ELSE 0 END, \
                  ai_job_id = CASE WHEN abort_reason IN ('AI_FAILED', 'AI_TIMEOUT') \
                      THEN NULL ELSE ai_job_id END, \
                  ai_submitted_at_ms = CASE WHEN ai_job_id IS NULL \
@@ -418,6 +424,7 @@ impl Store {
                     uuid::Uuid::new_v4().to_string().into(),
                     charge.into(),
                     saga.charged_credits.into(),
+                    (experience.ai_calls <= 1).into(),
                 ],
             ))
             .await?

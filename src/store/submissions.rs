@@ -557,6 +557,7 @@ fn new_saga(
         unavailable_streak: Set(0),
         next_attempt_at_ms: Set(now),
         ai_base_key: Set(Uuid::new_v4().to_string()),
+        attempt_offset: Set(0),
         ai_job_id: Set(None),
         ai_submitted_at_ms: Set(None),
         slots: Set(1),

@@ -566,7 +566,11 @@ async fn run_call(ctx: &Ctx<'_>, mut call: CallState) -> Result<CallEnd, Stop> {
                             "session_id": ctx.saga.session_id, "call": call.index
                         }),
                     },
-                    idempotency_key: ai_call_key(ctx.base, call.index as u32, call.attempts),
+                    idempotency_key: ai_call_key(
+                        ctx.base,
+                        call.index as u32,
+                        ctx.saga.attempt_offset.max(0) as u32 + call.attempts,
+                    ),
                 };
                 let submitted_at = deps.clock.now_ms();
                 ctx.running(1);

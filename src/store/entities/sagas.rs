@@ -20,6 +20,9 @@ pub struct Model {
     pub unavailable_streak: i32,
     pub next_attempt_at_ms: i64,
     pub ai_base_key: String,
+    /// Where the attempt keys of a single call start (an operator's retry
+    /// moves it on; see migration 14).
+    pub attempt_offset: i32,
     pub ai_job_id: Option<String>,
     pub ai_submitted_at_ms: Option<i64>,
     #[sea_orm(column_type = "Text")]
