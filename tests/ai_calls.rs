@@ -45,7 +45,7 @@ async fn unclear_submits_make_one_job_per_session(backend: Backend) {
     app.sim.control.set_faults(SimFaults {
         drop_after_create: 4,
         cut_body_after_create: 4,
-        poll_unavailable: false,
+        ..SimFaults::default()
     });
     let slug = app.experience(3).await;
     let prompts: Vec<String> = (0..10).map(|i| format!("unclear #{i:02}#")).collect();
@@ -251,3 +251,45 @@ async fn cleanup_says_ai_timeout_for_a_lost_worker_waiting_for_the_ai(backend: B
     app.stop().await;
 }
 db_test!(cleanup_says_ai_timeout_for_a_lost_worker_waiting_for_the_ai);
+
+/// A poll answered 4xx (a provider that briefly lost track of the job)
+/// does not abandon the job: it keeps its slot and is polled again, and
+/// the saga ends with the one job. Before, such a poll counted an attempt
+/// and cleared the job, and the next attempt made a second job beside the
+/// one still running.
+async fn a_refused_poll_keeps_polling_the_same_job(backend: Backend) {
+    let app = TestApp::spawn_with(
+        backend,
+        SimConfig {
+            latency: std::time::Duration::from_millis(600),
+            ..support::fast_sim()
+        },
+        |_| {},
+    )
+    .await;
+    app.sim.control.set_faults(SimFaults {
+        poll_not_found: true,
+        ..SimFaults::default()
+    });
+    let slug = app.experience(3).await;
+    let (sessions, _) = submit_all(&app, &slug, &["briefly lost".to_owned()]).await;
+    // Several polls answered 404 while the job runs on.
+    let refused = support::wait_for(std::time::Duration::from_secs(5), || async {
+        (app.sim.control.stats().polls >= 3).then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "{:?}", app.sim.control.stats());
+    app.sim.control.set_faults(SimFaults::default());
+    let finals = wait_all_final(&app.http, &app.base, &sessions, WITHIN)
+        .await
+        .expect("the session ends");
+    assert_eq!(finals[0]["status"], "COMPLETED", "{}", finals[0]);
+    assert_eq!(
+        app.sim.control.stats().jobs_created,
+        1,
+        "{:?}",
+        app.sim.control.stats()
+    );
+    app.stop().await;
+}
+db_test!(a_refused_poll_keeps_polling_the_same_job);

@@ -191,8 +191,9 @@ async fn settle(
             later(true, now + wait).await
         }
         Ok(Err(failure)) if failure.is_unavailable() => later(true, now + retry_ms(&failure)).await,
-        // The provider does not know the job (any more): nothing runs.
-        Ok(Err(_)) => free("unknown to the provider").await,
+        // A refused poll (a 4xx) does not say the job ended: it keeps its
+        // slot, as in the saga's own polls, until its bound.
+        Ok(Err(failure)) => later(true, now + retry_ms(&failure)).await,
         Err(e) => {
             tracing::warn!(error = %e, "AI actor unreachable");
             later(true, now + RETRY_UNAVAILABLE_MS).await

@@ -110,6 +110,9 @@ pub struct SimFaults {
     pub cut_body_after_create: u64,
     /// Polls answer 503 while the jobs go on running.
     pub poll_unavailable: bool,
+    /// Polls answer 404 `not_found` while the jobs go on running (a
+    /// provider that lost track of them for a while).
+    pub poll_not_found: bool,
 }
 
 /// How a submit that created a job is answered under [`SimFaults`].
@@ -619,6 +622,13 @@ async fn submit_job(
 async fn poll_job(control: web::Data<SimControl>, job_id: web::Path<String>) -> HttpResponse {
     if control.is_unavailable(true) || control.poll_refused() {
         return unavailable_answer();
+    }
+    if control.faults().poll_not_found {
+        control.lock().polls += 1;
+        return json_answer(
+            StatusCode::NOT_FOUND,
+            json!({"error": "not_found", "message": "no such job (for now)"}),
+        );
     }
     let (status, answer) = control.poll(&job_id);
     json_answer(status, answer)

@@ -11,8 +11,9 @@
 //!   `Retry-After`) and sends the same key again. An unclear one (the
 //!   connection dropped after sending) may have made the job: same, and
 //!   the call counts as running meanwhile.
-//! - **Poll.** A poll that fails (unavailable, 429) leaves the job running:
-//!   the call waits (at least `Retry-After`) and polls the same job again.
+//! - **Poll.** A poll that fails (unavailable, 429, even a 4xx) leaves the
+//!   job running: the call waits (at least `Retry-After`) and polls the same
+//!   job again, until the attempt runs out of time.
 //! - **Attempts.** A job that ends `failed`, or a request the provider
 //!   refuses, counts an attempt; the next one waits the policy's backoff.
 //!   An attempt that runs out of `AI_TIMEOUT` counts too, and the next
@@ -619,17 +620,16 @@ async fn run_call(ctx: &Ctx<'_>, mut call: CallState) -> Result<CallEnd, Stop> {
                     judge_final!(outcome);
                 }
             }
-            Err(failure) if failure.is_unavailable() => {
-                // The job may still run: keep its slot, ask again later.
+            Err(failure) => {
+                // Unavailable, or even a refused poll (a 4xx): the job may
+                // still run at the provider, so it keeps its slot and is
+                // asked about again, until its attempt runs out of time
+                // (rule 10). Giving it up here would start a second job
+                // beside one that still runs.
                 call.streak += 1;
                 tracing::warn!(saga_id = %ctx.saga.id, call = call.index, %job_id, %failure, "AI poll failed; polling the same job again");
                 ctx.pause(ctx.backoff_ms(call.streak, &failure), Some(attempt_ends))
                     .await;
-            }
-            Err(failure) => {
-                // The provider refused the poll (a 4xx): the job is
-                // given up as failed.
-                judge_final!(Err::<AiResult, _>(failure));
             }
         }
         if deps.clock.now_ms() > attempt_ends {
