@@ -171,6 +171,25 @@ impl Handler<StopSupervisor> for SagaSupervisor {
     }
 }
 
+/// Whether a database error at `step` may be retried: within one lease of
+/// the first error at that step (a step that got further starts over, with
+/// `retry` back at 0).
+fn within_retries(
+    failing: &mut Option<(Instant, String)>,
+    retry: &mut u32,
+    step: &str,
+    lease: Duration,
+) -> bool {
+    match failing {
+        Some((since, at)) if at == step => since.elapsed() < lease,
+        _ => {
+            *failing = Some((Instant::now(), step.to_owned()));
+            *retry = 0;
+            true
+        }
+    }
+}
+
 /// Sends one write to the persistence actor and waits until it committed.
 pub(super) async fn write(
     deps: &SagaDeps,
@@ -196,7 +215,11 @@ async fn drive(
     );
     async move {
         let mut saga = saga;
-        let since = Instant::now();
+        // The current run of database errors: when it began and at which
+        // step. A step that got further starts a new run, so each failing
+        // write gets its own retries for up to one lease, however long the
+        // steps before it took (an AI step of minutes).
+        let mut failing: Option<(Instant, String)> = None;
         let mut retry = 0;
         loop {
             match run(&mut saga, &experience, &token, &deps, &dispatcher).await {
@@ -214,7 +237,7 @@ async fn drive(
                 }
                 Err(Stop::Store(e))
                     if matches!(e.failure(), DbFailure::Transient | DbFailure::Unavailable)
-                        && since.elapsed() < deps.settings.lease =>
+                        && within_retries(&mut failing, &mut retry, &saga.step, deps.settings.lease) =>
                 {
                     let wait = transient_backoff(retry, rand::random::<f64>())
                         .min(Duration::from_secs(2));
