@@ -228,11 +228,8 @@ db_test!(a_display_that_stops_answering_is_dropped);
 /// Two instances on one PostgreSQL database: a display connected to A is
 /// online on B, with A's instance id, and offline on B once it leaves A.
 #[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn presence_is_shared_by_every_instance() {
-    if support::postgres_admin_url().is_none() {
-        eprintln!("skipped: STAGEHAND_TEST_POSTGRES_URL is not set");
-        return;
-    }
     let db = TestDb::fresh(Backend::Postgres).await;
     let sim = start_sim(fast_sim()).await;
     let a = Instance::start(&db, &sim.url(), |_| {}).await;

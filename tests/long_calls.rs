@@ -52,12 +52,9 @@ db_test!(a_long_call_keeps_its_lease_by_renewal);
 /// the AI step: the write's error stopped the worker, and the saga waited
 /// out its lease and spent a recovery.
 #[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn a_write_after_a_long_ai_step_is_retried() {
     use sea_orm::ConnectionTrait;
-    if support::postgres_admin_url().is_none() {
-        eprintln!("skipped: STAGEHAND_TEST_POSTGRES_URL is not set");
-        return;
-    }
     let sim = SimConfig {
         latency: Duration::from_secs(3),
         ..fast_sim()

@@ -24,11 +24,8 @@ use support::{
 };
 
 #[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn two_instances_share_the_cap_and_never_run_a_saga_twice() {
-    if postgres_admin_url().is_none() {
-        eprintln!("skipped: STAGEHAND_TEST_POSTGRES_URL is not set");
-        return;
-    }
     support::init_logs();
     let db = TestDb::fresh(Backend::Postgres).await;
     let sim = start_sim(SimConfig {
@@ -99,14 +96,6 @@ fn default_poll(config: &mut Config) {
     config.poll_interval = Config::defaults().poll_interval;
 }
 
-fn skip_without_postgres() -> bool {
-    if postgres_admin_url().is_none() {
-        eprintln!("skipped: STAGEHAND_TEST_POSTGRES_URL is not set");
-        return true;
-    }
-    false
-}
-
 /// Creates `n` sessions on `base` for `terminal`, submits them all at once
 /// with prompts `"{prefix} <i>"`, and returns them.
 async fn submit_wave(
@@ -142,10 +131,8 @@ async fn submit_wave(
 }
 
 #[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn a_display_on_b_gets_what_a_finished_within_a_second() {
-    if skip_without_postgres() {
-        return;
-    }
     const SESSIONS: usize = 20;
     let db = TestDb::fresh(Backend::Postgres).await;
     let sim = start_sim(SimConfig {
@@ -250,10 +237,8 @@ async fn a_display_on_b_gets_what_a_finished_within_a_second() {
 }
 
 #[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn a_submission_on_a_is_claimed_by_b_when_a_is_full() {
-    if skip_without_postgres() {
-        return;
-    }
     let db = TestDb::fresh(Backend::Postgres).await;
     // One simulator per instance, so the simulator that gets a job says
     // which instance claimed its saga.
@@ -359,10 +344,8 @@ async fn a_submission_on_a_is_claimed_by_b_when_a_is_full() {
 }
 
 #[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn listener_connection_killed_mid_run_loses_nothing() {
-    if skip_without_postgres() {
-        return;
-    }
     const WAVES: usize = 4;
     const PER_WAVE: usize = 10;
     const ON_B: usize = 3;

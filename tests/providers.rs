@@ -276,11 +276,8 @@ db_test!(weights_share_the_cap_in_proportion);
 /// the late booth still gets its share (its sessions go to the other
 /// instance).
 #[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn two_instances_share_one_cap() {
-    if support::postgres_admin_url().is_none() {
-        eprintln!("skipped: STAGEHAND_TEST_POSTGRES_URL is not set");
-        return;
-    }
     let db = TestDb::fresh(Backend::Postgres).await;
     let sim = support::start_sim(one_second_jobs()).await;
     let file = shared_provider(&sim.url(), 6);
@@ -503,11 +500,8 @@ db_test!(with_cancel_a_timed_out_job_is_cancelled);
 /// nothing: the job's row keeps the slot, and another instance polls the
 /// job and frees the slot only when it ends.
 #[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn a_lingering_job_survives_its_instance() {
-    if support::postgres_admin_url().is_none() {
-        eprintln!("skipped: STAGEHAND_TEST_POSTGRES_URL is not set");
-        return;
-    }
     let db = TestDb::fresh(Backend::Postgres).await;
     let sim = support::start_sim(SimConfig {
         latency: Duration::from_secs(6),

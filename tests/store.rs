@@ -1082,12 +1082,9 @@ db_test!(a_batch_applies_each_write_on_its_own_terms);
 /// saw AI_DONE: it inserted an entry the abort had already hidden its
 /// entries without, and the ABORTED session stayed ranked.
 #[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn a_cancel_committing_during_the_ranking_write_leaves_no_entry() {
     use sea_orm::TransactionTrait;
-    if support::postgres_admin_url().is_none() {
-        eprintln!("skipped: STAGEHAND_TEST_POSTGRES_URL is not set");
-        return;
-    }
     let f = fixture(Backend::Postgres, 5).await;
     f.saga(T0).await;
     let s = f.claim(5, T0).await.remove(0);

@@ -421,6 +421,7 @@ async fn sqlite_entities_match_schema() {
 }
 
 #[tokio::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn postgres_entities_match_schema() {
     on_postgres(entities_match_schema).await;
 }

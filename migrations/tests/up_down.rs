@@ -421,6 +421,7 @@ async fn sqlite_up_down_up() {
 }
 
 #[tokio::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn postgres_up_down_up() {
     on_postgres(|db| async move { up_down_up(&db).await }).await;
 }

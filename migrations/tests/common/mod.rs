@@ -37,16 +37,15 @@ where
 
 /// Runs `check` on a freshly created PostgreSQL database with a random name
 /// when `STAGEHAND_TEST_POSTGRES_URL` is set; the database is dropped
-/// afterwards, whatever the outcome. Without the variable it does nothing.
+/// afterwards, whatever the outcome.
 pub async fn on_postgres<F, Fut>(check: F)
 where
     F: FnOnce(DatabaseConnection) -> Fut,
     Fut: Future<Output = TestResult>,
 {
-    let Ok(admin_url) = std::env::var("STAGEHAND_TEST_POSTGRES_URL") else {
-        eprintln!("STAGEHAND_TEST_POSTGRES_URL not set: skipping the PostgreSQL run");
-        return;
-    };
+    // The tests that call this are ignored without the variable (build.rs).
+    let admin_url = std::env::var("STAGEHAND_TEST_POSTGRES_URL")
+        .expect("STAGEHAND_TEST_POSTGRES_URL (the test is ignored without it)");
     let name = random_database_name();
 
     let admin = Database::connect(&admin_url)
