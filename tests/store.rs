@@ -1158,3 +1158,66 @@ async fn a_cancel_committing_during_the_ranking_write_leaves_no_entry() {
     let visible: i64 = visible.try_get_by_index(0).unwrap();
     assert_eq!(visible, 0, "the ABORTED session is ranked");
 }
+
+/// One bad row fails alone: an abort in a batch that the database refuses
+/// (here a trigger raises for that saga) leaves the batch's other writes
+/// applied. Before, its error failed the whole batch (up to 256 sagas), and
+/// every other saga of it had to run its step again.
+async fn a_failing_abort_fails_alone_in_its_batch(backend: Backend) {
+    let f = fixture(backend, 5).await;
+    f.saga(T0).await;
+    f.saga(T0 + 1).await;
+    let mut claimed = f.claim(5, T0 + 10).await;
+    let (bad, good) = (claimed.remove(0), claimed.remove(0));
+    let trigger = match backend {
+        Backend::Postgres => vec![
+            format!(
+                "CREATE FUNCTION stagehand_test_bad_row() RETURNS trigger AS $$ BEGIN \
+                 IF NEW.id = '{}' THEN RAISE EXCEPTION 'bad row'; END IF; RETURN NEW; END \
+                 $$ LANGUAGE plpgsql",
+                bad.id
+            ),
+            "CREATE TRIGGER bad_row BEFORE UPDATE ON sagas FOR EACH ROW \
+             EXECUTE FUNCTION stagehand_test_bad_row()"
+                .to_owned(),
+        ],
+        Backend::Sqlite => vec![format!(
+            "CREATE TRIGGER bad_row BEFORE UPDATE ON sagas WHEN NEW.id = '{}' \
+             BEGIN SELECT RAISE(ABORT, 'bad row'); END",
+            bad.id
+        )],
+    };
+    for statement in trigger {
+        f.store.db().execute_unprepared(&statement).await.unwrap();
+    }
+    let writes = [
+        SagaWrite::Abort {
+            saga_id: bad.id.clone(),
+            fence: Fence::Token(token(&bad)),
+            reason: AbortReason::AiFailed,
+            detail: "gave up".into(),
+            linger: true,
+        },
+        SagaWrite::AiDone {
+            saga_id: good.id.clone(),
+            token: token(&good),
+            result: result("fine"),
+            job_id: Some("job-good".into()),
+        },
+    ];
+    let outcome = f
+        .store
+        .apply_saga_writes(&writes, T0 + 20, LEASE)
+        .await
+        .expect("the batch itself commits");
+    assert!(outcome[0].is_err(), "{:?}", outcome[0]);
+    assert!(outcome[1].is_ok(), "{:?}", outcome[1]);
+    let good_now = f.store.saga(&good.id).await.unwrap().unwrap();
+    assert_eq!(good_now.step, "AI_DONE");
+    let bad_now = f.store.saga(&bad.id).await.unwrap().unwrap();
+    assert_eq!(
+        bad_now.step, "AI_PENDING",
+        "the failed abort changed nothing"
+    );
+}
+db_test!(a_failing_abort_fails_alone_in_its_batch);

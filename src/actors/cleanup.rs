@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use super::persistence::{PersistenceActor, Write};
+use super::persistence::{PersistenceActor, WriteAlone};
 use super::terminal_hub::PRESENCE_STALE_MS;
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
@@ -308,7 +308,7 @@ async fn abort_orphans(
             format!("lease lost {} times; giving up", saga.recoveries)
         };
         let aborted = persistence
-            .send(Write(SagaWrite::Abort {
+            .send(WriteAlone(SagaWrite::Abort {
                 saga_id: saga.id.clone(),
                 fence: Fence::Unowned,
                 reason,

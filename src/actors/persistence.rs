@@ -34,6 +34,15 @@ pub struct RenewLease {
 #[rtype(result = "StoreResult<Written>")]
 pub struct Write(pub SagaWrite);
 
+/// Apply one saga write in a transaction of its own, outside the batches,
+/// with the same wake-ups: for the writes of someone other than the saga's
+/// supervisor (an operator's cancel, the cleanup actor's aborts), which may
+/// meet a batch on the same saga; alone, they never make two batches wait
+/// on each other's rows (a deadlock on PostgreSQL).
+#[derive(Message)]
+#[rtype(result = "StoreResult<Written>")]
+pub struct WriteAlone(pub SagaWrite);
+
 /// Write one call of a fan-out saga (see [`Store::write_ai_call`]); the
 /// saga's slots after it. When the slots may have been lowered, the
 /// dispatchers are woken (a slot may be free).
@@ -151,6 +160,20 @@ impl Handler<Write> for PersistenceActor {
     fn handle(&mut self, m: Write, _: &mut Context<Self>) -> Self::Result {
         let writes = self.writes.clone();
         Box::pin(async move { writes.write(m.0).await })
+    }
+}
+
+impl Handler<WriteAlone> for PersistenceActor {
+    type Result = ResponseFuture<StoreResult<Written>>;
+    fn handle(&mut self, m: WriteAlone, _: &mut Context<Self>) -> Self::Result {
+        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
+        let wakeups = self.wakeups.clone();
+        Box::pin(async move {
+            write_batch(&store, vec![m.0], now, lease, &wakeups)
+                .await
+                .pop()
+                .unwrap_or_else(|| Err(crate::store::StoreError::Corrupt("no outcome".into())))
+        })
     }
 }
 

@@ -20,7 +20,7 @@ use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::actors::operator_socket::OperatorSocket;
-use crate::actors::persistence::Write;
+use crate::actors::persistence::WriteAlone;
 use crate::actors::terminal_hub::PRESENCE_STALE_MS;
 use crate::clock::rfc3339;
 use crate::domain::breaker::COOL_DOWN_MS;
@@ -278,7 +278,7 @@ pub async fn cancel_saga(
         };
         state
             .persistence
-            .send(Write(write))
+            .send(WriteAlone(write))
             .await
             .map_err(|e| ApiError::Internal(format!("the persistence actor is gone: {e}")))??;
         tracing::info!(saga_id = %id, "operator cancel: saga aborted with CANCELLED");

@@ -224,6 +224,21 @@ impl WriteTx {
         let WriteTx { txn, _gate } = self;
         txn.commit().await
     }
+
+    /// A savepoint inside this transaction: its `commit` releases it, its
+    /// `rollback` undoes what was done since, and the outer transaction
+    /// goes on either way (one item of a batch failing alone).
+    pub async fn savepoint(&self) -> Result<WriteTx, DbErr> {
+        Ok(WriteTx {
+            txn: self.txn.begin().await?,
+            _gate: None,
+        })
+    }
+
+    pub async fn rollback(self) -> Result<(), DbErr> {
+        let WriteTx { txn, _gate } = self;
+        txn.rollback().await
+    }
 }
 
 impl Store {

@@ -12,8 +12,13 @@
 //! same transaction; an abort that is not the participant's fault gives the
 //! saga's credits back in it too, once ([`refund_credits`]).
 //!
-//! Two batches running at once never touch the same saga: each saga has one
-//! supervisor, which waits for each write before sending the next.
+//! Each saga has one supervisor, which waits for each write before sending
+//! the next, so its own writes never meet in two batches. An abort by
+//! someone else (an operator's cancel, the cleanup actor) may touch the
+//! same saga as a batch at the same time: those are written alone, in
+//! their own transaction (`WriteAlone`), not in the batches, so two
+//! batches never wait on each other's rows; and inside a batch each abort
+//! runs in a savepoint of its own, so one that fails fails alone.
 
 use std::collections::{HashMap, HashSet};
 
@@ -242,20 +247,35 @@ impl Store {
                     detail,
                     linger,
                 } => {
+                    // Each abort in a savepoint of its own: one that fails
+                    // (a bad row, a lock timeout) fails alone, and the
+                    // batch's other writes go on.
                     let linger_ms = linger.then(|| self.linger_ms());
-                    outcome[i] = Some(
-                        abort_one(
-                            &tx,
-                            saga_id,
-                            fence,
-                            *reason,
-                            detail,
-                            linger_ms,
-                            now,
-                            &mut refunds,
-                        )
-                        .await?,
-                    );
+                    let item = tx.savepoint().await?;
+                    let mut its_refunds = Vec::new();
+                    let done = abort_one(
+                        &item,
+                        saga_id,
+                        fence,
+                        *reason,
+                        detail,
+                        linger_ms,
+                        now,
+                        &mut its_refunds,
+                    )
+                    .await;
+                    outcome[i] = Some(match done {
+                        Ok(result) => {
+                            item.commit().await?;
+                            refunds.extend(its_refunds);
+                            result
+                        }
+                        Err(e) => {
+                            item.rollback().await?;
+                            tracing::warn!(%saga_id, error = %e, "an abort failed; the batch's other writes go on");
+                            Err(e)
+                        }
+                    });
                 }
             }
         }
