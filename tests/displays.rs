@@ -522,3 +522,51 @@ async fn a_display_that_never_connected_disconnects_nobody() {
     assert!(hub.send(WatchedExperiences).await.unwrap().is_empty());
     let _ = ranking.borrow_and_update();
 }
+
+/// A wake-up that never came is repaired within about a second: an event
+/// numbered without ringing this instance's displays (as when another
+/// instance's NOTIFY is lost) still reaches the display, through the hub's
+/// catch-up tick. Before, the display showed nothing until its terminal's
+/// next event.
+async fn a_lost_wake_up_costs_a_display_at_most_a_second(backend: Backend) {
+    use sea_orm::ConnectionTrait;
+    let app = TestApp::spawn(backend).await;
+    let slug = app.experience(5).await;
+    let (terminal, terminal_token) = app.terminal(&slug).await;
+    let mut display = app.terminal_socket(&terminal, &terminal_token, 0).await;
+    let (sid, token) = app.session(&slug, Some(&terminal), "first").await;
+    let resp = app.submit(&sid, &token, json!({"prompt": "x"}), "k").await;
+    assert_eq!(resp.status(), 202);
+    let first = display
+        .next_session_event(Duration::from_secs(10))
+        .await
+        .expect("the first event");
+    assert_eq!(first["seq"], 1);
+    // Another instance numbers an event of this terminal, and its wake-up
+    // is lost: the row and the terminal's last_seq change, nothing rings.
+    let store = &app.state.store;
+    let tx_sql = [
+        format!("UPDATE terminals SET last_seq = 2 WHERE id = '{terminal}'"),
+        format!(
+            "INSERT INTO terminal_events (terminal_id, seq, session_id, saga_id, event_type, \
+             payload, created_at_ms) SELECT terminal_id, 2, session_id, saga_id, event_type, \
+             payload, created_at_ms FROM terminal_events WHERE terminal_id = '{terminal}' AND seq = 1"
+        ),
+    ];
+    for sql in tx_sql {
+        store.db().execute_unprepared(&sql).await.unwrap();
+    }
+    let started = std::time::Instant::now();
+    let second = display
+        .next_session_event(Duration::from_secs(5))
+        .await
+        .expect("the event whose wake-up was lost");
+    assert_eq!(second["seq"], 2, "{second}");
+    assert!(
+        started.elapsed() < Duration::from_millis(2_500),
+        "it took {:?}",
+        started.elapsed()
+    );
+    app.stop().await;
+}
+db_test!(a_lost_wake_up_costs_a_display_at_most_a_second);

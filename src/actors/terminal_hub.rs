@@ -34,6 +34,16 @@ pub const PRESENCE_REFRESH: Duration = Duration::from_secs(10);
 /// died: operators see the display offline and cleanup deletes the row.
 pub const PRESENCE_STALE_MS: i64 = 3 * PRESENCE_REFRESH.as_millis() as i64;
 
+/// How often the hub compares its terminals' newest `seq` with what it saw
+/// last: a wake-up that never came (a NOTIFY from another instance that
+/// was lost) costs a display at most about this long.
+pub const CATCH_UP_TICK: Duration = Duration::from_secs(1);
+
+/// The newest `seq` of some terminals, read by the catch-up tick.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct NewestSeqs(Vec<(String, i64)>);
+
 /// The latest ranking frame of an experience (None until one was made).
 pub type RankingFrame = Option<Arc<str>>;
 
@@ -91,6 +101,9 @@ pub struct TerminalHub {
     store: Store,
     clock: SharedClock,
     instance_id: String,
+    /// The newest `seq` the catch-up tick saw per terminal with a socket
+    /// here.
+    seen: HashMap<String, i64>,
 }
 
 impl TerminalHub {
@@ -101,6 +114,7 @@ impl TerminalHub {
             store,
             clock,
             instance_id,
+            seen: HashMap::new(),
         }
     }
 }
@@ -109,6 +123,24 @@ impl Actor for TerminalHub {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        // The catch-up: one statement a second for all the terminals with a
+        // socket here; a terminal whose newest seq grew since is rung, in
+        // case its ring was lost on the way (the sockets read the outbox
+        // from where they are, so a ring too many costs one read).
+        ctx.run_interval(CATCH_UP_TICK, |act, ctx| {
+            if act.sockets.is_empty() {
+                act.seen.clear();
+                return;
+            }
+            let terminals: Vec<String> = act.sockets.keys().cloned().collect();
+            let (store, me) = (act.store.clone(), ctx.address());
+            tokio::spawn(async move {
+                match store.newest_seqs(&terminals).await {
+                    Ok(seqs) => me.do_send(NewestSeqs(seqs)),
+                    Err(e) => tracing::warn!(error = %e, "display catch-up: could not read the terminals' newest seq"),
+                }
+            });
+        });
         ctx.run_interval(PRESENCE_REFRESH, |act, _| {
             if act.sockets.is_empty() {
                 return;
@@ -178,6 +210,28 @@ impl Handler<Ring> for TerminalHub {
                 .flat_map(|s| s.values())
             {
                 bell.ring();
+            }
+        }
+    }
+}
+
+impl Handler<NewestSeqs> for TerminalHub {
+    type Result = ();
+    fn handle(&mut self, m: NewestSeqs, _: &mut Context<Self>) {
+        self.seen
+            .retain(|terminal, _| self.sockets.contains_key(terminal));
+        for (terminal, seq) in m.0 {
+            let grew = self.seen.get(&terminal).is_none_or(|&before| seq > before);
+            self.seen.insert(terminal.clone(), seq);
+            if grew {
+                for bell in self
+                    .sockets
+                    .get(&terminal)
+                    .into_iter()
+                    .flat_map(|s| s.values())
+                {
+                    bell.ring();
+                }
             }
         }
     }

@@ -188,6 +188,29 @@ impl Store {
         })
     }
 
+    /// The newest `seq` of each of `terminals` (their `last_seq`), for the
+    /// displays' catch-up; in statements of at most 500 terminals.
+    pub async fn newest_seqs(&self, terminals: &[String]) -> StoreResult<Vec<(String, i64)>> {
+        let mut seqs = Vec::with_capacity(terminals.len());
+        for chunk in terminals.chunks(500) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let rows = self
+                .db()
+                .query_all_raw(self.sql(
+                    &format!(
+                        "SELECT id, last_seq FROM terminals WHERE id IN ({})",
+                        marks.join(", ")
+                    ),
+                    chunk.iter().map(|t| t.clone().into()).collect(),
+                ))
+                .await?;
+            for row in rows {
+                seqs.push((row.try_get_by_index(0)?, row.try_get_by_index(1)?));
+            }
+        }
+        Ok(seqs)
+    }
+
     /// Numbered events of a terminal with `seq > after`, oldest first, at
     /// most `limit`.
     pub async fn events_after(
