@@ -543,13 +543,21 @@ impl Store {
         } else {
             ""
         };
+        // SQLite: the plan is pinned to the source's partial index, so
+        // statistics (an `ANALYZE`) can never turn the walk of a long queue
+        // into a scan of every saga.
+        let indexed = match (self.is_postgres(), source) {
+            (true, _) => "",
+            (false, ClaimSource::Unowned) => " INDEXED BY idx_sagas_unowned",
+            (false, ClaimSource::Expired) => " INDEXED BY idx_sagas_leased",
+        };
         let (condition, order) = source.condition(step, 2, 3);
         self.sql(
             &format!(
                 // The picked ids are materialised first: a LIMIT subquery
                 // with SKIP LOCKED inside `IN (...)` may be run again by the
                 // planner and pick more rows than the limit.
-                "{prefix} WITH picked AS MATERIALIZED (SELECT id FROM sagas \
+                "{prefix} WITH picked AS MATERIALIZED (SELECT id FROM sagas{indexed} \
                  WHERE experience_id = $1 AND {condition} \
                  ORDER BY {order} LIMIT $6{lock}) \
                  UPDATE sagas SET lock_token = $4, locked_until_ms = $5, updated_at_ms = $2, \
