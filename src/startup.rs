@@ -23,6 +23,7 @@ use crate::actors::cleanup::CleanupActor;
 use crate::actors::cluster::ClusterBridge;
 use crate::actors::dispatcher::{Dispatcher, Drain, Drained};
 use crate::actors::lingering::LingeringJobsActor;
+use crate::actors::liveness::LivenessActor;
 use crate::actors::operator_hub::OperatorHub;
 use crate::actors::outbox_relay::OutboxRelay;
 use crate::actors::persistence::PersistenceActor;
@@ -97,6 +98,9 @@ pub struct Shutdown {
     signal: ShutdownSignal,
     dispatcher: Addr<Dispatcher>,
     grace: Duration,
+    /// This instance's liveness row, deleted once everything is handed
+    /// over: its Idempotency-Keys still in progress are free at once.
+    liveness: Option<(Store, String)>,
     /// The `--metrics-bind` server, stopped last.
     metrics_server: Option<ServerHandle>,
 }
@@ -115,6 +119,11 @@ impl Shutdown {
             .await
             .unwrap_or_default();
         server.stop(true).await;
+        if let Some((store, instance_id)) = &self.liveness {
+            if let Err(e) = store.instance_gone(instance_id).await {
+                tracing::warn!(error = %e, "could not say this instance is gone; its row goes stale in seconds");
+            }
+        }
         if let Some(metrics) = &self.metrics_server {
             metrics.stop(true).await;
         }
@@ -282,6 +291,9 @@ impl Application {
             dispatcher,
             grace: config.shutdown_grace,
             metrics_server: None,
+            liveness: work
+                .is_postgres()
+                .then(|| (work.clone(), instance_id.clone())),
         };
         let operators = OperatorHub::new(work.clone(), clock.clone(), wakeups.clone()).start();
         let cleanup = CleanupActor::new(
@@ -306,12 +318,28 @@ impl Application {
             })?
             .port();
         let limits = Arc::new(RateLimits::from_config(&config));
+        if work.is_postgres() {
+            // Alive before the first request, so keys it takes are never
+            // taken for a dead instance's.
+            let live = work.instance_alive(&instance_id, clock.now_ms()).await?;
+            limits
+                .live_instances
+                .store(live, std::sync::atomic::Ordering::Relaxed);
+            LivenessActor::new(
+                work.clone(),
+                clock.clone(),
+                instance_id.clone(),
+                limits.live_instances.clone(),
+            )
+            .start();
+        }
         let state = AppState {
             submissions: crate::http::submissions::submission_queue(
                 store.clone(),
                 clock.clone(),
                 config.saga_deadline.as_millis() as i64,
                 limits.clone(),
+                store.is_postgres().then(|| instance_id.clone()),
             ),
             store,
             work_store: work,

@@ -486,3 +486,74 @@ async fn no_token_is_stored_in_clear(backend: Backend) {
     app.stop().await;
 }
 db_test!(no_token_is_stored_in_clear);
+
+/// A key whose request died with its instance is taken over at once when
+/// the instance is known dead (PostgreSQL: its liveness row is gone or
+/// stale), not at the end of the key's 30 s lease; a key held by a live
+/// instance still answers 409. Before, a phone got 409
+/// `request_in_progress` for up to 30 s after a kill -9.
+#[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
+async fn a_key_of_a_dead_instance_is_taken_over_at_once() {
+    let app = TestApp::spawn(Backend::Postgres).await;
+    let slug = app.experience(5).await;
+    let path = format!("/api/experiences/{slug}/sessions");
+    let scope = format!("anonymous {path}");
+    let store = &app.state.store;
+    let now = chrono::Utc::now().timestamp_millis();
+    let hold = |key: &str, instance: &str| {
+        store.sql(
+            "INSERT INTO idempotency_records (scope, key, request_hash, state, created_at_ms, \
+             expires_at_ms, owner, locked_until_ms, instance_id) \
+             VALUES ($1, $2, $7, 'in_progress', $3, $4, 'a-request', $5, $6)",
+            vec![
+                scope.clone().into(),
+                stagehand::domain::keys::idempotency_key_digest(&scope, key).into(),
+                now.into(),
+                (now + 86_400_000).into(),
+                (now + 30_000).into(),
+                instance.into(),
+                // The same body as the retry below.
+                stagehand::http::body::request_hash(br#"{"nickname":"retry"}"#).into(),
+            ],
+        )
+    };
+    let (dead_key, live_key) = (
+        uuid::Uuid::new_v4().to_string(),
+        uuid::Uuid::new_v4().to_string(),
+    );
+    store
+        .db()
+        .execute_raw(hold(&dead_key, "an-instance-killed-9"))
+        .await
+        .unwrap();
+    store
+        .db()
+        .execute_raw(hold(&live_key, &app.state.instance_id))
+        .await
+        .unwrap();
+    let create = |key: String| {
+        let (http, url) = (app.http.clone(), format!("{}{path}", app.base));
+        async move {
+            http.post(url)
+                .header("Idempotency-Key", key)
+                .json(&json!({"nickname": "retry"}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(
+        create(dead_key).await,
+        201,
+        "the dead instance's key is taken over"
+    );
+    assert_eq!(
+        create(live_key).await,
+        409,
+        "a live instance's key is still in progress"
+    );
+    app.stop().await;
+}

@@ -457,3 +457,46 @@ async fn listener_connection_killed_mid_run_loses_nothing() {
     a.stop().await;
     b.stop().await;
 }
+
+/// The participants' rate limits hold across instances: two instances on
+/// one database each allow half of a limit of 10 session creations a
+/// minute per address, so together about 10 go through, not 20.
+#[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
+async fn rate_limits_hold_across_instances() {
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let sim = start_sim(fast_sim()).await;
+    let limited = |c: &mut Config| {
+        c.session_rate_limit = stagehand::config::parse_rate_limit("10/min").unwrap();
+    };
+    let a = Instance::start(&db, &sim.url(), limited).await;
+    let b = Instance::start(&db, &sim.url(), limited).await;
+    let both = support::wait_for(Duration::from_secs(5), || async {
+        (a.state.limits.instances() == 2 && b.state.limits.instances() == 2).then_some(())
+    })
+    .await;
+    assert!(both.is_some(), "the instances never saw each other");
+    let http = reqwest::Client::new();
+    let slug = support::create_experience(&http, &a.base, 5).await;
+    let mut accepted = 0;
+    for i in 0..30 {
+        let base = if i % 2 == 0 { &a.base } else { &b.base };
+        let resp = http
+            .post(format!("{base}/api/experiences/{slug}/sessions"))
+            .json(&json!({"nickname": format!("p{i}")}))
+            .send()
+            .await
+            .unwrap();
+        match resp.status().as_u16() {
+            201 => accepted += 1,
+            429 => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!(
+        (9..=11).contains(&accepted),
+        "{accepted} of 30 went through a limit of 10 shared by two instances"
+    );
+    a.stop().await;
+    b.stop().await;
+}

@@ -22,6 +22,7 @@ mod m20261207_000011_outbox_autovacuum;
 mod m20261208_000012_providers;
 mod m20261209_000013_sealed_replays;
 mod m20261209_000014_attempt_offset;
+mod m20261209_000015_instances;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -43,6 +44,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261208_000012_providers::Migration),
             Box::new(m20261209_000013_sealed_replays::Migration),
             Box::new(m20261209_000014_attempt_offset::Migration),
+            Box::new(m20261209_000015_instances::Migration),
         ]
     }
 }

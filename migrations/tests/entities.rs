@@ -390,6 +390,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             created_at_ms: T0,
             expires_at_ms: T0 + 86_400_000,
             owner: None,
+            instance_id: None,
             locked_until_ms: None,
         },
         (scope.clone(), "k".repeat(255))
@@ -407,6 +408,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             created_at_ms: T0,
             expires_at_ms: T0 + 86_400_000,
             owner: Some("request-owner".into()),
+            instance_id: None,
             locked_until_ms: Some(T0 + 30_000),
         },
         (scope.clone(), "other".to_owned())

@@ -15,7 +15,7 @@ use migration::{Migrator, MigratorTrait, SchemaManager};
 use sea_orm_migration::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use sea_orm_migration::sea_query::{Alias, Expr, Func, InsertStatement, Order, Query};
 
-const TABLES: [&str; 12] = [
+const TABLES: [&str; 13] = [
     "experiences",
     "terminals",
     "sessions",
@@ -28,6 +28,7 @@ const TABLES: [&str; 12] = [
     "ai_calls",
     "providers",
     "lingering_jobs",
+    "instances",
 ];
 
 const EXPERIENCE_ID: &str = "00000000-0000-4000-8000-000000000001";

@@ -40,6 +40,7 @@ pub mod cluster;
 pub mod dispatcher;
 pub mod heartbeat;
 pub mod lingering;
+pub mod liveness;
 pub mod operator_hub;
 pub mod operator_socket;
 pub mod outbox_relay;

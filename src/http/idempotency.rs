@@ -149,7 +149,12 @@ where
     let Some(key) = key else {
         return with_transient_retry(handler).await.map(|r| (r, false));
     };
-    let key = key_request(scope, &key, caller, body);
+    let key = key_request(scope, &key, caller, body).on_instance(
+        state
+            .store
+            .is_postgres()
+            .then_some(state.instance_id.as_str()),
+    );
     let now = state.clock.now_ms();
     let claim = retry_transient(|| state.store.claim_key(&key, now, KEY_TTL_MS)).await?;
     if let Some(answer) = answer_taken(claim) {

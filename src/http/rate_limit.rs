@@ -22,7 +22,8 @@
 
 use std::hash::Hash;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use actix_web::body::{EitherBody, MessageBody};
@@ -51,6 +52,9 @@ pub struct RateLimits {
     sessions: Option<KeyedLimiter<IpAddr>>,
     submissions: Option<KeyedLimiter<u128>>,
     client: ClientAddress,
+    /// Live instances sharing the database (PostgreSQL; 1 on SQLite): each
+    /// allows its share of every limit (see `actors::liveness`).
+    pub live_instances: std::sync::Arc<AtomicUsize>,
 }
 
 impl RateLimits {
@@ -63,7 +67,7 @@ impl RateLimits {
         match &self.submissions {
             None => Ok(()),
             Some(limiter) => limiter
-                .check(&session_key(session, token))
+                .check_shared(&session_key(session, token), self.instances())
                 .map_err(retry_after_secs),
         }
     }
@@ -76,7 +80,13 @@ impl RateLimits {
             client: ClientAddress {
                 trusted_proxies: config.trusted_proxies,
             },
+            live_instances: std::sync::Arc::new(AtomicUsize::new(1)),
         }
+    }
+
+    /// Live instances (at least 1).
+    pub fn instances(&self) -> usize {
+        self.live_instances.load(Ordering::Relaxed).max(1)
     }
 }
 
@@ -98,7 +108,7 @@ pub async fn per_client(
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
     limited(req, next, |limits, req| {
         let limiter = limits.sessions.as_ref()?;
-        Some(limiter.check(&limits.client.of(req)))
+        Some(limiter.check_shared(&limits.client.of(req), limits.instances()))
     })
     .await
 }
@@ -201,6 +211,8 @@ fn block(ip: IpAddr) -> IpAddr {
 /// forgotten ones.
 pub struct KeyedLimiter<K: Hash + Eq + Clone, C: Clock = DefaultClock> {
     limiter: RateLimiter<K, BoundedStore<K>, C, NoOpMiddleware<C::Instant>>,
+    /// Cells a bucket holds.
+    burst: u32,
     max_keys: usize,
     clock: C,
     start: C::Instant,
@@ -225,6 +237,7 @@ impl<K: Hash + Eq + Clone, C: Clock + Clone> KeyedLimiter<K, C> {
         };
         KeyedLimiter {
             limiter: RateLimiter::new(quota, store, clock.clone()),
+            burst: quota.burst_size().get(),
             max_keys,
             start: clock.now(),
             clock,
@@ -234,11 +247,25 @@ impl<K: Hash + Eq + Clone, C: Clock + Clone> KeyedLimiter<K, C> {
 
     /// Ok, or how long `key` must wait.
     pub fn check(&self, key: &K) -> Result<(), Duration> {
+        self.check_shared(key, 1)
+    }
+
+    /// Like [`Self::check`] for a limit shared by `instances` live
+    /// instances: each request takes that many cells of the key's bucket,
+    /// so this instance allows its share of the quota (never more cells
+    /// than the bucket holds, so one request always fits a full bucket).
+    pub fn check_shared(&self, key: &K, instances: usize) -> Result<(), Duration> {
         let now = self.clock.now();
         self.sweep_if_due(now.duration_since(self.start));
-        self.limiter
-            .check_key(key)
-            .map_err(|not_until| not_until.wait_time_from(now))
+        let burst = self.burst;
+        let cells =
+            NonZeroU32::new((instances.max(1) as u32).min(burst)).unwrap_or(NonZeroU32::MIN);
+        match self.limiter.check_key_n(key, cells) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(not_until)) => Err(not_until.wait_time_from(now)),
+            // More cells than the bucket holds: cannot happen (capped).
+            Err(_) => Err(Duration::from_secs(1)),
+        }
     }
 
     /// Keys held (forgotten ones included until the next sweep).

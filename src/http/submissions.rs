@@ -60,6 +60,7 @@ pub fn submission_queue(
     clock: SharedClock,
     deadline_ms: i64,
     limits: Arc<RateLimits>,
+    instance: Option<String>,
 ) -> SubmissionQueue {
     const LIMITS: BatchLimits = BatchLimits {
         capacity: 4_096,
@@ -72,7 +73,18 @@ pub fn submission_queue(
         LIMITS,
         move |requests: Vec<SubmitRequest>| {
             let (store, now, limits) = (store.clone(), clock.now_ms(), limits.clone());
-            async move { answer_batch(&store, &limits, requests, now, deadline_ms).await }
+            let instance = instance.clone();
+            async move {
+                answer_batch(
+                    &store,
+                    &limits,
+                    instance.as_deref(),
+                    requests,
+                    now,
+                    deadline_ms,
+                )
+                .await
+            }
         },
     )
 }
@@ -81,6 +93,7 @@ pub fn submission_queue(
 async fn answer_batch(
     store: &Store,
     limits: &RateLimits,
+    instance: Option<&str>,
     requests: Vec<SubmitRequest>,
     now: i64,
     deadline_ms: i64,
@@ -128,7 +141,8 @@ async fn answer_batch(
             &key,
             &request_token,
             &body,
-        );
+        )
+        .on_instance(instance);
         let (action, invalid) = match parse_json(&body).and_then(validate_submission) {
             Ok(submission) => (
                 SubmissionAction::Submit {

@@ -4,7 +4,9 @@
 //! waits on a lock held across anything slow. A record whose time ran out
 //! (24 h) is taken over by the next request with its key, and so is an
 //! IN_PROGRESS record whose owner's lease ([`KEY_LEASE_MS`], the request
-//! timeout) ran out: its request died. Finishing and releasing are fenced
+//! timeout) ran out: its request died; on PostgreSQL also one whose
+//! instance is known dead (its `instances` row gone or stale for
+//! [`INSTANCE_ALIVE_MS`]), at once. Finishing and releasing are fenced
 //! on the owner, so a request that outlived its lease changes nothing.
 //!
 //! Nothing here lets someone with the database act as anyone: the key is
@@ -18,6 +20,7 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Value};
 
 use super::entities::idempotency_records as records;
 use super::outbox::value_rows_from;
+use super::presence::INSTANCE_ALIVE_MS;
 use super::{Store, StoreResult};
 use crate::domain::keys::{idempotency_key_digest, replay_seal_key};
 use crate::domain::policy::EpochMs;
@@ -46,6 +49,9 @@ pub struct KeyRequest {
     pub owner: String,
     /// Seals the stored answer ([`replay_seal_key`]).
     pub seal: Seal,
+    /// The instance running the request (PostgreSQL): when it is known
+    /// dead, the key is taken over at once (see `instances`).
+    pub instance: Option<String>,
 }
 
 impl KeyRequest {
@@ -58,7 +64,14 @@ impl KeyRequest {
             request_hash,
             owner: super::new_id(),
             seal: Seal(replay_seal_key(caller, scope, key)),
+            instance: None,
         }
+    }
+
+    /// The same request, run by `instance` (None on SQLite: one instance).
+    pub fn on_instance(mut self, instance: Option<&str>) -> KeyRequest {
+        self.instance = instance.map(str::to_owned);
+        self
     }
 }
 
@@ -190,6 +203,7 @@ impl Store {
             now.into(),
             (now + ttl_ms).into(),
             (now + KEY_LEASE_MS).into(),
+            (now - INSTANCE_ALIVE_MS).into(),
         ];
         for &i in &first {
             values.extend([
@@ -197,16 +211,18 @@ impl Store {
                 keys[i].key.clone().into(),
                 keys[i].request_hash.clone().into(),
                 keys[i].owner.clone().into(),
+                keys[i].instance.clone().into(),
             ]);
         }
         let rows: Vec<String> = (0..first.len())
             .map(|r| {
-                let p = 4 + 4 * r;
+                let p = 5 + 5 * r;
                 format!(
-                    "(${p}, ${}, ${}, '{IN_PROGRESS}', NULL, NULL, $1, $2, ${}, $3)",
+                    "(${p}, ${}, ${}, '{IN_PROGRESS}', NULL, NULL, $1, $2, ${}, $3, ${})",
                     p + 1,
                     p + 2,
-                    p + 3
+                    p + 3,
+                    p + 4
                 )
             })
             .collect();
@@ -215,15 +231,19 @@ impl Store {
                 &format!(
                     "INSERT INTO idempotency_records \
                      (scope, key, request_hash, state, response_status, response_body, \
-                     created_at_ms, expires_at_ms, owner, locked_until_ms) VALUES {} \
+                     created_at_ms, expires_at_ms, owner, locked_until_ms, instance_id) VALUES {} \
                      ON CONFLICT (scope, key) DO UPDATE SET request_hash = excluded.request_hash, \
                      state = excluded.state, response_status = NULL, response_body = NULL, \
                      created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms, \
-                     owner = excluded.owner, locked_until_ms = excluded.locked_until_ms \
+                     owner = excluded.owner, locked_until_ms = excluded.locked_until_ms, \
+                     instance_id = excluded.instance_id \
                      WHERE idempotency_records.expires_at_ms < $1 \
                      OR (idempotency_records.state = '{IN_PROGRESS}' \
                      AND (idempotency_records.locked_until_ms IS NULL \
-                     OR idempotency_records.locked_until_ms < $1)) \
+                     OR idempotency_records.locked_until_ms < $1 \
+                     OR (idempotency_records.instance_id IS NOT NULL AND NOT EXISTS \
+                     (SELECT 1 FROM instances i WHERE i.id = idempotency_records.instance_id \
+                     AND i.seen_at_ms >= $4)))) \
                      RETURNING scope, key",
                     rows.join(", ")
                 ),

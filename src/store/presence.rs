@@ -275,3 +275,48 @@ impl Store {
             .map_err(Into::into)
     }
 }
+
+/// An instance not seen for this long is dead (it renews its row every
+/// second; one that shuts down deletes it at once).
+pub const INSTANCE_ALIVE_MS: i64 = 5_000;
+
+impl Store {
+    /// This instance is alive at `now`; the number of live instances
+    /// (PostgreSQL: the instances sharing the database). Also forgets
+    /// instances dead for an hour.
+    pub async fn instance_alive(&self, instance_id: &str, now: EpochMs) -> StoreResult<usize> {
+        self.write_one(self.sql(
+            "INSERT INTO instances (id, started_at_ms, seen_at_ms) VALUES ($1, $2, $2) \
+             ON CONFLICT (id) DO UPDATE SET seen_at_ms = excluded.seen_at_ms",
+            vec![instance_id.into(), now.into()],
+        ))
+        .await?;
+        self.write_one(self.sql(
+            "DELETE FROM instances WHERE seen_at_ms < $1",
+            vec![(now - 3_600_000).into()],
+        ))
+        .await?;
+        let row = self
+            .db()
+            .query_one_raw(self.sql(
+                "SELECT COUNT(*) FROM instances WHERE seen_at_ms >= $1",
+                vec![(now - INSTANCE_ALIVE_MS).into()],
+            ))
+            .await?;
+        let live = row
+            .map(|r| r.try_get_by_index::<i64>(0))
+            .transpose()?
+            .unwrap_or(1);
+        Ok(live.max(1) as usize)
+    }
+
+    /// This instance stops: it is dead from now on.
+    pub async fn instance_gone(&self, instance_id: &str) -> StoreResult<()> {
+        self.write_one(self.sql(
+            "DELETE FROM instances WHERE id = $1",
+            vec![instance_id.into()],
+        ))
+        .await?;
+        Ok(())
+    }
+}

@@ -18,6 +18,9 @@ pub struct Model {
     pub expires_at_ms: i64,
     /// The request holding an IN_PROGRESS record.
     pub owner: Option<String>,
+    /// Its instance (PostgreSQL): a key whose instance is known dead is
+    /// taken over at once.
+    pub instance_id: Option<String>,
     /// Until when it holds it (its request timeout).
     pub locked_until_ms: Option<i64>,
 }
