@@ -312,21 +312,20 @@ impl Drop for SocketGauge {
 
 // ---- the scrape -----------------------------------------------------------------
 
-/// The database part of the scrape, kept for [`DATABASE_GAUGES_MAX_AGE`]:
-/// a flood of scrapes reads the database once a second at most, and
-/// concurrent scrapes wait for the one read in progress instead of each
+/// The last scrape's text, kept for [`SCRAPE_MAX_AGE`]: a flood of
+/// scrapes renders (and reads the database) once a second at most, and
+/// concurrent scrapes wait for the one render in progress instead of each
 /// starting their own. One per application (in its state).
 #[derive(Default)]
 pub struct ScrapeCache {
-    /// When it was read, its text, and the display sockets it counted
-    /// (None: the database could not be read).
-    last: tokio::sync::Mutex<Option<(std::time::Instant, String, Option<i64>)>>,
-    /// Times the database gauges were read (for tests and the bench).
+    /// When it was made, and its text.
+    last: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
+    /// Times a scrape was rendered, the database read (for tests).
     pub reads: std::sync::atomic::AtomicU64,
 }
 
-/// How old the database gauges of a scrape may be.
-pub const DATABASE_GAUGES_MAX_AGE: Duration = Duration::from_secs(1);
+/// How old a scrape's text may be.
+pub const SCRAPE_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// What a scrape reads: the application's pools, clock and instance.
 pub struct Scrape<'a> {
@@ -344,6 +343,22 @@ pub struct Scrape<'a> {
 /// The whole `GET /metrics` text: the process's recorded figures, then the
 /// application's gauges.
 pub async fn render(scrape: Scrape<'_>) -> String {
+    // One render a second at most, shared by every scrape meanwhile (a
+    // Prometheus scrapes every 15 s; a flood of scrapes costs one render).
+    let mut last = scrape.cache.last.lock().await;
+    if let Some((at, text)) = &*last {
+        if at.elapsed() < SCRAPE_MAX_AGE {
+            return text.clone();
+        }
+    }
+    scrape.cache.reads.fetch_add(1, Ordering::Relaxed);
+    let text = render_now(&scrape).await;
+    *last = Some((std::time::Instant::now(), text.clone()));
+    text
+}
+
+/// The whole text, made now.
+async fn render_now(scrape: &Scrape<'_>) -> String {
     let mut text = install().map(PrometheusHandle::render).unwrap_or_default();
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
@@ -354,37 +369,17 @@ pub async fn render(scrape: Scrape<'_>) -> String {
     for (name, store) in [("requests", scrape.requests), ("work", scrape.work)] {
         pools.push((name, pool_state(store.db()).await));
     }
-    let (section, displays) = {
-        let mut last = scrape.cache.last.lock().await;
-        match &*last {
-            Some((at, section, displays)) if at.elapsed() < DATABASE_GAUGES_MAX_AGE => {
-                (section.clone(), *displays)
-            }
-            _ => {
-                scrape.cache.reads.fetch_add(1, Ordering::Relaxed);
-                let now = scrape.clock.now_ms();
-                let mut section = Exposition(String::new());
-                let displays = match database_gauges(
-                    &mut section,
-                    scrape.work,
-                    scrape.instance_id,
-                    now,
-                )
-                .await
-                {
-                    Ok(displays) => Some(displays),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "metrics: could not read the database gauges");
-                        section.0.clear();
-                        None
-                    }
-                };
-                *last = Some((std::time::Instant::now(), section.0.clone(), displays));
-                (section.0, displays)
-            }
+    let now = scrape.clock.now_ms();
+    let mut section = Exposition(String::new());
+    let displays = match database_gauges(&mut section, scrape.work, scrape.instance_id, now).await {
+        Ok(displays) => Some(displays),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: could not read the database gauges");
+            section.0.clear();
+            None
         }
     };
-    out.0.push_str(&section);
+    out.0.push_str(&section.0);
     let up = if displays.is_some() { 1.0 } else { 0.0 };
     out.family(
         "stagehand_metrics_database_up",

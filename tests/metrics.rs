@@ -519,7 +519,11 @@ async fn recorded_figures_use_the_explicit_buckets(backend: Backend) {
         Duration::from_secs(400),
     );
 
-    let after = scrape(&app).await;
+    // A scrape's text is at most a second old.
+    let after = wait_scrape(&app, "the recorded figures", |s| {
+        le(s, "stagehand_claim_batch_size_bucket", &[("le", "4")]) >= batch_of_4 + 1.0
+    })
+    .await;
     assert!(
         le(
             &after,
