@@ -57,6 +57,24 @@ pub enum CancelOutcome {
     Unsupported,
 }
 
+impl CancelOutcome {
+    /// What a provider's answer to a cancel (the job as it stands, or a
+    /// failure) means; a refused request of HTTP 404 or 405 is no cancel.
+    /// Every adapter with a cancel reads its answer here.
+    pub fn of(answer: Result<JobView, AiFailure>) -> Result<CancelOutcome, AiFailure> {
+        match answer {
+            Ok(view) if view.status.is_final() => Ok(CancelOutcome::Final(view.status)),
+            Ok(_) => Ok(CancelOutcome::Pending),
+            Err(AiFailure::RequestRejected(detail))
+                if detail.starts_with("HTTP 404") || detail.starts_with("HTTP 405") =>
+            {
+                Ok(CancelOutcome::Unsupported)
+            }
+            Err(failure) => Err(failure),
+        }
+    }
+}
+
 /// A job as the provider answers it to a submit or a poll.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobView {
@@ -136,16 +154,7 @@ impl AiClient {
             self.base_url,
             path_segment(job_id)
         ));
-        match exchange(request).await {
-            Ok(view) if view.status.is_final() => Ok(CancelOutcome::Final(view.status)),
-            Ok(_) => Ok(CancelOutcome::Pending),
-            Err(AiFailure::RequestRejected(detail))
-                if detail.starts_with("HTTP 404") || detail.starts_with("HTTP 405") =>
-            {
-                Ok(CancelOutcome::Unsupported)
-            }
-            Err(failure) => Err(failure),
-        }
+        CancelOutcome::of(exchange(request).await)
     }
 
     /// GET {base}/v1/jobs/{job_id}

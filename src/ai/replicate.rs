@@ -350,19 +350,10 @@ impl ReplicateClient {
             self.base_url,
             path_segment(job_id)
         )));
-        match self
-            .classify::<Prediction>(send(request).await)
-            .and_then(|prediction| self.view(prediction))
-        {
-            Ok(view) if view.status.is_final() => Ok(CancelOutcome::Final(view.status)),
-            Ok(_) => Ok(CancelOutcome::Pending),
-            Err(AiFailure::RequestRejected(detail))
-                if detail.starts_with("HTTP 404") || detail.starts_with("HTTP 405") =>
-            {
-                Ok(CancelOutcome::Unsupported)
-            }
-            Err(failure) => Err(failure),
-        }
+        CancelOutcome::of(
+            self.classify::<Prediction>(send(request).await)
+                .and_then(|prediction| self.view(prediction)),
+        )
     }
 
     /// The webhook URL that carries an attempt key.
