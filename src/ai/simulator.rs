@@ -991,7 +991,7 @@ mod tests {
         sim.control.set_faults(SimFaults {
             drop_after_create: 1,
             cut_body_after_create: 1,
-            poll_unavailable: false,
+            ..SimFaults::default()
         });
         let dropped = order("dropped");
         let failure = client.submit(&dropped).await.expect_err("dropped");
