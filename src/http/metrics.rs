@@ -1,10 +1,10 @@
 //! `GET /metrics`: the Prometheus scrape. Not public: it needs a bearer
 //! credential (`STAGEHAND_METRICS_TOKEN`, or the operator token); without
 //! one it is served only on the separate `--metrics-bind` address
-//! ([`metrics_only`]). A scrape is cheap: the database gauges are read at
-//! most once a second and shared by every scrape meanwhile
-//! ([`crate::metrics::ScrapeCache`]), on the work pool, never the pool the
-//! participants' requests use. The text is made by
+//! ([`metrics_only`]). A scrape is cheap: its text is made at most once a
+//! second and shared by every scrape meanwhile
+//! ([`crate::metrics::ScrapeCache`]); the database is read on the work
+//! pool, never the pool the participants' requests use. The text is made by
 //! [`crate::metrics::render`].
 
 use actix_web::{web, HttpRequest, HttpResponse};
