@@ -447,6 +447,7 @@ async fn named_provider(state: &AppState, q: &ProviderQuery) -> Result<String, A
         (status = 200, description = "The breaker.", body = BreakerView),
         (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
         (status = 404, description = "`not_found`: no such provider.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: a query parameter other than `provider`.", body = super::openapi::ErrorBody),
     )
 )]
 pub async fn get_breaker(
@@ -472,7 +473,7 @@ pub async fn get_breaker(
         (status = 400, description = "`invalid_json`: the body is not the documented JSON.", body = super::openapi::ErrorBody),
         (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
         (status = 404, description = "`not_found`: no such provider.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: `for_seconds` out of range.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: `for_seconds` out of range, or a query parameter other than `provider`.", body = super::openapi::ErrorBody),
     )
 )]
 pub async fn open_breaker(
@@ -520,6 +521,7 @@ pub async fn open_breaker(
         (status = 200, description = "The breaker after the change.", body = BreakerView),
         (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
         (status = 404, description = "`not_found`: no such provider.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: a query parameter other than `provider`.", body = super::openapi::ErrorBody),
     )
 )]
 pub async fn close_breaker(
