@@ -127,12 +127,8 @@ pub fn load(path: &Path) -> Result<Vec<ProviderSpec>, ProvidersFileError> {
 
 /// Parses and checks a providers file.
 pub fn parse(text: &str) -> Result<Vec<ProviderSpec>, ProvidersFileError> {
-    let line_at = |offset: usize| {
-        // `lines().count()` of the text before the offset counts the line
-        // the offset is on, unless it starts that line.
-        let before = &text[..offset.min(text.len())];
-        before.matches('\n').count() + 1
-    };
+    // The 1-based line of a byte offset: the newlines before it, plus one.
+    let line_at = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
     if let Some((line, field)) = key_in_file(text) {
         return Err(ProvidersFileError::Invalid {
             line,
