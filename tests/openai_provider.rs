@@ -11,8 +11,7 @@
 mod support;
 
 use std::collections::VecDeque;
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
@@ -24,33 +23,11 @@ const KEY: &str = "sk-fake-KEY-7d1e0c5a9b3f4e21";
 
 // ---------------------------------------------------------------- logs
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
+type Captured = support::CapturedLogs;
 
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Every log of this test binary, at DEBUG (the HTTP clients included).
+/// Every log of this test binary.
 fn captured() -> Captured {
-    static LOGS: OnceLock<Captured> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Captured::default();
-        let writer = logs.clone();
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter("debug,sqlx=info,sea_orm=info,sqlx_core=info,tokio_postgres=info")
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .try_init();
-        logs
-    })
-    .clone()
+    support::captured_logs("debug,sqlx=info,sea_orm=info,sqlx_core=info,tokio_postgres=info")
 }
 
 fn assert_key_not_logged(logs: &Captured) {

@@ -10,8 +10,9 @@
 //! a log line (this test binary captures every log at DEBUG), a `Debug`
 //! output or a failure text.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+mod support;
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
@@ -25,33 +26,11 @@ const KEY: &str = "r8_fake-TOKEN-3f9a0c71d2e84b56";
 
 // ---------------------------------------------------------------- logs
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
+type Captured = support::CapturedLogs;
 
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Every log of this test binary, at DEBUG (the HTTP clients included).
+/// Every log of this test binary.
 fn captured() -> Captured {
-    static LOGS: OnceLock<Captured> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Captured::default();
-        let writer = logs.clone();
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter("debug")
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .try_init();
-        logs
-    })
-    .clone()
+    support::captured_logs("debug")
 }
 
 fn assert_key_not_logged() {

@@ -1063,3 +1063,35 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// Every log line of this test binary, as text: the global subscriber is
+/// installed once, writing here (see [`captured_logs`]).
+#[derive(Clone, Default)]
+pub struct CapturedLogs(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The logs of this test binary at `filter`, captured from the first call
+/// on (a test binary captures at one filter: the first caller's).
+pub fn captured_logs(filter: &'static str) -> CapturedLogs {
+    static LOGS: std::sync::OnceLock<CapturedLogs> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = CapturedLogs::default();
+        let writer = logs.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .try_init();
+        logs
+    })
+    .clone()
+}
