@@ -159,6 +159,18 @@ impl Store {
         now: EpochMs,
         lease_ms: i64,
     ) -> StoreResult<Vec<LingeringJob>> {
+        // Mostly there are none: a read says so without a write
+        // transaction (SQLite's one writer is not taken every second).
+        let due = self
+            .db()
+            .query_one_raw(self.sql(
+                "SELECT 1 FROM lingering_jobs WHERE locked_until_ms < $1 LIMIT 1",
+                vec![now.into()],
+            ))
+            .await?;
+        if due.is_none() {
+            return Ok(Vec::new());
+        }
         let token = new_id();
         let lock = if self.is_postgres() {
             " FOR UPDATE SKIP LOCKED"
