@@ -12,6 +12,7 @@
 //! and their table and JSON in [`report`].
 
 mod report;
+pub mod verdict;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
