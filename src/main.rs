@@ -1,6 +1,7 @@
 //! The `stagehand` command: `serve`, `migrate`, `sim-ai`, `bench`,
 //! `rehearse`, and the log format they share.
 
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -85,7 +86,7 @@ enum Command {
     Rehearse(stagehand::bench::rehearse::RehearseArgs),
 }
 
-fn main() -> std::process::ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only for a person at a terminal, not in files or collectors.
@@ -102,8 +103,23 @@ fn main() -> std::process::ExitCode {
             .with_env_filter(filter)
             .init(),
     }
+    let command = match cli.command {
+        Command::Rehearse(args) => {
+            return actix_web::rt::System::new().block_on(async move {
+                match stagehand::bench::rehearse::run(args).await {
+                    Ok(verdict) if verdict.go() => ExitCode::SUCCESS,
+                    Ok(_) => ExitCode::from(REHEARSAL_NO_GO),
+                    Err(e) => {
+                        eprintln!("stagehand: {e}");
+                        ExitCode::from(REHEARSAL_FAILED)
+                    }
+                }
+            })
+        }
+        command => command,
+    };
     let outcome = actix_web::rt::System::new().block_on(async move {
-        match cli.command {
+        match command {
             Command::Serve(config) => serve(config).await,
             Command::Migrate { database_url } => {
                 let store = Store::connect(&database_url, 2)
@@ -140,17 +156,25 @@ fn main() -> std::process::ExitCode {
                 Ok(())
             }
             Command::Bench(args) => stagehand::bench::run(args).await,
-            Command::Rehearse(args) => stagehand::bench::rehearse::run(args).await,
+            Command::Rehearse(_) => unreachable!("run above"),
         }
     });
     match outcome {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("stagehand: {e}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }
+
+/// `stagehand rehearse` ran and missed a target, lost a session or saw a
+/// display gap (NO-GO), so a deploy script can gate on its exit code.
+const REHEARSAL_NO_GO: u8 = 1;
+/// `stagehand rehearse` could not run or measure (bad inputs, the server
+/// did not start, setup failed): no verdict. Clap's usage errors (an
+/// unknown flag, `--target-abort-rate 150%`) exit 2 as well.
+const REHEARSAL_FAILED: u8 = 2;
 
 async fn serve(config: Config) -> Result<(), String> {
     let app = Application::build(config)
