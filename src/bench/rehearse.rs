@@ -32,7 +32,7 @@ use super::sockets;
 use crate::config::{parse_duration, parse_rate_limit, RateLimit};
 pub use report::Report;
 use report::{Latency, Memory, Outcomes, PgActivity, Reads};
-use verdict::{Capacity, Targets, Verdict};
+use verdict::{BurstCapacity, Capacity, Targets, Verdict};
 
 /// How often `pg_stat_activity` is sampled.
 const PG_EVERY: Duration = Duration::from_millis(50);
@@ -442,6 +442,7 @@ pub async fn run(args: RehearseArgs) -> Result<Verdict, String> {
         queue_depth_over_time: day.depth_over_time,
         queue_depth_growth_per_s: day.depth_growth_per_s,
         capacity: day.capacity,
+        burst_capacity: day.burst_capacity,
         targets: args.targets(),
     };
     let json = serde_json::to_string_pretty(&report.to_json())
@@ -513,6 +514,7 @@ struct Day {
     /// While participants arrived at a steady rate.
     depth_growth_per_s: Option<f64>,
     capacity: Option<Capacity>,
+    burst_capacity: Option<BurstCapacity>,
 }
 
 /// One submission as sent.
@@ -907,6 +909,16 @@ async fn day(
         ),
         _ => None,
     };
+    let burst_capacity = match (args.burst, jobs) {
+        (Some(_), Some(jobs)) if jobs.count > 0.0 && accepted_n > 0 => verdict::burst_capacity(
+            accepted_n,
+            jobs.count / accepted_n as f64,
+            jobs.sum_s / jobs.count,
+            args.max_in_flight,
+            args.target_p95,
+        ),
+        _ => None,
+    };
     let since_first = |at: Instant| load::secs(at.saturating_duration_since(first_start));
     let depth_samples: Vec<(f64, i64)> = live
         .depth_samples
@@ -962,6 +974,7 @@ async fn day(
         depth_over_time,
         depth_growth_per_s,
         capacity,
+        burst_capacity,
     })
 }
 

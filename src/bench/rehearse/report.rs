@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::super::load::percentile;
 use super::super::table::{markdown, millis};
-use super::verdict::{self, Capacity, Measured, Targets, Verdict};
+use super::verdict::{self, BurstCapacity, Capacity, Measured, Targets, Verdict};
 
 /// p50 / p95 / p99 (ms) of some latencies, and how many there were; NaN
 /// (null in JSON) when there were none.
@@ -163,6 +163,8 @@ pub struct Report {
     pub queue_depth_growth_per_s: Option<f64>,
     /// What the AI slots need (steady arrivals, AI job times measured).
     pub capacity: Option<Capacity>,
+    /// What the AI slots need for a burst to meet the p95 target.
+    pub burst_capacity: Option<BurstCapacity>,
     pub targets: Targets,
 }
 
@@ -191,6 +193,7 @@ impl Report {
     /// and the verdict line.
     pub fn decision(&self) -> Vec<String> {
         let mut out: Vec<String> = self.capacity.iter().filter_map(Capacity::advice).collect();
+        out.extend(self.burst_capacity.iter().filter_map(BurstCapacity::advice));
         out.push(self.verdict().line());
         out
     }
@@ -284,6 +287,7 @@ impl Report {
             "queue_depth_over_time": self.queue_depth_over_time,
             "queue_depth_growth_per_s": self.queue_depth_growth_per_s,
             "capacity": self.capacity.as_ref().map(Capacity::to_json),
+            "burst_capacity": self.burst_capacity.as_ref().map(BurstCapacity::to_json),
             "targets": {
                 "p95_ms": self.targets.p95.as_secs_f64() * 1000.0,
                 "p99_ms": self.targets.p99.map(|d| d.as_secs_f64() * 1000.0),
@@ -413,6 +417,12 @@ impl Report {
             rows.push(vec![
                 "AI jobs in flight needed (Little's law) / cap".into(),
                 format!("{:.1} / {}", c.needed, c.cap),
+            ]);
+        }
+        if let Some(b) = &self.burst_capacity {
+            rows.push(vec![
+                "mean AI job (s) / AI jobs per participant".into(),
+                format!("{:.3} / {:.2}", b.mean_job_s, b.jobs_per_participant),
             ]);
         }
         rows.push(vec![
@@ -606,6 +616,7 @@ mod tests {
             queue_depth_over_time: vec![(0.0, 0), (1.2, 7)],
             queue_depth_growth_per_s: None,
             capacity: None,
+            burst_capacity: None,
             targets: Targets {
                 p95: std::time::Duration::from_secs(30),
                 p99: None,
@@ -707,5 +718,26 @@ mod tests {
         assert_eq!(v["targets"]["p95_ms"], 30000.0);
         assert!(v["targets"]["p99_ms"].is_null());
         assert_eq!(v["queue_depth_over_time"][1], serde_json::json!([1.2, 7]));
+        assert!(v["burst_capacity"].is_null());
+    }
+
+    #[test]
+    fn a_burst_gets_its_own_advice() {
+        let mut r = report();
+        r.submit_to_frame_ms = Latency::of(&mut [100.0]);
+        r.burst_capacity = crate::bench::rehearse::verdict::burst_capacity(
+            40,
+            1.0,
+            8.0,
+            5,
+            std::time::Duration::from_secs(30),
+        );
+        let table = r.render();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[lines.len() - 2].contains("max_in_flight >= 13"),
+            "{table}"
+        );
+        assert_eq!(r.to_json()["burst_capacity"]["rounds_in_target_p95"], 3);
     }
 }

@@ -253,6 +253,94 @@ impl Capacity {
     }
 }
 
+/// What the AI slots need for a burst to meet the p95 target: with `cap`
+/// slots the jobs run in rounds of `cap`, each a mean AI job long, so the
+/// 95th percentile participant's jobs end after `ceil(0.95 x N x jobs /
+/// cap)` rounds; the target allows `floor(target / mean job)` of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BurstCapacity {
+    pub participants: usize,
+    pub jobs_per_participant: f64,
+    pub mean_job_s: f64,
+    pub cap: u32,
+    pub target_p95: Duration,
+    /// Rounds of AI jobs the target leaves time for.
+    pub rounds: u64,
+    /// The smallest cap that fits the rounds; None when not one round
+    /// fits (the AI job alone takes longer than the target).
+    pub recommended: Option<u32>,
+}
+
+/// The capacity a burst of `participants` needs; None when a figure is
+/// missing or not positive.
+pub fn burst_capacity(
+    participants: usize,
+    jobs_per_participant: f64,
+    mean_job_s: f64,
+    cap: u32,
+    target_p95: Duration,
+) -> Option<BurstCapacity> {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if participants == 0 || !positive(jobs_per_participant) || !positive(mean_job_s) || cap == 0 {
+        return None;
+    }
+    // A hair under: a 30 s target holds 3 rounds of exactly 10 s.
+    let rounds = (target_p95.as_secs_f64() / mean_job_s + 1e-9).floor() as u64;
+    let jobs = (0.95 * participants as f64 * jobs_per_participant * 1e6).round() / 1e6;
+    let recommended = (rounds > 0).then(|| (jobs / rounds as f64).ceil().max(1.0) as u32);
+    Some(BurstCapacity {
+        participants,
+        jobs_per_participant,
+        mean_job_s,
+        cap,
+        target_p95,
+        rounds,
+        recommended,
+    })
+}
+
+impl BurstCapacity {
+    /// What would hold, when the cap is short of it; None when it is not.
+    pub fn advice(&self) -> Option<String> {
+        let target = seconds(self.target_p95.as_secs_f64() * 1000.0);
+        let head = format!(
+            "capacity: {} at once with a {:.2} s mean AI job{}",
+            self.participants,
+            self.mean_job_s,
+            if (self.jobs_per_participant - 1.0).abs() < 0.005 {
+                String::new()
+            } else {
+                format!(" x {:.2} jobs per participant", self.jobs_per_participant)
+            }
+        );
+        match self.recommended {
+            None => Some(format!(
+                "{head}: one AI job takes longer than the p95 target of {target}; no \
+                 max_in_flight meets it (a faster model, or a longer target)"
+            )),
+            Some(r) if r > self.cap => Some(format!(
+                "{head}: the target p95 of {target} leaves time for {} round(s) of AI jobs; \
+                 95 % of the burst in that many rounds needs max_in_flight >= {r} (or a second \
+                 provider account, if one account cannot run that many jobs at once)",
+                self.rounds
+            )),
+            Some(_) => None,
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "participants": self.participants,
+            "jobs_per_participant": self.jobs_per_participant,
+            "mean_ai_job_s": self.mean_job_s,
+            "max_in_flight": self.cap,
+            "rounds_in_target_p95": self.rounds,
+            "recommended_max_in_flight": self.recommended,
+            "advice": self.advice(),
+        })
+    }
+}
+
 /// Slope (per second) of the queue depth over time, least squares, of
 /// `(seconds, depth)` samples; None with fewer than 2 samples or all at
 /// one time.
@@ -462,6 +550,42 @@ mod tests {
         assert_eq!(capacity(10.0, 1.0, f64::NAN, 5), None);
         assert_eq!(capacity(10.0, 0.0, 3.0, 5), None);
         assert_eq!(capacity(10.0, 1.0, 3.0, 0), None);
+    }
+
+    #[test]
+    fn a_burst_needs_the_rounds_the_target_allows() {
+        // The stadium finale: 1,000 at once, an 8 s AI, p95 30 s: 3 rounds
+        // of 8 s fit, 950 jobs in 3 rounds need 317 slots.
+        let b = burst_capacity(1000, 1.0, 8.0, 100, Duration::from_secs(30)).expect("b");
+        assert_eq!((b.rounds, b.recommended), (3, Some(317)));
+        let advice = b.advice().expect("advice");
+        assert!(
+            advice.starts_with("capacity: 1000 at once with a 8.00 s mean AI job:"),
+            "{advice}"
+        );
+        assert!(advice.contains("3 round(s)"), "{advice}");
+        assert!(advice.contains("max_in_flight >= 317"), "{advice}");
+        // Enough slots: no advice.
+        let b = burst_capacity(1000, 1.0, 8.0, 1000, Duration::from_secs(30)).expect("b");
+        assert_eq!(b.advice(), None);
+        // Exactly 3 rounds of 10 s in 30 s.
+        let b = burst_capacity(40, 2.0, 10.0, 5, Duration::from_secs(30)).expect("b");
+        assert_eq!((b.rounds, b.recommended), (3, Some(26)));
+        // The AI alone is slower than the target.
+        let b = burst_capacity(40, 1.0, 0.1, 5, Duration::from_millis(50)).expect("b");
+        assert_eq!((b.rounds, b.recommended), (0, None));
+        assert!(b
+            .advice()
+            .expect("advice")
+            .contains("no max_in_flight meets it"));
+        assert_eq!(
+            burst_capacity(0, 1.0, 8.0, 5, Duration::from_secs(30)),
+            None
+        );
+        assert_eq!(
+            burst_capacity(10, 1.0, f64::NAN, 5, Duration::from_secs(30)),
+            None
+        );
     }
 
     #[test]
