@@ -360,3 +360,33 @@ async fn review_settings_are_validated(backend: Backend) {
     app.stop().await;
 }
 db_test!(review_settings_are_validated);
+
+/// A result may wait in review far longer than a lease: the cleanup never
+/// takes its session (SUBMITTING, with a saga that holds no lease) for a
+/// stuck one, nor the saga for an orphan.
+async fn the_cleanup_leaves_results_in_review_alone(backend: Backend) {
+    let app = TestApp::spawn_with(backend, fast_sim(), |c| c.lease = Duration::from_secs(1)).await;
+    let slug = review_experience(&app, 5, json!({})).await;
+    let (sid, token) = app.session(&slug, None, "patient").await;
+    assert_eq!(app.submit(&sid, &token, json!({"prompt": "x"}), "k").await.status(), 202);
+    wait_in_review(&app, 1).await;
+    // Past the cleanup's "stuck" age (one lease) since the session last
+    // changed.
+    let submitted = Instant::now();
+    support::wait_for(WITHIN, || async {
+        (submitted.elapsed() > Duration::from_millis(1_500)).then_some(())
+    })
+    .await
+    .unwrap();
+    let report = app
+        .app_cleanup
+        .send(stagehand::actors::cleanup::RunCleanup)
+        .await
+        .unwrap();
+    let status = app.status(&sid, &token).await;
+    assert_eq!(status["step"], "IN_REVIEW", "{status} after {report:?}");
+    assert_eq!(status["status"], "SUBMITTING", "{status}");
+    assert_eq!(review_items(&app, "").await.len(), 1);
+    app.stop().await;
+}
+db_test!(the_cleanup_leaves_results_in_review_alone);
