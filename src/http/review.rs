@@ -6,7 +6,8 @@
 //!   after it 409);
 //! - `POST /api/admin/sagas/bulk`: retry, cancel, approve or reject every
 //!   saga a filter matches, a page at a time, each under the same fence as
-//!   the single action; `dry_run` only counts.
+//!   the single action (a page of aborts or approvals in one short
+//!   transaction); `dry_run` only counts.
 //!
 //! Every decision goes through [`crate::actors::review::decide`], and every
 //! retry and cancel through the single actions' functions in
@@ -26,9 +27,14 @@ use super::body::{parse_json, read_body};
 use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
+use crate::actors::persistence::WritePageAlone;
 use crate::actors::review::decide;
 use crate::domain::review::Decision;
+use crate::domain::saga::AbortReason;
 use crate::store::operators::SagaFilter;
+use crate::store::sagas::Fence;
+use crate::store::transitions::SagaWrite;
+use crate::store::StoreError;
 
 /// Items per review page when `limit` is not given, and at most.
 const DEFAULT_REVIEW_PAGE: u64 = 50;
@@ -263,7 +269,7 @@ async fn act_on(state: &AppState, action: BulkAction, id: &str) -> Result<bool, 
     path = "/api/admin/sagas/bulk",
     tag = "admin",
     summary = "Retry, cancel, approve or reject every saga a filter matches.",
-    description = "The sagas are read a page at a time in id order, and each is acted on in its own short transaction, under the same fence as the single action: no transaction is held across the run, and a saga whose state refuses the action (a retry of one that is not ABORTED) is counted in `matched` but not in `done`. With `dry_run` it only counts and changes nothing. An Idempotency-Key makes a retried bulk request act once (the first answer is replayed).",
+    description = "The sagas are read a page at a time (200) in id order. A page of cancels, rejects or approvals is one short transaction in which each saga is acted on under the same fence as the single action; a retry is one transaction per saga. No transaction is held across the run, and a saga whose state refuses the action (a retry of one that is not ABORTED) is counted in `matched` but not in `done`. With `dry_run` it only counts and changes nothing. An Idempotency-Key makes a retried bulk request act once (the first answer is replayed).",
     security(("operator" = [])),
     params(super::openapi::OperatorKey),
     request_body = BulkBody,
@@ -302,8 +308,12 @@ pub async fn bulk_sagas(
     Ok(respond(reply, replayed, None))
 }
 
-/// The bulk action itself: page after page of matching ids, each saga
-/// acted on alone. Returns (matched, done).
+/// The bulk action itself: page after page of matching ids. A page of
+/// cancels or rejects is one short transaction of aborts, each under its
+/// own fence in a savepoint ([`WritePageAlone`]); a page of approvals is
+/// one fenced UPDATE ([`crate::store::Store::approve_page`]); retries go
+/// one saga at a time (each is its own fenced transaction). Returns
+/// (matched, done).
 async fn run_bulk(
     state: &AppState,
     action: BulkAction,
@@ -320,16 +330,7 @@ async fn run_bulk(
             break;
         };
         matched += ids.len() as i64;
-        let outcomes: Vec<Result<bool, ApiError>> = futures_util::stream::iter(ids.iter())
-            .map(|id| act_on(state, action, id))
-            .buffer_unordered(BULK_CONCURRENCY)
-            .collect()
-            .await;
-        for outcome in outcomes {
-            if outcome? {
-                done += 1;
-            }
-        }
+        done += act_on_page(state, action, &ids).await?;
         tracing::info!(?action, matched, done, "bulk action: a page done");
         if (ids.len() as u64) < BULK_PAGE {
             break;
@@ -338,4 +339,80 @@ async fn run_bulk(
     }
     tracing::info!(?action, matched, done, "bulk action finished");
     Ok((matched, done))
+}
+
+/// Whether one saga's outcome counts as done; a refusal by the saga's own
+/// state is not done, any other error ends the bulk request.
+fn counted(outcome: Result<(), StoreError>) -> Result<bool, ApiError> {
+    match outcome {
+        Ok(()) => Ok(true),
+        Err(e) => match ApiError::from(e) {
+            ApiError::Conflict(_) | ApiError::NotFound(_) => Ok(false),
+            e => Err(e),
+        },
+    }
+}
+
+/// One page of a bulk action; how many it was done on.
+async fn act_on_page(state: &AppState, action: BulkAction, ids: &[String]) -> Result<i64, ApiError> {
+    let aborts = |reason: AbortReason, fence: Fence, detail: &str| -> Vec<SagaWrite> {
+        ids.iter()
+            .map(|id| SagaWrite::Abort {
+                saga_id: id.clone(),
+                fence: fence.clone(),
+                reason,
+                detail: detail.to_owned(),
+                linger: reason == AbortReason::Cancelled,
+            })
+            .collect()
+    };
+    let page = match action {
+        BulkAction::Retry => None,
+        BulkAction::Cancel => Some(aborts(AbortReason::Cancelled, Fence::Operator, "cancelled by an operator (bulk)")),
+        BulkAction::Reject => Some(aborts(AbortReason::ReviewRejected, Fence::Review, "rejected by an operator (bulk)")),
+        BulkAction::Approve => {
+            let outcomes = state.store.approve_page(ids, state.clock.now_ms()).await?;
+            let mut done = 0;
+            for outcome in outcomes {
+                done += counted(outcome)? as i64;
+            }
+            if done > 0 {
+                state.wakeups.review_changed();
+            }
+            return Ok(done);
+        }
+    };
+    if let Some(writes) = page {
+        let outcomes = state
+            .persistence
+            .send(WritePageAlone(writes))
+            .await
+            .map_err(|e| ApiError::Internal(format!("the persistence actor is gone: {e}")))?;
+        let failed = outcomes
+            .iter()
+            .all(|o| matches!(o, Err(StoreError::BatchFailed { .. })));
+        if !failed {
+            if action == BulkAction::Reject {
+                state.wakeups.review_changed();
+            }
+            let mut done = 0;
+            for outcome in outcomes {
+                done += counted(outcome.map(drop))? as i64;
+            }
+            return Ok(done);
+        }
+        // The page's transaction failed (on PostgreSQL it may lose a
+        // deadlock to a saga batch): each saga alone, as the single action.
+        tracing::warn!(?action, sagas = ids.len(), "a bulk page failed as one transaction; acting on its sagas one by one");
+    }
+    let outcomes: Vec<Result<bool, ApiError>> = futures_util::stream::iter(ids.iter())
+        .map(|id| act_on(state, action, id))
+        .buffer_unordered(BULK_CONCURRENCY)
+        .collect()
+        .await;
+    let mut done = 0;
+    for outcome in outcomes {
+        done += outcome? as i64;
+    }
+    Ok(done)
 }

@@ -119,29 +119,65 @@ impl Store {
     /// ([`Store::adopt_approved`]). Approving again is success; after a
     /// rejection, or for a saga not in review, it is refused.
     pub async fn approve(&self, saga_id: &str, now: EpochMs) -> StoreResult<()> {
+        self.approve_page(&[saga_id.to_owned()], now)
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Corrupt("no outcome".into())))
+    }
+
+    /// [`Store::approve`] for a page of sagas in one short transaction
+    /// (a bulk approve): one fenced UPDATE for them all, then each that it
+    /// did not change is judged alone. One outcome per saga, in order.
+    pub async fn approve_page(
+        &self,
+        saga_ids: &[String],
+        now: EpochMs,
+    ) -> StoreResult<Vec<StoreResult<()>>> {
+        if saga_ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let tx = self.write_tx().await?;
-        let applied = tx
-            .execute_raw(self.sql(
-                "UPDATE sagas SET review_decision = $2, updated_at_ms = $3 \
-                 WHERE id = $1 AND step = 'IN_REVIEW' AND review_decision IS NULL",
-                vec![saga_id.into(), Decision::APPROVED.into(), now.into()],
+        let marks: Vec<String> = (3..saga_ids.len() + 3).map(|i| format!("${i}")).collect();
+        let mut values: Vec<sea_orm::Value> = vec![Decision::APPROVED.into(), now.into()];
+        values.extend(saga_ids.iter().map(|id| id.clone().into()));
+        let applied: std::collections::HashSet<String> = tx
+            .query_all_raw(self.sql(
+                &format!(
+                    "UPDATE sagas SET review_decision = $1, updated_at_ms = $2 \
+                     WHERE id IN ({}) AND step = 'IN_REVIEW' AND review_decision IS NULL \
+                     RETURNING id",
+                    marks.join(", ")
+                ),
+                values,
             ))
             .await?
-            .rows_affected();
-        if applied == 0 {
-            let saga = load(&*tx, saga_id).await?;
-            judge_decision(
-                Decision::Approve,
-                ReviewRow {
-                    step: super::sagas::step_of(&saga)?,
-                    decision: saga.review_decision.as_deref(),
-                    abort_reason: saga.abort_reason.as_deref(),
-                },
-            )?;
-            return Ok(());
+            .iter()
+            .map(|r| r.try_get_by_index::<String>(0))
+            .collect::<Result<_, _>>()?;
+        let mut outcomes = Vec::with_capacity(saga_ids.len());
+        for id in saga_ids {
+            if applied.contains(id) {
+                outcomes.push(Ok(()));
+                continue;
+            }
+            let judged = match load(&*tx, id).await {
+                Ok(saga) => super::sagas::step_of(&saga).and_then(|step| {
+                    judge_decision(
+                        Decision::Approve,
+                        ReviewRow {
+                            step,
+                            decision: saga.review_decision.as_deref(),
+                            abort_reason: saga.abort_reason.as_deref(),
+                        },
+                    )
+                    .map_err(StoreError::from)
+                }),
+                Err(e) => Err(e),
+            };
+            outcomes.push(judged);
         }
         tx.commit().await?;
-        Ok(())
+        Ok(outcomes)
     }
 
     /// Approved sagas that no worker holds (just approved, or their
