@@ -22,6 +22,8 @@ pages the way people use them:
                resumes it (its breaker); while it is paused the phone shows a
                calm notice with its place in the queue and the booth display
                a calm banner, and the result follows once it resumes
+  review       /ops's review queue: a approves, r rejects; the booth display
+               shows only the approved result
   language     a Korean experience shows Korean texts
   layout       every page fits a 360 px phone; the booth display fills 1080p
   screenshots  of every page, in target/screenshots/
@@ -926,6 +928,48 @@ def test_ai_paused_on_phone_and_display(env):
     expect(banner).to_be_hidden(timeout=12 * SECOND)
 
 
+def test_ops_review_approves_and_rejects(env):
+    """(review) Results of a reviewed experience wait in /ops's review queue
+    with big previews; `a` approves the selected one and `r` rejects the
+    next; the booth display shows only the approved result, and for the
+    rejected one a neutral message without its content."""
+    env.server.operator("POST", "/api/experiences", {
+        "slug": "reviewed", "title": "Reviewed booth", "kind": "image", "review": "before_display"})
+    term = env.server.terminal("reviewed", "review booth")
+    display = open_terminal(env, term)
+    ops = ops_page(env)
+    queue = ops.locator("#review-queue")
+    expect(ops.locator("#review-section")).to_be_visible()
+    env.server.submit_as("reviewed", "keeper", "a lighthouse at dawn", terminal_id=term["terminal_id"])
+    expect(queue.locator(".review-card")).to_have_count(1, timeout=RESULT_WAIT)
+    env.server.submit_as("reviewed", "dropper", "a secret doodle", terminal_id=term["terminal_id"])
+    expect(queue.locator(".review-card")).to_have_count(2, timeout=RESULT_WAIT)
+    expect(ops.locator("#review-count")).to_have_text(re.compile(r"\b2\b"))
+    expect(ops.locator("#review-oldest")).to_contain_text("s")
+    first = queue.locator(".review-card").first
+    expect(first.locator(".nickname")).to_have_text("keeper")
+    expect(first.locator(".review-preview img")).to_have_count(1)
+    expect(first).to_have_class(re.compile(r"\bselected\b"))
+    # Nothing of either is on the public screen while they wait.
+    expect(display.locator("#empty")).to_be_visible()
+    shot(ops, "ops-review")
+
+    ops.keyboard.press("a")
+    expect(queue.locator(".review-card")).to_have_count(1)
+    expect(display.locator("#latest-nickname")).to_have_text("keeper", timeout=RESULT_WAIT)
+    expect(display.locator("#latest-content figcaption")).to_contain_text("a lighthouse at dawn")
+    expect(queue.locator(".review-card.selected .nickname")).to_have_text("dropper")
+    ops.keyboard.press("r")
+    expect(queue.locator(".review-card")).to_have_count(0)
+    expect(queue).to_contain_text(EN["ops.review.empty"])
+    expect(display.locator("#feed li").first).to_contain_text(EN["abort.REVIEW_REJECTED"], timeout=RESULT_WAIT)
+    expect(display.locator("#latest-nickname")).to_have_text("keeper")
+    assert "a secret doodle" not in display.content(), "the rejected content reached the display"
+    sagas = {s["nickname"]: s for s in env.server.sagas(experience="reviewed")}
+    assert sagas["keeper"]["step"] == "COMPLETED", sagas
+    assert sagas["dropper"]["abort_reason"] == "REVIEW_REJECTED", sagas
+
+
 def test_no_page_errors(env):
     """No page threw an uncaught JavaScript error in any of the tests."""
     assert not env.console_errors, "\n".join(env.console_errors)
@@ -945,6 +989,7 @@ TESTS = [
     test_layouts_fit_phone_and_1080p,
     test_ops_shows_providers_and_breaker,
     test_ai_paused_on_phone_and_display,
+    test_ops_review_approves_and_rejects,
     test_no_page_errors,
 ]
 
