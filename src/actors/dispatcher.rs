@@ -340,15 +340,7 @@ impl Actor for Dispatcher {
     fn started(&mut self, ctx: &mut Self::Context) {
         self.round(ctx);
         ctx.run_interval(self.poll_interval, |act, ctx| act.round(ctx));
-        let (bell, me) = (self.bell.clone(), ctx.address());
-        actix::spawn(async move {
-            loop {
-                bell.rung().await;
-                if me.send(Wake).await.is_err() {
-                    break; // the dispatcher stopped
-                }
-            }
-        });
+        self.bell.forward_to(ctx.address(), || Wake);
     }
 }
 

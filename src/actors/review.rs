@@ -205,15 +205,7 @@ impl Actor for ReviewActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         self.round(ctx);
         ctx.run_interval(TICK, |act, ctx| act.round(ctx));
-        let (bell, me) = (self.wakeups.review.clone(), ctx.address());
-        actix::spawn(async move {
-            loop {
-                bell.rung().await;
-                if me.send(Round).await.is_err() {
-                    break;
-                }
-            }
-        });
+        self.wakeups.review.forward_to(ctx.address(), || Round);
     }
 }
 

@@ -32,6 +32,26 @@ impl Doorbell {
     pub async fn rung(&self) {
         self.0.notified().await
     }
+
+    /// Sends `message()` to `actor` at each ring, one at a time (a ring
+    /// during a send is kept for the next), until the actor stops.
+    pub fn forward_to<A, M>(&self, actor: actix::Addr<A>, message: fn() -> M)
+    where
+        A: actix::Actor + actix::Handler<M>,
+        A::Context: actix::dev::ToEnvelope<A, M>,
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+    {
+        let bell = self.clone();
+        actix::spawn(async move {
+            loop {
+                bell.rung().await;
+                if actor.send(message()).await.is_err() {
+                    break; // the actor stopped
+                }
+            }
+        });
+    }
 }
 
 impl std::fmt::Debug for Doorbell {
