@@ -23,12 +23,13 @@ pages the way people use them:
                calm notice with its place in the queue and the booth display
                a calm banner, and the result follows once it resumes
   language     a Korean experience shows Korean texts
+  images       the result's picture, drawn by the built-in simulator and
+               served from its own port, really loads on the booth display
   layout       every page fits a 360 px phone; the booth display fills 1080p
   screenshots  of every page, in target/screenshots/
 
-Only 127.0.0.1 is contacted: the simulator's result images (sim.invalid)
-are answered inside the browser with a drawn placeholder, and any other
-outside address is refused.
+Only 127.0.0.1 is contacted (the server, and the simulator's result images
+on its own loopback port); any other address is refused.
 
 Usage: python3 tests/browser/test_pages.py [test-name ...]
 Environment: STAGEHAND_BINARY (default target/debug/stagehand),
@@ -38,7 +39,6 @@ editing the pages without rebuilding; the default tests what ships).
 Prints "browser: N passed, M failed" and exits non-zero when any failed.
 """
 
-import html
 import json
 import mimetypes
 import os
@@ -237,25 +237,14 @@ def wait_for(what, check, timeout=30):
 
 # ---- the browser -----------------------------------------------------------
 
-PLACEHOLDER = """<svg xmlns="http://www.w3.org/2000/svg" width="800" height="600" viewBox="0 0 800 600">
-<defs><linearGradient id="g" x1="0" y1="0" x2="1" y2="1">
-<stop offset="0" stop-color="#5b3df5"/><stop offset="1" stop-color="#f0b429"/></linearGradient></defs>
-<rect width="800" height="600" fill="url(#g)"/>
-<circle cx="400" cy="260" r="120" fill="#fff" opacity=".25"/>
-<text x="400" y="470" font-family="sans-serif" font-size="34" fill="#fff" text-anchor="middle">{label}</text>
-</svg>"""
-
-
 def only_loopback(route):
-    """Lets 127.0.0.1 through; draws the simulator's images; refuses the rest."""
+    """Lets 127.0.0.1 through (the server, and the simulator's images on its
+    own port); refuses the rest."""
     url = urllib.parse.urlsplit(route.request.url)
     if url.hostname == "127.0.0.1" or url.scheme in ("data", "blob"):
         if PAGES_FROM_DISK and serve_from_disk(route, url.path):
             return
         route.continue_()
-    elif url.hostname and url.hostname.endswith("sim.invalid"):
-        label = html.escape(pathlib.PurePosixPath(url.path).stem[:18])
-        route.fulfill(status=200, content_type="image/svg+xml", body=PLACEHOLDER.replace("{label}", label))
     else:
         route.abort("blockedbyclient")
 
@@ -328,6 +317,12 @@ def shot(page, name, settle=True, **kw):
         page.wait_for_function(SETTLED, timeout=5 * SECOND)
     page.screenshot(path=str(path), **kw)
     return path
+
+
+def images_loaded(page, selector):
+    """Every image matching selector has loaded (and there is one at least)."""
+    return page.locator(selector).evaluate_all(
+        "imgs => imgs.length > 0 && imgs.every(i => i.complete && i.naturalWidth > 0)")
 
 
 def assert_fits(page, what):
@@ -417,6 +412,7 @@ def test_submission_reaches_terminal(env):
     expect(display.locator("#latest-nickname")).to_have_text("alice", timeout=RESULT_WAIT)
     expect(display.locator("#latest-content figcaption")).to_contain_text("a cat on a skateboard")
     expect(display.locator("#latest-content img")).to_have_count(1)
+    wait_for("the display's result image to load", lambda: images_loaded(display, "#latest-content img"), 10)
     expect(display.locator("#feed li.feed-completed").first).to_contain_text("alice")
     env.fixtures["comics_display"] = display
     env.fixtures["comics_phone"] = phone
@@ -731,6 +727,43 @@ def test_terminal_screenshot(env):
     shot(display, "terminal")
 
 
+def test_result_image_loads_on_the_display(env):
+    """The result's picture is drawn by the built-in simulator (as
+    ./scripts/demo runs it) and served from the simulator's own loopback
+    port; on the booth display it really loads: no "image could not be
+    loaded". Before, its URL was https://sim.invalid/..., which no browser
+    can load."""
+    env.server.experience("pictures", "Picture booth", kind="image")
+    term = env.server.terminal("pictures", "picture booth")
+    prompt = "a <b>bold</b> fox & a hen <script>alert(1)</script>"
+    session_id, token = env.server.submit_as("pictures", "pixel", prompt, terminal_id=term["terminal_id"])
+    wait_for("the saga to complete", lambda: env.server.ok(
+        "GET", f"/api/sessions/{session_id}", token=token)["status"] == "COMPLETED", 30)
+
+    display = env.screen()
+    answers = []
+    display.on("response", lambda r: answers.append((r.url, r.status, r.headers.get("content-type")))
+               if r.url.endswith("/image.svg") else None)
+    display.goto(f"/terminal/{term['terminal_id']}#token={term['token']}")
+    expect(display.locator("#conn")).to_have_attribute("data-state", "live")
+    expect(display.locator("#latest-nickname")).to_have_text("pixel", timeout=RESULT_WAIT)
+    img = display.locator("#latest-content img")
+    expect(img).to_have_count(1)
+    wait_for("the result image to load", lambda: img.evaluate("i => i.complete && i.naturalWidth > 0"), 10)
+    expect(display.locator("#latest-content .img-missing")).to_have_count(0)
+    expect(display.locator("#latest-content figcaption")).to_contain_text("<b>bold</b> fox & a hen")
+
+    src = urllib.parse.urlsplit(img.get_attribute("src"))
+    assert src.scheme == "http" and src.hostname == "127.0.0.1" and src.port != env.server.port, src
+    assert re.fullmatch(r"/v1/jobs/[^/]+/image\.svg", src.path), src
+    assert [(a[1], a[2]) for a in answers] == [(200, "image/svg+xml")], answers
+    # The prompt is in the picture as text, escaped, never as markup.
+    with urllib.request.urlopen(src.geturl(), timeout=5) as r:
+        svg = r.read().decode()
+    assert "<script" not in svg and "&lt;b&gt;bold&lt;/b&gt; fox &amp; a hen" in svg, svg
+    shot(display, "terminal-image")
+
+
 def test_layouts_fit_phone_and_1080p(env):
     """Every page fits a 360 px phone; the booth display fills 1080p exactly."""
     term = env.fixtures["game_terminal"]
@@ -942,6 +975,7 @@ TESTS = [
     test_terminal_with_a_wrong_token_says_so,
     test_korean_experience,
     test_terminal_screenshot,
+    test_result_image_loads_on_the_display,
     test_layouts_fit_phone_and_1080p,
     test_ops_shows_providers_and_breaker,
     test_ai_paused_on_phone_and_display,
