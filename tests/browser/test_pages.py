@@ -26,7 +26,9 @@ pages the way people use them:
   images       the result's picture, drawn by the built-in simulator and
                served from its own port, really loads on the booth display
   layout       every page fits a 360 px phone; the booth display fills 1080p
-  screenshots  of every page, in target/screenshots/
+  screenshots  of every page, in target/screenshots/; and the two the README
+               shows, docs/booth-display.png and docs/ops.png (1280x800),
+               rewritten each run (a read-only docs/ is said, not a failure)
 
 Only 127.0.0.1 is contacted (the server, and the simulator's result images
 on its own loopback port); any other address is refused.
@@ -35,7 +37,8 @@ Usage: python3 tests/browser/test_pages.py [test-name ...]
 Environment: STAGEHAND_BINARY (default target/debug/stagehand),
 STAGEHAND_CHROMIUM (default /usr/bin/chromium), STAGEHAND_PAGES_FROM_DISK=1
 serves static/ from the work tree instead of the binary's embedded copy (for
-editing the pages without rebuilding; the default tests what ships).
+editing the pages without rebuilding; the default tests what ships),
+STAGEHAND_DOCS_SHOTS (default docs/) where the README's screenshots go.
 Prints "browser: N passed, M failed" and exits non-zero when any failed.
 """
 
@@ -61,6 +64,7 @@ from playwright.sync_api import expect, sync_playwright
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BINARY = pathlib.Path(os.environ.get("STAGEHAND_BINARY") or ROOT / "target" / "debug" / "stagehand")
 CHROMIUM = os.environ.get("STAGEHAND_CHROMIUM", "/usr/bin/chromium")
+DOCS_SHOTS = pathlib.Path(os.environ.get("STAGEHAND_DOCS_SHOTS") or ROOT / "docs")
 PAGES_FROM_DISK = os.environ.get("STAGEHAND_PAGES_FROM_DISK") == "1"
 SHOTS = ROOT / "target" / "screenshots"
 STATIC = ROOT / "static"
@@ -317,6 +321,28 @@ def shot(page, name, settle=True, **kw):
         page.wait_for_function(SETTLED, timeout=5 * SECOND)
     page.screenshot(path=str(path), **kw)
     return path
+
+
+def save_doc_shot(page, name):
+    """A screenshot of the viewport for the docs: written to target/screenshots/
+    and to DOCS_SHOTS/name (replaced whole, never half-written). A docs/ that
+    cannot be written is said, not a failure."""
+    data = page.screenshot(animations="disabled", caret="hide")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    (SHOTS / name).write_bytes(data)
+    target = DOCS_SHOTS / name
+    tmp = target.with_name(f".{name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    except OSError as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        print(f"note: {target} not written ({e.strerror or e}); it is in {SHOTS / name}")
+        return SHOTS / name
+    return target
 
 
 def images_loaded(page, selector):
@@ -959,6 +985,71 @@ def test_ai_paused_on_phone_and_display(env):
     expect(banner).to_be_hidden(timeout=12 * SECOND)
 
 
+# The README's screenshots: a booth display with a few pictures and a
+# ranking, and the operators' console with some activity. Fixed prompts,
+# names and scores, each saga ended before the next: the same picture in
+# every run (the simulator draws from the prompt), up to the QR code and
+# the console's times.
+SHOWCASE = [
+    ("Mina", "a cat on a skateboard", 8120),
+    ("Leo", "a robot juggling teacups", 7450),
+    ("Sora", "a dragon baking bread at sunrise", 9310),
+    ("Kai", "a lighthouse dancing in a storm", 6890),
+]
+DOC_VIEW = dict(viewport={"width": 1280, "height": 800})
+
+
+def test_docs_screenshots(env):
+    """docs/booth-display.png and docs/ops.png, rewritten from this run."""
+    env.server.experience("showcase", "Comic booth · Main stage", kind="comic")
+    term = env.server.terminal("showcase", "main stage")
+    for nickname, prompt, score in SHOWCASE:
+        sid, token = env.server.submit_as("showcase", nickname, prompt, terminal_id=term["terminal_id"], score=score)
+        wait_for(f"{nickname}'s saga to complete", lambda: env.server.ok(
+            "GET", f"/api/sessions/{sid}", token=token)["status"] == "COMPLETED", 30)
+
+    display = env.page(**DOC_VIEW)
+    display.goto(f"/terminal/{term['terminal_id']}#token={term['token']}")
+    expect(display.locator("#conn")).to_have_attribute("data-state", "live")
+    expect(display.locator("#latest-nickname")).to_have_text(SHOWCASE[-1][0], timeout=RESULT_WAIT)
+    expect(display.locator("#ranking li")).to_have_count(len(SHOWCASE))
+    expect(display.locator("#feed li.feed-completed")).to_have_count(len(SHOWCASE))
+    expect(display.locator("#ranking li").first.locator(".r-name")).to_have_text("Sora")
+    expect(display.locator("#scan img")).to_be_visible()
+    wait_for("the display's images to load", lambda: images_loaded(display, "#latest-content img, #qr"), 10)
+    display.wait_for_function(SETTLED, timeout=5 * SECOND)
+    size = display.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+    assert size == [1280, 800], f"the display fits 1280x800: {size}"
+    save_doc_shot(display, "booth-display.png")
+
+    # The console while a booth with one AI slot works through a queue, after
+    # a moderation rejection.
+    env.server.experience("posters", "Poster wall", kind="image", max_in_flight=1)
+    sid, token = env.server.submit_as("posters", "Rex", "something forbidden on a poster")
+    wait_for("the rejection", lambda: env.server.ok(
+        "GET", f"/api/sessions/{sid}", token=token)["status"] == "ABORTED", 30)
+    ops = env.page(**DOC_VIEW)
+    ops.goto("/ops")
+    ops.fill("#token", OPERATOR_TOKEN)
+    ops.click("#sign-in")
+    expect(ops.locator("#dashboard")).to_be_visible()
+    expect(ops.locator("#conn")).to_have_attribute("data-state", "live")
+    expect(ops.locator("#step-COMPLETED .value")).not_to_have_text("0")
+    expect(ops.locator("#reason-INPUT_REJECTED .count")).not_to_have_text("0")
+    for nickname, prompt in [("Ivy", "a jazz band of penguins"), ("Oto", "a city made of candy"),
+                             ("Nia", "a whale in the clouds"), ("Max", "a knight on a scooter")]:
+        env.server.submit_as("posters", nickname, prompt)
+    capacity = ops.locator("#capacity li[data-slug=posters]")
+    expect(capacity.locator(".in-flight")).to_have_text(EN["ops.inFlight"].format(n=1, max=1))
+    expect(capacity.locator(".queued")).not_to_have_text(EN["ops.queued"].format(n=0))
+    expect(ops.locator("#recent li").first).to_be_visible()
+    ops.evaluate("() => window.scrollTo(0, 0)")
+    ops.wait_for_function(SETTLED, timeout=5 * SECOND)
+    save_doc_shot(ops, "ops.png")
+    # The queue drains (the sagas left running would slow the next test).
+    expect(capacity.locator(".queued")).to_have_text(EN["ops.queued"].format(n=0), timeout=RESULT_WAIT)
+
+
 def test_no_page_errors(env):
     """No page threw an uncaught JavaScript error in any of the tests."""
     assert not env.console_errors, "\n".join(env.console_errors)
@@ -979,6 +1070,7 @@ TESTS = [
     test_layouts_fit_phone_and_1080p,
     test_ops_shows_providers_and_breaker,
     test_ai_paused_on_phone_and_display,
+    test_docs_screenshots,
     test_no_page_errors,
 ]
 
