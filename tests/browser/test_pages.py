@@ -40,6 +40,8 @@ serves static/ from the work tree instead of the binary's embedded copy (for
 editing the pages without rebuilding; the default tests what ships),
 STAGEHAND_DOCS_SHOTS (default docs/) where the README's screenshots go.
 Prints "browser: N passed, M failed" and exits non-zero when any failed.
+Without Chromium or Playwright's Python package it says what to install and
+exits 2.
 """
 
 import json
@@ -59,7 +61,16 @@ import urllib.parse
 import urllib.request
 import uuid
 
-from playwright.sync_api import expect, sync_playwright
+# What the browser tests need, as .ci/run installs it (scripts/test says the
+# same line).
+NEEDS = ("browser tests need Debian's chromium and Playwright's Python package: "
+         "apt-get install chromium fonts-nanum; python3 -m pip install 'playwright>=1.45,<2'")
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError as missing:
+    print(f"no Playwright ({missing}): {NEEDS}", file=sys.stderr)
+    sys.exit(2)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BINARY = pathlib.Path(os.environ.get("STAGEHAND_BINARY") or ROOT / "target" / "debug" / "stagehand")
@@ -1081,8 +1092,8 @@ def main(argv):
     if not BINARY.is_file():
         print(f"no server binary at {BINARY} (cargo build --bin stagehand)", file=sys.stderr)
         return 2
-    if not os.path.exists(CHROMIUM):
-        print(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)", file=sys.stderr)
+    if not os.access(CHROMIUM, os.X_OK):
+        print(f"no Chromium at {CHROMIUM}: {NEEDS}", file=sys.stderr)
         return 2
     SHOTS.mkdir(parents=True, exist_ok=True)
     for old in SHOTS.glob("*.png"):  # what is there is from this run
