@@ -987,9 +987,15 @@ mod tests {
         }
         assert_eq!(bodies[0], bodies[1], "the same job draws the same SVG");
         let svg = &bodies[0];
-        assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""), "{svg}");
+        assert!(
+            svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""),
+            "{svg}"
+        );
         assert!(!svg.contains("<script"), "{svg}");
-        assert!(svg.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{svg}");
+        assert!(
+            svg.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{svg}"
+        );
         assert!(svg.contains(" &amp; "), "{svg}");
         // Four panels for a comic.
         for n in 1..=4 {
@@ -998,11 +1004,18 @@ mod tests {
 
         // No image for an unknown, a running or a failed job.
         sim.control.set_latency(Duration::from_secs(600));
-        let running = client.submit(&order("still drawing")).await.expect("submit");
+        let running = client
+            .submit(&order("still drawing"))
+            .await
+            .expect("submit");
         sim.control.set_latency(Duration::ZERO);
         sim.control.fail_next(1);
         let failed = client.submit(&order("broken")).await.expect("submit");
-        for job_id in ["job-unknown", running.job_id.as_str(), failed.job_id.as_str()] {
+        for job_id in [
+            "job-unknown",
+            running.job_id.as_str(),
+            failed.job_id.as_str(),
+        ] {
             let answer = http
                 .get(format!("{}/v1/jobs/{job_id}/image.svg", sim.url()))
                 .send()

@@ -103,7 +103,16 @@ fn comic(svg: &mut String, dice: &mut Dice, words: &[String]) {
             i + 1
         );
         if !share.is_empty() {
-            caption(svg, share, 12.0, panel_h - 96.0, panel_w - 24.0, 84.0, 22.0, 3);
+            caption(
+                svg,
+                share,
+                12.0,
+                panel_h - 96.0,
+                panel_w - 24.0,
+                84.0,
+                22.0,
+                3,
+            );
         }
         let _ = write!(
             svg,
@@ -144,7 +153,12 @@ fn badge(svg: &mut String, dice: &mut Dice, words: &[String], emblem: Badge) {
             for k in 0..10_u32 {
                 let r = if k % 2 == 0 { 130.0 } else { 55.0 };
                 let a = std::f64::consts::PI * (f64::from(k) / 5.0 - 0.5);
-                let _ = write!(points, "{:.1},{:.1} ", 400.0 + r * a.cos(), 215.0 + r * a.sin());
+                let _ = write!(
+                    points,
+                    "{:.1},{:.1} ",
+                    400.0 + r * a.cos(),
+                    215.0 + r * a.sin()
+                );
             }
             let _ = write!(
                 svg,
@@ -153,7 +167,9 @@ fn badge(svg: &mut String, dice: &mut Dice, words: &[String], emblem: Badge) {
             );
         }
         Badge::Film => {
-            svg.push_str(r##"<rect x="230" y="90" width="340" height="250" rx="18" fill="#111"/>"##);
+            svg.push_str(
+                r##"<rect x="230" y="90" width="340" height="250" rx="18" fill="#111"/>"##,
+            );
             for k in 0..6 {
                 let x = 248 + k * 55;
                 let _ = write!(
@@ -201,7 +217,11 @@ fn scene(svg: &mut String, dice: &mut Dice, w: f64, h: f64, ground: &str, scale:
     // A figure: a round body, a head with eyes, on the ground; and a prop
     // on the other side of it.
     let left = dice.below(2) == 0;
-    let fx = w * if left { 0.2 + 0.25 * dice.unit() } else { 0.55 + 0.25 * dice.unit() };
+    let fx = w * if left {
+        0.2 + 0.25 * dice.unit()
+    } else {
+        0.55 + 0.25 * dice.unit()
+    };
     let px = w * if left { 0.78 } else { 0.22 };
     prop(svg, dice, px, horizon + h * 0.02, scale);
     let fy = horizon + h * 0.02;
@@ -283,7 +303,16 @@ fn prop(svg: &mut String, dice: &mut Dice, x: f64, y: f64, scale: f64) {
 /// A white box at (`x`, `y`) of `w`×`h` with `words` wrapped in it, at most
 /// `max_lines` lines (the last cut with "…" when they do not fit).
 #[allow(clippy::too_many_arguments)]
-fn caption(svg: &mut String, words: &[String], x: f64, y: f64, w: f64, h: f64, size: f64, max_lines: usize) {
+fn caption(
+    svg: &mut String,
+    words: &[String],
+    x: f64,
+    y: f64,
+    w: f64,
+    h: f64,
+    size: f64,
+    max_lines: usize,
+) {
     // Roughly: a Latin character is half the font size wide, a wide (CJK)
     // one a whole.
     let room = ((w - size) / (size * 0.55)).floor().max(4.0) as usize;
@@ -446,7 +475,10 @@ mod tests {
         assert_eq!(one, draw("comic", "a cat on a skateboard"));
         assert_ne!(one, draw("comic", "a cat on a surfboard"));
         assert_ne!(one, draw("image", "a cat on a skateboard"));
-        assert!(one.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""), "{one}");
+        assert!(
+            one.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""),
+            "{one}"
+        );
         assert!(one.ends_with("</svg>\n"));
     }
 
@@ -459,7 +491,16 @@ mod tests {
         // The panel numbers, then each panel's caption.
         assert_eq!(
             texts,
-            ["1", "one two", "2", "three four", "3", "five six", "4", "seven eight"]
+            [
+                "1",
+                "one two",
+                "2",
+                "three four",
+                "3",
+                "five six",
+                "4",
+                "seven eight"
+            ]
         );
     }
 
@@ -493,8 +534,14 @@ mod tests {
                 );
             }
             let joined = texts(&svg).join(" ");
-            assert!(joined.contains("<script>alert('x')</script>"), "{kind}: {joined}");
-            assert!(joined.contains('&') && joined.contains("\"quotes\""), "{kind}: {joined}");
+            assert!(
+                joined.contains("<script>alert('x')</script>"),
+                "{kind}: {joined}"
+            );
+            assert!(
+                joined.contains('&') && joined.contains("\"quotes\""),
+                "{kind}: {joined}"
+            );
         }
         assert_eq!(xml_text("a<b>&\"'\tc"), "a&lt;b&gt;&amp;&quot;&apos; c");
     }
