@@ -48,6 +48,12 @@ pub struct Model {
     /// on purpose, so the next claim resumes it at once and counts no
     /// recovery. Every claim sets it back to false.
     pub handed_over: bool,
+    /// When its AI result entered IN_REVIEW (the review queue's order, and
+    /// where `review_timeout` counts from).
+    pub review_since_ms: Option<i64>,
+    /// `APPROVED` once an operator (or the timeout) approved it: the fence
+    /// of approve and reject. A rejection is the `REVIEW_REJECTED` abort.
+    pub review_decision: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }
