@@ -64,32 +64,82 @@ async fn bulk_counts_first_then_acts_once(backend: Backend) {
     let mut sessions = Vec::new();
     for i in 0..5 {
         let (sid, token) = app.session(&slug, None, &format!("p{i}")).await;
-        assert_eq!(app.submit(&sid, &token, json!({"prompt": "x"}), "k").await.status(), 202);
+        assert_eq!(
+            app.submit(&sid, &token, json!({"prompt": "x"}), "k")
+                .await
+                .status(),
+            202
+        );
         sessions.push((sid, token));
     }
     let (sid, token) = app.session(&other, None, "elsewhere").await;
-    assert_eq!(app.submit(&sid, &token, json!({"prompt": "x"}), "k").await.status(), 202);
+    assert_eq!(
+        app.submit(&sid, &token, json!({"prompt": "x"}), "k")
+            .await
+            .status(),
+        202
+    );
 
     let filter = json!({"experience": slug, "step": "AI_PENDING"});
-    let (code, _, body) = bulk(&app, json!({"action": "cancel", "filter": filter, "dry_run": true}), None).await;
+    let (code, _, body) = bulk(
+        &app,
+        json!({"action": "cancel", "filter": filter, "dry_run": true}),
+        None,
+    )
+    .await;
     assert_eq!(code, 200, "{body}");
-    assert_eq!((body["matched"].as_i64(), body["done"].as_i64()), (Some(5), Some(0)), "{body}");
-    assert_eq!(steps_of(&app, &slug).await, vec!["AI_PENDING"; 5], "a dry run changes nothing");
+    assert_eq!(
+        (body["matched"].as_i64(), body["done"].as_i64()),
+        (Some(5), Some(0)),
+        "{body}"
+    );
+    assert_eq!(
+        steps_of(&app, &slug).await,
+        vec!["AI_PENDING"; 5],
+        "a dry run changes nothing"
+    );
 
-    let (code, replayed, first) = bulk(&app, json!({"action": "cancel", "filter": filter}), Some("b1")).await;
+    let (code, replayed, first) = bulk(
+        &app,
+        json!({"action": "cancel", "filter": filter}),
+        Some("b1"),
+    )
+    .await;
     assert_eq!((code, replayed), (200, false), "{first}");
-    assert_eq!((first["matched"].as_i64(), first["done"].as_i64()), (Some(5), Some(5)), "{first}");
+    assert_eq!(
+        (first["matched"].as_i64(), first["done"].as_i64()),
+        (Some(5), Some(5)),
+        "{first}"
+    );
     assert_eq!(steps_of(&app, &slug).await, vec!["ABORTED"; 5]);
-    assert_eq!(steps_of(&app, &other).await, vec!["AI_PENDING"], "the filter held");
+    assert_eq!(
+        steps_of(&app, &other).await,
+        vec!["AI_PENDING"],
+        "the filter held"
+    );
 
     // A new saga matches the filter now; the same key acts on nothing.
     let (sid, token) = app.session(&slug, None, "late").await;
-    assert_eq!(app.submit(&sid, &token, json!({"prompt": "x"}), "k").await.status(), 202);
-    let (code, replayed, again) = bulk(&app, json!({"action": "cancel", "filter": filter}), Some("b1")).await;
+    assert_eq!(
+        app.submit(&sid, &token, json!({"prompt": "x"}), "k")
+            .await
+            .status(),
+        202
+    );
+    let (code, replayed, again) = bulk(
+        &app,
+        json!({"action": "cancel", "filter": filter}),
+        Some("b1"),
+    )
+    .await;
     assert_eq!((code, replayed), (200, true));
     assert_eq!(again, first);
     let steps = steps_of(&app, &slug).await;
-    assert_eq!(steps.iter().filter(|s| *s == "AI_PENDING").count(), 1, "{steps:?}");
+    assert_eq!(
+        steps.iter().filter(|s| *s == "AI_PENDING").count(),
+        1,
+        "{steps:?}"
+    );
 
     // Retry the cancelled ones: all five run again.
     let (code, _, body) = bulk(
@@ -99,11 +149,24 @@ async fn bulk_counts_first_then_acts_once(backend: Backend) {
     )
     .await;
     assert_eq!(code, 200, "{body}");
-    assert_eq!((body["matched"].as_i64(), body["done"].as_i64()), (Some(5), Some(5)), "{body}");
+    assert_eq!(
+        (body["matched"].as_i64(), body["done"].as_i64()),
+        (Some(5), Some(5)),
+        "{body}"
+    );
     assert_eq!(steps_of(&app, &slug).await, vec!["AI_PENDING"; 6]);
     // Retrying running sagas: matched, refused by each one's fence.
-    let (_, _, body) = bulk(&app, json!({"action": "retry", "filter": {"experience": slug}}), None).await;
-    assert_eq!((body["matched"].as_i64(), body["done"].as_i64()), (Some(6), Some(0)), "{body}");
+    let (_, _, body) = bulk(
+        &app,
+        json!({"action": "retry", "filter": {"experience": slug}}),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (body["matched"].as_i64(), body["done"].as_i64()),
+        (Some(6), Some(0)),
+        "{body}"
+    );
 
     // Bad input is a clear 422 and changes nothing.
     for bad in [
@@ -139,7 +202,12 @@ async fn bulk_decides_the_review_queue(backend: Backend) {
     let mut sessions = Vec::new();
     for i in 0..4 {
         let (sid, token) = app.session(&slug, None, &format!("r{i}")).await;
-        assert_eq!(app.submit(&sid, &token, json!({"prompt": "x"}), "k").await.status(), 202);
+        assert_eq!(
+            app.submit(&sid, &token, json!({"prompt": "x"}), "k")
+                .await
+                .status(),
+            202
+        );
         sessions.push((sid, token));
     }
     support::wait_for(WITHIN, || async {
@@ -156,10 +224,28 @@ async fn bulk_decides_the_review_queue(backend: Backend) {
     .await;
     assert_eq!(body["matched"], 0, "{body}");
     // Reject r0 by its nickname, approve the rest.
-    let (_, _, body) = bulk(&app, json!({"action": "reject", "filter": {"step": "IN_REVIEW", "q": "r0"}}), None).await;
-    assert_eq!((body["matched"].as_i64(), body["done"].as_i64()), (Some(1), Some(1)), "{body}");
-    let (_, _, body) = bulk(&app, json!({"action": "approve", "filter": {"experience": slug, "step": "IN_REVIEW"}}), None).await;
-    assert_eq!((body["matched"].as_i64(), body["done"].as_i64()), (Some(3), Some(3)), "{body}");
+    let (_, _, body) = bulk(
+        &app,
+        json!({"action": "reject", "filter": {"step": "IN_REVIEW", "q": "r0"}}),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (body["matched"].as_i64(), body["done"].as_i64()),
+        (Some(1), Some(1)),
+        "{body}"
+    );
+    let (_, _, body) = bulk(
+        &app,
+        json!({"action": "approve", "filter": {"experience": slug, "step": "IN_REVIEW"}}),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (body["matched"].as_i64(), body["done"].as_i64()),
+        (Some(3), Some(3)),
+        "{body}"
+    );
     for (i, (sid, token)) in sessions.iter().enumerate() {
         let done = app.wait_final(sid, token, WITHIN).await;
         let expected = if i == 0 { "ABORTED" } else { "COMPLETED" };
@@ -178,7 +264,12 @@ async fn search_finds_by_nickname_or_session(backend: Backend) {
     let mut ids = Vec::new();
     for name in ["Alice", "malicia", "Bob", "100%_sure"] {
         let (sid, token) = app.session(&slug, None, name).await;
-        assert_eq!(app.submit(&sid, &token, json!({"prompt": "x"}), "k").await.status(), 202);
+        assert_eq!(
+            app.submit(&sid, &token, json!({"prompt": "x"}), "k")
+                .await
+                .status(),
+            202
+        );
         ids.push(sid);
     }
     let found = |q: String| {
@@ -268,7 +359,12 @@ async fn bulk_works_through_ten_thousand_sagas(backend: Backend) {
             .unwrap();
     }
     let filter = json!({"experience": slug, "step": "AI_PENDING"});
-    let (_, _, dry) = bulk(&app, json!({"action": "cancel", "filter": filter, "dry_run": true}), None).await;
+    let (_, _, dry) = bulk(
+        &app,
+        json!({"action": "cancel", "filter": filter, "dry_run": true}),
+        None,
+    )
+    .await;
     assert_eq!(dry["matched"], N as i64, "{dry}");
 
     // On PostgreSQL, watch the server's transactions while it works.
@@ -298,7 +394,12 @@ async fn bulk_works_through_ten_thousand_sagas(backend: Backend) {
         })
     });
     let started = std::time::Instant::now();
-    let (code, _, body) = bulk(&app, json!({"action": "cancel", "filter": filter}), Some("big")).await;
+    let (code, _, body) = bulk(
+        &app,
+        json!({"action": "cancel", "filter": filter}),
+        Some("big"),
+    )
+    .await;
     let took = started.elapsed();
     watching.store(false, Ordering::Relaxed);
     if let Some(w) = watcher {
@@ -308,7 +409,9 @@ async fn bulk_works_through_ten_thousand_sagas(backend: Backend) {
     assert_eq!(body["matched"], N as i64, "{body}");
     assert_eq!(body["done"], N as i64, "{body}");
     let (_, left) = app
-        .operator_get(&format!("/api/admin/sagas?experience={slug}&step=AI_PENDING"))
+        .operator_get(&format!(
+            "/api/admin/sagas?experience={slug}&step=AI_PENDING"
+        ))
         .await;
     assert!(left["sagas"].as_array().unwrap().is_empty(), "{left}");
     let longest = longest_ms.load(Ordering::Relaxed);

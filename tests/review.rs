@@ -81,7 +81,12 @@ async fn only_approved_results_reach_the_display(backend: Backend) {
     for name in ["ann", "bob", "cyd"] {
         let (sid, token) = app.session(&slug, Some(&terminal_id), name).await;
         let resp = app
-            .submit(&sid, &token, json!({"prompt": format!("{name}'s cat")}), "k")
+            .submit(
+                &sid,
+                &token,
+                json!({"prompt": format!("{name}'s cat")}),
+                "k",
+            )
             .await;
         assert_eq!(resp.status(), 202);
         sessions.push((sid, token));
@@ -89,11 +94,17 @@ async fn only_approved_results_reach_the_display(backend: Backend) {
         wait_in_review(&app, sessions.len()).await;
     }
     let items = review_items(&app, &format!("?experience={slug}")).await;
-    let names: Vec<&str> = items.iter().map(|i| i["nickname"].as_str().unwrap()).collect();
+    let names: Vec<&str> = items
+        .iter()
+        .map(|i| i["nickname"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["ann", "bob", "cyd"], "oldest first");
     for item in &items {
         assert_eq!(item["experience"], slug.as_str());
-        assert!(item["content"].is_array() || item["content"].is_object(), "{item}");
+        assert!(
+            item["content"].is_array() || item["content"].is_object(),
+            "{item}"
+        );
         assert!(item["waiting_since"].is_string());
     }
     // Nothing running, nothing queued: no AI slot is held in review.
@@ -106,7 +117,10 @@ async fn only_approved_results_reach_the_display(backend: Backend) {
     let status = app.status(ann, ann_token).await;
     assert_eq!(status["status"], "SUBMITTING", "{status}");
     assert_eq!(status["step"], "IN_REVIEW", "{status}");
-    assert!(status["message"].as_str().unwrap().contains("checked"), "{status}");
+    assert!(
+        status["message"].as_str().unwrap().contains("checked"),
+        "{status}"
+    );
     assert_eq!(status["result"], Value::Null);
 
     // The operators' socket announced each item.
@@ -146,7 +160,11 @@ async fn only_approved_results_reach_the_display(backend: Backend) {
     let (code, replayed, _) = app.operator_post(&reject, Some("r1")).await;
     assert_eq!((code, replayed), (200, true));
     let (code, replayed, body) = app.operator_post(&reject, None).await;
-    assert_eq!((code, replayed), (200, false), "rejecting twice is success: {body}");
+    assert_eq!(
+        (code, replayed),
+        (200, false),
+        "rejecting twice is success: {body}"
+    );
     let (code, _, body) = app
         .operator_post(&format!("/api/admin/sagas/{bob_saga}/approve"), None)
         .await;
@@ -169,7 +187,10 @@ async fn only_approved_results_reach_the_display(backend: Backend) {
     assert_eq!(second["type"], "session.aborted", "{second}");
     assert_eq!(second["reason"], "REVIEW_REJECTED");
     assert_eq!(second["session_id"], bob.as_str());
-    assert!(second.get("result").is_none() && second.get("content").is_none(), "{second}");
+    assert!(
+        second.get("result").is_none() && second.get("content").is_none(),
+        "{second}"
+    );
     let message = second["message"].as_str().unwrap();
     assert!(!message.contains("cat"), "{message}");
     // Cyd waits still: the display has nothing more.
@@ -204,7 +225,12 @@ async fn two_operators_at_once_decide_once(backend: Backend) {
     let mut sessions = Vec::new();
     for i in 0..6 {
         let (sid, token) = app.session(&slug, None, &format!("p{i}")).await;
-        assert_eq!(app.submit(&sid, &token, json!({"prompt": "x"}), "k").await.status(), 202);
+        assert_eq!(
+            app.submit(&sid, &token, json!({"prompt": "x"}), "k")
+                .await
+                .status(),
+            202
+        );
         sessions.push((sid, token));
     }
     let items = wait_in_review(&app, 6).await;
@@ -212,15 +238,23 @@ async fn two_operators_at_once_decide_once(backend: Backend) {
         let id = item["saga_id"].as_str().unwrap();
         let approve = format!("/api/admin/sagas/{id}/approve");
         let reject = format!("/api/admin/sagas/{id}/reject");
-        let ((a, _, _), (r, _, _)) =
-            join(app.operator_post(&approve, None), app.operator_post(&reject, None)).await;
+        let ((a, _, _), (r, _, _)) = join(
+            app.operator_post(&approve, None),
+            app.operator_post(&reject, None),
+        )
+        .await;
         let mut codes = [a, r];
         codes.sort();
         assert_eq!(codes, [200, 409], "approve {a}, reject {r}");
         let session = items
             .iter()
             .position(|i| i["saga_id"] == id)
-            .map(|k| &sessions[sessions.iter().position(|(s, _)| *s == items[k]["session_id"]).unwrap()])
+            .map(|k| {
+                &sessions[sessions
+                    .iter()
+                    .position(|(s, _)| *s == items[k]["session_id"])
+                    .unwrap()]
+            })
             .unwrap();
         let done = app.wait_final(&session.0, &session.1, WITHIN).await;
         if a == 200 {
@@ -256,11 +290,19 @@ async fn the_review_timeout_decides_on_time(backend: Backend) {
         .clone();
     assert_eq!(shown["review"], "before_display");
     assert_eq!(shown["review_timeout"], "1s");
-    assert_eq!(shown["review_timeout_action"], "reject", "reject is the default action");
+    assert_eq!(
+        shown["review_timeout_action"], "reject",
+        "reject is the default action"
+    );
 
     for (slug, expected) in [(&approving, "COMPLETED"), (&rejecting, "ABORTED")] {
         let (sid, token) = app.session(slug, None, "late").await;
-        assert_eq!(app.submit(&sid, &token, json!({"prompt": "x"}), "k").await.status(), 202);
+        assert_eq!(
+            app.submit(&sid, &token, json!({"prompt": "x"}), "k")
+                .await
+                .status(),
+            202
+        );
         let entered = support::wait_for(WITHIN, || async {
             (app.status(&sid, &token).await["step"] == "IN_REVIEW").then(Instant::now)
         })
@@ -289,7 +331,12 @@ async fn an_approved_saga_whose_adopter_died_is_adopted_again(backend: Backend) 
     let app = TestApp::spawn_with(backend, fast_sim(), |c| c.lease = Duration::from_secs(1)).await;
     let slug = review_experience(&app, 5, json!({})).await;
     let (sid, token) = app.session(&slug, None, "orphan").await;
-    assert_eq!(app.submit(&sid, &token, json!({"prompt": "x"}), "k").await.status(), 202);
+    assert_eq!(
+        app.submit(&sid, &token, json!({"prompt": "x"}), "k")
+            .await
+            .status(),
+        202
+    );
     let items = wait_in_review(&app, 1).await;
     let saga_id = items[0]["saga_id"].as_str().unwrap().to_owned();
     // A dead adopter: the saga is approved and taken by a worker that
@@ -299,7 +346,14 @@ async fn an_approved_saga_whose_adopter_died_is_adopted_again(backend: Backend) 
     store.approve(&saga_id, now).await.unwrap();
     let taken = store.adopt_approved(now, 1_000, 10).await.unwrap();
     assert_eq!(taken.len(), 1, "the dead adopter took it");
-    assert!(store.adopt_approved(now, 1_000, 10).await.unwrap().is_empty(), "taken once");
+    assert!(
+        store
+            .adopt_approved(now, 1_000, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "taken once"
+    );
     let done = app.wait_final(&sid, &token, WITHIN).await;
     assert_eq!(done["status"], "COMPLETED", "{done}");
     assert_eq!(app.sim.control.stats().jobs_created, 1);
@@ -314,9 +368,18 @@ async fn review_settings_are_validated(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     for (extra, why) in [
         (json!({"review": "sometimes"}), "review"),
-        (json!({"review": "before_display", "review_timeout": "soon"}), "review_timeout"),
-        (json!({"review": "before_display", "review_timeout": "0s"}), "review_timeout"),
-        (json!({"review": "before_display", "review_timeout": "1m", "review_timeout_action": "shrug"}), "review_timeout_action"),
+        (
+            json!({"review": "before_display", "review_timeout": "soon"}),
+            "review_timeout",
+        ),
+        (
+            json!({"review": "before_display", "review_timeout": "0s"}),
+            "review_timeout",
+        ),
+        (
+            json!({"review": "before_display", "review_timeout": "1m", "review_timeout_action": "shrug"}),
+            "review_timeout_action",
+        ),
         (json!({"review_timeout": "1m"}), "review_timeout"),
     ] {
         let mut body = json!({"slug": format!("v-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]), "title": "t", "kind": "image"});
@@ -337,24 +400,47 @@ async fn review_settings_are_validated(backend: Backend) {
     }
     let plain = app.experience(5).await;
     let (_, body) = app.operator_get("/api/experiences").await;
-    let shown = body["experiences"].as_array().unwrap().iter().find(|e| e["slug"] == plain.as_str()).unwrap().clone();
+    let shown = body["experiences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["slug"] == plain.as_str())
+        .unwrap()
+        .clone();
     assert_eq!(shown["review"], "off");
     assert_eq!(shown["review_timeout"], Value::Null);
     // A saga that never waited for review can be neither approved nor
     // rejected.
     let (sid, token) = app.session(&plain, None, "direct").await;
-    assert_eq!(app.submit(&sid, &token, json!({"prompt": "x"}), "k").await.status(), 202);
-    assert_eq!(app.wait_final(&sid, &token, WITHIN).await["status"], "COMPLETED");
-    let saga_id = app.saga_of(&sid).await["saga_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        app.submit(&sid, &token, json!({"prompt": "x"}), "k")
+            .await
+            .status(),
+        202
+    );
+    assert_eq!(
+        app.wait_final(&sid, &token, WITHIN).await["status"],
+        "COMPLETED"
+    );
+    let saga_id = app.saga_of(&sid).await["saga_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     for action in ["approve", "reject"] {
         let (code, _, body) = app
             .operator_post(&format!("/api/admin/sagas/{saga_id}/{action}"), None)
             .await;
         assert_eq!(code, 409, "{action}: {body}");
-        assert!(body["message"].as_str().unwrap().contains("not in review"), "{body}");
+        assert!(
+            body["message"].as_str().unwrap().contains("not in review"),
+            "{body}"
+        );
     }
     let (code, _, _) = app
-        .operator_post("/api/admin/sagas/00000000-0000-0000-0000-000000000000/approve", None)
+        .operator_post(
+            "/api/admin/sagas/00000000-0000-0000-0000-000000000000/approve",
+            None,
+        )
         .await;
     assert_eq!(code, 404);
     app.stop().await;
@@ -368,7 +454,12 @@ async fn the_cleanup_leaves_results_in_review_alone(backend: Backend) {
     let app = TestApp::spawn_with(backend, fast_sim(), |c| c.lease = Duration::from_secs(1)).await;
     let slug = review_experience(&app, 5, json!({})).await;
     let (sid, token) = app.session(&slug, None, "patient").await;
-    assert_eq!(app.submit(&sid, &token, json!({"prompt": "x"}), "k").await.status(), 202);
+    assert_eq!(
+        app.submit(&sid, &token, json!({"prompt": "x"}), "k")
+            .await
+            .status(),
+        202
+    );
     wait_in_review(&app, 1).await;
     // Past the cleanup's "stuck" age (one lease) since the session last
     // changed.

@@ -34,7 +34,11 @@ impl MigrationTrait for Migration {
             .alter_table(
                 Table::alter()
                     .table(Experiences::Table)
-                    .add_column(ColumnDef::new(Experiences::ReviewTimeoutMs).big_integer().null())
+                    .add_column(
+                        ColumnDef::new(Experiences::ReviewTimeoutMs)
+                            .big_integer()
+                            .null(),
+                    )
                     .to_owned(),
             )
             .await?;
@@ -42,7 +46,11 @@ impl MigrationTrait for Migration {
             .alter_table(
                 Table::alter()
                     .table(Experiences::Table)
-                    .add_column(ColumnDef::new(Experiences::ReviewTimeoutAction).string().null())
+                    .add_column(
+                        ColumnDef::new(Experiences::ReviewTimeoutAction)
+                            .string()
+                            .null(),
+                    )
                     .to_owned(),
             )
             .await?;
@@ -79,7 +87,12 @@ impl MigrationTrait for Migration {
             .await?;
         for column in [Sagas::ReviewSinceMs, Sagas::ReviewDecision] {
             manager
-                .alter_table(Table::alter().table(Sagas::Table).drop_column(column).to_owned())
+                .alter_table(
+                    Table::alter()
+                        .table(Sagas::Table)
+                        .drop_column(column)
+                        .to_owned(),
+                )
                 .await?;
         }
         for column in [

@@ -66,7 +66,8 @@ async fn stream(mut session: Session, hub: Addr<OperatorHub>) {
         let Some(snapshot) = frames.borrow_and_update().clone() else {
             continue;
         };
-        let now_waiting: HashSet<&str> = snapshot.review.iter().map(|(id, _)| id.as_str()).collect();
+        let now_waiting: HashSet<&str> =
+            snapshot.review.iter().map(|(id, _)| id.as_str()).collect();
         let gone: Vec<String> = in_review
             .iter()
             .filter(|id| !now_waiting.contains(id.as_str()))

@@ -103,7 +103,10 @@ impl ReviewActor {
             };
             let full = adopted.len() as u64 == BATCH || timed_out == BATCH;
             if !adopted.is_empty() {
-                tracing::info!(sagas = adopted.len(), "approved sagas go on to ranking and completion");
+                tracing::info!(
+                    sagas = adopted.len(),
+                    "approved sagas go on to ranking and completion"
+                );
                 if let Err(e) = dispatcher.send(Adopt(adopted)).await {
                     // Their leases run out and the next round adopts them.
                     tracing::warn!(error = %e, "the dispatcher is gone; approved sagas wait for their leases to run out");
@@ -144,7 +147,17 @@ async fn apply_timeouts(
     };
     for (saga_id, decision) in &due {
         let now = clock.now_ms();
-        match decide(store, persistence, wakeups, saga_id, *decision, now, "the review timed out").await {
+        match decide(
+            store,
+            persistence,
+            wakeups,
+            saga_id,
+            *decision,
+            now,
+            "the review timed out",
+        )
+        .await
+        {
             Ok(()) => {
                 tracing::info!(%saga_id, %decision, "review timed out: decided by the experience's review_timeout_action")
             }
@@ -152,7 +165,9 @@ async fn apply_timeouts(
             Err(DecideError::Store(StoreError::Review(refused))) => {
                 tracing::debug!(%saga_id, %refused, "review timeout: already decided")
             }
-            Err(e) => tracing::warn!(%saga_id, error = %e, "review timeout: could not decide; trying again"),
+            Err(e) => {
+                tracing::warn!(%saga_id, error = %e, "review timeout: could not decide; trying again")
+            }
         }
     }
     due.len() as u64

@@ -149,7 +149,8 @@ mod tests {
 
     #[test]
     fn reads_utime_and_stime_past_a_command_name_with_spaces() {
-        let stat = "1234 (tokio (rt) 1) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1 2 3";
+        let stat =
+            "1234 (tokio (rt) 1) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1 2 3";
         assert_eq!(ticks_of(stat), Some(300));
     }
 }

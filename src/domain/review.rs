@@ -100,8 +100,8 @@ pub enum DecisionRefused {
 /// success, anything else is refused.
 pub fn judge_decision(decision: Decision, row: ReviewRow<'_>) -> Result<(), DecisionRefused> {
     let approved = row.decision == Some(Decision::APPROVED);
-    let rejected = row.step == Step::Aborted
-        && row.abort_reason == Some(AbortReason::ReviewRejected.as_str());
+    let rejected =
+        row.step == Step::Aborted && row.abort_reason == Some(AbortReason::ReviewRejected.as_str());
     match decision {
         Decision::Approve if approved => Ok(()),
         Decision::Reject if rejected => Ok(()),
@@ -121,7 +121,11 @@ pub fn timed_out(since: i64, timeout_ms: Option<i64>, now: i64) -> bool {
 mod tests {
     use super::*;
 
-    fn row(step: Step, decision: Option<&'static str>, reason: Option<AbortReason>) -> ReviewRow<'static> {
+    fn row(
+        step: Step,
+        decision: Option<&'static str>,
+        reason: Option<AbortReason>,
+    ) -> ReviewRow<'static> {
         ReviewRow {
             step,
             decision,

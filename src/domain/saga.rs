@@ -78,7 +78,12 @@ impl Step {
 
     /// The non-final steps: those an abort may end.
     pub fn unfinished() -> [Step; 4] {
-        [Step::AiPending, Step::AiDone, Step::InReview, Step::RankingDone]
+        [
+            Step::AiPending,
+            Step::AiDone,
+            Step::InReview,
+            Step::RankingDone,
+        ]
     }
 }
 

@@ -26,7 +26,9 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr, ResponseBuilder, Schema};
 use utoipa::{IntoParams, Modify, OpenApi, PartialSchema, ToSchema};
 
-use super::{admin, metrics, operators, pages, participants, review, service, submissions, terminals};
+use super::{
+    admin, metrics, operators, pages, participants, review, service, submissions, terminals,
+};
 use crate::domain::locale::Locale;
 use crate::domain::saga::{AbortReason, Step};
 use crate::domain::session::SessionStatus;

@@ -195,7 +195,8 @@ fn validate_experience(
         })?),
         None => None,
     };
-    if review == ReviewMode::Off && (review_timeout_ms.is_some() || review_timeout_action.is_some()) {
+    if review == ReviewMode::Off && (review_timeout_ms.is_some() || review_timeout_action.is_some())
+    {
         return Err(ApiError::Validation(
             "review_timeout and review_timeout_action need review \"before_display\"".into(),
         ));

@@ -256,9 +256,7 @@ async fn act_on(state: &AppState, action: BulkAction, id: &str) -> Result<bool, 
     match done {
         Ok(()) => Ok(true),
         // The saga's own state refuses this action: matched, not done.
-        Err(ApiError::Conflict(_) | ApiError::NotFound(_) | ApiError::BudgetExhausted) => {
-            Ok(false)
-        }
+        Err(ApiError::Conflict(_) | ApiError::NotFound(_) | ApiError::BudgetExhausted) => Ok(false),
         Err(e) => Err(e),
     }
 }
@@ -292,8 +290,13 @@ pub async fn bulk_sagas(
     let bulk: BulkBody = parse_json(&body)?;
     let filter = bulk.filter.to_filter()?;
     let scope = operator_scope(&req);
-    let (reply, replayed) =
-        run_idempotent(&state, &scope, &state.operator_token, key, &body, || async {
+    let (reply, replayed) = run_idempotent(
+        &state,
+        &scope,
+        &state.operator_token,
+        key,
+        &body,
+        || async {
             let (matched, done) = if bulk.dry_run {
                 (state.store.count_sagas(&filter).await?, 0)
             } else {
@@ -303,8 +306,9 @@ pub async fn bulk_sagas(
                 status: StatusCode::OK,
                 body: json!({"matched": matched, "done": done, "dry_run": bulk.dry_run}),
             })
-        })
-        .await?;
+        },
+    )
+    .await?;
     Ok(respond(reply, replayed, None))
 }
 
@@ -354,7 +358,11 @@ fn counted(outcome: Result<(), StoreError>) -> Result<bool, ApiError> {
 }
 
 /// One page of a bulk action; how many it was done on.
-async fn act_on_page(state: &AppState, action: BulkAction, ids: &[String]) -> Result<i64, ApiError> {
+async fn act_on_page(
+    state: &AppState,
+    action: BulkAction,
+    ids: &[String],
+) -> Result<i64, ApiError> {
     let aborts = |reason: AbortReason, fence: Fence, detail: &str| -> Vec<SagaWrite> {
         ids.iter()
             .map(|id| SagaWrite::Abort {
@@ -368,8 +376,16 @@ async fn act_on_page(state: &AppState, action: BulkAction, ids: &[String]) -> Re
     };
     let page = match action {
         BulkAction::Retry => None,
-        BulkAction::Cancel => Some(aborts(AbortReason::Cancelled, Fence::Operator, "cancelled by an operator (bulk)")),
-        BulkAction::Reject => Some(aborts(AbortReason::ReviewRejected, Fence::Review, "rejected by an operator (bulk)")),
+        BulkAction::Cancel => Some(aborts(
+            AbortReason::Cancelled,
+            Fence::Operator,
+            "cancelled by an operator (bulk)",
+        )),
+        BulkAction::Reject => Some(aborts(
+            AbortReason::ReviewRejected,
+            Fence::Review,
+            "rejected by an operator (bulk)",
+        )),
         BulkAction::Approve => {
             let outcomes = state.store.approve_page(ids, state.clock.now_ms()).await?;
             let mut done = 0;
@@ -403,7 +419,11 @@ async fn act_on_page(state: &AppState, action: BulkAction, ids: &[String]) -> Re
         }
         // The page's transaction failed (on PostgreSQL it may lose a
         // deadlock to a saga batch): each saga alone, as the single action.
-        tracing::warn!(?action, sagas = ids.len(), "a bulk page failed as one transaction; acting on its sagas one by one");
+        tracing::warn!(
+            ?action,
+            sagas = ids.len(),
+            "a bulk page failed as one transaction; acting on its sagas one by one"
+        );
     }
     let outcomes: Vec<Result<bool, ApiError>> = futures_util::stream::iter(ids.iter())
         .map(|id| act_on(state, action, id))

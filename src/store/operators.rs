@@ -380,7 +380,10 @@ impl Store {
         let row = self
             .db()
             .query_one_raw(self.sql(
-                &format!("SELECT COUNT(*) {SAGA_VIEW_FROM} {}", where_all(&conditions)),
+                &format!(
+                    "SELECT COUNT(*) {SAGA_VIEW_FROM} {}",
+                    where_all(&conditions)
+                ),
                 values,
             ))
             .await?;

@@ -99,9 +99,7 @@ impl Store {
         let row = self
             .db()
             .query_one_raw(self.sql(
-                &format!(
-                    "SELECT COUNT(*), MIN(s.review_since_ms) FROM sagas s WHERE {WAITING}"
-                ),
+                &format!("SELECT COUNT(*), MIN(s.review_since_ms) FROM sagas s WHERE {WAITING}"),
                 vec![],
             ))
             .await?;

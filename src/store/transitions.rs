@@ -375,7 +375,10 @@ impl Store {
             outcome[i] = Some(lease_kept(applied.contains(&reviewed.rows[k].0)));
         }
 
-        for (from, rows) in [(Step::AiDone, &ranked), (Step::InReview, &ranked_after_review)] {
+        for (from, rows) in [
+            (Step::AiDone, &ranked),
+            (Step::InReview, &ranked_after_review),
+        ] {
             let applied = fenced_update_many(
                 &tx,
                 from,
