@@ -1004,6 +1004,7 @@ async fn a_batch_applies_each_write_on_its_own_terms(backend: Backend) {
         saga_id: saga.id.clone(),
         token: token(saga),
         entry: None,
+        after_review: false,
     };
     let out = f
         .store
