@@ -48,6 +48,11 @@ pub struct Model {
     /// on purpose, so the next claim resumes it at once and counts no
     /// recovery. Every claim sets it back to false.
     pub handed_over: bool,
+    /// Where the next run joins the traces: the submission's W3C
+    /// `traceparent`, or `link:<traceparent>` for a run that starts a new
+    /// trace linked to it (a resume or a retry); see migration 17.
+    #[sea_orm(column_type = "Text")]
+    pub trace_context: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }
