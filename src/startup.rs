@@ -23,6 +23,7 @@ use crate::actors::cleanup::CleanupActor;
 use crate::actors::cluster::ClusterBridge;
 use crate::actors::dispatcher::{Dispatcher, Drain, Drained};
 use crate::actors::lingering::LingeringJobsActor;
+use crate::actors::review::ReviewActor;
 use crate::actors::liveness::LivenessActor;
 use crate::actors::operator_hub::OperatorHub;
 use crate::actors::outbox_relay::OutboxRelay;
@@ -270,6 +271,7 @@ impl Application {
             clock: clock.clone(),
             ranking: RankingActor::new(work.clone(), clock.clone(), wakeups.clone()).start(),
             persistence: persistence.clone(),
+            wakeups: wakeups.clone(),
             settings: Arc::new(SagaSettings {
                 lease: config.lease,
                 ai_timeout: config.ai_timeout,
@@ -284,6 +286,15 @@ impl Application {
             config.poll_interval,
             wakeups.dispatcher.clone(),
             config.max_running as usize,
+        )
+        .start();
+        ReviewActor::new(
+            work.clone(),
+            clock.clone(),
+            wakeups.clone(),
+            dispatcher.clone(),
+            persistence.clone(),
+            rules.lease_ms,
         )
         .start();
         let shutdown = Shutdown {

@@ -1,14 +1,16 @@
 // The operator dashboard, /ops: live counts from the operator socket, the
-// sagas table with Retry and Cancel, QR codes of the terminals, and forms to
-// create experiences and terminals. The operator token is asked once and
+// review queue (results waiting for approval before the public screen:
+// big previews, a / r / j / k keys, approve all), the sagas table with
+// search, Retry and Cancel and "retry all AI failed of the last hour", QR
+// codes of the terminals, and forms to create experiences and terminals. The operator token is asked once and
 // kept in sessionStorage (this tab only).
 "use strict";
 
 (() => {
   const TOKEN_KEY = "stagehand:ops:token";
-  const STEPS = ["AI_PENDING", "AI_DONE", "RANKING_DONE", "COMPLETED", "ABORTED"];
+  const STEPS = ["AI_PENDING", "AI_DONE", "IN_REVIEW", "RANKING_DONE", "COMPLETED", "ABORTED"];
   const FINAL = ["COMPLETED", "ABORTED"];
-  const REASONS = ["INPUT_REJECTED", "AI_FAILED", "AI_TIMEOUT", "RANKING_FAILED", "PERSIST_FAILED", "ORPHANED", "CANCELLED"];
+  const REASONS = ["INPUT_REJECTED", "AI_FAILED", "AI_TIMEOUT", "RANKING_FAILED", "PERSIST_FAILED", "ORPHANED", "CANCELLED", "REVIEW_REJECTED"];
   const SAGA_PAGE = 50;
   // The providers section (slots, queues, breakers) is read this often.
   const PROVIDERS_MS = 2000;
@@ -45,6 +47,16 @@
   // is never replaced under the pointer.
   const providerCards = new Map();
   let flashTimer = null;
+  // The review queue as the socket tells it: saga id -> item, and the
+  // selected item's saga id (the keys act on it).
+  const reviewItems = new Map();
+  let reviewSelected = null;
+  let reviewOldest = null;
+  let reviewWaiting = 0;
+  let reviewTimer = null;
+  // The filter of the armed "retry all AI failed" button (its dry run's).
+  let retryFailedArmed = null;
+  let qTimer = null;
 
   const $ = (id) => document.getElementById(id);
   const enc = encodeURIComponent;
@@ -163,6 +175,9 @@
     setConn("connecting", SH.t("ops.conn.connecting"));
     const socket = new WebSocket(SH.wsUrl(`/ws/operators?token=${enc(token)}`));
     ws = socket;
+    // A new socket announces every waiting item again.
+    reviewItems.clear();
+    renderReview();
     socket.onmessage = (m) => {
       if (ws !== socket) return;
       let msg;
@@ -177,6 +192,8 @@
         setConn("live", SH.t("ops.conn.live"));
       }
       if (msg.type === "stats") onStats(msg);
+      else if (msg.type === "review.added") onReviewAdded(msg.item);
+      else if (msg.type === "review.removed") onReviewRemoved(msg.saga_id);
     };
     socket.onclose = (ev) => {
       if (ws !== socket) return;
@@ -210,6 +227,11 @@
 
   function onStats(s) {
     renderSteps(s.steps || {}, s.queue_depth);
+    if (s.review) {
+      reviewWaiting = Number(s.review.waiting) || 0;
+      reviewOldest = s.review.oldest_waiting_since ? Date.parse(s.review.oldest_waiting_since) : null;
+      renderReviewHead();
+    }
     renderCapacity(s.experiences || []);
     renderReasons(s.aborted_by_reason || {});
     if (Array.isArray(s.terminals)) {
@@ -537,6 +559,8 @@
       flash(SH.errorText(err), true);
       return;
     }
+    // The review queue shows when any experience reviews its results.
+    renderReviewHead();
     $("experience-list").replaceChildren(
       ...(experiences.length
         ? experiences.map((e) =>
@@ -557,6 +581,198 @@
     fill($("new-terminal").elements.experience, false);
   }
 
+  // ---- review queue --------------------------------------------------------
+
+  function onReviewAdded(item) {
+    if (!item || !item.saga_id) return;
+    reviewItems.set(item.saga_id, item);
+    renderReview();
+  }
+
+  function onReviewRemoved(sagaId) {
+    if (!reviewItems.delete(sagaId)) return;
+    if (reviewSelected === sagaId) reviewSelected = null;
+    renderReview();
+  }
+
+  // Oldest first, as they arrived.
+  function reviewOrder() {
+    return [...reviewItems.values()].sort((a, b) =>
+      a.waiting_since === b.waiting_since ? (a.saga_id < b.saga_id ? -1 : 1) : a.waiting_since < b.waiting_since ? -1 : 1);
+  }
+
+  function secondsSince(ms) {
+    return Math.max(0, Math.floor((Date.now() - ms) / 1000));
+  }
+
+  function renderReviewHead() {
+    const shown = reviewItems.size || reviewWaiting;
+    $("review-section").hidden = !shown && !experiences.some((e) => e.review === "before_display");
+    $("review-count").textContent = SH.t("ops.review.waiting", { n: Math.max(reviewWaiting, reviewItems.size) });
+    const oldest = reviewItems.size ? Date.parse(reviewOrder()[0].waiting_since) : reviewOldest;
+    $("review-oldest").textContent = oldest ? SH.t("ops.review.oldest", { s: secondsSince(oldest) }) : "";
+    $("review-oldest").classList.toggle("late", Boolean(oldest) && secondsSince(oldest) >= 60);
+    $("review-approve-all").disabled = !reviewItems.size;
+  }
+
+  function renderReview() {
+    const items = reviewOrder();
+    if (!items.some((i) => i.saga_id === reviewSelected)) reviewSelected = items.length ? items[0].saga_id : null;
+    renderReviewHead();
+    if (!items.length) {
+      $("review-queue").replaceChildren(SH.el("li", { class: "muted empty", text: SH.t("ops.review.empty") }));
+      return;
+    }
+    $("review-queue").replaceChildren(...items.map(reviewCard));
+    // The waiting time ticks while anything waits.
+    if (!reviewTimer) {
+      reviewTimer = setInterval(() => {
+        if (!reviewItems.size && !reviewWaiting) return;
+        renderReviewHead();
+        document.querySelectorAll(".review-card .waited").forEach((n) => {
+          n.textContent = SH.t("ops.review.waited", { s: secondsSince(Date.parse(n.dataset.since)) });
+        });
+      }, 1000);
+    }
+  }
+
+  function reviewCard(item) {
+    const selected = item.saga_id === reviewSelected;
+    const approve = SH.el("button", { type: "button", class: "btn btn-primary action-approve", text: SH.t("ops.review.approve") });
+    const reject = SH.el("button", { type: "button", class: "btn action-reject", text: SH.t("ops.review.reject") });
+    approve.addEventListener("click", () => decide(item.saga_id, "approve"));
+    reject.addEventListener("click", () => decide(item.saga_id, "reject"));
+    const content = Array.isArray(item.content) ? item.content : item.content ? [item.content] : [];
+    const card = SH.el("li", {
+      class: `review-card${selected ? " selected" : ""}`,
+      dataset: { sagaId: item.saga_id, sessionId: item.session_id },
+      tabindex: "0",
+    },
+      SH.el("div", { class: "review-preview" }, ...SH.renderContent(content)),
+      SH.el("div", { class: "review-meta" },
+        SH.el("strong", { class: "nickname", text: item.nickname || "?" }),
+        SH.el("span", { class: "muted", text: ` · ${item.experience || ""}` }),
+        item.score != null ? SH.el("span", { class: "score", text: ` · ${SH.fmtNumber(item.score)}` }) : null,
+        SH.el("span", { class: "waited muted", dataset: { since: item.waiting_since }, text: SH.t("ops.review.waited", { s: secondsSince(Date.parse(item.waiting_since)) }) })),
+      SH.el("div", { class: "review-actions" }, approve, reject));
+    card.addEventListener("click", (ev) => {
+      if (ev.target.closest("button")) return;
+      reviewSelected = item.saga_id;
+      renderReview();
+    });
+    return card;
+  }
+
+  // One decision; the item leaves at once (the socket confirms it).
+  async function decide(sagaId, action) {
+    const item = reviewItems.get(sagaId);
+    if (!item || item.deciding) return;
+    item.deciding = true;
+    try {
+      await post(`/api/admin/sagas/${enc(sagaId)}/${action}`, {}, SH.uuid());
+      onReviewRemoved(sagaId);
+      flash(SH.t(action === "approve" ? "ops.review.approved" : "ops.review.rejected", { name: item.nickname || "?" }));
+    } catch (err) {
+      item.deciding = false;
+      flash(SH.errorText(err), true);
+      // Decided elsewhere (409): the socket removes it; nothing to undo.
+    }
+  }
+
+  function moveSelection(delta) {
+    const items = reviewOrder();
+    if (!items.length) return;
+    const at = Math.max(0, items.findIndex((i) => i.saga_id === reviewSelected));
+    reviewSelected = items[Math.min(items.length - 1, Math.max(0, at + delta))].saga_id;
+    renderReview();
+    const card = document.querySelector(`.review-card[data-saga-id="${reviewSelected}"]`);
+    if (card && card.scrollIntoView) card.scrollIntoView({ block: "nearest" });
+  }
+
+  function onReviewKey(ev) {
+    if (ev.ctrlKey || ev.metaKey || ev.altKey) return;
+    const tag = (ev.target && ev.target.tagName) || "";
+    if (["INPUT", "SELECT", "TEXTAREA"].includes(tag) || $("dashboard").hidden) return;
+    if (!reviewItems.size) return;
+    const key = ev.key.toLowerCase();
+    if (key === "a" && reviewSelected) decide(reviewSelected, "approve");
+    else if (key === "r" && reviewSelected) decide(reviewSelected, "reject");
+    else if (key === "j" || key === "arrowdown") moveSelection(1);
+    else if (key === "k" || key === "arrowup") moveSelection(-1);
+    else return;
+    ev.preventDefault();
+  }
+
+  // Approve all: the first click arms the button with the count, the
+  // second approves every item in review (one bulk request).
+  function armApproveAll() {
+    const b = $("review-approve-all");
+    if (!b.classList.contains("armed")) {
+      b.classList.add("armed");
+      b.textContent = SH.t("ops.review.confirmApproveAll", { n: Math.max(reviewWaiting, reviewItems.size) });
+      setTimeout(() => {
+        b.classList.remove("armed");
+        b.textContent = SH.t("ops.review.approveAll");
+      }, 4000);
+      return;
+    }
+    b.classList.remove("armed");
+    b.textContent = SH.t("ops.review.approveAll");
+    b.disabled = true;
+    post("/api/admin/sagas/bulk", { action: "approve", filter: { step: "IN_REVIEW" }, dry_run: false }, SH.uuid())
+      .then(({ data }) => flash(SH.t("ops.review.approvedAll", { done: data.done, matched: data.matched })))
+      .catch((err) => flash(SH.errorText(err), true))
+      .finally(() => {
+        b.disabled = !reviewItems.size;
+      });
+  }
+
+  // "Retry all AI failed of the last hour": the first click runs a dry
+  // run and shows its count on the button; the second retries that set
+  // (the same time window).
+  async function retryFailed() {
+    const b = $("retry-failed");
+    if (!retryFailedArmed) {
+      const filter = { reason: "AI_FAILED", updated_after: new Date(Date.now() - 3600 * 1000).toISOString() };
+      b.disabled = true;
+      try {
+        const { data } = await post("/api/admin/sagas/bulk", { action: "retry", filter, dry_run: true }, SH.uuid());
+        if (!data.matched) {
+          flash(SH.t("ops.retryFailedNone"));
+          return;
+        }
+        retryFailedArmed = filter;
+        b.classList.add("armed");
+        b.textContent = SH.t("ops.retryFailedCount", { n: data.matched });
+        setTimeout(() => {
+          retryFailedArmed = null;
+          b.classList.remove("armed");
+          b.textContent = SH.t("ops.retryFailed");
+        }, 6000);
+      } catch (err) {
+        flash(SH.errorText(err), true);
+      } finally {
+        b.disabled = false;
+      }
+      return;
+    }
+    const filter = retryFailedArmed;
+    retryFailedArmed = null;
+    b.classList.remove("armed");
+    b.textContent = SH.t("ops.retryFailed");
+    b.disabled = true;
+    try {
+      const { data } = await post("/api/admin/sagas/bulk", { action: "retry", filter, dry_run: false }, SH.uuid());
+      flash(SH.t("ops.retryFailedDone", { done: data.done, matched: data.matched }));
+    } catch (err) {
+      flash(SH.errorText(err), true);
+    } finally {
+      b.disabled = false;
+      sagasShown = "";
+      loadSagas();
+    }
+  }
+
   // ---- sagas ---------------------------------------------------------------
 
   function sagaQuery(cursor) {
@@ -564,6 +780,7 @@
     if ($("f-step").value) q.set("step", $("f-step").value);
     if ($("f-reason").value) q.set("reason", $("f-reason").value);
     if ($("f-experience").value) q.set("experience", $("f-experience").value);
+    if ($("f-q").value.trim()) q.set("q", $("f-q").value.trim());
     q.set("limit", String(SAGA_PAGE));
     if (cursor) q.set("cursor", cursor);
     return `/api/admin/sagas?${q}`;
@@ -711,6 +928,13 @@
     // Optional: the server's defaults are the `default` provider, weight 1.
     if (f.elements.provider.value) body.provider = f.elements.provider.value;
     if (f.elements.weight.value.trim()) body.weight = Number(f.elements.weight.value);
+    if (f.elements.review.value === "before_display") {
+      body.review = "before_display";
+      if (f.elements.review_timeout.value.trim()) {
+        body.review_timeout = f.elements.review_timeout.value.trim();
+        body.review_timeout_action = f.elements.review_timeout_action.value;
+      }
+    }
     const created = await submitForm(f, "/api/experiences", body);
     if (!created) return;
     flash(SH.t("ops.createdExperience", { slug: created.slug || body.slug }));
@@ -811,6 +1035,16 @@
       });
     }
     $("f-stuck").addEventListener("change", renderSagas);
+    $("f-q").addEventListener("input", () => {
+      clearTimeout(qTimer);
+      qTimer = setTimeout(() => {
+        sagasShown = "";
+        loadSagas();
+      }, 250);
+    });
+    $("retry-failed").addEventListener("click", retryFailed);
+    $("review-approve-all").addEventListener("click", armApproveAll);
+    document.addEventListener("keydown", onReviewKey);
     $("sagas-more").addEventListener("click", () => loadSagas(true));
     $("new-experience").addEventListener("submit", onNewExperience);
     $("new-terminal").addEventListener("submit", onNewTerminal);

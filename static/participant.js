@@ -331,7 +331,8 @@
 
   function markStage(step) {
     const order = ["AI_PENDING", "AI_DONE", "RANKING_DONE"];
-    const at = order.indexOf(step);
+    // A result in review has passed the AI stage and waits at the next.
+    const at = order.indexOf(step === "IN_REVIEW" ? "AI_DONE" : step);
     document.querySelectorAll(".stages li").forEach((li, i) => {
       li.className = i < at ? "done" : i === at ? "active" : "";
     });

@@ -336,6 +336,9 @@ async fn fixture(backend: Backend, max_in_flight: i32, credits: Option<i64>) -> 
                 locale: "en".into(),
                 provider: "default".into(),
                 weight: 1,
+                review: Default::default(),
+                review_timeout_ms: None,
+                review_timeout_action: None,
             },
             T0,
         )
@@ -382,6 +385,7 @@ impl Fixture {
             weight: 1,
             provider_max_in_flight: None,
             has_queued_ai: true,
+            review: Default::default(),
         };
         self.store
             .claim_runnable(&exp, 100, now, RULES)

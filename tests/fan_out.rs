@@ -333,6 +333,9 @@ async fn claim_ground(
                 locale: "en".into(),
                 provider: "default".into(),
                 weight: 1,
+                review: Default::default(),
+                review_timeout_ms: None,
+                review_timeout_action: None,
             },
             CLAIM_T0,
         )
@@ -373,6 +376,7 @@ async fn claim_ground(
         weight: 1,
         provider_max_in_flight: None,
         has_queued_ai: true,
+        review: Default::default(),
     };
     ClaimGround {
         _db: db,

@@ -52,6 +52,9 @@ async fn fixture(backend: Backend, max_in_flight: i32) -> Fixture {
                 locale: "en".into(),
                 provider: "default".into(),
                 weight: 1,
+                review: Default::default(),
+                review_timeout_ms: None,
+                review_timeout_action: None,
             },
             T0,
         )
@@ -84,6 +87,7 @@ impl Fixture {
             weight: 1,
             provider_max_in_flight: None,
             has_queued_ai: true,
+            review: Default::default(),
         }
     }
 

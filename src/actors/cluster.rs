@@ -115,6 +115,7 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
         wakeups.dispatcher.ring();
         wakeups.relay.ring();
         wakeups.stats.ring();
+        wakeups.review.ring();
         wakeups.rankings.update(|names| names.all = true);
         let _ = hub.send(RingAll).await;
         loop {
@@ -138,7 +139,12 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
             }
             wakeups.stats.ring();
             match notification.channel() {
-                DISPATCH_CHANNEL => wakeups.dispatcher.ring(),
+                DISPATCH_CHANNEL => {
+                    // Saga work, or a review decided there: an approved
+                    // saga may wait for adoption here too.
+                    wakeups.dispatcher.ring();
+                    wakeups.review.ring();
+                }
                 OUTBOX_CHANNEL => {
                     let _ = match names {
                         Some(ids) => {

@@ -42,7 +42,7 @@ use super::wakeups::Doorbell;
 use crate::domain::breaker::Admission;
 use crate::domain::policy::EpochMs;
 use crate::metrics;
-use crate::store::entities::sagas;
+use crate::store::entities::{experiences, sagas};
 use crate::store::sagas::ClaimRules;
 use crate::store::sagas::ClaimableExperience;
 use crate::store::{retry_transient, Store, StoreResult};
@@ -75,6 +75,12 @@ pub struct SagaStopped {
 
 /// Shut down: claim nothing more, give running sagas up to `grace` to
 /// end, then stop and hand over the rest. Answered when done.
+/// Start supervisors for these sagas, already given a token and a lease
+/// by the review actor (approved results, adopted out of IN_REVIEW).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Adopt(pub Vec<sagas::Model>);
+
 #[derive(Message)]
 #[rtype(result = "Drained")]
 pub struct Drain {
@@ -147,6 +153,29 @@ impl Dispatcher {
         }
     }
 
+    /// A supervisor for each saga (claimed or adopted: it holds our token).
+    fn start_supervisors(
+        &mut self,
+        sagas: Vec<(sagas::Model, ExperienceOf)>,
+        ctx: &mut Context<Self>,
+    ) {
+        for (saga, experience) in sagas {
+            tracing::debug!(
+                saga_id = %saga.id, step = %saga.step, recoveries = saga.recoveries,
+                "claimed saga"
+            );
+            let (saga_id, token) = (saga.id.clone(), saga.lock_token.clone());
+            if let (Some(supervisor), Some(token)) = (
+                SagaSupervisor::new(saga, experience, self.deps.clone(), ctx.address()),
+                token,
+            ) {
+                let supervisor = supervisor.start();
+                self.running.insert(saga_id, Running { token, supervisor });
+            }
+        }
+        self.running_count.send_replace(self.running.len());
+    }
+
     fn round(&mut self, ctx: &mut Context<Self>) {
         if self.draining {
             return;
@@ -184,21 +213,7 @@ impl Dispatcher {
                         // More may be waiting than we had room for.
                         act.starved = true;
                     }
-                    for (saga, experience) in claimed {
-                        tracing::debug!(
-                            saga_id = %saga.id, step = %saga.step, recoveries = saga.recoveries,
-                            "claimed saga"
-                        );
-                        let (saga_id, token) = (saga.id.clone(), saga.lock_token.clone());
-                        if let (Some(supervisor), Some(token)) = (
-                            SagaSupervisor::new(saga, experience, act.deps.clone(), ctx.address()),
-                            token,
-                        ) {
-                            let supervisor = supervisor.start();
-                            act.running.insert(saga_id, Running { token, supervisor });
-                        }
-                    }
-                    act.running_count.send_replace(act.running.len());
+                    act.start_supervisors(claimed, ctx);
                     if std::mem::take(&mut act.again) {
                         // Woken during the round: one more round, after a short
                         // gap in which more work gathers, so a busy queue is
@@ -325,15 +340,7 @@ impl Actor for Dispatcher {
     fn started(&mut self, ctx: &mut Self::Context) {
         self.round(ctx);
         ctx.run_interval(self.poll_interval, |act, ctx| act.round(ctx));
-        let (bell, me) = (self.bell.clone(), ctx.address());
-        actix::spawn(async move {
-            loop {
-                bell.rung().await;
-                if me.send(Wake).await.is_err() {
-                    break; // the dispatcher stopped
-                }
-            }
-        });
+        self.bell.forward_to(ctx.address(), || Wake);
     }
 }
 
@@ -360,6 +367,48 @@ impl Handler<SagaStopped> for Dispatcher {
         if std::mem::take(&mut self.starved) {
             self.round(ctx);
         }
+    }
+}
+
+impl Handler<Adopt> for Dispatcher {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, m: Adopt, _: &mut Context<Self>) -> Self::Result {
+        let (store, providers) = (self.deps.store.clone(), self.providers.clone());
+        let load = async move {
+            let mut experiences: HashMap<String, Option<experiences::Model>> = HashMap::new();
+            let mut ready = Vec::with_capacity(m.0.len());
+            for saga in m.0 {
+                if !experiences.contains_key(&saga.experience_id) {
+                    let found = match store.experience_by_id(&saga.experience_id).await {
+                        Ok(found) => found,
+                        Err(e) => {
+                            tracing::warn!(saga_id = %saga.id, error = %e, "could not read an adopted saga's experience; its lease runs out and it is adopted again");
+                            continue;
+                        }
+                    };
+                    experiences.insert(saga.experience_id.clone(), found);
+                }
+                let Some(Some(experience)) = experiences.get(&saga.experience_id) else {
+                    continue;
+                };
+                let Some(handle) = providers.get(&experience.provider) else {
+                    tracing::error!(saga_id = %saga.id, provider = %experience.provider, "an approved saga's provider is not configured on this instance; another instance adopts it when its lease runs out");
+                    continue;
+                };
+                let of = ExperienceOf::of_model(experience, handle.ai.clone());
+                ready.push((saga, of));
+            }
+            ready
+        };
+        Box::pin(load.into_actor(self).map(|ready, act, ctx| {
+            if act.draining {
+                // Shutting down: their leases run out and another
+                // instance adopts them.
+                return;
+            }
+            act.start_supervisors(ready, ctx);
+        }))
     }
 }
 

@@ -214,15 +214,7 @@ impl Actor for LingeringJobsActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         self.round(ctx);
         ctx.run_interval(TICK, |act, ctx| act.round(ctx));
-        let (bell, me) = (self.wakeups.lingering.clone(), ctx.address());
-        actix::spawn(async move {
-            loop {
-                bell.rung().await;
-                if me.send(Round).await.is_err() {
-                    break;
-                }
-            }
-        });
+        self.wakeups.lingering.forward_to(ctx.address(), || Round);
     }
 }
 

@@ -11,6 +11,8 @@
 //!   breaker and rate limit write their shared rows.
 //! - [`lingering::LingeringJobsActor`]: cancels or polls the jobs that
 //!   outlived their saga, and frees their slots when they end.
+//! - [`review::ReviewActor`]: the operators' review: adopts approved
+//!   sagas for a worker, and applies review timeouts on time.
 //! - [`ranking::RankingActor`]: registers scores, idempotently per session.
 //! - [`persistence::PersistenceActor`]: the short fenced transactions; pushes
 //!   terminal events after they commit.
@@ -48,6 +50,7 @@ pub mod persistence;
 pub mod providers;
 pub mod ranking;
 pub mod ranking_board;
+pub mod review;
 pub mod saga_supervisor;
 pub mod shutdown;
 pub mod terminal_hub;

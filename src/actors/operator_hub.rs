@@ -11,7 +11,9 @@
 //! slow skips to the newest frame, never a queue. Nothing is lost by that:
 //! each frame carries all the counts and the latest sagas, and the admin API
 //! lists every saga. With it come `saga` frames of the recent sagas, which
-//! each socket sends when a saga is new or changed since it last looked.
+//! each socket sends when a saga is new or changed since it last looked,
+//! and the review queue's items, which each socket announces as they
+//! arrive (`review.added`) and leave (`review.removed`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +41,9 @@ pub struct Snapshot {
     pub stats: String,
     /// `(saga id, updated_at_ms, its "saga" frame)`, newest first.
     pub sagas: Vec<(String, i64, String)>,
+    /// `(saga id, its "review.added" frame)` of the oldest items waiting
+    /// in review, oldest first.
+    pub review: Vec<(String, String)>,
 }
 
 /// The newest snapshot (None until one was made).
@@ -87,6 +92,10 @@ pub fn stats_frame(stats: &OperatorStats, now: i64) -> String {
         "aborted_by_reason": stats.aborted_by_reason,
         "terminals": stats.terminals,
         "recent": stats.recent,
+        "review": {
+            "waiting": stats.review_queue.waiting,
+            "oldest_waiting_since": stats.review_queue.oldest_since_ms.map(rfc3339),
+        },
     })
     .to_string()
 }
@@ -103,9 +112,18 @@ pub fn snapshot(stats: &OperatorStats, now: i64) -> Snapshot {
             (view.saga_id.clone(), view.updated_at_ms, frame.to_string())
         })
         .collect();
+    let review = stats
+        .review
+        .iter()
+        .map(|item| {
+            let frame = json!({"type": "review.added", "item": item});
+            (item.saga_id.clone(), frame.to_string())
+        })
+        .collect();
     Snapshot {
         stats: stats_frame(stats, now),
         sagas,
+        review,
     }
 }
 

@@ -3,10 +3,12 @@
 //! each new one the [`OperatorHub`] makes (a few a second at most), each
 //! after a `saga` frame per recent saga that changed since the last. A slow
 //! dashboard skips to the newest frame; each frame is whole, so nothing it
-//! needs is lost. Operators send nothing but pings and pongs; the heartbeat
+//! needs is lost. The review queue comes as `review.added` (with the item)
+//! for each item it does not hold yet and `review.removed` for each it
+//! holds that left (decided, or cancelled). Operators send nothing but pings and pongs; the heartbeat
 //! closes a dashboard that went away.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -58,10 +60,33 @@ async fn stream(mut session: Session, hub: Addr<OperatorHub>) {
     };
     // The `updated_at_ms` of each saga last sent.
     let mut sent: Option<HashMap<String, i64>> = None;
+    // The review items this dashboard holds.
+    let mut in_review: HashSet<String> = HashSet::new();
     while frames.changed().await.is_ok() {
         let Some(snapshot) = frames.borrow_and_update().clone() else {
             continue;
         };
+        let now_waiting: HashSet<&str> = snapshot.review.iter().map(|(id, _)| id.as_str()).collect();
+        let gone: Vec<String> = in_review
+            .iter()
+            .filter(|id| !now_waiting.contains(id.as_str()))
+            .cloned()
+            .collect();
+        for saga_id in gone {
+            let frame = serde_json::json!({"type": "review.removed", "saga_id": saga_id});
+            if session.text(frame.to_string()).await.is_err() {
+                return;
+            }
+            in_review.remove(&saga_id);
+        }
+        for (saga_id, frame) in &snapshot.review {
+            if !in_review.contains(saga_id) {
+                if session.text(frame.clone()).await.is_err() {
+                    return;
+                }
+                in_review.insert(saga_id.clone());
+            }
+        }
         if let Some(sent) = &sent {
             for (saga_id, updated_at, frame) in snapshot.sagas.iter().rev() {
                 if sent.get(saga_id).is_none_or(|at| at < updated_at)

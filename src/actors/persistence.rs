@@ -43,6 +43,15 @@ pub struct Write(pub SagaWrite);
 #[rtype(result = "StoreResult<Written>")]
 pub struct WriteAlone(pub SagaWrite);
 
+/// A page of an operator's bulk action: aborts of many sagas (each under
+/// its own fence, in a savepoint of its own) in one short transaction of
+/// their own, outside the batches, so a page pays one commit. Such a
+/// transaction may meet a batch on PostgreSQL and lose a deadlock; the
+/// caller then writes the page's sagas one by one ([`WriteAlone`]).
+#[derive(Message)]
+#[rtype(result = "Vec<StoreResult<Written>>")]
+pub struct WritePageAlone(pub Vec<SagaWrite>);
+
 /// Write one call of a fan-out saga (see [`Store::write_ai_call`]); the
 /// saga's slots after it. When the slots may have been lowered, the
 /// dispatchers are woken (a slot may be free).
@@ -174,6 +183,15 @@ impl Handler<WriteAlone> for PersistenceActor {
                 .pop()
                 .unwrap_or_else(|| Err(crate::store::StoreError::Corrupt("no outcome".into())))
         })
+    }
+}
+
+impl Handler<WritePageAlone> for PersistenceActor {
+    type Result = ResponseFuture<Vec<StoreResult<Written>>>;
+    fn handle(&mut self, m: WritePageAlone, _: &mut Context<Self>) -> Self::Result {
+        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
+        let wakeups = self.wakeups.clone();
+        Box::pin(async move { write_batch(&store, m.0, now, lease, &wakeups).await })
     }
 }
 

@@ -19,14 +19,16 @@ use super::ai::AiActor;
 use super::dispatcher::{Dispatcher, SagaStopped, WakeAt};
 use super::persistence::{PersistenceActor, RenewLease, Write};
 use super::ranking::{RankingActor, RegisterScore};
+use super::wakeups::Wakeups;
 use crate::ai::{JobStatus, JobView};
 use crate::clock::SharedClock;
 use crate::domain::failure::{AiFailure, AiResult};
 use crate::domain::policy::RetryPolicy;
+use crate::domain::review::ReviewMode;
 use crate::domain::saga::{AbortReason, Step, TransitionError};
 use crate::metrics;
-use crate::store::entities::sagas;
-use crate::store::sagas::{step_of, ClaimableExperience, Fence};
+use crate::store::entities::{experiences, sagas};
+use crate::store::sagas::{fan_out_of, step_of, ClaimableExperience, Fence};
 use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{transient_backoff, DbFailure, Store, StoreError};
 
@@ -39,6 +41,9 @@ pub struct SagaDeps {
     pub clock: SharedClock,
     pub ranking: Addr<RankingActor>,
     pub persistence: Addr<PersistenceActor>,
+    /// To tell the review actors and the operators that a result entered
+    /// review.
+    pub wakeups: Wakeups,
     pub settings: Arc<SagaSettings>,
 }
 
@@ -76,6 +81,8 @@ pub struct ExperienceOf {
     pub fan_out: Option<(i32, i32)>,
     /// The AiActor of its provider.
     pub ai: Addr<AiActor>,
+    /// Its results wait in the operators' review (IN_REVIEW) after AI_DONE.
+    pub review: bool,
     /// Its provider's name (for traces).
     pub provider: String,
 }
@@ -86,6 +93,19 @@ impl ExperienceOf {
             kind: experience.kind.clone(),
             fan_out: experience.fan_out(),
             ai,
+            review: experience.review == ReviewMode::BeforeDisplay,
+            provider: experience.provider.clone(),
+        }
+    }
+
+    /// The same, from the experience's row (a saga adopted after review).
+    pub fn of_model(experience: &experiences::Model, ai: Addr<AiActor>) -> ExperienceOf {
+        ExperienceOf {
+            kind: experience.kind.clone(),
+            fan_out: fan_out_of(experience.ai_calls, experience.min_success),
+            ai,
+            review: experience.review.parse::<ReviewMode>().unwrap_or_default()
+                == ReviewMode::BeforeDisplay,
             provider: experience.provider.clone(),
         }
     }
@@ -327,7 +347,23 @@ async fn run(
                     return Ok(());
                 }
             },
-            Step::AiDone => {
+            Step::AiDone if experience.review => {
+                // The result waits for a person, holding no lease and no AI
+                // slot; the review actor hands it back to a worker once it
+                // is approved.
+                let enter = SagaWrite::EnterReview {
+                    saga_id: saga.id.clone(),
+                    token: token.to_owned(),
+                };
+                write(deps, enter).await??;
+                deps.wakeups.review_changed();
+                metrics::step_finished(Step::AiDone, step_started.elapsed());
+                tracing::info!(saga_id = %saga.id, "AI result waits in the operators' review (IN_REVIEW)");
+                return Ok(());
+            }
+            Step::AiDone | Step::InReview => {
+                // IN_REVIEW here: approved, and adopted by this worker.
+                let after_review = step == Step::InReview;
                 let entry = match saga.participant_score.or(saga.ai_score) {
                     Some(score) => {
                         let registered = deps
@@ -361,9 +397,10 @@ async fn run(
                     saga_id: saga.id.clone(),
                     token: token.to_owned(),
                     entry,
+                    after_review,
                 };
                 write(deps, ranked).await??;
-                metrics::step_finished(Step::AiDone, step_started.elapsed());
+                metrics::step_finished(step, step_started.elapsed());
                 saga.step = Step::RankingDone.as_str().to_owned();
             }
             Step::RankingDone => {

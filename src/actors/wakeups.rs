@@ -32,6 +32,26 @@ impl Doorbell {
     pub async fn rung(&self) {
         self.0.notified().await
     }
+
+    /// Sends `message()` to `actor` at each ring, one at a time (a ring
+    /// during a send is kept for the next), until the actor stops.
+    pub fn forward_to<A, M>(&self, actor: actix::Addr<A>, message: fn() -> M)
+    where
+        A: actix::Actor + actix::Handler<M>,
+        A::Context: actix::dev::ToEnvelope<A, M>,
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+    {
+        let bell = self.clone();
+        actix::spawn(async move {
+            loop {
+                bell.rung().await;
+                if actor.send(message()).await.is_err() {
+                    break; // the actor stopped
+                }
+            }
+        });
+    }
 }
 
 impl std::fmt::Debug for Doorbell {
@@ -143,6 +163,9 @@ pub struct Wakeups {
     /// actor (it cancels or polls it at once; the others' safety tick
     /// covers an instance that died).
     pub lingering: Doorbell,
+    /// The review queue changed (an item arrived, or was decided), for
+    /// this instance's review actor (it adopts approved sagas at once).
+    pub review: Doorbell,
     /// The other instances (PostgreSQL only).
     pub cluster: Option<ClusterMailbox>,
 }
@@ -153,6 +176,18 @@ impl Wakeups {
     /// Wakes every instance's dispatcher.
     pub fn saga_work(&self) {
         self.dispatcher.ring();
+        self.stats.ring();
+        if let Some(cluster) = &self.cluster {
+            cluster.update(|news| news.dispatch = true);
+        }
+    }
+
+    /// The review queue changed: a result entered review, or an operator
+    /// decided one. Wakes this instance's review actor and operator hub,
+    /// and (as dispatch news) the other instances', whose operators watch
+    /// the same queue.
+    pub fn review_changed(&self) {
+        self.review.ring();
         self.stats.ring();
         if let Some(cluster) = &self.cluster {
             cluster.update(|news| news.dispatch = true);

@@ -9,6 +9,11 @@
 //! tests use it as the fake provider, changing its behaviour at run time
 //! through [`SimControl`].
 //!
+//! A succeeded job's result is an image the simulator draws itself and serves
+//! from its own port, `GET /v1/jobs/{id}/image.svg` (an SVG drawn from the
+//! job's kind and prompt, see `picture`), so that the pages show a real
+//! picture with the built-in simulator too.
+//!
 //! Job timing uses real monotonic time (`std::time::Instant`), not the app's
 //! injectable clock: the simulator stands for a provider outside the app.
 
@@ -23,6 +28,8 @@ use actix_web::http::StatusCode;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
+mod picture;
 
 /// Largest request body the simulator reads.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -143,8 +150,9 @@ impl SimJob {
         self.cancelled || self.done_at <= now
     }
 
-    /// The job as `GET /v1/jobs/{id}` answers it at `now`.
-    fn view(&self, now: Instant) -> Value {
+    /// The job as `GET /v1/jobs/{id}` answers it at `now`; its image's URL
+    /// starts with `image_base` (see [`SimState::image_base`]).
+    fn view(&self, now: Instant, image_base: &str) -> Value {
         if self.cancelled {
             return json!({ "job_id": self.job_id, "status": "cancelled" });
         }
@@ -165,7 +173,7 @@ impl SimJob {
             "result": {
                 "content": [{
                     "type": "image",
-                    "url": format!("https://sim.invalid/{}.png", self.job_id),
+                    "url": format!("{image_base}/v1/jobs/{}/image.svg", self.job_id),
                     "text": format!("{} for {}", self.kind, excerpt),
                 }],
                 "score": self.score,
@@ -224,6 +232,10 @@ struct SimState {
     fail_next: u64,
     /// The 99th percentile of job times ([`SimControl::set_latency_p99`]).
     latency_p99: Option<Duration>,
+    /// Where results' images are served, e.g. `http://127.0.0.1:PORT`
+    /// ([`start`] sets it to the address it listens on); empty until then,
+    /// which makes the image URLs relative.
+    image_base: String,
 }
 
 impl SimState {
@@ -314,6 +326,7 @@ impl SimControl {
                 cancel_requests: 0,
                 fail_next: 0,
                 latency_p99: None,
+                image_base: String::new(),
             })),
         }
     }
@@ -463,7 +476,7 @@ impl SimControl {
             .get(&key)
             .and_then(|job_id| state.jobs.get(job_id))
         {
-            return (StatusCode::OK, job.view(now));
+            return (StatusCode::OK, job.view(now, &state.image_base));
         }
         let prompt = text_field(body, "prompt").unwrap_or_default();
         if state.is_rejected(&prompt) {
@@ -496,7 +509,7 @@ impl SimControl {
             will_fail = job.will_fail,
             "simulator created a job"
         );
-        let view = job.view(now);
+        let view = job.view(now, &state.image_base);
         state.forget_old_jobs(now);
         state.job_id_by_key.insert(key, job.job_id.clone());
         state.unfinished.push(Reverse(job.done_at));
@@ -512,7 +525,7 @@ impl SimControl {
         let mut state = self.lock();
         state.polls += 1;
         match state.jobs.get(job_id) {
-            Some(job) => (StatusCode::OK, job.view(Instant::now())),
+            Some(job) => (StatusCode::OK, job.view(Instant::now(), &state.image_base)),
             None => (StatusCode::NOT_FOUND, json!({ "error": "not_found" })),
         }
     }
@@ -522,7 +535,8 @@ impl SimControl {
     /// from now on); one that had ended keeps its final status. Unknown job:
     /// 404 as a poll; [`SimConfig::refuse_cancel`]: 405, the job untouched.
     fn cancel(&self, job_id: &str) -> (StatusCode, Value) {
-        let mut state = self.lock();
+        let mut guard = self.lock();
+        let state = &mut *guard;
         state.cancel_requests += 1;
         if state.config.refuse_cancel {
             return (
@@ -535,14 +549,36 @@ impl SimControl {
             return (StatusCode::NOT_FOUND, json!({ "error": "not_found" }));
         };
         if job.is_done(now) {
-            return (StatusCode::OK, job.view(now));
+            return (StatusCode::OK, job.view(now, &state.image_base));
         }
         job.cancelled = true;
-        let (done_at, view) = (job.done_at, job.view(now));
+        let (done_at, view) = (job.done_at, job.view(now, &state.image_base));
         tracing::debug!(job_id, "simulator cancelled a job");
         state.cancelled_unfinished.push(Reverse(done_at));
         state.cancelled += 1;
         (StatusCode::OK, view)
+    }
+}
+
+impl SimControl {
+    /// Where results' images are served from now on (`start` sets it).
+    fn set_image_base(&self, base: String) {
+        self.lock().image_base = base;
+    }
+
+    /// The SVG of a job that succeeded (`GET /v1/jobs/{id}/image.svg`);
+    /// None for an unknown job or one that did not (or not yet) succeed,
+    /// which has no image.
+    fn picture(&self, job_id: &str) -> Option<String> {
+        let (kind, prompt) = {
+            let state = self.lock();
+            let job = state.jobs.get(job_id)?;
+            if job.cancelled || job.will_fail || !job.is_done(Instant::now()) {
+                return None;
+            }
+            (job.kind.clone(), job.prompt.clone())
+        };
+        Some(picture::draw(&kind, &prompt))
     }
 }
 
@@ -644,6 +680,27 @@ async fn cancel_job(control: web::Data<SimControl>, job_id: web::Path<String>) -
     json_answer(status, answer)
 }
 
+/// `GET /v1/jobs/{id}/image.svg`: the picture of a succeeded job, the same
+/// bytes each time (cached a day). The SVG gets a CSP of its own that allows
+/// nothing but its inline drawing, in case it is opened as a page.
+async fn job_image(control: web::Data<SimControl>, job_id: web::Path<String>) -> HttpResponse {
+    if control.is_unavailable(false) {
+        return unavailable_answer();
+    }
+    match control.picture(&job_id) {
+        Some(svg) => HttpResponse::Ok()
+            .content_type("image/svg+xml")
+            .insert_header(("Cache-Control", "public, max-age=86400, immutable"))
+            .insert_header(("X-Content-Type-Options", "nosniff"))
+            .insert_header((
+                "Content-Security-Policy",
+                "default-src 'none'; style-src 'unsafe-inline'",
+            ))
+            .body(svg),
+        None => json_answer(StatusCode::NOT_FOUND, json!({ "error": "not_found" })),
+    }
+}
+
 async fn serve_stats(control: web::Data<SimControl>) -> HttpResponse {
     if control.is_unavailable(false) {
         return unavailable_answer();
@@ -691,6 +748,7 @@ pub async fn start(bind: &str, control: SimControl) -> std::io::Result<RunningSi
             .route("/v1/jobs", web::post().to(submit_job))
             .route("/v1/jobs/{job_id}", web::get().to(poll_job))
             .route("/v1/jobs/{job_id}/cancel", web::post().to(cancel_job))
+            .route("/v1/jobs/{job_id}/image.svg", web::get().to(job_image))
             .route("/v1/stats", web::get().to(serve_stats))
             .default_service(web::to(not_found))
     })
@@ -703,6 +761,13 @@ pub async fn start(bind: &str, control: SimControl) -> std::io::Result<RunningSi
         .into_iter()
         .next()
         .ok_or_else(|| std::io::Error::other(format!("no address to bind for {bind:?}")))?;
+    // Images are linked at the address the simulator listens on (loopback
+    // for an unspecified one: 0.0.0.0 is no address to fetch from).
+    let mut image_addr = addr;
+    if image_addr.ip().is_unspecified() {
+        image_addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    control.set_image_base(format!("http://{image_addr}"));
     let server = server.run();
     let handle = server.handle();
     tokio::spawn(async move {
@@ -883,6 +948,81 @@ mod tests {
         assert_eq!(stats.running, 0);
         assert_eq!(stats.max_concurrent_jobs, 1);
         assert!(stats.polls >= 1);
+        sim.stop().await;
+    }
+
+    /// A result's image is served by the simulator itself, from its own
+    /// address, as an SVG: the same bytes for the same job, the prompt
+    /// escaped. Before, the URL was `https://sim.invalid/…png`, which no
+    /// browser could load.
+    #[actix_web::test]
+    async fn result_image_is_an_svg_served_by_the_simulator() {
+        let sim = start_sim().await;
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let prompt = "<script>alert(1)</script> cats & dogs";
+        let comic = JobOrder {
+            kind: "comic".to_owned(),
+            ..order(prompt)
+        };
+        let job = client.submit(&comic).await.expect("submit");
+        let view = client.poll(&job.job_id).await.expect("poll");
+        assert_eq!(view.status, JobStatus::Succeeded);
+        let url = view.result.expect("a result").content[0]
+            .url
+            .clone()
+            .expect("an image URL");
+        assert_eq!(
+            url,
+            format!("{}/v1/jobs/{}/image.svg", sim.url(), job.job_id)
+        );
+        let http = plain_http();
+        let mut bodies = Vec::new();
+        for _ in 0..2 {
+            let answer = http.get(&url).send().await.expect("image answer");
+            assert_eq!(answer.status(), reqwest::StatusCode::OK);
+            assert_eq!(answer.headers()["content-type"], "image/svg+xml");
+            assert_eq!(answer.headers()["x-content-type-options"], "nosniff");
+            bodies.push(answer.text().await.expect("SVG text"));
+        }
+        assert_eq!(bodies[0], bodies[1], "the same job draws the same SVG");
+        let svg = &bodies[0];
+        assert!(
+            svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""),
+            "{svg}"
+        );
+        assert!(!svg.contains("<script"), "{svg}");
+        assert!(
+            svg.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{svg}"
+        );
+        assert!(svg.contains(" &amp; "), "{svg}");
+        // Four panels for a comic.
+        for n in 1..=4 {
+            assert!(svg.contains(&format!(">{n}</text>")), "panel {n}: {svg}");
+        }
+
+        // No image for an unknown, a running or a failed job.
+        sim.control.set_latency(Duration::from_secs(600));
+        let running = client
+            .submit(&order("still drawing"))
+            .await
+            .expect("submit");
+        sim.control.set_latency(Duration::ZERO);
+        sim.control.fail_next(1);
+        let failed = client.submit(&order("broken")).await.expect("submit");
+        for job_id in [
+            "job-unknown",
+            running.job_id.as_str(),
+            failed.job_id.as_str(),
+        ] {
+            let answer = http
+                .get(format!("{}/v1/jobs/{job_id}/image.svg", sim.url()))
+                .send()
+                .await
+                .expect("image answer");
+            assert_eq!(answer.status(), reqwest::StatusCode::NOT_FOUND, "{job_id}");
+        }
         sim.stop().await;
     }
 

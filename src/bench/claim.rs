@@ -118,6 +118,9 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                 locale: "en".into(),
                 provider: "default".into(),
                 weight: 1,
+                review: Default::default(),
+                review_timeout_ms: None,
+                review_timeout_action: None,
             },
             now,
         )

@@ -137,6 +137,10 @@ pub struct Figures {
     /// Paced runs: how far the latest submission started behind its
     /// schedule (0 when flat out).
     pub behind_schedule_ms: f64,
+    /// What the timed part cost per saga (CPU of the server, PostgreSQL
+    /// and this client; the server's context switches; transactions and
+    /// statements on PostgreSQL).
+    pub per_saga: super::cpu::PerSaga,
 }
 
 /// Error and warning lines of the server log.
@@ -708,6 +712,14 @@ async fn drive(
             stop_rx.clone(),
         )))
     };
+    // The machine's counters before the timed part (PostgreSQL: read on a
+    // connection of our own to the scenario's database).
+    let stats_db = match s.backend {
+        Backend::Postgres => sea_orm::Database::connect(database_url).await.ok(),
+        Backend::Sqlite => None,
+    };
+    let server_pid = server.child.id();
+    let counters_before = super::cpu::Counters::read(server_pid, stats_db.as_ref()).await;
     // Paced: submission i is due at t0 + i / rate.
     let t0 = Instant::now() + Duration::from_millis(20);
     let pace = match s.load {
@@ -778,6 +790,7 @@ async fn drive(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    let counters_after = super::cpu::Counters::read(server_pid, stats_db.as_ref()).await;
     progress.abort();
     let _ = stop_tx.send(true);
     let mut logs_by_terminal = Vec::new();
@@ -898,6 +911,11 @@ async fn drive(
             f64::NAN
         },
         behind_schedule_ms,
+        per_saga: counters_before.per_saga(
+            &counters_after,
+            s.sessions,
+            s.backend == Backend::Postgres,
+        ),
     })
 }
 

@@ -7,6 +7,7 @@
 //! table in [`table`]. `stagehand rehearse` is [`rehearse`].
 
 pub mod claim;
+pub mod cpu;
 pub mod load;
 pub mod pgbench;
 pub mod rehearse;

@@ -140,7 +140,39 @@ fn flat_rows(terminals: usize) -> Vec<Row> {
             |f| pair(f.frame_after_202_p50_ms, f.frame_after_202_p99_ms),
             None,
         ),
+        row(
+            "CPU-ms per saga: server / PostgreSQL / client",
+            |f| cpu_cells(&f.per_saga),
+            None,
+        ),
+        row(
+            "per saga: server context switches / transactions / statements",
+            |f| counts_cells(&f.per_saga),
+            None,
+        ),
     ]
+}
+
+/// `server / PostgreSQL / client` CPU-ms per saga (`-` for PostgreSQL on
+/// SQLite).
+fn cpu_cells(p: &super::cpu::PerSaga) -> String {
+    let pg = p
+        .postgres_cpu_ms
+        .map(|x| format!("{x:.2}"))
+        .unwrap_or_else(|| "-".into());
+    format!("{:.2} / {pg} / {:.2}", p.server_cpu_ms, p.client_cpu_ms)
+}
+
+/// `switches / transactions / statements` per saga (`-` where not known:
+/// SQLite, or no pg_stat_statements).
+fn counts_cells(p: &super::cpu::PerSaga) -> String {
+    let opt = |x: Option<f64>| x.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into());
+    format!(
+        "{:.1} / {} / {}",
+        p.server_switches,
+        opt(p.transactions),
+        opt(p.statements)
+    )
 }
 
 /// The table of the load scenarios, and what its terms mean.
@@ -173,6 +205,13 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
             terminals: PUSH_TERMINALS,
             paced: true,
             show: |f| pair(f.submit_p50_ms, f.submit_p99_ms),
+            rate: None,
+        });
+        rows.push(Row {
+            label: format!("CPU-ms per saga: server / PostgreSQL / client, {on}"),
+            terminals: PUSH_TERMINALS,
+            paced: true,
+            show: |f| cpu_cells(&f.per_saga),
             rate: None,
         });
     }
@@ -244,6 +283,16 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
     out.push(
         "unrelated read: GET /api/experiences/<slug>/ranking?limit=10 every 20 ms by one more \
          client, to its last byte."
+            .into(),
+    );
+    out.push(
+        "per saga: from the first submission to the last frame, divided by the sagas; CPU from \
+         /proc (PostgreSQL: every postgres process),"
+            .into(),
+    );
+    out.push(
+        "  switches: the server's threads' context switches (its wake-ups); transactions from \
+         pg_stat_database; statements from pg_stat_statements when loaded."
             .into(),
     );
     out.join("\n")

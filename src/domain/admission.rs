@@ -20,7 +20,8 @@ pub fn refunds_credits(reason: AbortReason) -> bool {
         | AbortReason::Orphaned
         | AbortReason::PersistFailed
         | AbortReason::RankingFailed
-        | AbortReason::Cancelled => true,
+        | AbortReason::Cancelled
+        | AbortReason::ReviewRejected => true,
         AbortReason::InputRejected => false,
     }
 }

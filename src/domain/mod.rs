@@ -2,7 +2,7 @@
 //! retry and recovery policy, the provider's circuit breaker, AI key
 //! derivation, the locale tables, and the admission of a submission
 //! (credits, queue estimate, closing time), and how a provider's slots are
-//! shared among its experiences. No I/O, no clock: every
+//! shared among its experiences, and the operators' review decisions. No I/O, no clock: every
 //! function is given `now`.
 pub mod admission;
 pub mod breaker;
@@ -10,6 +10,7 @@ pub mod failure;
 pub mod keys;
 pub mod locale;
 pub mod policy;
+pub mod review;
 pub mod saga;
 pub mod session;
 pub mod sharing;

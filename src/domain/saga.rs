@@ -11,22 +11,27 @@ use serde::{Deserialize, Serialize};
 use super::locale::Locale;
 
 /// Where a saga stands. Steps only move forward:
-/// `AI_PENDING -> AI_DONE -> RANKING_DONE -> COMPLETED`, and `ABORTED` from any
-/// non-final step.
+/// `AI_PENDING -> AI_DONE [-> IN_REVIEW] -> RANKING_DONE -> COMPLETED`, and
+/// `ABORTED` from any non-final step. `IN_REVIEW` is taken only when the
+/// experience has its results reviewed before the public screen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Step {
     AiPending,
     AiDone,
+    /// Waits for an operator's approve or reject, holding no lease and no
+    /// AI slot.
+    InReview,
     RankingDone,
     Completed,
     Aborted,
 }
 
 impl Step {
-    pub const ALL: [Step; 5] = [
+    pub const ALL: [Step; 6] = [
         Step::AiPending,
         Step::AiDone,
+        Step::InReview,
         Step::RankingDone,
         Step::Completed,
         Step::Aborted,
@@ -36,6 +41,7 @@ impl Step {
         match self {
             Step::AiPending => "AI_PENDING",
             Step::AiDone => "AI_DONE",
+            Step::InReview => "IN_REVIEW",
             Step::RankingDone => "RANKING_DONE",
             Step::Completed => "COMPLETED",
             Step::Aborted => "ABORTED",
@@ -50,7 +56,7 @@ impl Step {
     pub fn next(self) -> Option<Step> {
         match self {
             Step::AiPending => Some(Step::AiDone),
-            Step::AiDone => Some(Step::RankingDone),
+            Step::AiDone | Step::InReview => Some(Step::RankingDone),
             Step::RankingDone => Some(Step::Completed),
             Step::Completed | Step::Aborted => None,
         }
@@ -58,12 +64,21 @@ impl Step {
 
     /// Whether `from -> to` is a legal move.
     pub fn can_move(from: Step, to: Step) -> bool {
-        (to == Step::Aborted && !from.is_final()) || from.next() == Some(to)
+        (to == Step::Aborted && !from.is_final())
+            || from.next() == Some(to)
+            || (from, to) == (Step::AiDone, Step::InReview)
     }
 
-    /// The non-final steps, which a worker may hold a lease on.
+    /// The steps a worker claims and holds a lease on. (IN_REVIEW is not
+    /// one: it waits for a person, and an approved saga is adopted from it
+    /// by the review actor.)
     pub fn runnable() -> [Step; 3] {
         [Step::AiPending, Step::AiDone, Step::RankingDone]
+    }
+
+    /// The non-final steps: those an abort may end.
+    pub fn unfinished() -> [Step; 4] {
+        [Step::AiPending, Step::AiDone, Step::InReview, Step::RankingDone]
     }
 }
 
@@ -99,10 +114,13 @@ pub enum AbortReason {
     PersistFailed,
     Orphaned,
     Cancelled,
+    /// An operator (or the review timeout) rejected the AI result before
+    /// the public screen showed it.
+    ReviewRejected,
 }
 
 impl AbortReason {
-    pub const ALL: [AbortReason; 7] = [
+    pub const ALL: [AbortReason; 8] = [
         AbortReason::InputRejected,
         AbortReason::AiFailed,
         AbortReason::AiTimeout,
@@ -110,6 +128,7 @@ impl AbortReason {
         AbortReason::PersistFailed,
         AbortReason::Orphaned,
         AbortReason::Cancelled,
+        AbortReason::ReviewRejected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -121,6 +140,7 @@ impl AbortReason {
             AbortReason::PersistFailed => "PERSIST_FAILED",
             AbortReason::Orphaned => "ORPHANED",
             AbortReason::Cancelled => "CANCELLED",
+            AbortReason::ReviewRejected => "REVIEW_REJECTED",
         }
     }
 
@@ -268,9 +288,12 @@ mod tests {
         let legal = [
             (AiPending, AiDone),
             (AiDone, RankingDone),
+            (AiDone, InReview),
+            (InReview, RankingDone),
             (RankingDone, Completed),
             (AiPending, Aborted),
             (AiDone, Aborted),
+            (InReview, Aborted),
             (RankingDone, Aborted),
         ];
         for from in Step::ALL {

@@ -26,7 +26,7 @@ use crate::clock::rfc3339;
 use crate::domain::breaker::COOL_DOWN_MS;
 use crate::domain::saga::{AbortReason, Step};
 use crate::store::breaker::DEFAULT_PROVIDER;
-use crate::store::operators::{SagaCursor, SagaFilter, SagaView, MAX_PAGE};
+use crate::store::operators::{SagaCursor, SagaFilter, SagaView, MAX_PAGE, MAX_QUERY_CHARS};
 use crate::store::sagas::Fence;
 use crate::store::transitions::SagaWrite;
 
@@ -46,27 +46,49 @@ pub struct SagaListQuery {
     step: Option<String>,
     reason: Option<String>,
     experience: Option<String>,
+    q: Option<String>,
     limit: Option<u64>,
     cursor: Option<String>,
 }
 
-fn saga_filter(q: &SagaListQuery) -> Result<(SagaFilter, u64), ApiError> {
-    let step = match q.step.as_deref().filter(|s| !s.is_empty()) {
-        Some(text) => Some(text.parse::<Step>().map_err(|_| {
+/// A step named in a query or a filter (empty: none).
+pub(super) fn step_named(text: Option<&str>) -> Result<Option<Step>, ApiError> {
+    match text.filter(|s| !s.is_empty()) {
+        Some(text) => Ok(Some(text.parse::<Step>().map_err(|_| {
             ApiError::Validation(format!(
-                "step {text:?} is not a saga step (e.g. AI_PENDING, ABORTED)"
+                "step {text:?} is not a saga step (e.g. AI_PENDING, IN_REVIEW, ABORTED)"
             ))
-        })?),
-        None => None,
-    };
-    let reason = match q.reason.as_deref().filter(|s| !s.is_empty()) {
-        Some(text) => Some(text.parse::<AbortReason>().map_err(|_| {
+        })?)),
+        None => Ok(None),
+    }
+}
+
+/// An abort reason named in a query or a filter (empty: none).
+pub(super) fn reason_named(text: Option<&str>) -> Result<Option<AbortReason>, ApiError> {
+    match text.filter(|s| !s.is_empty()) {
+        Some(text) => Ok(Some(text.parse::<AbortReason>().map_err(|_| {
             ApiError::Validation(format!(
                 "reason {text:?} is not an abort reason (e.g. AI_FAILED, CANCELLED)"
             ))
-        })?),
-        None => None,
-    };
+        })?)),
+        None => Ok(None),
+    }
+}
+
+/// A search text: part of a nickname, or the start of a session id.
+pub(super) fn search_text(q: Option<&str>) -> Result<Option<String>, ApiError> {
+    match q.map(str::trim).filter(|q| !q.is_empty()) {
+        Some(q) if q.chars().count() > MAX_QUERY_CHARS => Err(ApiError::Validation(format!(
+            "q must be at most {MAX_QUERY_CHARS} characters"
+        ))),
+        Some(q) => Ok(Some(q.to_owned())),
+        None => Ok(None),
+    }
+}
+
+fn saga_filter(q: &SagaListQuery) -> Result<(SagaFilter, u64), ApiError> {
+    let step = step_named(q.step.as_deref())?;
+    let reason = reason_named(q.reason.as_deref())?;
     let after = match q.cursor.as_deref().filter(|s| !s.is_empty()) {
         Some(text) => Some(SagaCursor::decode(text).ok_or_else(|| {
             ApiError::Validation("cursor is not one this server handed out".into())
@@ -84,13 +106,15 @@ fn saga_filter(q: &SagaListQuery) -> Result<(SagaFilter, u64), ApiError> {
             step,
             reason,
             experience: q.experience.clone().filter(|s| !s.is_empty()),
+            q: search_text(q.q.as_deref())?,
             after,
+            ..SagaFilter::default()
         },
         limit,
     ))
 }
 
-/// `GET /api/admin/sagas?step=&reason=&experience=&limit=&cursor=` ->
+/// `GET /api/admin/sagas?step=&reason=&experience=&q=&limit=&cursor=` ->
 /// `{"sagas": [...], "next_cursor"}`, newest change first.
 #[utoipa::path(
     get,
@@ -102,6 +126,7 @@ fn saga_filter(q: &SagaListQuery) -> Result<(SagaFilter, u64), ApiError> {
         ("step" = Option<crate::domain::saga::Step>, Query, description = "Only sagas at this step."),
         ("reason" = Option<crate::domain::saga::AbortReason>, Query, description = "Only sagas aborted for this reason."),
         ("experience" = Option<String>, Query, description = "Only sagas of this experience (slug)."),
+        ("q" = Option<String>, Query, max_length = 100, description = "Search: part of the participant's nickname (any case), or the start of the session id."),
         ("limit" = Option<u64>, Query, minimum = 1, maximum = 500, description = "Sagas per page, 1 to 500; default 50."),
         ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous page."),
     ),
@@ -165,7 +190,7 @@ async fn saga_or_404(state: &AppState, id: &str) -> Result<SagaView, ApiError> {
 /// An operator's action on saga `id` under the Idempotency-Key rules
 /// (scoped to the operator and the endpoint), answered with the saga as it
 /// stands after the action.
-async fn saga_action<F, Fut>(
+pub(super) async fn saga_action<F, Fut>(
     state: &AppState,
     req: &HttpRequest,
     id: &str,
@@ -223,18 +248,24 @@ pub async fn retry_saga(
     id: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    saga_action(&state, &req, &id, payload, || async {
-        let retried = state
-            .store
-            .retry_saga(&id, state.clock.now_ms(), state.saga_deadline_ms)
-            .await?;
-        state.wakeups.saga_work();
-        if let Some(experience) = retried.ranking_changed {
-            state.wakeups.rankings_changed(&[experience], false);
-        }
-        Ok(())
-    })
-    .await
+    saga_action(&state, &req, &id, payload, || retry_one(&state, &id)).await
+}
+
+/// The operator's retry of one saga (the endpoint's, and each of a bulk
+/// retry's).
+pub(super) async fn retry_one(state: &AppState, id: &str) -> Result<(), ApiError> {
+    let retried = state
+        .store
+        .retry_saga(id, state.clock.now_ms(), state.saga_deadline_ms)
+        .await?;
+    state.wakeups.saga_work();
+    if retried.back_in_review {
+        state.wakeups.review_changed();
+    }
+    if let Some(experience) = retried.ranking_changed {
+        state.wakeups.rankings_changed(&[experience], false);
+    }
+    Ok(())
 }
 
 /// `POST /api/admin/sagas/{id}/cancel`: a running saga aborts with
@@ -269,22 +300,30 @@ pub async fn cancel_saga(
 ) -> Result<HttpResponse, ApiError> {
     saga_action(&state, &req, &id, payload, || async {
         saga_or_404(&state, &id).await?;
-        let write = SagaWrite::Abort {
-            saga_id: id.to_string(),
-            fence: Fence::Operator,
-            reason: AbortReason::Cancelled,
-            detail: "cancelled by an operator".into(),
-            linger: true,
-        };
-        state
-            .persistence
-            .send(WriteAlone(write))
-            .await
-            .map_err(|e| ApiError::Internal(format!("the persistence actor is gone: {e}")))??;
-        tracing::info!(saga_id = %id, "operator cancel: saga aborted with CANCELLED");
-        Ok(())
+        cancel_one(&state, &id).await
     })
     .await
+}
+
+/// The operator's cancel of one saga (the endpoint's, and each of a bulk
+/// cancel's).
+pub(super) async fn cancel_one(state: &AppState, id: &str) -> Result<(), ApiError> {
+    let write = SagaWrite::Abort {
+        saga_id: id.to_string(),
+        fence: Fence::Operator,
+        reason: AbortReason::Cancelled,
+        detail: "cancelled by an operator".into(),
+        linger: true,
+    };
+    // Its wake-ups (the dispatchers, the operators' hubs: a saga
+    // cancelled in review leaves the queue) follow the write.
+    state
+        .persistence
+        .send(WriteAlone(write))
+        .await
+        .map_err(|e| ApiError::Internal(format!("the persistence actor is gone: {e}")))??;
+    tracing::info!(saga_id = %id, "operator cancel: saga aborted with CANCELLED");
+    Ok(())
 }
 
 #[derive(Deserialize)]

@@ -161,6 +161,15 @@ impl ResponseError for ApiError {
     }
 }
 
+impl From<crate::actors::review::DecideError> for ApiError {
+    fn from(e: crate::actors::review::DecideError) -> Self {
+        match e {
+            crate::actors::review::DecideError::Store(e) => e.into(),
+            e => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
@@ -169,6 +178,7 @@ impl From<StoreError> for ApiError {
             StoreError::BudgetExhausted => ApiError::BudgetExhausted,
             StoreError::Closing => ApiError::Closing,
             StoreError::Conflict(message) => ApiError::Conflict(message),
+            StoreError::Review(refused) => ApiError::Conflict(refused.to_string()),
             // An operator's action on a saga that moved on (the workers'
             // own writes never reach HTTP).
             StoreError::Transition(TransitionError::Conflict { detail, .. }) => {

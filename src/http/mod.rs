@@ -14,6 +14,7 @@ pub mod pages;
 pub mod participants;
 pub mod rate_limit;
 pub mod request_log;
+pub mod review;
 pub mod service;
 pub mod submissions;
 pub mod terminals;
@@ -171,9 +172,34 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .get(web::to(admin::list_sagas).wrap(from_fn(operator_only)))
             .build(),
     )
+    // Before `/api/admin/sagas/{id}`, which would take "bulk" for an id.
+    .service(
+        Endpoint::new("/api/admin/sagas/bulk")
+            .post(
+                web::to(review::bulk_sagas)
+                    .wrap(from_fn(json_only))
+                    .wrap(from_fn(operator_only)),
+            )
+            .build(),
+    )
     .service(
         Endpoint::new("/api/admin/sagas/{id}")
             .get(web::to(admin::get_saga).wrap(from_fn(operator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/sagas/{id}/approve")
+            .post(web::to(review::approve_saga).wrap(from_fn(operator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/sagas/{id}/reject")
+            .post(web::to(review::reject_saga).wrap(from_fn(operator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/review")
+            .get(web::to(review::list_review).wrap(from_fn(operator_only)))
             .build(),
     )
     .service(

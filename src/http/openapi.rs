@@ -26,7 +26,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr, ResponseBuilder, Schema};
 use utoipa::{IntoParams, Modify, OpenApi, PartialSchema, ToSchema};
 
-use super::{admin, metrics, operators, pages, participants, service, submissions, terminals};
+use super::{admin, metrics, operators, pages, participants, review, service, submissions, terminals};
 use crate::domain::locale::Locale;
 use crate::domain::saga::{AbortReason, Step};
 use crate::domain::session::SessionStatus;
@@ -79,6 +79,10 @@ pub const ERROR_CODES: &[&str] = &[
         admin::get_saga,
         admin::retry_saga,
         admin::cancel_saga,
+        review::list_review,
+        review::approve_saga,
+        review::reject_saga,
+        review::bulk_sagas,
         admin::get_breaker,
         admin::list_providers,
         admin::open_breaker,
@@ -360,6 +364,24 @@ pub enum Kind {
     Score,
 }
 
+/// Whether an experience's AI results wait for an operator's approval
+/// before the public screen shows them.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum ReviewMode {
+    Off,
+    BeforeDisplay,
+}
+
+/// An operator's decision on a result in review, or what the review
+/// timeout does by itself.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+pub enum ReviewAction {
+    Approve,
+    Reject,
+}
+
 /// An experience as operators see it (with the operator token).
 #[derive(ToSchema)]
 pub struct Experience {
@@ -385,6 +407,13 @@ pub struct Experience {
     /// Its share of the provider's slots, 1 to 100.
     #[schema(minimum = 1, maximum = 100)]
     weight: i32,
+    review: ReviewMode,
+    /// How long a result may wait in review before the timeout action
+    /// decides it (`"1m 30s"`); null: no timeout.
+    #[schema(required = true)]
+    review_timeout: Option<String>,
+    #[schema(required = true)]
+    review_timeout_action: Option<ReviewAction>,
     /// One experience only (`GET /api/experiences/{slug}`): its provider's
     /// breaker is open, so the AI is paused and every place is kept.
     ai_paused: Option<bool>,
@@ -464,6 +493,23 @@ pub struct SagaList {
 #[derive(ToSchema)]
 pub struct SagaOne {
     saga: crate::store::operators::SagaView,
+}
+
+/// The results waiting for an operator's decision, oldest first.
+#[derive(ToSchema)]
+pub struct ReviewList {
+    items: Vec<crate::store::review::ReviewItem>,
+}
+
+/// What a bulk action did.
+#[derive(ToSchema)]
+pub struct BulkResult {
+    /// Sagas the filter matched.
+    matched: i64,
+    /// Sagas the action applied to (0 on a dry run; a saga whose state
+    /// refuses the action is matched but not done).
+    done: i64,
+    dry_run: bool,
 }
 
 // ---- participants ------------------------------------------------------------

@@ -14,6 +14,7 @@ use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::domain::locale::Locale;
+use crate::domain::review::{Decision, ReviewMode};
 use crate::store::entities::experiences;
 use crate::store::experiences::NewExperience;
 
@@ -65,6 +66,22 @@ struct ExperienceBody {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 100)]
     weight: Option<i32>,
+    /// `before_display`: each AI result waits in the operators' review
+    /// (IN_REVIEW) and reaches the public screen only once approved;
+    /// default `off`.
+    #[serde(default)]
+    #[schema(value_type = Option<crate::http::openapi::ReviewMode>)]
+    review: Option<String>,
+    /// How long a result may wait in review (`"90s"`, `"2m"`) before
+    /// `review_timeout_action` decides it; default none (it waits for a
+    /// person).
+    #[serde(default)]
+    #[schema(example = "90s", max_length = 40)]
+    review_timeout: Option<String>,
+    /// `approve` or `reject`; default `reject`.
+    #[serde(default)]
+    #[schema(value_type = Option<crate::http::openapi::ReviewAction>)]
+    review_timeout_action: Option<String>,
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -150,7 +167,44 @@ fn validate_experience(
             names.join(", ")
         )));
     }
+    let review = match b.review.as_deref() {
+        Some(text) => text.parse::<ReviewMode>().map_err(|_| {
+            ApiError::Validation("review must be \"off\" or \"before_display\"".into())
+        })?,
+        None => ReviewMode::Off,
+    };
+    let review_timeout_ms = match b.review_timeout.as_deref() {
+        Some(text) => {
+            let timeout = crate::config::parse_duration(text).map_err(|_| {
+                ApiError::Validation(
+                    "review_timeout must be a duration such as \"90s\" or \"2m\"".into(),
+                )
+            })?;
+            if timeout.is_zero() || timeout > std::time::Duration::from_secs(7 * 24 * 3600) {
+                return Err(ApiError::Validation(
+                    "review_timeout must be more than 0 and at most 7 days".into(),
+                ));
+            }
+            Some(timeout.as_millis() as i64)
+        }
+        None => None,
+    };
+    let review_timeout_action = match b.review_timeout_action.as_deref() {
+        Some(text) => Some(text.parse::<Decision>().map_err(|_| {
+            ApiError::Validation("review_timeout_action must be \"approve\" or \"reject\"".into())
+        })?),
+        None => None,
+    };
+    if review == ReviewMode::Off && (review_timeout_ms.is_some() || review_timeout_action.is_some()) {
+        return Err(ApiError::Validation(
+            "review_timeout and review_timeout_action need review \"before_display\"".into(),
+        ));
+    }
     Ok(NewExperience {
+        review,
+        review_timeout_ms,
+        review_timeout_action: review_timeout_ms
+            .map(|_| review_timeout_action.unwrap_or(Decision::Reject)),
         provider,
         weight,
         locale: locale.as_str().to_owned(),
@@ -179,6 +233,9 @@ fn experience_json(e: &experiences::Model) -> serde_json::Value {
         "locale": e.locale,
         "provider": e.provider,
         "weight": e.weight,
+        "review": e.review,
+        "review_timeout": e.review_timeout_ms.map(|ms| humantime::format_duration(std::time::Duration::from_millis(ms as u64)).to_string()),
+        "review_timeout_action": e.review_timeout_action,
         "created_at": rfc3339(e.created_at_ms),
     })
 }

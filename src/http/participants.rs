@@ -226,6 +226,9 @@ pub async fn get_session(
     };
     let message = if ai_paused {
         locale.text("session.ai_paused")
+    } else if saga.as_ref().is_some_and(|s| s.step == Step::InReview.as_str()) {
+        // The result waits for a person before the public screen.
+        locale.text("session.IN_REVIEW")
     } else {
         message
     };

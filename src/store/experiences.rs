@@ -11,6 +11,7 @@ use super::{new_id, DbFailure, Store, StoreError, StoreResult};
 use crate::domain::keys::token_hash;
 use crate::domain::locale::Locale;
 use crate::domain::policy::EpochMs;
+use crate::domain::review::{Decision, ReviewMode};
 
 /// What an operator sends to create an experience.
 #[derive(Debug, Clone)]
@@ -29,6 +30,10 @@ pub struct NewExperience {
     pub provider: String,
     /// 1 to 100.
     pub weight: i32,
+    pub review: ReviewMode,
+    pub review_timeout_ms: Option<i64>,
+    /// Set exactly when `review_timeout_ms` is.
+    pub review_timeout_action: Option<Decision>,
 }
 
 /// The language of an experience (English when it is gone).
@@ -65,6 +70,9 @@ impl Store {
             locale: Set(new.locale),
             provider: Set(new.provider),
             weight: Set(new.weight),
+            review: Set(new.review.as_str().to_owned()),
+            review_timeout_ms: Set(new.review_timeout_ms),
+            review_timeout_action: Set(new.review_timeout_action.map(|d| d.as_str().to_owned())),
             created_at_ms: Set(now),
         }
         .insert(&*tx)

@@ -18,6 +18,7 @@ pub mod outbox;
 pub mod presence;
 pub mod providers;
 pub mod ranking;
+pub mod review;
 pub mod sagas;
 pub mod sessions;
 pub mod submissions;
@@ -48,6 +49,10 @@ pub enum StoreError {
     NotFound(&'static str),
     #[error("{0}")]
     Conflict(String),
+    /// An operator's review decision that cannot apply (the other one was
+    /// taken, or the saga is not in review).
+    #[error(transparent)]
+    Review(#[from] crate::domain::review::DecisionRefused),
     /// The session is not OPEN or ABORTED, so it takes no submission.
     #[error("this session has already submitted")]
     AlreadySubmitted,

@@ -10,6 +10,7 @@ use sea_orm::{ConnectionTrait, EntityTrait, QueryResult, Value};
 
 use super::entities::{experiences, sagas};
 use super::presence::TerminalView;
+use super::review::{ReviewItem, ReviewQueue};
 use super::sessions::set_session_status;
 use super::submissions::take_credits;
 use super::transitions::load;
@@ -88,7 +89,15 @@ pub struct OperatorStats {
     pub terminals: Vec<TerminalView>,
     /// The sagas that changed last, newest first.
     pub recent: Vec<SagaView>,
+    /// How many results wait in review, and since when the oldest.
+    pub review_queue: ReviewQueue,
+    /// The oldest [`REVIEW_SHOWN`] of them, oldest first.
+    pub review: Vec<ReviewItem>,
 }
+
+/// Review items the live dashboard holds at most (the admin API lists
+/// them all).
+pub const REVIEW_SHOWN: u64 = 100;
 
 /// Which sagas the admin list shows.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -97,8 +106,61 @@ pub struct SagaFilter {
     pub reason: Option<AbortReason>,
     /// An experience's slug.
     pub experience: Option<String>,
+    /// Last changed at or after this time.
+    pub updated_after: Option<EpochMs>,
+    /// Last changed before this time.
+    pub updated_before: Option<EpochMs>,
+    /// Part of the nickname (any case), or the start of the session id.
+    pub q: Option<String>,
     /// Sagas after this one in the list's order (newest first).
     pub after: Option<SagaCursor>,
+}
+
+/// The longest `q` a search takes.
+pub const MAX_QUERY_CHARS: usize = 100;
+
+impl SagaFilter {
+    /// The filter's terms (without the list's cursor) as SQL conditions
+    /// over `sagas s`, `experiences e` and `sessions se`, binding their
+    /// values after those already in `values`.
+    fn conditions(&self, values: &mut Vec<Value>) -> Vec<String> {
+        let mut conditions = Vec::new();
+        let mut bind = |v: Value| {
+            values.push(v);
+            format!("${}", values.len())
+        };
+        if let Some(step) = self.step {
+            conditions.push(format!("s.step = {}", bind(step.as_str().into())));
+        }
+        if let Some(reason) = self.reason {
+            conditions.push(format!("s.abort_reason = {}", bind(reason.as_str().into())));
+        }
+        if let Some(slug) = &self.experience {
+            conditions.push(format!("e.slug = {}", bind(slug.clone().into())));
+        }
+        if let Some(ms) = self.updated_after {
+            conditions.push(format!("s.updated_at_ms >= {}", bind(ms.into())));
+        }
+        if let Some(ms) = self.updated_before {
+            conditions.push(format!("s.updated_at_ms < {}", bind(ms.into())));
+        }
+        if let Some(q) = self.q.as_deref().map(str::trim).filter(|q| !q.is_empty()) {
+            let q: String = q.chars().take(MAX_QUERY_CHARS).collect();
+            // LIKE's wildcards in the text are matched as themselves.
+            let escaped = q
+                .to_lowercase()
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_");
+            let part = bind(format!("%{escaped}%").into());
+            let start = bind(format!("{escaped}%").into());
+            conditions.push(format!(
+                "(LOWER(se.nickname) LIKE {part} ESCAPE '\\' \
+                 OR s.session_id LIKE {start} ESCAPE '\\')"
+            ));
+        }
+        conditions
+    }
 }
 
 /// A place in the admin list: the last saga of the page before.
@@ -130,6 +192,9 @@ pub struct Retried {
     pub saga: sagas::Model,
     /// The experience whose ranking shows the saga's entry again.
     pub ranking_changed: Option<String>,
+    /// It aborted in review (rejected, or cancelled there), and waits in
+    /// the review queue again.
+    pub back_in_review: bool,
 }
 
 /// The columns of [`SagaView`], in the order [`saga_view_of`] reads them.
@@ -253,6 +318,8 @@ impl Store {
             aborted_by_reason,
             terminals: self.terminal_views(None, presence_since).await?,
             recent,
+            review_queue: self.review_queue().await?,
+            review: self.review_items(None, REVIEW_SHOWN).await?,
         })
     }
 
@@ -265,24 +332,12 @@ impl Store {
         now: EpochMs,
     ) -> StoreResult<(Vec<SagaView>, Option<SagaCursor>)> {
         let limit = limit.clamp(1, MAX_PAGE);
-        let mut conditions = Vec::new();
         let mut values: Vec<Value> = Vec::new();
+        let mut conditions = filter.conditions(&mut values);
         let bind = |values: &mut Vec<Value>, v: Value| {
             values.push(v);
             format!("${}", values.len())
         };
-        if let Some(step) = filter.step {
-            let p = bind(&mut values, step.as_str().into());
-            conditions.push(format!("s.step = {p}"));
-        }
-        if let Some(reason) = filter.reason {
-            let p = bind(&mut values, reason.as_str().into());
-            conditions.push(format!("s.abort_reason = {p}"));
-        }
-        if let Some(slug) = &filter.experience {
-            let p = bind(&mut values, slug.clone().into());
-            conditions.push(format!("e.slug = {p}"));
-        }
         if let Some(after) = &filter.after {
             let ms = bind(&mut values, after.updated_at_ms.into());
             let id = bind(&mut values, after.saga_id.clone().into());
@@ -291,11 +346,7 @@ impl Store {
             ));
         }
         let page = bind(&mut values, ((limit + 1) as i64).into());
-        let filter = if conditions.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", conditions.join(" AND "))
-        };
+        let filter = where_all(&conditions);
         let rows = self
             .db()
             .query_all_raw(self.sql(
@@ -320,6 +371,56 @@ impl Store {
             None
         };
         Ok((views, next))
+    }
+
+    /// How many sagas match `filter` (its cursor aside).
+    pub async fn count_sagas(&self, filter: &SagaFilter) -> StoreResult<i64> {
+        let mut values = Vec::new();
+        let conditions = filter.conditions(&mut values);
+        let row = self
+            .db()
+            .query_one_raw(self.sql(
+                &format!("SELECT COUNT(*) {SAGA_VIEW_FROM} {}", where_all(&conditions)),
+                values,
+            ))
+            .await?;
+        Ok(match row {
+            Some(r) => r.try_get_by_index(0)?,
+            None => 0,
+        })
+    }
+
+    /// The ids of the next `limit` sagas matching `filter` (its cursor
+    /// aside) after `after_id`, in id order: the pages of a bulk action.
+    /// The order does not move as the action changes the sagas, so each is
+    /// visited once.
+    pub async fn saga_ids_matching(
+        &self,
+        filter: &SagaFilter,
+        after_id: Option<&str>,
+        limit: u64,
+    ) -> StoreResult<Vec<String>> {
+        let mut values = Vec::new();
+        let mut conditions = filter.conditions(&mut values);
+        if let Some(after) = after_id {
+            values.push(after.into());
+            conditions.push(format!("s.id > ${}", values.len()));
+        }
+        values.push((limit as i64).into());
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                &format!(
+                    "SELECT s.id {SAGA_VIEW_FROM} {} ORDER BY s.id LIMIT ${}",
+                    where_all(&conditions),
+                    values.len()
+                ),
+                values,
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get_by_index::<String>(0).map_err(Into::into))
+            .collect()
     }
 
     /// One saga as operators see it.
@@ -415,6 +516,8 @@ impl Store {
                  ai_submitted_at_ms = CASE WHEN ai_job_id IS NULL \
                      OR abort_reason IN ('AI_FAILED', 'AI_TIMEOUT') THEN NULL ELSE $3 END, \
                  abort_reason = NULL, abort_detail = NULL, aborted_at_step = NULL, \
+                 review_since_ms = CASE WHEN $2 = 'IN_REVIEW' THEN $3 ELSE review_since_ms END, \
+                 review_decision = NULL, \
                  charged_credits = charged_credits + $6, updated_at_ms = $3, {link_trace} \
                  WHERE id = $1 AND step = 'ABORTED' AND charged_credits = $7",
                     link_trace = super::sagas::link_trace("true")
@@ -486,6 +589,7 @@ impl Store {
         tracing::info!(saga_id, step = %resume, "operator retry: saga runs again");
         Ok(Retried {
             ranking_changed: (shown > 0).then(|| saga.experience_id.clone()),
+            back_in_review: resume == Step::InReview,
             saga,
         })
     }
@@ -497,4 +601,13 @@ fn conflict(detail: &str) -> StoreError {
         detail: detail.to_owned(),
     }
     .into()
+}
+
+/// `WHERE a AND b ...`, or nothing.
+fn where_all(conditions: &[String]) -> String {
+    if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conditions.join(" AND "))
+    }
 }

@@ -40,7 +40,8 @@ pub struct RankingRow {
 impl Store {
     /// Registers many scores at once, one entry per session, each fenced
     /// like every saga step: it is written only while its saga is at
-    /// AI_DONE under the writer's lock token, so a worker whose lease was
+    /// AI_DONE (or IN_REVIEW, approved and adopted) under the writer's lock
+    /// token, so a worker whose lease was
     /// lost writes nothing and gets `LeaseLost`. A repeat by the same saga
     /// returns the entry as it is; a later saga of the same session (a new
     /// submission after ABORTED) replaces the old entry with its score. The
@@ -97,7 +98,7 @@ impl Store {
                      SELECT v.id, v.experience_id, v.session_id, v.saga_id, s.nickname, v.score, \
                      FALSE, $1 FROM v JOIN sessions s ON s.id = v.session_id \
                      JOIN sagas g ON g.id = v.saga_id AND g.lock_token = v.token \
-                     AND g.step = 'AI_DONE' WHERE true \
+                     AND g.step IN ('AI_DONE', 'IN_REVIEW') WHERE true \
                      ON CONFLICT (session_id) DO UPDATE SET saga_id = excluded.saga_id, \
                      score = excluded.score, nickname = excluded.nickname, hidden = FALSE, \
                      created_at_ms = excluded.created_at_ms \

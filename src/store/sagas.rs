@@ -10,6 +10,7 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, FromQueryResult, QueryF
 use super::entities::sagas;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::policy::{lease_until, EpochMs};
+use crate::domain::review::ReviewMode;
 use crate::domain::saga::{Step, TransitionError};
 use crate::domain::sharing::{next_grant, Claimant};
 
@@ -43,11 +44,14 @@ impl ClaimableExperience {
     /// `Some((ai_calls, min_success))` when the experience fans out
     /// (`ai_calls` > 1); `min_success` defaults to all calls.
     pub fn fan_out(&self) -> Option<(i32, i32)> {
-        (self.ai_calls > 1).then(|| {
-            let calls = self.ai_calls;
-            (calls, self.min_success.unwrap_or(calls).clamp(1, calls))
-        })
+        fan_out_of(self.ai_calls, self.min_success)
     }
+}
+
+/// `Some((ai_calls, min_success))` for an experience that fans out
+/// (`ai_calls` > 1); `min_success` defaults to all calls.
+pub fn fan_out_of(ai_calls: i32, min_success: Option<i32>) -> Option<(i32, i32)> {
+    (ai_calls > 1).then(|| (ai_calls, min_success.unwrap_or(ai_calls).clamp(1, ai_calls)))
 }
 
 impl InFlight {
@@ -82,6 +86,8 @@ pub struct ClaimableExperience {
     pub has_expired_ai: bool,
     /// AI_PENDING sagas nobody holds wait for an AI slot.
     pub has_queued_ai: bool,
+    /// Whether its results wait in the operators' review.
+    pub review: ReviewMode,
 }
 
 /// Who may end a saga: its lease holder, or (for the cleanup actor) nobody,
@@ -93,6 +99,9 @@ pub enum Fence {
     /// An operator: whoever holds the lease (the holder's next fenced write
     /// then finds the saga ended, and stops quietly).
     Operator,
+    /// An operator's (or the review timeout's) reject: only a saga in
+    /// IN_REVIEW with no decision taken.
+    Review,
 }
 
 /// The SQL condition "a worker may claim this saga now", the mirror of
@@ -202,7 +211,7 @@ impl Store {
                 "SELECT * FROM (SELECT e.id, e.max_in_flight, e.kind, e.created_at_ms, \
                  e.ai_calls, e.min_success, \
                  ({} OR {}) AS resumed, {} AS expired_ai, {} AS queued_ai, \
-                 e.provider, e.weight, p.max_in_flight AS provider_max \
+                 e.provider, e.weight, p.max_in_flight AS provider_max, e.review \
                  FROM experiences e LEFT JOIN providers p ON p.name = e.provider) x \
                  WHERE resumed OR expired_ai OR queued_ai ORDER BY created_at_ms, id",
                 probe(&resumed, ClaimSource::Unowned),
@@ -227,6 +236,10 @@ impl Store {
                     provider: r.try_get_by_index(9)?,
                     weight: r.try_get_by_index(10)?,
                     provider_max_in_flight: r.try_get_by_index(11)?,
+                    review: r
+                        .try_get_by_index::<String>(12)?
+                        .parse()
+                        .unwrap_or_default(),
                 })
             })
             .collect::<Result<_, sea_orm::DbErr>>()

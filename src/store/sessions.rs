@@ -68,7 +68,8 @@ impl Store {
             .await?)
     }
 
-    /// Sessions stuck in SUBMITTING with no saga (a crash between the two
+    /// Sessions stuck in SUBMITTING with no unfinished saga (one waiting
+    /// in review counts, though it holds no lease) (a crash between the two
     /// writes cannot happen, they share a transaction, but a hand-edited or
     /// restored database can): the ids, oldest first.
     pub async fn submitting_without_saga(
@@ -81,7 +82,7 @@ impl Store {
             .query_all_raw(self.sql(
                 "SELECT s.id FROM sessions s WHERE s.status = 'SUBMITTING' AND s.updated_at_ms < $1 \
                  AND NOT EXISTS (SELECT 1 FROM sagas g WHERE g.session_id = s.id \
-                 AND g.step IN ('AI_PENDING', 'AI_DONE', 'RANKING_DONE')) \
+                 AND g.step IN ('AI_PENDING', 'AI_DONE', 'IN_REVIEW', 'RANKING_DONE')) \
                  ORDER BY s.updated_at_ms LIMIT $2",
                 vec![older_than.into(), limit.into()],
             ))

@@ -563,6 +563,8 @@ fn new_saga(
         ai_submitted_at_ms: Set(None),
         slots: Set(1),
         handed_over: Set(false),
+        review_since_ms: Set(None),
+        review_decision: Set(None),
         trace_context: Set(None),
         content: Set(None),
         ai_score: Set(None),

@@ -35,6 +35,7 @@ use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::admission::refunds_credits;
 use crate::domain::failure::AiResult;
 use crate::domain::policy::{lease_until, AttemptState, EpochMs};
+use crate::domain::review::{judge_decision, Decision, ReviewRow};
 use crate::domain::saga::{judge_unapplied, AbortReason, RowNow, Step, TransitionError};
 use crate::domain::session::SessionStatus;
 
@@ -65,11 +66,17 @@ pub enum SagaWrite {
         result: AiResult,
         job_id: Option<String>,
     },
-    /// AI_DONE -> RANKING_DONE with the ranked entry (None: nothing to rank).
+    /// AI_DONE -> IN_REVIEW: the result waits for an operator. The lease
+    /// is given up (a review holds no lease and no AI slot); the review
+    /// actor adopts the saga again once it is approved.
+    EnterReview { saga_id: String, token: String },
+    /// AI_DONE (or IN_REVIEW, once approved: `after_review`) ->
+    /// RANKING_DONE with the ranked entry (None: nothing to rank).
     RankingDone {
         saga_id: String,
         token: String,
         entry: Option<RankedEntry>,
+        after_review: bool,
     },
     /// AI_PENDING stays for a later try at `next_attempt_at`; the lease is
     /// released so the AI slot is free meanwhile, and the job is forgotten
@@ -105,6 +112,7 @@ impl SagaWrite {
             SagaWrite::AiSubmitted { saga_id, .. }
             | SagaWrite::AiAttemptTimedOut { saga_id, .. }
             | SagaWrite::AiDone { saga_id, .. }
+            | SagaWrite::EnterReview { saga_id, .. }
             | SagaWrite::RankingDone { saga_id, .. }
             | SagaWrite::ReleaseForRetry { saga_id, .. }
             | SagaWrite::Complete { saga_id, .. }
@@ -177,7 +185,9 @@ impl Store {
         let mut submitted = Rows::new();
         let mut timed_out = Rows::new();
         let mut ai_done = Rows::new();
+        let mut reviewed = Rows::new();
         let mut ranked = Rows::new();
+        let mut ranked_after_review = Rows::new();
         let mut released = Rows::new();
         let mut completed = Rows::new();
         let mut refunds: Vec<Refund> = Vec::new();
@@ -208,11 +218,20 @@ impl Store {
                         job_id.clone().into(),
                     ],
                 ),
+                SagaWrite::EnterReview { saga_id, token } => {
+                    reviewed.push(i, saga_id, token, vec![])
+                }
                 SagaWrite::RankingDone {
                     saga_id,
                     token,
                     entry,
-                } => ranked.push(
+                    after_review,
+                } => if *after_review {
+                    &mut ranked_after_review
+                } else {
+                    &mut ranked
+                }
+                .push(
                     i,
                     saga_id,
                     token,
@@ -338,33 +357,53 @@ impl Store {
             });
         }
 
+        // The lease is given up with the step: nobody holds a saga in
+        // review, so a write that touched no row can only mean the lease
+        // was lost (or an earlier try of this write committed, and the
+        // worker stops all the same).
         let applied = fenced_update_many(
             &tx,
             Step::AiDone,
-            Some(lease),
-            "step = 'RANKING_DONE', score = v.c1, score_attempt_id = v.c2, rank = v.c3",
-            &ranked.rows,
+            None,
+            "step = 'IN_REVIEW', lock_token = NULL, locked_until_ms = NULL, \
+             review_since_ms = $1, review_decision = NULL",
+            &reviewed.rows,
             now,
         )
         .await?;
-        for (k, &i) in ranked.index.iter().enumerate() {
-            let (saga_id, token, values) = &ranked.rows[k];
-            outcome[i] = Some(if applied.contains(saga_id) {
-                Ok(Written::default())
-            } else {
-                // The rank is a snapshot and may differ on a replay; the
-                // entry is what identifies the step's data.
-                let offered = (double_of(&values[0]), text_of(&values[1]));
-                judge(
-                    &tx,
-                    saga_id,
-                    (Step::AiDone, Step::RankingDone),
-                    token,
-                    &offered,
-                    |s| (s.score, s.score_attempt_id.clone()),
-                )
-                .await
-            });
+        for (k, &i) in reviewed.index.iter().enumerate() {
+            outcome[i] = Some(lease_kept(applied.contains(&reviewed.rows[k].0)));
+        }
+
+        for (from, rows) in [(Step::AiDone, &ranked), (Step::InReview, &ranked_after_review)] {
+            let applied = fenced_update_many(
+                &tx,
+                from,
+                Some(lease),
+                "step = 'RANKING_DONE', score = v.c1, score_attempt_id = v.c2, rank = v.c3",
+                &rows.rows,
+                now,
+            )
+            .await?;
+            for (k, &i) in rows.index.iter().enumerate() {
+                let (saga_id, token, values) = &rows.rows[k];
+                outcome[i] = Some(if applied.contains(saga_id) {
+                    Ok(Written::default())
+                } else {
+                    // The rank is a snapshot and may differ on a replay; the
+                    // entry is what identifies the step's data.
+                    let offered = (double_of(&values[0]), text_of(&values[1]));
+                    judge(
+                        &tx,
+                        saga_id,
+                        (from, Step::RankingDone),
+                        token,
+                        &offered,
+                        |s| (s.score, s.score_attempt_id.clone()),
+                    )
+                    .await
+                });
+            }
         }
 
         let applied = fenced_update_many(
@@ -483,6 +522,7 @@ impl Store {
             saga_id: saga_id.to_owned(),
             token: token.to_owned(),
             entry,
+            after_review: false,
         };
         self.apply_one(write, now, lease_ms).await.map(drop)
     }
@@ -760,7 +800,7 @@ async fn abort_one(
         )
         .col_expr(sagas::Column::UpdatedAtMs, Expr::value(now))
         .filter(sagas::Column::Id.eq(saga_id))
-        .filter(sagas::Column::Step.is_in(Step::runnable().map(Step::as_str)));
+        .filter(sagas::Column::Step.is_in(Step::unfinished().map(Step::as_str)));
     update = match fence {
         Fence::Token(token) => update.filter(sagas::Column::LockToken.eq(token.clone())),
         Fence::Unowned => update.filter(
@@ -769,6 +809,9 @@ async fn abort_one(
                 .or(sagas::Column::LockedUntilMs.lt(now)),
         ),
         Fence::Operator => update,
+        Fence::Review => update
+            .filter(sagas::Column::Step.eq(Step::InReview.as_str()))
+            .filter(sagas::Column::ReviewDecision.is_null()),
     };
     if update.exec(&**tx).await?.rows_affected == 0 {
         let saga = load(&**tx, saga_id).await?;
@@ -787,6 +830,18 @@ async fn abort_one(
                 .map_err(Into::into)
             }
             Fence::Unowned => Err(TransitionError::LeaseLost.into()),
+            // Rejected twice is success; after an approval, or for a saga
+            // not in review, it is refused.
+            Fence::Review => judge_decision(
+                Decision::Reject,
+                ReviewRow {
+                    step: super::sagas::step_of(&saga)?,
+                    decision: saga.review_decision.as_deref(),
+                    abort_reason: recorded.as_deref(),
+                },
+            )
+            .map(|()| Written::default())
+            .map_err(StoreError::from),
             // Asked twice: the saga already ended that way.
             Fence::Operator
                 if saga.step == Step::Aborted.as_str()

@@ -22,23 +22,31 @@ pages the way people use them:
                resumes it (its breaker); while it is paused the phone shows a
                calm notice with its place in the queue and the booth display
                a calm banner, and the result follows once it resumes
+  review       /ops's review queue: a approves, r rejects; the booth display
+               shows only the approved result
   language     a Korean experience shows Korean texts
+  images       the result's picture, drawn by the built-in simulator and
+               served from its own port, really loads on the booth display
   layout       every page fits a 360 px phone; the booth display fills 1080p
-  screenshots  of every page, in target/screenshots/
+  screenshots  of every page, in target/screenshots/; and the two the README
+               shows, docs/booth-display.png and docs/ops.png (1280x800),
+               rewritten with STAGEHAND_DOCS_SCREENSHOTS=1 (a read-only docs/
+               is said, not a failure)
 
-Only 127.0.0.1 is contacted: the simulator's result images (sim.invalid)
-are answered inside the browser with a drawn placeholder, and any other
-outside address is refused.
+Only 127.0.0.1 is contacted (the server, and the simulator's result images
+on its own loopback port); any other address is refused.
 
 Usage: python3 tests/browser/test_pages.py [test-name ...]
 Environment: STAGEHAND_BINARY (default target/debug/stagehand),
 STAGEHAND_CHROMIUM (default /usr/bin/chromium), STAGEHAND_PAGES_FROM_DISK=1
 serves static/ from the work tree instead of the binary's embedded copy (for
-editing the pages without rebuilding; the default tests what ships).
+editing the pages without rebuilding; the default tests what ships),
+STAGEHAND_DOCS_SHOTS (default docs/) where the README's screenshots go.
 Prints "browser: N passed, M failed" and exits non-zero when any failed.
+Without Chromium or Playwright's Python package it says what to install and
+exits 2.
 """
 
-import html
 import json
 import mimetypes
 import os
@@ -56,11 +64,21 @@ import urllib.parse
 import urllib.request
 import uuid
 
-from playwright.sync_api import expect, sync_playwright
+# What the browser tests need, as .ci/run installs it (scripts/test says the
+# same line).
+NEEDS = ("browser tests need Debian's chromium and Playwright's Python package: "
+         "apt-get install chromium fonts-nanum; python3 -m pip install 'playwright>=1.45,<2'")
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError as missing:
+    print(f"no Playwright ({missing}): {NEEDS}", file=sys.stderr)
+    sys.exit(2)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BINARY = pathlib.Path(os.environ.get("STAGEHAND_BINARY") or ROOT / "target" / "debug" / "stagehand")
 CHROMIUM = os.environ.get("STAGEHAND_CHROMIUM", "/usr/bin/chromium")
+DOCS_SHOTS = pathlib.Path(os.environ.get("STAGEHAND_DOCS_SHOTS") or ROOT / "docs")
 PAGES_FROM_DISK = os.environ.get("STAGEHAND_PAGES_FROM_DISK") == "1"
 SHOTS = ROOT / "target" / "screenshots"
 STATIC = ROOT / "static"
@@ -237,25 +255,14 @@ def wait_for(what, check, timeout=30):
 
 # ---- the browser -----------------------------------------------------------
 
-PLACEHOLDER = """<svg xmlns="http://www.w3.org/2000/svg" width="800" height="600" viewBox="0 0 800 600">
-<defs><linearGradient id="g" x1="0" y1="0" x2="1" y2="1">
-<stop offset="0" stop-color="#5b3df5"/><stop offset="1" stop-color="#f0b429"/></linearGradient></defs>
-<rect width="800" height="600" fill="url(#g)"/>
-<circle cx="400" cy="260" r="120" fill="#fff" opacity=".25"/>
-<text x="400" y="470" font-family="sans-serif" font-size="34" fill="#fff" text-anchor="middle">{label}</text>
-</svg>"""
-
-
 def only_loopback(route):
-    """Lets 127.0.0.1 through; draws the simulator's images; refuses the rest."""
+    """Lets 127.0.0.1 through (the server, and the simulator's images on its
+    own port); refuses the rest."""
     url = urllib.parse.urlsplit(route.request.url)
     if url.hostname == "127.0.0.1" or url.scheme in ("data", "blob"):
         if PAGES_FROM_DISK and serve_from_disk(route, url.path):
             return
         route.continue_()
-    elif url.hostname and url.hostname.endswith("sim.invalid"):
-        label = html.escape(pathlib.PurePosixPath(url.path).stem[:18])
-        route.fulfill(status=200, content_type="image/svg+xml", body=PLACEHOLDER.replace("{label}", label))
     else:
         route.abort("blockedbyclient")
 
@@ -328,6 +335,38 @@ def shot(page, name, settle=True, **kw):
         page.wait_for_function(SETTLED, timeout=5 * SECOND)
     page.screenshot(path=str(path), **kw)
     return path
+
+
+def save_doc_shot(page, name):
+    """A screenshot of the viewport for the docs: written to target/screenshots/
+    and, with STAGEHAND_DOCS_SCREENSHOTS=1, to DOCS_SHOTS/name (replaced
+    whole, never half-written), so that a test run leaves the work tree as
+    it was unless asked. A docs/ that cannot be written is said, not a
+    failure."""
+    data = page.screenshot(animations="disabled", caret="hide")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    (SHOTS / name).write_bytes(data)
+    if os.environ.get("STAGEHAND_DOCS_SCREENSHOTS") != "1":
+        return SHOTS / name
+    target = DOCS_SHOTS / name
+    tmp = target.with_name(f".{name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    except OSError as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        print(f"note: {target} not written ({e.strerror or e}); it is in {SHOTS / name}")
+        return SHOTS / name
+    return target
+
+
+def images_loaded(page, selector):
+    """Every image matching selector has loaded (and there is one at least)."""
+    return page.locator(selector).evaluate_all(
+        "imgs => imgs.length > 0 && imgs.every(i => i.complete && i.naturalWidth > 0)")
 
 
 def assert_fits(page, what):
@@ -417,6 +456,7 @@ def test_submission_reaches_terminal(env):
     expect(display.locator("#latest-nickname")).to_have_text("alice", timeout=RESULT_WAIT)
     expect(display.locator("#latest-content figcaption")).to_contain_text("a cat on a skateboard")
     expect(display.locator("#latest-content img")).to_have_count(1)
+    wait_for("the display's result image to load", lambda: images_loaded(display, "#latest-content img"), 10)
     expect(display.locator("#feed li.feed-completed").first).to_contain_text("alice")
     env.fixtures["comics_display"] = display
     env.fixtures["comics_phone"] = phone
@@ -731,6 +771,43 @@ def test_terminal_screenshot(env):
     shot(display, "terminal")
 
 
+def test_result_image_loads_on_the_display(env):
+    """The result's picture is drawn by the built-in simulator (as
+    ./scripts/demo runs it) and served from the simulator's own loopback
+    port; on the booth display it really loads: no "image could not be
+    loaded". Before, its URL was https://sim.invalid/..., which no browser
+    can load."""
+    env.server.experience("pictures", "Picture booth", kind="image")
+    term = env.server.terminal("pictures", "picture booth")
+    prompt = "a <b>bold</b> fox & a hen <script>alert(1)</script>"
+    session_id, token = env.server.submit_as("pictures", "pixel", prompt, terminal_id=term["terminal_id"])
+    wait_for("the saga to complete", lambda: env.server.ok(
+        "GET", f"/api/sessions/{session_id}", token=token)["status"] == "COMPLETED", 30)
+
+    display = env.screen()
+    answers = []
+    display.on("response", lambda r: answers.append((r.url, r.status, r.headers.get("content-type")))
+               if r.url.endswith("/image.svg") else None)
+    display.goto(f"/terminal/{term['terminal_id']}#token={term['token']}")
+    expect(display.locator("#conn")).to_have_attribute("data-state", "live")
+    expect(display.locator("#latest-nickname")).to_have_text("pixel", timeout=RESULT_WAIT)
+    img = display.locator("#latest-content img")
+    expect(img).to_have_count(1)
+    wait_for("the result image to load", lambda: img.evaluate("i => i.complete && i.naturalWidth > 0"), 10)
+    expect(display.locator("#latest-content .img-missing")).to_have_count(0)
+    expect(display.locator("#latest-content figcaption")).to_contain_text("<b>bold</b> fox & a hen")
+
+    src = urllib.parse.urlsplit(img.get_attribute("src"))
+    assert src.scheme == "http" and src.hostname == "127.0.0.1" and src.port != env.server.port, src
+    assert re.fullmatch(r"/v1/jobs/[^/]+/image\.svg", src.path), src
+    assert [(a[1], a[2]) for a in answers] == [(200, "image/svg+xml")], answers
+    # The prompt is in the picture as text, escaped, never as markup.
+    with urllib.request.urlopen(src.geturl(), timeout=5) as r:
+        svg = r.read().decode()
+    assert "<script" not in svg and "&lt;b&gt;bold&lt;/b&gt; fox &amp; a hen" in svg, svg
+    shot(display, "terminal-image")
+
+
 def test_layouts_fit_phone_and_1080p(env):
     """Every page fits a 360 px phone; the booth display fills 1080p exactly."""
     term = env.fixtures["game_terminal"]
@@ -926,6 +1003,124 @@ def test_ai_paused_on_phone_and_display(env):
     expect(banner).to_be_hidden(timeout=12 * SECOND)
 
 
+def test_ops_review_approves_and_rejects(env):
+    """(review) Results of a reviewed experience wait in /ops's review queue
+    with big previews; `a` approves the selected one and `r` rejects the
+    next; the booth display shows only the approved result, and for the
+    rejected one a neutral message without its content."""
+    env.server.operator("POST", "/api/experiences", {
+        "slug": "reviewed", "title": "Reviewed booth", "kind": "image", "review": "before_display"})
+    term = env.server.terminal("reviewed", "review booth")
+    display = open_terminal(env, term)
+    ops = ops_page(env)
+    queue = ops.locator("#review-queue")
+    expect(ops.locator("#review-section")).to_be_visible()
+    env.server.submit_as("reviewed", "keeper", "a lighthouse at dawn", terminal_id=term["terminal_id"])
+    expect(queue.locator(".review-card")).to_have_count(1, timeout=RESULT_WAIT)
+    env.server.submit_as("reviewed", "dropper", "a secret doodle", terminal_id=term["terminal_id"])
+    expect(queue.locator(".review-card")).to_have_count(2, timeout=RESULT_WAIT)
+    expect(ops.locator("#review-count")).to_have_text(re.compile(r"\b2\b"))
+    expect(ops.locator("#review-oldest")).to_contain_text("s")
+    first = queue.locator(".review-card").first
+    expect(first.locator(".nickname")).to_have_text("keeper")
+    expect(first.locator(".review-preview img")).to_have_count(1)
+    expect(first).to_have_class(re.compile(r"\bselected\b"))
+    # Nothing of either is on the public screen while they wait.
+    expect(display.locator("#empty")).to_be_visible()
+    shot(ops, "ops-review")
+
+    ops.keyboard.press("a")
+    expect(queue.locator(".review-card")).to_have_count(1)
+    expect(display.locator("#latest-nickname")).to_have_text("keeper", timeout=RESULT_WAIT)
+    expect(display.locator("#latest-content figcaption")).to_contain_text("a lighthouse at dawn")
+    expect(queue.locator(".review-card.selected .nickname")).to_have_text("dropper")
+    ops.keyboard.press("r")
+    expect(queue.locator(".review-card")).to_have_count(0)
+    expect(queue).to_contain_text(EN["ops.review.empty"])
+    expect(display.locator("#feed li").first).to_contain_text(EN["abort.REVIEW_REJECTED"], timeout=RESULT_WAIT)
+    expect(display.locator("#latest-nickname")).to_have_text("keeper")
+    assert "a secret doodle" not in display.content(), "the rejected content reached the display"
+    sagas = {s["nickname"]: s for s in env.server.sagas(experience="reviewed")}
+    assert sagas["keeper"]["step"] == "COMPLETED", sagas
+    assert sagas["dropper"]["abort_reason"] == "REVIEW_REJECTED", sagas
+
+# The README's screenshots: a booth display with a few pictures and a
+# ranking, and the operators' console with some activity. Fixed prompts,
+# names and scores, each saga ended before the next: the same picture in
+# every run (the simulator draws from the prompt), up to the QR code and
+# the console's times.
+SHOWCASE = [
+    ("Mina", "a cat on a skateboard", 8120),
+    ("Leo", "a robot juggling teacups", 7450),
+    ("Sora", "a dragon baking bread at sunrise", 9310),
+    ("Kai", "a lighthouse dancing in a storm", 6890),
+]
+DOC_VIEW = dict(viewport={"width": 1280, "height": 800})
+
+
+def test_docs_screenshots(env):
+    """docs/booth-display.png and docs/ops.png (rewritten from this run with
+    STAGEHAND_DOCS_SCREENSHOTS=1); the console's review queue approves all
+    with its two clicks."""
+    env.server.experience("showcase", "Comic booth · Main stage", kind="comic")
+    term = env.server.terminal("showcase", "main stage")
+    for nickname, prompt, score in SHOWCASE:
+        sid, token = env.server.submit_as("showcase", nickname, prompt, terminal_id=term["terminal_id"], score=score)
+        wait_for(f"{nickname}'s saga to complete", lambda: env.server.ok(
+            "GET", f"/api/sessions/{sid}", token=token)["status"] == "COMPLETED", 30)
+
+    display = env.page(**DOC_VIEW)
+    display.goto(f"/terminal/{term['terminal_id']}#token={term['token']}")
+    expect(display.locator("#conn")).to_have_attribute("data-state", "live")
+    expect(display.locator("#latest-nickname")).to_have_text(SHOWCASE[-1][0], timeout=RESULT_WAIT)
+    expect(display.locator("#ranking li")).to_have_count(len(SHOWCASE))
+    expect(display.locator("#feed li.feed-completed")).to_have_count(len(SHOWCASE))
+    expect(display.locator("#ranking li").first.locator(".r-name")).to_have_text("Sora")
+    expect(display.locator("#scan img")).to_be_visible()
+    wait_for("the display's images to load", lambda: images_loaded(display, "#latest-content img, #qr"), 10)
+    display.wait_for_function(SETTLED, timeout=5 * SECOND)
+    size = display.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+    assert size == [1280, 800], f"the display fits 1280x800: {size}"
+    save_doc_shot(display, "booth-display.png")
+
+    # The console while a booth with one AI slot works through a queue, after
+    # a moderation rejection.
+    env.server.experience("posters", "Poster wall", kind="image", max_in_flight=1)
+    sid, token = env.server.submit_as("posters", "Rex", "something forbidden on a poster")
+    wait_for("the rejection", lambda: env.server.ok(
+        "GET", f"/api/sessions/{sid}", token=token)["status"] == "ABORTED", 30)
+    ops = env.page(**DOC_VIEW)
+    ops.goto("/ops")
+    ops.fill("#token", OPERATOR_TOKEN)
+    ops.click("#sign-in")
+    expect(ops.locator("#dashboard")).to_be_visible()
+    expect(ops.locator("#conn")).to_have_attribute("data-state", "live")
+    expect(ops.locator("#step-COMPLETED .value")).not_to_have_text("0")
+    expect(ops.locator("#reason-INPUT_REJECTED .count")).not_to_have_text("0")
+    for nickname, prompt in [("Ivy", "a jazz band of penguins"), ("Oto", "a city made of candy"),
+                             ("Nia", "a whale in the clouds"), ("Max", "a knight on a scooter")]:
+        env.server.submit_as("posters", nickname, prompt)
+    # Two results wait for an operator's review before the main screen.
+    env.server.operator("POST", "/api/experiences", {
+        "slug": "gallery", "title": "Gallery wall", "kind": "comic", "review": "before_display"})
+    for nickname, prompt in [("Ana", "a fox reading the news"), ("Bo", "a moon-shaped bakery")]:
+        env.server.submit_as("gallery", nickname, prompt)
+    expect(ops.locator("#review-queue .review-card")).to_have_count(2, timeout=RESULT_WAIT)
+    wait_for("the review previews to load", lambda: images_loaded(ops, "#review-queue img"), 10)
+    capacity = ops.locator("#capacity li[data-slug=posters]")
+    expect(capacity.locator(".in-flight")).to_have_text(EN["ops.inFlight"].format(n=1, max=1))
+    expect(capacity.locator(".queued")).not_to_have_text(EN["ops.queued"].format(n=0))
+    expect(ops.locator("#recent li").first).to_be_visible()
+    ops.evaluate("() => window.scrollTo(0, 0)")
+    ops.wait_for_function(SETTLED, timeout=5 * SECOND)
+    save_doc_shot(ops, "ops.png")
+    ops.click("#review-approve-all")
+    ops.click("#review-approve-all")
+    expect(ops.locator("#review-queue .review-card")).to_have_count(0, timeout=RESULT_WAIT)
+    # The queue drains (the sagas left running would slow the next test).
+    expect(capacity.locator(".queued")).to_have_text(EN["ops.queued"].format(n=0), timeout=RESULT_WAIT)
+
+
 def test_no_page_errors(env):
     """No page threw an uncaught JavaScript error in any of the tests."""
     assert not env.console_errors, "\n".join(env.console_errors)
@@ -942,9 +1137,12 @@ TESTS = [
     test_terminal_with_a_wrong_token_says_so,
     test_korean_experience,
     test_terminal_screenshot,
+    test_result_image_loads_on_the_display,
     test_layouts_fit_phone_and_1080p,
     test_ops_shows_providers_and_breaker,
     test_ai_paused_on_phone_and_display,
+    test_ops_review_approves_and_rejects,
+    test_docs_screenshots,
     test_no_page_errors,
 ]
 
@@ -955,8 +1153,8 @@ def main(argv):
     if not BINARY.is_file():
         print(f"no server binary at {BINARY} (cargo build --bin stagehand)", file=sys.stderr)
         return 2
-    if not os.path.exists(CHROMIUM):
-        print(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)", file=sys.stderr)
+    if not os.access(CHROMIUM, os.X_OK):
+        print(f"no Chromium at {CHROMIUM}: {NEEDS}", file=sys.stderr)
         return 2
     SHOTS.mkdir(parents=True, exist_ok=True)
     for old in SHOTS.glob("*.png"):  # what is there is from this run

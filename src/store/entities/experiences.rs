@@ -24,6 +24,14 @@ pub struct Model {
     /// Its share of the provider's slots among the experiences with work
     /// (1 to 100).
     pub weight: i32,
+    /// `off` or `before_display`: whether a person approves each AI
+    /// result before the public screen shows it.
+    pub review: String,
+    /// How long an item may wait in review before `review_timeout_action`
+    /// decides it (none: it waits for a person).
+    pub review_timeout_ms: Option<i64>,
+    /// `approve` or `reject`.
+    pub review_timeout_action: Option<String>,
     pub created_at_ms: i64,
 }
 

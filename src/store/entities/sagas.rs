@@ -48,6 +48,12 @@ pub struct Model {
     /// on purpose, so the next claim resumes it at once and counts no
     /// recovery. Every claim sets it back to false.
     pub handed_over: bool,
+    /// When its AI result entered IN_REVIEW (the review queue's order, and
+    /// where `review_timeout` counts from).
+    pub review_since_ms: Option<i64>,
+    /// `APPROVED` once an operator (or the timeout) approved it: the fence
+    /// of approve and reject. A rejection is the `REVIEW_REJECTED` abort.
+    pub review_decision: Option<String>,
     /// Where the next run joins the traces: the submission's W3C
     /// `traceparent`, or `link:<traceparent>` for a run that starts a new
     /// trace linked to it (a resume or a retry); see migration 17.

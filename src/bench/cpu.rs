@@ -1,0 +1,155 @@
+//! What a scenario cost the machine, per saga: CPU time of the server, of
+//! PostgreSQL (every `postgres` process: the bench is the cluster's only
+//! user while it runs) and of this client, from `/proc` before and after
+//! the timed part; the server's context switches (its wake-ups); and on
+//! PostgreSQL the transactions and, when `pg_stat_statements` is loaded,
+//! the statements of the scenario's database. Linux only: elsewhere the
+//! figures are absent.
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+
+/// Counters read at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct Counters {
+    /// CPU time (user + system) in clock ticks.
+    server_ticks: u64,
+    postgres_ticks: u64,
+    client_ticks: u64,
+    /// Voluntary + involuntary context switches of every server thread.
+    server_switches: u64,
+    /// PostgreSQL: commits + rollbacks, and statements, of the database.
+    transactions: Option<i64>,
+    statements: Option<i64>,
+}
+
+/// Per saga, between two [`Counters`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PerSaga {
+    pub server_cpu_ms: f64,
+    /// None on SQLite.
+    pub postgres_cpu_ms: Option<f64>,
+    pub client_cpu_ms: f64,
+    pub server_switches: f64,
+    pub transactions: Option<f64>,
+    pub statements: Option<f64>,
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux).
+const TICKS_PER_S: f64 = 100.0;
+
+/// utime + stime of a process, in ticks (fields 14 and 15 of
+/// `/proc/<pid>/stat`, counted after the command name's parenthesis).
+fn ticks_of(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // `after` starts at field 3 (state): utime is field 14, stime 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn process_ticks(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| ticks_of(&s))
+        .unwrap_or(0)
+}
+
+/// The CPU ticks of every process named `postgres`.
+fn postgres_ticks() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .map(|pid| process_ticks(&pid))
+        .sum()
+}
+
+/// Context switches of every thread of `pid`.
+fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+async fn one_number(db: &DatabaseConnection, sql: &str) -> Option<i64> {
+    let row = db
+        .query_one_raw(Statement::from_string(DbBackend::Postgres, sql.to_owned()))
+        .await
+        .ok()??;
+    row.try_get_by_index::<i64>(0).ok()
+}
+
+impl Counters {
+    /// Reads them now. `db`: the scenario's PostgreSQL database.
+    pub async fn read(server_pid: u32, db: Option<&DatabaseConnection>) -> Counters {
+        let (transactions, statements) = match db {
+            Some(db) => (
+                one_number(
+                    db,
+                    "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
+                     WHERE datname = current_database()",
+                )
+                .await,
+                one_number(
+                    db,
+                    "SELECT COALESCE(SUM(calls), 0)::bigint FROM pg_stat_statements \
+                     WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                )
+                .await,
+            ),
+            None => (None, None),
+        };
+        Counters {
+            server_ticks: process_ticks(&server_pid.to_string()),
+            postgres_ticks: if db.is_some() { postgres_ticks() } else { 0 },
+            client_ticks: process_ticks("self"),
+            server_switches: switches(server_pid),
+            transactions,
+            statements,
+        }
+    }
+
+    /// What happened from `self` to `later`, per saga of `sagas`.
+    pub fn per_saga(&self, later: &Counters, sagas: usize, postgres: bool) -> PerSaga {
+        let n = sagas.max(1) as f64;
+        let ms = |a: u64, b: u64| (b.saturating_sub(a)) as f64 * 1000.0 / TICKS_PER_S / n;
+        let each = |a: Option<i64>, b: Option<i64>| Some((b? - a?) as f64 / n);
+        PerSaga {
+            server_cpu_ms: ms(self.server_ticks, later.server_ticks),
+            postgres_cpu_ms: postgres.then(|| ms(self.postgres_ticks, later.postgres_ticks)),
+            client_cpu_ms: ms(self.client_ticks, later.client_ticks),
+            server_switches: later.server_switches.saturating_sub(self.server_switches) as f64 / n,
+            transactions: each(self.transactions, later.transactions),
+            statements: each(self.statements, later.statements),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_utime_and_stime_past_a_command_name_with_spaces() {
+        let stat = "1234 (tokio (rt) 1) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1 2 3";
+        assert_eq!(ticks_of(stat), Some(300));
+    }
+}
