@@ -121,6 +121,9 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             locale: "ko".into(),
             provider: "images".into(),
             weight: 3,
+            review: "before_display".into(),
+            review_timeout_ms: Some(300_000),
+            review_timeout_action: Some("approve".into()),
             created_at_ms: T0,
         },
         exp_full.clone()
@@ -141,6 +144,9 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             locale: "en".into(),
             provider: "default".into(),
             weight: 1,
+            review: "off".into(),
+            review_timeout_ms: None,
+            review_timeout_action: None,
             created_at_ms: T0,
         },
         exp_min.clone()
