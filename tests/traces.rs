@@ -7,8 +7,9 @@
 //!   submission's request span (its context stored with the saga), and the
 //!   step spans and AI request spans hang under it with the saga's
 //!   attributes; the spans are sent at shutdown (flush).
-//! - A saga resumed after its worker died, and one an operator retried,
-//!   start a new trace linked to the submission's.
+//! - A saga resumed after its worker died, one handed over at shutdown,
+//!   and one an operator retried, start a new trace linked to the
+//!   submission's.
 //! - A collector that is down costs nothing: side by side with a server
 //!   without traces, the 202 and the saga's end take as long, and the
 //!   failure is logged once.
@@ -161,8 +162,20 @@ async fn server_logged(
     endpoint: Option<&str>,
     batch_delay: &str,
 ) -> (Server, PathBuf) {
+    server_with(db, ai_url, logs, endpoint, batch_delay, &[]).await
+}
+
+async fn server_with(
+    db: &TestDb,
+    ai_url: &str,
+    logs: &mut Logs,
+    endpoint: Option<&str>,
+    batch_delay: &str,
+    more: &[(&str, &str)],
+) -> (Server, PathBuf) {
     let http = support::http_client();
     let mut env = vec![("STAGEHAND_OTLP_BATCH_DELAY", batch_delay)];
+    env.extend_from_slice(more);
     if let Some(endpoint) = endpoint {
         env.push(("STAGEHAND_OTLP_ENDPOINT", endpoint));
     }
@@ -431,6 +444,94 @@ async fn resumed_and_retried_sagas_get_linked_traces(backend: Backend) {
     check_completed_run(&spans, &retried, &saga_id, &sid, true);
 }
 db_test!(resumed_and_retried_sagas_get_linked_traces);
+
+/// A saga handed over at shutdown (SIGTERM while its AI job runs) is
+/// resumed by the next server at once, without a recovery: a new trace
+/// linked to the submission's, while the run before the hand-over stayed
+/// in the submission's trace (its spans sent by the flush at shutdown).
+async fn a_handed_over_saga_gets_a_linked_trace(backend: Backend) {
+    let receiver = Receiver::start();
+    let sim = support::start_sim(support::fast_sim()).await;
+    let db = TestDb::fresh(backend).await;
+    let mut logs = Logs::new();
+    let http = support::http_client();
+    let quick_stop = [("STAGEHAND_SHUTDOWN_GRACE", "100ms")];
+    let (mut first, _) = server_with(
+        &db,
+        &sim.url(),
+        &mut logs,
+        Some(&receiver.url),
+        "1h",
+        &quick_stop,
+    )
+    .await;
+    sim.control.set_latency(Duration::from_secs(3));
+    let (sid, token) = session(&http, &first.base).await;
+    let saga_id = submit(&http, &first.base, &sid, &token).await;
+    let store = db.store().await;
+    support::wait_for(Duration::from_secs(20), || {
+        let store = store.clone();
+        let saga_id = saga_id.clone();
+        async move {
+            store
+                .saga(&saga_id)
+                .await
+                .unwrap()
+                .filter(|s| s.ai_job_id.is_some())
+        }
+    })
+    .await
+    .expect("the first server submitted the AI job");
+    first.sigterm();
+    assert!(first.exited(Duration::from_secs(30)).await.is_some());
+    let handed = store.saga(&saga_id).await.unwrap().unwrap();
+    assert!(handed.handed_over, "{handed:?}");
+    let spans = receiver.spans();
+    let request = spans
+        .iter()
+        .find(|s| s.name == SUBMISSION)
+        .cloned()
+        .expect("the request's span, sent at shutdown");
+    let before =
+        named(&spans, &request.trace, "saga").expect("the first run, in the request's trace");
+    assert_eq!(before.parent, request.id);
+
+    let (second, _) = server_with(
+        &db,
+        &sim.url(),
+        &mut logs,
+        Some(&receiver.url),
+        "50ms",
+        &quick_stop,
+    )
+    .await;
+    let done =
+        support::wait_final(&http, &second.base, &sid, &token, Duration::from_secs(30)).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    let resumed = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            spans
+                .iter()
+                .find(|s| s.name == "saga" && s.trace != request.trace)
+                .filter(|s| named(spans, &s.trace, "saga step RANKING_DONE").is_some())
+                .cloned()
+        })
+        .await;
+    assert_eq!(resumed.attr("saga.id"), Some(saga_id.as_str()));
+    assert_eq!(resumed.parent, "");
+    assert_eq!(
+        resumed.attr("saga.recoveries"),
+        Some("0"),
+        "no recovery used"
+    );
+    assert_eq!(
+        resumed.links,
+        vec![(request.trace.clone(), request.id.clone())],
+        "linked to the submission's request"
+    );
+    check_completed_run(&receiver.spans(), &resumed, &saga_id, &sid, false);
+}
+db_test!(a_handed_over_saga_gets_a_linked_trace);
 
 /// The median of some durations.
 fn median(mut times: Vec<Duration>) -> Duration {
