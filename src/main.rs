@@ -1,6 +1,7 @@
 //! The `stagehand` command: `serve`, `migrate`, `sim-ai`, `bench`,
 //! `rehearse`, and the log format they share.
 
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -88,7 +89,7 @@ enum Command {
     Rehearse(stagehand::bench::rehearse::RehearseArgs),
 }
 
-fn main() -> std::process::ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     // Traces (`serve` with --otlp-endpoint): the exporter is built here,
     // outside the runtime, and flushed after the runtime ends.
@@ -101,7 +102,7 @@ fn main() -> std::process::ExitCode {
         Ok(None) => (None, None),
         Err(e) => {
             eprintln!("stagehand: {e}");
-            return std::process::ExitCode::FAILURE;
+            return ExitCode::FAILURE;
         }
     };
     // RUST_LOG filters the log lines only: traces take stagehand's spans
@@ -127,8 +128,23 @@ fn main() -> std::process::ExitCode {
     if let Some(tracing_export) = &tracing_export {
         tracing::info!(endpoint = %tracing_export.url(), "traces are sent over OTLP/HTTP (protobuf)");
     }
+    let command = match cli.command {
+        Command::Rehearse(args) => {
+            return actix_web::rt::System::new().block_on(async move {
+                match stagehand::bench::rehearse::run(args).await {
+                    Ok(verdict) if verdict.go() => ExitCode::SUCCESS,
+                    Ok(_) => ExitCode::from(REHEARSAL_NO_GO),
+                    Err(e) => {
+                        eprintln!("stagehand: {e}");
+                        ExitCode::from(REHEARSAL_FAILED)
+                    }
+                }
+            })
+        }
+        command => command,
+    };
     let outcome = actix_web::rt::System::new().block_on(async move {
-        match cli.command {
+        match command {
             Command::Serve(config) => serve(config).await,
             Command::Migrate { database_url } => {
                 let store = Store::connect(&database_url, 2)
@@ -165,20 +181,28 @@ fn main() -> std::process::ExitCode {
                 Ok(())
             }
             Command::Bench(args) => stagehand::bench::run(args).await,
-            Command::Rehearse(args) => stagehand::bench::rehearse::run(args).await,
+            Command::Rehearse(_) => unreachable!("run above"),
         }
     });
     if let Some(tracing_export) = tracing_export {
         tracing_export.shutdown();
     }
     match outcome {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("stagehand: {e}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }
+
+/// `stagehand rehearse` ran and missed a target, lost a session or saw a
+/// display gap (NO-GO), so a deploy script can gate on its exit code.
+const REHEARSAL_NO_GO: u8 = 1;
+/// `stagehand rehearse` could not run or measure (bad inputs, the server
+/// did not start, setup failed): no verdict. Clap's usage errors (an
+/// unknown flag, `--target-abort-rate 150%`) exit 2 as well.
+const REHEARSAL_FAILED: u8 = 2;
 
 async fn serve(config: Config) -> Result<(), String> {
     let app = Application::build(config)

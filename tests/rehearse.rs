@@ -1,7 +1,10 @@
-//! `stagehand rehearse` as a user runs it: the built binary, a burst of 40
-//! participants on 3 displays with 10 % of the prompts rejected, against
-//! its embedded server (SQLite in its own temp dir, or a fresh PostgreSQL
-//! database), checked through the JSON it writes.
+//! `stagehand rehearse` as a user runs it: the built binary against its
+//! embedded server (SQLite in its own temp dir, or a fresh PostgreSQL
+//! database), checked through its exit code, its verdict line and the JSON
+//! it writes: a burst of 40 participants on 3 displays with 10 % of the
+//! prompts rejected meets the default targets (GO, exit 0); a steady rate
+//! behind a cap of 1 misses an impossible p95 (NO-GO, exit 1) and is told
+//! the cap that would hold; bad inputs exit 2.
 
 mod support;
 
@@ -16,9 +19,9 @@ use support::{Backend, TestDb};
 /// default 500 ms AI poll) takes about 6 s; this is the bound.
 const RUN_DEADLINE: Duration = Duration::from_secs(120);
 
-/// Runs `stagehand rehearse` with `args`; its stdout and stderr when it
-/// exits in time, a panic otherwise.
-fn rehearse(args: &[&str]) -> (bool, String) {
+/// Runs `stagehand rehearse` with `args`; its exit code and its stdout and
+/// stderr when it exits in time, a panic otherwise.
+fn rehearse(args: &[&str]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("out.log");
     let file = std::fs::File::create(&out).expect("log file");
@@ -46,9 +49,18 @@ fn rehearse(args: &[&str]) -> (bool, String) {
         std::thread::sleep(Duration::from_millis(50));
     };
     (
-        status.success(),
+        status.code(),
         std::fs::read_to_string(&out).unwrap_or_default(),
     )
+}
+
+/// The last line of the output that starts with `GO:` or `NO-GO:`.
+fn verdict_line(output: &str) -> &str {
+    output
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("GO: ") || l.starts_with("NO-GO: "))
+        .unwrap_or_else(|| panic!("no verdict line:\n{output}"))
 }
 
 fn number(v: &Value, what: &str) -> f64 {
@@ -73,22 +85,55 @@ async fn burst_with_rejections(backend: Backend) {
         "0.1",
         "--ai-latency",
         "50ms",
+        // The default targets (p95 30 s, abort rate 2 %), and a p99 too.
+        "--target-p99",
+        "60s",
         "--json",
         &json_arg,
     ];
     if let Some(db) = &db {
         args.extend(["--database-url", &db.url]);
     }
-    let (ok, output) = rehearse(&args);
-    assert!(ok, "rehearse failed:\n{output}");
+    let (code, output) = rehearse(&args);
+    assert_eq!(code, Some(0), "rehearse did not say GO:\n{output}");
     assert!(
         output.contains("| 202 to terminal frame, p50 / p95 / p99 (ms)"),
         "no table on stdout:\n{output}"
     );
+    // The verdict is the last line, each target with its figure; the
+    // moderation rejections (10 %) are not aborts against the 2 %.
+    let line = verdict_line(&output);
+    assert_eq!(output.trim_end().lines().last(), Some(line), "{output}");
+    assert!(line.starts_with("GO: p95 "), "{line}");
+    for said in [
+        "<= target 30 s",
+        "p99 ",
+        "<= target 60 s",
+        "abort rate 0 % <= target 2 %",
+        "delivery problems 0 <= target 0",
+    ] {
+        assert!(line.contains(said), "{said:?} not in {line:?}");
+    }
     let v: Value = serde_json::from_str(
         &std::fs::read_to_string(Path::new(&json_path)).expect("the JSON file"),
     )
     .expect("JSON");
+    assert_eq!(v["verdict"]["go"], true, "{v:#}");
+    assert_eq!(v["verdict"]["line"], line, "{v:#}");
+    assert_eq!(v["targets"]["p95_ms"], 30_000.0, "{v:#}");
+    assert_eq!(v["targets"]["p99_ms"], 60_000.0, "{v:#}");
+    assert_eq!(v["targets"]["abort_rate"], 0.02, "{v:#}");
+    assert_eq!(v["abort_rate"], 0.0, "{v:#}");
+    // A burst has no steady arrival rate: no Little's law; its own figure
+    // says the cap of 5 gets 95 % of it through well within 30 s.
+    assert!(v["capacity"].is_null(), "{v:#}");
+    let b = &v["burst_capacity"];
+    assert_eq!(b["participants"], 40, "{v:#}");
+    assert!(number(&b["mean_ai_job_s"], "mean AI job") >= 0.05, "{v:#}");
+    let recommended = number(&b["recommended_max_in_flight"], "cap");
+    assert!((1.0..=5.0).contains(&recommended), "{v:#}");
+    assert!(b["advice"].is_null(), "{v:#}");
+    assert!(!output.contains("capacity: "), "{output}");
 
     let s = &v["sessions"];
     assert_eq!(s["participants"], 40, "{v:#}");
@@ -168,3 +213,116 @@ async fn burst_with_rejections(backend: Backend) {
 }
 
 db_test!(burst_with_rejections);
+
+/// 20 participants a second for a second, behind a cap of 1 AI job at a
+/// time with a 100 ms simulated AI (polled every 50 ms): the arrivals bring
+/// 2 or more jobs' worth of AI a second for 1 slot, so the queue grows
+/// while they arrive. The p95 target of 50 ms is below the AI's own 100 ms,
+/// so the verdict is NO-GO whatever the machine's speed; the advice's cap
+/// is Little's law of the figures the JSON reports. About 3 s of sagas.
+async fn short_cap_is_no_go_with_advice(backend: Backend) {
+    let db = match backend {
+        Backend::Sqlite => None,
+        Backend::Postgres => Some(TestDb::fresh(backend).await),
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json_path = dir.path().join("rehearse.json");
+    let json_arg = json_path.display().to_string();
+    let mut args = vec![
+        "--rate",
+        "20/s",
+        "--duration",
+        "1s",
+        "--terminals",
+        "2",
+        "--ai-latency",
+        "100ms",
+        "--max-in-flight",
+        "1",
+        "--server-arg",
+        "--ai-poll-interval 50ms",
+        "--target-p95",
+        "50ms",
+        "--target-abort-rate",
+        "0.5",
+        "--json",
+        &json_arg,
+    ];
+    if let Some(db) = &db {
+        args.extend(["--database-url", &db.url]);
+    }
+    let (code, output) = rehearse(&args);
+    assert_eq!(code, Some(1), "rehearse did not say NO-GO:\n{output}");
+    let line = verdict_line(&output);
+    assert_eq!(output.trim_end().lines().last(), Some(line), "{output}");
+    assert!(line.starts_with("NO-GO: p95 "), "{line}");
+    assert!(line.contains(" > target 50 ms"), "{line}");
+    // Only the failed target is named.
+    assert!(!line.contains("abort rate"), "{line}");
+
+    let v: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(&json_path)).expect("the JSON file"),
+    )
+    .expect("JSON");
+    assert_eq!(v["verdict"]["go"], false, "{v:#}");
+    assert_eq!(v["verdict"]["line"], line, "{v:#}");
+    assert_eq!(v["sessions"]["completed"], 20, "{v:#}");
+    assert!(number(&v["submit_to_frame_ms"]["p95"], "p95") > 50.0);
+
+    let c = &v["capacity"];
+    let rate = number(&c["arrival_per_s"], "arrival rate");
+    assert!((10.0..=40.0).contains(&rate), "scheduled 20/s: {v:#}");
+    let mean = number(&c["mean_ai_job_s"], "mean AI job");
+    // Each job takes the simulator's 100 ms, seen by a poll every 50 ms.
+    assert!((0.1..5.0).contains(&mean), "{v:#}");
+    assert_eq!(c["jobs_per_participant"], 1.0, "{v:#}");
+    assert_eq!(c["max_in_flight"], 1, "{v:#}");
+    assert_eq!(c["grows_without_bound"], true, "{v:#}");
+    let needed = rate * mean;
+    assert!(
+        (number(&c["needed_in_flight"], "needed") - needed).abs() < 1e-6,
+        "{v:#}"
+    );
+    let recommended = c["recommended_max_in_flight"].as_u64().expect("cap");
+    assert_eq!(recommended, (needed / 0.85).ceil() as u64, "{v:#}");
+    assert!(recommended >= 3, "at least 2 jobs' worth a second: {v:#}");
+    let advice = format!("you need max_in_flight >= {recommended}");
+    assert!(output.contains(&advice), "{advice:?} not in:\n{output}");
+    assert!(
+        output.contains("the AI queue grows without bound"),
+        "{output}"
+    );
+    assert!(
+        output.contains(&format!(
+            "at {:.0}/min with a {mean:.2} s mean AI job",
+            rate * 60.0
+        )),
+        "{output}"
+    );
+    // The queue was seen non-empty by the operators' stats frames (one
+    // every 250 ms at most, over the seconds the queue drained).
+    assert!(
+        number(&v["queue_depth_peak"], "queue depth") >= 1.0,
+        "{v:#}"
+    );
+}
+
+db_test!(short_cap_is_no_go_with_advice);
+
+/// Bad inputs and a server that cannot be reached give no verdict: exit 2,
+/// not the 1 of a NO-GO.
+#[test]
+fn failures_to_run_exit_2() {
+    let (code, output) = rehearse(&["--target-abort-rate", "150%"]);
+    assert_eq!(code, Some(2), "{output}");
+    assert!(output.contains("--target-abort-rate"), "{output}");
+    assert!(!output.contains("GO"), "{output}");
+
+    let (code, output) = rehearse(&["--target-p95", "soon"]);
+    assert_eq!(code, Some(2), "{output}");
+
+    let url = format!("http://127.0.0.1:{}", support::free_port());
+    let (code, output) = rehearse(&["--url", &url, "--operator-token", "x", "--burst", "1"]);
+    assert_eq!(code, Some(2), "{output}");
+    assert!(!output.contains("GO"), "{output}");
+}

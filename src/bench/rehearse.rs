@@ -12,11 +12,12 @@
 //! and their table and JSON in [`report`].
 
 mod report;
+pub mod verdict;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
@@ -31,6 +32,7 @@ use super::sockets;
 use crate::config::{parse_duration, parse_rate_limit, RateLimit};
 pub use report::Report;
 use report::{Latency, Memory, Outcomes, PgActivity, Reads};
+use verdict::{BurstCapacity, Capacity, Targets, Verdict};
 
 /// How often `pg_stat_activity` is sampled.
 const PG_EVERY: Duration = Duration::from_millis(50);
@@ -119,6 +121,29 @@ pub struct RehearseArgs {
     /// it).
     #[arg(long)]
     pub no_operator_stats: bool,
+    /// Target: the 95th percentile of the time from the 202 to the
+    /// terminal's frame at most this, or NO-GO.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub target_p95: Duration,
+    /// Target: the 99th percentile of the same at most this (unset: not
+    /// checked).
+    #[arg(long, value_parser = parse_duration)]
+    pub target_p99: Option<Duration>,
+    /// Target: at most this share of participants without their result
+    /// for another reason than moderation (aborted, lost, or the
+    /// submission refused): `2%` or `0.02`.
+    #[arg(long, default_value = "2%", value_parser = verdict::parse_share)]
+    pub target_abort_rate: f64,
+}
+
+impl RehearseArgs {
+    fn targets(&self) -> Targets {
+        Targets {
+            p95: self.target_p95,
+            p99: self.target_p99,
+            abort_rate: self.target_abort_rate,
+        }
+    }
 }
 
 /// `600/min` -> 10.0 participants per second.
@@ -234,10 +259,12 @@ impl Target {
     }
 }
 
-/// Runs the rehearsal, prints the table (and writes the JSON). Err when a
-/// session was lost (accepted but no frame by the deadline), a display saw
-/// a gap or a repeat, or the run could not start.
-pub async fn run(args: RehearseArgs) -> Result<(), String> {
+/// Runs the rehearsal, prints the table (and writes the JSON) and the
+/// verdict against the targets, and returns it: NO-GO when a target was
+/// missed, a session was lost (accepted but no frame by the deadline) or a
+/// display saw a gap or a repeat. Err when the run could not start or
+/// could not measure.
+pub async fn run(args: RehearseArgs) -> Result<Verdict, String> {
     let arrivals = match args.burst {
         Some(n) => Arrivals::Burst(n),
         None => Arrivals::Rate {
@@ -412,28 +439,35 @@ pub async fn run(args: RehearseArgs) -> Result<(), String> {
         memory: day.memory,
         notes,
         violations: day.violations.clone(),
+        queue_depth_over_time: day.depth_over_time,
+        queue_depth_growth_per_s: day.depth_growth_per_s,
+        capacity: day.capacity,
+        burst_capacity: day.burst_capacity,
+        targets: args.targets(),
     };
     let json = serde_json::to_string_pretty(&report.to_json())
         .map_err(|e| format!("JSON of the report: {e}"))?;
     match args.json.as_deref() {
-        Some("-") => println!("{json}"),
+        Some("-") => {
+            println!("{json}");
+            // stdout is the JSON: the decision for the person on stderr.
+            for line in report.decision() {
+                eprintln!("{line}");
+            }
+        }
         Some(path) => {
             std::fs::write(path, format!("{json}\n")).map_err(|e| format!("write {path}: {e}"))?;
             println!("{}", report.render());
         }
         None => println!("{}", report.render()),
     }
-    if day.violations.is_empty() {
-        Ok(())
-    } else {
+    if !day.violations.is_empty() {
+        eprintln!("{} problem(s) with the delivery:", day.violations.len());
         for v in &day.violations {
             eprintln!("{v}");
         }
-        Err(format!(
-            "{} problem(s) with the delivery (above)",
-            day.violations.len()
-        ))
     }
+    Ok(report.verdict())
 }
 
 /// The simulator's flags for the AI inputs, and how the AI is described.
@@ -475,6 +509,12 @@ struct Day {
     memory: Option<Memory>,
     notes: Vec<String>,
     violations: Vec<String>,
+    /// `(seconds from the first arrival, depth)`, one a second at most.
+    depth_over_time: Vec<(f64, i64)>,
+    /// While participants arrived at a steady rate.
+    depth_growth_per_s: Option<f64>,
+    capacity: Option<Capacity>,
+    burst_capacity: Option<BurstCapacity>,
 }
 
 /// One submission as sent.
@@ -495,6 +535,8 @@ struct Live {
     in_flight: AtomicI64,
     in_flight_peak: AtomicI64,
     stats_frames: AtomicUsize,
+    /// The queue depth of every stats frame, when it came.
+    depth_samples: Mutex<Vec<(Instant, i64)>>,
 }
 
 async fn day(
@@ -621,6 +663,10 @@ async fn day(
         live.clone(),
     ));
 
+    // The server's AI job totals before the day (a remote server may have
+    // run jobs before).
+    let jobs_before = ai_job_totals(&client, &base, &operator).await;
+
     let anchor = (Instant::now(), SystemTime::now());
     let t0 = Instant::now() + Duration::from_millis(20);
     let sent: Vec<Sent> = {
@@ -679,6 +725,7 @@ async fn day(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let jobs_after = ai_job_totals(&client, &base, &operator).await;
     let _ = stop_tx.send(true);
     progress.abort();
     bar.finish_and_clear();
@@ -827,6 +874,77 @@ async fn day(
         let x = v.load(Ordering::Relaxed);
         (live.stats_frames.load(Ordering::Relaxed) > 0).then_some(x)
     };
+    // What the AI slots need, from what was measured: the arrival rate
+    // (steady arrivals only: a burst has none), and the AI jobs' time per
+    // participant from the server's own histogram.
+    let last_start = sent.iter().map(|s| s.start).max().expect("n > 0");
+    let arrival_per_s = match args.burst {
+        None if n >= 2 && last_start > first_start => {
+            Some((n - 1) as f64 / load::secs(last_start - first_start))
+        }
+        _ => None,
+    };
+    let jobs = match (jobs_before, jobs_after) {
+        (Ok(before), Ok(after)) => Some(after.since(before)),
+        (Err(e), _) | (_, Err(e)) => {
+            notes.push(format!(
+                "no AI job times (GET /metrics: {e}): no capacity advice"
+            ));
+            None
+        }
+    };
+    if args.url.is_some() && jobs.is_some() {
+        notes.push(
+            "AI job times are those of the instance that answered GET /metrics: with several \
+             instances behind --url, one instance's"
+                .to_owned(),
+        );
+    }
+    let capacity = match (arrival_per_s, jobs) {
+        (Some(rate), Some(jobs)) if jobs.count > 0.0 && accepted_n > 0 => verdict::capacity(
+            rate,
+            jobs.count / accepted_n as f64,
+            jobs.sum_s / jobs.count,
+            args.max_in_flight,
+        ),
+        _ => None,
+    };
+    let burst_capacity = match (args.burst, jobs) {
+        (Some(_), Some(jobs)) if jobs.count > 0.0 && accepted_n > 0 => verdict::burst_capacity(
+            accepted_n,
+            jobs.count / accepted_n as f64,
+            jobs.sum_s / jobs.count,
+            args.max_in_flight,
+            args.target_p95,
+        ),
+        _ => None,
+    };
+    let since_first = |at: Instant| load::secs(at.saturating_duration_since(first_start));
+    let depth_samples: Vec<(f64, i64)> = live
+        .depth_samples
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(at, _)| *at >= first_start)
+        .map(|&(at, depth)| (since_first(at), depth))
+        .collect();
+    let depth_growth_per_s = arrival_per_s.and_then(|_| {
+        let arriving: Vec<(f64, i64)> = depth_samples
+            .iter()
+            .copied()
+            .filter(|(t, _)| *t <= since_first(last_start))
+            .collect();
+        verdict::growth_per_s(&arriving)
+    });
+    // One sample a second at most for the JSON: the last of each second.
+    let mut depth_over_time: Vec<(f64, i64)> = Vec::new();
+    for &(t, depth) in &depth_samples {
+        match depth_over_time.last_mut() {
+            Some(last) if last.0.floor() == t.floor() => *last = (t, depth),
+            _ => depth_over_time.push((t, depth)),
+        }
+    }
+
     let reconnects: usize = logs.iter().map(|l| l.reconnects).sum();
     if reconnects > 0 {
         notes.push(format!("display reconnects: {reconnects}"));
@@ -853,7 +971,72 @@ async fn day(
         memory,
         notes,
         violations,
+        depth_over_time,
+        depth_growth_per_s,
+        capacity,
+        burst_capacity,
     })
+}
+
+/// The server's totals of `stagehand_ai_job_duration_seconds`: seconds and
+/// jobs, every outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct JobTotals {
+    sum_s: f64,
+    count: f64,
+}
+
+impl JobTotals {
+    fn since(self, before: JobTotals) -> JobTotals {
+        JobTotals {
+            sum_s: self.sum_s - before.sum_s,
+            count: self.count - before.count,
+        }
+    }
+}
+
+/// [`JobTotals`] of the server's `GET /metrics` (the operator token opens it).
+async fn ai_job_totals(
+    client: &reqwest::Client,
+    base: &str,
+    operator: &str,
+) -> Result<JobTotals, String> {
+    let answer = client
+        .get(format!("{base}/metrics"))
+        .bearer_auth(operator)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !answer.status().is_success() {
+        return Err(format!("answered {}", answer.status()));
+    }
+    let text = answer.text().await.map_err(|e| e.to_string())?;
+    Ok(job_totals_of(&text))
+}
+
+/// The sums of `stagehand_ai_job_duration_seconds_sum` and `_count` over
+/// their labels in a Prometheus text exposition (0 when absent: no job
+/// finished yet).
+fn job_totals_of(text: &str) -> JobTotals {
+    let mut t = JobTotals::default();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(crate::metrics::AI_JOB_DURATION) else {
+            continue;
+        };
+        let (field, value) = match rest.split_once(['{', ' ']) {
+            Some((field, tail)) => (field, tail.rsplit(' ').next().unwrap_or("")),
+            None => continue,
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        match field {
+            "_sum" => t.sum_s += value,
+            "_count" => t.count += value,
+            _ => {}
+        }
+    }
+    t
 }
 
 /// `updated_at` (ms since the epoch) of each session, as the server
@@ -935,6 +1118,10 @@ async fn watch_operators(
                         live.stats_frames.fetch_add(1, Ordering::Relaxed);
                         live.queue_depth.store(depth, Ordering::Relaxed);
                         live.queue_depth_peak.fetch_max(depth, Ordering::Relaxed);
+                        live.depth_samples
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push((Instant::now(), depth));
                         live.in_flight.store(in_flight, Ordering::Relaxed);
                         live.in_flight_peak.fetch_max(in_flight, Ordering::Relaxed);
                     }
@@ -1142,6 +1329,31 @@ mod tests {
         assert_eq!(stats_of(frame, "mine"), Some((12, 5)));
         assert_eq!(stats_of(frame, "absent"), Some((12, 0)));
         assert_eq!(stats_of(r#"{"type":"saga"}"#, "mine"), None);
+    }
+
+    #[test]
+    fn job_totals_add_up_the_outcomes() {
+        let text = "# TYPE stagehand_ai_job_duration_seconds histogram
+stagehand_ai_job_duration_seconds_bucket{outcome=\"succeeded\",le=\"0.5\"} 3
+stagehand_ai_job_duration_seconds_sum{outcome=\"succeeded\"} 4.5
+stagehand_ai_job_duration_seconds_count{outcome=\"succeeded\"} 3
+stagehand_ai_job_duration_seconds_sum{outcome=\"rejected\"} 0.25
+stagehand_ai_job_duration_seconds_count{outcome=\"rejected\"} 1
+stagehand_ai_jobs_finished_total{outcome=\"succeeded\"} 3
+stagehand_saga_duration_seconds_sum{outcome=\"COMPLETED\"} 99
+";
+        assert_eq!(
+            job_totals_of(text),
+            JobTotals {
+                sum_s: 4.75,
+                count: 4.0
+            }
+        );
+        assert_eq!(
+            job_totals_of("stagehand_ai_job_duration_seconds_sum 2\n").sum_s,
+            2.0
+        );
+        assert_eq!(job_totals_of(""), JobTotals::default());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 use super::super::load::percentile;
 use super::super::table::{markdown, millis};
+use super::verdict::{self, BurstCapacity, Capacity, Measured, Targets, Verdict};
 
 /// p50 / p95 / p99 (ms) of some latencies, and how many there were; NaN
 /// (null in JSON) when there were none.
@@ -53,6 +54,22 @@ pub struct Outcomes {
     pub aborted_by_reason: BTreeMap<String, usize>,
     /// Accepted, but no frame by the deadline.
     pub lost: usize,
+}
+
+impl Outcomes {
+    /// Submissions not answered 202.
+    pub fn refused(&self) -> usize {
+        self.refused_by_status.values().sum()
+    }
+
+    /// Frames that were neither a completion nor a moderation rejection.
+    pub fn other_aborts(&self) -> usize {
+        self.aborted_by_reason
+            .iter()
+            .filter(|(r, _)| r.as_str() != "INPUT_REJECTED")
+            .map(|(_, n)| n)
+            .sum()
+    }
 }
 
 /// The unrelated reader's figures.
@@ -138,6 +155,17 @@ pub struct Report {
     pub memory: Option<Memory>,
     pub notes: Vec<String>,
     pub violations: Vec<String>,
+    /// `(seconds from the first arrival, depth)` of the operators' stats
+    /// frames, one a second at most.
+    pub queue_depth_over_time: Vec<(f64, i64)>,
+    /// Least-squares slope of the queue depth while participants arrived
+    /// (steady arrivals only).
+    pub queue_depth_growth_per_s: Option<f64>,
+    /// What the AI slots need (steady arrivals, AI job times measured).
+    pub capacity: Option<Capacity>,
+    /// What the AI slots need for a burst to meet the p95 target.
+    pub burst_capacity: Option<BurstCapacity>,
+    pub targets: Targets,
 }
 
 /// What push latency measures, in the table and the JSON.
@@ -145,6 +173,31 @@ pub const PUSH_MEANS: &str = "from the session's updated_at (written in the tran
     ended the saga, server clock, ms) to this process reading the frame (its wall clock)";
 
 impl Report {
+    /// The figures the verdict is taken on.
+    pub fn measured(&self) -> Measured {
+        let o = &self.outcomes;
+        Measured {
+            p95_ms: self.submit_to_frame_ms.p95,
+            p99_ms: self.submit_to_frame_ms.p99,
+            abort_rate: verdict::abort_rate(o.participants, o.other_aborts(), o.lost, o.refused()),
+            delivery_problems: self.violations.len(),
+        }
+    }
+
+    /// GO or NO-GO against the targets.
+    pub fn verdict(&self) -> Verdict {
+        verdict::verdict(&self.measured(), &self.targets)
+    }
+
+    /// The last lines: the capacity advice, when the AI slots are short,
+    /// and the verdict line.
+    pub fn decision(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.capacity.iter().filter_map(Capacity::advice).collect();
+        out.extend(self.burst_capacity.iter().filter_map(BurstCapacity::advice));
+        out.push(self.verdict().line());
+        out
+    }
+
     /// The figures for machines (`--json`). NaN figures are null.
     pub fn to_json(&self) -> Value {
         let o = &self.outcomes;
@@ -231,6 +284,17 @@ impl Report {
                 "every_ms": self.unrelated_reads.every_ms,
             },
             "memory": memory,
+            "queue_depth_over_time": self.queue_depth_over_time,
+            "queue_depth_growth_per_s": self.queue_depth_growth_per_s,
+            "capacity": self.capacity.as_ref().map(Capacity::to_json),
+            "burst_capacity": self.burst_capacity.as_ref().map(BurstCapacity::to_json),
+            "targets": {
+                "p95_ms": self.targets.p95.as_secs_f64() * 1000.0,
+                "p99_ms": self.targets.p99.map(|d| d.as_secs_f64() * 1000.0),
+                "abort_rate": self.targets.abort_rate,
+            },
+            "abort_rate": self.measured().abort_rate,
+            "verdict": self.verdict().to_json(),
             "notes": self.notes,
             "violations": self.violations,
         })
@@ -267,7 +331,7 @@ impl Report {
             ),
             String::new(),
         ];
-        let refused: usize = o.refused_by_status.values().sum();
+        let refused = o.refused();
         let refused_detail = if refused == 0 {
             String::new()
         } else {
@@ -278,12 +342,7 @@ impl Report {
                 .collect();
             format!(" ({})", parts.join(", "))
         };
-        let other_aborts: usize = o
-            .aborted_by_reason
-            .iter()
-            .filter(|(r, _)| r.as_str() != "INPUT_REJECTED")
-            .map(|(_, n)| n)
-            .sum();
+        let other_aborts = o.other_aborts();
         let opt = |x: Option<i64>| x.map_or("n/a".to_owned(), |x| x.to_string());
         let mut rows: Vec<Vec<String>> = vec![
             vec![
@@ -334,9 +393,38 @@ impl Report {
             ]);
         }
         rows.push(vec![
+            "abort rate of the verdict (not moderation: other aborts, lost, refused)".into(),
+            verdict::percent(self.measured().abort_rate),
+        ]);
+        rows.push(vec![
             "peak queue depth (operators' stats)".into(),
             opt(self.queue_depth_peak),
         ]);
+        if let Some(g) = self.queue_depth_growth_per_s {
+            rows.push(vec![
+                "queue depth growth while participants arrived (per s)".into(),
+                format!("{g:+.1}"),
+            ]);
+        }
+        if let Some(c) = &self.capacity {
+            rows.push(vec![
+                "arrivals per second / mean AI job (s) / AI jobs per participant".into(),
+                format!(
+                    "{:.2} / {:.3} / {:.2}",
+                    c.arrival_per_s, c.mean_job_s, c.jobs_per_participant
+                ),
+            ]);
+            rows.push(vec![
+                "AI jobs in flight needed (Little's law) / cap".into(),
+                format!("{:.1} / {}", c.needed, c.cap),
+            ]);
+        }
+        if let Some(b) = &self.burst_capacity {
+            rows.push(vec![
+                "mean AI job (s) / AI jobs per participant".into(),
+                format!("{:.3} / {:.2}", b.mean_job_s, b.jobs_per_participant),
+            ]);
+        }
         rows.push(vec![
             "peak AI concurrency / cap (operators' stats)".into(),
             format!("{} / {}", opt(self.ai_in_flight_peak), self.max_in_flight),
@@ -445,9 +533,23 @@ impl Report {
                     .into(),
             );
         }
+        if self.capacity.is_some() {
+            out.push(
+                "AI jobs in flight needed: arrivals per second x AI jobs per participant x mean \
+                 AI job (Little's law; the job times"
+                    .into(),
+            );
+            out.push(
+                "  from the server's stagehand_ai_job_duration_seconds, submit to final status, \
+                 over the day)."
+                    .into(),
+            );
+        }
         for note in &self.notes {
             out.push(format!("note: {note}"));
         }
+        out.push(String::new());
+        out.extend(self.decision());
         out.join("\n")
     }
 }
@@ -511,6 +613,15 @@ mod tests {
             }),
             notes: vec![],
             violations: vec![],
+            queue_depth_over_time: vec![(0.0, 0), (1.2, 7)],
+            queue_depth_growth_per_s: None,
+            capacity: None,
+            burst_capacity: None,
+            targets: Targets {
+                p95: std::time::Duration::from_secs(30),
+                p99: None,
+                abort_rate: 0.02,
+            },
         }
     }
 
@@ -556,5 +667,77 @@ mod tests {
         assert!(table.contains("10.0 % (4)"));
         r.memory = None;
         assert!(r.render().contains("n/a (remote server)"));
+    }
+
+    #[test]
+    fn the_table_ends_with_the_verdict() {
+        let mut r = report();
+        // No frame came: the p95 cannot meet its target.
+        let table = r.render();
+        assert_eq!(
+            table.lines().last(),
+            Some("NO-GO: p95 n/a (no frame) > target 30 s")
+        );
+        r.submit_to_frame_ms = Latency::of(&mut [100.0, 200.0, 300.0]);
+        assert!(r.verdict().go());
+        assert!(r.render().ends_with("delivery problems 0 <= target 0"));
+        // Moderation rejections are not aborts for the verdict; lost and
+        // refused sessions are.
+        assert_eq!(r.measured().abort_rate, 0.0);
+        r.outcomes.lost = 1;
+        r.outcomes.refused_by_status.insert("429".into(), 1);
+        assert_eq!(r.measured().abort_rate, 0.05);
+        assert_eq!(r.verdict().line(), "NO-GO: abort rate 5 % > target 2 %");
+    }
+
+    #[test]
+    fn a_short_cap_gets_advice_before_the_verdict() {
+        let mut r = report();
+        r.submit_to_frame_ms = Latency::of(&mut [100.0]);
+        r.capacity = crate::bench::rehearse::verdict::capacity(10.0, 1.0, 3.0, 5);
+        r.queue_depth_growth_per_s = Some(8.04);
+        let table = r.render();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[lines.len() - 2].starts_with("capacity: at 600/min"),
+            "{table}"
+        );
+        assert!(
+            lines[lines.len() - 2].contains("max_in_flight >= 36"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| AI jobs in flight needed (Little's law) / cap "),
+            "{table}"
+        );
+        assert!(table.contains(" +8.0 |"), "{table}");
+        let v = r.to_json();
+        assert_eq!(v["capacity"]["recommended_max_in_flight"], 36);
+        assert_eq!(v["capacity"]["grows_without_bound"], true);
+        assert_eq!(v["verdict"]["go"], true);
+        assert_eq!(v["targets"]["p95_ms"], 30000.0);
+        assert!(v["targets"]["p99_ms"].is_null());
+        assert_eq!(v["queue_depth_over_time"][1], serde_json::json!([1.2, 7]));
+        assert!(v["burst_capacity"].is_null());
+    }
+
+    #[test]
+    fn a_burst_gets_its_own_advice() {
+        let mut r = report();
+        r.submit_to_frame_ms = Latency::of(&mut [100.0]);
+        r.burst_capacity = crate::bench::rehearse::verdict::burst_capacity(
+            40,
+            1.0,
+            8.0,
+            5,
+            std::time::Duration::from_secs(30),
+        );
+        let table = r.render();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[lines.len() - 2].contains("max_in_flight >= 13"),
+            "{table}"
+        );
+        assert_eq!(r.to_json()["burst_capacity"]["rounds_in_target_p95"], 3);
     }
 }
