@@ -221,6 +221,16 @@ pub struct Config {
     /// write the header. N: the client is the N-th address from the right.
     #[arg(long, env = "STAGEHAND_TRUSTED_PROXIES", default_value_t = 0)]
     pub trusted_proxies: u8,
+    /// OpenTelemetry collector to send traces to, over OTLP/HTTP
+    /// (protobuf): its base URL, like `http://collector:4318` (spans go to
+    /// `/v1/traces` under it; a URL already ending in `/v1/traces` is used
+    /// as it is). Unset: no traces, and nothing is spent on them.
+    #[arg(long, env = "STAGEHAND_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// How long finished spans wait to be sent in one batch. Unset: the
+    /// OpenTelemetry default (5s, or `OTEL_BSP_SCHEDULE_DELAY` in ms).
+    #[arg(long, env = "STAGEHAND_OTLP_BATCH_DELAY", value_parser = parse_duration)]
+    pub otlp_batch_delay: Option<Duration>,
 }
 
 impl Config {
@@ -296,6 +306,15 @@ impl Config {
             image_model: None,
             image_size: None,
         }])
+    }
+
+    /// Where traces go, when they are on (`--otlp-endpoint`).
+    pub fn otlp_settings(&self) -> Option<crate::telemetry::OtlpSettings> {
+        let endpoint = self.otlp_endpoint.as_deref()?.trim();
+        (!endpoint.is_empty()).then(|| crate::telemetry::OtlpSettings {
+            endpoint: endpoint.to_owned(),
+            batch_delay: self.otlp_batch_delay,
+        })
     }
 
     /// The OpenAI-compatible adapter's settings (`--ai-provider openai`).

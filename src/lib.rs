@@ -35,6 +35,7 @@
 //! - [`ai`]: the provider client and the built-in simulator.
 //! - [`http`]: routes, auth, idempotency rules, the one error mapping.
 //! - [`config`], [`clock`], [`startup`]: flags, the injectable clock, wiring.
+//! - [`telemetry`]: traces over OTLP (off unless configured).
 
 pub mod actors;
 pub mod ai;
@@ -46,3 +47,4 @@ pub mod http;
 pub mod metrics;
 pub mod startup;
 pub mod store;
+pub mod telemetry;

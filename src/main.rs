@@ -5,12 +5,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{fmt, EnvFilter, Layer};
 
 use stagehand::ai::simulator::{self, SimConfig, SimControl};
 use stagehand::config::{parse_duration, Config};
 use stagehand::startup::Application;
 use stagehand::store::Store;
+use stagehand::telemetry::Tracing;
 
 #[derive(Parser)]
 #[command(
@@ -88,20 +91,42 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Traces (`serve` with --otlp-endpoint): the exporter is built here,
+    // outside the runtime, and flushed after the runtime ends.
+    let otlp = match &cli.command {
+        Command::Serve(config) => config.otlp_settings(),
+        _ => None,
+    };
+    let (tracing_export, otel_layer) = match otlp.map(|s| Tracing::start(&s)).transpose() {
+        Ok(Some((tracing, layer))) => (Some(tracing), Some(layer)),
+        Ok(None) => (None, None),
+        Err(e) => {
+            eprintln!("stagehand: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // RUST_LOG filters the log lines only: traces take stagehand's spans
+    // at INFO whatever it says.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only for a person at a terminal, not in files or collectors.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let subscriber = tracing_subscriber::registry().with(otel_layer);
     match cli.log_format {
-        LogFormat::Text => tracing_subscriber::fmt()
-            .with_ansi(ansi)
-            .with_env_filter(filter)
+        LogFormat::Text => subscriber
+            .with(fmt::layer().with_ansi(ansi).with_filter(filter))
             .init(),
-        LogFormat::Json => tracing_subscriber::fmt()
-            .json()
-            .with_current_span(true)
-            .with_span_list(true)
-            .with_env_filter(filter)
+        LogFormat::Json => subscriber
+            .with(
+                fmt::layer()
+                    .json()
+                    .with_current_span(true)
+                    .with_span_list(true)
+                    .with_filter(filter),
+            )
             .init(),
+    }
+    if let Some(tracing_export) = &tracing_export {
+        tracing::info!(endpoint = %tracing_export.url(), "traces are sent over OTLP/HTTP (protobuf)");
     }
     let command = match cli.command {
         Command::Rehearse(args) => {
@@ -159,6 +184,9 @@ fn main() -> ExitCode {
             Command::Rehearse(_) => unreachable!("run above"),
         }
     });
+    if let Some(tracing_export) = tracing_export {
+        tracing_export.shutdown();
+    }
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

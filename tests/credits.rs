@@ -422,6 +422,7 @@ impl Fixture {
                     submission: submission(),
                     saga_id: stagehand::store::new_id(),
                     deadline_ms: 900_000,
+                    trace_context: None,
                 },
             })
             .collect();

@@ -24,6 +24,7 @@ mod m20261209_000013_sealed_replays;
 mod m20261209_000014_attempt_offset;
 mod m20261209_000015_instances;
 mod m20261210_000016_review;
+mod m20261210_000017_traces;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -47,6 +48,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261209_000014_attempt_offset::Migration),
             Box::new(m20261209_000015_instances::Migration),
             Box::new(m20261210_000016_review::Migration),
+            Box::new(m20261210_000017_traces::Migration),
         ]
     }
 }

@@ -83,6 +83,8 @@ pub struct ExperienceOf {
     pub ai: Addr<AiActor>,
     /// Its results wait in the operators' review (IN_REVIEW) after AI_DONE.
     pub review: bool,
+    /// Its provider's name (for traces).
+    pub provider: String,
 }
 
 impl ExperienceOf {
@@ -92,6 +94,7 @@ impl ExperienceOf {
             fan_out: experience.fan_out(),
             ai,
             review: experience.review == ReviewMode::BeforeDisplay,
+            provider: experience.provider.clone(),
         }
     }
 
@@ -103,6 +106,7 @@ impl ExperienceOf {
             ai,
             review: experience.review.parse::<ReviewMode>().unwrap_or_default()
                 == ReviewMode::BeforeDisplay,
+            provider: experience.provider.clone(),
         }
     }
 }
@@ -227,12 +231,15 @@ async fn drive(
     dispatcher: Addr<Dispatcher>,
 ) {
     let span = tracing::info_span!(
+        parent: None,
         "saga",
         saga_id = %saga.id,
         session_id = %saga.session_id,
         experience = %saga.experience_id,
     );
+    let new_trace = crate::telemetry::join_saga_trace(&span, &saga);
     async move {
+        crate::telemetry::remember_saga_trace(&deps.store, &saga.id, &token, new_trace).await;
         let mut saga = saga;
         // The current run of database errors: when it began and at which
         // step. A step that got further starts a new run, so each failing
@@ -290,8 +297,12 @@ async fn run(
     loop {
         let step_started = Instant::now();
         let step = step_of(saga)?;
+        let step_span = crate::telemetry::step_span(saga, step, &experience.provider);
         match step {
-            Step::AiPending => match ai_step::run_ai_step(saga, experience, token, deps).await? {
+            Step::AiPending => match ai_step::run_ai_step(saga, experience, token, deps)
+                .instrument(step_span.clone())
+                .await?
+            {
                 ai_step::StepOutcome::Done { result, job_id } => {
                     let done = SagaWrite::AiDone {
                         saga_id: saga.id.clone(),

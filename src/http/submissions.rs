@@ -46,6 +46,8 @@ pub struct SubmitRequest {
     key: Option<String>,
     /// The body, or why it could not be read (413, answered after the key).
     body: Result<web::Bytes, ApiError>,
+    /// The request's `traceparent`, stored with its saga (traces on).
+    trace_context: Option<String>,
 }
 
 /// What a request is answered: the reply and whether it is a replay, or
@@ -110,7 +112,8 @@ async fn answer_batch(
     // For each order: its request's index and the body's validation error
     // (answered when the order is refused).
     let mut pending: Vec<(usize, Option<ApiError>)> = Vec::new();
-    for (i, request) in requests.into_iter().enumerate() {
+    for (i, mut request) in requests.into_iter().enumerate() {
+        let trace_context = request.trace_context.take();
         let checked = (|| {
             let session = sessions
                 .get(&request.session_id)
@@ -149,6 +152,7 @@ async fn answer_batch(
                     submission,
                     saga_id: new_id(),
                     deadline_ms,
+                    trace_context,
                 },
                 None,
             ),
@@ -286,6 +290,7 @@ pub async fn submit(
         token,
         key: key_of(&req).ok().flatten(),
         body: read_body(payload).await,
+        trace_context: crate::telemetry::traceparent_of(&tracing::Span::current()),
     };
     let session_id = request.session_id.clone();
     let (reply, replayed) = state

@@ -507,7 +507,8 @@ impl Store {
         };
         let updated = tx
             .execute_raw(self.sql(
-                "UPDATE sagas SET step = $2, lock_token = NULL, locked_until_ms = NULL, \
+                &format!(
+                    "UPDATE sagas SET step = $2, lock_token = NULL, locked_until_ms = NULL, \
                  attempts = 0, recoveries = 0, unavailable_streak = 0, \
                  next_attempt_at_ms = $3, deadline_at_ms = $4, \
                  ai_base_key = CASE WHEN $8 THEN ai_base_key ELSE $5 END, \
@@ -520,8 +521,10 @@ impl Store {
                  abort_reason = NULL, abort_detail = NULL, aborted_at_step = NULL, \
                  review_since_ms = CASE WHEN $2 = 'IN_REVIEW' THEN $3 ELSE review_since_ms END, \
                  review_decision = NULL, \
-                 charged_credits = charged_credits + $6, updated_at_ms = $3 \
+                 charged_credits = charged_credits + $6, updated_at_ms = $3, {link_trace} \
                  WHERE id = $1 AND step = 'ABORTED' AND charged_credits = $7",
+                    link_trace = super::sagas::link_trace("true")
+                ),
                 vec![
                     saga.id.clone().into(),
                     resume.as_str().into(),

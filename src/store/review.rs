@@ -194,10 +194,13 @@ impl Store {
         let rows = tx
             .query_all_raw(self.sql(
                 &format!(
-                    "UPDATE sagas SET lock_token = $2, locked_until_ms = $3, updated_at_ms = $1 \
+                    "UPDATE sagas SET lock_token = $2, locked_until_ms = $3, updated_at_ms = $1, \
+                     {link_trace} \
                      WHERE id IN (SELECT id FROM sagas WHERE {adoptable} \
                      ORDER BY review_since_ms, id LIMIT $4) AND {adoptable} \
-                     RETURNING *"
+                     RETURNING *",
+                    // Adopted again after a worker lost it: a new trace.
+                    link_trace = super::sagas::link_trace("lock_token IS NOT NULL"),
                 ),
                 vec![
                     now.into(),

@@ -120,6 +120,19 @@ fn claimable(now: usize, max: usize) -> String {
     )
 }
 
+/// The SET term that marks a saga's stored trace context `link:` when
+/// `condition` holds (a claim that resumes a lease that ran out or was
+/// handed over, an operator's retry): its next run starts a new trace
+/// linked to the earlier one (see `crate::telemetry`). A context already
+/// marked, or none, is kept.
+pub(super) fn link_trace(condition: &str) -> String {
+    format!(
+        "trace_context = CASE WHEN {condition} AND trace_context NOT LIKE '{link}%' \
+         THEN '{link}' || trace_context ELSE trace_context END",
+        link = crate::telemetry::LINK
+    )
+}
+
 /// The predicate of the claim's partial indexes. Queries spell it out as
 /// it is: SQLite uses a partial index only for a query whose WHERE clause
 /// contains the index's terms.
@@ -577,9 +590,10 @@ impl Store {
                  slots = CASE WHEN $7 < 0 THEN slots ELSE $7 END, \
                  recoveries = recoveries + \
                  (CASE WHEN lock_token IS NULL OR handed_over THEN 0 ELSE 1 END), \
-                 handed_over = false \
+                 handed_over = false, {link_trace} \
                  WHERE id IN (SELECT id FROM picked) AND {claimable} RETURNING *",
                 claimable = claimable(2, 3),
+                link_trace = link_trace("lock_token IS NOT NULL"),
             ),
             vec![
                 experience_id.into(),
@@ -695,6 +709,24 @@ impl Store {
         } else {
             Err(TransitionError::LeaseLost.into())
         }
+    }
+
+    /// Stores where the saga's next runs join the traces (the context of
+    /// a run that started a new trace), fenced on the lease.
+    pub async fn set_trace_context(
+        &self,
+        saga_id: &str,
+        token: &str,
+        trace_context: &str,
+    ) -> StoreResult<()> {
+        let tx = self.write_tx().await?;
+        tx.execute_raw(self.sql(
+            "UPDATE sagas SET trace_context = $1 WHERE id = $2 AND lock_token = $3",
+            vec![trace_context.into(), saga_id.into(), token.into()],
+        ))
+        .await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// `n` copies of `template` in `step` (prompt `bulk`, no lease),

@@ -67,6 +67,9 @@ pub enum SubmissionAction {
         submission: Submission,
         saga_id: String,
         deadline_ms: i64,
+        /// The W3C `traceparent` of the request, stored with the saga so
+        /// its runs join the request's trace (None: traces are off).
+        trace_context: Option<String>,
     },
     /// A client error found before the database (an invalid body): only
     /// stored with the key, so a repeat gets it again.
@@ -333,16 +336,13 @@ impl Store {
                 submission,
                 saga_id,
                 deadline_ms,
+                trace_context,
             } = &order.action
             {
-                new_sagas.push(new_saga(
-                    &order.session,
-                    submission,
-                    saga_id,
-                    *deadline_ms,
-                    cost,
-                    now,
-                ));
+                let mut saga =
+                    new_saga(&order.session, submission, saga_id, *deadline_ms, cost, now);
+                saga.trace_context = Set(trace_context.clone());
+                new_sagas.push(saga);
                 *charges
                     .entry(order.session.experience_id.as_str())
                     .or_default() += cost;
@@ -405,6 +405,7 @@ impl Store {
                 submission,
                 saga_id: saga_id.clone(),
                 deadline_ms,
+                trace_context: None,
             },
         };
         let outcome = self.submit_batch(&[order], now, 0, &|_, _| None).await?;
@@ -564,6 +565,7 @@ fn new_saga(
         handed_over: Set(false),
         review_since_ms: Set(None),
         review_decision: Set(None),
+        trace_context: Set(None),
         content: Set(None),
         ai_score: Set(None),
         score: Set(None),

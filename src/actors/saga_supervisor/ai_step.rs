@@ -60,6 +60,7 @@ use crate::store::ai_calls::{CallRow, Slots, FAILED, RUNNING, SUCCEEDED};
 use crate::store::entities::{ai_calls, sagas};
 use crate::store::transitions::SagaWrite;
 use crate::store::StoreError;
+use crate::telemetry;
 
 /// How the AI step ended for this worker.
 pub(super) enum StepOutcome {
@@ -575,8 +576,16 @@ async fn run_call(ctx: &Ctx<'_>, mut call: CallState) -> Result<CallEnd, Stop> {
                 };
                 let submitted_at = deps.clock.now_ms();
                 ctx.running(1);
-                match ctx.experience.ai.send(SubmitJob(order)).await? {
+                let submit = ctx.experience.ai.send(SubmitJob(order));
+                let provider = &ctx.experience.provider;
+                let submitted = telemetry::provider_call(
+                    "submit", ctx.saga, provider, call.index, None, submit,
+                );
+                match submitted.await? {
                     Ok(view) => {
+                        if ctx.book == Book::SagaRow {
+                            telemetry::record_job_id(&tracing::Span::current(), &view.job_id);
+                        }
                         call.streak = 0;
                         call.job = Some((view.job_id.clone(), submitted_at));
                         if let Some(outcome) = final_outcome(&view) {
@@ -612,7 +621,9 @@ async fn run_call(ctx: &Ctx<'_>, mut call: CallState) -> Result<CallEnd, Stop> {
         let wait = poll_wait_ms(settings.ai_poll_interval.as_millis() as i64, polls, hint);
         ctx.pause(wait, Some(attempt_ends)).await;
         polls += 1;
-        match ctx.experience.ai.send(PollJob(job_id.clone())).await? {
+        let poll = ctx.experience.ai.send(PollJob(job_id.clone()));
+        let (provider, job) = (&ctx.experience.provider, Some(job_id.as_str()));
+        match telemetry::provider_call("poll", ctx.saga, provider, call.index, job, poll).await? {
             Ok(view) => {
                 call.streak = 0;
                 hint = view.poll_after_ms;

@@ -54,6 +54,11 @@ pub struct Model {
     /// `APPROVED` once an operator (or the timeout) approved it: the fence
     /// of approve and reject. A rejection is the `REVIEW_REJECTED` abort.
     pub review_decision: Option<String>,
+    /// Where the next run joins the traces: the submission's W3C
+    /// `traceparent`, or `link:<traceparent>` for a run that starts a new
+    /// trace linked to it (a resume or a retry); see migration 17.
+    #[sea_orm(column_type = "Text")]
+    pub trace_context: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }
