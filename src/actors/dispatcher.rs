@@ -13,10 +13,7 @@
 //! round that failed anywhere is followed by another one second later, so
 //! claims resume soon after a database restart. Rounds
 //! never overlap: a wake-up during a round asks for one more round, which
-//! starts as soon as it ends and claims whatever came meanwhile (group
-//! commit: under load a round's batch is what queued during the last one;
-//! an idle dispatcher claims a lone submission at once; no fixed gap waits
-//! for company).
+//! starts [`ROUND_GAP`] after it.
 //!
 //! Experiences are claimed provider by provider, sharing a provider's
 //! slots by weight (see `domain::sharing`). While a provider's circuit
@@ -49,6 +46,11 @@ use crate::store::entities::{experiences, sagas};
 use crate::store::sagas::ClaimRules;
 use crate::store::sagas::ClaimableExperience;
 use crate::store::{retry_transient, Store, StoreResult};
+
+/// The least time between the end of a round and the start of the next
+/// when wake-ups keep coming. A freed slot still starts the next saga
+/// within milliseconds.
+const ROUND_GAP: Duration = Duration::from_millis(5);
 
 /// After a round that failed (the database is restarting, say), the next
 /// one starts this soon, whatever the poll interval.
@@ -212,11 +214,16 @@ impl Dispatcher {
                         act.starved = true;
                     }
                     act.start_supervisors(claimed, ctx);
-                    act.busy = false;
                     if std::mem::take(&mut act.again) {
-                        // Woken during the round: one more round now, for
-                        // whatever came meanwhile.
-                        act.round(ctx);
+                        // Woken during the round: one more round, after a short
+                        // gap in which more work gathers, so a busy queue is
+                        // claimed in batches rather than in one round per commit.
+                        ctx.run_later(ROUND_GAP, |act, ctx| {
+                            act.busy = false;
+                            act.round(ctx);
+                        });
+                    } else {
+                        act.busy = false;
                     }
                 }),
         );

@@ -26,16 +26,15 @@ pub struct RegisterScore {
 }
 
 /// Registrations queued at most before senders wait; per transaction;
-/// transactions at once; no wait for company. Ranking a batch walks the
-/// ranking index from the top down to the batch's lowest score, whatever
-/// the batch's size, so fewer, larger batches do less work in all: one at
-/// a time, so under load a batch is whatever queued while the last one was
-/// written, and a lone registration goes at once.
+/// transactions at once; how long a batch waits for company. Ranking a
+/// batch walks the ranking index from the top down to the batch's lowest
+/// score, whatever the batch's size, so fewer, larger batches do less work
+/// in all: one at a time, and each waits 5 ms for more.
 const LIMITS: BatchLimits = BatchLimits {
     capacity: 4_096,
     max_batch: 256,
     concurrent: 1,
-    linger: std::time::Duration::ZERO,
+    linger: std::time::Duration::from_millis(5),
 };
 
 pub struct RankingActor {
