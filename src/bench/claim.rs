@@ -7,6 +7,9 @@
 //! cancelled, untimed) before the next. PostgreSQL is analyzed after each
 //! load (as autovacuum would); SQLite is not (the server never analyzes
 //! its file). The plan of the claim of the AI queue is shown at each size.
+//! The rank cost is measured beside it: with as many visible ranking
+//! entries as sagas queued, the time to rank a batch of [`RANK_BATCH`]
+//! entries (the ranking walk a busy ranking batch does after its commit).
 
 use std::path::Path;
 use std::time::Instant;
@@ -38,7 +41,14 @@ pub struct SizeTiming {
     pub rounds_ms: Vec<f64>,
     /// Of each round, the part that lists the experiences with work.
     pub list_ms: Vec<f64>,
+    /// With as many visible ranking entries as sagas queued: the time to
+    /// rank a batch of [`RANK_BATCH`] of them (what a ranking batch does
+    /// after its commit), one per round.
+    pub rank_ms: Vec<f64>,
 }
+
+/// Entries ranked at once in the rank cost (a busy ranking batch).
+pub const RANK_BATCH: u64 = 32;
 
 impl SizeTiming {
     pub fn median_ms(&self) -> f64 {
@@ -49,6 +59,12 @@ impl SizeTiming {
     }
     pub fn list_median_ms(&self) -> f64 {
         load::percentile(&mut self.list_ms.clone(), 0.50)
+    }
+    pub fn rank_median_ms(&self) -> f64 {
+        load::percentile(&mut self.rank_ms.clone(), 0.50)
+    }
+    pub fn rank_p90_ms(&self) -> f64 {
+        load::percentile(&mut self.rank_ms.clone(), 0.90)
     }
 }
 
@@ -62,6 +78,12 @@ impl ClaimCostResult {
     pub fn ratio(&self) -> Option<f64> {
         let sizes = self.outcome.as_ref().ok()?;
         Some(sizes.last()?.median_ms() / sizes.first()?.median_ms())
+    }
+
+    /// The same for the rank of a batch (most entries / fewest).
+    pub fn rank_ratio(&self) -> Option<f64> {
+        let sizes = self.outcome.as_ref().ok()?;
+        Some(sizes.last()?.rank_median_ms() / sizes.first()?.rank_median_ms())
     }
 }
 
@@ -154,6 +176,7 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
         .map_err(|e| format!("submit: {e}"))?;
 
     let mut have = 1i64;
+    let mut have_scores = 0i64;
     let mut out = Vec::new();
     for queued in SIZES {
         store
@@ -229,6 +252,47 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                     .map_err(|e| format!("give a slot back: {e}"))?;
             }
         }
+        // The ranking at the same size: as many visible entries as sagas
+        // queued, and a batch of them ranked per round.
+        store
+            .insert_bulk_scores(
+                &experience.id,
+                &template.id,
+                have_scores,
+                queued - have_scores,
+                now,
+            )
+            .await
+            .map_err(|e| format!("insert {} ranking entries: {e}", queued - have_scores))?;
+        have_scores = queued;
+        if store.is_postgres() {
+            store
+                .db()
+                .execute_unprepared("ANALYZE score_attempts")
+                .await
+                .map_err(|e| format!("ANALYZE: {e}"))?;
+        }
+        let mut rank_ms = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let batch = store
+                .some_entries(&experience.id, RANK_BATCH)
+                .await
+                .map_err(|e| format!("pick entries: {e}"))?;
+            let refs: Vec<_> = batch.iter().collect();
+            let start = Instant::now();
+            let ranks = store
+                .ranks_of(&experience.id, &refs)
+                .await
+                .map_err(|e| format!("rank a batch: {e}"))?;
+            rank_ms.push(load::ms(start.elapsed()));
+            if ranks.len() != batch.len() {
+                return Err(format!(
+                    "ranked {} of a batch of {} entries",
+                    ranks.len(),
+                    batch.len()
+                ));
+            }
+        }
         let shown: Vec<String> = rounds_ms.iter().map(|x| format!("{x:.1}")).collect();
         eprintln!(
             "  claim cost: {queued} queued, rounds (ms): {}",
@@ -238,6 +302,7 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
             queued,
             rounds_ms,
             list_ms,
+            rank_ms,
         });
     }
     store.db().clone().close().await.ok();

@@ -402,6 +402,33 @@ pub fn claim_cost(results: &[ClaimCostResult]) -> Vec<String> {
             .map(|r| r.ratio().map_or("-".into(), |x| format!("{x:.2}"))),
     );
     body.push(ratio);
+    for (k, entries) in SIZES.iter().enumerate() {
+        let mut row = vec![format!(
+            "rank of a batch of {}, {} ranking entries, median / p90 (ms)",
+            super::claim::RANK_BATCH,
+            thousands(*entries)
+        )];
+        for r in results {
+            row.push(match &r.outcome {
+                Ok(sizes) => sizes.get(k).map_or("-".into(), |s| {
+                    format!("{:.2} / {:.2}", s.rank_median_ms(), s.rank_p90_ms())
+                }),
+                Err(_) => "FAILED".into(),
+            });
+        }
+        body.push(row);
+    }
+    let mut rank_ratio = vec![format!(
+        "ratio of the rank medians, {} / {} entries",
+        thousands(SIZES[SIZES.len() - 1]),
+        thousands(SIZES[0])
+    )];
+    rank_ratio.extend(
+        results
+            .iter()
+            .map(|r| r.rank_ratio().map_or("-".into(), |x| format!("{x:.2}"))),
+    );
+    body.push(rank_ratio);
     let rounds = results
         .iter()
         .find_map(|r| r.outcome.as_ref().ok()?.first().map(|s| s.rounds_ms.len()))

@@ -165,7 +165,7 @@ impl Store {
     /// database as it goes (`RANK()` gives equal scores equal ranks), so a
     /// batch costs one pass over the entries above it instead of one count
     /// per entry.
-    async fn ranks_of(
+    pub async fn ranks_of(
         &self,
         experience_id: &str,
         entries: &[&score_attempts::Model],
@@ -194,6 +194,86 @@ impl Store {
             .map(|r| Ok((r.try_get_by_index(0)?, r.try_get_by_index(1)?)))
             .collect::<Result<_, sea_orm::DbErr>>()
             .map_err(Into::into)
+    }
+
+    /// The bench's ranking: `n` visible entries of `experience_id`, each
+    /// with a session of its own, scores spread over 0 to 10,000 (ids and
+    /// scores from the database's random source; `offset` keeps the
+    /// sessions' tokens apart from an earlier call's). Returns nothing of
+    /// them: [`Store::some_entries`] picks some to rank.
+    pub async fn insert_bulk_scores(
+        &self,
+        experience_id: &str,
+        saga_id: &str,
+        offset: i64,
+        n: i64,
+        now: EpochMs,
+    ) -> StoreResult<()> {
+        if n <= 0 {
+            return Ok(());
+        }
+        let (series, random) = if self.is_postgres() {
+            ("SELECT g AS i FROM generate_series(1, $1) AS g", "random()")
+        } else {
+            (
+                "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < $1) \
+                 SELECT i FROM s",
+                "((random() & 1073741823) / 1073741824.0)",
+            )
+        };
+        let tx = self.write_tx().await?;
+        for (table, sql) in [
+            (
+                "sessions",
+                format!(
+                    "INSERT INTO sessions (id, experience_id, nickname, participant_token_hash, \
+                     status, created_at_ms, updated_at_ms) \
+                     SELECT 'bench-s-' || ($3 + i), $2, 'bench', 'bench-t-' || ($3 + i), \
+                     'COMPLETED', $4, $4 FROM ({series}) AS series"
+                ),
+            ),
+            (
+                "score_attempts",
+                format!(
+                    "INSERT INTO score_attempts (id, experience_id, session_id, saga_id, nickname, \
+                     score, hidden, created_at_ms) \
+                     SELECT 'bench-a-' || ($3 + i), $2, 'bench-s-' || ($3 + i), $5, 'bench', \
+                     {random} * 10000, FALSE, $4 FROM ({series}) AS series"
+                ),
+            ),
+        ] {
+            tx.execute_raw(self.sql(
+                &sql,
+                vec![
+                    n.into(),
+                    experience_id.into(),
+                    offset.into(),
+                    now.into(),
+                    saga_id.into(),
+                ],
+            ))
+            .await
+            .map_err(|e| StoreError::Corrupt(format!("bulk {table}: {e}")))?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// `n` visible entries of `experience_id` taken at random (the bench).
+    pub async fn some_entries(
+        &self,
+        experience_id: &str,
+        n: u64,
+    ) -> StoreResult<Vec<score_attempts::Model>> {
+        let stmt = self.sql(
+            "SELECT * FROM score_attempts WHERE experience_id = $1 AND hidden = FALSE \
+             ORDER BY random() LIMIT $2",
+            vec![experience_id.into(), (n as i64).into()],
+        );
+        Ok(score_attempts::Entity::find()
+            .from_raw_sql(stmt)
+            .all(self.db())
+            .await?)
     }
 
     /// Registers one score (a batch of one).
