@@ -6,7 +6,7 @@
 mod support;
 
 use futures_util::future::join_all;
-use sea_orm::ConnectionTrait;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
 use stagehand::domain::failure::{AiResult, ContentItem};
 use stagehand::domain::policy::AttemptState;
 use stagehand::domain::saga::{AbortReason, Step, TransitionError};
@@ -552,6 +552,63 @@ async fn one_ranking_entry_per_session(backend: Backend) {
     assert_eq!(shown, vec![("bob", 1), ("di", 1), ("ann", 3)]);
 }
 db_test!(one_ranking_entry_per_session);
+
+/// The ranks come from scores this process keeps (no walk of the index):
+/// an abort that hides an entry counts at the very next rank, and a
+/// second process (its own store, as another instance) ranks what is in
+/// the table when it first looks.
+async fn ranks_follow_hidden_entries(backend: Backend) {
+    let f = fixture(backend, 5).await;
+    let s = at_ranking(&f, &["top", "mid", "low", "late"]).await;
+    let ranked = f
+        .store
+        .register_scores(
+            &[
+                score_entry(&f, &s[0], 30.0),
+                score_entry(&f, &s[1], 20.0),
+                score_entry(&f, &s[2], 10.0),
+            ],
+            T0 + 1,
+        )
+        .await
+        .unwrap();
+    let ranks: Vec<i32> = ranked.iter().map(|r| r.as_ref().unwrap().rank).collect();
+    assert_eq!(ranks, vec![1, 2, 3]);
+    // The top entry's saga is cancelled: its entry is hidden.
+    f.store
+        .abort(
+            &s[0].id,
+            Fence::Operator,
+            AbortReason::Cancelled,
+            "test",
+            T0 + 2,
+        )
+        .await
+        .unwrap();
+    let late = f
+        .store
+        .register_score(score_entry(&f, &s[3], 15.0), T0 + 3)
+        .await
+        .unwrap();
+    assert_eq!(late.rank, 2, "only mid (20) is above 15 once top is hidden");
+    let other = f._db.store().await;
+    let low = stagehand::store::entities::score_attempts::Entity::find()
+        .filter(
+            stagehand::store::entities::score_attempts::Column::SessionId
+                .eq(s[2].session_id.clone()),
+        )
+        .one(other.db())
+        .await
+        .unwrap()
+        .unwrap();
+    let ranks = other.ranks_of(&f.experience_id, &[&low]).await.unwrap();
+    assert_eq!(
+        ranks.get(&s[2].session_id),
+        Some(&3),
+        "mid 20, late 15, then low 10"
+    );
+}
+db_test!(ranks_follow_hidden_entries);
 
 /// The ranking write is fenced like every step: a worker whose lease was
 /// lost (the saga was claimed again) writes no entry; the holder does.

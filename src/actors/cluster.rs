@@ -117,6 +117,7 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
         wakeups.stats.ring();
         wakeups.review.ring();
         wakeups.rankings.update(|names| names.all = true);
+        store.invalidate_ranks(None).await;
         let _ = hub.send(RingAll).await;
         loop {
             let notification = match listener.try_recv().await {
@@ -157,9 +158,15 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
                 RANKING_CHANNEL => match names {
                     Some(ids) => {
                         let ids: Vec<String> = ids.into_iter().map(str::to_owned).collect();
+                        // Another instance's entries: this one's cached
+                        // scores of them are read again at the next rank.
+                        store.invalidate_ranks(Some(&ids)).await;
                         wakeups.rankings_changed(&ids, true);
                     }
-                    None => wakeups.rankings.update(|names| names.all = true),
+                    None => {
+                        store.invalidate_ranks(None).await;
+                        wakeups.rankings.update(|names| names.all = true)
+                    }
                 },
                 _ => {}
             }

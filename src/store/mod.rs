@@ -208,6 +208,8 @@ pub struct Store {
     /// How long a job that may still run after its saga ended holds its
     /// slot at the least (`AI_TIMEOUT`; see `lingering_jobs`).
     linger_ms: i64,
+    /// Shared by every pool of this process (see [`ranking::RankCache`]).
+    rank_cache: Arc<ranking::RankCache>,
 }
 
 /// A write transaction; holds the SQLite gate until it is committed or
@@ -275,6 +277,7 @@ impl Store {
             write_gate,
             url: url.into(),
             linger_ms: 420_000,
+            rank_cache: Arc::default(),
         })
     }
 
@@ -287,6 +290,7 @@ impl Store {
             write_gate: self.write_gate.clone(),
             url: self.url.clone(),
             linger_ms: self.linger_ms,
+            rank_cache: self.rank_cache.clone(),
         })
     }
 

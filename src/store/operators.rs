@@ -589,6 +589,10 @@ impl Store {
             .rows_affected();
         let saga = load(&*tx, saga_id).await?;
         tx.commit().await?;
+        if shown > 0 {
+            self.invalidate_ranks(Some(std::slice::from_ref(&saga.experience_id)))
+                .await;
+        }
         tracing::info!(saga_id, step = %resume, "operator retry: saga runs again");
         Ok(Retried {
             ranking_changed: (shown > 0).then(|| saga.experience_id.clone()),

@@ -458,6 +458,16 @@ impl Store {
         // Last, so the experiences' rows are locked only until the commit.
         refund_credits(&tx, &refunds).await?;
         tx.commit().await?;
+        // Aborts that hid ranking entries: the cached scores of their
+        // experiences are read again (after the commit, never under it).
+        let hid: Vec<String> = outcome
+            .iter()
+            .flatten()
+            .filter_map(|o| o.as_ref().ok()?.ranking_changed.clone())
+            .collect();
+        if !hid.is_empty() {
+            self.invalidate_ranks(Some(&hid)).await;
+        }
         Ok(outcome
             .into_iter()
             .map(|o| o.unwrap_or_else(|| Err(StoreError::Corrupt("write left unapplied".into()))))
