@@ -26,10 +26,10 @@ pub struct RegisterScore {
 }
 
 /// Registrations queued at most before senders wait; per transaction;
-/// transactions at once; how long a batch waits for company. Ranking a
-/// batch walks the ranking index from the top down to the batch's lowest
-/// score, whatever the batch's size, so fewer, larger batches do less work
-/// in all: one at a time, and each waits 5 ms for more.
+/// transactions at once; how long a batch waits for company: one at a
+/// time, each waiting 5 ms for more (measured: without the wait nothing
+/// got faster, BENCHMARKS.md §8). A batch's ranks come from the scores the
+/// store keeps sorted ([`crate::store::ranking::RankCache`]).
 const LIMITS: BatchLimits = BatchLimits {
     capacity: 4_096,
     max_batch: 256,
