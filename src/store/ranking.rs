@@ -1,5 +1,6 @@
 //! The ranking: at most one entry (score attempt) per session, so a replayed
-//! step never adds a second; the rank is computed at read time.
+//! step never adds a second; a rank is computed when asked for (from the
+//! scores this process keeps sorted, [`RankCache`]), never stored as truth.
 //! Registering is batched: a busy instance ranks many sagas in one
 //! transaction.
 
@@ -108,7 +109,7 @@ impl Store {
     /// returns the entry as it is; a later saga of the same session (a new
     /// submission after ABORTED) replaces the old entry with its score. The
     /// entries take their session's nickname. One transaction writes them
-    /// all and reads them back; one walk of the ranking index then ranks
+    /// all and reads them back; the kept scores then rank
     /// them all. Each score has its own outcome (a score that is not a
     /// finite number is a `Conflict`).
     pub async fn register_scores(
