@@ -62,6 +62,17 @@ fn item_of(row: &QueryResult) -> StoreResult<ReviewItem> {
     })
 }
 
+/// Judges a decision whose fenced write touched no row, against the saga
+/// as it is now ([`judge_decision`]).
+pub(super) fn judge_on_row(decision: Decision, saga: &sagas::Model) -> StoreResult<()> {
+    let row = ReviewRow {
+        step: super::sagas::step_of(saga)?,
+        decision: saga.review_decision.as_deref(),
+        abort_reason: saga.abort_reason.as_deref(),
+    };
+    Ok(judge_decision(decision, row)?)
+}
+
 impl Store {
     /// The results waiting for a decision, oldest first (of one experience
     /// when `experience` names its slug).
@@ -158,21 +169,8 @@ impl Store {
                 outcomes.push(Ok(()));
                 continue;
             }
-            let judged = match load(&*tx, id).await {
-                Ok(saga) => super::sagas::step_of(&saga).and_then(|step| {
-                    judge_decision(
-                        Decision::Approve,
-                        ReviewRow {
-                            step,
-                            decision: saga.review_decision.as_deref(),
-                            abort_reason: saga.abort_reason.as_deref(),
-                        },
-                    )
-                    .map_err(StoreError::from)
-                }),
-                Err(e) => Err(e),
-            };
-            outcomes.push(judged);
+            let saga = load(&*tx, id).await;
+            outcomes.push(saga.and_then(|saga| judge_on_row(Decision::Approve, &saga)));
         }
         tx.commit().await?;
         Ok(outcomes)
@@ -190,6 +188,18 @@ impl Store {
     ) -> StoreResult<Vec<sagas::Model>> {
         let adoptable = "step = 'IN_REVIEW' AND review_decision = 'APPROVED' \
                          AND (lock_token IS NULL OR locked_until_ms < $1)";
+        // A read first: an idle instance (nothing approved) takes no write
+        // transaction, so it never holds SQLite's one writer each second.
+        let any = self
+            .db()
+            .query_one_raw(self.sql(
+                &format!("SELECT 1 FROM sagas WHERE {adoptable} LIMIT 1"),
+                vec![now.into()],
+            ))
+            .await?;
+        if any.is_none() {
+            return Ok(Vec::new());
+        }
         let tx = self.write_tx().await?;
         let rows = tx
             .query_all_raw(self.sql(
