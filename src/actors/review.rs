@@ -24,8 +24,6 @@ use super::persistence::{PersistenceActor, WriteAlone};
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::domain::review::Decision;
-use crate::domain::saga::AbortReason;
-use crate::store::sagas::Fence;
 use crate::store::transitions::SagaWrite;
 use crate::store::{Store, StoreError};
 
@@ -200,13 +198,7 @@ pub async fn decide(
     match decision {
         Decision::Approve => store.approve(saga_id, now).await?,
         Decision::Reject => {
-            let write = SagaWrite::Abort {
-                saga_id: saga_id.to_owned(),
-                fence: Fence::Review,
-                reason: AbortReason::ReviewRejected,
-                detail: detail.to_owned(),
-                linger: false,
-            };
+            let write = SagaWrite::review_reject(saga_id, detail);
             persistence.send(WriteAlone(write)).await??;
         }
     }

@@ -27,7 +27,6 @@ use crate::domain::breaker::COOL_DOWN_MS;
 use crate::domain::saga::{AbortReason, Step};
 use crate::store::breaker::DEFAULT_PROVIDER;
 use crate::store::operators::{SagaCursor, SagaFilter, SagaView, MAX_PAGE, MAX_QUERY_CHARS};
-use crate::store::sagas::Fence;
 use crate::store::transitions::SagaWrite;
 
 /// Sagas per page when `limit` is not given.
@@ -308,13 +307,7 @@ pub async fn cancel_saga(
 /// The operator's cancel of one saga (the endpoint's, and each of a bulk
 /// cancel's).
 pub(super) async fn cancel_one(state: &AppState, id: &str) -> Result<(), ApiError> {
-    let write = SagaWrite::Abort {
-        saga_id: id.to_string(),
-        fence: Fence::Operator,
-        reason: AbortReason::Cancelled,
-        detail: "cancelled by an operator".into(),
-        linger: true,
-    };
+    let write = SagaWrite::operator_cancel(id);
     // Its wake-ups (the dispatchers, the operators' hubs: a saga
     // cancelled in review leaves the queue) follow the write.
     state

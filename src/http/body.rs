@@ -71,6 +71,14 @@ pub async fn read_body(mut payload: web::Payload) -> Result<web::Bytes, ApiError
     Ok(body.freeze())
 }
 
+/// A body field that holds an RFC 3339 time, as epoch milliseconds; 422
+/// naming the field otherwise.
+pub fn rfc3339_ms(field: &str, text: &str) -> Result<i64, ApiError> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.timestamp_millis())
+        .map_err(|_| ApiError::Validation(format!("{field} must be an RFC 3339 time")))
+}
+
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::InvalidJson(

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::admin::operator_scope;
 use super::auth::{is_operator, new_secret, require_operator};
-use super::body::{parse_json, read_body};
+use super::body::{parse_json, read_body, rfc3339_ms};
 use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
@@ -140,11 +140,7 @@ fn validate_experience(
         return Err(ApiError::Validation("credits must not be negative".into()));
     }
     let closes_at_ms = match &b.closes_at {
-        Some(text) => Some(
-            chrono::DateTime::parse_from_rfc3339(text)
-                .map_err(|_| ApiError::Validation("closes_at must be an RFC 3339 time".into()))?
-                .timestamp_millis(),
-        ),
+        Some(text) => Some(rfc3339_ms("closes_at", text)?),
         None => None,
     };
     let locale = match b.locale.as_deref() {

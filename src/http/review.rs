@@ -23,16 +23,14 @@ use super::admin::{
     cancel_one, operator_scope, reason_named, retry_one, saga_action, search_text, step_named,
 };
 use super::auth::require_operator;
-use super::body::{parse_json, read_body};
+use super::body::{parse_json, read_body, rfc3339_ms};
 use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::actors::persistence::WritePageAlone;
 use crate::actors::review::decide;
 use crate::domain::review::Decision;
-use crate::domain::saga::AbortReason;
 use crate::store::operators::SagaFilter;
-use crate::store::sagas::Fence;
 use crate::store::transitions::SagaWrite;
 use crate::store::StoreError;
 
@@ -86,6 +84,9 @@ pub async fn list_review(
     Ok(HttpResponse::Ok().json(json!({ "items": items })))
 }
 
+/// The `abort_detail` of an operator's rejection.
+const REJECTED_BY_OPERATOR: &str = "rejected by an operator";
+
 async fn decide_one(state: &AppState, id: &str, decision: Decision) -> Result<(), ApiError> {
     decide(
         &state.store,
@@ -94,7 +95,7 @@ async fn decide_one(state: &AppState, id: &str, decision: Decision) -> Result<()
         id,
         decision,
         state.clock.now_ms(),
-        "rejected by an operator",
+        REJECTED_BY_OPERATOR,
     )
     .await?;
     tracing::info!(saga_id = %id, %decision, "operator review decision");
@@ -218,15 +219,11 @@ pub struct BulkBody {
     dry_run: bool,
 }
 
+/// A filter's time (empty: none).
 fn time_named(field: &str, text: Option<&str>) -> Result<Option<i64>, ApiError> {
-    match text.filter(|s| !s.is_empty()) {
-        Some(text) => Ok(Some(
-            chrono::DateTime::parse_from_rfc3339(text)
-                .map_err(|_| ApiError::Validation(format!("{field} must be an RFC 3339 time")))?
-                .timestamp_millis(),
-        )),
-        None => Ok(None),
-    }
+    text.filter(|s| !s.is_empty())
+        .map(|text| rfc3339_ms(field, text))
+        .transpose()
 }
 
 impl BulkFilter {
@@ -253,12 +250,7 @@ async fn act_on(state: &AppState, action: BulkAction, id: &str) -> Result<bool, 
         BulkAction::Approve => decide_one(state, id, Decision::Approve).await,
         BulkAction::Reject => decide_one(state, id, Decision::Reject).await,
     };
-    match done {
-        Ok(()) => Ok(true),
-        // The saga's own state refuses this action: matched, not done.
-        Err(ApiError::Conflict(_) | ApiError::NotFound(_) | ApiError::BudgetExhausted) => Ok(false),
-        Err(e) => Err(e),
-    }
+    counted(done)
 }
 
 /// `POST /api/admin/sagas/bulk` -> `{"matched", "done"}`.
@@ -346,14 +338,13 @@ async fn run_bulk(
 }
 
 /// Whether one saga's outcome counts as done; a refusal by the saga's own
-/// state is not done, any other error ends the bulk request.
-fn counted(outcome: Result<(), StoreError>) -> Result<bool, ApiError> {
+/// state (a conflict, a saga gone, no credits to retry it) is matched but
+/// not done, any other error ends the bulk request.
+fn counted(outcome: Result<(), ApiError>) -> Result<bool, ApiError> {
     match outcome {
         Ok(()) => Ok(true),
-        Err(e) => match ApiError::from(e) {
-            ApiError::Conflict(_) | ApiError::NotFound(_) => Ok(false),
-            e => Err(e),
-        },
+        Err(ApiError::Conflict(_) | ApiError::NotFound(_) | ApiError::BudgetExhausted) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -363,34 +354,24 @@ async fn act_on_page(
     action: BulkAction,
     ids: &[String],
 ) -> Result<i64, ApiError> {
-    let aborts = |reason: AbortReason, fence: Fence, detail: &str| -> Vec<SagaWrite> {
-        ids.iter()
-            .map(|id| SagaWrite::Abort {
-                saga_id: id.clone(),
-                fence: fence.clone(),
-                reason,
-                detail: detail.to_owned(),
-                linger: reason == AbortReason::Cancelled,
-            })
-            .collect()
-    };
+    // The single actions' own writes, a page at a time.
     let page = match action {
         BulkAction::Retry => None,
-        BulkAction::Cancel => Some(aborts(
-            AbortReason::Cancelled,
-            Fence::Operator,
-            "cancelled by an operator (bulk)",
-        )),
-        BulkAction::Reject => Some(aborts(
-            AbortReason::ReviewRejected,
-            Fence::Review,
-            "rejected by an operator (bulk)",
-        )),
+        BulkAction::Cancel => Some(
+            ids.iter()
+                .map(|id| SagaWrite::operator_cancel(id))
+                .collect(),
+        ),
+        BulkAction::Reject => Some(
+            ids.iter()
+                .map(|id| SagaWrite::review_reject(id, REJECTED_BY_OPERATOR))
+                .collect(),
+        ),
         BulkAction::Approve => {
             let outcomes = state.store.approve_page(ids, state.clock.now_ms()).await?;
             let mut done = 0;
             for outcome in outcomes {
-                done += counted(outcome)? as i64;
+                done += counted(outcome.map_err(ApiError::from))? as i64;
             }
             if done > 0 {
                 state.wakeups.review_changed();
@@ -413,7 +394,7 @@ async fn act_on_page(
             }
             let mut done = 0;
             for outcome in outcomes {
-                done += counted(outcome.map(drop))? as i64;
+                done += counted(outcome.map(drop).map_err(ApiError::from))? as i64;
             }
             return Ok(done);
         }

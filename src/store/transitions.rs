@@ -35,7 +35,7 @@ use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::admission::refunds_credits;
 use crate::domain::failure::AiResult;
 use crate::domain::policy::{lease_until, AttemptState, EpochMs};
-use crate::domain::review::{judge_decision, Decision, ReviewRow};
+use crate::domain::review::Decision;
 use crate::domain::saga::{judge_unapplied, AbortReason, RowNow, Step, TransitionError};
 use crate::domain::session::SessionStatus;
 
@@ -117,6 +117,30 @@ impl SagaWrite {
             | SagaWrite::ReleaseForRetry { saga_id, .. }
             | SagaWrite::Complete { saga_id, .. }
             | SagaWrite::Abort { saga_id, .. } => saga_id,
+        }
+    }
+
+    /// An operator's cancel: ABORTED `CANCELLED` whoever holds the saga;
+    /// a job it ran may still run, so its slot lingers.
+    pub fn operator_cancel(saga_id: &str) -> SagaWrite {
+        SagaWrite::Abort {
+            saga_id: saga_id.to_owned(),
+            fence: Fence::Operator,
+            reason: AbortReason::Cancelled,
+            detail: "cancelled by an operator".into(),
+            linger: true,
+        }
+    }
+
+    /// A rejection in review (an operator's, or the review timeout's):
+    /// ABORTED `REVIEW_REJECTED`, only while in review with no decision.
+    pub fn review_reject(saga_id: &str, detail: &str) -> SagaWrite {
+        SagaWrite::Abort {
+            saga_id: saga_id.to_owned(),
+            fence: Fence::Review,
+            reason: AbortReason::ReviewRejected,
+            detail: detail.to_owned(),
+            linger: false,
         }
     }
 
@@ -845,16 +869,9 @@ async fn abort_one(
             Fence::Unowned => Err(TransitionError::LeaseLost.into()),
             // Rejected twice is success; after an approval, or for a saga
             // not in review, it is refused.
-            Fence::Review => judge_decision(
-                Decision::Reject,
-                ReviewRow {
-                    step: super::sagas::step_of(&saga)?,
-                    decision: saga.review_decision.as_deref(),
-                    abort_reason: recorded.as_deref(),
-                },
-            )
-            .map(|()| Written::default())
-            .map_err(StoreError::from),
+            Fence::Review => {
+                super::review::judge_on_row(Decision::Reject, &saga).map(|()| Written::default())
+            }
             // Asked twice: the saga already ended that way.
             Fence::Operator
                 if saga.step == Step::Aborted.as_str()
