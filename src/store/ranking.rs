@@ -146,17 +146,25 @@ impl Store {
                 .await?;
             }
             // What the entries of these sessions were before (a replaced
-            // or shown-again entry leaves its old score).
-            let before: HashMap<String, score_attempts::Model> = score_attempts::Entity::find()
-                .filter(
-                    score_attempts::Column::SessionId
-                        .is_in(valid.iter().map(|e| e.session_id.clone())),
-                )
-                .all(&*tx)
-                .await?
-                .into_iter()
-                .map(|row| (row.session_id.clone(), row))
+            // or shown-again entry leaves its old score), for the cached
+            // experiences only: one not cached is read whole after the
+            // commit, under the same lock.
+            let cached: Vec<String> = valid
+                .iter()
+                .filter(|e| cache.contains_key(&e.experience_id))
+                .map(|e| e.session_id.clone())
                 .collect();
+            let before: HashMap<String, score_attempts::Model> = if cached.is_empty() {
+                HashMap::new()
+            } else {
+                score_attempts::Entity::find()
+                    .filter(score_attempts::Column::SessionId.is_in(cached))
+                    .all(&*tx)
+                    .await?
+                    .into_iter()
+                    .map(|row| (row.session_id.clone(), row))
+                    .collect()
+            };
             let mut values: Vec<Value> = vec![now.into()];
             for e in &valid {
                 values.extend([
