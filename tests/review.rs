@@ -451,7 +451,8 @@ db_test!(review_settings_are_validated);
 /// takes its session (SUBMITTING, with a saga that holds no lease) for a
 /// stuck one, nor the saga for an orphan.
 async fn the_cleanup_leaves_results_in_review_alone(backend: Backend) {
-    let app = TestApp::spawn_with(backend, fast_sim(), |c| c.lease = Duration::from_secs(1)).await;
+    let clock = stagehand::clock::ManualClock::new(1_800_000_000_000);
+    let app = TestApp::spawn_with_clock(backend, fast_sim(), |_| {}, clock.clone()).await;
     let slug = review_experience(&app, 5, json!({})).await;
     let (sid, token) = app.session(&slug, None, "patient").await;
     assert_eq!(
@@ -461,14 +462,9 @@ async fn the_cleanup_leaves_results_in_review_alone(backend: Backend) {
         202
     );
     wait_in_review(&app, 1).await;
-    // Past the cleanup's "stuck" age (one lease) since the session last
-    // changed.
-    let submitted = Instant::now();
-    support::wait_for(WITHIN, || async {
-        (submitted.elapsed() > Duration::from_millis(1_500)).then_some(())
-    })
-    .await
-    .unwrap();
+    // Ten minutes on: far past the cleanup's "stuck" age (one lease) since
+    // the session last changed, and past the saga's deadline.
+    clock.advance_ms(600_000);
     let report = app
         .app_cleanup
         .send(stagehand::actors::cleanup::RunCleanup)
