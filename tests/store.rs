@@ -553,6 +553,39 @@ async fn one_ranking_entry_per_session(backend: Backend) {
 }
 db_test!(one_ranking_entry_per_session);
 
+/// A batch's rows reach the database exactly: on PostgreSQL they travel
+/// as one JSON parameter (one statement text whatever the batch size), so
+/// a score must come back with every bit, and the ranks computed from the
+/// process's cache must agree with what is stored.
+async fn scores_keep_every_bit_through_a_batch(backend: Backend) {
+    let f = fixture(backend, 5).await;
+    let names = ["a", "b", "c", "d", "e"];
+    let s = at_ranking(&f, &names).await;
+    let scores = [0.1 + 0.2, 1e-300, 123_456_789.123_456_79, f64::MAX, 0.3];
+    let entries: Vec<_> = s
+        .iter()
+        .zip(scores)
+        .map(|(saga, score)| score_entry(&f, saga, score))
+        .collect();
+    let ranked = f.store.register_scores(&entries, T0 + 1).await.unwrap();
+    let ranks: Vec<i32> = ranked.iter().map(|r| r.as_ref().unwrap().rank).collect();
+    // f64::MAX, 123456789.12, 0.30000000000000004, 0.3, 1e-300
+    assert_eq!(ranks, vec![3, 5, 2, 1, 4]);
+    for (saga, score) in s.iter().zip(scores) {
+        let stored = stagehand::store::entities::score_attempts::Entity::find()
+            .filter(
+                stagehand::store::entities::score_attempts::Column::SessionId
+                    .eq(saga.session_id.clone()),
+            )
+            .one(f.store.db())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.score.to_bits(), score.to_bits(), "{score}");
+    }
+}
+db_test!(scores_keep_every_bit_through_a_batch);
+
 /// The ranks come from scores this process keeps (no walk of the index):
 /// an abort that hides an entry counts at the very next rank, and a
 /// second process (its own store, as another instance) ranks what is in

@@ -19,8 +19,8 @@ use sea_orm::sea_query::Condition;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Value};
 
 use super::entities::idempotency_records as records;
-use super::outbox::value_rows_from;
 use super::presence::INSTANCE_ALIVE_MS;
+use super::rows::{joined_by_key, SqlType, ValueRows};
 use super::{Store, StoreResult};
 use crate::domain::keys::{idempotency_key_digest, replay_seal_key};
 use crate::domain::policy::EpochMs;
@@ -205,8 +205,9 @@ impl Store {
             (now + KEY_LEASE_MS).into(),
             (now - INSTANCE_ALIVE_MS).into(),
         ];
+        let mut claimed = ValueRows::new(&[SqlType::Text; 5]);
         for &i in &first {
-            values.extend([
+            claimed.push([
                 keys[i].scope.clone().into(),
                 keys[i].key.clone().into(),
                 keys[i].request_hash.clone().into(),
@@ -214,24 +215,16 @@ impl Store {
                 keys[i].instance.clone().into(),
             ]);
         }
-        let rows: Vec<String> = (0..first.len())
-            .map(|r| {
-                let p = 5 + 5 * r;
-                format!(
-                    "(${p}, ${}, ${}, '{IN_PROGRESS}', NULL, NULL, $1, $2, ${}, $3, ${})",
-                    p + 1,
-                    p + 2,
-                    p + 3,
-                    p + 4
-                )
-            })
-            .collect();
+        let claimed = claimed.source(self.backend(), 5, &mut values);
         let inserted = self
             .write_returning(self.sql(
                 &format!(
-                    "INSERT INTO idempotency_records \
+                    "WITH v(scope, key, request_hash, owner, instance_id) AS ({claimed}) \
+                     INSERT INTO idempotency_records \
                      (scope, key, request_hash, state, response_status, response_body, \
-                     created_at_ms, expires_at_ms, owner, locked_until_ms, instance_id) VALUES {} \
+                     created_at_ms, expires_at_ms, owner, locked_until_ms, instance_id) \
+                     SELECT v.scope, v.key, v.request_hash, '{IN_PROGRESS}', NULL, NULL, \
+                     $1, $2, v.owner, $3, v.instance_id FROM v WHERE true \
                      ON CONFLICT (scope, key) DO UPDATE SET request_hash = excluded.request_hash, \
                      state = excluded.state, response_status = NULL, response_body = NULL, \
                      created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms, \
@@ -244,8 +237,7 @@ impl Store {
                      OR (idempotency_records.instance_id IS NOT NULL AND NOT EXISTS \
                      (SELECT 1 FROM instances i WHERE i.id = idempotency_records.instance_id \
                      AND i.seen_at_ms >= $4)))) \
-                     RETURNING scope, key",
-                    rows.join(", ")
+                     RETURNING scope, key"
                 ),
                 values,
             ))
@@ -315,9 +307,15 @@ impl Store {
         if answers.is_empty() {
             return Ok(());
         }
-        let mut values: Vec<Value> = Vec::with_capacity(answers.len() * 5);
+        let mut stored = ValueRows::new(&[
+            SqlType::Text,
+            SqlType::Text,
+            SqlType::Int,
+            SqlType::Text,
+            SqlType::Text,
+        ]);
         for (key, answer) in answers {
-            values.extend([
+            stored.push([
                 key.scope.clone().into(),
                 key.key.clone().into(),
                 (answer.status as i32).into(),
@@ -325,17 +323,22 @@ impl Store {
                 key.owner.clone().into(),
             ]);
         }
+        let backend = conn.get_database_backend();
+        let mut values = Vec::new();
+        let stored = stored.source(backend, 1, &mut values);
         let stmt = super::sql_for(
-            conn.get_database_backend(),
+            backend,
             &format!(
-                "WITH v(scope, key, status, body, owner) AS (VALUES {}) \
+                "WITH v(scope, key, status, body, owner) AS ({stored}) \
                  UPDATE idempotency_records SET state = '{COMPLETED}', \
                  response_status = v.status, response_body = v.body, \
                  owner = NULL, locked_until_ms = NULL FROM v \
                  WHERE idempotency_records.scope = v.scope AND idempotency_records.key = v.key \
+                 AND {scope_by_key} AND {key_by_key} \
                  AND idempotency_records.owner = v.owner \
                  AND idempotency_records.state = '{IN_PROGRESS}'",
-                value_rows_from(1, answers.len(), 5)
+                scope_by_key = joined_by_key(backend, "idempotency_records.scope", "scope"),
+                key_by_key = joined_by_key(backend, "idempotency_records.key", "key"),
             ),
             values,
         );

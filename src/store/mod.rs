@@ -19,6 +19,7 @@ pub mod presence;
 pub mod providers;
 pub mod ranking;
 pub mod review;
+pub(crate) mod rows;
 pub mod sagas;
 pub mod sessions;
 pub mod submissions;

@@ -19,6 +19,7 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder
 use serde_json::Value;
 
 use super::entities::{sessions, terminal_events};
+use super::rows::{joined_by_key, SqlType, ValueRows};
 use super::{Store, StoreError, StoreResult, WriteTx};
 use crate::domain::locale::Locale;
 use crate::domain::policy::EpochMs;
@@ -77,9 +78,7 @@ impl Store {
         rows: Vec<terminal_events::ActiveModel>,
     ) -> StoreResult<()> {
         if !rows.is_empty() {
-            terminal_events::Entity::insert_many(rows)
-                .exec_without_returning(&**tx)
-                .await?;
+            super::rows::insert_models(&**tx, rows).await?;
         }
         Ok(())
     }
@@ -138,18 +137,20 @@ impl Store {
         }
 
         // Reserve each terminal's numbers: one UPDATE for the whole batch.
-        let mut values = Vec::with_capacity(terminals.len() * 2);
+        let mut reserved = ValueRows::new(&[SqlType::Text, SqlType::BigInt]);
         for terminal in &terminals {
-            values.push(terminal.clone().into());
-            values.push((ids[terminal].len() as i64).into());
+            reserved.push([terminal.clone().into(), (ids[terminal].len() as i64).into()]);
         }
+        let mut values = Vec::new();
+        let reserved = reserved.source(self.backend(), 1, &mut values);
         let bumped = tx
             .query_all_raw(self.sql(
                 &format!(
-                    "WITH v(id, n) AS (VALUES {}) \
+                    "WITH v(id, n) AS ({reserved}) \
                      UPDATE terminals SET last_seq = last_seq + v.n FROM v \
-                     WHERE terminals.id = v.id RETURNING terminals.id, terminals.last_seq",
-                    value_rows(terminals.len(), 2)
+                     WHERE terminals.id = v.id AND {by_key} \
+                     RETURNING terminals.id, terminals.last_seq",
+                    by_key = joined_by_key(self.backend(), "terminals.id", "id")
                 ),
                 values,
             ))
@@ -160,7 +161,7 @@ impl Store {
         }
 
         // Hand the numbers out in id order: one UPDATE for the whole batch.
-        let mut values = Vec::with_capacity(rows.len() * 2);
+        let mut numbers = ValueRows::new(&[SqlType::BigInt, SqlType::BigInt]);
         for terminal in &terminals {
             let ids = &ids[terminal];
             let last = *last_seq.get(terminal).ok_or_else(|| {
@@ -168,15 +169,17 @@ impl Store {
             })?;
             let first = last - ids.len() as i64 + 1;
             for (offset, id) in ids.iter().enumerate() {
-                values.push((*id).into());
-                values.push((first + offset as i64).into());
+                numbers.push([(*id).into(), (first + offset as i64).into()]);
             }
         }
+        let mut values = Vec::new();
+        let numbers = numbers.source(self.backend(), 1, &mut values);
         tx.execute_raw(self.sql(
             &format!(
-                "WITH v(id, seq) AS (VALUES {}) \
-                 UPDATE terminal_events SET seq = v.seq FROM v WHERE terminal_events.id = v.id",
-                value_rows(rows.len(), 2)
+                "WITH v(id, seq) AS ({numbers}) \
+                 UPDATE terminal_events SET seq = v.seq FROM v \
+                 WHERE terminal_events.id = v.id AND {by_key}",
+                by_key = joined_by_key(self.backend(), "terminal_events.id", "id")
             ),
             values,
         ))
@@ -263,25 +266,6 @@ impl Store {
     }
 }
 
-/// `($1, $2), ($3, $4), ...`: `rows` rows of `width` placeholders, for a
-/// `VALUES` list.
-pub(crate) fn value_rows(rows: usize, width: usize) -> String {
-    value_rows_from(1, rows, width)
-}
-
-/// [`value_rows`] with placeholders numbered from `first`.
-pub(crate) fn value_rows_from(first: usize, rows: usize, width: usize) -> String {
-    (0..rows)
-        .map(|r| {
-            let row: Vec<String> = (0..width)
-                .map(|c| format!("${}", first + r * width + c))
-                .collect();
-            format!("({})", row.join(", "))
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// The `session.rejected` / `session.aborted` event of a session, its
 /// message in the experience's language.
 pub(crate) fn aborted_payload(
@@ -296,16 +280,4 @@ pub(crate) fn aborted_payload(
         "reason": reason.as_str(),
         "message": reason.human_message(locale),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{value_rows, value_rows_from};
-
-    #[test]
-    fn value_rows_number_placeholders_row_by_row() {
-        assert_eq!(value_rows(1, 2), "($1, $2)");
-        assert_eq!(value_rows(3, 2), "($1, $2), ($3, $4), ($5, $6)");
-        assert_eq!(value_rows_from(3, 2, 3), "($3, $4, $5), ($6, $7, $8)");
-    }
 }

@@ -12,7 +12,7 @@ use sea_orm::{
 };
 
 use super::entities::score_attempts;
-use super::outbox::value_rows_from;
+use super::rows::{column_in, in_list, joined_by_key, SqlType, ValueRows};
 use super::sagas::RankedEntry;
 use super::{new_id, Store, StoreError, StoreResult};
 use crate::domain::policy::EpochMs;
@@ -135,13 +135,16 @@ impl Store {
                 let mut ids: Vec<&str> = valid.iter().map(|e| e.saga_id.as_str()).collect();
                 ids.sort_unstable();
                 ids.dedup();
-                let marks: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
+                let mut values = Vec::new();
+                let ids = in_list(
+                    self.backend(),
+                    1,
+                    ids.into_iter().map(str::to_owned),
+                    &mut values,
+                );
                 tx.execute_raw(self.sql(
-                    &format!(
-                        "SELECT id FROM sagas WHERE id IN ({}) ORDER BY id FOR SHARE",
-                        marks.join(", ")
-                    ),
-                    ids.iter().map(|id| (*id).into()).collect(),
+                    &format!("SELECT id FROM sagas WHERE id {ids} ORDER BY id FOR SHARE"),
+                    values,
                 ))
                 .await?;
             }
@@ -158,16 +161,27 @@ impl Store {
                 HashMap::new()
             } else {
                 score_attempts::Entity::find()
-                    .filter(score_attempts::Column::SessionId.is_in(cached))
+                    .filter(column_in(
+                        self.backend(),
+                        score_attempts::Column::SessionId,
+                        cached,
+                    ))
                     .all(&*tx)
                     .await?
                     .into_iter()
                     .map(|row| (row.session_id.clone(), row))
                     .collect()
             };
-            let mut values: Vec<Value> = vec![now.into()];
+            let mut entries = ValueRows::new(&[
+                SqlType::Text,
+                SqlType::Text,
+                SqlType::Text,
+                SqlType::Text,
+                SqlType::Text,
+                SqlType::Double,
+            ]);
             for e in &valid {
-                values.extend([
+                entries.push([
                     new_id().into(),
                     e.experience_id.clone().into(),
                     e.session_id.clone().into(),
@@ -176,20 +190,24 @@ impl Store {
                     e.score.into(),
                 ]);
             }
+            let mut values: Vec<Value> = vec![now.into()];
+            let entries = entries.source(self.backend(), 2, &mut values);
             tx.execute_raw(self.sql(
                 &format!(
-                    "WITH v(id, experience_id, session_id, saga_id, token, score) AS (VALUES {}) \
+                    "WITH v(id, experience_id, session_id, saga_id, token, score) AS ({entries}) \
                      INSERT INTO score_attempts \
                      (id, experience_id, session_id, saga_id, nickname, score, hidden, created_at_ms) \
                      SELECT v.id, v.experience_id, v.session_id, v.saga_id, s.nickname, v.score, \
                      FALSE, $1 FROM v JOIN sessions s ON s.id = v.session_id \
                      JOIN sagas g ON g.id = v.saga_id AND g.lock_token = v.token \
-                     AND g.step IN ('AI_DONE', 'IN_REVIEW') WHERE true \
+                     AND g.step IN ('AI_DONE', 'IN_REVIEW') WHERE {sessions_by_key} \
+                     AND {sagas_by_key} \
                      ON CONFLICT (session_id) DO UPDATE SET saga_id = excluded.saga_id, \
                      score = excluded.score, nickname = excluded.nickname, hidden = FALSE, \
                      created_at_ms = excluded.created_at_ms \
                      WHERE score_attempts.saga_id <> excluded.saga_id OR score_attempts.hidden",
-                    value_rows_from(2, valid.len(), 6)
+                    sessions_by_key = joined_by_key(self.backend(), "s.id", "session_id"),
+                    sagas_by_key = joined_by_key(self.backend(), "g.id", "saga_id"),
                 ),
                 values,
             ))
@@ -198,7 +216,11 @@ impl Store {
             let ours: std::collections::HashSet<&str> =
                 valid.iter().map(|e| e.saga_id.as_str()).collect();
             let rows: Vec<score_attempts::Model> = score_attempts::Entity::find()
-                .filter(score_attempts::Column::SessionId.is_in(sessions))
+                .filter(column_in(
+                    self.backend(),
+                    score_attempts::Column::SessionId,
+                    sessions,
+                ))
                 .all(&*tx)
                 .await?
                 .into_iter()

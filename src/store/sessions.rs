@@ -50,7 +50,11 @@ impl Store {
     /// The sessions with these ids (those that exist), in one statement.
     pub async fn sessions_by_id(&self, ids: &[String]) -> StoreResult<Vec<sessions::Model>> {
         Ok(sessions::Entity::find()
-            .filter(sessions::Column::Id.is_in(ids.iter().cloned()))
+            .filter(super::rows::column_in(
+                self.backend(),
+                sessions::Column::Id,
+                ids.iter().cloned(),
+            ))
             .all(self.db())
             .await?)
     }

@@ -33,6 +33,7 @@ use uuid::Uuid;
 
 use super::entities::{experiences, sagas, sessions};
 use super::idempotency::{KeyClaim, KeyRequest, StoredAnswer};
+use super::rows::{column_in, in_list, insert_models};
 use super::{Store, StoreError, StoreResult};
 use crate::domain::admission::{
     admit, median_ms, refused_by_closing, submission_cost, Admission, Capacity, QueueLoad,
@@ -216,7 +217,11 @@ impl Store {
             sessions::Entity::find()
                 .select_only()
                 .column(sessions::Column::Id)
-                .filter(sessions::Column::Id.is_in(session_ids.iter().cloned()))
+                .filter(column_in(
+                    self.backend(),
+                    sessions::Column::Id,
+                    session_ids.iter().cloned(),
+                ))
                 .filter(
                     sessions::Column::Status.is_in(
                         SessionStatus::ALL
@@ -358,9 +363,7 @@ impl Store {
             }
         }
         if !new_sagas.is_empty() {
-            sagas::Entity::insert_many(new_sagas)
-                .exec_without_returning(&*tx)
-                .await?;
+            insert_models(&*tx, new_sagas).await?;
         }
 
         let mut answers: Vec<(&KeyRequest, StoredAnswer)> = Vec::new();
@@ -497,18 +500,16 @@ async fn start_sessions<C: ConnectionTrait>(
         return Ok(HashSet::new());
     }
     let mut values: Vec<Value> = vec![now.into()];
-    values.extend(ids.iter().map(|id| id.clone().into()));
-    let placeholders: Vec<String> = (0..ids.len()).map(|k| format!("${}", k + 2)).collect();
+    let ids = in_list(store.backend(), 2, ids.iter().cloned(), &mut values);
     let rows = conn
         .query_all_raw(store.sql(
             &format!(
                 "UPDATE sessions SET status = '{submitting}', abort_reason = NULL, \
-                 updated_at_ms = $1 WHERE id IN ({ids}) \
+                 updated_at_ms = $1 WHERE id {ids} \
                  AND status IN ('{open}', '{aborted}') RETURNING id",
                 submitting = SessionStatus::Submitting.as_str(),
                 open = SessionStatus::Open.as_str(),
                 aborted = SessionStatus::Aborted.as_str(),
-                ids = placeholders.join(", ")
             ),
             values,
         ))

@@ -28,7 +28,8 @@ use serde_json::json;
 
 use super::entities::{results, sagas, score_attempts, sessions};
 use super::experiences::locale_of;
-use super::outbox::{aborted_payload, value_rows_from};
+use super::outbox::aborted_payload;
+use super::rows::{column_in, in_list, insert_models, joined_by_key, SqlType, ValueRows};
 use super::sagas::{Fence, RankedEntry};
 use super::sessions::set_session_status;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
@@ -631,28 +632,35 @@ async fn fenced_update_many(
     let Some((_, _, first)) = rows.first() else {
         return Ok(HashSet::new());
     };
-    let width = 2 + first.len();
     let columns: Vec<String> = (1..=first.len()).map(|c| format!(", c{c}")).collect();
-    let mut values: Vec<Value> = vec![now.into(), lease.unwrap_or(0).into()];
+    let mut types = vec![SqlType::Text, SqlType::Text];
+    types.extend(first.iter().map(SqlType::of));
+    let mut source = ValueRows::new(&types);
     for (saga_id, token, row) in rows {
-        values.push(saga_id.clone().into());
-        values.push(token.clone().into());
-        values.extend(row.iter().cloned());
+        source.push(
+            [saga_id.clone().into(), token.clone().into()]
+                .into_iter()
+                .chain(row.iter().cloned()),
+        );
     }
+    let mut values: Vec<Value> = vec![now.into(), lease.unwrap_or(0).into()];
+    let backend = tx.get_database_backend();
+    let source = source.source(backend, 3, &mut values);
     let renew = if lease.is_some() {
         "locked_until_ms = $2, "
     } else {
         ""
     };
     let stmt = super::sql_for(
-        tx.get_database_backend(),
+        backend,
         &format!(
-            "WITH v(id, token{columns}) AS (VALUES {rows}) \
+            "WITH v(id, token{columns}) AS ({source}) \
              UPDATE sagas SET {renew}updated_at_ms = $1, {sets} FROM v \
-             WHERE sagas.id = v.id AND sagas.step = '{expected}' AND sagas.lock_token = v.token \
+             WHERE sagas.id = v.id AND {by_key} \
+             AND sagas.step = '{expected}' AND sagas.lock_token = v.token \
              RETURNING sagas.id",
             columns = columns.concat(),
-            rows = value_rows_from(3, rows.len(), width),
+            by_key = joined_by_key(backend, "sagas.id", "id"),
             expected = expected.as_str(),
         ),
         values,
@@ -676,14 +684,19 @@ async fn finish_completed(
     if completed.is_empty() {
         return Ok(HashSet::new());
     }
+    let backend = tx.get_database_backend();
     let ids: Vec<String> = completed.iter().cloned().collect();
     let sagas = sagas::Entity::find()
-        .filter(sagas::Column::Id.is_in(ids.clone()))
+        .filter(column_in(backend, sagas::Column::Id, ids))
         .all(&**tx)
         .await?;
     let session_ids: Vec<String> = sagas.iter().map(|s| s.session_id.clone()).collect();
     let sessions: HashMap<String, sessions::Model> = sessions::Entity::find()
-        .filter(sessions::Column::Id.is_in(session_ids.clone()))
+        .filter(column_in(
+            backend,
+            sessions::Column::Id,
+            session_ids.clone(),
+        ))
         .all(&**tx)
         .await?
         .into_iter()
@@ -732,9 +745,7 @@ async fn finish_completed(
             appended.insert(saga.id.clone());
         }
     }
-    results::Entity::insert_many(result_rows)
-        .exec_without_returning(&**tx)
-        .await?;
+    insert_models(&**tx, result_rows).await?;
     sessions::Entity::update_many()
         .col_expr(
             sessions::Column::Status,
@@ -745,7 +756,7 @@ async fn finish_completed(
             Expr::value(Option::<String>::None),
         )
         .col_expr(sessions::Column::UpdatedAtMs, Expr::value(now))
-        .filter(sessions::Column::Id.is_in(session_ids))
+        .filter(column_in(backend, sessions::Column::Id, session_ids))
         .exec(&**tx)
         .await?;
     Store::append_events(tx, events).await?;
@@ -771,17 +782,22 @@ async fn refund_credits(tx: &WriteTx, refunds: &[Refund]) -> StoreResult<()> {
     if refunds.is_empty() {
         return Ok(());
     }
-    let ids: Vec<String> = refunds.iter().map(|r| r.saga_id.clone()).collect();
-    let placeholders: Vec<String> = (1..=ids.len()).map(|k| format!("${k}")).collect();
+    let backend = tx.get_database_backend();
+    let mut values = Vec::new();
+    let ids = in_list(
+        backend,
+        1,
+        refunds.iter().map(|r| r.saga_id.clone()),
+        &mut values,
+    );
     let released: HashSet<String> = tx
         .query_all_raw(super::sql_for(
-            tx.get_database_backend(),
+            backend,
             &format!(
                 "UPDATE sagas SET charged_credits = 0 \
-                 WHERE id IN ({}) AND charged_credits > 0 RETURNING id",
-                placeholders.join(", ")
+                 WHERE id {ids} AND charged_credits > 0 RETURNING id"
             ),
-            ids.into_iter().map(Into::into).collect(),
+            values,
         ))
         .await?
         .iter()

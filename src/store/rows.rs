@@ -1,0 +1,324 @@
+//! Many rows in one statement: the `VALUES` lists and `IN` lists of the
+//! batched writes, written so that the statement's text does not depend on
+//! how many rows a batch has.
+//!
+//! Why: a statement whose text changes with the batch size is a new
+//! statement to PostgreSQL for every size. Each one is parsed and planned
+//! again (no cached plan ever applies), costs the client a Parse round
+//! trip, and evicts another from the connection's statement cache (100 per
+//! connection). Measured in `stagehand bench` (docs/BENCHMARKS.md §9): the
+//! planning alone was a fifth of PostgreSQL's statement time. So on
+//! PostgreSQL the rows travel as one JSON array in one parameter and are
+//! unpacked by `jsonb_array_elements`: one text per statement, prepared
+//! once per connection, planned generically after a few runs.
+//!
+//! SQLite plans in process and keeps its own `VALUES` lists: the rows are
+//! bound one placeholder per cell, as before (its JSON functions would
+//! parse floats with their own rounding).
+
+use sea_orm::sea_query::{Expr, SimpleExpr};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityName, EntityTrait,
+    IdenStatic, Iterable, Value,
+};
+
+/// The SQL type of a column of [`ValueRows`] (the cast PostgreSQL applies to
+/// the JSON text of the cell).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SqlType {
+    Text,
+    BigInt,
+    Int,
+    Double,
+    Bool,
+}
+
+impl SqlType {
+    /// The type of a value as sea-orm carries it (a NULL keeps its type).
+    pub(crate) fn of(value: &Value) -> SqlType {
+        match value {
+            Value::Bool(_) => SqlType::Bool,
+            Value::TinyInt(_) | Value::SmallInt(_) | Value::Int(_) => SqlType::Int,
+            Value::BigInt(_)
+            | Value::TinyUnsigned(_)
+            | Value::SmallUnsigned(_)
+            | Value::Unsigned(_)
+            | Value::BigUnsigned(_) => SqlType::BigInt,
+            Value::Float(_) | Value::Double(_) => SqlType::Double,
+            _ => SqlType::Text,
+        }
+    }
+
+    fn postgres(self) -> &'static str {
+        match self {
+            SqlType::Text => "text",
+            SqlType::BigInt => "int8",
+            SqlType::Int => "int4",
+            SqlType::Double => "float8",
+            SqlType::Bool => "boolean",
+        }
+    }
+}
+
+/// ValueRows of values of the same columns, row by row.
+#[derive(Debug, Clone)]
+pub(crate) struct ValueRows {
+    types: Vec<SqlType>,
+    cells: Vec<Value>,
+}
+
+impl ValueRows {
+    pub(crate) fn new(types: &[SqlType]) -> ValueRows {
+        ValueRows {
+            types: types.to_vec(),
+            cells: Vec::new(),
+        }
+    }
+
+    /// Adds one row; it must have one value per column.
+    pub(crate) fn push(&mut self, row: impl IntoIterator<Item = Value>) {
+        let before = self.cells.len();
+        self.cells.extend(row);
+        debug_assert_eq!(
+            self.cells.len() - before,
+            self.types.len(),
+            "one value per column"
+        );
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.cells.len() / self.types.len().max(1)
+    }
+
+    /// The rows as a row source for `WITH v(...) AS (<source>)` or
+    /// `INSERT INTO t (...) <source>`, its placeholders numbered from
+    /// `$first`; their values are appended to `values`. SQLite: `VALUES
+    /// ($first, ...), (...)`. PostgreSQL: one placeholder holding the rows
+    /// as a JSON array of arrays.
+    pub(crate) fn source(
+        self,
+        backend: DbBackend,
+        first: usize,
+        values: &mut Vec<Value>,
+    ) -> String {
+        match backend {
+            DbBackend::Postgres => {
+                let width = self.types.len();
+                let rows: Vec<serde_json::Value> = self
+                    .cells
+                    .chunks(width.max(1))
+                    .map(|row| serde_json::Value::Array(row.iter().map(json_of).collect()))
+                    .collect();
+                values.push(serde_json::Value::Array(rows).to_string().into());
+                let columns: Vec<String> = self
+                    .types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| format!("(r->>{i})::{}", t.postgres()))
+                    .collect();
+                format!(
+                    "SELECT {} FROM jsonb_array_elements(${first}::jsonb) AS r",
+                    columns.join(", ")
+                )
+            }
+            _ => {
+                let width = self.types.len();
+                let rows = self.len();
+                values.extend(self.cells);
+                let rows: Vec<String> = (0..rows)
+                    .map(|r| {
+                        let row: Vec<String> = (0..width)
+                            .map(|c| format!("${}", first + r * width + c))
+                            .collect();
+                        format!("({})", row.join(", "))
+                    })
+                    .collect();
+                format!("VALUES {}", rows.join(", "))
+            }
+        }
+    }
+}
+
+/// The condition that lets PostgreSQL find the rows a statement joins
+/// with the row source `v` by key: `column = ANY(ARRAY(SELECT v.key FROM
+/// v))` (an index scan). Without it a generic plan, which guesses 100 rows
+/// for the source, may join by reading the whole table. SQLite: `true`.
+pub(crate) fn joined_by_key(backend: DbBackend, column: &str, key: &str) -> String {
+    match backend {
+        DbBackend::Postgres => format!("{column} = ANY(ARRAY(SELECT v.{key} FROM v))"),
+        _ => "true".to_owned(),
+    }
+}
+
+/// `IN (...)` over `ids`, its placeholders numbered from `$first`; their
+/// values are appended to `values`. PostgreSQL: `= ANY(...)` of one
+/// placeholder holding the ids as a JSON array (an index scan even in a
+/// generic plan, which `IN (SELECT ...)` is not).
+pub(crate) fn in_list(
+    backend: DbBackend,
+    first: usize,
+    ids: impl IntoIterator<Item = String>,
+    values: &mut Vec<Value>,
+) -> String {
+    let ids: Vec<String> = ids.into_iter().collect();
+    match backend {
+        DbBackend::Postgres => {
+            values.push(serde_json::Value::from(ids).to_string().into());
+            format!("= ANY(ARRAY(SELECT jsonb_array_elements_text(${first}::jsonb)))")
+        }
+        _ => {
+            let placeholders: Vec<String> =
+                (0..ids.len()).map(|k| format!("${}", first + k)).collect();
+            values.extend(ids.into_iter().map(Value::from));
+            format!("IN ({})", placeholders.join(", "))
+        }
+    }
+}
+
+/// `column IN (ids)` as a sea-orm condition, written as [`in_list`] is.
+pub(crate) fn column_in<C: ColumnTrait>(
+    backend: DbBackend,
+    column: C,
+    ids: impl IntoIterator<Item = String>,
+) -> SimpleExpr {
+    match backend {
+        DbBackend::Postgres => {
+            let ids: Vec<String> = ids.into_iter().collect();
+            Expr::cust_with_values(
+                format!(
+                    "\"{}\".\"{}\" = ANY(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))",
+                    column.entity_name().to_string(),
+                    column.as_str()
+                ),
+                [serde_json::Value::from(ids).to_string()],
+            )
+        }
+        _ => column.is_in(ids),
+    }
+}
+
+/// Inserts `models` in one statement (on PostgreSQL one text whatever
+/// their number). Every model sets the same columns as the first.
+pub(crate) async fn insert_models<C, A>(conn: &C, models: Vec<A>) -> Result<(), DbErr>
+where
+    C: ConnectionTrait,
+    A: ActiveModelTrait,
+{
+    let Some(first) = models.first() else {
+        return Ok(());
+    };
+    let columns: Vec<<A::Entity as EntityTrait>::Column> =
+        <<A::Entity as EntityTrait>::Column as Iterable>::iter()
+            .filter(|c| first.get(*c).is_set())
+            .collect();
+    let types: Vec<SqlType> = columns
+        .iter()
+        .map(|c| {
+            first
+                .get(*c)
+                .into_value()
+                .as_ref()
+                .map_or(SqlType::Text, SqlType::of)
+        })
+        .collect();
+    let mut rows = ValueRows::new(&types);
+    for model in &models {
+        rows.push(
+            columns
+                .iter()
+                .map(|c| model.get(*c).into_value().unwrap_or(Value::String(None))),
+        );
+    }
+    let backend = conn.get_database_backend();
+    let mut values = Vec::new();
+    let source = rows.source(backend, 1, &mut values);
+    let names: Vec<String> = columns
+        .iter()
+        .map(|c| format!("\"{}\"", c.as_str()))
+        .collect();
+    let table = <A::Entity as Default>::default().table_name().to_owned();
+    conn.execute_raw(super::sql_for(
+        backend,
+        &format!("INSERT INTO \"{table}\" ({}) {source}", names.join(", ")),
+        values,
+    ))
+    .await?;
+    Ok(())
+}
+
+/// A cell as JSON: its text, number or boolean, or null.
+fn json_of(value: &Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        Value::String(Some(s)) => J::from(s.as_str()),
+        Value::Char(Some(c)) => J::from(c.to_string()),
+        Value::Bool(Some(b)) => J::from(*b),
+        Value::TinyInt(Some(n)) => J::from(*n),
+        Value::SmallInt(Some(n)) => J::from(*n),
+        Value::Int(Some(n)) => J::from(*n),
+        Value::BigInt(Some(n)) => J::from(*n),
+        Value::TinyUnsigned(Some(n)) => J::from(*n),
+        Value::SmallUnsigned(Some(n)) => J::from(*n),
+        Value::Unsigned(Some(n)) => J::from(*n),
+        Value::BigUnsigned(Some(n)) => J::from(*n),
+        Value::Float(Some(f)) => J::from(f64::from(*f)),
+        Value::Double(Some(f)) => J::from(*f),
+        Value::Json(Some(j)) => J::from(j.to_string()),
+        other => {
+            debug_assert!(!other.is_some(), "a cell of an unexpected type: {other:?}");
+            J::Null
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_rows() -> ValueRows {
+        let mut rows = ValueRows::new(&[SqlType::Text, SqlType::BigInt, SqlType::Double]);
+        rows.push(["a".into(), 1i64.into(), 0.1f64.into()]);
+        rows.push([Option::<String>::None.into(), 2i64.into(), 2.5f64.into()]);
+        rows
+    }
+
+    #[test]
+    fn sqlite_binds_a_placeholder_per_cell() {
+        let mut values = vec![Value::from(0i64)];
+        let sql = two_rows().source(DbBackend::Sqlite, 2, &mut values);
+        assert_eq!(sql, "VALUES ($2, $3, $4), ($5, $6, $7)");
+        assert_eq!(values.len(), 7);
+    }
+
+    #[test]
+    fn postgres_sees_one_text_whatever_the_rows() {
+        let mut values = Vec::new();
+        let sql = two_rows().source(DbBackend::Postgres, 3, &mut values);
+        assert_eq!(
+            sql,
+            "SELECT (r->>0)::text, (r->>1)::int8, (r->>2)::float8 \
+             FROM jsonb_array_elements($3::jsonb) AS r"
+        );
+        assert_eq!(values, vec![Value::from(r#"[["a",1,0.1],[null,2,2.5]]"#)]);
+        let mut one = ValueRows::new(&[SqlType::Text, SqlType::BigInt, SqlType::Double]);
+        one.push(["b".into(), 3i64.into(), 1.0f64.into()]);
+        assert_eq!(one.source(DbBackend::Postgres, 3, &mut Vec::new()), sql);
+    }
+
+    #[test]
+    fn in_lists_follow_the_backend() {
+        let ids = || ["x".to_owned(), "y".to_owned()];
+        let mut values = Vec::new();
+        assert_eq!(
+            in_list(DbBackend::Sqlite, 4, ids(), &mut values),
+            "IN ($4, $5)"
+        );
+        assert_eq!(values.len(), 2);
+        let mut values = Vec::new();
+        assert_eq!(
+            in_list(DbBackend::Postgres, 4, ids(), &mut values),
+            "= ANY(ARRAY(SELECT jsonb_array_elements_text($4::jsonb)))"
+        );
+        assert_eq!(values, vec![Value::from(r#"["x","y"]"#)]);
+    }
+}
