@@ -63,6 +63,15 @@ pub const AI_JOB_DURATION: &str = "stagehand_ai_job_duration_seconds";
 pub const AI_JOBS_FINISHED: &str = "stagehand_ai_jobs_finished_total";
 /// Histogram: sagas one claim round took.
 pub const CLAIM_BATCH: &str = "stagehand_claim_batch_size";
+/// Counter: messages handled by this process's actors, by actor (the
+/// wake-ups and hand-offs of the hot path; `stagehand bench` divides them
+/// by the sagas).
+pub const ACTOR_MESSAGES: &str = "stagehand_actor_messages_total";
+/// Counter: tasks and actor futures this process started, by where.
+pub const TASKS_SPAWNED: &str = "stagehand_tasks_spawned_total";
+/// Counter: frames encoded to JSON text for the sockets, by frame kind
+/// (one encoding is shared by every socket that sends the frame).
+pub const FRAMES_ENCODED: &str = "stagehand_frames_encoded_total";
 
 /// Buckets of every duration, in seconds: 10 ms to 10 min.
 pub const DURATION_BUCKETS: &[f64] = &[
@@ -134,6 +143,18 @@ fn describe() {
         "AI jobs whose submit this process sent, from that submit to the final status (outcome: succeeded, failed, rejected). A job adopted after a restart is only counted in stagehand_ai_jobs_finished_total."
     );
     describe_counter!(
+        ACTOR_MESSAGES,
+        "Messages handled by this process's actors, by actor."
+    );
+    describe_counter!(
+        TASKS_SPAWNED,
+        "Tasks and actor futures this process started, by task."
+    );
+    describe_counter!(
+        FRAMES_ENCODED,
+        "Socket frames encoded to JSON text, by frame kind."
+    );
+    describe_counter!(
         AI_JOBS_FINISHED,
         "AI jobs seen reaching a final status by this process (outcome: succeeded, failed, rejected)."
     );
@@ -157,6 +178,24 @@ pub fn saga_ended(reason: Option<AbortReason>, elapsed: Duration) {
     install();
     let outcome = reason.map_or("COMPLETED", AbortReason::as_str);
     ::metrics::histogram!(SAGA_DURATION, "outcome" => outcome).record(elapsed.as_secs_f64());
+}
+
+/// An actor of this process handles a message.
+pub fn actor_message(actor: &'static str) {
+    install();
+    ::metrics::counter!(ACTOR_MESSAGES, "actor" => actor).increment(1);
+}
+
+/// A task (or an actor's future) starts.
+pub fn task_spawned(task: &'static str) {
+    install();
+    ::metrics::counter!(TASKS_SPAWNED, "task" => task).increment(1);
+}
+
+/// A socket frame was encoded to JSON text.
+pub fn frame_encoded(kind: &'static str) {
+    install();
+    ::metrics::counter!(FRAMES_ENCODED, "kind" => kind).increment(1);
 }
 
 /// A claim round took `batch` sagas.

@@ -268,6 +268,18 @@ async fn metrics_follow_sagas_displays_and_the_breaker(backend: Backend) {
     let ended_before = before.sum("stagehand_saga_duration_seconds_count", &[]);
     let claims_before = before.sum("stagehand_claim_batch_size_count", &[]);
     let rejected_before = before.sum(AI_REQUESTS, &[("outcome", "content_rejected")]);
+    let persisted_before = before.sum(
+        "stagehand_actor_messages_total",
+        &[("actor", "PersistenceActor")],
+    );
+    let driven_before = before.sum(
+        "stagehand_tasks_spawned_total",
+        &[("task", "saga_supervisor.drive")],
+    );
+    let encoded_before = before.sum(
+        "stagehand_frames_encoded_total",
+        &[("kind", "session_event")],
+    );
 
     let slug = app.experience(3).await;
     let (terminal, terminal_token) = app.terminal(&slug).await;
@@ -423,6 +435,30 @@ async fn metrics_follow_sagas_displays_and_the_breaker(backend: Backend) {
             &[("outcome", "succeeded")]
         ) >= 1.0,
         "the job was timed from its submit"
+    );
+    // The hot path's own work is counted (process-wide, so compared with
+    // before): the persistence writes and the claim rounds are actor
+    // messages and spawned work.
+    assert!(
+        after.sum(
+            "stagehand_actor_messages_total",
+            &[("actor", "PersistenceActor")]
+        ) >= persisted_before + 2.0,
+        "the sagas' writes went through the persistence actor"
+    );
+    assert!(
+        after.sum(
+            "stagehand_tasks_spawned_total",
+            &[("task", "saga_supervisor.drive")]
+        ) >= driven_before + 2.0,
+        "one supervisor drive per saga"
+    );
+    assert!(
+        after.sum(
+            "stagehand_frames_encoded_total",
+            &[("kind", "session_event")]
+        ) >= encoded_before + 2.0,
+        "each completion frame was encoded for the display"
     );
 
     // A second display connects and reads both events too.

@@ -115,6 +115,7 @@ impl Handler<SubmitJob> for AiActor {
     type Result = ResponseFuture<Answer>;
 
     fn handle(&mut self, msg: SubmitJob, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("AiActor");
         self.request(
             AiRequest::Submit,
             |client| async move { client.submit(&msg.0).await },
@@ -127,6 +128,7 @@ impl Handler<PollJob> for AiActor {
     type Result = ResponseFuture<Answer>;
 
     fn handle(&mut self, msg: PollJob, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("AiActor");
         let job_id = msg.0.clone();
         self.request(
             AiRequest::Poll,
@@ -142,6 +144,7 @@ impl Handler<CancelJob> for AiActor {
     /// Under the same rate limit and breaker as every other request; not
     /// timed as a job request.
     fn handle(&mut self, msg: CancelJob, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("AiActor");
         let (client, breaker, rate) =
             (self.client.clone(), self.breaker.clone(), self.rate.clone());
         Box::pin(async move {

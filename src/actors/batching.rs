@@ -57,6 +57,7 @@ impl<W: Send + 'static, R: Send + 'static> BatchQueue<W, R> {
     {
         let (sender, mut receiver) = mpsc::channel::<(W, oneshot::Sender<R>)>(limits.capacity);
         let running = Arc::new(Semaphore::new(limits.concurrent.max(1)));
+        crate::metrics::task_spawned("batch.runner");
         tokio::spawn(async move {
             let mut queued = Vec::with_capacity(limits.max_batch);
             loop {
@@ -81,6 +82,7 @@ impl<W: Send + 'static, R: Send + 'static> BatchQueue<W, R> {
                     std::mem::take(&mut queued).into_iter().unzip();
                 let size = writes.len();
                 let batch = apply(writes);
+                crate::metrics::task_spawned("batch.write");
                 tokio::spawn(async move {
                     let started = std::time::Instant::now();
                     let answers = batch.await;

@@ -76,6 +76,7 @@ impl ProviderBreaker {
             } else if !self.maybe_open.load(Ordering::Acquire) {
                 return;
             }
+            crate::metrics::task_spawned("breaker.write");
             tokio::spawn(async move {
                 let until = now + me.cool_down_ms;
                 let written = if opens {
@@ -96,6 +97,7 @@ impl ProviderBreaker {
                 }
             });
         } else if self.maybe_open.swap(false, Ordering::AcqRel) {
+            crate::metrics::task_spawned("breaker.write");
             tokio::spawn(async move {
                 match me.store.close_breaker(&me.provider, now).await {
                     Ok(n) if n > 0 => {

@@ -196,6 +196,7 @@ impl CleanupActor {
     ) {
         let started = Instant::now();
         let round = self.round();
+        crate::metrics::task_spawned("cleanup.round");
         ctx.spawn(actix::fut::wrap_future(round).map(
             move |report, act: &mut Self, ctx: &mut Context<Self>| {
                 let elapsed = started.elapsed();
@@ -418,6 +419,7 @@ impl Actor for CleanupActor {
 impl Handler<RunCleanup> for CleanupActor {
     type Result = ResponseFuture<CleanupReport>;
     fn handle(&mut self, _: RunCleanup, ctx: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("CleanupActor");
         let (answer, report) = oneshot::channel();
         if let Some(waiters) = self.rounds.request(answer) {
             self.start_round(ctx, waiters);
@@ -435,6 +437,7 @@ impl Handler<RunCleanup> for CleanupActor {
 impl Handler<GetCleanupStats> for CleanupActor {
     type Result = MessageResult<GetCleanupStats>;
     fn handle(&mut self, _: GetCleanupStats, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("CleanupActor");
         MessageResult(self.rounds.stats)
     }
 }

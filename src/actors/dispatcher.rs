@@ -199,6 +199,7 @@ impl Dispatcher {
             self.rules,
             room,
         );
+        crate::metrics::task_spawned("dispatcher.round");
         ctx.spawn(
             claim
                 .into_actor(self)
@@ -347,6 +348,7 @@ impl Actor for Dispatcher {
 impl Handler<Wake> for Dispatcher {
     type Result = ();
     fn handle(&mut self, _: Wake, ctx: &mut Context<Self>) {
+        crate::metrics::actor_message("Dispatcher");
         self.round(ctx);
     }
 }
@@ -354,6 +356,7 @@ impl Handler<Wake> for Dispatcher {
 impl Handler<WakeAt> for Dispatcher {
     type Result = ();
     fn handle(&mut self, m: WakeAt, ctx: &mut Context<Self>) {
+        crate::metrics::actor_message("Dispatcher");
         let delay_ms = (m.0 - self.deps.clock.now_ms()).max(0) as u64;
         ctx.run_later(Duration::from_millis(delay_ms), |act, ctx| act.round(ctx));
     }
@@ -362,6 +365,7 @@ impl Handler<WakeAt> for Dispatcher {
 impl Handler<SagaStopped> for Dispatcher {
     type Result = ();
     fn handle(&mut self, m: SagaStopped, ctx: &mut Context<Self>) {
+        crate::metrics::actor_message("Dispatcher");
         self.running.remove(&m.saga_id);
         self.running_count.send_replace(self.running.len());
         if std::mem::take(&mut self.starved) {
@@ -374,6 +378,7 @@ impl Handler<Adopt> for Dispatcher {
     type Result = ResponseActFuture<Self, ()>;
 
     fn handle(&mut self, m: Adopt, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("Dispatcher");
         let (store, providers) = (self.deps.store.clone(), self.providers.clone());
         let load = async move {
             let mut experiences: HashMap<String, Option<experiences::Model>> = HashMap::new();
@@ -416,6 +421,7 @@ impl Handler<Drain> for Dispatcher {
     type Result = ResponseActFuture<Self, Drained>;
 
     fn handle(&mut self, m: Drain, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("Dispatcher");
         self.draining = true;
         let running = self.running.len();
         tracing::info!(

@@ -39,6 +39,7 @@ impl Heartbeat {
             return false;
         }
         let mut session = session.clone();
+        crate::metrics::task_spawned("heartbeat.ping");
         actix::spawn(async move {
             let _ = session.ping(b"").await;
         });
@@ -48,6 +49,7 @@ impl Heartbeat {
     /// Answers the peer's ping.
     pub fn pong(session: &Session, bytes: &[u8]) {
         let (mut session, bytes) = (session.clone(), bytes.to_vec());
+        crate::metrics::task_spawned("heartbeat.close");
         actix::spawn(async move {
             let _ = session.pong(&bytes).await;
         });

@@ -105,6 +105,7 @@ impl LingeringJobsActor {
             }
             Some(handled.len())
         };
+        crate::metrics::task_spawned("lingering.round");
         ctx.spawn(work.into_actor(self).map(|taken, act, ctx| {
             act.busy = false;
             // A full batch may have left more; a poll is due soon.
@@ -221,6 +222,7 @@ impl Actor for LingeringJobsActor {
 impl Handler<Round> for LingeringJobsActor {
     type Result = ();
     fn handle(&mut self, _: Round, ctx: &mut Context<Self>) {
+        crate::metrics::actor_message("LingeringJobsActor");
         self.round(ctx);
     }
 }

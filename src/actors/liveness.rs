@@ -54,6 +54,7 @@ impl Actor for LivenessActor {
                 act.clock.now_ms(),
                 act.live.clone(),
             );
+            crate::metrics::task_spawned("liveness.heartbeat");
             tokio::spawn(async move {
                 match store.instance_alive(&id, now).await {
                     Ok(n) => live.store(n, Ordering::Relaxed),

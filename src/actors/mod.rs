@@ -68,6 +68,7 @@ where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
     use actix::AsyncContext;
+    crate::metrics::task_spawned("actor.loop");
     let task = tokio::spawn(work);
     let abort = task.abort_handle();
     ctx.spawn(actix::fut::wrap_future(async move {

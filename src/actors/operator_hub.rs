@@ -178,6 +178,7 @@ impl Actor for OperatorHub {
 impl Handler<Subscribe> for OperatorHub {
     type Result = MessageResult<Subscribe>;
     fn handle(&mut self, _: Subscribe, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("OperatorHub");
         let mut frames = self.frames.subscribe();
         // The newcomer gets the newest frame now and a fresh one shortly.
         frames.mark_changed();

@@ -114,6 +114,7 @@ impl Actor for OperatorSocket {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        crate::metrics::task_spawned("operator_socket.stream");
         let streaming = tokio::spawn(stream(self.session.clone(), self.hub.clone()));
         self.streaming = Some(streaming.abort_handle());
         ctx.spawn(streaming.into_actor(self).map(|_, _, ctx| ctx.stop()));
@@ -131,6 +132,7 @@ impl Actor for OperatorSocket {
             streaming.abort();
         }
         let (session, reason) = (self.session.clone(), self.close_reason.take());
+        crate::metrics::task_spawned("operator_socket.close");
         actix::spawn(async move {
             let _ = session.close(reason).await;
         });
@@ -139,6 +141,7 @@ impl Actor for OperatorSocket {
 
 impl StreamHandler<Result<Message, ProtocolError>> for OperatorSocket {
     fn handle(&mut self, msg: Result<Message, ProtocolError>, ctx: &mut Self::Context) {
+        crate::metrics::actor_message("OperatorSocket");
         self.heartbeat.heard();
         match msg {
             Ok(Message::Ping(bytes)) => Heartbeat::pong(&self.session, &bytes),

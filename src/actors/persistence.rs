@@ -159,6 +159,7 @@ impl Actor for PersistenceActor {
 impl Handler<RenewLease> for PersistenceActor {
     type Result = ResponseFuture<StoreResult<()>>;
     fn handle(&mut self, m: RenewLease, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("PersistenceActor");
         let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
         Box::pin(async move { store.renew_lease(&m.saga_id, &m.token, now, lease).await })
     }
@@ -167,6 +168,7 @@ impl Handler<RenewLease> for PersistenceActor {
 impl Handler<Write> for PersistenceActor {
     type Result = ResponseFuture<StoreResult<Written>>;
     fn handle(&mut self, m: Write, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("PersistenceActor");
         let writes = self.writes.clone();
         Box::pin(async move { writes.write(m.0).await })
     }
@@ -175,6 +177,7 @@ impl Handler<Write> for PersistenceActor {
 impl Handler<WriteAlone> for PersistenceActor {
     type Result = ResponseFuture<StoreResult<Written>>;
     fn handle(&mut self, m: WriteAlone, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("PersistenceActor");
         let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
         let wakeups = self.wakeups.clone();
         Box::pin(async move {
@@ -189,6 +192,7 @@ impl Handler<WriteAlone> for PersistenceActor {
 impl Handler<WritePageAlone> for PersistenceActor {
     type Result = ResponseFuture<Vec<StoreResult<Written>>>;
     fn handle(&mut self, m: WritePageAlone, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("PersistenceActor");
         let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
         let wakeups = self.wakeups.clone();
         Box::pin(async move { write_batch(&store, m.0, now, lease, &wakeups).await })
@@ -198,6 +202,7 @@ impl Handler<WritePageAlone> for PersistenceActor {
 impl Handler<WriteCall> for PersistenceActor {
     type Result = ResponseFuture<StoreResult<i32>>;
     fn handle(&mut self, m: WriteCall, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("PersistenceActor");
         let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
         let wakeups = self.wakeups.clone();
         Box::pin(async move {
@@ -218,6 +223,7 @@ impl Handler<WriteCall> for PersistenceActor {
 impl Handler<SeedCalls> for PersistenceActor {
     type Result = ResponseFuture<StoreResult<()>>;
     fn handle(&mut self, m: SeedCalls, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("PersistenceActor");
         let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
         Box::pin(async move {
             store

@@ -78,6 +78,7 @@ impl Handler<RegisterScore> for RankingActor {
     type Result = ResponseFuture<StoreResult<RankedEntry>>;
 
     fn handle(&mut self, msg: RegisterScore, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("RankingActor");
         let entries = self.entries.clone();
         let entry = ScoreEntry {
             experience_id: msg.experience_id,

@@ -57,6 +57,7 @@ pub async fn ranking_frame(
             json!({"rank": row.rank, "nickname": row.nickname, "score": row.score, "session_id": row.session_id})
         })
         .collect();
+    crate::metrics::frame_encoded("ranking");
     Ok(json!({"type": "ranking", "entries": entries}).to_string())
 }
 

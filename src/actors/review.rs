@@ -113,6 +113,7 @@ impl ReviewActor {
             let next_timeout = store.next_review_timeout().await.ok().flatten();
             (full, next_timeout.map(|at| at - clock.now_ms()))
         };
+        crate::metrics::task_spawned("review.round");
         ctx.spawn(work.into_actor(self).map(|(full, due_in_ms), act, ctx| {
             act.busy = false;
             if act.again || full {
@@ -219,6 +220,7 @@ impl Actor for ReviewActor {
 impl Handler<Round> for ReviewActor {
     type Result = ();
     fn handle(&mut self, _: Round, ctx: &mut Context<Self>) {
+        crate::metrics::actor_message("ReviewActor");
         self.round(ctx);
     }
 }

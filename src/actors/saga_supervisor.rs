@@ -156,6 +156,7 @@ impl Actor for SagaSupervisor {
                 token: act.token.clone(),
             });
             let saga_id = saga_id.clone();
+            crate::metrics::task_spawned("saga_supervisor.renew");
             ctx.spawn(renew.into_actor(act).map(move |res, _, ctx| match res {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) if e.is_lease_lost() => {
@@ -177,6 +178,7 @@ impl Actor for SagaSupervisor {
             self.deps.clone(),
             self.dispatcher.clone(),
         );
+        crate::metrics::task_spawned("saga_supervisor.drive");
         ctx.spawn(drive.into_actor(self).map(|_, _, ctx| ctx.stop()));
     }
 
@@ -190,6 +192,7 @@ impl Actor for SagaSupervisor {
 impl Handler<StopSupervisor> for SagaSupervisor {
     type Result = ();
     fn handle(&mut self, _: StopSupervisor, ctx: &mut Context<Self>) {
+        crate::metrics::actor_message("SagaSupervisor");
         ctx.stop();
     }
 }

@@ -46,6 +46,7 @@ impl ShutdownSignal {
     /// Stops `actor` with [`going_away`] once the signal is set.
     pub fn stop_on_shutdown<A: GoesAway>(&self, actor: &A, ctx: &mut Context<A>) {
         let signal = self.clone();
+        crate::metrics::task_spawned("shutdown.watch");
         ctx.spawn(
             async move { signal.wait().await }
                 .into_actor(actor)

@@ -134,6 +134,7 @@ impl Actor for TerminalHub {
             }
             let terminals: Vec<String> = act.sockets.keys().cloned().collect();
             let (store, me) = (act.store.clone(), ctx.address());
+            crate::metrics::task_spawned("terminal_hub.catch_up");
             tokio::spawn(async move {
                 match store.newest_seqs(&terminals).await {
                     Ok(seqs) => me.do_send(NewestSeqs(seqs)),
@@ -150,6 +151,7 @@ impl Actor for TerminalHub {
                 act.instance_id.clone(),
                 act.clock.now_ms(),
             );
+            crate::metrics::task_spawned("terminal_hub.presence");
             tokio::spawn(async move {
                 if let Err(e) = store.refresh_presence(&instance, now).await {
                     tracing::warn!(error = %e, "could not refresh display presence");
@@ -162,6 +164,7 @@ impl Actor for TerminalHub {
 impl Handler<Connect> for TerminalHub {
     type Result = MessageResult<Connect>;
     fn handle(&mut self, m: Connect, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("TerminalHub");
         self.sockets
             .entry(m.terminal_id)
             .or_default()
@@ -178,6 +181,7 @@ impl Handler<Connect> for TerminalHub {
 impl Handler<Disconnect> for TerminalHub {
     type Result = ();
     fn handle(&mut self, m: Disconnect, _: &mut Context<Self>) {
+        crate::metrics::actor_message("TerminalHub");
         // Only a socket that registered is counted off: one whose stream
         // ended before its `Connect` (or a second `Disconnect`) changes
         // nothing, so it never drops its neighbours' ranking channel.
@@ -202,6 +206,7 @@ impl Handler<Disconnect> for TerminalHub {
 impl Handler<Ring> for TerminalHub {
     type Result = ();
     fn handle(&mut self, m: Ring, _: &mut Context<Self>) {
+        crate::metrics::actor_message("TerminalHub");
         for terminal_id in &m.0 {
             for bell in self
                 .sockets
@@ -218,6 +223,7 @@ impl Handler<Ring> for TerminalHub {
 impl Handler<NewestSeqs> for TerminalHub {
     type Result = ();
     fn handle(&mut self, m: NewestSeqs, _: &mut Context<Self>) {
+        crate::metrics::actor_message("TerminalHub");
         self.seen
             .retain(|terminal, _| self.sockets.contains_key(terminal));
         for (terminal, seq) in m.0 {
@@ -240,6 +246,7 @@ impl Handler<NewestSeqs> for TerminalHub {
 impl Handler<RingAll> for TerminalHub {
     type Result = ();
     fn handle(&mut self, _: RingAll, _: &mut Context<Self>) {
+        crate::metrics::actor_message("TerminalHub");
         for bell in self.sockets.values().flat_map(HashMap::values) {
             bell.ring();
         }
@@ -249,6 +256,7 @@ impl Handler<RingAll> for TerminalHub {
 impl Handler<RankingChanged> for TerminalHub {
     type Result = ();
     fn handle(&mut self, m: RankingChanged, _: &mut Context<Self>) {
+        crate::metrics::actor_message("TerminalHub");
         if let Some((sender, _)) = self.rankings.get(&m.experience_id) {
             sender.send_replace(Some(m.frame));
         }
@@ -258,6 +266,7 @@ impl Handler<RankingChanged> for TerminalHub {
 impl Handler<WatchedExperiences> for TerminalHub {
     type Result = Vec<String>;
     fn handle(&mut self, _: WatchedExperiences, _: &mut Context<Self>) -> Vec<String> {
+        crate::metrics::actor_message("TerminalHub");
         self.rankings.keys().cloned().collect()
     }
 }
@@ -265,6 +274,7 @@ impl Handler<WatchedExperiences> for TerminalHub {
 impl Handler<ConnectedCount> for TerminalHub {
     type Result = usize;
     fn handle(&mut self, _: ConnectedCount, _: &mut Context<Self>) -> usize {
+        crate::metrics::actor_message("TerminalHub");
         self.sockets.values().map(HashMap::len).sum()
     }
 }

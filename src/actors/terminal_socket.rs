@@ -187,6 +187,7 @@ async fn stream(
     loop {
         let page = deps.store.events_after(&terminal_id, after, PAGE).await?;
         for event in &page {
+            crate::metrics::frame_encoded("session_event");
             session.text(event.payload.to_string()).await?;
             after = event.seq;
             sent.store(after, Ordering::Relaxed);
@@ -228,6 +229,7 @@ impl Actor for TerminalSocket {
         );
         // On the runtime, not the actor's local set: the stream holds
         // database connections, and sqlx must drop one inside the runtime.
+        crate::metrics::task_spawned("terminal_socket.stream");
         let streaming = tokio::spawn(streaming);
         self.streaming = Some(streaming.abort_handle());
         ctx.spawn(streaming.into_actor(self).map(|ended, act, ctx| {
@@ -272,6 +274,7 @@ impl Actor for TerminalSocket {
             stats.ring();
         });
         let (session, reason) = (self.session.clone(), self.close_reason.take());
+        crate::metrics::task_spawned("terminal_socket.close");
         actix::spawn(async move {
             let _ = session.close(reason).await;
         });
@@ -288,6 +291,7 @@ struct Ack {
 
 impl StreamHandler<Result<Message, ProtocolError>> for TerminalSocket {
     fn handle(&mut self, msg: Result<Message, ProtocolError>, ctx: &mut Self::Context) {
+        crate::metrics::actor_message("TerminalSocket");
         self.heartbeat.heard();
         match msg {
             Ok(Message::Ping(bytes)) => Heartbeat::pong(&self.session, &bytes),

@@ -43,6 +43,7 @@ impl Doorbell {
         M::Result: Send,
     {
         let bell = self.clone();
+        crate::metrics::task_spawned("doorbell.loop");
         actix::spawn(async move {
             loop {
                 bell.rung().await;

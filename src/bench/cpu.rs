@@ -6,6 +6,8 @@
 //! the statements of the scenario's database. Linux only: elsewhere the
 //! figures are absent.
 
+use std::collections::HashMap;
+
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 
 /// Counters read at one moment.
@@ -20,10 +22,16 @@ pub struct Counters {
     /// PostgreSQL: commits + rollbacks, and statements, of the database.
     transactions: Option<i64>,
     statements: Option<i64>,
+    /// The server's own counters from `/metrics` (absent when it could
+    /// not be read): actor messages, by actor; tasks spawned; frames
+    /// encoded.
+    actor_messages: Option<HashMap<String, f64>>,
+    tasks_spawned: Option<f64>,
+    frames_encoded: Option<f64>,
 }
 
 /// Per saga, between two [`Counters`].
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct PerSaga {
     pub server_cpu_ms: f64,
     /// None on SQLite.
@@ -32,6 +40,13 @@ pub struct PerSaga {
     pub server_switches: f64,
     pub transactions: Option<f64>,
     pub statements: Option<f64>,
+    /// Messages handled by the server's actors (wake-ups and hand-offs).
+    pub actor_messages: Option<f64>,
+    /// The same by actor, most first.
+    pub actor_messages_by_actor: Vec<(String, f64)>,
+    pub tasks_spawned: Option<f64>,
+    /// Socket frames encoded to JSON text.
+    pub frames_encoded: Option<f64>,
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux).
@@ -97,9 +112,62 @@ async fn one_number(db: &DatabaseConnection, sql: &str) -> Option<i64> {
     row.try_get_by_index::<i64>(0).ok()
 }
 
+/// The server's `/metrics` (read with the operator token), summed by
+/// counter: actor messages by actor, tasks spawned, frames encoded.
+async fn scrape(
+    client: &reqwest::Client,
+    base: &str,
+    operator: &str,
+) -> Option<(HashMap<String, f64>, f64, f64)> {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .bearer_auth(operator)
+        .send()
+        .await
+        .ok()?
+        .error_for_status()
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    Some(sums_of(&text))
+}
+
+/// [`scrape`]'s sums out of the Prometheus text.
+fn sums_of(text: &str) -> (HashMap<String, f64>, f64, f64) {
+    let (mut by_actor, mut tasks, mut frames) = (HashMap::new(), 0.0, 0.0);
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        if series.starts_with(crate::metrics::ACTOR_MESSAGES) {
+            let actor = series
+                .split("actor=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("?");
+            *by_actor.entry(actor.to_owned()).or_default() += value;
+        } else if series.starts_with(crate::metrics::TASKS_SPAWNED) {
+            tasks += value;
+        } else if series.starts_with(crate::metrics::FRAMES_ENCODED) {
+            frames += value;
+        }
+    }
+    (by_actor, tasks, frames)
+}
+
 impl Counters {
-    /// Reads them now. `db`: the scenario's PostgreSQL database.
-    pub async fn read(server_pid: u32, db: Option<&DatabaseConnection>) -> Counters {
+    /// Reads them now. `db`: the scenario's PostgreSQL database; `server`:
+    /// its client, base URL and operator token, for `/metrics`.
+    pub async fn read(
+        server_pid: u32,
+        db: Option<&DatabaseConnection>,
+        server: (&reqwest::Client, &str, &str),
+    ) -> Counters {
+        let scraped = scrape(server.0, server.1, server.2).await;
         let (transactions, statements) = match db {
             Some(db) => (
                 one_number(
@@ -124,6 +192,9 @@ impl Counters {
             server_switches: switches(server_pid),
             transactions,
             statements,
+            actor_messages: scraped.as_ref().map(|s| s.0.clone()),
+            tasks_spawned: scraped.as_ref().map(|s| s.1),
+            frames_encoded: scraped.as_ref().map(|s| s.2),
         }
     }
 
@@ -132,6 +203,7 @@ impl Counters {
         let n = sagas.max(1) as f64;
         let ms = |a: u64, b: u64| (b.saturating_sub(a)) as f64 * 1000.0 / TICKS_PER_S / n;
         let each = |a: Option<i64>, b: Option<i64>| Some((b? - a?) as f64 / n);
+        let counted = |a: Option<f64>, b: Option<f64>| Some((b? - a?) / n);
         PerSaga {
             server_cpu_ms: ms(self.server_ticks, later.server_ticks),
             postgres_cpu_ms: postgres.then(|| ms(self.postgres_ticks, later.postgres_ticks)),
@@ -139,6 +211,24 @@ impl Counters {
             server_switches: later.server_switches.saturating_sub(self.server_switches) as f64 / n,
             transactions: each(self.transactions, later.transactions),
             statements: each(self.statements, later.statements),
+            actor_messages: match (&self.actor_messages, &later.actor_messages) {
+                (Some(a), Some(b)) => Some((b.values().sum::<f64>() - a.values().sum::<f64>()) / n),
+                _ => None,
+            },
+            actor_messages_by_actor: match (&self.actor_messages, &later.actor_messages) {
+                (Some(a), Some(b)) => {
+                    let mut by: Vec<(String, f64)> = b
+                        .iter()
+                        .map(|(k, v)| (k.clone(), (v - a.get(k).copied().unwrap_or(0.0)) / n))
+                        .filter(|(_, v)| *v > 0.0)
+                        .collect();
+                    by.sort_by(|x, y| y.1.total_cmp(&x.1));
+                    by
+                }
+                _ => Vec::new(),
+            },
+            tasks_spawned: counted(self.tasks_spawned, later.tasks_spawned),
+            frames_encoded: counted(self.frames_encoded, later.frames_encoded),
         }
     }
 }
@@ -146,6 +236,21 @@ impl Counters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sums_the_servers_counters_by_name_and_actor() {
+        let text = "# TYPE stagehand_actor_messages_total counter\n\
+            stagehand_actor_messages_total{actor=\"Dispatcher\"} 3\n\
+            stagehand_actor_messages_total{actor=\"AiActor\"} 4\n\
+            stagehand_tasks_spawned_total{task=\"batch.write\"} 5\n\
+            stagehand_tasks_spawned_total{task=\"dispatcher.round\"} 1\n\
+            stagehand_frames_encoded_total{kind=\"ranking\"} 2\n\
+            stagehand_claim_batch_size_sum 9\n";
+        let (by_actor, tasks, frames) = sums_of(text);
+        assert_eq!(by_actor["Dispatcher"], 3.0);
+        assert_eq!(by_actor["AiActor"], 4.0);
+        assert_eq!((tasks, frames), (6.0, 2.0));
+    }
 
     #[test]
     fn reads_utime_and_stime_past_a_command_name_with_spaces() {

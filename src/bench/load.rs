@@ -719,7 +719,9 @@ async fn drive(
         Backend::Sqlite => None,
     };
     let server_pid = server.child.id();
-    let counters_before = super::cpu::Counters::read(server_pid, stats_db.as_ref()).await;
+    let counters_before =
+        super::cpu::Counters::read(server_pid, stats_db.as_ref(), (&client, &base, &operator))
+            .await;
     // Paced: submission i is due at t0 + i / rate.
     let t0 = Instant::now() + Duration::from_millis(20);
     let pace = match s.load {
@@ -790,7 +792,9 @@ async fn drive(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let counters_after = super::cpu::Counters::read(server_pid, stats_db.as_ref()).await;
+    let counters_after =
+        super::cpu::Counters::read(server_pid, stats_db.as_ref(), (&client, &base, &operator))
+            .await;
     progress.abort();
     let _ = stop_tx.send(true);
     let mut logs_by_terminal = Vec::new();
@@ -911,11 +915,24 @@ async fn drive(
             f64::NAN
         },
         behind_schedule_ms,
-        per_saga: counters_before.per_saga(
-            &counters_after,
-            s.sessions,
-            s.backend == Backend::Postgres,
-        ),
+        per_saga: {
+            let per_saga = counters_before.per_saga(
+                &counters_after,
+                s.sessions,
+                s.backend == Backend::Postgres,
+            );
+            let by_actor: Vec<String> = per_saga
+                .actor_messages_by_actor
+                .iter()
+                .map(|(actor, n)| format!("{actor} {n:.2}"))
+                .collect();
+            eprintln!(
+                "  {}: actor messages per saga: {}",
+                s.label(),
+                by_actor.join(", ")
+            );
+            per_saga
+        },
     })
 }
 

@@ -150,6 +150,11 @@ fn flat_rows(terminals: usize) -> Vec<Row> {
             |f| counts_cells(&f.per_saga),
             None,
         ),
+        row(
+            "per saga: actor messages / tasks spawned / frames encoded",
+            |f| work_cells(&f.per_saga),
+            None,
+        ),
     ]
 }
 
@@ -172,6 +177,18 @@ fn counts_cells(p: &super::cpu::PerSaga) -> String {
         p.server_switches,
         opt(p.transactions),
         opt(p.statements)
+    )
+}
+
+/// `actor messages / tasks spawned / frames encoded` per saga, from the
+/// server's `/metrics` (`-` where it could not be read).
+fn work_cells(p: &super::cpu::PerSaga) -> String {
+    let opt = |x: Option<f64>| x.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into());
+    format!(
+        "{} / {} / {}",
+        opt(p.actor_messages),
+        opt(p.tasks_spawned),
+        opt(p.frames_encoded)
     )
 }
 
@@ -292,7 +309,9 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
     );
     out.push(
         "  switches: the server's threads' context switches (its wake-ups); transactions from \
-         pg_stat_database; statements from pg_stat_statements when loaded."
+         pg_stat_database; statements from pg_stat_statements when loaded.\n  \
+         actor messages, tasks spawned and frames encoded: the server's own counters \
+         (stagehand_actor_messages_total, stagehand_tasks_spawned_total, stagehand_frames_encoded_total)."
             .into(),
     );
     out.join("\n")
