@@ -187,7 +187,7 @@ pub(crate) fn column_in<C: ColumnTrait>(
             Expr::cust_with_values(
                 format!(
                     "\"{}\".\"{}\" = ANY(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))",
-                    column.entity_name().to_string(),
+                    column.entity_name(),
                     column.as_str()
                 ),
                 [serde_json::Value::from(ids).to_string()],
