@@ -287,40 +287,49 @@ impl Store {
         Ok(Some(ahead + 1))
     }
 
-    /// The AI slots `experience` can count on now (see
-    /// [`crate::domain::sharing::share_of`]): its ceiling, or its weighted
-    /// share of its provider's cap among the experiences with AI work.
-    pub async fn capacity_share(&self, experience: &experiences::Model) -> StoreResult<i64> {
+    /// The experiences `ids`, each with the AI slots it can count on now
+    /// (see [`crate::domain::sharing::share_of`]): its ceiling, or its
+    /// weighted share of its provider's cap among the experiences with AI
+    /// work. One statement for the whole batch of submissions.
+    pub async fn experiences_with_share(
+        &self,
+        ids: impl IntoIterator<Item = String>,
+    ) -> StoreResult<Vec<(experiences::Model, i64)>> {
         let runnable = super::sagas::RUNNABLE;
-        let row = self
+        let mut values = Vec::new();
+        let ids = super::rows::in_list(self.backend(), 1, ids, &mut values);
+        let rows = self
             .db()
-            .query_one_raw(self.sql(
+            .query_all_raw(self.sql(
                 &format!(
-                    "SELECT p.max_in_flight, CASE WHEN p.max_in_flight IS NULL THEN 0 ELSE \
+                    "SELECT e.*, p.max_in_flight AS provider_cap, \
+                     CASE WHEN p.max_in_flight IS NULL THEN 0 ELSE \
                      (SELECT COALESCE(SUM(x.weight), 0) FROM experiences x \
-                     WHERE x.provider = p.name AND x.id <> $2 AND EXISTS (SELECT 1 FROM sagas s \
+                     WHERE x.provider = p.name AND x.id <> e.id AND EXISTS (SELECT 1 FROM sagas s \
                      WHERE s.experience_id = x.id AND {runnable} AND s.step = 'AI_PENDING')) END \
-                     FROM providers p WHERE p.name = $1"
+                     AS others_weight \
+                     FROM experiences e LEFT JOIN providers p ON p.name = e.provider \
+                     WHERE e.id {ids}"
                 ),
-                vec![
-                    experience.provider.clone().into(),
-                    experience.id.clone().into(),
-                ],
+                values,
             ))
             .await?;
-        let (cap, others) = match row {
-            Some(r) => (
-                r.try_get_by_index::<Option<i32>>(0)?.map(i64::from),
-                r.try_get_by_index::<i64>(1)?,
-            ),
-            None => (None, 0),
-        };
-        Ok(share_of(
-            cap,
-            i64::from(experience.weight),
-            others,
-            i64::from(experience.max_in_flight),
-        ))
+        rows.iter()
+            .map(|r| {
+                let experience =
+                    <experiences::Model as sea_orm::FromQueryResult>::from_query_result(r, "")?;
+                let cap: Option<i32> = r.try_get("", "provider_cap")?;
+                let others: i64 = r.try_get("", "others_weight")?;
+                let share = share_of(
+                    cap.map(i64::from),
+                    i64::from(experience.weight),
+                    others,
+                    i64::from(experience.max_in_flight),
+                );
+                Ok((experience, share))
+            })
+            .collect::<Result<_, sea_orm::DbErr>>()
+            .map_err(Into::into)
     }
 
     /// Lingering jobs now (for tests and operators).

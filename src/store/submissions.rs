@@ -182,28 +182,31 @@ impl Store {
             .iter()
             .map(|&i| orders[i].session.experience_id.clone())
             .collect();
-        let experiences: HashMap<String, experiences::Model> = if experience_ids.is_empty() {
-            HashMap::new()
-        } else {
-            experiences::Entity::find()
-                .filter(experiences::Column::Id.is_in(experience_ids.iter().cloned()))
-                .all(self.db())
-                .await?
-                .into_iter()
-                .map(|e| (e.id.clone(), e))
-                .collect()
-        };
-        let mut medians: HashMap<String, Option<i64>> = HashMap::new();
-        for id in &experience_ids {
-            medians.insert(id.clone(), self.median_ai_ms(id).await?);
-        }
-        // The slots each can count on: its share of a shared provider cap.
+        // The experiences with their shares, and their recent AI
+        // durations, read side by side (two connections, one wait).
+        let (settings, medians) = tokio::join!(
+            async {
+                if experience_ids.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    self.experiences_with_share(experience_ids.iter().cloned())
+                        .await
+                }
+            },
+            async {
+                let mut medians: HashMap<String, Option<i64>> = HashMap::new();
+                for id in &experience_ids {
+                    medians.insert(id.clone(), self.median_ai_ms(id).await?);
+                }
+                StoreResult::Ok(medians)
+            }
+        );
+        let medians = medians?;
+        let mut experiences: HashMap<String, experiences::Model> = HashMap::new();
         let mut shares: HashMap<String, i64> = HashMap::new();
-        for experience in experiences.values() {
-            shares.insert(
-                experience.id.clone(),
-                self.capacity_share(experience).await?,
-            );
+        for (experience, share) in settings? {
+            shares.insert(experience.id.clone(), share);
+            experiences.insert(experience.id.clone(), experience);
         }
 
         let tx = self.write_tx().await?;
@@ -454,24 +457,15 @@ async fn ai_queue_load<C: ConnectionTrait>(
 ) -> StoreResult<QueueLoad> {
     let runnable = super::sagas::RUNNABLE;
     // Sagas, not slots: a fan-out saga holds several (see `Capacity`).
-    let stmt = super::sql_for(
-        conn.get_database_backend(),
-        &format!(
-            "SELECT COUNT(*) FROM sagas WHERE experience_id = $1 AND lock_token IS NOT NULL \
-             AND {runnable} AND step = 'AI_PENDING' AND locked_until_ms >= $2"
-        ),
-        vec![experience_id.into(), now.into()],
-    );
-    let running = conn
-        .query_one_raw(stmt)
-        .await?
-        .map(|r| r.try_get_by_index::<i64>(0))
-        .transpose()?
-        .unwrap_or(0);
+    // One statement, one round trip: it runs once per batch of
+    // submissions, inside the transaction the 202s wait for.
     let stmt = super::sql_for(
         conn.get_database_backend(),
         &format!(
             "SELECT (SELECT COUNT(*) FROM sagas WHERE experience_id = $1 \
+               AND lock_token IS NOT NULL AND {runnable} AND step = 'AI_PENDING' \
+               AND locked_until_ms >= $2), \
+             (SELECT COUNT(*) FROM sagas WHERE experience_id = $1 \
                AND lock_token IS NULL AND {runnable} AND step = 'AI_PENDING') \
              + (SELECT COUNT(*) FROM sagas WHERE experience_id = $1 \
                AND lock_token IS NOT NULL AND {runnable} AND step = 'AI_PENDING' \
@@ -479,12 +473,13 @@ async fn ai_queue_load<C: ConnectionTrait>(
         ),
         vec![experience_id.into(), now.into()],
     );
-    let waiting = conn
-        .query_one_raw(stmt)
-        .await?
-        .map(|r| r.try_get_by_index::<i64>(0))
-        .transpose()?
-        .unwrap_or(0);
+    let (running, waiting) = match conn.query_one_raw(stmt).await? {
+        Some(row) => (
+            row.try_get_by_index::<i64>(0)?,
+            row.try_get_by_index::<i64>(1)?,
+        ),
+        None => (0, 0),
+    };
     Ok(QueueLoad { running, waiting })
 }
 
