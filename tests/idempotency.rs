@@ -307,6 +307,32 @@ async fn expired_keys_are_purged_in_bounded_batches(backend: Backend) {
 }
 db_test!(expired_keys_are_purged_in_bounded_batches);
 
+/// Keys are any visible text: on PostgreSQL a batch's keys travel as one
+/// array literal, so quotes, backslashes, braces and commas must come
+/// back as they went, and a repeat gets the stored answer.
+async fn keys_with_quotes_and_braces_replay(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let slug = app.experience(5).await;
+    for (i, key) in [r#"a"b"#, r#"c\d"#, "{e,f}", "NULL", r#" "\{,}"#].iter().enumerate() {
+        let (sid, tok) = app.session(&slug, None, &format!("odd{i}")).await;
+        let body = json!({"prompt": "odd key"});
+        let first = app.submit(&sid, &tok, body.clone(), key).await;
+        assert_eq!(first.status().as_u16(), 202, "{key}");
+        assert!(first.headers().get("Idempotent-Replayed").is_none());
+        let first: Value = first.json().await.unwrap();
+        let again = app.submit(&sid, &tok, body, key).await;
+        assert_eq!(again.status().as_u16(), 202, "{key}");
+        assert!(
+            again.headers().get("Idempotent-Replayed").is_some(),
+            "the repeat of {key} is the stored answer"
+        );
+        let again: Value = again.json().await.unwrap();
+        assert_eq!(again["saga_id"], first["saga_id"], "{key}");
+    }
+    app.stop().await;
+}
+db_test!(keys_with_quotes_and_braces_replay);
+
 /// The same submission fired 50 times at once: one saga, and every answer
 /// is that 202 (once fresh, the rest replays) or 409 `request_in_progress`.
 /// Then 20 submissions with 20 different keys at once on a new session:
