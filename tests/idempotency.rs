@@ -313,7 +313,10 @@ db_test!(expired_keys_are_purged_in_bounded_batches);
 async fn keys_with_quotes_and_braces_replay(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let slug = app.experience(5).await;
-    for (i, key) in [r#"a"b"#, r#"c\d"#, "{e,f}", "NULL", r#" "\{,}"#].iter().enumerate() {
+    for (i, key) in [r#"a"b"#, r#"c\d"#, "{e,f}", "NULL", r#" "\{,}"#]
+        .iter()
+        .enumerate()
+    {
         let (sid, tok) = app.session(&slug, None, &format!("odd{i}")).await;
         let body = json!({"prompt": "odd key"});
         let first = app.submit(&sid, &tok, body.clone(), key).await;
