@@ -437,8 +437,8 @@ async fn metrics_follow_sagas_displays_and_the_breaker(backend: Backend) {
         "the job was timed from its submit"
     );
     // The hot path's own work is counted (process-wide, so compared with
-    // before): the persistence writes and the claim rounds are actor
-    // messages and spawned work.
+    // before): the persistence writes are actor messages, each saga's
+    // supervisor is a spawned drive, each completion frame one encoding.
     assert!(
         after.sum(
             "stagehand_actor_messages_total",
