@@ -194,14 +194,15 @@ pub(crate) fn column_in<C: ColumnTrait>(
 ) -> SimpleExpr {
     match backend {
         DbBackend::Postgres => {
-            let ids: Vec<String> = ids.into_iter().collect();
+            let mut values = Vec::new();
+            let condition = in_list(backend, 1, ids, &mut values);
             Expr::cust_with_values(
                 format!(
-                    "\"{}\".\"{}\" = ANY(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))",
+                    "\"{}\".\"{}\" {condition}",
                     column.entity_name(),
                     column.as_str()
                 ),
-                [serde_json::Value::from(ids).to_string()],
+                values,
             )
         }
         _ => column.is_in(ids),
