@@ -3,12 +3,15 @@
 //! user while it runs) and of this client, from `/proc` before and after
 //! the timed part; the server's context switches (its wake-ups); and on
 //! PostgreSQL the transactions and, when `pg_stat_statements` is loaded,
-//! the statements of the scenario's database. Linux only: elsewhere the
-//! figures are absent.
+//! the statements of the scenario's database, and who waited for a lock
+//! (sampled). With several instances the server figures are their sums.
+//! Linux only: elsewhere the figures are absent.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use tokio::sync::watch;
 
 /// Counters read at one moment.
 #[derive(Debug, Clone, Default)]
@@ -47,6 +50,95 @@ pub struct PerSaga {
     pub tasks_spawned: Option<f64>,
     /// Socket frames encoded to JSON text.
     pub frames_encoded: Option<f64>,
+    /// PostgreSQL: lock waits seen by [`sample_lock_waits`].
+    pub lock_waits: Option<LockWaitsPerSaga>,
+}
+
+/// How often [`sample_lock_waits`] looks: a wait shorter than this is
+/// seen only sometimes, so the counts are a lower bound and the time an
+/// estimate.
+pub const LOCK_SAMPLE_EVERY: Duration = Duration::from_millis(5);
+
+/// What [`sample_lock_waits`] saw over a scenario.
+#[derive(Debug, Clone, Default)]
+pub struct LockWaits {
+    /// Waits seen: a backend found waiting for a heavyweight lock that was
+    /// not waiting at the sample before.
+    pub waits: u64,
+    /// Backends waiting, summed over samples, times the time between them.
+    pub waiting_ms: f64,
+    /// The waits seen by what they waited for (`wait_event`: transactionid,
+    /// tuple, relation...) and the start of the waiting statement, most
+    /// first.
+    pub by_statement: Vec<(String, u64)>,
+}
+
+/// [`LockWaits`] per saga.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LockWaitsPerSaga {
+    pub waits: f64,
+    pub waiting_ms: f64,
+}
+
+impl LockWaits {
+    pub fn per_saga(&self, sagas: usize) -> LockWaitsPerSaga {
+        let n = sagas.max(1) as f64;
+        LockWaitsPerSaga {
+            waits: self.waits as f64 / n,
+            waiting_ms: self.waiting_ms / n,
+        }
+    }
+}
+
+/// Samples, every [`LOCK_SAMPLE_EVERY`] until `stop` turns true, the
+/// backends of `database_url`'s database that wait for a heavyweight lock
+/// (`pg_stat_activity.wait_event_type = 'Lock'`: a row, a transaction id, a
+/// relation; what `pg_locks` shows as not granted). None when it could not
+/// connect or query.
+pub async fn sample_lock_waits(
+    database_url: String,
+    mut stop: watch::Receiver<bool>,
+) -> Option<LockWaits> {
+    let db = super::admin_connect(&database_url).await.ok()?;
+    let query = Statement::from_string(
+        DbBackend::Postgres,
+        "SELECT pid, wait_event || ': ' || regexp_replace(left(query, 70), '\\s+', ' ', 'g') \
+         FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    );
+    let mut seen = LockWaits::default();
+    let mut by_statement: HashMap<String, u64> = HashMap::new();
+    let mut waiting: HashSet<i32> = HashSet::new();
+    let mut last = Instant::now();
+    let mut ticker = tokio::time::interval(LOCK_SAMPLE_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        let rows = db.query_all_raw(query.clone()).await.ok()?;
+        let mut now: HashSet<i32> = HashSet::new();
+        for row in &rows {
+            let Ok(pid) = row.try_get_by_index::<i32>(0) else {
+                continue;
+            };
+            now.insert(pid);
+            if !waiting.contains(&pid) {
+                seen.waits += 1;
+                let what = row.try_get_by_index::<String>(1).unwrap_or_default();
+                *by_statement.entry(what).or_default() += 1;
+            }
+        }
+        let at = Instant::now();
+        seen.waiting_ms += now.len() as f64 * (at - last).as_secs_f64() * 1000.0;
+        (waiting, last) = (now, at);
+    }
+    db.close().await.ok();
+    seen.by_statement = by_statement.into_iter().collect();
+    seen.by_statement
+        .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Some(seen)
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux).
@@ -160,14 +252,29 @@ fn sums_of(text: &str) -> (HashMap<String, f64>, f64, f64) {
 }
 
 impl Counters {
-    /// Reads them now. `db`: the scenario's PostgreSQL database; `server`:
-    /// its client, base URL and operator token, for `/metrics`.
+    /// Reads them now. `server_pids`: every instance; `db`: the scenario's
+    /// PostgreSQL database; `servers`: a client, the instances' base URLs
+    /// and the operator token, for `/metrics`.
     pub async fn read(
-        server_pid: u32,
+        server_pids: &[u32],
         db: Option<&DatabaseConnection>,
-        server: (&reqwest::Client, &str, &str),
+        servers: (&reqwest::Client, &[String], &str),
     ) -> Counters {
-        let scraped = scrape(server.0, server.1, server.2).await;
+        let mut scraped: Option<(HashMap<String, f64>, f64, f64)> = Some(Default::default());
+        for base in servers.1 {
+            let one = scrape(servers.0, base, servers.2).await;
+            scraped = match (scraped, one) {
+                (Some(mut sum), Some((by_actor, tasks, frames))) => {
+                    for (actor, n) in by_actor {
+                        *sum.0.entry(actor).or_default() += n;
+                    }
+                    sum.1 += tasks;
+                    sum.2 += frames;
+                    Some(sum)
+                }
+                _ => None,
+            };
+        }
         let (transactions, statements) = match db {
             Some(db) => (
                 one_number(
@@ -186,10 +293,13 @@ impl Counters {
             None => (None, None),
         };
         Counters {
-            server_ticks: process_ticks(&server_pid.to_string()),
+            server_ticks: server_pids
+                .iter()
+                .map(|pid| process_ticks(&pid.to_string()))
+                .sum(),
             postgres_ticks: if db.is_some() { postgres_ticks() } else { 0 },
             client_ticks: process_ticks("self"),
-            server_switches: switches(server_pid),
+            server_switches: server_pids.iter().map(|&pid| switches(pid)).sum(),
             transactions,
             statements,
             actor_messages: scraped.as_ref().map(|s| s.0.clone()),
@@ -229,6 +339,7 @@ impl Counters {
             },
             tasks_spawned: counted(self.tasks_spawned, later.tasks_spawned),
             frames_encoded: counted(self.frames_encoded, later.frames_encoded),
+            lock_waits: None,
         }
     }
 }
@@ -250,6 +361,17 @@ mod tests {
         assert_eq!(by_actor["Dispatcher"], 3.0);
         assert_eq!(by_actor["AiActor"], 4.0);
         assert_eq!((tasks, frames), (6.0, 2.0));
+    }
+
+    #[test]
+    fn lock_waits_are_divided_by_the_sagas() {
+        let seen = LockWaits {
+            waits: 46,
+            waiting_ms: 780.0,
+            by_statement: Vec::new(),
+        };
+        let per = seen.per_saga(1000);
+        assert_eq!((per.waits, per.waiting_ms), (0.046, 0.78));
     }
 
     #[test]

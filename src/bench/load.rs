@@ -32,6 +32,10 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 const ACK_EVERY: Duration = Duration::from_millis(50);
 /// At most this many failed unrelated reads are described.
 const READ_FAILURES_SHOWN: usize = 5;
+/// Kinds of lock wait printed after a PostgreSQL scenario, most first.
+const LOCK_WAITS_SHOWN: usize = 6;
+/// ERROR lines kept as samples of a server log.
+const LOG_SAMPLES: usize = 3;
 /// How long the client keeps an idle connection for reuse: under the
 /// server's keep-alive (actix-web's default, 5 s), or a submission may go out
 /// on a connection the server is closing and fail with "error sending
@@ -80,6 +84,9 @@ pub struct Scenario {
     pub sessions: usize,
     pub concurrency: usize,
     pub load: Load,
+    /// Servers on the one database (PostgreSQL): submitters and displays
+    /// alternate between them, so frames cross instances.
+    pub instances: usize,
     pub server_args: Vec<String>,
     /// PostgreSQL admin URL (PostgreSQL scenarios only).
     pub admin_url: Option<String>,
@@ -95,8 +102,13 @@ impl Scenario {
             Load::FlatOut => String::new(),
             Load::Paced(rate) => format!(", paced at {rate}/s"),
         };
+        let instances = if self.instances > 1 {
+            format!(", {} instances", self.instances)
+        } else {
+            String::new()
+        };
         format!(
-            "{}, {} terminal{plural}{pace}",
+            "{}, {} terminal{plural}{pace}{instances}",
             self.backend.name(),
             self.terminals
         )
@@ -108,7 +120,12 @@ impl Scenario {
             Backend::Sqlite => "sqlite",
         };
         let pace = if self.load.is_paced() { "-paced" } else { "" };
-        format!("{backend}-{}{pace}", self.terminals)
+        let instances = if self.instances > 1 {
+            format!("-x{}", self.instances)
+        } else {
+            String::new()
+        };
+        format!("{backend}-{}{pace}{instances}", self.terminals)
     }
 }
 
@@ -143,7 +160,7 @@ pub struct Figures {
     pub per_saga: super::cpu::PerSaga,
 }
 
-/// Error and warning lines of the server log.
+/// Error and warning lines of the server log (of every instance).
 #[derive(Debug, Clone, Default)]
 pub struct LogSummary {
     pub errors: usize,
@@ -152,10 +169,22 @@ pub struct LogSummary {
     pub samples: Vec<String>,
 }
 
+impl LogSummary {
+    /// Both logs' counts, and their samples up to the usual few.
+    fn add(mut self, other: LogSummary) -> LogSummary {
+        self.errors += other.errors;
+        self.warnings += other.warnings;
+        self.samples.extend(other.samples);
+        self.samples.truncate(LOG_SAMPLES);
+        self
+    }
+}
+
 pub struct ScenarioResult {
     pub backend: Backend,
     pub terminals: usize,
     pub load: Load,
+    pub instances: usize,
     pub label: String,
     pub outcome: Result<Figures, String>,
     pub log: Option<LogSummary>,
@@ -192,10 +221,26 @@ pub async fn run(s: &Scenario) -> ScenarioResult {
         backend: s.backend,
         terminals: s.terminals,
         load: s.load,
+        instances: s.instances,
         label: s.label(),
         outcome,
-        log: summarize_log(&server_log),
+        log: (1..=s.instances.max(1))
+            .filter_map(|k| summarize_log(&instance_log(&server_log, k)))
+            .reduce(LogSummary::add),
     }
+}
+
+/// The log of server `k` (1-based) of a scenario: the first is
+/// `server_log`, the others beside it with `-k` before `.log`.
+fn instance_log(server_log: &Path, k: usize) -> PathBuf {
+    if k <= 1 {
+        return server_log.to_owned();
+    }
+    let stem = server_log
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    server_log.with_file_name(format!("{stem}-{k}.log"))
 }
 
 /// A subprocess killed (and reaped) when dropped.
@@ -412,27 +457,17 @@ pub(super) async fn start_stack(
     sim.wait_ready(&client, &format!("{sim_url}/v1/stats"))
         .await?;
 
-    // The server.
-    let port = free_port()?;
-    let base = format!("http://127.0.0.1:{port}");
     let operator = uuid::Uuid::new_v4().simple().to_string();
-    let mut args: Vec<String> = vec![
-        "serve".into(),
-        "--database-url".into(),
-        database_url.into(),
-        "--bind".into(),
-        format!("127.0.0.1:{port}"),
-        "--ai-url".into(),
-        sim_url.clone(),
-        "--operator-token".into(),
-        operator.clone(),
-    ];
-    args.extend(server_args.iter().cloned());
-    let env: Vec<(&str, &str)> = server_env().collect();
-    let mut server = Proc::start(exe, "the server", &args, &env, server_log)?;
-    server
-        .wait_ready(&client, &format!("{base}/readyz"))
-        .await?;
+    let (server, base) = start_server(
+        exe,
+        database_url,
+        &sim_url,
+        &operator,
+        server_args,
+        server_log,
+        &client,
+    )
+    .await?;
     Ok(Stack {
         client,
         sim,
@@ -441,6 +476,38 @@ pub(super) async fn start_stack(
         operator,
         sim_url,
     })
+}
+
+/// Starts one `stagehand serve` on `database_url` with the AI at `sim_url`
+/// and the operator token `operator`, and waits until it is ready: the
+/// process and its base URL, `http://127.0.0.1:<port>`.
+pub(super) async fn start_server(
+    exe: &Path,
+    database_url: &str,
+    sim_url: &str,
+    operator: &str,
+    server_args: &[String],
+    log: &Path,
+    client: &reqwest::Client,
+) -> Result<(Proc, String), String> {
+    let port = free_port()?;
+    let base = format!("http://127.0.0.1:{port}");
+    let mut args: Vec<String> = vec![
+        "serve".into(),
+        "--database-url".into(),
+        database_url.into(),
+        "--bind".into(),
+        format!("127.0.0.1:{port}"),
+        "--ai-url".into(),
+        sim_url.into(),
+        "--operator-token".into(),
+        operator.into(),
+    ];
+    args.extend(server_args.iter().cloned());
+    let env: Vec<(&str, &str)> = server_env().collect();
+    let mut server = Proc::start(exe, "the server", &args, &env, log)?;
+    server.wait_ready(client, &format!("{base}/readyz")).await?;
+    Ok((server, base))
 }
 
 /// Environment the bench gives each server, unless the bench's own
@@ -622,10 +689,10 @@ async fn drive(
     let Stack {
         client,
         sim,
-        mut server,
+        server,
         base,
         operator,
-        ..
+        sim_url,
     } = start_stack(
         &s.exe,
         database_url,
@@ -636,6 +703,24 @@ async fn drive(
         s.concurrency * 2 + 8,
     )
     .await?;
+    // More instances on the same database, the same AI and token.
+    let mut servers = vec![server];
+    let mut bases = vec![base.clone()];
+    for k in 2..=s.instances {
+        let (server, base) = start_server(
+            &s.exe,
+            database_url,
+            &sim_url,
+            &operator,
+            &s.server_args,
+            &instance_log(server_log, k),
+            &client,
+        )
+        .await?;
+        servers.push(server);
+        bases.push(base);
+    }
+    let bases = Arc::new(bases);
 
     // 3. Setup, not timed.
     let (slug, terminals) =
@@ -668,7 +753,7 @@ async fn drive(
     let arrived = Arc::new(AtomicUsize::new(0));
     let mut displays = Vec::new();
     for (t, terminal) in terminals.iter().enumerate() {
-        let url = display_url(&base, terminal);
+        let url = display_url(&bases[t % bases.len()], terminal);
         let ws = connect_display(&url, 0)
             .await
             .map_err(|e| format!("display {t}: {e}"))?;
@@ -715,13 +800,24 @@ async fn drive(
     // The machine's counters before the timed part (PostgreSQL: read on a
     // connection of our own to the scenario's database).
     let stats_db = match s.backend {
-        Backend::Postgres => sea_orm::Database::connect(database_url).await.ok(),
+        Backend::Postgres => super::admin_connect(database_url).await.ok(),
         Backend::Sqlite => None,
     };
-    let server_pid = server.child.id();
-    let counters_before =
-        super::cpu::Counters::read(server_pid, stats_db.as_ref(), (&client, &base, &operator))
-            .await;
+    let server_pids: Vec<u32> = servers.iter().map(|p| p.child.id()).collect();
+    let counters_before = super::cpu::Counters::read(
+        &server_pids,
+        stats_db.as_ref(),
+        (&client, &bases, &operator),
+    )
+    .await;
+    // PostgreSQL: who waits for a lock, sampled until the last frame.
+    let lock_waits = match s.backend {
+        Backend::Postgres => Some(tokio::spawn(super::cpu::sample_lock_waits(
+            database_url.to_owned(),
+            stop_rx.clone(),
+        ))),
+        Backend::Sqlite => None,
+    };
     // Paced: submission i is due at t0 + i / rate.
     let t0 = Instant::now() + Duration::from_millis(20);
     let pace = match s.load {
@@ -729,9 +825,10 @@ async fn drive(
         Load::Paced(rate) => Some(rate),
     };
     let submitted = {
-        let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
+        let (client, bases, sessions) = (client.clone(), bases.clone(), sessions.clone());
         in_workers(s.sessions, s.concurrency, move |i| {
-            let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
+            let (client, sessions) = (client.clone(), sessions.clone());
+            let base = bases[i % bases.len()].clone();
             let accepted = accepted.clone();
             async move {
                 let session = &sessions[i];
@@ -784,19 +881,29 @@ async fn drive(
                 timed_out = true;
                 break;
             }
-            if let Ok(Some(status)) = server.child.try_wait() {
-                eprintln!("  {}: the server exited ({status})", s.label());
+            if let Some(status) = servers
+                .iter_mut()
+                .find_map(|p| p.child.try_wait().ok().flatten())
+            {
+                eprintln!("  {}: a server exited ({status})", s.label());
                 timed_out = true;
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let counters_after =
-        super::cpu::Counters::read(server_pid, stats_db.as_ref(), (&client, &base, &operator))
-            .await;
+    let counters_after = super::cpu::Counters::read(
+        &server_pids,
+        stats_db.as_ref(),
+        (&client, &bases, &operator),
+    )
+    .await;
     progress.abort();
     let _ = stop_tx.send(true);
+    let lock_waits = match lock_waits {
+        Some(task) => task.await.ok().flatten(),
+        None => None,
+    };
     let mut logs_by_terminal = Vec::new();
     for d in displays {
         logs_by_terminal.push(d.await.map_err(|e| format!("display task: {e}"))?);
@@ -853,7 +960,7 @@ async fn drive(
         }
         return Err(msg);
     }
-    drop(server);
+    drop(servers);
     drop(sim);
 
     // Figures.
@@ -916,11 +1023,17 @@ async fn drive(
         },
         behind_schedule_ms,
         per_saga: {
-            let per_saga = counters_before.per_saga(
+            let mut per_saga = counters_before.per_saga(
                 &counters_after,
                 s.sessions,
                 s.backend == Backend::Postgres,
             );
+            if let Some(w) = &lock_waits {
+                per_saga.lock_waits = Some(w.per_saga(s.sessions));
+                for (what, n) in w.by_statement.iter().take(LOCK_WAITS_SHOWN) {
+                    eprintln!("  {}: {n} lock wait(s) on {what}", s.label());
+                }
+            }
             let by_actor: Vec<String> = per_saga
                 .actor_messages_by_actor
                 .iter()
@@ -1465,7 +1578,7 @@ pub(super) fn summarize_log(path: &Path) -> Option<LogSummary> {
         let level = plain.split_whitespace().nth(1).unwrap_or_default();
         if level == "ERROR" {
             summary.errors += 1;
-            if summary.samples.len() < 3 {
+            if summary.samples.len() < LOG_SAMPLES {
                 summary.samples.push(shorten(&plain, 240));
             }
         } else if level == "WARN" {
@@ -1495,7 +1608,9 @@ fn strip_ansi(line: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{percentile, strip_ansi};
+    use std::path::Path;
+
+    use super::{instance_log, percentile, strip_ansi, LogSummary, LOG_SAMPLES};
 
     #[test]
     fn nearest_rank_percentiles() {
@@ -1503,6 +1618,29 @@ mod tests {
         assert_eq!(percentile(&mut v, 0.50), 50.0);
         assert_eq!(percentile(&mut v, 0.99), 99.0);
         assert_eq!(percentile(&mut [7.0], 0.99), 7.0);
+    }
+
+    #[test]
+    fn each_instance_logs_beside_the_first() {
+        let first = Path::new("/tmp/logs/postgres-1-x2-server.log");
+        assert_eq!(instance_log(first, 1), first);
+        assert_eq!(
+            instance_log(first, 2),
+            Path::new("/tmp/logs/postgres-1-x2-server-2.log")
+        );
+    }
+
+    #[test]
+    fn instance_logs_add_up_and_keep_a_few_samples() {
+        let one = |n: usize| LogSummary {
+            errors: n,
+            warnings: 1,
+            samples: (0..n).map(|i| format!("error {i}")).collect(),
+        };
+        let sum = one(2).add(one(3));
+        assert_eq!((sum.errors, sum.warnings), (5, 2));
+        assert_eq!(sum.samples.len(), LOG_SAMPLES);
+        assert_eq!(sum.samples[0], "error 0");
     }
 
     #[test]

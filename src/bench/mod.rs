@@ -93,6 +93,12 @@ pub struct BenchArgs {
     /// Claim rounds timed per queue length (their median is the figure).
     #[arg(long, default_value_t = 30)]
     pub claim_rounds: usize,
+    /// Also run PostgreSQL's 1-terminal flat-out scenario with this many
+    /// servers on its one database (submitters and the display alternate
+    /// between them), beside the single server: do instances fight over
+    /// locks? 1: only the single server.
+    #[arg(long, default_value_t = 1)]
+    pub instances: usize,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -102,8 +108,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Runs the whole benchmark and prints the table. Err when pgbench or any
 /// scenario failed or found a correctness violation.
 pub async fn run(args: BenchArgs) -> Result<(), String> {
-    if args.sessions == 0 || args.concurrency == 0 {
-        return Err("--sessions and --concurrency must be at least 1".into());
+    if args.sessions == 0 || args.concurrency == 0 || args.instances == 0 {
+        return Err("--sessions, --concurrency and --instances must be at least 1".into());
     }
     let push = !args.no_push_latency;
     if push && args.push_sessions == 0 {
@@ -160,15 +166,18 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let mut scenarios = Vec::new();
     for backend in backends {
         if !args.no_throughput {
-            scenarios.push((backend, 1, Load::FlatOut));
-            scenarios.push((backend, 50, Load::FlatOut));
+            scenarios.push((backend, 1, Load::FlatOut, 1));
+            if backend == Backend::Postgres && args.instances > 1 {
+                scenarios.push((backend, 1, Load::FlatOut, args.instances));
+            }
+            scenarios.push((backend, 50, Load::FlatOut, 1));
         }
         if push {
-            scenarios.push((backend, PUSH_TERMINALS, Load::Paced(args.push_rate)));
+            scenarios.push((backend, PUSH_TERMINALS, Load::Paced(args.push_rate), 1));
         }
     }
     let mut results: Vec<ScenarioResult> = Vec::new();
-    for (backend, terminals, load) in scenarios {
+    for (backend, terminals, load, instances) in scenarios {
         let scenario = Scenario {
             exe: exe.clone(),
             backend,
@@ -179,6 +188,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             },
             concurrency: args.concurrency,
             load,
+            instances,
             server_args: server_args.clone(),
             admin_url: postgres.clone(),
             dir: dir.clone(),

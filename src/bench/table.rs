@@ -90,27 +90,34 @@ struct Row {
     label: String,
     terminals: usize,
     paced: bool,
+    instances: usize,
     show: fn(&Figures) -> String,
     rate: Option<fn(&Figures) -> f64>,
 }
 
 impl Row {
     fn of(&self, r: &ScenarioResult) -> bool {
-        r.terminals == self.terminals && r.load.is_paced() == self.paced
+        r.terminals == self.terminals
+            && r.load.is_paced() == self.paced
+            && r.instances == self.instances
     }
 }
 
 /// The rows of one flat-out scenario.
-fn flat_rows(terminals: usize) -> Vec<Row> {
-    let on = if terminals == 1 {
+fn flat_rows(terminals: usize, instances: usize) -> Vec<Row> {
+    let mut on = if terminals == 1 {
         "1 terminal".to_owned()
     } else {
         format!("{terminals} terminals")
     };
+    if instances > 1 {
+        on.push_str(&format!(", {instances} instances"));
+    }
     let row = |label: &str, show: fn(&Figures) -> String, rate: Option<fn(&Figures) -> f64>| Row {
         label: format!("{label}, {on}"),
         terminals,
         paced: false,
+        instances,
         show,
         rate,
     };
@@ -155,7 +162,20 @@ fn flat_rows(terminals: usize) -> Vec<Row> {
             |f| work_cells(&f.per_saga),
             None,
         ),
+        row(
+            "per saga: lock waits seen / waiting ms (PostgreSQL, sampled)",
+            |f| lock_cells(&f.per_saga),
+            None,
+        ),
     ]
+}
+
+/// `waits / waiting ms` per saga (`-` on SQLite, or when not sampled).
+fn lock_cells(p: &super::cpu::PerSaga) -> String {
+    match p.lock_waits {
+        Some(w) => format!("{:.3} / {:.3}", w.waits, w.waiting_ms),
+        None => "-".into(),
+    }
 }
 
 /// `server / PostgreSQL / client` CPU-ms per saga (`-` for PostgreSQL on
@@ -195,13 +215,15 @@ fn work_cells(p: &super::cpu::PerSaga) -> String {
 /// The table of the load scenarios, and what its terms mean.
 pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
     let mut rows = Vec::new();
-    for terminals in [1, 50] {
-        if results
-            .iter()
-            .any(|r| r.terminals == terminals && !r.load.is_paced())
-        {
-            rows.extend(flat_rows(terminals));
-        }
+    let mut flat: Vec<(usize, usize)> = results
+        .iter()
+        .filter(|r| !r.load.is_paced())
+        .map(|r| (r.terminals, r.instances))
+        .collect();
+    flat.sort();
+    flat.dedup();
+    for (terminals, instances) in flat {
+        rows.extend(flat_rows(terminals, instances));
     }
     // The push latency rows, when that scenario ran.
     let paced = results.iter().find_map(|r| match r.load {
@@ -214,6 +236,7 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
             label: format!("push latency: 202-to-frame, p50 / p99 (ms), {on}"),
             terminals: PUSH_TERMINALS,
             paced: true,
+            instances: 1,
             show: |f| pair(f.frame_after_202_p50_ms, f.frame_after_202_p99_ms),
             rate: None,
         });
@@ -221,6 +244,7 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
             label: format!("submit latency, POST to 202, p50 / p99 (ms), {on}"),
             terminals: PUSH_TERMINALS,
             paced: true,
+            instances: 1,
             show: |f| pair(f.submit_p50_ms, f.submit_p99_ms),
             rate: None,
         });
@@ -228,6 +252,7 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
             label: format!("CPU-ms per saga: server / PostgreSQL / client, {on}"),
             terminals: PUSH_TERMINALS,
             paced: true,
+            instances: 1,
             show: |f| cpu_cells(&f.per_saga),
             rate: None,
         });
@@ -314,6 +339,21 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
          (stagehand_actor_messages_total, stagehand_tasks_spawned_total, stagehand_frames_encoded_total)."
             .into(),
     );
+    out.push(format!(
+        "lock waits: backends of the scenario's database waiting for a heavyweight lock \
+         (pg_stat_activity.wait_event_type = 'Lock', the not-granted rows of pg_locks),\n  \
+         sampled every {} ms: waits seen counts a backend newly waiting at a sample (shorter \
+         waits are missed), waiting ms sums waiters times the interval.",
+        super::cpu::LOCK_SAMPLE_EVERY.as_millis()
+    ));
+    if results.iter().any(|r| r.instances > 1) {
+        out.push(
+            "N instances: N servers on the one database, the submitters alternating between \
+             them and the display on the first, so most frames cross instances; CPU and \
+             counters are their sums."
+                .into(),
+        );
+    }
     out.join("\n")
 }
 
@@ -569,7 +609,51 @@ pub(super) fn millis(x: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{markdown, thousands};
+    use super::super::load::{Backend, Figures, Load, ScenarioResult};
+    use super::{markdown, render, thousands};
+
+    fn result(instances: usize, sagas_per_s: f64) -> ScenarioResult {
+        ScenarioResult {
+            backend: Backend::Postgres,
+            terminals: 1,
+            load: Load::FlatOut,
+            instances,
+            label: String::new(),
+            outcome: Ok(Figures {
+                accepted_per_s: sagas_per_s,
+                sagas_per_s,
+                submit_p50_ms: 1.0,
+                submit_p99_ms: 2.0,
+                read_p50_ms: 1.0,
+                read_p99_ms: 2.0,
+                reads: 1,
+                frame_after_202_p50_ms: 1.0,
+                frame_after_202_p99_ms: 2.0,
+                reconnects: 0,
+                sent_per_s: sagas_per_s,
+                behind_schedule_ms: 0.0,
+                per_saga: Default::default(),
+            }),
+            log: None,
+        }
+    }
+
+    #[test]
+    fn more_instances_get_rows_of_their_own() {
+        let table = render(&[result(1, 439.0), result(2, 301.0)], None);
+        // The PostgreSQL cell of the row named `label`.
+        let cell = |label: &str| {
+            let line = table
+                .lines()
+                .find(|l| l.split('|').nth(1).map(str::trim) == Some(label))
+                .unwrap_or_else(|| panic!("no row {label:?} in\n{table}"));
+            line.split('|').nth(2).unwrap_or_default().trim().to_owned()
+        };
+        let e2e = "end-to-end sagas/s (first POST to last frame), 1 terminal";
+        assert_eq!(cell(e2e), "439");
+        assert_eq!(cell(&format!("{e2e}, 2 instances")), "301");
+        assert!(table.contains("N instances:"));
+    }
 
     #[test]
     fn thousands_separators() {
