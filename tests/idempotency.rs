@@ -336,6 +336,38 @@ async fn keys_with_quotes_and_braces_replay(backend: Backend) {
 }
 db_test!(keys_with_quotes_and_braces_replay);
 
+/// A key claim commits (another connection finds it taken) and, on
+/// PostgreSQL, its commit skips the WAL flush only for itself: the one
+/// pooled connection it ran on still commits synchronously afterwards, so
+/// the request's own transaction flushes the claim with its commit.
+async fn a_claim_commits_and_leaves_its_connection_flushing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let store = Store::connect_with(&app.db.url, 1, None).await.unwrap();
+    let claim = key_request("session:s1", "k1", "token", b"{}");
+    let now = chrono::Utc::now().timestamp_millis();
+    let claims = store.claim_keys(&[claim.clone()], now, DAY).await.unwrap();
+    assert_eq!(claims, vec![KeyClaim::Fresh]);
+    let other = &app.state.store;
+    let again = other.claim_keys(&[claim], now, DAY).await.unwrap();
+    assert_eq!(again, vec![KeyClaim::InProgress], "the claim was committed");
+    if backend == Backend::Postgres {
+        let setting = store
+            .db()
+            .query_one_raw(store.sql("SHOW synchronous_commit", vec![]))
+            .await
+            .unwrap()
+            .unwrap()
+            .try_get_by_index::<String>(0)
+            .unwrap();
+        assert_eq!(
+            setting, "on",
+            "the claim's setting outlived its transaction"
+        );
+    }
+    app.stop().await;
+}
+db_test!(a_claim_commits_and_leaves_its_connection_flushing);
+
 /// The same submission fired 50 times at once: one saga, and every answer
 /// is that 202 (once fresh, the rest replays) or 409 `request_in_progress`.
 /// Then 20 submissions with 20 different keys at once on a new session:

@@ -16,7 +16,7 @@
 //! it back.
 
 use sea_orm::sea_query::Condition;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Value};
+use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, Value};
 
 use super::entities::idempotency_records as records;
 use super::presence::INSTANCE_ALIVE_MS;
@@ -173,11 +173,26 @@ impl KeyClaim {
     }
 }
 
+/// The claim's condition on PostgreSQL: `synchronous_commit` off for the
+/// statement's own (implicit) transaction, so its commit does not wait for
+/// the disk. PostgreSQL writes WAL in order and every later synchronous
+/// commit flushes it up to its own record, so once the request's
+/// transaction has committed (the 202 is answered only then) the claim is
+/// on disk too. The setting is transaction-local: the pooled connection
+/// goes back with it on.
+const CLAIM_WITHOUT_FLUSH: &str = "set_config('synchronous_commit', 'off', true) = 'off'";
+
 impl Store {
     /// Takes the keys of a batch of requests, in one statement: a key never
     /// seen (or whose record expired) is recorded IN_PROGRESS and is
     /// `Fresh`; for the others the stored record decides. A key that comes
     /// twice in one batch is `InProgress` the second time.
+    ///
+    /// On PostgreSQL the claim commits without waiting for its WAL flush
+    /// (see [`CLAIM_WITHOUT_FLUSH`]): it is only ever followed by the
+    /// request's own transaction, which flushes it with its commit, or by
+    /// a release, so a crash can lose a claim only together with the
+    /// request it was for, never a claim whose request took effect.
     pub async fn claim_keys(
         &self,
         keys: &[KeyRequest],
@@ -216,6 +231,10 @@ impl Store {
             ]);
         }
         let claimed = claimed.source(self.backend(), 5, &mut values);
+        let no_flush = match self.backend() {
+            DbBackend::Postgres => CLAIM_WITHOUT_FLUSH,
+            _ => "true",
+        };
         let inserted = self
             .write_returning(self.sql(
                 &format!(
@@ -224,7 +243,7 @@ impl Store {
                      (scope, key, request_hash, state, response_status, response_body, \
                      created_at_ms, expires_at_ms, owner, locked_until_ms, instance_id) \
                      SELECT v.scope, v.key, v.request_hash, '{IN_PROGRESS}', NULL, NULL, \
-                     $1, $2, v.owner, $3, v.instance_id FROM v WHERE true \
+                     $1, $2, v.owner, $3, v.instance_id FROM v WHERE {no_flush} \
                      ON CONFLICT (scope, key) DO UPDATE SET request_hash = excluded.request_hash, \
                      state = excluded.state, response_status = NULL, response_body = NULL, \
                      created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms, \
