@@ -72,6 +72,9 @@ pub const TASKS_SPAWNED: &str = "stagehand_tasks_spawned_total";
 /// Counter: frames encoded to JSON text for the sockets, by frame kind
 /// (one encoding is shared by every socket that sends the frame).
 pub const FRAMES_ENCODED: &str = "stagehand_frames_encoded_total";
+/// Counter: reads of a terminal's outbox by its display sockets (each one
+/// statement; a socket reads when rung, never for a ranking frame).
+pub const OUTBOX_READS: &str = "stagehand_outbox_reads_total";
 
 /// Buckets of every duration, in seconds: 10 ms to 10 min.
 pub const DURATION_BUCKETS: &[f64] = &[
@@ -155,6 +158,10 @@ fn describe() {
         "Socket frames encoded to JSON text, by frame kind."
     );
     describe_counter!(
+        OUTBOX_READS,
+        "Reads of a terminal's outbox by the display sockets of this process."
+    );
+    describe_counter!(
         AI_JOBS_FINISHED,
         "AI jobs seen reaching a final status by this process (outcome: succeeded, failed, rejected)."
     );
@@ -196,6 +203,12 @@ pub fn task_spawned(task: &'static str) {
 pub fn frame_encoded(kind: &'static str) {
     install();
     ::metrics::counter!(FRAMES_ENCODED, "kind" => kind).increment(1);
+}
+
+/// A display socket read its terminal's outbox.
+pub fn outbox_read() {
+    install();
+    ::metrics::counter!(OUTBOX_READS).increment(1);
 }
 
 /// A claim round took `batch` sagas.

@@ -185,6 +185,7 @@ async fn stream(
         .text(ranking_frame(&deps.store, &experience_id).await?)
         .await?;
     loop {
+        crate::metrics::outbox_read();
         let page = deps.store.events_after(&terminal_id, after, PAGE).await?;
         for event in &page {
             crate::metrics::frame_encoded("session_event");
@@ -193,15 +194,22 @@ async fn stream(
             sent.store(after, Ordering::Relaxed);
         }
         if (page.len() as u64) < PAGE {
-            tokio::select! {
-                _ = bell.rung() => {}
-                changed = rankings.changed() => {
-                    if changed.is_err() {
-                        return Err(StreamEnd::Closed); // the hub is gone
-                    }
-                    let frame = rankings.borrow_and_update().clone();
-                    if let Some(frame) = frame {
-                        session.text(frame.to_string()).await?;
+            // Drained: wait for a ring. A ranking frame says nothing about
+            // the outbox, so it is sent and the wait goes on (with 100
+            // displays, reading again after each one was most of the
+            // outbox reads). A ring that comes while a frame is sent is
+            // kept by the bell.
+            loop {
+                tokio::select! {
+                    _ = bell.rung() => break,
+                    changed = rankings.changed() => {
+                        if changed.is_err() {
+                            return Err(StreamEnd::Closed); // the hub is gone
+                        }
+                        let frame = rankings.borrow_and_update().clone();
+                        if let Some(frame) = frame {
+                            session.text(frame.to_string()).await?;
+                        }
                     }
                 }
             }
