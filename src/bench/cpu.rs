@@ -71,6 +71,11 @@ pub struct LockWaits {
     /// tuple, relation...) and the start of the waiting statement, most
     /// first.
     pub by_statement: Vec<(String, u64)>,
+    /// CPU ticks of the sampler's own PostgreSQL backend, over its whole
+    /// life (it starts after the first counters and stops after the last):
+    /// taken off PostgreSQL's CPU, so the sampling does not count as the
+    /// scenario's cost.
+    pub sampler_ticks: u64,
 }
 
 /// [`LockWaits`] per saga.
@@ -81,6 +86,11 @@ pub struct LockWaitsPerSaga {
 }
 
 impl LockWaits {
+    /// The sampler's own backend's CPU, in CPU-ms per saga.
+    pub fn sampler_cpu_ms(&self, sagas: usize) -> f64 {
+        self.sampler_ticks as f64 * 1000.0 / TICKS_PER_S / sagas.max(1) as f64
+    }
+
     pub fn per_saga(&self, sagas: usize) -> LockWaitsPerSaga {
         let n = sagas.max(1) as f64;
         LockWaitsPerSaga {
@@ -100,6 +110,7 @@ pub async fn sample_lock_waits(
     mut stop: watch::Receiver<bool>,
 ) -> Option<LockWaits> {
     let db = super::admin_connect(&database_url).await.ok()?;
+    let backend = one_number(&db, "SELECT pg_backend_pid()::bigint").await?;
     let query = Statement::from_string(
         DbBackend::Postgres,
         "SELECT pid, wait_event || ': ' || regexp_replace(left(query, 70), '\\s+', ' ', 'g') \
@@ -134,6 +145,7 @@ pub async fn sample_lock_waits(
         seen.waiting_ms += now.len() as f64 * (at - last).as_secs_f64() * 1000.0;
         (waiting, last) = (now, at);
     }
+    seen.sampler_ticks = process_ticks(&backend.to_string());
     db.close().await.ok();
     seen.by_statement = by_statement.into_iter().collect();
     seen.by_statement
@@ -369,9 +381,12 @@ mod tests {
             waits: 46,
             waiting_ms: 780.0,
             by_statement: Vec::new(),
+            sampler_ticks: 150,
         };
         let per = seen.per_saga(1000);
         assert_eq!((per.waits, per.waiting_ms), (0.046, 0.78));
+        // 150 ticks of 10 ms over 1,000 sagas.
+        assert_eq!(seen.sampler_cpu_ms(1000), 1.5);
     }
 
     #[test]

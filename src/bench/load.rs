@@ -1030,6 +1030,9 @@ async fn drive(
             );
             if let Some(w) = &lock_waits {
                 per_saga.lock_waits = Some(w.per_saga(s.sessions));
+                if let Some(pg) = per_saga.postgres_cpu_ms.as_mut() {
+                    *pg = (*pg - w.sampler_cpu_ms(s.sessions)).max(0.0);
+                }
                 for (what, n) in w.by_statement.iter().take(LOCK_WAITS_SHOWN) {
                     eprintln!("  {}: {n} lock wait(s) on {what}", s.label());
                 }
