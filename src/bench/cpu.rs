@@ -272,20 +272,18 @@ impl Counters {
         db: Option<&DatabaseConnection>,
         servers: (&reqwest::Client, &[String], &str),
     ) -> Counters {
+        // Summed over the instances; absent when any could not be read.
         let mut scraped: Option<(HashMap<String, f64>, f64, f64)> = Some(Default::default());
         for base in servers.1 {
             let one = scrape(servers.0, base, servers.2).await;
-            scraped = match (scraped, one) {
-                (Some(mut sum), Some((by_actor, tasks, frames))) => {
+            scraped = scraped
+                .zip(one)
+                .map(|(mut sum, (by_actor, tasks, frames))| {
                     for (actor, n) in by_actor {
                         *sum.0.entry(actor).or_default() += n;
                     }
-                    sum.1 += tasks;
-                    sum.2 += frames;
-                    Some(sum)
-                }
-                _ => None,
-            };
+                    (sum.0, sum.1 + tasks, sum.2 + frames)
+                });
         }
         let (transactions, statements) = match db {
             Some(db) => (
