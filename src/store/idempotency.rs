@@ -20,7 +20,7 @@ use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter,
 
 use super::entities::idempotency_records as records;
 use super::presence::INSTANCE_ALIVE_MS;
-use super::rows::{joined_by_key, SqlType, ValueRows};
+use super::rows::{SqlType, ValueRows};
 use super::{Store, StoreResult};
 use crate::domain::keys::{idempotency_key_digest, replay_seal_key};
 use crate::domain::policy::EpochMs;
@@ -353,11 +353,8 @@ impl Store {
                  response_status = v.status, response_body = v.body, \
                  owner = NULL, locked_until_ms = NULL FROM v \
                  WHERE idempotency_records.scope = v.scope AND idempotency_records.key = v.key \
-                 AND {scope_by_key} AND {key_by_key} \
                  AND idempotency_records.owner = v.owner \
                  AND idempotency_records.state = '{IN_PROGRESS}'",
-                scope_by_key = joined_by_key(backend, "idempotency_records.scope", "scope"),
-                key_by_key = joined_by_key(backend, "idempotency_records.key", "key"),
             ),
             values,
         );

@@ -19,7 +19,7 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder
 use serde_json::Value;
 
 use super::entities::{sessions, terminal_events};
-use super::rows::{joined_by_key, SqlType, ValueRows};
+use super::rows::{SqlType, ValueRows};
 use super::{Store, StoreError, StoreResult, WriteTx};
 use crate::domain::locale::Locale;
 use crate::domain::policy::EpochMs;
@@ -148,9 +148,8 @@ impl Store {
                 &format!(
                     "WITH v(id, n) AS ({reserved}) \
                      UPDATE terminals SET last_seq = last_seq + v.n FROM v \
-                     WHERE terminals.id = v.id AND {by_key} \
-                     RETURNING terminals.id, terminals.last_seq",
-                    by_key = joined_by_key(self.backend(), "terminals.id", "id")
+                     WHERE terminals.id = v.id \
+                     RETURNING terminals.id, terminals.last_seq"
                 ),
                 values,
             ))
@@ -178,8 +177,7 @@ impl Store {
             &format!(
                 "WITH v(id, seq) AS ({numbers}) \
                  UPDATE terminal_events SET seq = v.seq FROM v \
-                 WHERE terminal_events.id = v.id AND {by_key}",
-                by_key = joined_by_key(self.backend(), "terminal_events.id", "id")
+                 WHERE terminal_events.id = v.id"
             ),
             values,
         ))

@@ -12,7 +12,7 @@ use sea_orm::{
 };
 
 use super::entities::score_attempts;
-use super::rows::{column_in, in_list, joined_by_key, SqlType, ValueRows};
+use super::rows::{column_in, in_list, SqlType, ValueRows};
 use super::sagas::RankedEntry;
 use super::{new_id, Store, StoreError, StoreResult};
 use crate::domain::policy::EpochMs;
@@ -192,6 +192,8 @@ impl Store {
             }
             let mut values: Vec<Value> = vec![now.into()];
             let entries = entries.source(self.backend(), 2, &mut values);
+            // `WHERE true`: without a WHERE, PostgreSQL's parser could take
+            // `ON CONFLICT` for one more join condition.
             tx.execute_raw(self.sql(
                 &format!(
                     "WITH v(id, experience_id, session_id, saga_id, token, score) AS ({entries}) \
@@ -200,14 +202,11 @@ impl Store {
                      SELECT v.id, v.experience_id, v.session_id, v.saga_id, s.nickname, v.score, \
                      FALSE, $1 FROM v JOIN sessions s ON s.id = v.session_id \
                      JOIN sagas g ON g.id = v.saga_id AND g.lock_token = v.token \
-                     AND g.step IN ('AI_DONE', 'IN_REVIEW') WHERE {sessions_by_key} \
-                     AND {sagas_by_key} \
+                     AND g.step IN ('AI_DONE', 'IN_REVIEW') WHERE true \
                      ON CONFLICT (session_id) DO UPDATE SET saga_id = excluded.saga_id, \
                      score = excluded.score, nickname = excluded.nickname, hidden = FALSE, \
                      created_at_ms = excluded.created_at_ms \
                      WHERE score_attempts.saga_id <> excluded.saga_id OR score_attempts.hidden",
-                    sessions_by_key = joined_by_key(self.backend(), "s.id", "session_id"),
-                    sagas_by_key = joined_by_key(self.backend(), "g.id", "saga_id"),
                 ),
                 values,
             ))

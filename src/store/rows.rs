@@ -12,6 +12,16 @@
 //! unpacked by `jsonb_array_elements`: one text per statement, prepared
 //! once per connection, planned generically after a few runs.
 //!
+//! A generic plan is made once per connection, early, while the tables are
+//! small, and kept until the table is analyzed. It must therefore find a
+//! batch's rows by their keys whatever the table's size then: the row
+//! sources tell the planner they hold one row (see [`ValueRows::source`]),
+//! so joins with them probe the key's index. Guessing the 100 rows
+//! PostgreSQL assumes for a set-returning function, a plan made on a young
+//! table read the whole table for every batch, and kept doing so as it
+//! grew: half a millisecond per statement at 3,000 rows, most of the
+//! statements' time at a paced 200/s (docs/BENCHMARKS.md §11).
+//!
 //! SQLite plans in process and keeps its own `VALUES` lists: the rows are
 //! bound one placeholder per cell, as before (its JSON functions would
 //! parse floats with their own rounding).
@@ -101,11 +111,13 @@ impl ValueRows {
         format!("VALUES {}", rows.join(", "))
     }
 
-    /// The rows as a row source for `WITH v(...) AS (<source>)` or
-    /// `INSERT INTO t (...) <source>`, its placeholders numbered from
-    /// `$first`; their values are appended to `values`. SQLite: `VALUES
-    /// ($first, ...), (...)`. PostgreSQL: one placeholder holding the rows
-    /// as a JSON array of arrays.
+    /// The rows as a row source for `WITH v(...) AS (<source>)`,
+    /// `INSERT INTO t (...) <source>` or `IN (<source>)`, its placeholders
+    /// numbered from `$first`; their values are appended to `values`.
+    /// SQLite: `VALUES ($first, ...), (...)`. PostgreSQL: one placeholder
+    /// holding the rows as a JSON array of arrays, with a condition every
+    /// row meets (each is an array) whose selectivity the planner guesses
+    /// at 0.5 %: it then expects one row, not 100, and probes indexes.
     pub(crate) fn source(
         self,
         backend: DbBackend,
@@ -128,7 +140,8 @@ impl ValueRows {
                     .map(|(i, t)| format!("(r->>{i})::{}", t.postgres()))
                     .collect();
                 format!(
-                    "SELECT {} FROM jsonb_array_elements(${first}::jsonb) AS r",
+                    "SELECT {} FROM jsonb_array_elements(${first}::jsonb) AS r \
+                     WHERE jsonb_typeof(r) = 'array'",
                     columns.join(", ")
                 )
             }
@@ -150,21 +163,11 @@ impl ValueRows {
     }
 }
 
-/// The condition that lets PostgreSQL find the rows a statement joins
-/// with the row source `v` by key: `column = ANY(ARRAY(SELECT v.key FROM
-/// v))` (an index scan). Without it a generic plan, which guesses 100 rows
-/// for the source, may join by reading the whole table. SQLite: `true`.
-pub(crate) fn joined_by_key(backend: DbBackend, column: &str, key: &str) -> String {
-    match backend {
-        DbBackend::Postgres => format!("{column} = ANY(ARRAY(SELECT v.{key} FROM v))"),
-        _ => "true".to_owned(),
-    }
-}
-
 /// `IN (...)` over `ids`, its placeholders numbered from `$first`; their
-/// values are appended to `values`. PostgreSQL: `= ANY(...)` of one
-/// placeholder holding the ids as a JSON array (an index scan even in a
-/// generic plan, which `IN (SELECT ...)` is not).
+/// values are appended to `values`. PostgreSQL: `IN` the one-column row
+/// source of [`ValueRows::source`] (one placeholder, one text whatever the
+/// number of ids, and an index probe per id even in a generic plan made
+/// on a young table, which `= ANY(ARRAY(SELECT ...))` is not).
 pub(crate) fn in_list(
     backend: DbBackend,
     first: usize,
@@ -174,8 +177,11 @@ pub(crate) fn in_list(
     let ids: Vec<String> = ids.into_iter().collect();
     match backend {
         DbBackend::Postgres => {
-            values.push(serde_json::Value::from(ids).to_string().into());
-            format!("= ANY(ARRAY(SELECT jsonb_array_elements_text(${first}::jsonb)))")
+            let mut rows = ValueRows::new(&[SqlType::Text]);
+            for id in ids {
+                rows.push([id.into()]);
+            }
+            format!("IN ({})", rows.source(backend, first, values))
         }
         _ => {
             let placeholders: Vec<String> =
@@ -316,7 +322,7 @@ mod tests {
         assert_eq!(
             sql,
             "SELECT (r->>0)::text, (r->>1)::int8, (r->>2)::float8 \
-             FROM jsonb_array_elements($3::jsonb) AS r"
+             FROM jsonb_array_elements($3::jsonb) AS r WHERE jsonb_typeof(r) = 'array'"
         );
         assert_eq!(values, vec![Value::from(r#"[["a",1,0.1],[null,2,2.5]]"#)]);
         let mut one = ValueRows::new(&[SqlType::Text, SqlType::BigInt, SqlType::Double]);
@@ -347,8 +353,9 @@ mod tests {
         let mut values = Vec::new();
         assert_eq!(
             in_list(DbBackend::Postgres, 4, ids(), &mut values),
-            "= ANY(ARRAY(SELECT jsonb_array_elements_text($4::jsonb)))"
+            "IN (SELECT (r->>0)::text FROM jsonb_array_elements($4::jsonb) AS r \
+             WHERE jsonb_typeof(r) = 'array')"
         );
-        assert_eq!(values, vec![Value::from(r#"["x","y"]"#)]);
+        assert_eq!(values, vec![Value::from(r#"[["x"],["y"]]"#)]);
     }
 }

@@ -29,7 +29,7 @@ use serde_json::json;
 use super::entities::{results, sagas, score_attempts, sessions};
 use super::experiences::locale_of;
 use super::outbox::aborted_payload;
-use super::rows::{column_in, in_list, insert_models, joined_by_key, SqlType, ValueRows};
+use super::rows::{column_in, in_list, insert_models, SqlType, ValueRows};
 use super::sagas::{Fence, RankedEntry};
 use super::sessions::set_session_status;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
@@ -656,11 +656,10 @@ async fn fenced_update_many(
         &format!(
             "WITH v(id, token{columns}) AS ({source}) \
              UPDATE sagas SET {renew}updated_at_ms = $1, {sets} FROM v \
-             WHERE sagas.id = v.id AND {by_key} \
+             WHERE sagas.id = v.id \
              AND sagas.step = '{expected}' AND sagas.lock_token = v.token \
              RETURNING sagas.id",
             columns = columns.concat(),
-            by_key = joined_by_key(backend, "sagas.id", "id"),
             expected = expected.as_str(),
         ),
         values,
