@@ -16,7 +16,7 @@
 //! it back.
 
 use sea_orm::sea_query::Condition;
-use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, Value};
+use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, Statement, Value};
 
 use super::entities::idempotency_records as records;
 use super::presence::INSTANCE_ALIVE_MS;
@@ -323,8 +323,20 @@ impl Store {
         conn: &C,
         answers: &[(&KeyRequest, &StoredAnswer)],
     ) -> StoreResult<()> {
+        if let Some(finish) = Self::finish_keys_statement(conn.get_database_backend(), answers) {
+            conn.execute_raw(finish).await?;
+        }
+        Ok(())
+    }
+
+    /// The statement [`finish_keys`](Self::finish_keys) runs (None: no
+    /// answers). It touches a key only while its owner still holds it.
+    pub(crate) fn finish_keys_statement(
+        backend: DbBackend,
+        answers: &[(&KeyRequest, &StoredAnswer)],
+    ) -> Option<Statement> {
         if answers.is_empty() {
-            return Ok(());
+            return None;
         }
         let mut stored = ValueRows::new(&[
             SqlType::Text,
@@ -342,10 +354,9 @@ impl Store {
                 key.owner.clone().into(),
             ]);
         }
-        let backend = conn.get_database_backend();
         let mut values = Vec::new();
         let stored = stored.source(backend, 1, &mut values);
-        let stmt = super::sql_for(
+        Some(super::sql_for(
             backend,
             &format!(
                 "WITH v(scope, key, status, body, owner) AS ({stored}) \
@@ -357,9 +368,7 @@ impl Store {
                  AND idempotency_records.state = '{IN_PROGRESS}'",
             ),
             values,
-        );
-        conn.execute_raw(stmt).await?;
-        Ok(())
+        ))
     }
 
     /// Stores one answer (its own transaction).

@@ -1,6 +1,7 @@
 //! Submissions, group-committed: the requests that arrive together take
-//! their Idempotency-Keys in one statement, then one short transaction
-//! decides and writes them all:
+//! their Idempotency-Keys in one statement (while what admission needs is
+//! read beside it), then one short transaction decides and writes them
+//! all:
 //!
 //! 1. their sessions that take a submission (OPEN or ABORTED) are locked,
 //!    in id order (`FOR UPDATE` on PostgreSQL; SQLite has one writer);
@@ -18,22 +19,25 @@
 //!    they were charged, and each request's answer is stored with its key,
 //!    so the stored answer commits with exactly what it reports. Answers
 //!    about the moment (402, 409 `closing`) release their keys instead.
+//!    These writes go together: one statement, one round trip, on
+//!    PostgreSQL ([`execute_together`]).
 //!
 //! The queue position and the estimate ([`crate::domain::admission`]) come
-//! from the experience's AI queue as the transaction sees it and the
-//! median AI duration of its last completed sagas (read just before).
+//! from the experience's AI queue and the median AI duration of its last
+//! completed sagas, read with its settings while the keys are claimed,
+//! just before the transaction (none of it needs its locks).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect, Value,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, Statement, Value,
 };
 use uuid::Uuid;
 
 use super::entities::{experiences, sagas, sessions};
 use super::idempotency::{KeyClaim, KeyRequest, StoredAnswer};
-use super::rows::{column_in, in_list, insert_models};
+use super::rows::{column_in, execute_together, in_list, insert_statement};
 use super::{Store, StoreError, StoreResult};
 use crate::domain::admission::{
     admit, median_ms, refused_by_closing, submission_cost, Admission, Capacity, QueueLoad,
@@ -100,6 +104,17 @@ pub enum SubmissionOutcome {
 /// released, so a retry runs again).
 pub type AnswerFn = dyn Fn(&SubmissionOrder, &SubmissionOutcome) -> Option<StoredAnswer> + Sync;
 
+/// What admission reads before a batch's transaction, by experience id.
+#[derive(Default)]
+struct AdmissionReads {
+    experiences: HashMap<String, experiences::Model>,
+    /// The experience's share of its provider's cap (absent: no provider).
+    shares: HashMap<String, i64>,
+    /// The median AI duration of its last completed sagas.
+    medians: HashMap<String, Option<i64>>,
+    loads: HashMap<String, QueueLoad>,
+}
+
 /// What the transaction of a batch decided: an outcome per fresh request,
 /// and the keys to release after it committed.
 struct Decided {
@@ -126,7 +141,18 @@ impl Store {
             .filter_map(|(i, o)| o.key.clone().map(|k| (i, k)))
             .collect();
         let keys: Vec<KeyRequest> = keyed.iter().map(|(_, k)| k.clone()).collect();
-        let claims = self.claim_keys(&keys, now, key_ttl_ms).await?;
+        let experience_ids: BTreeSet<String> = orders
+            .iter()
+            .filter(|o| matches!(o.action, SubmissionAction::Submit { .. }))
+            .map(|o| o.session.experience_id.clone())
+            .collect();
+        // The keys are claimed while what admission reads is read: one
+        // wait instead of two before the transaction.
+        let (claims, reads) = tokio::join!(
+            self.claim_keys(&keys, now, key_ttl_ms),
+            self.admission_reads(&experience_ids, now)
+        );
+        let claims = claims?;
         let mut outcomes: Vec<Option<SubmissionOutcome>> = vec![None; orders.len()];
         for ((i, _), claim) in keyed.iter().zip(claims) {
             if claim != KeyClaim::Fresh {
@@ -139,8 +165,13 @@ impl Store {
         if fresh.is_empty() {
             return Ok(outcomes.into_iter().flatten().collect());
         }
-        let written =
-            super::retry_transient(|| self.write_fresh(orders, &fresh, now, answer)).await;
+        let written = match reads {
+            Ok(reads) => {
+                super::retry_transient(|| self.write_fresh(orders, &fresh, &reads, now, answer))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         let (release, result): (Vec<usize>, _) = match written {
             Ok(decided) => {
                 for (&i, outcome) in fresh.iter().zip(decided.outcomes) {
@@ -163,11 +194,56 @@ impl Store {
         result
     }
 
+    /// What admission reads outside the transaction, for `experience_ids`,
+    /// side by side (a connection each, one wait): the experiences with
+    /// their provider shares, their recent AI durations and their AI
+    /// queues. None of it needs the transaction's locks: the settings
+    /// change rarely, the estimate need not be exact, and the queue read
+    /// inside the transaction saw no more (it never saw another batch's
+    /// uncommitted sagas either).
+    async fn admission_reads(
+        &self,
+        experience_ids: &BTreeSet<String>,
+        now: EpochMs,
+    ) -> StoreResult<AdmissionReads> {
+        if experience_ids.is_empty() {
+            return Ok(AdmissionReads::default());
+        }
+        let (settings, medians, loads) = tokio::join!(
+            self.experiences_with_share(experience_ids.iter().cloned()),
+            async {
+                let mut medians = HashMap::new();
+                for id in experience_ids {
+                    medians.insert(id.clone(), self.median_ai_ms(id).await?);
+                }
+                StoreResult::Ok(medians)
+            },
+            async {
+                let mut loads = HashMap::new();
+                for id in experience_ids {
+                    loads.insert(id.clone(), ai_queue_load(self.db(), id, now).await?);
+                }
+                StoreResult::Ok(loads)
+            }
+        );
+        let mut reads = AdmissionReads {
+            medians: medians?,
+            loads: loads?,
+            ..AdmissionReads::default()
+        };
+        for (experience, share) in settings? {
+            reads.shares.insert(experience.id.clone(), share);
+            reads.experiences.insert(experience.id.clone(), experience);
+        }
+        Ok(reads)
+    }
+
     /// The transaction of the fresh requests (indexes into `orders`).
     async fn write_fresh(
         &self,
         orders: &[SubmissionOrder],
         fresh: &[usize],
+        reads: &AdmissionReads,
         now: EpochMs,
         answer: &AnswerFn,
     ) -> StoreResult<Decided> {
@@ -176,38 +252,13 @@ impl Store {
             .copied()
             .filter(|&i| matches!(orders[i].action, SubmissionAction::Submit { .. }))
             .collect();
-        // What does not change, or need not be exact, is read before the
-        // transaction: the experiences' settings and recent AI durations.
-        let experience_ids: BTreeSet<String> = submits
-            .iter()
-            .map(|&i| orders[i].session.experience_id.clone())
-            .collect();
-        // The experiences with their shares, and their recent AI
-        // durations, read side by side (two connections, one wait).
-        let (settings, medians) = tokio::join!(
-            async {
-                if experience_ids.is_empty() {
-                    Ok(Vec::new())
-                } else {
-                    self.experiences_with_share(experience_ids.iter().cloned())
-                        .await
-                }
-            },
-            async {
-                let mut medians: HashMap<String, Option<i64>> = HashMap::new();
-                for id in &experience_ids {
-                    medians.insert(id.clone(), self.median_ai_ms(id).await?);
-                }
-                StoreResult::Ok(medians)
-            }
-        );
-        let medians = medians?;
-        let mut experiences: HashMap<String, experiences::Model> = HashMap::new();
-        let mut shares: HashMap<String, i64> = HashMap::new();
-        for (experience, share) in settings? {
-            shares.insert(experience.id.clone(), share);
-            experiences.insert(experience.id.clone(), experience);
-        }
+        let AdmissionReads {
+            experiences,
+            shares,
+            medians,
+            loads,
+        } = reads;
+        let mut loads = loads.clone();
 
         let tx = self.write_tx().await?;
         let session_ids: BTreeSet<String> = submits
@@ -270,11 +321,6 @@ impl Store {
                 .filter_map(|(id, credits)| credits.map(|c| (id, c)))
                 .collect()
         };
-        let mut loads: HashMap<String, QueueLoad> = HashMap::new();
-        for id in &involved {
-            loads.insert(id.clone(), ai_queue_load(&*tx, id, now).await?);
-        }
-
         // Each request in arrival order.
         let mut decided: Vec<SubmissionOutcome> = Vec::with_capacity(fresh.len());
         let mut taken: HashSet<&str> = HashSet::new();
@@ -324,22 +370,15 @@ impl Store {
             decided.push(outcome);
         }
 
-        // The one conditional update that starts the sessions. The rows are
-        // locked, so it moves every admitted session; one it did not move
-        // (it cannot happen) is answered as already submitted, uncharged.
+        // The admitted sessions' sagas, and the credits they take.
         let admitted: Vec<String> = taken.iter().map(|s| (*s).to_owned()).collect();
-        let moved = start_sessions(self, &*tx, &admitted, now).await?;
         let mut new_sagas = Vec::new();
         let mut charges: HashMap<&str, i64> = HashMap::new();
-        for (k, &i) in fresh.iter().enumerate() {
+        for &i in fresh {
             let Some(&cost) = charged.get(&i) else {
                 continue;
             };
             let order = &orders[i];
-            if !moved.contains(&order.session.id) {
-                decided[k] = SubmissionOutcome::AlreadySubmitted;
-                continue;
-            }
             if let SubmissionAction::Submit {
                 submission,
                 saga_id,
@@ -358,16 +397,6 @@ impl Store {
         }
         let mut charges: Vec<(&str, i64)> = charges.into_iter().filter(|(_, n)| *n > 0).collect();
         charges.sort();
-        for (experience_id, credits) in charges {
-            if !take_credits(&*tx, experience_id, credits).await? {
-                return Err(StoreError::Corrupt(format!(
-                    "experience {experience_id}: {credits} credits counted under its lock are gone"
-                )));
-            }
-        }
-        if !new_sagas.is_empty() {
-            insert_models(&*tx, new_sagas).await?;
-        }
 
         let mut answers: Vec<(&KeyRequest, StoredAnswer)> = Vec::new();
         let mut release = Vec::new();
@@ -385,7 +414,51 @@ impl Store {
         }
         let answers: Vec<(&KeyRequest, &StoredAnswer)> =
             answers.iter().map(|(k, a)| (*k, a)).collect();
-        Self::finish_keys(&*tx, &answers).await?;
+
+        // Every write of the batch at once (one round trip on PostgreSQL):
+        // the one conditional update that starts the sessions, the credits
+        // taken, the sagas and the stored answers. None depends on
+        // another's effect: the sessions and the counted credits are
+        // locked, so the update moves every admitted session and each
+        // experience has the credits counted under its lock; a write that
+        // touched fewer rows than that (it cannot happen) fails the batch.
+        let backend = self.backend();
+        let mut writes: Vec<(Statement, Option<(u64, String)>)> = Vec::new();
+        if !admitted.is_empty() {
+            writes.push((
+                start_sessions(backend, &admitted, now),
+                Some((admitted.len() as u64, "sessions started".to_owned())),
+            ));
+        }
+        for (experience_id, credits) in charges {
+            writes.push((
+                take_credits_statement(backend, experience_id, credits),
+                Some((
+                    1,
+                    format!("experience {experience_id}: {credits} credits counted under its lock"),
+                )),
+            ));
+        }
+        let sagas_started = new_sagas.len() as u64;
+        if let Some(insert) = insert_statement(backend, new_sagas) {
+            writes.push((insert, Some((sagas_started, "sagas inserted".to_owned()))));
+        }
+        // Answers whose key was taken over (its lease ran out) are not
+        // stored: that is not an error.
+        if let Some(finish) = Self::finish_keys_statement(backend, &answers) {
+            writes.push((finish, None));
+        }
+        let (statements, expected): (Vec<Statement>, Vec<_>) = writes.into_iter().unzip();
+        let touched = execute_together(&*tx, statements).await?;
+        for (rows, expected) in touched.into_iter().zip(expected) {
+            if let Some((wanted, what)) = expected {
+                if rows != wanted {
+                    return Err(StoreError::Corrupt(format!(
+                        "{what}: {rows} rows written of {wanted}"
+                    )));
+                }
+            }
+        }
         tx.commit().await?;
         Ok(Decided {
             outcomes: decided,
@@ -447,7 +520,7 @@ impl Store {
     }
 }
 
-/// The experience's AI queue as the transaction sees it: sagas holding an
+/// The experience's AI queue as the database sees it now: sagas holding an
 /// AI slot, and those waiting for one (queued or backing off, and those
 /// whose lease ran out, which are resumed first).
 async fn ai_queue_load<C: ConnectionTrait>(
@@ -458,7 +531,7 @@ async fn ai_queue_load<C: ConnectionTrait>(
     let runnable = super::sagas::RUNNABLE;
     // Sagas, not slots: a fan-out saga holds several (see `Capacity`).
     // One statement, one round trip: it runs once per batch of
-    // submissions, inside the transaction the 202s wait for.
+    // submissions, before the transaction the 202s wait for.
     let stmt = super::sql_for(
         conn.get_database_backend(),
         &format!(
@@ -483,35 +556,22 @@ async fn ai_queue_load<C: ConnectionTrait>(
     Ok(QueueLoad { running, waiting })
 }
 
-/// OPEN/ABORTED -> SUBMITTING for `ids`, in one conditional UPDATE; the
-/// sessions it moved.
-async fn start_sessions<C: ConnectionTrait>(
-    store: &Store,
-    conn: &C,
-    ids: &[String],
-    now: EpochMs,
-) -> StoreResult<HashSet<String>> {
-    if ids.is_empty() {
-        return Ok(HashSet::new());
-    }
+/// OPEN/ABORTED -> SUBMITTING for `ids`, in one conditional UPDATE.
+fn start_sessions(backend: DbBackend, ids: &[String], now: EpochMs) -> Statement {
     let mut values: Vec<Value> = vec![now.into()];
-    let ids = in_list(store.backend(), 2, ids.iter().cloned(), &mut values);
-    let rows = conn
-        .query_all_raw(store.sql(
-            &format!(
-                "UPDATE sessions SET status = '{submitting}', abort_reason = NULL, \
-                 updated_at_ms = $1 WHERE id {ids} \
-                 AND status IN ('{open}', '{aborted}') RETURNING id",
-                submitting = SessionStatus::Submitting.as_str(),
-                open = SessionStatus::Open.as_str(),
-                aborted = SessionStatus::Aborted.as_str(),
-            ),
-            values,
-        ))
-        .await?;
-    rows.iter()
-        .map(|row| row.try_get_by_index::<String>(0).map_err(Into::into))
-        .collect()
+    let ids = in_list(backend, 2, ids.iter().cloned(), &mut values);
+    super::sql_for(
+        backend,
+        &format!(
+            "UPDATE sessions SET status = '{submitting}', abort_reason = NULL, \
+             updated_at_ms = $1 WHERE id {ids} \
+             AND status IN ('{open}', '{aborted}')",
+            submitting = SessionStatus::Submitting.as_str(),
+            open = SessionStatus::Open.as_str(),
+            aborted = SessionStatus::Aborted.as_str(),
+        ),
+        values,
+    )
 }
 
 /// Takes `credits` from an experience that counts them, only if it has
@@ -521,13 +581,19 @@ pub(crate) async fn take_credits<C: ConnectionTrait>(
     experience_id: &str,
     credits: i64,
 ) -> StoreResult<bool> {
-    let stmt = super::sql_for(
-        conn.get_database_backend(),
+    let take = take_credits_statement(conn.get_database_backend(), experience_id, credits);
+    Ok(conn.execute_raw(take).await?.rows_affected() == 1)
+}
+
+/// The statement [`take_credits`] runs: it touches one row, or none when
+/// the experience has fewer than `credits` left.
+fn take_credits_statement(backend: DbBackend, experience_id: &str, credits: i64) -> Statement {
+    super::sql_for(
+        backend,
         "UPDATE experiences SET credits = credits - $2 \
          WHERE id = $1 AND credits IS NOT NULL AND credits >= $2",
         vec![experience_id.into(), credits.into()],
-    );
-    Ok(conn.execute_raw(stmt).await?.rows_affected() == 1)
+    )
 }
 
 /// The runnable saga a submission starts, holding the credits it was
