@@ -10,14 +10,14 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
 use stagehand::domain::failure::{AiResult, ContentItem};
 use stagehand::domain::policy::AttemptState;
 use stagehand::domain::saga::{AbortReason, Step, TransitionError};
+use stagehand::http::idempotency::key_request;
 use stagehand::store::entities::sagas;
 use stagehand::store::experiences::NewExperience;
+use stagehand::store::idempotency::{KeyClaim, StoredAnswer};
 use stagehand::store::ranking::ScoreEntry;
 use stagehand::store::sagas::{ClaimRules, ClaimSource, ClaimableExperience, Fence};
 use stagehand::store::submissions::Submission;
 use stagehand::store::transitions::SagaWrite;
-use stagehand::http::idempotency::key_request;
-use stagehand::store::idempotency::{KeyClaim, StoredAnswer};
 use stagehand::store::{Store, StoreError};
 use support::{Backend, TestDb};
 
@@ -1376,7 +1376,11 @@ async fn batched_statements_find_rows_by_key_on_tables_grown_after_planning(back
         KeyClaim::Fresh
     );
     store.finish_key(&young, &answer).await.unwrap();
-    assert!(store.sessions_by_id(&["none".into()]).await.unwrap().is_empty());
+    assert!(store
+        .sessions_by_id(&["none".into()])
+        .await
+        .unwrap()
+        .is_empty());
 
     for grow in [
         format!(

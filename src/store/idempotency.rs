@@ -16,7 +16,9 @@
 //! it back.
 
 use sea_orm::sea_query::Condition;
-use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, Statement, Value};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, Statement, Value,
+};
 
 use super::entities::idempotency_records as records;
 use super::presence::INSTANCE_ALIVE_MS;

@@ -446,7 +446,10 @@ mod tests {
             Statement::from_sql_and_values(DbBackend::Postgres, sql, values)
         };
         let one = together(vec![
-            write("UPDATE a SET x = $1 WHERE id = $2", vec![1.into(), "p".into()]),
+            write(
+                "UPDATE a SET x = $1 WHERE id = $2",
+                vec![1.into(), "p".into()],
+            ),
             write("INSERT INTO b (y) VALUES ($1)", vec![2.into()]),
         ]);
         assert_eq!(
