@@ -426,7 +426,7 @@ impl Store {
         let mut writes: Vec<(Statement, Option<(u64, String)>)> = Vec::new();
         if !admitted.is_empty() {
             writes.push((
-                start_sessions(backend, &admitted, now),
+                start_sessions_statement(backend, &admitted, now),
                 Some((admitted.len() as u64, "sessions started".to_owned())),
             ));
         }
@@ -557,7 +557,7 @@ async fn ai_queue_load<C: ConnectionTrait>(
 }
 
 /// OPEN/ABORTED -> SUBMITTING for `ids`, in one conditional UPDATE.
-fn start_sessions(backend: DbBackend, ids: &[String], now: EpochMs) -> Statement {
+fn start_sessions_statement(backend: DbBackend, ids: &[String], now: EpochMs) -> Statement {
     let mut values: Vec<Value> = vec![now.into()];
     let ids = in_list(backend, 2, ids.iter().cloned(), &mut values);
     super::sql_for(
