@@ -854,22 +854,36 @@
   }
 
   // Retry and Cancel take two clicks: the first arms the button for a few
-  // seconds, the second sends.
+  // seconds, the second sends. The table is redrawn whenever a saga
+  // changes, so the arming is kept here, by saga and action, and a redrawn
+  // button comes back armed for the time it has left.
+  const ARM_MS = 4000;
+  const armedUntil = new Map();
+
   function actionButton(saga, action) {
     const label = SH.t(`ops.${action}`);
+    const confirmLabel = SH.t(action === "cancel" ? "ops.confirmCancel" : "ops.confirmRetry");
+    const key = `${saga.saga_id}:${action}`;
     const b = SH.el("button", { type: "button", class: `btn btn-small action-${action}`, dataset: { action }, text: label });
-    let armTimer = null;
+    const arm = (ms) => {
+      b.classList.add("armed");
+      b.textContent = confirmLabel;
+      setTimeout(() => {
+        if ((armedUntil.get(key) || 0) > Date.now()) return;
+        armedUntil.delete(key);
+        b.classList.remove("armed");
+        b.textContent = label;
+      }, ms);
+    };
+    const left = (armedUntil.get(key) || 0) - Date.now();
+    if (left > 0) arm(left);
     b.addEventListener("click", async () => {
       if (!b.classList.contains("armed")) {
-        b.classList.add("armed");
-        b.textContent = SH.t(action === "cancel" ? "ops.confirmCancel" : "ops.confirmRetry");
-        armTimer = setTimeout(() => {
-          b.classList.remove("armed");
-          b.textContent = label;
-        }, 4000);
+        armedUntil.set(key, Date.now() + ARM_MS);
+        arm(ARM_MS);
         return;
       }
-      clearTimeout(armTimer);
+      armedUntil.delete(key);
       b.disabled = true;
       try {
         await post(`/api/admin/sagas/${enc(saga.saga_id)}/${action}`, {}, SH.uuid());

@@ -619,6 +619,10 @@ def test_ops_dashboard_and_cancel(env):
     cancel = row.locator("button.action-cancel")
     cancel.click()
     expect(cancel).to_have_text(EN["ops.confirmCancel"])
+    # A saga that changes redraws the table: the armed button stays armed.
+    env.server.submit_as("slow", "redraw", "one more picture", terminal_id=terminal_id)
+    expect(ops.locator("#sagas tbody tr", has=ops.locator("td.nickname", has_text="redraw"))).to_have_count(1)
+    expect(cancel).to_have_text(EN["ops.confirmCancel"])
     cancel.click()
     expect(ops.locator("#flash")).to_have_text(EN["ops.done.cancel"])
     expect(row).to_have_attribute("data-step", "ABORTED")
