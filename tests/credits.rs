@@ -411,6 +411,21 @@ impl Fixture {
             .charged_credits
     }
 
+    /// Sagas of the session.
+    async fn sagas_of(&self, session_id: &str) -> i64 {
+        let row = self
+            .store
+            .db()
+            .query_one_raw(self.store.sql(
+                "SELECT COUNT(*) FROM sagas WHERE session_id = $1",
+                vec![session_id.to_owned().into()],
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index(0).unwrap()
+    }
+
     /// One batch of submissions, one per session, at `now`.
     async fn batch(&self, sessions: &[sessions::Model], now: i64) -> Vec<SubmissionOutcome> {
         let orders: Vec<SubmissionOrder> = sessions
@@ -752,3 +767,102 @@ async fn a_batch_never_overdraws_and_a_session_takes_one(backend: Backend) {
     assert_eq!(f.credits().await, Some(0));
 }
 db_test!(a_batch_never_overdraws_and_a_session_takes_one);
+
+/// A batch decides on the sessions as it read them; a session submitted
+/// since (here behind its back) is answered "already submitted", and the
+/// batch's other request is admitted once, charged once. On PostgreSQL
+/// the batch first tries its one-statement write, whose session update
+/// finds one session of two: that statement must leave nothing behind
+/// (a saga or credits written twice would show here).
+async fn a_session_submitted_since_the_batch_read_it_is_refused_and_the_rest_written_once(
+    backend: Backend,
+) {
+    let f = fixture(backend, 5, Some(5)).await;
+    let moved = f.session(T0).await;
+    let other = f.session(T0).await;
+    f.store
+        .db()
+        .execute_raw(f.store.sql(
+            "UPDATE sessions SET status = 'SUBMITTING' WHERE id = $1",
+            vec![moved.id.clone().into()],
+        ))
+        .await
+        .unwrap();
+    let outcomes = f.batch(&[moved.clone(), other.clone()], T0).await;
+    assert!(
+        matches!(
+            outcomes.as_slice(),
+            [
+                SubmissionOutcome::AlreadySubmitted,
+                SubmissionOutcome::Accepted(_)
+            ]
+        ),
+        "{outcomes:?}"
+    );
+    assert_eq!(f.credits().await, Some(4), "one admitted, charged once");
+    assert_eq!(f.sagas_of(&moved.id).await, 0);
+    assert_eq!(f.sagas_of(&other.id).await, 1);
+}
+db_test!(a_session_submitted_since_the_batch_read_it_is_refused_and_the_rest_written_once);
+
+/// Credits taken by another transaction while a batch decides (PostgreSQL;
+/// SQLite has one writer): the batch read one credit left without a lock,
+/// the other transaction holds the experience's row and takes it. The
+/// batch must wait for it and then refuse with `budget_exhausted`,
+/// leaving the session open and no saga.
+#[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
+async fn credits_taken_while_a_batch_decides_refuse_it() {
+    use sea_orm::TransactionTrait;
+    let f = fixture(Backend::Postgres, 5, Some(1)).await;
+    let session = f.session(T0).await;
+    let other = f.store.db().begin().await.unwrap();
+    other
+        .execute_unprepared(&format!(
+            "UPDATE experiences SET credits = 0 WHERE id = '{}'",
+            f.experience_id
+        ))
+        .await
+        .unwrap();
+    let (store, order) = (f.store.clone(), session.clone());
+    let batch = actix_web::rt::spawn(async move {
+        let orders = [SubmissionOrder {
+            session: order,
+            key: None,
+            action: SubmissionAction::Submit {
+                submission: submission(),
+                saga_id: stagehand::store::new_id(),
+                deadline_ms: 900_000,
+                trace_context: None,
+            },
+        }];
+        store.submit_batch(&orders, T0, 0, &|_, _| None).await
+    });
+    let waiting = support::wait_for(WITHIN, || async {
+        let row = f
+            .store
+            .db()
+            .query_one_raw(f.store.sql(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND datname = current_database()",
+                vec![],
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        let waiting: i64 = row.try_get_by_index(0).unwrap();
+        (waiting > 0 || batch.is_finished()).then_some(waiting)
+    })
+    .await;
+    assert!(
+        waiting.is_some_and(|n| n > 0),
+        "the batch did not wait for the experience's row"
+    );
+    other.commit().await.unwrap();
+    let outcomes = batch.await.unwrap().unwrap();
+    assert_eq!(outcomes, vec![SubmissionOutcome::BudgetExhausted]);
+    assert_eq!(f.credits().await, Some(0));
+    assert_eq!(f.sagas_of(&session.id).await, 0);
+    let status = f.store.session(&session.id).await.unwrap().unwrap().status;
+    assert_eq!(status, "OPEN");
+}

@@ -312,9 +312,23 @@ pub(crate) async fn execute_together<C: ConnectionTrait>(
 /// statement started with (so none may depend on another's effect); a
 /// write must not have its own `RETURNING`.
 fn together(writes: Vec<Statement>) -> Statement {
+    let count = writes.len();
+    let (with, values) = write_clauses(writes);
+    let counts: Vec<String> = (0..count)
+        .map(|i| format!("(SELECT COUNT(*) FROM w{i})"))
+        .collect();
+    Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        format!("{with} SELECT {}", counts.join(", ")),
+        values,
+    )
+}
+
+/// `WITH w0 AS (<write> RETURNING 1), ...` of [`together`] and
+/// [`all_or_nothing`], and its values.
+fn write_clauses(writes: Vec<Statement>) -> (String, Vec<Value>) {
     let mut values: Vec<Value> = Vec::new();
     let mut parts = Vec::with_capacity(writes.len());
-    let mut counts = Vec::with_capacity(writes.len());
     for (i, write) in writes.into_iter().enumerate() {
         debug_assert!(
             !write.sql.contains("RETURNING"),
@@ -325,12 +339,71 @@ fn together(writes: Vec<Statement>) -> Statement {
             "w{i} AS ({} RETURNING 1)",
             shift_placeholders(&write.sql, values.len())
         ));
-        counts.push(format!("(SELECT COUNT(*) FROM w{i})"));
         values.extend(write.values.map(|v| v.0).unwrap_or_default());
     }
+    (format!("WITH {}", parts.join(", ")), values)
+}
+
+/// What the error of an [`all_or_nothing`] statement whose counts were not
+/// met says (inside PostgreSQL's "invalid input syntax for type integer").
+const NOT_ALL_WRITTEN: &str = "stagehand: writes sent all or nothing touched other rows";
+
+/// PostgreSQL writes that take effect only together, each touching exactly
+/// the rows given with it (None: any number): true when they were
+/// written, false when a count was not met and nothing was written. One
+/// statement and no transaction around it, so one round trip: the
+/// statement is atomic on its own, and when a count is not met it fails
+/// (casting a text that names the counts to a number: PostgreSQL has no
+/// `RAISE` outside a function), which undoes every write of it. For writes
+/// decided on rows read without their locks: each write re-checks its
+/// rows under their locks (the `WHERE` of an `UPDATE` is evaluated again
+/// on a row another transaction changed meanwhile), and a count tells
+/// whether the rows were still as read.
+pub(crate) async fn execute_all_or_nothing<C: ConnectionTrait>(
+    conn: &C,
+    writes: Vec<(Statement, Option<u64>)>,
+) -> Result<bool, DbErr> {
+    debug_assert_eq!(conn.get_database_backend(), DbBackend::Postgres);
+    if writes.is_empty() {
+        return Ok(true);
+    }
+    match conn.execute_raw(all_or_nothing(writes)).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.to_string().contains(NOT_ALL_WRITTEN) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The statement of [`execute_all_or_nothing`]: the writes of
+/// [`together`], then `SELECT CASE WHEN <every count met> THEN 0 ELSE
+/// CAST(<text> AS integer) END`. The text is read from the writes' counts,
+/// so PostgreSQL cannot fold the cast into an error while planning; the
+/// counts wanted are parameters, so the statement's text depends only on
+/// which writes it holds.
+fn all_or_nothing(writes: Vec<(Statement, Option<u64>)>) -> Statement {
+    let (writes, wanted): (Vec<Statement>, Vec<Option<u64>>) = writes.into_iter().unzip();
+    let (with, mut values) = write_clauses(writes);
+    let mut checks = Vec::new();
+    for (i, wanted) in wanted.iter().enumerate() {
+        if let Some(rows) = wanted {
+            values.push((*rows as i64).into());
+            checks.push(format!("(SELECT COUNT(*) FROM w{i}) = ${}", values.len()));
+        }
+    }
+    if checks.is_empty() {
+        checks.push("true".to_owned());
+    }
+    let counts: Vec<String> = (0..wanted.len())
+        .map(|i| format!("' w{i}=' || (SELECT COUNT(*) FROM w{i})"))
+        .collect();
     Statement::from_sql_and_values(
         DbBackend::Postgres,
-        format!("WITH {} SELECT {}", parts.join(", "), counts.join(", ")),
+        format!(
+            "{with} SELECT CASE WHEN {} THEN 0 \
+             ELSE CAST('{NOT_ALL_WRITTEN}:' || {} AS integer) END",
+            checks.join(" AND "),
+            counts.join(" || ")
+        ),
         values,
     )
 }
@@ -461,6 +534,31 @@ mod tests {
         assert_eq!(
             one.values.unwrap().0,
             vec![Value::from(1), Value::from("p"), Value::from(2)]
+        );
+    }
+
+    #[test]
+    fn writes_all_or_nothing_fail_when_a_count_is_not_met() {
+        let write = |sql: &str, values: Vec<Value>| {
+            Statement::from_sql_and_values(DbBackend::Postgres, sql, values)
+        };
+        let one = all_or_nothing(vec![
+            (write("UPDATE a SET x = $1", vec![1.into()]), Some(2)),
+            (write("UPDATE b SET y = $1", vec![3.into()]), None),
+        ]);
+        assert_eq!(
+            one.sql,
+            format!(
+                "WITH w0 AS (UPDATE a SET x = $1 RETURNING 1), \
+                 w1 AS (UPDATE b SET y = $2 RETURNING 1) \
+                 SELECT CASE WHEN (SELECT COUNT(*) FROM w0) = $3 THEN 0 \
+                 ELSE CAST('{NOT_ALL_WRITTEN}:' || ' w0=' || (SELECT COUNT(*) FROM w0) \
+                 || ' w1=' || (SELECT COUNT(*) FROM w1) AS integer) END"
+            )
+        );
+        assert_eq!(
+            one.values.unwrap().0,
+            vec![Value::from(1), Value::from(3), Value::from(2i64)]
         );
     }
 

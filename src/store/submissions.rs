@@ -22,6 +22,15 @@
 //!    These writes go together: one statement, one round trip, on
 //!    PostgreSQL ([`execute_together`]).
 //!
+//! On PostgreSQL the common case skips the transaction: when every request
+//! is admitted on the sessions as the batch read them and the credits as
+//! admission read them, the writes of step 4 go as one statement that
+//! writes all or nothing ([`execute_all_or_nothing`]), each write
+//! re-checking its rows under their locks. One round trip instead of four
+//! (`BEGIN`, the locks, the writes, `COMMIT`); when a row moved since it
+//! was read, or a request would be refused, nothing is written and the
+//! locked transaction above decides.
+//!
 //! The queue position and the estimate ([`crate::domain::admission`]) come
 //! from the experience's AI queue and the median AI duration of its last
 //! completed sagas, read with its settings while the keys are claimed,
@@ -37,7 +46,7 @@ use uuid::Uuid;
 
 use super::entities::{experiences, sagas, sessions};
 use super::idempotency::{KeyClaim, KeyRequest, StoredAnswer};
-use super::rows::{column_in, execute_together, in_list, insert_statement};
+use super::rows::{column_in, execute_all_or_nothing, execute_together, in_list, insert_statement};
 use super::{Store, StoreError, StoreResult};
 use crate::domain::admission::{
     admit, median_ms, refused_by_closing, submission_cost, Admission, Capacity, QueueLoad,
@@ -238,8 +247,106 @@ impl Store {
         Ok(reads)
     }
 
-    /// The transaction of the fresh requests (indexes into `orders`).
+    /// Decides and writes the fresh requests (indexes into `orders`). On
+    /// PostgreSQL the common case goes in one round trip
+    /// ([`write_fresh_at_once`](Self::write_fresh_at_once)); whatever it
+    /// cannot settle, the locked transaction decides.
     async fn write_fresh(
+        &self,
+        orders: &[SubmissionOrder],
+        fresh: &[usize],
+        reads: &AdmissionReads,
+        now: EpochMs,
+        answer: &AnswerFn,
+    ) -> StoreResult<Decided> {
+        if self.backend() == DbBackend::Postgres {
+            if let Some(decided) = self
+                .write_fresh_at_once(orders, fresh, reads, now, answer)
+                .await?
+            {
+                return Ok(decided);
+            }
+        }
+        self.write_fresh_locked(orders, fresh, reads, now, answer)
+            .await
+    }
+
+    /// PostgreSQL, when every request is admitted: decided on the sessions
+    /// as the batch read them and the credits as admission read them,
+    /// without taking a lock, and written as one statement that writes all
+    /// or nothing ([`execute_all_or_nothing`]): no `BEGIN`, lock or
+    /// `COMMIT` round trips. The sessions' update re-checks their status
+    /// and the credits' update the credits left, on the rows as they are
+    /// once it holds their locks, so a session submitted or credits taken
+    /// since the reads make the statement write nothing. None: a request
+    /// would be refused on those reads (a refusal is decided under the
+    /// locks, on rows that cannot move), or the rows had moved; nothing
+    /// was written and the locked transaction decides.
+    async fn write_fresh_at_once(
+        &self,
+        orders: &[SubmissionOrder],
+        fresh: &[usize],
+        reads: &AdmissionReads,
+        now: EpochMs,
+        answer: &AnswerFn,
+    ) -> StoreResult<Option<Decided>> {
+        let accepting: HashSet<String> = fresh
+            .iter()
+            .map(|&i| &orders[i].session)
+            .filter(|s| {
+                SessionStatus::ALL
+                    .into_iter()
+                    .any(|status| status.as_str() == s.status && status.accepts_submission())
+            })
+            .map(|s| s.id.clone())
+            .collect();
+        let credits_left: HashMap<String, i64> = reads
+            .experiences
+            .values()
+            .filter_map(|e| e.credits.map(|c| (e.id.clone(), c)))
+            .collect();
+        let plan = decide(
+            self.backend(),
+            orders,
+            fresh,
+            reads,
+            &accepting,
+            credits_left,
+            now,
+            answer,
+        )?;
+        let all_admitted =
+            fresh
+                .iter()
+                .zip(&plan.decided.outcomes)
+                .all(|(&i, outcome)| match orders[i].action {
+                    SubmissionAction::Refuse(_) => true,
+                    SubmissionAction::Submit { .. } => {
+                        matches!(outcome, SubmissionOutcome::Accepted(_))
+                    }
+                });
+        if !all_admitted {
+            return Ok(None);
+        }
+        let writes = plan
+            .writes
+            .into_iter()
+            .map(|(write, wanted)| (write, wanted.map(|(rows, _)| rows)))
+            .collect();
+        if execute_all_or_nothing(self.db(), writes).await? {
+            Ok(Some(plan.decided))
+        } else {
+            tracing::debug!(
+                requests = fresh.len(),
+                "a session or the credits moved since the batch read them; deciding under locks"
+            );
+            Ok(None)
+        }
+    }
+
+    /// The transaction of the fresh requests: their sessions and counted
+    /// credits locked, decided on what the locks hold, written together.
+    async fn write_fresh_locked(
         &self,
         orders: &[SubmissionOrder],
         fresh: &[usize],
@@ -252,14 +359,6 @@ impl Store {
             .copied()
             .filter(|&i| matches!(orders[i].action, SubmissionAction::Submit { .. }))
             .collect();
-        let AdmissionReads {
-            experiences,
-            shares,
-            medians,
-            loads,
-        } = reads;
-        let mut loads = loads.clone();
-
         let tx = self.write_tx().await?;
         let session_ids: BTreeSet<String> = submits
             .iter()
@@ -301,10 +400,15 @@ impl Store {
         // their row lock.
         let limited: Vec<String> = involved
             .iter()
-            .filter(|id| experiences.get(*id).is_some_and(|e| e.credits.is_some()))
+            .filter(|id| {
+                reads
+                    .experiences
+                    .get(*id)
+                    .is_some_and(|e| e.credits.is_some())
+            })
             .cloned()
             .collect();
-        let mut credits_left: HashMap<String, i64> = if limited.is_empty() {
+        let credits_left: HashMap<String, i64> = if limited.is_empty() {
             HashMap::new()
         } else {
             experiences::Entity::find()
@@ -321,134 +425,23 @@ impl Store {
                 .filter_map(|(id, credits)| credits.map(|c| (id, c)))
                 .collect()
         };
-        // Each request in arrival order.
-        let mut decided: Vec<SubmissionOutcome> = Vec::with_capacity(fresh.len());
-        let mut taken: HashSet<&str> = HashSet::new();
-        let mut charged: HashMap<usize, i64> = HashMap::new();
-        for &i in fresh {
-            let order = &orders[i];
-            let outcome = match &order.action {
-                SubmissionAction::Refuse(_) => SubmissionOutcome::Refused,
-                SubmissionAction::Submit { .. } => {
-                    let session = &order.session;
-                    if !accepting.contains(&session.id) || taken.contains(session.id.as_str()) {
-                        SubmissionOutcome::AlreadySubmitted
-                    } else {
-                        let experience = experiences
-                            .get(&session.experience_id)
-                            .ok_or(StoreError::NotFound("experience"))?;
-                        let load = loads.entry(experience.id.clone()).or_default();
-                        let admission = admit(
-                            *load,
-                            Capacity {
-                                max_in_flight: shares
-                                    .get(&experience.id)
-                                    .map_or(experience.max_in_flight, |&n| n as i32),
-                                ai_calls: experience.ai_calls,
-                            },
-                            medians.get(&experience.id).copied().flatten(),
-                        );
-                        let cost =
-                            submission_cost(experience.ai_calls, experience.credits.is_some());
-                        let left = credits_left.get_mut(&experience.id);
-                        if refused_by_closing(now, experience.closes_at_ms, admission.eta_ms) {
-                            SubmissionOutcome::Closing
-                        } else if cost > 0 && left.as_deref().is_none_or(|&c| c < cost) {
-                            SubmissionOutcome::BudgetExhausted
-                        } else {
-                            if let Some(left) = left {
-                                *left -= cost;
-                            }
-                            load.waiting += 1;
-                            taken.insert(&session.id);
-                            charged.insert(i, cost);
-                            SubmissionOutcome::Accepted(admission)
-                        }
-                    }
-                }
-            };
-            decided.push(outcome);
-        }
-
-        // The admitted sessions' sagas, and the credits they take.
-        let admitted: Vec<String> = taken.iter().map(|s| (*s).to_owned()).collect();
-        let mut new_sagas = Vec::new();
-        let mut charges: HashMap<&str, i64> = HashMap::new();
-        for &i in fresh {
-            let Some(&cost) = charged.get(&i) else {
-                continue;
-            };
-            let order = &orders[i];
-            if let SubmissionAction::Submit {
-                submission,
-                saga_id,
-                deadline_ms,
-                trace_context,
-            } = &order.action
-            {
-                let mut saga =
-                    new_saga(&order.session, submission, saga_id, *deadline_ms, cost, now);
-                saga.trace_context = Set(trace_context.clone());
-                new_sagas.push(saga);
-                *charges
-                    .entry(order.session.experience_id.as_str())
-                    .or_default() += cost;
-            }
-        }
-        let mut charges: Vec<(&str, i64)> = charges.into_iter().filter(|(_, n)| *n > 0).collect();
-        charges.sort();
-
-        let mut answers: Vec<(&KeyRequest, StoredAnswer)> = Vec::new();
-        let mut release = Vec::new();
-        for (k, &i) in fresh.iter().enumerate() {
-            let order = &orders[i];
-            let Some(key) = &order.key else { continue };
-            let stored = match (&order.action, &decided[k]) {
-                (SubmissionAction::Refuse(stored), _) => Some(stored.clone()),
-                (SubmissionAction::Submit { .. }, outcome) => answer(order, outcome),
-            };
-            match stored {
-                Some(stored) => answers.push((key, stored)),
-                None => release.push(i),
-            }
-        }
-        let answers: Vec<(&KeyRequest, &StoredAnswer)> =
-            answers.iter().map(|(k, a)| (*k, a)).collect();
-
-        // Every write of the batch at once (one round trip on PostgreSQL):
-        // the one conditional update that starts the sessions, the credits
-        // taken, the sagas and the stored answers. None depends on
-        // another's effect: the sessions and the counted credits are
-        // locked, so the update moves every admitted session and each
-        // experience has the credits counted under its lock; a write that
-        // touched fewer rows than that (it cannot happen) fails the batch.
-        let backend = self.backend();
-        let mut writes: Vec<(Statement, Option<(u64, String)>)> = Vec::new();
-        if !admitted.is_empty() {
-            writes.push((
-                start_sessions_statement(backend, &admitted, now),
-                Some((admitted.len() as u64, "sessions started".to_owned())),
-            ));
-        }
-        for (experience_id, credits) in charges {
-            writes.push((
-                take_credits_statement(backend, experience_id, credits),
-                Some((
-                    1,
-                    format!("experience {experience_id}: {credits} credits counted under its lock"),
-                )),
-            ));
-        }
-        let sagas_started = new_sagas.len() as u64;
-        if let Some(insert) = insert_statement(backend, new_sagas) {
-            writes.push((insert, Some((sagas_started, "sagas inserted".to_owned()))));
-        }
-        // Answers whose key was taken over (its lease ran out) are not
-        // stored: that is not an error.
-        if let Some(finish) = Self::finish_keys_statement(backend, &answers) {
-            writes.push((finish, None));
-        }
-        let (statements, expected): (Vec<Statement>, Vec<_>) = writes.into_iter().unzip();
+        let plan = decide(
+            self.backend(),
+            orders,
+            fresh,
+            reads,
+            &accepting,
+            credits_left,
+            now,
+            answer,
+        )?;
+        // Every write of the batch at once (one round trip on PostgreSQL).
+        // None depends on another's effect: the sessions and the counted
+        // credits are locked, so the update moves every admitted session
+        // and each experience has the credits counted under its lock; a
+        // write that touched fewer rows than that (it cannot happen) fails
+        // the batch.
+        let (statements, expected): (Vec<Statement>, Vec<_>) = plan.writes.into_iter().unzip();
         let touched = execute_together(&*tx, statements).await?;
         for (rows, expected) in touched.into_iter().zip(expected) {
             if let Some((wanted, what)) = expected {
@@ -460,10 +453,7 @@ impl Store {
             }
         }
         tx.commit().await?;
-        Ok(Decided {
-            outcomes: decided,
-            release,
-        })
+        Ok(plan.decided)
     }
 
     /// One submission without an Idempotency-Key (a batch of one): the
@@ -518,6 +508,166 @@ impl Store {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(median_ms(&durations))
     }
+}
+
+/// A batch decided, and the writes that make it so.
+struct Plan {
+    decided: Decided,
+    /// Each write, with the rows it must touch and what they are (None:
+    /// any number).
+    writes: Vec<(Statement, Option<(u64, String)>)>,
+}
+
+/// Decides each fresh request in arrival order, given the sessions that
+/// take a submission (`accepting`) and the credits left of the experiences
+/// that count them: the first request of an accepting session is admitted
+/// unless the experience closes first or lacks the credits; the writes
+/// are the sessions started, the credits taken, the sagas and the stored
+/// answers.
+#[allow(clippy::too_many_arguments)]
+fn decide(
+    backend: DbBackend,
+    orders: &[SubmissionOrder],
+    fresh: &[usize],
+    reads: &AdmissionReads,
+    accepting: &HashSet<String>,
+    mut credits_left: HashMap<String, i64>,
+    now: EpochMs,
+    answer: &AnswerFn,
+) -> StoreResult<Plan> {
+    let AdmissionReads {
+        experiences,
+        shares,
+        medians,
+        loads,
+    } = reads;
+    let mut loads = loads.clone();
+    // Each request in arrival order.
+    let mut decided: Vec<SubmissionOutcome> = Vec::with_capacity(fresh.len());
+    let mut taken: HashSet<&str> = HashSet::new();
+    let mut charged: HashMap<usize, i64> = HashMap::new();
+    for &i in fresh {
+        let order = &orders[i];
+        let outcome = match &order.action {
+            SubmissionAction::Refuse(_) => SubmissionOutcome::Refused,
+            SubmissionAction::Submit { .. } => {
+                let session = &order.session;
+                if !accepting.contains(&session.id) || taken.contains(session.id.as_str()) {
+                    SubmissionOutcome::AlreadySubmitted
+                } else {
+                    let experience = experiences
+                        .get(&session.experience_id)
+                        .ok_or(StoreError::NotFound("experience"))?;
+                    let load = loads.entry(experience.id.clone()).or_default();
+                    let admission = admit(
+                        *load,
+                        Capacity {
+                            max_in_flight: shares
+                                .get(&experience.id)
+                                .map_or(experience.max_in_flight, |&n| n as i32),
+                            ai_calls: experience.ai_calls,
+                        },
+                        medians.get(&experience.id).copied().flatten(),
+                    );
+                    let cost = submission_cost(experience.ai_calls, experience.credits.is_some());
+                    let left = credits_left.get_mut(&experience.id);
+                    if refused_by_closing(now, experience.closes_at_ms, admission.eta_ms) {
+                        SubmissionOutcome::Closing
+                    } else if cost > 0 && left.as_deref().is_none_or(|&c| c < cost) {
+                        SubmissionOutcome::BudgetExhausted
+                    } else {
+                        if let Some(left) = left {
+                            *left -= cost;
+                        }
+                        load.waiting += 1;
+                        taken.insert(&session.id);
+                        charged.insert(i, cost);
+                        SubmissionOutcome::Accepted(admission)
+                    }
+                }
+            }
+        };
+        decided.push(outcome);
+    }
+
+    // The admitted sessions' sagas, and the credits they take.
+    // In id order: the order the locked transaction locks them in, which
+    // the update written without it keeps (no deadlock between the two).
+    let mut admitted: Vec<String> = taken.iter().map(|s| (*s).to_owned()).collect();
+    admitted.sort();
+    let mut new_sagas = Vec::new();
+    let mut charges: HashMap<&str, i64> = HashMap::new();
+    for &i in fresh {
+        let Some(&cost) = charged.get(&i) else {
+            continue;
+        };
+        let order = &orders[i];
+        if let SubmissionAction::Submit {
+            submission,
+            saga_id,
+            deadline_ms,
+            trace_context,
+        } = &order.action
+        {
+            let mut saga = new_saga(&order.session, submission, saga_id, *deadline_ms, cost, now);
+            saga.trace_context = Set(trace_context.clone());
+            new_sagas.push(saga);
+            *charges
+                .entry(order.session.experience_id.as_str())
+                .or_default() += cost;
+        }
+    }
+    let mut charges: Vec<(&str, i64)> = charges.into_iter().filter(|(_, n)| *n > 0).collect();
+    charges.sort();
+
+    let mut answers: Vec<(&KeyRequest, StoredAnswer)> = Vec::new();
+    let mut release = Vec::new();
+    for (k, &i) in fresh.iter().enumerate() {
+        let order = &orders[i];
+        let Some(key) = &order.key else { continue };
+        let stored = match (&order.action, &decided[k]) {
+            (SubmissionAction::Refuse(stored), _) => Some(stored.clone()),
+            (SubmissionAction::Submit { .. }, outcome) => answer(order, outcome),
+        };
+        match stored {
+            Some(stored) => answers.push((key, stored)),
+            None => release.push(i),
+        }
+    }
+    let answers: Vec<(&KeyRequest, &StoredAnswer)> = answers.iter().map(|(k, a)| (*k, a)).collect();
+
+    let mut writes: Vec<(Statement, Option<(u64, String)>)> = Vec::new();
+    if !admitted.is_empty() {
+        writes.push((
+            start_sessions_statement(backend, &admitted, now),
+            Some((admitted.len() as u64, "sessions started".to_owned())),
+        ));
+    }
+    for (experience_id, credits) in charges {
+        writes.push((
+            take_credits_statement(backend, experience_id, credits),
+            Some((
+                1,
+                format!("experience {experience_id}: {credits} credits counted under its lock"),
+            )),
+        ));
+    }
+    let sagas_started = new_sagas.len() as u64;
+    if let Some(insert) = insert_statement(backend, new_sagas) {
+        writes.push((insert, Some((sagas_started, "sagas inserted".to_owned()))));
+    }
+    // Answers whose key was taken over (its lease ran out) are not
+    // stored: that is not an error.
+    if let Some(finish) = Store::finish_keys_statement(backend, &answers) {
+        writes.push((finish, None));
+    }
+    Ok(Plan {
+        decided: Decided {
+            outcomes: decided,
+            release,
+        },
+        writes,
+    })
 }
 
 /// The experience's AI queue as the database sees it now: sagas holding an
