@@ -428,19 +428,7 @@ impl Fixture {
 
     /// One batch of submissions, one per session, at `now`.
     async fn batch(&self, sessions: &[sessions::Model], now: i64) -> Vec<SubmissionOutcome> {
-        let orders: Vec<SubmissionOrder> = sessions
-            .iter()
-            .map(|s| SubmissionOrder {
-                session: s.clone(),
-                key: None,
-                action: SubmissionAction::Submit {
-                    submission: submission(),
-                    saga_id: stagehand::store::new_id(),
-                    deadline_ms: 900_000,
-                    trace_context: None,
-                },
-            })
-            .collect();
+        let orders: Vec<SubmissionOrder> = sessions.iter().map(order).collect();
         self.store
             .submit_batch(&orders, now, 0, &|_, _| None)
             .await
@@ -457,6 +445,20 @@ impl Fixture {
             ))
             .await
             .unwrap();
+    }
+}
+
+/// A keyless submission of `session` that starts a new saga.
+fn order(session: &sessions::Model) -> SubmissionOrder {
+    SubmissionOrder {
+        session: session.clone(),
+        key: None,
+        action: SubmissionAction::Submit {
+            submission: submission(),
+            saga_id: stagehand::store::new_id(),
+            deadline_ms: 900_000,
+            trace_context: None,
+        },
     }
 }
 
@@ -824,33 +826,13 @@ async fn credits_taken_while_a_batch_decides_refuse_it() {
         ))
         .await
         .unwrap();
-    let (store, order) = (f.store.clone(), session.clone());
+    let (store, submitted) = (f.store.clone(), session.clone());
     let batch = actix_web::rt::spawn(async move {
-        let orders = [SubmissionOrder {
-            session: order,
-            key: None,
-            action: SubmissionAction::Submit {
-                submission: submission(),
-                saga_id: stagehand::store::new_id(),
-                deadline_ms: 900_000,
-                trace_context: None,
-            },
-        }];
+        let orders = [order(&submitted)];
         store.submit_batch(&orders, T0, 0, &|_, _| None).await
     });
     let waiting = support::wait_for(WITHIN, || async {
-        let row = f
-            .store
-            .db()
-            .query_one_raw(f.store.sql(
-                "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                 AND datname = current_database()",
-                vec![],
-            ))
-            .await
-            .unwrap()
-            .unwrap();
-        let waiting: i64 = row.try_get_by_index(0).unwrap();
+        let waiting = support::lock_waiters(&f.store).await;
         (waiting > 0 || batch.is_finished()).then_some(waiting)
     })
     .await;

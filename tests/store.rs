@@ -1217,18 +1217,7 @@ async fn a_cancel_committing_during_the_ranking_write_leaves_no_entry() {
     let write = actix_web::rt::spawn(async move { store.register_scores(&[entry], T0 + 2).await });
     // Wait until the write either finished or waits on the saga's row.
     let waiting = support::wait_for(std::time::Duration::from_secs(5), || async {
-        let row = f
-            .store
-            .db()
-            .query_one_raw(f.store.sql(
-                "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                 AND datname = current_database()",
-                vec![],
-            ))
-            .await
-            .unwrap()
-            .unwrap();
-        let waiting: i64 = row.try_get_by_index(0).unwrap();
+        let waiting = support::lock_waiters(&f.store).await;
         (waiting > 0 || write.is_finished()).then_some(waiting)
     })
     .await;

@@ -449,6 +449,22 @@ pub async fn wait_final(
     }
 }
 
+/// Backends of the store's PostgreSQL database waiting for a heavyweight
+/// lock now (a write that waits on another transaction's row).
+pub async fn lock_waiters(store: &Store) -> i64 {
+    let row = store
+        .db()
+        .query_one_raw(store.sql(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND datname = current_database()",
+            vec![],
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get_by_index(0).unwrap()
+}
+
 /// Polls `probe` every 25 ms until it yields `Some`, or gives up after
 /// `within` (None).
 pub async fn wait_for<T, F, Fut>(within: Duration, mut probe: F) -> Option<T>
