@@ -429,8 +429,10 @@ impl Fixture {
     /// One batch of submissions, one per session, at `now`.
     async fn batch(&self, sessions: &[sessions::Model], now: i64) -> Vec<SubmissionOutcome> {
         let orders: Vec<SubmissionOrder> = sessions.iter().map(order).collect();
+        let ids: Vec<String> = sessions.iter().map(|s| s.id.clone()).collect();
+        let reads = self.store.admission_reads(&ids, now).await.unwrap();
         self.store
-            .submit_batch(&orders, now, 0, &|_, _| None)
+            .submit_batch(&orders, &reads, now, 0, &|_, _| None)
             .await
             .unwrap()
     }
@@ -829,7 +831,12 @@ async fn credits_taken_while_a_batch_decides_refuse_it() {
     let (store, submitted) = (f.store.clone(), session.clone());
     let batch = actix_web::rt::spawn(async move {
         let orders = [order(&submitted)];
-        store.submit_batch(&orders, T0, 0, &|_, _| None).await
+        let reads = store
+            .admission_reads(std::slice::from_ref(&submitted.id), T0)
+            .await?;
+        store
+            .submit_batch(&orders, &reads, T0, 0, &|_, _| None)
+            .await
     });
     let waiting = support::wait_for(WITHIN, || async {
         let waiting = support::lock_waiters(&f.store).await;

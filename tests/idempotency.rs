@@ -418,6 +418,68 @@ async fn duplicates_fired_at_once_make_one_saga(backend: Backend) {
 }
 db_test!(duplicates_fired_at_once_make_one_saga);
 
+/// A submission whose key already has a record, while its session still
+/// takes a submission, is decided by that record, never by the session:
+/// a key held by a request that died a second ago (its lease runs) answers
+/// 409 `request_in_progress`; a key whose body was refused (422) answers
+/// that again for the same body and 422 `idempotency_key_reused` for
+/// another; a record past its time is taken over and runs. Only that last
+/// one starts a saga. (On PostgreSQL a batch first tries to record its
+/// keys in the statement that writes its sagas, without claiming them:
+/// these are the keys that statement must leave to the claim.)
+async fn a_submission_key_with_a_record_is_decided_by_it(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let slug = app.experience(5).await;
+    let (sid, tok) = app.session(&slug, None, "keyed").await;
+    let scope = format!("session:{sid}");
+    let now = app.state.clock.now_ms();
+    let body = json!({"prompt": "held"});
+    let held = key_request(&scope, "held", &tok, &serde_json::to_vec(&body).unwrap());
+    let claim = app.state.store.claim_key(&held, now - 1_000, DAY).await;
+    assert_eq!(claim.unwrap(), KeyClaim::Fresh);
+    let resp = app.submit(&sid, &tok, body, "held").await;
+    assert_eq!(resp.status().as_u16(), 409);
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["error"], "request_in_progress", "{answer}");
+
+    let resp = app
+        .submit(&sid, &tok, json!({"prompt": ""}), "refused")
+        .await;
+    assert_eq!(resp.status().as_u16(), 422);
+    let resp = app
+        .submit(&sid, &tok, json!({"prompt": ""}), "refused")
+        .await;
+    assert_eq!(resp.status().as_u16(), 422);
+    assert!(
+        resp.headers().get("Idempotent-Replayed").is_some(),
+        "the refusal is answered again"
+    );
+    let resp = app
+        .submit(&sid, &tok, json!({"prompt": "ok"}), "refused")
+        .await;
+    assert_eq!(resp.status().as_u16(), 422);
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["error"], "idempotency_key_reused", "{answer}");
+    let (_, list) = app
+        .operator_get(&format!("/api/admin/sagas?experience={slug}"))
+        .await;
+    assert_eq!(list["sagas"].as_array().unwrap().len(), 0, "{list}");
+
+    let body = json!({"prompt": "late"});
+    let old = key_request(&scope, "old", &tok, &serde_json::to_vec(&body).unwrap());
+    let claim = app.state.store.claim_key(&old, now - 2 * DAY, DAY).await;
+    assert_eq!(claim.unwrap(), KeyClaim::Fresh);
+    let resp = app.submit(&sid, &tok, body, "old").await;
+    assert_eq!(resp.status().as_u16(), 202);
+    assert!(resp.headers().get("Idempotent-Replayed").is_none());
+    let (_, list) = app
+        .operator_get(&format!("/api/admin/sagas?experience={slug}"))
+        .await;
+    assert_eq!(list["sagas"].as_array().unwrap().len(), 1, "{list}");
+    app.stop().await;
+}
+db_test!(a_submission_key_with_a_record_is_decided_by_it);
+
 /// After a flow in which every create carries an Idempotency-Key (as the
 /// pages always send), no token the server issued, nor the operator's, nor
 /// any Idempotency-Key, is anywhere in the database: not in the SQLite file

@@ -1,8 +1,9 @@
 //! The submission desk: `POST /api/sessions/{id}/submission`, group-committed.
-//! Requests that arrive together are checked and written as one batch: one
-//! statement reads their sessions, then [`Store::submit_batch`] takes their
-//! Idempotency-Keys and, in one transaction, starts their sagas (taking the
-//! experience's credits) and stores each answer with its key. Each request
+//! Requests that arrive together are checked and written as one batch:
+//! their sessions and what admission needs are read side by side
+//! ([`Store::read_submissions`]), then [`Store::submit_batch`] starts their
+//! sagas (taking the experience's credits) and stores each answer with its
+//! Idempotency-Key, all at once. Each request
 //! still gets the answer the contract gives it alone, with checks in the
 //! contract's order: authentication, the submission rate limit (per
 //! session and token, so only a request whose token opened its session
@@ -101,8 +102,15 @@ async fn answer_batch(
     deadline_ms: i64,
 ) -> Vec<SubmitAnswer> {
     let ids: Vec<String> = requests.iter().map(|r| r.session_id.clone()).collect();
-    let sessions: HashMap<String, _> = match store.sessions_by_id(&ids).await {
-        Ok(found) => found.into_iter().map(|s| (s.id.clone(), s)).collect(),
+    // The sessions, and what admission reads for them, in one wait.
+    let (sessions, reads) = match store.read_submissions(&ids, now).await {
+        Ok((found, reads)) => (
+            found
+                .into_iter()
+                .map(|s| (s.id.clone(), s))
+                .collect::<HashMap<String, _>>(),
+            reads,
+        ),
         Err(e) => {
             return requests.iter().map(|_| Err(store_error(&e))).collect();
         }
@@ -167,7 +175,7 @@ async fn answer_batch(
     }
     if !orders.is_empty() {
         match store
-            .submit_batch(&orders, now, KEY_TTL_MS, &stored_answer)
+            .submit_batch(&orders, &reads, now, KEY_TTL_MS, &stored_answer)
             .await
         {
             Ok(outcomes) => {

@@ -337,37 +337,47 @@ impl Store {
         backend: DbBackend,
         answers: &[(&KeyRequest, &StoredAnswer)],
     ) -> Option<Statement> {
-        if answers.is_empty() {
-            return None;
-        }
-        let mut stored = ValueRows::new(&[
-            SqlType::Text,
-            SqlType::Text,
-            SqlType::Int,
-            SqlType::Text,
-            SqlType::Text,
-        ]);
-        for (key, answer) in answers {
-            stored.push([
-                key.scope.clone().into(),
-                key.key.clone().into(),
-                (answer.status as i32).into(),
-                key.seal.seal(&answer.body).into(),
-                key.owner.clone().into(),
-            ]);
-        }
         let mut values = Vec::new();
-        let stored = stored.source(backend, 1, &mut values);
+        let stored = answer_rows(backend, answers, 1, &mut values)?;
         Some(super::sql_for(
             backend,
             &format!(
-                "WITH v(scope, key, status, body, owner) AS ({stored}) \
+                "WITH v(scope, key, request_hash, status, body, owner) AS ({stored}) \
                  UPDATE idempotency_records SET state = '{COMPLETED}', \
                  response_status = v.status, response_body = v.body, \
                  owner = NULL, locked_until_ms = NULL FROM v \
                  WHERE idempotency_records.scope = v.scope AND idempotency_records.key = v.key \
                  AND idempotency_records.owner = v.owner \
                  AND idempotency_records.state = '{IN_PROGRESS}'",
+            ),
+            values,
+        ))
+    }
+
+    /// Records the answers of requests that never claimed their keys, as
+    /// finished at `now` (None: no answers): the claim and the finish in
+    /// one write, for requests decided before any claim. A key that has
+    /// any record (a repeat, a request still running, an expired record)
+    /// is not written: that is for [`claim_keys`](Self::claim_keys) to
+    /// decide, so the caller checks that every answer was recorded.
+    pub(crate) fn record_answers_statement(
+        backend: DbBackend,
+        answers: &[(&KeyRequest, &StoredAnswer)],
+        now: EpochMs,
+        ttl_ms: i64,
+    ) -> Option<Statement> {
+        let mut values = vec![now.into(), (now + ttl_ms).into()];
+        let stored = answer_rows(backend, answers, 3, &mut values)?;
+        Some(super::sql_for(
+            backend,
+            &format!(
+                "WITH v(scope, key, request_hash, status, body, owner) AS ({stored}) \
+                 INSERT INTO idempotency_records \
+                 (scope, key, request_hash, state, response_status, response_body, \
+                 created_at_ms, expires_at_ms, owner, locked_until_ms, instance_id) \
+                 SELECT v.scope, v.key, v.request_hash, '{COMPLETED}', v.status, v.body, \
+                 $1, $2, NULL, NULL, NULL FROM v \
+                 ON CONFLICT (scope, key) DO NOTHING",
             ),
             values,
         ))
@@ -419,4 +429,37 @@ impl Store {
         ))
         .await
     }
+}
+
+/// The rows of `answers` as a row source of (scope, key, request_hash,
+/// status, body, owner), each body sealed, its placeholders numbered from
+/// `first` (None: no answers).
+fn answer_rows(
+    backend: DbBackend,
+    answers: &[(&KeyRequest, &StoredAnswer)],
+    first: usize,
+    values: &mut Vec<Value>,
+) -> Option<String> {
+    if answers.is_empty() {
+        return None;
+    }
+    let mut rows = ValueRows::new(&[
+        SqlType::Text,
+        SqlType::Text,
+        SqlType::Text,
+        SqlType::Int,
+        SqlType::Text,
+        SqlType::Text,
+    ]);
+    for (key, answer) in answers {
+        rows.push([
+            key.scope.clone().into(),
+            key.key.clone().into(),
+            key.request_hash.clone().into(),
+            (answer.status as i32).into(),
+            key.seal.seal(&answer.body).into(),
+            key.owner.clone().into(),
+        ]);
+    }
+    Some(rows.source(backend, first, values))
 }

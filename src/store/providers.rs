@@ -19,11 +19,10 @@
 
 use sea_orm::ConnectionTrait;
 
-use super::entities::{experiences, sagas};
+use super::entities::sagas;
 use super::{new_id, Store, StoreResult};
 use crate::ai::providers::ProviderSpec;
 use crate::domain::policy::EpochMs;
-use crate::domain::sharing::share_of;
 
 /// A provider as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,51 +284,6 @@ impl Store {
             .transpose()?
             .unwrap_or(0);
         Ok(Some(ahead + 1))
-    }
-
-    /// The experiences `ids`, each with the AI slots it can count on now
-    /// (see [`crate::domain::sharing::share_of`]): its ceiling, or its
-    /// weighted share of its provider's cap among the experiences with AI
-    /// work. One statement for the whole batch of submissions.
-    pub async fn experiences_with_share(
-        &self,
-        ids: impl IntoIterator<Item = String>,
-    ) -> StoreResult<Vec<(experiences::Model, i64)>> {
-        let runnable = super::sagas::RUNNABLE;
-        let mut values = Vec::new();
-        let ids = super::rows::in_list(self.backend(), 1, ids, &mut values);
-        let rows = self
-            .db()
-            .query_all_raw(self.sql(
-                &format!(
-                    "SELECT e.*, p.max_in_flight AS provider_cap, \
-                     CASE WHEN p.max_in_flight IS NULL THEN 0 ELSE \
-                     (SELECT COALESCE(SUM(x.weight), 0) FROM experiences x \
-                     WHERE x.provider = p.name AND x.id <> e.id AND EXISTS (SELECT 1 FROM sagas s \
-                     WHERE s.experience_id = x.id AND {runnable} AND s.step = 'AI_PENDING')) END \
-                     AS others_weight \
-                     FROM experiences e LEFT JOIN providers p ON p.name = e.provider \
-                     WHERE e.id {ids}"
-                ),
-                values,
-            ))
-            .await?;
-        rows.iter()
-            .map(|r| {
-                let experience =
-                    <experiences::Model as sea_orm::FromQueryResult>::from_query_result(r, "")?;
-                let cap: Option<i32> = r.try_get("", "provider_cap")?;
-                let others: i64 = r.try_get("", "others_weight")?;
-                let share = share_of(
-                    cap.map(i64::from),
-                    i64::from(experience.weight),
-                    others,
-                    i64::from(experience.max_in_flight),
-                );
-                Ok((experience, share))
-            })
-            .collect::<Result<_, sea_orm::DbErr>>()
-            .map_err(Into::into)
     }
 
     /// Lingering jobs now (for tests and operators).

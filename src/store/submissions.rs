@@ -1,7 +1,7 @@
-//! Submissions, group-committed: the requests that arrive together take
-//! their Idempotency-Keys in one statement (while what admission needs is
-//! read beside it), then one short transaction decides and writes them
-//! all:
+//! Submissions, group-committed: what admission needs of the requests
+//! that arrive together (their sessions, and their experiences' settings,
+//! AI queue and recent AI durations, in one statement) is read first, then
+//! they are decided and written together:
 //!
 //! 1. their sessions that take a submission (OPEN or ABORTED) are locked,
 //!    in id order (`FOR UPDATE` on PostgreSQL; SQLite has one writer);
@@ -22,19 +22,25 @@
 //!    These writes go together: one statement, one round trip, on
 //!    PostgreSQL ([`execute_together`]).
 //!
-//! On PostgreSQL the common case skips the transaction: when every request
-//! is admitted on the sessions as the batch read them and the credits as
-//! admission read them, the writes of step 4 go as one statement that
-//! writes all or nothing ([`execute_all_or_nothing`]), each write
-//! re-checking its rows under their locks. One round trip instead of four
-//! (`BEGIN`, the locks, the writes, `COMMIT`); when a row moved since it
-//! was read, or a request would be refused, nothing is written and the
-//! locked transaction above decides.
+//! Before step 1 the Idempotency-Keys are claimed in one statement, so a
+//! key that is held, or answered already, decides its request without the
+//! transaction.
+//!
+//! On PostgreSQL the common case skips both the key claim and the
+//! transaction: when the keys are distinct and every request is admitted
+//! on the rows as they were read, the writes of step 4 and the keys'
+//! completed records go as one statement that writes all or nothing
+//! ([`execute_all_or_nothing`]), each write re-checking its rows (a key
+//! whose record exists, a session or credit that moved) under their
+//! locks. One round trip instead of five (the key claim, `BEGIN`, the
+//! locks, the writes, `COMMIT`); when anything moved since it was read, or
+//! a request would be refused, nothing is written and the claim and the
+//! locked transaction above decide.
 //!
 //! The queue position and the estimate ([`crate::domain::admission`]) come
 //! from the experience's AI queue and the median AI duration of its last
-//! completed sagas, read with its settings while the keys are claimed,
-//! just before the transaction (none of it needs its locks).
+//! completed sagas, read with the sessions before anything is written
+//! (none of it needs the locks).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -55,6 +61,7 @@ use crate::domain::admission::{
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::Step;
 use crate::domain::session::SessionStatus;
+use crate::domain::sharing::share_of;
 
 /// What the participant submitted.
 #[derive(Debug, Clone)]
@@ -113,15 +120,26 @@ pub enum SubmissionOutcome {
 /// released, so a retry runs again).
 pub type AnswerFn = dyn Fn(&SubmissionOrder, &SubmissionOutcome) -> Option<StoredAnswer> + Sync;
 
-/// What admission reads before a batch's transaction, by experience id.
-#[derive(Default)]
-struct AdmissionReads {
+/// What admission reads for a batch, by experience id
+/// ([`Store::admission_reads`]).
+#[derive(Debug, Default)]
+pub struct AdmissionReads {
     experiences: HashMap<String, experiences::Model>,
     /// The experience's share of its provider's cap (absent: no provider).
     shares: HashMap<String, i64>,
     /// The median AI duration of its last completed sagas.
     medians: HashMap<String, Option<i64>>,
     loads: HashMap<String, QueueLoad>,
+}
+
+/// How a batch's writes store each answer with its key.
+#[derive(Debug, Clone, Copy)]
+enum KeyWrites {
+    /// The keys were claimed (IN_PROGRESS): finish those still owned.
+    Claimed,
+    /// No key was claimed: record each with its answer, every one or the
+    /// batch is not written (only [`execute_all_or_nothing`] can say so).
+    Unclaimed { key_ttl_ms: i64 },
 }
 
 /// What the transaction of a batch decided: an outcome per fresh request,
@@ -132,14 +150,34 @@ struct Decided {
 }
 
 impl Store {
-    /// Submits a batch of requests: keys in one statement, then one
-    /// transaction for every request whose key is fresh (or that has none;
-    /// a transient failure runs it again). The outer error means that
-    /// transaction failed: nothing was written and the fresh keys were
+    /// The sessions of a batch of submissions (to `session_ids`) and what
+    /// admission reads for them, side by side: one wait.
+    pub async fn read_submissions(
+        &self,
+        session_ids: &[String],
+        now: EpochMs,
+    ) -> StoreResult<(Vec<sessions::Model>, AdmissionReads)> {
+        let (sessions, reads) = tokio::join!(
+            self.sessions_by_id(session_ids),
+            self.admission_reads(session_ids, now)
+        );
+        Ok((sessions?, reads?))
+    }
+
+    /// Submits a batch of requests, decided on `reads` (what admission read
+    /// for their sessions). On PostgreSQL, when every request is admitted
+    /// on the rows as they were read and no key of the batch has a record
+    /// yet, the batch is written at once, the keys recorded with their
+    /// answers in the same statement ([`write_fresh_at_once`]
+    /// (Self::write_fresh_at_once)). Otherwise the keys are taken in one
+    /// statement, then the fresh requests (and those with no key) are
+    /// decided and written (a transient failure runs that again). The
+    /// outer error means nothing was written and the keys taken were
     /// released. `answer` words each decided outcome for its key.
     pub async fn submit_batch(
         &self,
         orders: &[SubmissionOrder],
+        reads: &AdmissionReads,
         now: EpochMs,
         key_ttl_ms: i64,
         answer: &AnswerFn,
@@ -149,19 +187,25 @@ impl Store {
             .enumerate()
             .filter_map(|(i, o)| o.key.clone().map(|k| (i, k)))
             .collect();
-        let keys: Vec<KeyRequest> = keyed.iter().map(|(_, k)| k.clone()).collect();
-        let experience_ids: BTreeSet<String> = orders
+        let keys_distinct = keyed
             .iter()
-            .filter(|o| matches!(o.action, SubmissionAction::Submit { .. }))
-            .map(|o| o.session.experience_id.clone())
-            .collect();
-        // The keys are claimed while what admission reads is read: one
-        // wait instead of two before the transaction.
-        let (claims, reads) = tokio::join!(
-            self.claim_keys(&keys, now, key_ttl_ms),
-            self.admission_reads(&experience_ids, now)
-        );
-        let claims = claims?;
+            .map(|(_, k)| (&k.scope, &k.key))
+            .collect::<HashSet<_>>()
+            .len()
+            == keyed.len();
+        if self.backend() == DbBackend::Postgres && keys_distinct {
+            let all: Vec<usize> = (0..orders.len()).collect();
+            let unclaimed = KeyWrites::Unclaimed { key_ttl_ms };
+            if let Some(decided) = super::retry_transient(|| {
+                self.write_fresh_at_once(orders, &all, reads, now, answer, unclaimed)
+            })
+            .await?
+            {
+                return Ok(decided.outcomes);
+            }
+        }
+        let keys: Vec<KeyRequest> = keyed.iter().map(|(_, k)| k.clone()).collect();
+        let claims = self.claim_keys(&keys, now, key_ttl_ms).await?;
         let mut outcomes: Vec<Option<SubmissionOutcome>> = vec![None; orders.len()];
         for ((i, _), claim) in keyed.iter().zip(claims) {
             if claim != KeyClaim::Fresh {
@@ -174,13 +218,8 @@ impl Store {
         if fresh.is_empty() {
             return Ok(outcomes.into_iter().flatten().collect());
         }
-        let written = match reads {
-            Ok(reads) => {
-                super::retry_transient(|| self.write_fresh(orders, &fresh, &reads, now, answer))
-                    .await
-            }
-            Err(e) => Err(e),
-        };
+        let written =
+            super::retry_transient(|| self.write_fresh(orders, &fresh, reads, now, answer)).await;
         let (release, result): (Vec<usize>, _) = match written {
             Ok(decided) => {
                 for (&i, outcome) in fresh.iter().zip(decided.outcomes) {
@@ -203,45 +242,75 @@ impl Store {
         result
     }
 
-    /// What admission reads outside the transaction, for `experience_ids`,
-    /// side by side (a connection each, one wait): the experiences with
-    /// their provider shares, their recent AI durations and their AI
-    /// queues. None of it needs the transaction's locks: the settings
-    /// change rarely, the estimate need not be exact, and the queue read
-    /// inside the transaction saw no more (it never saw another batch's
-    /// uncommitted sagas either).
-    async fn admission_reads(
+    /// What admission reads for submissions to `session_ids`, in one
+    /// statement: their experiences with what their share of a provider's
+    /// cap needs, their AI queues (sagas holding an AI slot, and those
+    /// waiting for one: queued or backing off, and those whose lease ran
+    /// out, which are resumed first) and the AI durations of their last
+    /// [`RECENT_AI_DURATIONS`] completed sagas. None of it needs a lock:
+    /// the settings change rarely, the estimate need not be exact, and a
+    /// queue read under locks would see no more (never another batch's
+    /// uncommitted sagas).
+    pub async fn admission_reads(
         &self,
-        experience_ids: &BTreeSet<String>,
+        session_ids: &[String],
         now: EpochMs,
     ) -> StoreResult<AdmissionReads> {
-        if experience_ids.is_empty() {
+        if session_ids.is_empty() {
             return Ok(AdmissionReads::default());
         }
-        let (settings, medians, loads) = tokio::join!(
-            self.experiences_with_share(experience_ids.iter().cloned()),
-            async {
-                let mut medians = HashMap::new();
-                for id in experience_ids {
-                    medians.insert(id.clone(), self.median_ai_ms(id).await?);
-                }
-                StoreResult::Ok(medians)
-            },
-            async {
-                let mut loads = HashMap::new();
-                for id in experience_ids {
-                    loads.insert(id.clone(), ai_queue_load(self.db(), id, now).await?);
-                }
-                StoreResult::Ok(loads)
-            }
-        );
-        let mut reads = AdmissionReads {
-            medians: medians?,
-            loads: loads?,
-            ..AdmissionReads::default()
-        };
-        for (experience, share) in settings? {
+        let runnable = super::sagas::RUNNABLE;
+        let mut values: Vec<Value> = vec![now.into(), (RECENT_AI_DURATIONS as i64).into()];
+        let ids = in_list(self.backend(), 3, session_ids.iter().cloned(), &mut values);
+        // Sagas, not slots: a fan-out saga holds several (see `Capacity`).
+        let pending = format!("{runnable} AND s.step = 'AI_PENDING' AND s.experience_id");
+        let recent = recent_ai_durations("e.id", "$2");
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                &format!(
+                    "SELECT e.*, p.max_in_flight AS provider_cap, \
+                     CASE WHEN p.max_in_flight IS NULL THEN 0 ELSE \
+                     (SELECT COALESCE(SUM(x.weight), 0) FROM experiences x \
+                     WHERE x.provider = p.name AND x.id <> e.id AND EXISTS \
+                     (SELECT 1 FROM sagas s WHERE {pending} = x.id)) END AS others_weight, \
+                     (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
+                     AND s.lock_token IS NOT NULL AND s.locked_until_ms >= $1) AS ai_running, \
+                     (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
+                     AND s.lock_token IS NULL) \
+                     + (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
+                     AND s.lock_token IS NOT NULL AND s.locked_until_ms < $1) AS ai_waiting, \
+                     {recent} AS recent_ai_ms \
+                     FROM experiences e LEFT JOIN providers p ON p.name = e.provider \
+                     WHERE e.id IN (SELECT experience_id FROM sessions WHERE id {ids})"
+                ),
+                values,
+            ))
+            .await?;
+        let mut reads = AdmissionReads::default();
+        for r in &rows {
+            let experience =
+                <experiences::Model as sea_orm::FromQueryResult>::from_query_result(r, "")?;
+            let cap: Option<i32> = r.try_get("", "provider_cap")?;
+            let others: i64 = r.try_get("", "others_weight")?;
+            let share = share_of(
+                cap.map(i64::from),
+                i64::from(experience.weight),
+                others,
+                i64::from(experience.max_in_flight),
+            );
             reads.shares.insert(experience.id.clone(), share);
+            reads.loads.insert(
+                experience.id.clone(),
+                QueueLoad {
+                    running: r.try_get("", "ai_running")?,
+                    waiting: r.try_get("", "ai_waiting")?,
+                },
+            );
+            let recent: Option<String> = r.try_get("", "recent_ai_ms")?;
+            reads
+                .medians
+                .insert(experience.id.clone(), median_ms(&durations(recent)?));
             reads.experiences.insert(experience.id.clone(), experience);
         }
         Ok(reads)
@@ -261,7 +330,7 @@ impl Store {
     ) -> StoreResult<Decided> {
         if self.backend() == DbBackend::Postgres {
             if let Some(decided) = self
-                .write_fresh_at_once(orders, fresh, reads, now, answer)
+                .write_fresh_at_once(orders, fresh, reads, now, answer, KeyWrites::Claimed)
                 .await?
             {
                 return Ok(decided);
@@ -278,10 +347,11 @@ impl Store {
     /// `COMMIT` round trips. The sessions' update re-checks their status
     /// and the credits' update the credits left, on the rows as they are
     /// once it holds their locks, so a session submitted or credits taken
-    /// since the reads make the statement write nothing. None: a request
-    /// would be refused on those reads (a refusal is decided under the
-    /// locks, on rows that cannot move), or the rows had moved; nothing
-    /// was written and the locked transaction decides.
+    /// since the reads make the statement write nothing; so does a key
+    /// that turns out to have a record, when the keys were not claimed
+    /// ([`KeyWrites::Unclaimed`]). None: a request would be refused on
+    /// those reads (a refusal is decided under the locks, on rows that
+    /// cannot move), or a row had moved; nothing was written.
     async fn write_fresh_at_once(
         &self,
         orders: &[SubmissionOrder],
@@ -289,6 +359,7 @@ impl Store {
         reads: &AdmissionReads,
         now: EpochMs,
         answer: &AnswerFn,
+        keys: KeyWrites,
     ) -> StoreResult<Option<Decided>> {
         let accepting: HashSet<String> = fresh
             .iter()
@@ -314,6 +385,7 @@ impl Store {
             credits_left,
             now,
             answer,
+            keys,
         )?;
         let all_admitted =
             fresh
@@ -325,7 +397,8 @@ impl Store {
                         matches!(outcome, SubmissionOutcome::Accepted(_))
                     }
                 });
-        if !all_admitted {
+        // A key to release was never claimed here: decide it with claims.
+        if !all_admitted || !plan.decided.release.is_empty() {
             return Ok(None);
         }
         let writes = plan
@@ -338,7 +411,7 @@ impl Store {
         } else {
             tracing::debug!(
                 requests = fresh.len(),
-                "a session or the credits moved since the batch read them; deciding under locks"
+                "a session, the credits or a key moved since the batch read them"
             );
             Ok(None)
         }
@@ -434,6 +507,7 @@ impl Store {
             credits_left,
             now,
             answer,
+            KeyWrites::Claimed,
         )?;
         // Every write of the batch at once (one round trip on PostgreSQL).
         // None depends on another's effect: the sessions and the counted
@@ -477,7 +551,12 @@ impl Store {
                 trace_context: None,
             },
         };
-        let outcome = self.submit_batch(&[order], now, 0, &|_, _| None).await?;
+        let reads = self
+            .admission_reads(std::slice::from_ref(&session.id), now)
+            .await?;
+        let outcome = self
+            .submit_batch(&[order], &reads, now, 0, &|_, _| None)
+            .await?;
         match outcome.first() {
             Some(SubmissionOutcome::Accepted(_)) => self
                 .saga(&saga_id)
@@ -493,21 +572,44 @@ impl Store {
     /// [`RECENT_AI_DURATIONS`] completed sagas (None: none yet), along
     /// `idx_sagas_completed_ai`.
     pub async fn median_ai_ms(&self, experience_id: &str) -> StoreResult<Option<i64>> {
-        let rows = self
+        let recent = recent_ai_durations("$1", "$2");
+        let row = self
             .db()
-            .query_all_raw(self.sql(
-                "SELECT ai_duration_ms FROM sagas WHERE experience_id = $1 \
-                 AND step = 'COMPLETED' AND ai_duration_ms IS NOT NULL \
-                 ORDER BY updated_at_ms DESC LIMIT $2",
+            .query_one_raw(self.sql(
+                &format!("SELECT {recent}"),
                 vec![experience_id.into(), (RECENT_AI_DURATIONS as i64).into()],
             ))
             .await?;
-        let durations = rows
-            .iter()
-            .map(|r| r.try_get_by_index::<i64>(0))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(median_ms(&durations))
+        let recent = match row {
+            Some(row) => row.try_get_by_index::<Option<String>>(0)?,
+            None => None,
+        };
+        Ok(median_ms(&durations(recent)?))
     }
+}
+
+/// The AI durations of the last `limit` completed sagas of `experience`
+/// (SQL expressions), as one text, comma-separated (NULL: none), along
+/// `idx_sagas_completed_ai`.
+fn recent_ai_durations(experience: &str, limit: &str) -> String {
+    format!(
+        "(SELECT string_agg(CAST(recent.d AS text), ',') FROM \
+         (SELECT ai_duration_ms AS d FROM sagas WHERE experience_id = {experience} \
+         AND step = 'COMPLETED' AND ai_duration_ms IS NOT NULL \
+         ORDER BY updated_at_ms DESC LIMIT {limit}) recent)"
+    )
+}
+
+/// The durations of a [`recent_ai_durations`] text.
+fn durations(recent: Option<String>) -> StoreResult<Vec<i64>> {
+    recent
+        .iter()
+        .flat_map(|text| text.split(','))
+        .map(|d| {
+            d.parse::<i64>()
+                .map_err(|_| StoreError::Corrupt(format!("an AI duration reads {d:?}")))
+        })
+        .collect()
 }
 
 /// A batch decided, and the writes that make it so.
@@ -534,6 +636,7 @@ fn decide(
     mut credits_left: HashMap<String, i64>,
     now: EpochMs,
     answer: &AnswerFn,
+    keys: KeyWrites,
 ) -> StoreResult<Plan> {
     let AdmissionReads {
         experiences,
@@ -656,10 +759,25 @@ fn decide(
     if let Some(insert) = insert_statement(backend, new_sagas) {
         writes.push((insert, Some((sagas_started, "sagas inserted".to_owned()))));
     }
-    // Answers whose key was taken over (its lease ran out) are not
-    // stored: that is not an error.
-    if let Some(finish) = Store::finish_keys_statement(backend, &answers) {
-        writes.push((finish, None));
+    match keys {
+        // Answers whose key was taken over (its lease ran out) are not
+        // stored: that is not an error.
+        KeyWrites::Claimed => {
+            if let Some(finish) = Store::finish_keys_statement(backend, &answers) {
+                writes.push((finish, None));
+            }
+        }
+        KeyWrites::Unclaimed { key_ttl_ms } => {
+            let recorded = answers.len() as u64;
+            if let Some(record) =
+                Store::record_answers_statement(backend, &answers, now, key_ttl_ms)
+            {
+                writes.push((
+                    record,
+                    Some((recorded, "answers recorded with their keys".to_owned())),
+                ));
+            }
+        }
     }
     Ok(Plan {
         decided: Decided {
@@ -668,42 +786,6 @@ fn decide(
         },
         writes,
     })
-}
-
-/// The experience's AI queue as the database sees it now: sagas holding an
-/// AI slot, and those waiting for one (queued or backing off, and those
-/// whose lease ran out, which are resumed first).
-async fn ai_queue_load<C: ConnectionTrait>(
-    conn: &C,
-    experience_id: &str,
-    now: EpochMs,
-) -> StoreResult<QueueLoad> {
-    let runnable = super::sagas::RUNNABLE;
-    // Sagas, not slots: a fan-out saga holds several (see `Capacity`).
-    // One statement, one round trip: it runs once per batch of
-    // submissions, before the transaction the 202s wait for.
-    let stmt = super::sql_for(
-        conn.get_database_backend(),
-        &format!(
-            "SELECT (SELECT COUNT(*) FROM sagas WHERE experience_id = $1 \
-               AND lock_token IS NOT NULL AND {runnable} AND step = 'AI_PENDING' \
-               AND locked_until_ms >= $2), \
-             (SELECT COUNT(*) FROM sagas WHERE experience_id = $1 \
-               AND lock_token IS NULL AND {runnable} AND step = 'AI_PENDING') \
-             + (SELECT COUNT(*) FROM sagas WHERE experience_id = $1 \
-               AND lock_token IS NOT NULL AND {runnable} AND step = 'AI_PENDING' \
-               AND locked_until_ms < $2)"
-        ),
-        vec![experience_id.into(), now.into()],
-    );
-    let (running, waiting) = match conn.query_one_raw(stmt).await? {
-        Some(row) => (
-            row.try_get_by_index::<i64>(0)?,
-            row.try_get_by_index::<i64>(1)?,
-        ),
-        None => (0, 0),
-    };
-    Ok(QueueLoad { running, waiting })
 }
 
 /// OPEN/ABORTED -> SUBMITTING for `ids`, in one conditional UPDATE.
