@@ -41,6 +41,8 @@ enum LogFormat {
     Json,
 }
 
+// Parsed once at start: boxing the large `Config` would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the server (migrates the database first).

@@ -722,7 +722,7 @@ async fn queue_position_eta_and_closing_with_fixed_times(backend: Backend) {
     f.set_closes_at(Some(now + 39_999)).await;
     let late = f.session(now).await;
     assert_eq!(
-        f.batch(&[late.clone()], now).await,
+        f.batch(std::slice::from_ref(&late), now).await,
         vec![SubmissionOutcome::Closing]
     );
     assert_eq!(
@@ -732,7 +732,7 @@ async fn queue_position_eta_and_closing_with_fixed_times(backend: Backend) {
     );
     f.set_closes_at(Some(now + 40_000)).await;
     assert!(matches!(
-        f.batch(&[late.clone()], now).await.as_slice(),
+        f.batch(std::slice::from_ref(&late), now).await.as_slice(),
         [SubmissionOutcome::Accepted(Admission {
             queue_position: 3,
             eta_ms: Some(40_000)

@@ -345,7 +345,10 @@ async fn a_claim_commits_and_leaves_its_connection_flushing(backend: Backend) {
     let store = Store::connect_with(&app.db.url, 1, None).await.unwrap();
     let claim = key_request("session:s1", "k1", "token", b"{}");
     let now = chrono::Utc::now().timestamp_millis();
-    let claims = store.claim_keys(&[claim.clone()], now, DAY).await.unwrap();
+    let claims = store
+        .claim_keys(std::slice::from_ref(&claim), now, DAY)
+        .await
+        .unwrap();
     assert_eq!(claims, vec![KeyClaim::Fresh]);
     let other = &app.state.store;
     let again = other.claim_keys(&[claim], now, DAY).await.unwrap();

@@ -56,7 +56,7 @@ async fn wait_in_review(app: &TestApp, n: usize) -> Vec<Value> {
 }
 
 async fn credits_left(app: &TestApp, slug: &str) -> Value {
-    let (_, body) = app.operator_get(&format!("/api/experiences")).await;
+    let (_, body) = app.operator_get("/api/experiences").await;
     body["experiences"]
         .as_array()
         .unwrap()

@@ -383,7 +383,7 @@ async fn run(
                             Ok(entry) => Some(entry),
                             Err(StoreError::Conflict(detail)) => {
                                 return abort(
-                                    &saga,
+                                    saga,
                                     token,
                                     AbortReason::RankingFailed,
                                     detail,
@@ -420,7 +420,7 @@ async fn run(
                     }
                     Err(StoreError::Transition(
                         crate::domain::saga::TransitionError::Conflict { detail, .. },
-                    )) => abort(&saga, token, AbortReason::PersistFailed, detail, deps).await,
+                    )) => abort(saga, token, AbortReason::PersistFailed, detail, deps).await,
                     Err(e) => Err(e.into()),
                 };
             }

@@ -207,7 +207,7 @@ where
     let (reply, replayed) =
         run_idempotent(state, &scope, &state.operator_token, key, &body, || async {
             action().await?;
-            let view = saga_or_404(&state, id).await?;
+            let view = saga_or_404(state, id).await?;
             Ok(Reply {
                 status: StatusCode::OK,
                 body: json!({"saga": view}),

@@ -840,10 +840,7 @@ async fn abort_one(
 ) -> StoreResult<StoreResult<Written>> {
     let mut update = sagas::Entity::update_many()
         // Where it stood, read before the row changes: a retry resumes there.
-        .col_expr(
-            sagas::Column::AbortedAtStep,
-            Expr::col(sagas::Column::Step).into(),
-        )
+        .col_expr(sagas::Column::AbortedAtStep, Expr::col(sagas::Column::Step))
         .col_expr(sagas::Column::Step, Expr::value(Step::Aborted.as_str()))
         .col_expr(sagas::Column::AbortReason, Expr::value(reason.as_str()))
         .col_expr(
