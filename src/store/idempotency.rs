@@ -360,6 +360,9 @@ impl Store {
     /// any record (a repeat, a request still running, an expired record)
     /// is not written: that is for [`claim_keys`](Self::claim_keys) to
     /// decide, so the caller checks that every answer was recorded.
+    ///
+    /// `WHERE true`: SQLite reads `ON CONFLICT` after `FROM v` as a join
+    /// constraint unless the `SELECT` has a `WHERE`.
     pub(crate) fn record_answers_statement(
         backend: DbBackend,
         answers: &[(&KeyRequest, &StoredAnswer)],
@@ -377,7 +380,7 @@ impl Store {
                  created_at_ms, expires_at_ms, owner, locked_until_ms, instance_id) \
                  SELECT v.scope, v.key, v.request_hash, '{COMPLETED}', v.status, v.body, \
                  $1, $2, NULL, NULL, NULL FROM v \
-                 ON CONFLICT (scope, key) DO NOTHING",
+                 WHERE true ON CONFLICT (scope, key) DO NOTHING",
             ),
             values,
         ))

@@ -37,6 +37,13 @@
 //! a request would be refused, nothing is written and the claim and the
 //! locked transaction above decide.
 //!
+//! On SQLite the common case skips the key claim the same way: the
+//! transaction's writes record each key with its answer, and a key that
+//! already has a record (the insert's count falls short) or an answer
+//! that would release its key rolls it back to be decided with claims.
+//! One write transaction per batch instead of two (each a wait for the
+//! write gate and a commit).
+//!
 //! The queue position and the estimate ([`crate::domain::admission`]) come
 //! from the experience's AI queue and the median AI duration of its last
 //! completed sagas, read with the sessions before anything is written
@@ -169,7 +176,9 @@ impl Store {
     /// on the rows as they were read and no key of the batch has a record
     /// yet, the batch is written at once, the keys recorded with their
     /// answers in the same statement ([`write_fresh_at_once`]
-    /// (Self::write_fresh_at_once)). Otherwise the keys are taken in one
+    /// (Self::write_fresh_at_once)); on SQLite its transaction records
+    /// them the same way
+    /// ([`write_fresh_locked`](Self::write_fresh_locked)). Otherwise the keys are taken in one
     /// statement, then the fresh requests (and those with no key) are
     /// decided and written (a transient failure runs that again). The
     /// outer error means nothing was written and the keys taken were
@@ -193,11 +202,20 @@ impl Store {
             .collect::<HashSet<_>>()
             .len()
             == keyed.len();
-        if self.backend() == DbBackend::Postgres && keys_distinct {
+        if keys_distinct {
             let all: Vec<usize> = (0..orders.len()).collect();
             let unclaimed = KeyWrites::Unclaimed { key_ttl_ms };
-            if let Some(decided) = super::retry_transient(|| {
-                self.write_fresh_at_once(orders, &all, reads, now, answer, unclaimed)
+            if let Some(decided) = super::retry_transient(|| async {
+                match self.backend() {
+                    DbBackend::Postgres => {
+                        self.write_fresh_at_once(orders, &all, reads, now, answer, unclaimed)
+                            .await
+                    }
+                    _ => {
+                        self.write_fresh_locked(orders, &all, reads, now, answer, unclaimed)
+                            .await
+                    }
+                }
             })
             .await?
             {
@@ -336,8 +354,9 @@ impl Store {
                 return Ok(decided);
             }
         }
-        self.write_fresh_locked(orders, fresh, reads, now, answer)
-            .await
+        self.write_fresh_locked(orders, fresh, reads, now, answer, KeyWrites::Claimed)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("claimed keys were not written".to_owned()))
     }
 
     /// PostgreSQL, when every request is admitted: decided on the sessions
@@ -419,6 +438,10 @@ impl Store {
 
     /// The transaction of the fresh requests: their sessions and counted
     /// credits locked, decided on what the locks hold, written together.
+    /// With [`KeyWrites::Unclaimed`] (SQLite) each key is recorded with
+    /// its answer by the transaction's writes; None: a key already had a
+    /// record, or a request's answer would release its key, so nothing
+    /// was written and the keys must be claimed first.
     async fn write_fresh_locked(
         &self,
         orders: &[SubmissionOrder],
@@ -426,7 +449,8 @@ impl Store {
         reads: &AdmissionReads,
         now: EpochMs,
         answer: &AnswerFn,
-    ) -> StoreResult<Decided> {
+        keys: KeyWrites,
+    ) -> StoreResult<Option<Decided>> {
         let submits: Vec<usize> = fresh
             .iter()
             .copied()
@@ -507,19 +531,29 @@ impl Store {
             credits_left,
             now,
             answer,
-            KeyWrites::Claimed,
+            keys,
         )?;
+        // A key to release was never claimed here: decide it with claims.
+        if matches!(keys, KeyWrites::Unclaimed { .. }) && !plan.decided.release.is_empty() {
+            tx.rollback().await?;
+            return Ok(None);
+        }
         // Every write of the batch at once (one round trip on PostgreSQL).
         // None depends on another's effect: the sessions and the counted
         // credits are locked, so the update moves every admitted session
         // and each experience has the credits counted under its lock; a
         // write that touched fewer rows than that (it cannot happen) fails
-        // the batch.
+        // the batch; unclaimed keys of which one already had a record
+        // make the batch claim its keys instead.
         let (statements, expected): (Vec<Statement>, Vec<_>) = plan.writes.into_iter().unzip();
         let touched = execute_together(&*tx, statements).await?;
         for (rows, expected) in touched.into_iter().zip(expected) {
             if let Some((wanted, what)) = expected {
                 if rows != wanted {
+                    if let KeyWrites::Unclaimed { .. } = keys {
+                        tx.rollback().await?;
+                        return Ok(None);
+                    }
                     return Err(StoreError::Corrupt(format!(
                         "{what}: {rows} rows written of {wanted}"
                     )));
@@ -527,7 +561,7 @@ impl Store {
             }
         }
         tx.commit().await?;
-        Ok(plan.decided)
+        Ok(Some(plan.decided))
     }
 
     /// One submission without an Idempotency-Key (a batch of one): the
