@@ -205,17 +205,8 @@ impl Store {
         if keys_distinct {
             let all: Vec<usize> = (0..orders.len()).collect();
             let unclaimed = KeyWrites::Unclaimed { key_ttl_ms };
-            if let Some(decided) = super::retry_transient(|| async {
-                match self.backend() {
-                    DbBackend::Postgres => {
-                        self.write_fresh_at_once(orders, &all, reads, now, answer, unclaimed)
-                            .await
-                    }
-                    _ => {
-                        self.write_fresh_locked(orders, &all, reads, now, answer, unclaimed)
-                            .await
-                    }
-                }
+            if let Some(decided) = super::retry_transient(|| {
+                self.write_fresh(orders, &all, reads, now, answer, unclaimed)
             })
             .await?
             {
@@ -236,8 +227,12 @@ impl Store {
         if fresh.is_empty() {
             return Ok(outcomes.into_iter().flatten().collect());
         }
-        let written =
-            super::retry_transient(|| self.write_fresh(orders, &fresh, reads, now, answer)).await;
+        let written = super::retry_transient(|| async {
+            self.write_fresh(orders, &fresh, reads, now, answer, KeyWrites::Claimed)
+                .await?
+                .ok_or_else(|| StoreError::Corrupt("claimed keys were not written".to_owned()))
+        })
+        .await;
         let (release, result): (Vec<usize>, _) = match written {
             Ok(decided) => {
                 for (&i, outcome) in fresh.iter().zip(decided.outcomes) {
@@ -336,8 +331,10 @@ impl Store {
 
     /// Decides and writes the fresh requests (indexes into `orders`). On
     /// PostgreSQL the common case goes in one round trip
-    /// ([`write_fresh_at_once`](Self::write_fresh_at_once)); whatever it
-    /// cannot settle, the locked transaction decides.
+    /// ([`write_fresh_at_once`](Self::write_fresh_at_once)); with claimed
+    /// keys, whatever it cannot settle the locked transaction decides.
+    /// None only with [`KeyWrites::Unclaimed`]: nothing was written, and
+    /// the keys must be claimed first.
     async fn write_fresh(
         &self,
         orders: &[SubmissionOrder],
@@ -345,18 +342,18 @@ impl Store {
         reads: &AdmissionReads,
         now: EpochMs,
         answer: &AnswerFn,
-    ) -> StoreResult<Decided> {
+        keys: KeyWrites,
+    ) -> StoreResult<Option<Decided>> {
         if self.backend() == DbBackend::Postgres {
-            if let Some(decided) = self
-                .write_fresh_at_once(orders, fresh, reads, now, answer, KeyWrites::Claimed)
-                .await?
-            {
-                return Ok(decided);
+            let at_once = self
+                .write_fresh_at_once(orders, fresh, reads, now, answer, keys)
+                .await?;
+            if at_once.is_some() || matches!(keys, KeyWrites::Unclaimed { .. }) {
+                return Ok(at_once);
             }
         }
-        self.write_fresh_locked(orders, fresh, reads, now, answer, KeyWrites::Claimed)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt("claimed keys were not written".to_owned()))
+        self.write_fresh_locked(orders, fresh, reads, now, answer, keys)
+            .await
     }
 
     /// PostgreSQL, when every request is admitted: decided on the sessions
@@ -416,8 +413,7 @@ impl Store {
                         matches!(outcome, SubmissionOutcome::Accepted(_))
                     }
                 });
-        // A key to release was never claimed here: decide it with claims.
-        if !all_admitted || !plan.decided.release.is_empty() {
+        if !all_admitted || plan.needs_claims(keys) {
             return Ok(None);
         }
         let writes = plan
@@ -533,8 +529,7 @@ impl Store {
             answer,
             keys,
         )?;
-        // A key to release was never claimed here: decide it with claims.
-        if matches!(keys, KeyWrites::Unclaimed { .. }) && !plan.decided.release.is_empty() {
+        if plan.needs_claims(keys) {
             tx.rollback().await?;
             return Ok(None);
         }
@@ -652,6 +647,15 @@ struct Plan {
     /// Each write, with the rows it must touch and what they are (None:
     /// any number).
     writes: Vec<(Statement, Option<(u64, String)>)>,
+}
+
+impl Plan {
+    /// Whether an answer would release a key that was never claimed
+    /// ([`KeyWrites::Unclaimed`]): there is nothing to release, so the
+    /// batch must claim its keys and be decided again.
+    fn needs_claims(&self, keys: KeyWrites) -> bool {
+        matches!(keys, KeyWrites::Unclaimed { .. }) && !self.decided.release.is_empty()
+    }
 }
 
 /// Decides each fresh request in arrival order, given the sessions that
