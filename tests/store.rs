@@ -1443,3 +1443,79 @@ async fn batched_statements_find_rows_by_key_on_tables_grown_after_planning(back
     }
 }
 db_test!(batched_statements_find_rows_by_key_on_tables_grown_after_planning);
+
+/// Forty writers at once through `write_tx` and `write_one`: each one that
+/// commits finds its row readable on another connection as soon as its
+/// commit returns; one that rolls back, or is dropped uncommitted, leaves
+/// no row and takes nobody else's with it. On SQLite the writers that
+/// queued together share commits (the write gate's group commit), so
+/// there are fewer commits than committed writers.
+async fn writers_that_queue_together_share_a_commit_and_fail_alone(backend: Backend) {
+    let f = fixture(backend, 10).await;
+    let store = &f.store;
+    store
+        .db()
+        .execute_unprepared("CREATE TABLE gate_probe (n INTEGER PRIMARY KEY)")
+        .await
+        .unwrap();
+    let before = store.group_commits();
+    let insert = |n: i64| store.sql("INSERT INTO gate_probe (n) VALUES ($1)", vec![n.into()]);
+    let visible = |n: i64| async move {
+        count(store, &format!("SELECT COUNT(*) FROM gate_probe WHERE n = {n}")).await
+    };
+    let writers = (0..40i64).map(|n| async move {
+        match n % 5 {
+            // One statement through the gate.
+            4 => {
+                assert_eq!(store.write_one(insert(n)).await.unwrap(), 1);
+                assert_eq!(visible(n).await, 1, "writer {n} committed, row not readable");
+                true
+            }
+            ending => {
+                let tx = store.write_tx().await.unwrap();
+                tx.execute_raw(insert(n)).await.unwrap();
+                // Another statement after a hand-over: the gate is held
+                // across awaits.
+                tokio::task::yield_now().await;
+                tx.execute_raw(insert(n + 1000)).await.unwrap();
+                match ending {
+                    0 => {
+                        tx.rollback().await.unwrap();
+                        false
+                    }
+                    1 => {
+                        drop(tx);
+                        false
+                    }
+                    _ => {
+                        tx.commit().await.unwrap();
+                        assert_eq!(visible(n).await, 1, "writer {n} committed, row not readable");
+                        true
+                    }
+                }
+            }
+        }
+    });
+    let committed: Vec<bool> = join_all(writers).await;
+    for (n, kept) in committed.iter().enumerate() {
+        let n = n as i64;
+        let want = i64::from(*kept);
+        assert_eq!(visible(n).await, want, "writer {n}");
+        if n % 5 != 4 {
+            assert_eq!(visible(n + 1000).await, want, "writer {n}'s second row");
+        }
+    }
+    let writers_committed = committed.iter().filter(|k| **k).count() as u64;
+    assert_eq!(writers_committed, 24);
+    if let (Some((commits_before, members_before)), Some((commits, members))) =
+        (before, store.group_commits())
+    {
+        let (commits, members) = (commits - commits_before, members - members_before);
+        assert_eq!(members, writers_committed, "every committed writer counted once");
+        assert!(
+            commits < members,
+            "writers queued together share commits: {commits} commits for {members} writers"
+        );
+    }
+}
+db_test!(writers_that_queue_together_share_a_commit_and_fail_alone);

@@ -4,7 +4,8 @@
 //!
 //! SQLite allows one writer at a time: write transactions there go through a
 //! process-wide gate so they queue in the process instead of failing with
-//! `database is locked`. PostgreSQL needs no gate.
+//! `database is locked`, and those that queue together share one commit
+//! ([`write_gate`]). PostgreSQL needs no gate.
 
 pub mod ai_calls;
 pub mod breaker;
@@ -24,6 +25,7 @@ pub mod sagas;
 pub mod sessions;
 pub mod submissions;
 pub mod transitions;
+mod write_gate;
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -34,9 +36,9 @@ use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
     DbErr, QueryResult, Statement, TransactionTrait, Value,
 };
-use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::domain::saga::TransitionError;
+use write_gate::{Member, Write, WriteGate, Written};
 
 /// Errors of the store, typed so the HTTP layer and the actors can tell a lost
 /// lease from a broken database.
@@ -204,7 +206,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 pub struct Store {
     db: DatabaseConnection,
     /// Shared by every pool on the same SQLite file.
-    write_gate: Option<Arc<Mutex<()>>>,
+    write_gate: Option<Arc<WriteGate>>,
     url: Arc<str>,
     /// How long a job that may still run after its saga ended holds its
     /// slot at the least (`AI_TIMEOUT`; see `lingering_jobs`).
@@ -213,39 +215,50 @@ pub struct Store {
     rank_cache: Arc<ranking::RankCache>,
 }
 
-/// A write transaction; holds the SQLite gate until it is committed or
-/// dropped (dropping rolls back).
-pub struct WriteTx {
-    txn: DatabaseTransaction,
-    _gate: Option<OwnedMutexGuard<()>>,
+/// A write transaction. On SQLite it holds the write gate, as a part of
+/// the gate's open group (see [`write_gate`]); dropping it uncommitted
+/// rolls back its writes.
+pub struct WriteTx(Tx);
+
+enum Tx {
+    /// PostgreSQL's transaction, or a savepoint.
+    Own(DatabaseTransaction),
+    /// SQLite: a part of the write gate's group.
+    Member(Member),
 }
 
 impl Deref for WriteTx {
     type Target = DatabaseTransaction;
     fn deref(&self) -> &DatabaseTransaction {
-        &self.txn
+        match &self.0 {
+            Tx::Own(txn) => txn,
+            Tx::Member(member) => member,
+        }
     }
 }
 
 impl WriteTx {
+    /// Commits; on SQLite, returns once the group it is part of has
+    /// committed, with the group's outcome.
     pub async fn commit(self) -> Result<(), DbErr> {
-        let WriteTx { txn, _gate } = self;
-        txn.commit().await
+        match self.0 {
+            Tx::Own(txn) => txn.commit().await,
+            Tx::Member(member) => member.commit().await,
+        }
     }
 
     /// A savepoint inside this transaction: its `commit` releases it, its
     /// `rollback` undoes what was done since, and the outer transaction
     /// goes on either way (one item of a batch failing alone).
     pub async fn savepoint(&self) -> Result<WriteTx, DbErr> {
-        Ok(WriteTx {
-            txn: self.txn.begin().await?,
-            _gate: None,
-        })
+        Ok(WriteTx(Tx::Own(self.begin().await?)))
     }
 
     pub async fn rollback(self) -> Result<(), DbErr> {
-        let WriteTx { txn, _gate } = self;
-        txn.rollback().await
+        match self.0 {
+            Tx::Own(txn) => txn.rollback().await,
+            Tx::Member(member) => member.rollback().await,
+        }
     }
 }
 
@@ -269,7 +282,7 @@ impl Store {
         let write_gate = match db.get_database_backend() {
             DbBackend::Sqlite => {
                 db.execute_unprepared("PRAGMA journal_mode=WAL").await?;
-                Some(Arc::new(Mutex::new(())))
+                Some(Arc::default())
             }
             _ => None,
         };
@@ -369,34 +382,43 @@ impl Store {
         self.backend() == DbBackend::Postgres
     }
 
-    /// Begins a write transaction (behind the gate on SQLite).
+    /// Begins a write transaction (behind the gate on SQLite, as a part of
+    /// its group).
     pub async fn write_tx(&self) -> StoreResult<WriteTx> {
-        let gate = match &self.write_gate {
-            Some(gate) => Some(gate.clone().lock_owned().await),
-            None => None,
-        };
-        let txn = self.db.begin().await?;
-        Ok(WriteTx { txn, _gate: gate })
+        Ok(WriteTx(match &self.write_gate {
+            Some(gate) => Tx::Member(gate.join(&self.db).await?),
+            None => Tx::Own(self.db.begin().await?),
+        }))
     }
 
     /// Runs one write statement outside a transaction (behind the gate on
     /// SQLite) and returns the rows it affected.
     pub async fn write_one(&self, stmt: Statement) -> StoreResult<u64> {
-        let _gate = match &self.write_gate {
-            Some(gate) => Some(gate.clone().lock_owned().await),
-            None => None,
-        };
-        Ok(self.db.execute_raw(stmt).await?.rows_affected())
+        match &self.write_gate {
+            Some(gate) => match gate.write_statement(&self.db, Write::Execute(stmt)).await? {
+                Written::Affected(n) => Ok(n),
+                Written::Rows(_) => unreachable!("an executed statement answers a count"),
+            },
+            None => Ok(self.db.execute_raw(stmt).await?.rows_affected()),
+        }
     }
 
     /// Runs one write statement with a `RETURNING` clause outside a
     /// transaction (behind the gate on SQLite) and returns its rows.
     pub async fn write_returning(&self, stmt: Statement) -> StoreResult<Vec<QueryResult>> {
-        let _gate = match &self.write_gate {
-            Some(gate) => Some(gate.clone().lock_owned().await),
-            None => None,
-        };
-        Ok(self.db.query_all_raw(stmt).await?)
+        match &self.write_gate {
+            Some(gate) => match gate.write_statement(&self.db, Write::Query(stmt)).await? {
+                Written::Rows(rows) => Ok(rows),
+                Written::Affected(_) => unreachable!("a query answers rows"),
+            },
+            None => Ok(self.db.query_all_raw(stmt).await?),
+        }
+    }
+
+    /// SQLite's group commits since this process opened the file, and the
+    /// writers they committed (None on PostgreSQL).
+    pub fn group_commits(&self) -> Option<(u64, u64)> {
+        self.write_gate.as_ref().map(|gate| gate.commits())
     }
 
     /// A raw statement written with `$1, $2, ...` placeholders, rendered for
