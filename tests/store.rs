@@ -1461,14 +1461,22 @@ async fn writers_that_queue_together_share_a_commit_and_fail_alone(backend: Back
     let before = store.group_commits();
     let insert = |n: i64| store.sql("INSERT INTO gate_probe (n) VALUES ($1)", vec![n.into()]);
     let visible = |n: i64| async move {
-        count(store, &format!("SELECT COUNT(*) FROM gate_probe WHERE n = {n}")).await
+        count(
+            store,
+            &format!("SELECT COUNT(*) FROM gate_probe WHERE n = {n}"),
+        )
+        .await
     };
     let writers = (0..40i64).map(|n| async move {
         match n % 5 {
             // One statement through the gate.
             4 => {
                 assert_eq!(store.write_one(insert(n)).await.unwrap(), 1);
-                assert_eq!(visible(n).await, 1, "writer {n} committed, row not readable");
+                assert_eq!(
+                    visible(n).await,
+                    1,
+                    "writer {n} committed, row not readable"
+                );
                 true
             }
             ending => {
@@ -1489,7 +1497,11 @@ async fn writers_that_queue_together_share_a_commit_and_fail_alone(backend: Back
                     }
                     _ => {
                         tx.commit().await.unwrap();
-                        assert_eq!(visible(n).await, 1, "writer {n} committed, row not readable");
+                        assert_eq!(
+                            visible(n).await,
+                            1,
+                            "writer {n} committed, row not readable"
+                        );
                         true
                     }
                 }
@@ -1511,7 +1523,10 @@ async fn writers_that_queue_together_share_a_commit_and_fail_alone(backend: Back
         (before, store.group_commits())
     {
         let (commits, members) = (commits - commits_before, members - members_before);
-        assert_eq!(members, writers_committed, "every committed writer counted once");
+        assert_eq!(
+            members, writers_committed,
+            "every committed writer counted once"
+        );
         assert!(
             commits < members,
             "writers queued together share commits: {commits} commits for {members} writers"

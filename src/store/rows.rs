@@ -281,28 +281,85 @@ pub(crate) fn insert_statement<A: ActiveModelTrait>(
 /// sent together; the rows each touched, in order. PostgreSQL: one
 /// statement, each write a data-modifying `WITH` of it ([`together`]), so
 /// a batch pays one round trip where it paid one per write (under load a
-/// round trip costs about a millisecond). SQLite runs them one after
-/// another: it is in process, with no round trips to save.
+/// round trip costs about a millisecond). SQLite: one query of several
+/// statements, each followed by `SELECT changes()` ([`in_sequence`]): SQLite
+/// is in process, but every statement sent on its own is a hop to the
+/// connection's worker thread and back (two thread wake-ups), and on the
+/// write gate every hop is waited for by the writers queued behind.
 pub(crate) async fn execute_together<C: ConnectionTrait>(
     conn: &C,
     writes: Vec<Statement>,
 ) -> Result<Vec<u64>, DbErr> {
     let backend = conn.get_database_backend();
-    if backend != DbBackend::Postgres || writes.len() < 2 {
-        let mut touched = Vec::with_capacity(writes.len());
+    let count = writes.len();
+    if count < 2 || !matches!(backend, DbBackend::Postgres | DbBackend::Sqlite) {
+        let mut touched = Vec::with_capacity(count);
         for write in writes {
             touched.push(conn.execute_raw(write).await?.rows_affected());
         }
         return Ok(touched);
     }
-    let count = writes.len();
-    let row = conn
-        .query_one_raw(together(writes))
-        .await?
-        .ok_or_else(|| DbErr::Custom("writes sent together returned no counts".into()))?;
-    (0..count)
-        .map(|i| row.try_get_by_index::<i64>(i).map(|n| n as u64))
-        .collect()
+    let counts: Vec<i64> = if backend == DbBackend::Postgres {
+        let row = conn
+            .query_one_raw(together(writes))
+            .await?
+            .ok_or_else(|| DbErr::Custom("writes sent together returned no counts".into()))?;
+        (0..count)
+            .map(|i| row.try_get_by_index::<i64>(i))
+            .collect::<Result<_, _>>()?
+    } else {
+        conn.query_all_raw(in_sequence(writes))
+            .await?
+            .iter()
+            .map(|row| row.try_get_by_index::<i64>(0))
+            .collect::<Result<_, _>>()?
+    };
+    if counts.len() != count {
+        return Err(DbErr::Custom(format!(
+            "{count} writes sent together returned {} counts",
+            counts.len()
+        )));
+    }
+    Ok(counts.into_iter().map(|n| n as u64).collect())
+}
+
+/// SQLite writes as one query: `<write>; SELECT changes(); ...`. sqlx runs
+/// every statement of a query in turn, binding anonymous `?`s from one
+/// list with a running offset, so each write's placeholders are made
+/// anonymous ([`anonymous_placeholders`]) and its values follow the ones
+/// before.
+fn in_sequence(writes: Vec<Statement>) -> Statement {
+    let mut values: Vec<Value> = Vec::new();
+    let mut parts = Vec::with_capacity(writes.len());
+    for write in writes {
+        let own = write.values.map(|v| v.0).unwrap_or_default();
+        let sql = anonymous_placeholders(
+            write.sql.trim_end().trim_end_matches(';'),
+            &own,
+            &mut values,
+        );
+        parts.push(format!("{sql}; SELECT changes()"));
+    }
+    Statement::from_sql_and_values(DbBackend::Sqlite, parts.join("; "), values)
+}
+
+/// `sql` with each SQLite placeholder outside quotes written as an
+/// anonymous `?`, the value it stands for pushed to `out` in order: `?NNN`
+/// takes `values[NNN - 1]` (once per use), a bare `?` the next of
+/// `values`.
+fn anonymous_placeholders(sql: &str, values: &[Value], out: &mut Vec<Value>) -> String {
+    let mut next = 0;
+    map_placeholders(sql, '?', |number| {
+        let index = number.map_or_else(
+            || {
+                next += 1;
+                next - 1
+            },
+            |n| n.saturating_sub(1),
+        );
+        out.push(values.get(index).cloned().unwrap_or(Value::String(None)));
+        "?".to_owned()
+    })
 }
 
 /// PostgreSQL writes as one statement: `WITH w0 AS (<write> RETURNING 1),
@@ -410,28 +467,38 @@ fn all_or_nothing(writes: Vec<(Statement, Option<u64>)>) -> Statement {
 
 /// `sql` with each placeholder `$n` outside quoted text renumbered `$(n + by)`.
 fn shift_placeholders(sql: &str, by: usize) -> String {
-    let mut shifted = String::with_capacity(sql.len() + 8);
+    map_placeholders(sql, '$', |number| match number {
+        Some(n) => format!("${}", n + by),
+        None => "$".to_owned(),
+    })
+}
+
+/// `sql` with each placeholder outside quoted text (`marker` and the
+/// number after it, if any) replaced by what `placeholder` makes of its
+/// number.
+fn map_placeholders(
+    sql: &str,
+    marker: char,
+    mut placeholder: impl FnMut(Option<usize>) -> String,
+) -> String {
+    let mut written = String::with_capacity(sql.len() + 8);
     let mut chars = sql.chars().peekable();
     let mut quoted = false;
     while let Some(c) = chars.next() {
-        shifted.push(c);
-        match c {
-            '\'' => quoted = !quoted,
-            '$' if !quoted => {
-                let mut digits = String::new();
-                while let Some(d) = chars.next_if(char::is_ascii_digit) {
-                    digits.push(d);
-                }
-                if let Ok(n) = digits.parse::<usize>() {
-                    shifted.push_str(&(n + by).to_string());
-                } else {
-                    shifted.push_str(&digits);
-                }
+        if c == marker && !quoted {
+            let mut digits = String::new();
+            while let Some(d) = chars.next_if(char::is_ascii_digit) {
+                digits.push(d);
             }
-            _ => {}
+            written.push_str(&placeholder(digits.parse::<usize>().ok()));
+            continue;
         }
+        if c == '\'' {
+            quoted = !quoted;
+        }
+        written.push(c);
     }
-    shifted
+    written
 }
 
 /// A cell as JSON: its text, number or boolean, or null.
@@ -511,6 +578,37 @@ mod tests {
             "UPDATE t SET a = $4, b = '$2' WHERE c = $15"
         );
         assert_eq!(shift_placeholders("SELECT $1", 0), "SELECT $1");
+    }
+
+    #[test]
+    fn sqlite_writes_in_sequence_bind_their_own_values() {
+        let numbered = Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            "UPDATE t SET a = ?2, b = '?1' WHERE c = ?1 OR d = ?2;",
+            vec!["one".into(), 2i64.into()],
+        );
+        let anonymous = Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            "INSERT INTO u (x, y) VALUES (?, ?), (?, ?)",
+            vec![3i64.into(), 4i64.into(), 5i64.into(), 6i64.into()],
+        );
+        let together = in_sequence(vec![numbered, anonymous]);
+        assert_eq!(
+            together.sql,
+            "UPDATE t SET a = ?, b = '?1' WHERE c = ? OR d = ?; SELECT changes(); \
+             INSERT INTO u (x, y) VALUES (?, ?), (?, ?); SELECT changes()"
+        );
+        let values = together.values.unwrap().0;
+        let expected: Vec<Value> = vec![
+            2i64.into(),
+            "one".into(),
+            2i64.into(),
+            3i64.into(),
+            4i64.into(),
+            5i64.into(),
+            6i64.into(),
+        ];
+        assert_eq!(values, expected);
     }
 
     #[test]

@@ -23,13 +23,15 @@
 use std::collections::{HashMap, HashSet};
 
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, ExprTrait, QueryFilter, Value};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, EntityTrait, ExprTrait, QueryFilter, QueryTrait, Value,
+};
 use serde_json::json;
 
 use super::entities::{results, sagas, score_attempts, sessions};
 use super::experiences::locale_of;
 use super::outbox::aborted_payload;
-use super::rows::{column_in, in_list, insert_models, SqlType, ValueRows};
+use super::rows::{column_in, execute_together, in_list, insert_statement, SqlType, ValueRows};
 use super::sagas::{Fence, RankedEntry};
 use super::sessions::set_session_status;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
@@ -744,8 +746,9 @@ async fn finish_completed(
             appended.insert(saga.id.clone());
         }
     }
-    insert_models(&**tx, result_rows).await?;
-    sessions::Entity::update_many()
+    // The results, the sessions' status and the outbox events do not
+    // depend on each other: one round trip (one hop on SQLite).
+    let session_status = sessions::Entity::update_many()
         .col_expr(
             sessions::Column::Status,
             Expr::value(SessionStatus::Completed.as_str()),
@@ -756,9 +759,16 @@ async fn finish_completed(
         )
         .col_expr(sessions::Column::UpdatedAtMs, Expr::value(now))
         .filter(column_in(backend, sessions::Column::Id, session_ids))
-        .exec(&**tx)
-        .await?;
-    Store::append_events(tx, events).await?;
+        .build(backend);
+    let writes: Vec<_> = [
+        insert_statement(backend, result_rows),
+        Some(session_status),
+        insert_statement(backend, events),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    execute_together(&**tx, writes).await?;
     Ok(appended)
 }
 

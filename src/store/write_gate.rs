@@ -80,7 +80,9 @@ pub(crate) enum Written {
 impl Write {
     async fn run<C: ConnectionTrait>(self, conn: &C) -> Result<Written, DbErr> {
         Ok(match self {
-            Write::Execute(stmt) => Written::Affected(conn.execute_raw(stmt).await?.rows_affected()),
+            Write::Execute(stmt) => {
+                Written::Affected(conn.execute_raw(stmt).await?.rows_affected())
+            }
             Write::Query(stmt) => Written::Rows(conn.query_all_raw(stmt).await?),
         })
     }
