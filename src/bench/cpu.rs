@@ -67,6 +67,10 @@ pub struct LockWaits {
     pub waits: u64,
     /// Backends waiting, summed over samples, times the time between them.
     pub waiting_ms: f64,
+    /// Samples whose query failed (a lost connection, a statement
+    /// timeout): the sampler goes on, and these samples count no waits,
+    /// so the figures are a lower bound by this much more.
+    pub failed_samples: u64,
     /// The waits seen by what they waited for (`wait_event`: transactionid,
     /// tuple, relation...) and the start of the waiting statement, most
     /// first.
@@ -104,7 +108,8 @@ impl LockWaits {
 /// backends of `database_url`'s database that wait for a heavyweight lock
 /// (`pg_stat_activity.wait_event_type = 'Lock'`: a row, a transaction id, a
 /// relation; what `pg_locks` shows as not granted). None when it could not
-/// connect or query.
+/// connect; a sample whose query fails is counted in
+/// [`LockWaits::failed_samples`] and the sampling goes on.
 pub async fn sample_lock_waits(
     database_url: String,
     mut stop: watch::Receiver<bool>,
@@ -128,7 +133,15 @@ pub async fn sample_lock_waits(
             _ = ticker.tick() => {}
             _ = stop.wait_for(|s| *s) => break,
         }
-        let rows = db.query_all_raw(query.clone()).await.ok()?;
+        let rows = match db.query_all_raw(query.clone()).await {
+            Ok(rows) => rows,
+            Err(_) => {
+                // Nothing known of this interval: no waits counted for it.
+                seen.failed_samples += 1;
+                last = Instant::now();
+                continue;
+            }
+        };
         let mut now: HashSet<i32> = HashSet::new();
         for row in &rows {
             let Ok(pid) = row.try_get_by_index::<i32>(0) else {
@@ -378,6 +391,7 @@ mod tests {
         let seen = LockWaits {
             waits: 46,
             waiting_ms: 780.0,
+            failed_samples: 0,
             by_statement: Vec::new(),
             sampler_ticks: 150,
         };

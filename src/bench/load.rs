@@ -1033,6 +1033,13 @@ async fn drive(
                 if let Some(pg) = per_saga.postgres_cpu_ms.as_mut() {
                     *pg = (*pg - w.sampler_cpu_ms(s.sessions)).max(0.0);
                 }
+                if w.failed_samples > 0 {
+                    eprintln!(
+                        "  {}: {} lock-wait sample(s) failed and counted no waits",
+                        s.label(),
+                        w.failed_samples
+                    );
+                }
                 for (what, n) in w.by_statement.iter().take(LOCK_WAITS_SHOWN) {
                     eprintln!("  {}: {n} lock wait(s) on {what}", s.label());
                 }
