@@ -455,6 +455,24 @@ async fn render_now(scrape: &Scrape<'_>) -> String {
         OPERATOR_SOCKETS.load(Ordering::Relaxed) as f64,
     );
     pool_gauges(&mut out, &pools);
+    if let Some((commits, writes)) = scrape.work.group_commits() {
+        out.family_of(
+            "stagehand_sqlite_commits_total",
+            "counter",
+            "Commits of SQLite's write gate since this process opened the database: writers queued together share one (group commit).",
+        );
+        out.sample("stagehand_sqlite_commits_total", &[], commits as f64);
+        out.family_of(
+            "stagehand_sqlite_committed_writes_total",
+            "counter",
+            "Write transactions and statements those commits committed; divided by stagehand_sqlite_commits_total, the writes per commit.",
+        );
+        out.sample(
+            "stagehand_sqlite_committed_writes_total",
+            &[],
+            writes as f64,
+        );
+    }
     out.0
 }
 
@@ -658,9 +676,14 @@ struct Exposition(String);
 impl Exposition {
     /// The `# HELP` and `# TYPE` lines of a gauge family.
     fn family(&mut self, name: &str, help: &str) {
+        self.family_of(name, "gauge", help);
+    }
+
+    /// The `# HELP` and `# TYPE` lines of a family of this type.
+    fn family_of(&mut self, name: &str, kind: &str, help: &str) {
         let help = help.replace('\\', "\\\\").replace('\n', "\\n");
         let _ = writeln!(self.0, "# HELP {name} {help}");
-        let _ = writeln!(self.0, "# TYPE {name} gauge");
+        let _ = writeln!(self.0, "# TYPE {name} {kind}");
     }
 
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {

@@ -460,6 +460,20 @@ async fn metrics_follow_sagas_displays_and_the_breaker(backend: Backend) {
         ) >= encoded_before + 2.0,
         "each completion frame was encoded for the display"
     );
+    // SQLite's write gate counts its commits and what they committed
+    // (this app's own gate: no other app shares its database file).
+    let commits = after.value("stagehand_sqlite_commits_total", &[]);
+    let writes = after.value("stagehand_sqlite_committed_writes_total", &[]);
+    match backend {
+        Backend::Sqlite => {
+            let (commits, writes) = (commits.expect("commits"), writes.expect("writes"));
+            assert!(
+                commits >= 2.0 && writes >= commits,
+                "{commits} commits of {writes} writes after two sagas"
+            );
+        }
+        Backend::Postgres => assert_eq!((commits, writes), (None, None), "no gate"),
+    }
 
     // A second display connects and reads both events too.
     let mut second = Socket::connect(app.port, &terminal, &terminal_token, 0).await;
