@@ -415,6 +415,21 @@ impl Store {
         }
     }
 
+    /// Writes that do not depend on each other's effects, all or none,
+    /// in the fewest round trips: on PostgreSQL one statement and no
+    /// transaction around it (a statement is atomic on its own), on SQLite
+    /// one hop in a write transaction of the gate. The rows each touched,
+    /// in order.
+    pub async fn write_together(&self, writes: Vec<Statement>) -> StoreResult<Vec<u64>> {
+        if self.write_gate.is_none() {
+            return Ok(rows::execute_together(&self.db, writes).await?);
+        }
+        let tx = self.write_tx().await?;
+        let touched = rows::execute_together(&*tx, writes).await?;
+        tx.commit().await?;
+        Ok(touched)
+    }
+
     /// SQLite's group commits since this process opened the file, and the
     /// writers they committed (None on PostgreSQL).
     pub fn group_commits(&self) -> Option<(u64, u64)> {

@@ -80,7 +80,8 @@ impl Store {
     }
 
     /// What a display socket sent and what its display acknowledged, and
-    /// the terminal's highest acknowledged `seq`, in one transaction.
+    /// the terminal's highest acknowledged `seq`, written together (one
+    /// statement on PostgreSQL).
     /// Neither ever goes down: an older report that lands late changes
     /// nothing.
     pub async fn display_progress(
@@ -91,26 +92,25 @@ impl Store {
         acked_seq: i64,
         now: EpochMs,
     ) -> StoreResult<()> {
-        let tx = self.write_tx().await?;
-        tx.execute_raw(self.sql(
-            "UPDATE terminal_presence SET seen_at_ms = $2, \
-             sent_seq = CASE WHEN sent_seq < $3 THEN $3 ELSE sent_seq END, \
-             acked_seq = CASE WHEN acked_seq < $4 THEN $4 ELSE acked_seq END \
-             WHERE socket_id = $1",
-            vec![
-                socket_id.into(),
-                now.into(),
-                sent_seq.into(),
-                acked_seq.into(),
-            ],
-        ))
+        self.write_together(vec![
+            self.sql(
+                "UPDATE terminal_presence SET seen_at_ms = $2, \
+                 sent_seq = CASE WHEN sent_seq < $3 THEN $3 ELSE sent_seq END, \
+                 acked_seq = CASE WHEN acked_seq < $4 THEN $4 ELSE acked_seq END \
+                 WHERE socket_id = $1",
+                vec![
+                    socket_id.into(),
+                    now.into(),
+                    sent_seq.into(),
+                    acked_seq.into(),
+                ],
+            ),
+            self.sql(
+                "UPDATE terminals SET acked_seq = $2 WHERE id = $1 AND acked_seq < $2",
+                vec![terminal_id.into(), acked_seq.into()],
+            ),
+        ])
         .await?;
-        tx.execute_raw(self.sql(
-            "UPDATE terminals SET acked_seq = $2 WHERE id = $1 AND acked_seq < $2",
-            vec![terminal_id.into(), acked_seq.into()],
-        ))
-        .await?;
-        tx.commit().await?;
         Ok(())
     }
 
