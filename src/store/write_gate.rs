@@ -22,7 +22,11 @@
 //!   failed group commit fails every member of the group.
 //!
 //! A writer that fails inside a savepoint rolls back to it and the group
-//! goes on. A writer whose savepoint cannot be released (the connection or
+//! goes on. A writer whose task is cancelled while it queues for the
+//! group's commit leaves its part pending: whoever commits the group
+//! commits it. Should every pending writer be cancelled so, the group
+//! stays open until the next writer of the process joins it and commits
+//! (their callers got no answer either way, as with a cancelled commit). A writer whose savepoint cannot be released (the connection or
 //! the transaction broke) closes the group: what the members before it
 //! wrote is committed if SQLite still can, and each learns the outcome.
 //!

@@ -58,7 +58,10 @@ macro_rules! db_test {
     };
 }
 
-/// A fresh, empty database; dropped (SQLite: deleted) with the value.
+/// A fresh, empty database. SQLite's is deleted with the value; a
+/// PostgreSQL one is left (the app may still hold connections to it when
+/// the value goes), and `.ci/run` drops the `stagehand_test_*` databases
+/// of earlier runs before it starts.
 pub struct TestDb {
     pub url: String,
     pub backend: Backend,
