@@ -198,6 +198,14 @@ impl WriteGate {
         if let Some(done) = outcome.borrow().clone() {
             return done;
         }
+        if outcome.has_changed().is_err() {
+            // The group ended with no outcome: its closer was cancelled
+            // during the COMMIT. Whether it committed is not known, so
+            // this writer is not told it did.
+            return Err(DbErr::Custom(
+                "the write group's commit was interrupted; its outcome is unknown".into(),
+            ));
+        }
         self.close(&mut guard).await
     }
 
