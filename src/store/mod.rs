@@ -38,7 +38,7 @@ use sea_orm::{
 };
 
 use crate::domain::saga::TransitionError;
-use write_gate::{Member, Write, WriteGate, Written};
+use write_gate::{Execute, Member, Query, WriteGate};
 
 /// Errors of the store, typed so the HTTP layer and the actors can tell a lost
 /// lease from a broken database.
@@ -395,10 +395,7 @@ impl Store {
     /// SQLite) and returns the rows it affected.
     pub async fn write_one(&self, stmt: Statement) -> StoreResult<u64> {
         match &self.write_gate {
-            Some(gate) => match gate.write_statement(&self.db, Write::Execute(stmt)).await? {
-                Written::Affected(n) => Ok(n),
-                Written::Rows(_) => unreachable!("an executed statement answers a count"),
-            },
+            Some(gate) => Ok(gate.write_statement(&self.db, Execute(stmt)).await?),
             None => Ok(self.db.execute_raw(stmt).await?.rows_affected()),
         }
     }
@@ -407,10 +404,7 @@ impl Store {
     /// transaction (behind the gate on SQLite) and returns its rows.
     pub async fn write_returning(&self, stmt: Statement) -> StoreResult<Vec<QueryResult>> {
         match &self.write_gate {
-            Some(gate) => match gate.write_statement(&self.db, Write::Query(stmt)).await? {
-                Written::Rows(rows) => Ok(rows),
-                Written::Affected(_) => unreachable!("a query answers rows"),
-            },
+            Some(gate) => Ok(gate.write_statement(&self.db, Query(stmt)).await?),
             None => Ok(self.db.query_all_raw(stmt).await?),
         }
     }

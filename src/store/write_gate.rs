@@ -33,6 +33,7 @@
 //! PostgreSQL needs none of this: its transactions run side by side and
 //! its commits are grouped by the server.
 
+use std::future::Future;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -68,27 +69,33 @@ struct Open {
     outcome: watch::Sender<Option<Result<(), DbErr>>>,
 }
 
-/// A write statement run through the gate outside a transaction.
-pub(crate) enum Write {
-    /// Answers the rows it affected.
-    Execute(Statement),
-    /// Answers the rows of its `RETURNING` clause.
-    Query(Statement),
+/// A write statement run through the gate outside a transaction, and
+/// what it answers.
+pub(crate) trait GateWrite: Send {
+    type Answer: Send;
+    fn run<C: ConnectionTrait>(
+        self,
+        conn: &C,
+    ) -> impl Future<Output = Result<Self::Answer, DbErr>> + Send;
 }
 
-pub(crate) enum Written {
-    Affected(u64),
-    Rows(Vec<QueryResult>),
+/// Answers the rows it affected.
+pub(crate) struct Execute(pub Statement);
+
+/// Answers the rows of its `RETURNING` clause.
+pub(crate) struct Query(pub Statement);
+
+impl GateWrite for Execute {
+    type Answer = u64;
+    async fn run<C: ConnectionTrait>(self, conn: &C) -> Result<u64, DbErr> {
+        Ok(conn.execute_raw(self.0).await?.rows_affected())
+    }
 }
 
-impl Write {
-    async fn run<C: ConnectionTrait>(self, conn: &C) -> Result<Written, DbErr> {
-        Ok(match self {
-            Write::Execute(stmt) => {
-                Written::Affected(conn.execute_raw(stmt).await?.rows_affected())
-            }
-            Write::Query(stmt) => Written::Rows(conn.query_all_raw(stmt).await?),
-        })
+impl GateWrite for Query {
+    type Answer = Vec<QueryResult>;
+    async fn run<C: ConnectionTrait>(self, conn: &C) -> Result<Vec<QueryResult>, DbErr> {
+        conn.query_all_raw(self.0).await
     }
 }
 
@@ -158,11 +165,11 @@ impl WriteGate {
     /// Runs one write statement: on its own (autocommit) when no group is
     /// open, else inside the open group as a member of it (one statement
     /// needs no savepoint: SQLite undoes a failed statement's writes).
-    pub(crate) async fn write_statement(
+    pub(crate) async fn write_statement<W: GateWrite>(
         self: &Arc<Self>,
         db: &DatabaseConnection,
-        write: Write,
-    ) -> Result<Written, DbErr> {
+        write: W,
+    ) -> Result<W::Answer, DbErr> {
         let mut guard = self.lock().await;
         let Some(open) = &guard.open else {
             let written = write.run(db).await;
