@@ -969,6 +969,70 @@ async fn resumed_sagas_are_claimed_ahead_of_a_long_ai_queue(backend: Backend) {
 }
 db_test!(resumed_sagas_are_claimed_ahead_of_a_long_ai_queue);
 
+/// The dispatcher's list of experiences with work probes each experience's
+/// partial indexes and stops at the first claimable saga, however long the
+/// queue and whatever the planner's statistics say (here none: a table
+/// filled faster than autovacuum analyzes it, as under a rush). PostgreSQL
+/// once turned the probes into hashed subplans that read every queued and
+/// every held saga of the step on each dispatcher round.
+async fn the_list_of_claimable_experiences_stops_at_the_first_saga(backend: Backend) {
+    let f = fixture(backend, 5).await;
+    let template = f.saga(T0).await;
+    f.store
+        .insert_bulk_sagas(&template, 1, 2_000, "AI_PENDING", T0)
+        .await
+        .unwrap();
+    // Half the queue is held, its leases running.
+    f.store
+        .db()
+        .execute_raw(f.store.sql(
+            "UPDATE sagas SET lock_token = 'held', locked_until_ms = $1 WHERE id IN \
+             (SELECT id FROM sagas WHERE prompt = 'bulk' ORDER BY created_at_ms LIMIT 1000)",
+            vec![(T0 + 1_000_000).into()],
+        ))
+        .await
+        .unwrap();
+    let now = T0 + 1;
+    let listed = f
+        .store
+        .experiences_with_claimable(now, RULES)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(
+        listed[0].has_queued_ai && !listed[0].has_expired_ai && !listed[0].has_resumed,
+        "{listed:?}"
+    );
+    let plan = f
+        .store
+        .claimable_experiences_plan(now, RULES)
+        .await
+        .unwrap();
+    for line in plan.lines().filter(|l| l.contains("sagas")) {
+        match backend {
+            Backend::Postgres => {
+                let rows: f64 = line
+                    .split("actual time=")
+                    .nth(1)
+                    .and_then(|a| a.split("rows=").nth(1))
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or_else(|| panic!("no actual rows in {line:?} of\n{plan}"));
+                assert!(
+                    rows <= 1.0,
+                    "a probe read {rows} sagas, not at most one:\n{plan}"
+                );
+            }
+            Backend::Sqlite => assert!(
+                line.contains("experience_id=?"),
+                "a probe that is not per experience:\n{plan}"
+            ),
+        }
+    }
+    assert!(!plan.contains("hashed SubPlan"), "{plan}");
+}
+db_test!(the_list_of_claimable_experiences_stops_at_the_first_saga);
+
 /// The claim is an ordered walk of `idx_sagas_claim`, whatever the queue
 /// length: with 100,000 sagas queued (and finished ones beside them) the
 /// database's own plan uses the index for every step. The claim time at

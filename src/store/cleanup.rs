@@ -63,20 +63,10 @@ impl Store {
     /// `EXPLAIN QUERY PLAN`), one line per plan node. For tests and
     /// diagnostics: the query must walk the partial indexes, not the table.
     pub async fn orphans_plan(&self, now: EpochMs, max_recoveries: u32) -> StoreResult<String> {
-        let (prefix, column) = if self.is_postgres() {
-            ("EXPLAIN", 0)
-        } else {
-            ("EXPLAIN QUERY PLAN", 3)
-        };
-        let rows = self
-            .db()
-            .query_all_raw(self.orphans_statement(prefix, now, max_recoveries, 500))
-            .await?;
-        let lines = rows
-            .iter()
-            .map(|row| row.try_get_by_index::<String>(column))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(lines.join("\n"))
+        self.plan_of(false, |prefix| {
+            self.orphans_statement(prefix, now, max_recoveries, 500)
+        })
+        .await
     }
 
     /// The orphan query after `prefix` (empty, or an `EXPLAIN`): one

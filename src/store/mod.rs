@@ -435,6 +435,29 @@ impl Store {
     pub fn sql(&self, text: &str, values: Vec<Value>) -> Statement {
         sql_for(self.backend(), text, values)
     }
+
+    /// How the database runs the statement `statement` builds after the
+    /// prefix it is given, one line per plan node: PostgreSQL's `EXPLAIN`
+    /// (with `analyze`, `EXPLAIN ANALYZE`: the statement runs, and each
+    /// node says the rows it actually read), SQLite's `EXPLAIN QUERY PLAN`
+    /// (which never runs it). For tests and diagnostics.
+    pub(super) async fn plan_of(
+        &self,
+        analyze: bool,
+        statement: impl FnOnce(&str) -> Statement,
+    ) -> StoreResult<String> {
+        let (prefix, column) = match (self.is_postgres(), analyze) {
+            (true, false) => ("EXPLAIN", 0),
+            (true, true) => ("EXPLAIN ANALYZE", 0),
+            (false, _) => ("EXPLAIN QUERY PLAN", 3),
+        };
+        let rows = self.db().query_all_raw(statement(prefix)).await?;
+        let lines = rows
+            .iter()
+            .map(|row| row.try_get_by_index::<String>(column))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(lines.join("\n"))
+    }
 }
 
 pub(crate) fn sql_for(backend: DbBackend, text: &str, values: Vec<Value>) -> Statement {

@@ -186,41 +186,14 @@ impl Store {
 
     /// Experiences that have a saga a worker could claim now, oldest
     /// experience first, with where their claimable sagas are. Each probe
-    /// is an index walk that stops at the first claimable saga, and none
-    /// passes a saga someone holds.
+    /// is an index walk of one experience that stops at the first
+    /// claimable saga, and none passes a saga someone holds.
     pub async fn experiences_with_claimable(
         &self,
         now: EpochMs,
         rules: ClaimRules,
     ) -> StoreResult<Vec<ClaimableExperience>> {
-        let probe = |steps: &[Step], source: ClaimSource| {
-            let probes: Vec<String> = steps
-                .iter()
-                .map(|&step| {
-                    format!(
-                        "EXISTS (SELECT 1 FROM sagas WHERE experience_id = e.id AND {})",
-                        source.condition(step, 1, 2).0
-                    )
-                })
-                .collect();
-            format!("({})", probes.join(" OR "))
-        };
-        let resumed = [Step::RankingDone, Step::AiDone];
-        let stmt = self.sql(
-            &format!(
-                "SELECT * FROM (SELECT e.id, e.max_in_flight, e.kind, e.created_at_ms, \
-                 e.ai_calls, e.min_success, \
-                 ({} OR {}) AS resumed, {} AS expired_ai, {} AS queued_ai, \
-                 e.provider, e.weight, p.max_in_flight AS provider_max, e.review \
-                 FROM experiences e LEFT JOIN providers p ON p.name = e.provider) x \
-                 WHERE resumed OR expired_ai OR queued_ai ORDER BY created_at_ms, id",
-                probe(&resumed, ClaimSource::Unowned),
-                probe(&resumed, ClaimSource::Expired),
-                probe(&[Step::AiPending], ClaimSource::Expired),
-                probe(&[Step::AiPending], ClaimSource::Unowned),
-            ),
-            vec![now.into(), (rules.max_recoveries as i32).into()],
-        );
+        let stmt = self.claimable_experiences_statement("", now, rules);
         let rows = self.db().query_all_raw(stmt).await?;
         rows.iter()
             .map(|r| {
@@ -244,6 +217,69 @@ impl Store {
             })
             .collect::<Result<_, sea_orm::DbErr>>()
             .map_err(Into::into)
+    }
+
+    /// The statement of [`Self::experiences_with_claimable`], after
+    /// `prefix` (empty, or an `EXPLAIN`).
+    fn claimable_experiences_statement(
+        &self,
+        prefix: &str,
+        now: EpochMs,
+        rules: ClaimRules,
+    ) -> sea_orm::Statement {
+        // A probe is a scalar subquery with LIMIT 1, not an EXISTS:
+        // PostgreSQL may run an EXISTS as a hashed subplan, which reads
+        // every saga of the step (all experiences, the whole queue) to
+        // build its hash, and it picks that whenever its statistics
+        // under-count the sagas, as they do while a rush outruns
+        // autovacuum. A scalar subquery is always run per experience. The
+        // flags are computed once, in a materialised CTE, so the filter
+        // does not run the probes a second time.
+        let probe = |steps: &[Step], source: ClaimSource| {
+            let probes: Vec<String> = steps
+                .iter()
+                .map(|&step| {
+                    format!(
+                        "(SELECT 1 FROM sagas WHERE experience_id = e.id AND {} LIMIT 1) IS NOT NULL",
+                        source.condition(step, 1, 2).0
+                    )
+                })
+                .collect();
+            format!("({})", probes.join(" OR "))
+        };
+        let resumed = [Step::RankingDone, Step::AiDone];
+        self.sql(
+            &format!(
+                "{prefix} WITH x AS MATERIALIZED (SELECT e.id, e.max_in_flight, e.kind, \
+                 e.created_at_ms, e.ai_calls, e.min_success, \
+                 ({} OR {}) AS resumed, {} AS expired_ai, {} AS queued_ai, \
+                 e.provider, e.weight, p.max_in_flight AS provider_max, e.review \
+                 FROM experiences e LEFT JOIN providers p ON p.name = e.provider) \
+                 SELECT * FROM x WHERE resumed OR expired_ai OR queued_ai \
+                 ORDER BY created_at_ms, id",
+                probe(&resumed, ClaimSource::Unowned),
+                probe(&resumed, ClaimSource::Expired),
+                probe(&[Step::AiPending], ClaimSource::Expired),
+                probe(&[Step::AiPending], ClaimSource::Unowned),
+            ),
+            vec![now.into(), (rules.max_recoveries as i32).into()],
+        )
+    }
+
+    /// How the database runs [`Self::experiences_with_claimable`]; on
+    /// PostgreSQL it runs (`EXPLAIN ANALYZE`, it only reads), so each plan
+    /// node says the rows it read. For tests and diagnostics: a probe must
+    /// stop at the first claimable saga of its experience, whatever the
+    /// queue length and the planner's statistics.
+    pub async fn claimable_experiences_plan(
+        &self,
+        now: EpochMs,
+        rules: ClaimRules,
+    ) -> StoreResult<String> {
+        self.plan_of(true, |prefix| {
+            self.claimable_experiences_statement(prefix, now, rules)
+        })
+        .await
     }
 
     /// AI jobs in flight for an experience: the slots of the sagas in
@@ -620,28 +656,20 @@ impl Store {
         now: EpochMs,
         rules: ClaimRules,
     ) -> StoreResult<String> {
-        let (prefix, column) = if self.is_postgres() {
-            ("EXPLAIN", 0)
-        } else {
-            ("EXPLAIN QUERY PLAN", 3)
-        };
-        let stmt = self.claim_statement(
-            prefix,
-            experience_id,
-            step,
-            source,
-            10,
-            1,
-            "plan",
-            now,
-            rules,
-        );
-        let rows = self.db().query_all_raw(stmt).await?;
-        let lines = rows
-            .iter()
-            .map(|row| row.try_get_by_index::<String>(column))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(lines.join("\n"))
+        self.plan_of(false, |prefix| {
+            self.claim_statement(
+                prefix,
+                experience_id,
+                step,
+                source,
+                10,
+                1,
+                "plan",
+                now,
+                rules,
+            )
+        })
+        .await
     }
 
     /// Hands over sagas this instance holds (`(saga id, lock token)`) as
