@@ -15,6 +15,13 @@ use stagehand::startup::Application;
 use stagehand::store::Store;
 use stagehand::telemetry::Tracing;
 
+/// mimalloc instead of glibc's malloc: flat out, glibc's malloc and free
+/// took about a quarter of the server's CPU (its arenas and chunk
+/// consolidation, under many threads allocating small buffers);
+/// docs/BENCHMARKS.md has the figures side by side.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "stagehand",
