@@ -645,6 +645,71 @@ async fn ranks_follow_hidden_entries(backend: Backend) {
 }
 db_test!(ranks_follow_hidden_entries);
 
+/// News from another instance that its ranking changed marks the cached
+/// scores stale: a rank reads them again, but not more often than the
+/// refresh bound, so instances that both rank all the time do not each
+/// read every entry again per batch (they did, at every piece of news).
+async fn another_instances_news_rereads_the_scores_at_most_once_per_bound(backend: Backend) {
+    let f = fixture(backend, 5).await;
+    let s = at_ranking(&f, &["ann", "bob", "cy"]).await;
+    let experience = [f.experience_id.clone()];
+    let here = |refresh: Duration| f.store.clone().with_rank_refresh(refresh);
+    let rank_of_ann = |store: Store| {
+        let session = s[0].session_id.clone();
+        let experience = f.experience_id.clone();
+        async move {
+            let entry = stagehand::store::entities::score_attempts::Entity::find()
+                .filter(
+                    stagehand::store::entities::score_attempts::Column::SessionId
+                        .eq(session.clone()),
+                )
+                .one(store.db())
+                .await
+                .unwrap()
+                .unwrap();
+            *store
+                .ranks_of(&experience, &[&entry])
+                .await
+                .unwrap()
+                .get(&session)
+                .unwrap()
+        }
+    };
+    let ann = f
+        .store
+        .register_score(score_entry(&f, &s[0], 30.0), T0 + 1)
+        .await
+        .unwrap();
+    assert_eq!(ann.rank, 1);
+    // Another instance (its own store and cache) ranks bob above ann.
+    let other = f._db.store().await;
+    let bob = other
+        .register_score(score_entry(&f, &s[1], 40.0), T0 + 2)
+        .await
+        .unwrap();
+    assert_eq!(bob.rank, 1, "it reads the table whole: ann is there");
+    // Its news arrives here. Within the bound the cached scores serve.
+    let slow = here(Duration::from_secs(3600));
+    slow.ranks_changed_elsewhere(Some(&experience)).await;
+    assert_eq!(
+        rank_of_ann(slow.clone()).await,
+        1,
+        "read again within the bound"
+    );
+    // Past the bound (zero here) the next rank reads them again.
+    let eager = here(Duration::ZERO);
+    assert_eq!(rank_of_ann(eager.clone()).await, 2, "bob counted");
+    // Read, they are fresh until the next news.
+    other
+        .register_score(score_entry(&f, &s[2], 50.0), T0 + 3)
+        .await
+        .unwrap();
+    assert_eq!(rank_of_ann(eager.clone()).await, 2, "no news of cy yet");
+    eager.ranks_changed_elsewhere(None).await;
+    assert_eq!(rank_of_ann(eager).await, 3, "cy counted after its news");
+}
+db_test!(another_instances_news_rereads_the_scores_at_most_once_per_bound);
+
 /// The ranking write is fenced like every step: a worker whose lease was
 /// lost (the saga was claimed again) writes no entry; the holder does.
 async fn a_stale_workers_ranking_write_is_refused(backend: Backend) {

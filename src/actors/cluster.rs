@@ -159,12 +159,13 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
                     Some(ids) => {
                         let ids: Vec<String> = ids.into_iter().map(str::to_owned).collect();
                         // Another instance's entries: this one's cached
-                        // scores of them are read again at the next rank.
-                        store.invalidate_ranks(Some(&ids)).await;
+                        // scores of them are read again (at most once a
+                        // refresh bound, see `RankCache`).
+                        store.ranks_changed_elsewhere(Some(&ids)).await;
                         wakeups.rankings_changed(&ids, true);
                     }
                     None => {
-                        store.invalidate_ranks(None).await;
+                        store.ranks_changed_elsewhere(None).await;
                         wakeups.rankings.update(|names| names.all = true)
                     }
                 },

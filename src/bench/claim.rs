@@ -45,6 +45,12 @@ pub struct SizeTiming {
     /// rank a batch of [`RANK_BATCH`] of them (what a ranking batch does
     /// after its commit), one per round.
     pub rank_ms: Vec<f64>,
+    /// The same with another instance's ranking news before each batch,
+    /// as when two instances rank all the time: the default bound (its
+    /// scores are read again at most once a second), and no bound (read
+    /// again at each batch, as every piece of news did before the bound).
+    pub rank_after_news_ms: Vec<f64>,
+    pub rank_reread_ms: Vec<f64>,
 }
 
 /// Entries ranked at once in the rank cost (a busy ranking batch).
@@ -65,6 +71,12 @@ impl SizeTiming {
     }
     pub fn rank_p90_ms(&self) -> f64 {
         load::percentile(&mut self.rank_ms.clone(), 0.90)
+    }
+    pub fn rank_after_news_median_ms(&self) -> f64 {
+        load::percentile(&mut self.rank_after_news_ms.clone(), 0.50)
+    }
+    pub fn rank_reread_median_ms(&self) -> f64 {
+        load::percentile(&mut self.rank_reread_ms.clone(), 0.50)
     }
 }
 
@@ -272,27 +284,10 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                 .await
                 .map_err(|e| format!("ANALYZE: {e}"))?;
         }
-        let mut rank_ms = Vec::with_capacity(rounds);
-        for _ in 0..rounds {
-            let batch = store
-                .some_entries(&experience.id, RANK_BATCH)
-                .await
-                .map_err(|e| format!("pick entries: {e}"))?;
-            let refs: Vec<_> = batch.iter().collect();
-            let start = Instant::now();
-            let ranks = store
-                .ranks_of(&experience.id, &refs)
-                .await
-                .map_err(|e| format!("rank a batch: {e}"))?;
-            rank_ms.push(load::ms(start.elapsed()));
-            if ranks.len() != batch.len() {
-                return Err(format!(
-                    "ranked {} of a batch of {} entries",
-                    ranks.len(),
-                    batch.len()
-                ));
-            }
-        }
+        let rank_ms = rank_rounds(&store, &experience.id, rounds, false).await?;
+        let rank_after_news_ms = rank_rounds(&store, &experience.id, rounds, true).await?;
+        let rereading = store.clone().with_rank_refresh(std::time::Duration::ZERO);
+        let rank_reread_ms = rank_rounds(&rereading, &experience.id, rounds, true).await?;
         let shown: Vec<String> = rounds_ms.iter().map(|x| format!("{x:.1}")).collect();
         eprintln!(
             "  claim cost: {queued} queued, rounds (ms): {}",
@@ -303,10 +298,49 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
             rounds_ms,
             list_ms,
             rank_ms,
+            rank_after_news_ms,
+            rank_reread_ms,
         });
     }
     store.db().clone().close().await.ok();
     Ok(out)
+}
+
+/// Times `rounds` ranks of a batch of [`RANK_BATCH`] entries of
+/// `experience`, each after news from another instance when `news`.
+async fn rank_rounds(
+    store: &Store,
+    experience: &str,
+    rounds: usize,
+    news: bool,
+) -> Result<Vec<f64>, String> {
+    let mut rank_ms = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let batch = store
+            .some_entries(experience, RANK_BATCH)
+            .await
+            .map_err(|e| format!("pick entries: {e}"))?;
+        let refs: Vec<_> = batch.iter().collect();
+        if news {
+            store
+                .ranks_changed_elsewhere(Some(&[experience.to_owned()]))
+                .await;
+        }
+        let start = Instant::now();
+        let ranks = store
+            .ranks_of(experience, &refs)
+            .await
+            .map_err(|e| format!("rank a batch: {e}"))?;
+        rank_ms.push(load::ms(start.elapsed()));
+        if ranks.len() != batch.len() {
+            return Err(format!(
+                "ranked {} of a batch of {} entries",
+                ranks.len(),
+                batch.len()
+            ));
+        }
+    }
+    Ok(rank_ms)
 }
 
 /// `stagehand migrate` on `url`, its output in the logs dir (this process's

@@ -4,7 +4,7 @@
 //! small table of the memory per idle display socket, and notes on the
 //! server logs.
 
-use super::claim::{ClaimCostResult, SIZES};
+use super::claim::{ClaimCostResult, SizeTiming, SIZES};
 use super::load::{Backend, Figures, Load, ScenarioResult};
 use super::pgbench::{Pgbench, DESCRIPTION};
 use super::sockets::SocketMemoryResult;
@@ -472,6 +472,32 @@ pub fn claim_cost(results: &[ClaimCostResult]) -> Vec<String> {
                 Ok(sizes) => sizes.get(k).map_or("-".into(), |s| {
                     format!("{:.2} / {:.2}", s.rank_median_ms(), s.rank_p90_ms())
                 }),
+                Err(_) => "FAILED".into(),
+            });
+        }
+        body.push(row);
+    }
+    for (label, figure) in [
+        (
+            "after another instance's news, read again at most once a second",
+            SizeTiming::rank_after_news_median_ms as fn(&SizeTiming) -> f64,
+        ),
+        (
+            "after another instance's news, read again each time",
+            SizeTiming::rank_reread_median_ms,
+        ),
+    ] {
+        let entries = SIZES[SIZES.len() - 1];
+        let mut row = vec![format!(
+            "rank of a batch of {}, {} ranking entries, {label}, median (ms)",
+            super::claim::RANK_BATCH,
+            thousands(entries)
+        )];
+        for r in results {
+            row.push(match &r.outcome {
+                Ok(sizes) => sizes
+                    .last()
+                    .map_or("-".into(), |s| format!("{:.2}", figure(s))),
                 Err(_) => "FAILED".into(),
             });
         }

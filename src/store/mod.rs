@@ -213,6 +213,10 @@ pub struct Store {
     linger_ms: i64,
     /// Shared by every pool of this process (see [`ranking::RankCache`]).
     rank_cache: Arc<ranking::RankCache>,
+    /// How stale cached scores may get once another instance has changed
+    /// its ranking: at most one re-read of an experience's scores per this
+    /// long (see [`ranking::RankCache`]).
+    rank_refresh: Duration,
 }
 
 /// A write transaction. On SQLite it holds the write gate, as a part of
@@ -292,6 +296,7 @@ impl Store {
             url: url.into(),
             linger_ms: 420_000,
             rank_cache: Arc::default(),
+            rank_refresh: ranking::RANK_REFRESH,
         })
     }
 
@@ -305,6 +310,7 @@ impl Store {
             url: self.url.clone(),
             linger_ms: self.linger_ms,
             rank_cache: self.rank_cache.clone(),
+            rank_refresh: self.rank_refresh,
         })
     }
 
@@ -312,6 +318,15 @@ impl Store {
     /// run after its saga ended holds its slot (default 7 min).
     pub fn with_linger(mut self, linger: Duration) -> Store {
         self.linger_ms = linger.as_millis() as i64;
+        self
+    }
+
+    /// This store with `refresh` as the least time between two re-reads
+    /// of an experience's cached scores after other instances' news
+    /// (default [`ranking::RANK_REFRESH`]). Zero re-reads at the next rank
+    /// after each piece of news.
+    pub fn with_rank_refresh(mut self, refresh: Duration) -> Store {
+        self.rank_refresh = refresh;
         self
     }
 

@@ -47,11 +47,15 @@ pub struct RankingRow {
 /// missing; each registration commits and applies its own change under its
 /// lock (so a reader never counts an entry twice); an abort that hides
 /// entries, and an operator's retry that shows them again, drop the
-/// experience (after their commit), and so does news from another instance
-/// that its ranking changed (the next batch reads it again). An entry
-/// another instance added is counted once that news arrives (within the
-/// cluster bridge's coalescing window); until then the rank is what this
-/// instance knew, a snapshot, like every rank.
+/// experience (after their commit). News from another instance that its
+/// ranking changed marks the experience stale: the next rank reads it
+/// again, but not sooner than [`RANK_REFRESH`] after the last read, so
+/// instances that rank all the time do not each re-read every entry per
+/// batch (an O(entries) read each time the other's news arrived, every
+/// 50 ms). An entry another instance added is counted within that bound
+/// (plus the cluster bridge's coalescing window); until then the rank is
+/// what this instance knew, a snapshot, like every rank. A lost LISTEN
+/// connection drops every experience.
 ///
 /// Bound: one `f64` per visible entry of each ranked experience (800 KB at
 /// 100,000 entries); an experience unused for [`RANK_CACHE_IDLE`] is
@@ -62,13 +66,32 @@ pub struct RankCache(tokio::sync::Mutex<HashMap<String, CachedScores>>);
 /// How long an experience's scores stay cached without a registration.
 const RANK_CACHE_IDLE: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// The least time between two reads of an experience's scores made for
+/// other instances' news (the default of [`Store::with_rank_refresh`]).
+pub const RANK_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub struct CachedScores {
     /// Ascending.
     sorted: Vec<f64>,
     used: std::time::Instant,
+    /// When `sorted` was last read whole from the table.
+    read_at: std::time::Instant,
+    /// Another instance changed this ranking since `read_at`.
+    stale: bool,
 }
 
 impl CachedScores {
+    /// Scores just read whole from the table, ascending.
+    fn read(sorted: Vec<f64>) -> CachedScores {
+        let now = std::time::Instant::now();
+        CachedScores {
+            sorted,
+            used: now,
+            read_at: now,
+            stale: false,
+        }
+    }
+
     fn insert(&mut self, score: f64) {
         let at = self.sorted.partition_point(|s| *s < score);
         self.sorted.insert(at, score);
@@ -89,8 +112,8 @@ impl CachedScores {
 
 impl Store {
     /// Forgets the cached scores of these experiences (None: of all), after
-    /// a commit that hid or showed entries here, or news of a change from
-    /// another instance.
+    /// a commit that hid or showed entries here, or when news from other
+    /// instances may have been missed.
     pub async fn invalidate_ranks(&self, experiences: Option<&[String]>) {
         let mut cache = self.rank_cache.0.lock().await;
         match experiences {
@@ -98,6 +121,21 @@ impl Store {
                 cache.remove(id);
             }),
             None => cache.clear(),
+        }
+    }
+
+    /// News from another instance that the ranking of these experiences
+    /// (None: of all) changed: their cached scores are read again at a
+    /// rank, at most once per [`Self::with_rank_refresh`].
+    pub async fn ranks_changed_elsewhere(&self, experiences: Option<&[String]>) {
+        let mut cache = self.rank_cache.0.lock().await;
+        match experiences {
+            Some(ids) => ids.iter().for_each(|id| {
+                if let Some(scores) = cache.get_mut(id) {
+                    scores.stale = true;
+                }
+            }),
+            None => cache.values_mut().for_each(|scores| scores.stale = true),
         }
     }
 
@@ -308,7 +346,11 @@ impl Store {
         experience_id: &str,
         entries: &[&score_attempts::Model],
     ) -> StoreResult<HashMap<String, i64>> {
-        if !cache.contains_key(experience_id) {
+        let read = match cache.get(experience_id) {
+            None => true,
+            Some(scores) => scores.stale && scores.read_at.elapsed() >= self.rank_refresh,
+        };
+        if read {
             let rows = self
                 .db()
                 .query_all_raw(self.sql(
@@ -321,13 +363,7 @@ impl Store {
                 .map(|r| r.try_get_by_index::<f64>(0))
                 .collect::<Result<Vec<f64>, _>>()?;
             sorted.sort_by(f64::total_cmp);
-            cache.insert(
-                experience_id.to_owned(),
-                CachedScores {
-                    sorted,
-                    used: std::time::Instant::now(),
-                },
-            );
+            cache.insert(experience_id.to_owned(), CachedScores::read(sorted));
         }
         let scores = cache.get_mut(experience_id).expect("just cached");
         scores.used = std::time::Instant::now();
@@ -488,10 +524,7 @@ mod tests {
     use super::CachedScores;
 
     fn cached(scores: &[f64]) -> CachedScores {
-        let mut c = CachedScores {
-            sorted: Vec::new(),
-            used: std::time::Instant::now(),
-        };
+        let mut c = CachedScores::read(Vec::new());
         scores.iter().for_each(|s| c.insert(*s));
         c
     }
