@@ -1073,7 +1073,10 @@ async fn the_list_of_claimable_experiences_stops_at_the_first_saga(backend: Back
         .claimable_experiences_plan(now, RULES)
         .await
         .unwrap();
-    for line in plan.lines().filter(|l| l.contains("sagas")) {
+    let probes: Vec<&str> = plan.lines().filter(|l| l.contains("sagas")).collect();
+    // Six probes, each a walk of the sagas: none may go unchecked.
+    assert!(probes.len() >= 6, "{} probes in\n{plan}", probes.len());
+    for line in probes {
         match backend {
             Backend::Postgres => {
                 let rows: f64 = line
