@@ -965,6 +965,40 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
+/// The port a `stagehand serve` child listens on, from its log line
+/// `stagehand listening on http://127.0.0.1:<port>`; panics (with the log)
+/// if the child exits first or says nothing within 30 s.
+async fn listening_port(child: &mut Child, log: &Path) -> u16 {
+    const SAYS: &str = "stagehand listening on http://127.0.0.1:";
+    let port = wait_for(Duration::from_secs(30), || {
+        let exited = child.try_wait().ok().flatten();
+        let said = std::fs::read_to_string(log).ok().and_then(|text| {
+            let (_, after) = text.split_once(SAYS)?;
+            let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u16>().ok()
+        });
+        async move {
+            match (said, exited) {
+                (Some(port), _) => Some(Ok(port)),
+                (None, Some(status)) => Some(Err(status)),
+                (None, None) => None,
+            }
+        }
+    })
+    .await;
+    match port {
+        Some(Ok(port)) => port,
+        Some(Err(status)) => panic!(
+            "stagehand serve exited ({status}) before listening:\n{}",
+            tail(log, 40)
+        ),
+        None => panic!(
+            "stagehand serve did not say its port within 30 s:\n{}",
+            tail(log, 40)
+        ),
+    }
+}
+
 /// A `stagehand serve` child process; killed (SIGKILL) when dropped, so a
 /// failing test never leaves a server behind.
 pub struct Server {
@@ -987,14 +1021,18 @@ impl Server {
         http: &reqwest::Client,
         env: &[(&str, &str)],
     ) -> Server {
-        let port = free_port();
         let out = File::create(log).expect("log file");
         let err = out.try_clone().expect("log file");
         let mut command = Command::new(env!("CARGO_BIN_EXE_stagehand"));
         command
             .arg("serve")
             .env("STAGEHAND_DATABASE_URL", db_url)
-            .env("STAGEHAND_BIND", format!("127.0.0.1:{port}"))
+            // The server takes a port of its own (port 0) and logs it. A
+            // port picked here and freed could be taken before the child
+            // binds it, by another test's server: the test would then talk
+            // to that one (seen: a server that could not listen, and a
+            // test that got another server's answers).
+            .env("STAGEHAND_BIND", "127.0.0.1:0")
             .env("STAGEHAND_AI_URL", ai_url)
             .env("STAGEHAND_OPERATOR_TOKEN", OPERATOR)
             .env("STAGEHAND_POLL_INTERVAL", "200ms")
@@ -1015,8 +1053,9 @@ impl Server {
                 command.env(name, value);
             }
         }
-        let child = command.spawn().expect("start stagehand serve");
+        let mut child = command.spawn().expect("start stagehand serve");
         let pid = child.id();
+        let port = listening_port(&mut child, log).await;
         let mut server = Server {
             child,
             base: format!("http://127.0.0.1:{port}"),
