@@ -869,6 +869,7 @@ async fn outbox_seq_grows_per_terminal_and_replays_after(backend: Backend) {
     );
     let terminal = f.store.terminal(&f.terminal_id).await.unwrap().unwrap();
     assert_eq!(terminal.last_seq, 3);
+    assert_numbered_in_id_order(&f.store, &f.terminal_id).await;
 }
 db_test!(outbox_seq_grows_per_terminal_and_replays_after);
 
@@ -968,6 +969,30 @@ async fn numbering_keeps_commit_order_under_concurrent_writers_and_relays(backen
     }
 }
 db_test!(numbering_keeps_commit_order_under_concurrent_writers_and_relays);
+
+/// A terminal's events are numbered in the order they were appended (their
+/// ids), also within one numbering batch. (Only for events appended one
+/// after the other: concurrent writers commit out of id order, and the
+/// numbers follow the commits.)
+async fn assert_numbered_in_id_order(store: &Store, terminal: &str) {
+    let rows = store
+        .db()
+        .query_all_raw(store.sql(
+            "SELECT id FROM terminal_events WHERE terminal_id = $1 ORDER BY seq",
+            vec![terminal.into()],
+        ))
+        .await
+        .unwrap();
+    let ids: Vec<i64> = rows
+        .iter()
+        .map(|r| r.try_get_by_index(0).unwrap())
+        .collect();
+    assert!(!ids.is_empty());
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "numbers out of append order: ids by seq {ids:?}"
+    );
+}
 
 /// A saga resumed past the AI step needs no AI slot: it is claimed ahead of
 /// a long AI queue, even when it is younger than all of it and the AI cap is
