@@ -209,7 +209,7 @@ impl Store {
                  FROM (SELECT id, terminal_id FROM terminal_events WHERE seq IS NULL \
                  ORDER BY id LIMIT $1) batch), \
                  bumped AS (UPDATE terminals t SET last_seq = t.last_seq + c.n \
-                 FROM (SELECT terminal_id, MAX(n) AS n FROM picked GROUP BY terminal_id) c \
+                 FROM (SELECT terminal_id, COUNT(*) AS n FROM picked GROUP BY terminal_id) c \
                  WHERE t.id = c.terminal_id RETURNING t.id, t.last_seq), \
                  numbered AS (UPDATE terminal_events e SET seq = b.last_seq - p.n + p.k \
                  FROM picked p JOIN bumped b ON b.id = p.terminal_id \
