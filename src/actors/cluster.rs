@@ -2,15 +2,17 @@
 //! that share one database, with LISTEN/NOTIFY.
 //!
 //! Out: what [`Wakeups`] collected in the [`ClusterMailbox`] (saga work for
-//! the dispatchers, terminals with new numbered events) is sent after
-//! commit, each channel in its own `pg_notify` statement, coalesced: at most
-//! one round of notifications per [`COALESCE`] window, however many commits
-//! asked for one.
+//! the dispatchers, review news, terminals with new numbered events,
+//! rankings that changed) is sent after commit, one `pg_notify` per
+//! channel, all in one statement, coalesced: at most one round of
+//! notifications per [`COALESCE`] window, however many commits asked for
+//! one.
 //!
 //! In: one LISTEN connection of its own (`application_name`
 //! `stagehand-listener`). A notification from another instance rings this
-//! instance's dispatcher, the hub for the terminals named, or the ranking
-//! board for the experiences named (and always the operator hub). Whenever the
+//! instance's dispatcher, its review actor, the hub for the terminals named,
+//! or the ranking board for the experiences named, each only for its own
+//! channel (and always the operator hub). Whenever the
 //! listener (re)connects, notifications may have been missed meanwhile, so
 //! it rings everything: dispatcher, relay and every display re-read the
 //! tables.
@@ -24,6 +26,7 @@ use super::terminal_hub::{Ring, RingAll, TerminalHub};
 use super::wakeups::{ClusterMailbox, ClusterNews, Wakeups};
 use crate::store::notify::{
     names_payload, parse_names_payload, DISPATCH_CHANNEL, OUTBOX_CHANNEL, RANKING_CHANNEL,
+    REVIEW_CHANNEL,
 };
 use crate::store::Store;
 
@@ -68,8 +71,13 @@ async fn send_news(store: Store, instance_id: String, mailbox: ClusterMailbox) {
         mailbox.bell.rung().await;
         let news: ClusterNews = mailbox.take();
         let mut notices = Vec::new();
-        if news.dispatch {
-            notices.push((DISPATCH_CHANNEL, instance_id.clone()));
+        for (sent, channel) in [
+            (news.dispatch, DISPATCH_CHANNEL),
+            (news.review, REVIEW_CHANNEL),
+        ] {
+            if sent {
+                notices.push((channel, instance_id.clone()));
+            }
         }
         for (channel, names) in [
             (OUTBOX_CHANNEL, &news.terminals),
@@ -82,10 +90,9 @@ async fn send_news(store: Store, instance_id: String, mailbox: ClusterMailbox) {
                 ));
             }
         }
-        for (channel, payload) in notices {
-            if let Err(e) = store.notify(channel, &payload).await {
-                tracing::warn!(error = %e, channel, "could not notify the other instances; they re-read at their next wake-up or poll");
-            }
+        if let Err(e) = store.notify_all(&notices).await {
+            let channels: Vec<&str> = notices.iter().map(|(channel, _)| *channel).collect();
+            tracing::warn!(error = %e, ?channels, "could not notify the other instances; they re-read at their next wake-up or poll");
         }
         tokio::time::sleep(COALESCE).await;
     }
@@ -96,7 +103,12 @@ async fn send_news(store: Store, instance_id: String, mailbox: ClusterMailbox) {
 async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<TerminalHub>) {
     let mut backoff = RECONNECT_FIRST;
     loop {
-        let channels = [DISPATCH_CHANNEL, OUTBOX_CHANNEL, RANKING_CHANNEL];
+        let channels = [
+            DISPATCH_CHANNEL,
+            REVIEW_CHANNEL,
+            OUTBOX_CHANNEL,
+            RANKING_CHANNEL,
+        ];
         let mut listener = match store.listen(&channels).await {
             Ok(listener) => listener,
             Err(e) => {
@@ -132,20 +144,14 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
                 }
             };
             let (sender, names) = match notification.channel() {
-                DISPATCH_CHANNEL => (notification.payload(), None),
+                DISPATCH_CHANNEL | REVIEW_CHANNEL => (notification.payload(), None),
                 _ => parse_names_payload(notification.payload()),
             };
             if sender == instance_id {
                 continue;
             }
-            wakeups.stats.ring();
+            ring_doorbells(&wakeups, notification.channel());
             match notification.channel() {
-                DISPATCH_CHANNEL => {
-                    // Saga work, or a review decided there: an approved
-                    // saga may wait for adoption here too.
-                    wakeups.dispatcher.ring();
-                    wakeups.review.ring();
-                }
                 OUTBOX_CHANNEL => {
                     let _ = match names {
                         Some(ids) => {
@@ -175,6 +181,20 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
     }
 }
 
+/// Rings the doorbells that another instance's notification on `channel`
+/// wakes here: always the operators' stats; the dispatcher for saga work;
+/// the review actor for review news (an approved saga may wait for
+/// adoption here too). Each only for its own news, so a stream of dispatch
+/// news never runs the review actor's reads.
+fn ring_doorbells(wakeups: &Wakeups, channel: &str) {
+    wakeups.stats.ring();
+    match channel {
+        DISPATCH_CHANNEL => wakeups.dispatcher.ring(),
+        REVIEW_CHANNEL => wakeups.review.ring(),
+        _ => {}
+    }
+}
+
 impl Actor for ClusterBridge {
     type Context = Context<Self>;
 
@@ -197,5 +217,52 @@ impl Actor for ClusterBridge {
         for task in self.running.drain(..) {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+    use crate::actors::wakeups::Doorbell;
+
+    fn was_rung(bell: &Doorbell) -> bool {
+        bell.rung().now_or_never().is_some()
+    }
+
+    #[test]
+    fn each_kind_of_news_wakes_only_its_own_actor() {
+        let wakeups = Wakeups::default();
+        ring_doorbells(&wakeups, DISPATCH_CHANNEL);
+        assert!(was_rung(&wakeups.dispatcher));
+        assert!(was_rung(&wakeups.stats));
+        assert!(
+            !was_rung(&wakeups.review),
+            "dispatch news ran the review actor"
+        );
+
+        ring_doorbells(&wakeups, REVIEW_CHANNEL);
+        assert!(was_rung(&wakeups.review));
+        assert!(was_rung(&wakeups.stats));
+        assert!(
+            !was_rung(&wakeups.dispatcher),
+            "review news ran a claim round"
+        );
+    }
+
+    #[test]
+    fn review_news_goes_out_on_its_own_channel() {
+        let mailbox = ClusterMailbox::default();
+        let wakeups = Wakeups {
+            cluster: Some(mailbox.clone()),
+            ..Wakeups::default()
+        };
+        wakeups.review_changed();
+        let news = mailbox.take();
+        assert!(
+            news.review && !news.dispatch,
+            "review news sent as dispatch news"
+        );
     }
 }

@@ -104,6 +104,8 @@ impl Names {
 pub struct ClusterNews {
     /// Saga work became runnable or an AI slot freed.
     pub dispatch: bool,
+    /// The review queue changed.
+    pub review: bool,
     /// Terminals with newly numbered events.
     pub terminals: Names,
     /// Experiences whose visible ranking changed.
@@ -112,7 +114,7 @@ pub struct ClusterNews {
 
 impl ClusterNews {
     pub fn is_empty(&self) -> bool {
-        !self.dispatch && self.terminals.is_empty() && self.rankings.is_empty()
+        !self.dispatch && !self.review && self.terminals.is_empty() && self.rankings.is_empty()
     }
 }
 
@@ -185,13 +187,15 @@ impl Wakeups {
 
     /// The review queue changed: a result entered review, or an operator
     /// decided one. Wakes this instance's review actor and operator hub,
-    /// and (as dispatch news) the other instances', whose operators watch
-    /// the same queue.
+    /// and the other instances', whose operators watch the same queue.
+    /// Not the dispatchers: the AI slot was freed before the result
+    /// entered review ([`Self::saga_work`]), and an approved saga is
+    /// adopted by a review actor.
     pub fn review_changed(&self) {
         self.review.ring();
         self.stats.ring();
         if let Some(cluster) = &self.cluster {
-            cluster.update(|news| news.dispatch = true);
+            cluster.update(|news| news.review = true);
         }
     }
 

@@ -15,6 +15,10 @@ use super::{Store, StoreError, StoreResult};
 /// Saga work became runnable or an AI slot freed. Payload: the sender's
 /// instance id.
 pub const DISPATCH_CHANNEL: &str = "stagehand_dispatch";
+/// The review queue changed: a result entered review, or an operator
+/// decided one. Payload: the sender's instance id. Its own channel, so the
+/// steady stream of dispatch news does not wake every review actor.
+pub const REVIEW_CHANNEL: &str = "stagehand_review";
 /// The relay numbered new outbox events. Payload: [`names_payload`] of the
 /// terminals.
 pub const OUTBOX_CHANNEL: &str = "stagehand_outbox";
@@ -29,11 +33,24 @@ impl Store {
     /// Sends one notification in its own statement (never call it inside a
     /// transaction).
     pub async fn notify(&self, channel: &str, payload: &str) -> StoreResult<()> {
+        self.notify_all(&[(channel, payload.to_owned())]).await
+    }
+
+    /// Sends these notifications in one statement, one round trip (never
+    /// call it inside a transaction). Nothing is sent for none.
+    pub async fn notify_all(&self, notices: &[(&str, String)]) -> StoreResult<()> {
+        if notices.is_empty() {
+            return Ok(());
+        }
+        let calls: Vec<String> = (0..notices.len())
+            .map(|i| format!("pg_notify(${}, ${})", 2 * i + 1, 2 * i + 2))
+            .collect();
+        let values = notices
+            .iter()
+            .flat_map(|(channel, payload)| [(*channel).into(), payload.as_str().into()])
+            .collect();
         self.db()
-            .execute_raw(self.sql(
-                "SELECT pg_notify($1, $2)",
-                vec![channel.into(), payload.into()],
-            ))
+            .execute_raw(self.sql(&format!("SELECT {}", calls.join(", ")), values))
             .await?;
         Ok(())
     }
