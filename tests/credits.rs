@@ -386,6 +386,7 @@ impl Fixture {
             provider_max_in_flight: None,
             has_queued_ai: true,
             review: Default::default(),
+            breaker: Default::default(),
         };
         self.store
             .claim_runnable(&exp, 100, now, RULES)

@@ -377,6 +377,7 @@ async fn claim_ground(
         provider_max_in_flight: None,
         has_queued_ai: true,
         review: Default::default(),
+        breaker: Default::default(),
     };
     ClaimGround {
         _db: db,

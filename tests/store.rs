@@ -90,6 +90,7 @@ impl Fixture {
             provider_max_in_flight: None,
             has_queued_ai: true,
             review: Default::default(),
+            breaker: Default::default(),
         }
     }
 

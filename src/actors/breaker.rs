@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
-use crate::domain::breaker::{Admission, UnavailableRun, PROBE_MS};
+use crate::domain::breaker::{Admission, Breaker, UnavailableRun, PROBE_MS};
 use crate::domain::failure::AiFailure;
 use crate::store::Store;
 
@@ -114,18 +114,12 @@ impl ProviderBreaker {
         }
     }
 
-    /// What the dispatcher may claim now. `Probe` is answered to exactly
+    /// What the dispatcher may claim now, by `breaker` as it read it with
+    /// its list of claimable experiences. `Probe` is answered to exactly
     /// one caller among all instances per cool-down; the others get
-    /// `NoAi`. A breaker that cannot be read does not stop the work.
-    pub async fn admission(&self) -> Admission {
+    /// `NoAi`.
+    pub async fn admission(&self, breaker: Breaker) -> Admission {
         let now = self.clock.now_ms();
-        let breaker = match self.store.breaker(&self.provider).await {
-            Ok(breaker) => breaker,
-            Err(e) => {
-                tracing::error!(error = %e, "could not read the circuit breaker; claiming as if closed");
-                return Admission::All;
-            }
-        };
         if breaker.is_open() {
             self.maybe_open.store(true, Ordering::Release);
         }

@@ -278,7 +278,9 @@ async fn claim_round(
         };
         let wants_ai = |e: &ClaimableExperience| e.has_expired_ai || e.has_queued_ai;
         let admission = if experiences.iter().any(wants_ai) {
-            handle.breaker.admission().await
+            // The breaker is the provider's: every experience of the
+            // group read the same row.
+            handle.breaker.admission(experiences[0].breaker).await
         } else {
             Admission::All
         };

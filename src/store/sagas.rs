@@ -9,6 +9,7 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, FromQueryResult, QueryF
 
 use super::entities::sagas;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
+use crate::domain::breaker::Breaker;
 use crate::domain::policy::{lease_until, EpochMs};
 use crate::domain::review::ReviewMode;
 use crate::domain::saga::{Step, TransitionError};
@@ -88,6 +89,9 @@ pub struct ClaimableExperience {
     pub has_queued_ai: bool,
     /// Whether its results wait in the operators' review.
     pub review: ReviewMode,
+    /// Its provider's circuit breaker, read with the list (closed when
+    /// the provider has no row), so a claim round needs no read of its own.
+    pub breaker: Breaker,
 }
 
 /// Who may end a saga: its lease holder, or (for the cleanup actor) nobody,
@@ -213,6 +217,10 @@ impl Store {
                         .try_get_by_index::<String>(12)?
                         .parse()
                         .unwrap_or_default(),
+                    breaker: Breaker {
+                        open_until_ms: r.try_get_by_index(13)?,
+                        probe_until_ms: r.try_get_by_index(14)?,
+                    },
                 })
             })
             .collect::<Result<_, sea_orm::DbErr>>()
@@ -253,8 +261,11 @@ impl Store {
                 "{prefix} WITH x AS MATERIALIZED (SELECT e.id, e.max_in_flight, e.kind, \
                  e.created_at_ms, e.ai_calls, e.min_success, \
                  ({} OR {}) AS resumed, {} AS expired_ai, {} AS queued_ai, \
-                 e.provider, e.weight, p.max_in_flight AS provider_max, e.review \
-                 FROM experiences e LEFT JOIN providers p ON p.name = e.provider) \
+                 e.provider, e.weight, p.max_in_flight AS provider_max, e.review, \
+                 b.open_until_ms AS breaker_open_until_ms, \
+                 b.probe_until_ms AS breaker_probe_until_ms \
+                 FROM experiences e LEFT JOIN providers p ON p.name = e.provider \
+                 LEFT JOIN provider_breakers b ON b.provider = e.provider) \
                  SELECT * FROM x WHERE resumed OR expired_ai OR queued_ai \
                  ORDER BY created_at_ms, id",
                 probe(&resumed, ClaimSource::Unowned),
