@@ -25,7 +25,7 @@ use stagehand::store::entities::{sagas, sessions};
 use stagehand::store::experiences::NewExperience;
 use stagehand::store::sagas::{ClaimRules, ClaimableExperience, Fence};
 use stagehand::store::submissions::{
-    Submission, SubmissionAction, SubmissionOrder, SubmissionOutcome,
+    AdmissionReads, Submission, SubmissionAction, SubmissionOrder, SubmissionOutcome,
 };
 use stagehand::store::{Store, StoreError};
 use support::{Backend, Instance, TestApp, TestDb, OPERATOR};
@@ -316,12 +316,21 @@ struct Fixture {
     store: Store,
     experience_id: String,
     max_in_flight: i32,
-    _db: TestDb,
+    /// The database, kept while the fixture lives (None: another
+    /// fixture's).
+    _db: Option<TestDb>,
 }
 
 async fn fixture(backend: Backend, max_in_flight: i32, credits: Option<i64>) -> Fixture {
     let db = TestDb::fresh(backend).await;
     let store = db.store().await;
+    let mut f = fixture_on(&store, max_in_flight, credits).await;
+    f._db = Some(db);
+    f
+}
+
+/// Another experience on the same database.
+async fn fixture_on(store: &Store, max_in_flight: i32, credits: Option<i64>) -> Fixture {
     let exp = store
         .create_experience(
             NewExperience {
@@ -345,10 +354,10 @@ async fn fixture(backend: Backend, max_in_flight: i32, credits: Option<i64>) -> 
         .await
         .unwrap();
     Fixture {
-        store,
+        store: store.clone(),
         experience_id: exp.id,
         max_in_flight,
-        _db: db,
+        _db: None,
     }
 }
 
@@ -431,11 +440,31 @@ impl Fixture {
     async fn batch(&self, sessions: &[sessions::Model], now: i64) -> Vec<SubmissionOutcome> {
         let orders: Vec<SubmissionOrder> = sessions.iter().map(order).collect();
         let ids: Vec<String> = sessions.iter().map(|s| s.id.clone()).collect();
-        let reads = self.store.admission_reads(&ids, now).await.unwrap();
+        let reads = self.reads(&ids, now).await;
         self.store
             .submit_batch(&orders, &reads, now, 0, &|_, _| None)
             .await
             .unwrap()
+    }
+
+    /// What a batch to `ids` reads as the HTTP path reads it (the sessions
+    /// and admission in one statement), checked against the reads it
+    /// stands for: the sessions of `ids` that exist, each once, as stored,
+    /// and the admission read alone.
+    async fn reads(&self, ids: &[String], now: i64) -> AdmissionReads {
+        let (mut found, reads) = self.store.read_submissions(ids, now).await.unwrap();
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut stored = Vec::new();
+        for id in ids.iter().collect::<std::collections::BTreeSet<_>>() {
+            stored.extend(self.store.session(id).await.unwrap());
+        }
+        assert_eq!(found, stored, "the sessions read with admission");
+        assert_eq!(
+            reads,
+            self.store.admission_reads(ids, now).await.unwrap(),
+            "admission read with the sessions differs from the admission read alone"
+        );
+        reads
     }
 
     async fn set_closes_at(&self, closes_at: Option<i64>) {
@@ -744,6 +773,33 @@ async fn queue_position_eta_and_closing_with_fixed_times(backend: Backend) {
     assert!(matches!(f.submit(now).await, Err(StoreError::Closing)));
 }
 db_test!(queue_position_eta_and_closing_with_fixed_times);
+
+/// A batch's sessions and admission come in one read: every session found
+/// once, whatever the experience, a repeated id once, an unknown id not at
+/// all; each experience's queue read as the admission read alone reads it.
+async fn a_batch_reads_its_sessions_and_admission_at_once(backend: Backend) {
+    let f = fixture(backend, 1, Some(10)).await;
+    let other = fixture_on(&f.store, 2, None).await;
+    let (a, b) = (f.session(T0).await, f.session(T0).await);
+    let c = other.session(T0).await;
+    f.batch(std::slice::from_ref(&a), T0).await;
+    let ids = vec![
+        a.id.clone(),
+        b.id.clone(),
+        "no-such-session".to_owned(),
+        c.id.clone(),
+        b.id.clone(),
+    ];
+    let reads = f.reads(&ids, T0 + 1).await;
+    assert_ne!(reads, AdmissionReads::default(), "nothing was read");
+    let (found, _) = f
+        .store
+        .read_submissions(&["no-such-session".to_owned()], T0)
+        .await
+        .unwrap();
+    assert!(found.is_empty());
+}
+db_test!(a_batch_reads_its_sessions_and_admission_at_once);
 
 async fn a_batch_never_overdraws_and_a_session_takes_one(backend: Backend) {
     let f = fixture(backend, 5, Some(3)).await;

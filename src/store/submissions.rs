@@ -52,8 +52,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, Statement, Value,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, IdenStatic, Iterable,
+    QueryFilter, QueryOrder, QuerySelect, Statement, Value,
 };
 use uuid::Uuid;
 
@@ -129,7 +129,7 @@ pub type AnswerFn = dyn Fn(&SubmissionOrder, &SubmissionOutcome) -> Option<Store
 
 /// What admission reads for a batch, by experience id
 /// ([`Store::admission_reads`]).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub struct AdmissionReads {
     experiences: HashMap<String, experiences::Model>,
     /// The experience's share of its provider's cap (absent: no provider).
@@ -137,6 +137,45 @@ pub struct AdmissionReads {
     /// The median AI duration of its last completed sagas.
     medians: HashMap<String, Option<i64>>,
     loads: HashMap<String, QueueLoad>,
+}
+
+/// The prefix of the experience's columns in an admission read's row.
+const EXPERIENCE_PREFIX: &str = "e_";
+
+impl AdmissionReads {
+    /// Takes in one row of [`Store::admission_statement`] (an experience
+    /// already taken in, from another session's row, is skipped).
+    fn add_row(&mut self, r: &sea_orm::QueryResult) -> StoreResult<()> {
+        let id: String = r.try_get(EXPERIENCE_PREFIX, "id")?;
+        if self.experiences.contains_key(&id) {
+            return Ok(());
+        }
+        let experience = <experiences::Model as sea_orm::FromQueryResult>::from_query_result(
+            r,
+            EXPERIENCE_PREFIX,
+        )?;
+        let cap: Option<i32> = r.try_get("", "provider_cap")?;
+        let others: i64 = r.try_get("", "others_weight")?;
+        let share = share_of(
+            cap.map(i64::from),
+            i64::from(experience.weight),
+            others,
+            i64::from(experience.max_in_flight),
+        );
+        self.shares.insert(id.clone(), share);
+        self.loads.insert(
+            id.clone(),
+            QueueLoad {
+                running: r.try_get("", "ai_running")?,
+                waiting: r.try_get("", "ai_waiting")?,
+            },
+        );
+        let recent: Option<String> = r.try_get("", "recent_ai_ms")?;
+        self.medians
+            .insert(id.clone(), median_ms(&durations(recent)?));
+        self.experiences.insert(id, experience);
+        Ok(())
+    }
 }
 
 /// How a batch's writes store each answer with its key.
@@ -158,17 +197,43 @@ struct Decided {
 
 impl Store {
     /// The sessions of a batch of submissions (to `session_ids`) and what
-    /// admission reads for them, side by side: one wait.
+    /// admission reads for them, in one statement: the admission read of
+    /// [`Self::admission_reads`] (once per experience, materialised), and
+    /// each session found with its experience's row of it. A session id
+    /// that does not exist has no row.
     pub async fn read_submissions(
         &self,
         session_ids: &[String],
         now: EpochMs,
     ) -> StoreResult<(Vec<sessions::Model>, AdmissionReads)> {
-        let (sessions, reads) = tokio::join!(
-            self.sessions_by_id(session_ids),
-            self.admission_reads(session_ids, now)
+        if session_ids.is_empty() {
+            return Ok((Vec::new(), AdmissionReads::default()));
+        }
+        let (admission, mut values) = self.admission_statement(session_ids, now);
+        let ids = in_list(
+            self.backend(),
+            values.len() + 1,
+            session_ids.iter().cloned(),
+            &mut values,
         );
-        Ok((sessions?, reads?))
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                &format!(
+                    "WITH a AS MATERIALIZED ({admission}) \
+                     SELECT s.*, a.* FROM sessions s JOIN a ON a.{EXPERIENCE_PREFIX}id = s.experience_id \
+                     WHERE s.id {ids}"
+                ),
+                values,
+            ))
+            .await?;
+        let mut found = Vec::with_capacity(rows.len());
+        let mut reads = AdmissionReads::default();
+        for r in &rows {
+            found.push(<sessions::Model as sea_orm::FromQueryResult>::from_query_result(r, "")?);
+            reads.add_row(r)?;
+        }
+        Ok((found, reads))
     }
 
     /// Submits a batch of requests, decided on `reads` (what admission read
@@ -272,61 +337,50 @@ impl Store {
         if session_ids.is_empty() {
             return Ok(AdmissionReads::default());
         }
+        let (admission, values) = self.admission_statement(session_ids, now);
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(&admission, values))
+            .await?;
+        let mut reads = AdmissionReads::default();
+        for r in &rows {
+            reads.add_row(r)?;
+        }
+        Ok(reads)
+    }
+
+    /// The statement of [`Self::admission_reads`] (its text, not yet made
+    /// for the backend, and its values): one row per experience of the
+    /// sessions, its columns named with [`EXPERIENCE_PREFIX`] so the row
+    /// can stand beside a session's ([`Self::read_submissions`]).
+    fn admission_statement(&self, session_ids: &[String], now: EpochMs) -> (String, Vec<Value>) {
         let runnable = super::sagas::RUNNABLE;
         let mut values: Vec<Value> = vec![now.into(), (RECENT_AI_DURATIONS as i64).into()];
         let ids = in_list(self.backend(), 3, session_ids.iter().cloned(), &mut values);
         // Sagas, not slots: a fan-out saga holds several (see `Capacity`).
         let pending = format!("{runnable} AND s.step = 'AI_PENDING' AND s.experience_id");
         let recent = recent_ai_durations("e.id", "$2");
-        let rows = self
-            .db()
-            .query_all_raw(self.sql(
-                &format!(
-                    "SELECT e.*, p.max_in_flight AS provider_cap, \
-                     CASE WHEN p.max_in_flight IS NULL THEN 0 ELSE \
-                     (SELECT COALESCE(SUM(x.weight), 0) FROM experiences x \
-                     WHERE x.provider = p.name AND x.id <> e.id AND EXISTS \
-                     (SELECT 1 FROM sagas s WHERE {pending} = x.id)) END AS others_weight, \
-                     (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
-                     AND s.lock_token IS NOT NULL AND s.locked_until_ms >= $1) AS ai_running, \
-                     (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
-                     AND s.lock_token IS NULL) \
-                     + (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
-                     AND s.lock_token IS NOT NULL AND s.locked_until_ms < $1) AS ai_waiting, \
-                     {recent} AS recent_ai_ms \
-                     FROM experiences e LEFT JOIN providers p ON p.name = e.provider \
-                     WHERE e.id IN (SELECT experience_id FROM sessions WHERE id {ids})"
-                ),
-                values,
-            ))
-            .await?;
-        let mut reads = AdmissionReads::default();
-        for r in &rows {
-            let experience =
-                <experiences::Model as sea_orm::FromQueryResult>::from_query_result(r, "")?;
-            let cap: Option<i32> = r.try_get("", "provider_cap")?;
-            let others: i64 = r.try_get("", "others_weight")?;
-            let share = share_of(
-                cap.map(i64::from),
-                i64::from(experience.weight),
-                others,
-                i64::from(experience.max_in_flight),
-            );
-            reads.shares.insert(experience.id.clone(), share);
-            reads.loads.insert(
-                experience.id.clone(),
-                QueueLoad {
-                    running: r.try_get("", "ai_running")?,
-                    waiting: r.try_get("", "ai_waiting")?,
-                },
-            );
-            let recent: Option<String> = r.try_get("", "recent_ai_ms")?;
-            reads
-                .medians
-                .insert(experience.id.clone(), median_ms(&durations(recent)?));
-            reads.experiences.insert(experience.id.clone(), experience);
-        }
-        Ok(reads)
+        let columns: Vec<String> = experiences::Column::iter()
+            .map(|c| format!("e.{0} AS {EXPERIENCE_PREFIX}{0}", c.as_str()))
+            .collect();
+        let text = format!(
+            "SELECT {columns}, p.max_in_flight AS provider_cap, \
+             CASE WHEN p.max_in_flight IS NULL THEN 0 ELSE \
+             (SELECT COALESCE(SUM(x.weight), 0) FROM experiences x \
+             WHERE x.provider = p.name AND x.id <> e.id AND EXISTS \
+             (SELECT 1 FROM sagas s WHERE {pending} = x.id)) END AS others_weight, \
+             (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
+             AND s.lock_token IS NOT NULL AND s.locked_until_ms >= $1) AS ai_running, \
+             (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
+             AND s.lock_token IS NULL) \
+             + (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
+             AND s.lock_token IS NOT NULL AND s.locked_until_ms < $1) AS ai_waiting, \
+             {recent} AS recent_ai_ms \
+             FROM experiences e LEFT JOIN providers p ON p.name = e.provider \
+             WHERE e.id IN (SELECT experience_id FROM sessions WHERE id {ids})",
+            columns = columns.join(", "),
+        );
+        (text, values)
     }
 
     /// Decides and writes the fresh requests (indexes into `orders`). On
