@@ -20,7 +20,7 @@
 //! batches never wait on each other's rows; and inside a batch each abort
 //! runs in a savepoint of its own, so one that fails fails alone.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use sea_orm::sea_query::Expr;
 use sea_orm::{
@@ -687,30 +687,19 @@ async fn finish_completed(
     }
     let backend = tx.get_database_backend();
     let ids: Vec<String> = completed.iter().cloned().collect();
-    let sagas = sagas::Entity::find()
+    // Each saga with its session, in one read.
+    let sagas: Vec<(sagas::Model, Option<sessions::Model>)> = sagas::Entity::find()
+        .find_also_related(sessions::Entity)
         .filter(column_in(backend, sagas::Column::Id, ids))
         .all(&**tx)
         .await?;
-    let session_ids: Vec<String> = sagas.iter().map(|s| s.session_id.clone()).collect();
-    let sessions: HashMap<String, sessions::Model> = sessions::Entity::find()
-        .filter(column_in(
-            backend,
-            sessions::Column::Id,
-            session_ids.clone(),
-        ))
-        .all(&**tx)
-        .await?
-        .into_iter()
-        .map(|s| (s.id.clone(), s))
-        .collect();
+    let session_ids: Vec<String> = sagas.iter().map(|(s, _)| s.session_id.clone()).collect();
 
     let mut result_rows = Vec::with_capacity(sagas.len());
     let mut events = Vec::new();
     let mut appended = HashSet::new();
-    for saga in &sagas {
-        let session = sessions
-            .get(&saga.session_id)
-            .ok_or(StoreError::NotFound("session"))?;
+    for (saga, session) in &sagas {
+        let session = session.as_ref().ok_or(StoreError::NotFound("session"))?;
         let content: serde_json::Value = match &saga.content {
             Some(text) => {
                 serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))?

@@ -64,6 +64,21 @@ pub struct Model {
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub enum Relation {
+    /// The session the saga runs for (read with it when a batch
+    /// completes, see `store::transitions`).
+    #[sea_orm(
+        belongs_to = "super::sessions::Entity",
+        from = "Column::SessionId",
+        to = "super::sessions::Column::Id"
+    )]
+    Session,
+}
+
+impl Related<super::sessions::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Session.def()
+    }
+}
 
 impl ActiveModelBehavior for ActiveModel {}
