@@ -47,18 +47,6 @@ impl Store {
             .await?)
     }
 
-    /// The sessions with these ids (those that exist), in one statement.
-    pub async fn sessions_by_id(&self, ids: &[String]) -> StoreResult<Vec<sessions::Model>> {
-        Ok(sessions::Entity::find()
-            .filter(super::rows::column_in(
-                self.backend(),
-                sessions::Column::Id,
-                ids.iter().cloned(),
-            ))
-            .all(self.db())
-            .await?)
-    }
-
     /// The newest saga of a session, if it ever submitted.
     pub async fn latest_saga_of_session(
         &self,

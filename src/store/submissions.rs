@@ -209,13 +209,7 @@ impl Store {
         if session_ids.is_empty() {
             return Ok((Vec::new(), AdmissionReads::default()));
         }
-        let (admission, mut values) = self.admission_statement(session_ids, now);
-        let ids = in_list(
-            self.backend(),
-            values.len() + 1,
-            session_ids.iter().cloned(),
-            &mut values,
-        );
+        let (admission, ids, values) = self.admission_statement(session_ids, now);
         let rows = self
             .db()
             .query_all_raw(self.sql(
@@ -337,7 +331,7 @@ impl Store {
         if session_ids.is_empty() {
             return Ok(AdmissionReads::default());
         }
-        let (admission, values) = self.admission_statement(session_ids, now);
+        let (admission, _, values) = self.admission_statement(session_ids, now);
         let rows = self
             .db()
             .query_all_raw(self.sql(&admission, values))
@@ -350,10 +344,15 @@ impl Store {
     }
 
     /// The statement of [`Self::admission_reads`] (its text, not yet made
-    /// for the backend, and its values): one row per experience of the
-    /// sessions, its columns named with [`EXPERIENCE_PREFIX`] so the row
-    /// can stand beside a session's ([`Self::read_submissions`]).
-    fn admission_statement(&self, session_ids: &[String], now: EpochMs) -> (String, Vec<Value>) {
+    /// for the backend), the condition on session ids it binds (`IN ...`,
+    /// for [`Self::read_submissions`] to use again), and its values: one row
+    /// per experience of the sessions, its columns named with
+    /// [`EXPERIENCE_PREFIX`] so the row can stand beside a session's.
+    fn admission_statement(
+        &self,
+        session_ids: &[String],
+        now: EpochMs,
+    ) -> (String, String, Vec<Value>) {
         let runnable = super::sagas::RUNNABLE;
         let mut values: Vec<Value> = vec![now.into(), (RECENT_AI_DURATIONS as i64).into()];
         let ids = in_list(self.backend(), 3, session_ids.iter().cloned(), &mut values);
@@ -380,7 +379,7 @@ impl Store {
              WHERE e.id IN (SELECT experience_id FROM sessions WHERE id {ids})",
             columns = columns.join(", "),
         );
-        (text, values)
+        (text, ids, values)
     }
 
     /// Decides and writes the fresh requests (indexes into `orders`). On
