@@ -9,8 +9,7 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use support::{Backend, TestDb};
@@ -22,36 +21,9 @@ const RUN_DEADLINE: Duration = Duration::from_secs(120);
 /// Runs `stagehand rehearse` with `args`; its exit code and its stdout and
 /// stderr when it exits in time, a panic otherwise.
 fn rehearse(args: &[&str]) -> (Option<i32>, String) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let out = dir.path().join("out.log");
-    let file = std::fs::File::create(&out).expect("log file");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_stagehand"))
-        .arg("rehearse")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(file.try_clone().expect("log file"))
-        .stderr(file)
-        .spawn()
-        .expect("start stagehand rehearse");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if start.elapsed() > RUN_DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "rehearse still running after {RUN_DEADLINE:?}:\n{}",
-                std::fs::read_to_string(&out).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    (
-        status.code(),
-        std::fs::read_to_string(&out).unwrap_or_default(),
-    )
+    let mut all = vec!["rehearse"];
+    all.extend_from_slice(args);
+    support::run_stagehand(&all, RUN_DEADLINE)
 }
 
 /// The last line of the output that starts with `GO:` or `NO-GO:`.

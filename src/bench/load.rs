@@ -78,7 +78,10 @@ impl Load {
 
 /// What one scenario runs.
 pub struct Scenario {
+    /// This build: the AI simulator.
     pub exe: PathBuf,
+    /// The build whose `stagehand serve` runs (`--server-binary`, or this one).
+    pub server_exe: PathBuf,
     pub backend: Backend,
     pub terminals: usize,
     pub sessions: usize,
@@ -429,12 +432,14 @@ pub(super) fn instant_ai() -> Vec<String> {
     vec!["--latency".into(), "0ms".into()]
 }
 
-/// Starts the AI simulator (`stagehand sim-ai` with `sim_args`, e.g.
-/// [`instant_ai`]) and `stagehand serve` on `database_url`, as a user runs
+/// Starts the AI simulator (`exe sim-ai` with `sim_args`, e.g.
+/// [`instant_ai`]) and `server_exe serve` on `database_url`, as a user runs
 /// them, and waits until both answer. The client keeps up to `pool` idle
 /// connections.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn start_stack(
     exe: &Path,
+    server_exe: &Path,
     database_url: &str,
     sim_args: &[String],
     server_args: &[String],
@@ -459,7 +464,7 @@ pub(super) async fn start_stack(
 
     let operator = uuid::Uuid::new_v4().simple().to_string();
     let (server, base) = start_server(
-        exe,
+        server_exe,
         database_url,
         &sim_url,
         &operator,
@@ -695,6 +700,7 @@ async fn drive(
         sim_url,
     } = start_stack(
         &s.exe,
+        &s.server_exe,
         database_url,
         &instant_ai(),
         &s.server_args,
@@ -708,7 +714,7 @@ async fn drive(
     let mut bases = vec![base.clone()];
     for k in 2..=s.instances {
         let (server, base) = start_server(
-            &s.exe,
+            &s.server_exe,
             database_url,
             &sim_url,
             &operator,

@@ -54,6 +54,14 @@ pub struct BenchArgs {
     /// (repeatable): `--server-arg "--db-pool 20"`.
     #[arg(long = "server-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
+    /// Run this build's `stagehand serve` instead of this one's, for two
+    /// builds measured by the same client, simulator and accounting (run
+    /// the bench once with, once without, and compare side by side). The
+    /// build must take the flags `serve` gets here (`--database-url`,
+    /// `--bind`, `--ai-url`, `--operator-token`, the `--server-arg`s). The
+    /// claim-cost figures run in this process: they stay this build's.
+    #[arg(long, value_name = "PATH")]
+    pub server_binary: Option<PathBuf>,
     /// Keep the server and simulator logs (they are also kept when a
     /// scenario fails).
     #[arg(long)]
@@ -129,6 +137,13 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let started = chrono::Local::now().format("%Y-%m-%d %H:%M %Z").to_string();
     let load_start = load_average();
     let exe = std::env::current_exe().map_err(|e| format!("current executable: {e}"))?;
+    let server_exe = match &args.server_binary {
+        Some(path) if !path.is_file() => {
+            return Err(format!("--server-binary {}: no such file", path.display()))
+        }
+        Some(path) => path.clone(),
+        None => exe.clone(),
+    };
     let dir = std::env::temp_dir().join(format!("stagehand-bench-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     let server_args: Vec<String> = args
@@ -180,6 +195,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     for (backend, terminals, load, instances) in scenarios {
         let scenario = Scenario {
             exe: exe.clone(),
+            server_exe: server_exe.clone(),
             backend,
             terminals,
             sessions: match load {
@@ -255,7 +271,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             "bench: memory per idle socket (SQLite, {} display WebSockets) running",
             args.idle_sockets
         );
-        let m = sockets::run(&exe, &dir, &server_args, args.idle_sockets).await;
+        let m = sockets::run(&exe, &server_exe, &dir, &server_args, args.idle_sockets).await;
         match &m.outcome {
             Ok(x) => eprintln!(
                 "bench: memory per idle socket done: {:.1} KiB per socket (VmRSS {} KiB -> {} KiB)",
@@ -287,6 +303,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         sync_commit: sync_commit.as_deref(),
         pgbench: pgbench.as_ref(),
         server_args: &server_args,
+        server_binary: args.server_binary.as_deref(),
     });
     println!("{header}");
     if !results.is_empty() {

@@ -359,6 +359,7 @@ pub async fn run(args: RehearseArgs) -> Result<Verdict, String> {
             eprintln!("rehearse: starting the AI simulator and the server ({db})");
             let stack = load::start_stack(
                 &exe,
+                &exe,
                 &db,
                 &sim_args,
                 &server_args,

@@ -60,24 +60,34 @@ pub struct SocketMemoryResult {
     pub log: Option<LogSummary>,
 }
 
-/// Runs the measurement with `sockets` idle displays.
+/// Runs the measurement with `sockets` idle displays on a server of
+/// `server_exe` (the simulator is `exe`'s).
 pub async fn run(
     exe: &Path,
+    server_exe: &Path,
     dir: &Path,
     server_args: &[String],
     sockets: usize,
 ) -> SocketMemoryResult {
     let logs = super::logs_dir(dir);
     let server_log = logs.join("sockets-server.log");
-    let outcome = measure(exe, dir, &logs, &server_log, server_args, sockets)
-        .await
-        .map_err(|e| {
-            if server_log.exists() {
-                format!("{e}\n  server log: {}", server_log.display())
-            } else {
-                e
-            }
-        });
+    let outcome = measure(
+        exe,
+        server_exe,
+        dir,
+        &logs,
+        &server_log,
+        server_args,
+        sockets,
+    )
+    .await
+    .map_err(|e| {
+        if server_log.exists() {
+            format!("{e}\n  server log: {}", server_log.display())
+        } else {
+            e
+        }
+    });
     SocketMemoryResult {
         outcome,
         log: load::summarize_log(&server_log),
@@ -87,6 +97,7 @@ pub async fn run(
 
 async fn measure(
     exe: &Path,
+    server_exe: &Path,
     dir: &Path,
     logs: &Path,
     server_log: &Path,
@@ -110,6 +121,7 @@ async fn measure(
         ..
     } = load::start_stack(
         exe,
+        server_exe,
         &database_url,
         &load::instant_ai(),
         server_args,

@@ -27,6 +27,8 @@ pub struct Header<'a> {
     pub sync_commit: Option<&'a str>,
     pub pgbench: Option<&'a Pgbench>,
     pub server_args: &'a [String],
+    /// `--server-binary`, when the servers were another build.
+    pub server_binary: Option<&'a std::path::Path>,
 }
 
 /// The lines above the table.
@@ -79,6 +81,9 @@ pub fn header(h: &Header) -> String {
             " (the simulated crowd is one address)"
         };
         lines.push(format!("every server: {}{why}", serve.join(" ")));
+    }
+    if let Some(path) = h.server_binary {
+        lines.push(format!("servers run by: {}", path.display()));
     }
     lines.push(String::new());
     lines.join("\n")

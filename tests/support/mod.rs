@@ -960,6 +960,43 @@ impl Drop for Logs {
 }
 
 /// A free loopback port: bind port 0, read it, let it go.
+/// Runs the built `stagehand` with `args` (a subcommand and its flags) to
+/// its end, its stdout and stderr in one file; its exit code and that
+/// output when it exits within `deadline`, a panic with the output
+/// otherwise.
+pub fn run_stagehand(args: &[&str], deadline: Duration) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("out.log");
+    let file = File::create(&out).expect("log file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stagehand"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("log file"))
+        .stderr(file)
+        .spawn()
+        .expect("start stagehand");
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "stagehand {} still running after {deadline:?}:\n{}",
+                args.first().unwrap_or(&""),
+                std::fs::read_to_string(&out).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (
+        status.code(),
+        std::fs::read_to_string(&out).unwrap_or_default(),
+    )
+}
+
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     listener.local_addr().expect("local addr").port()
