@@ -58,8 +58,10 @@ pub struct BenchArgs {
     /// builds measured by the same client, simulator and accounting (run
     /// the bench once with, once without, and compare side by side). The
     /// build must take the flags `serve` gets here (`--database-url`,
-    /// `--bind`, `--ai-url`, `--operator-token`, the `--server-arg`s). The
-    /// claim-cost figures run in this process: they stay this build's.
+    /// `--bind`, `--ai-url`, `--operator-token`, the `--server-arg`s) and
+    /// be the process it is started as (a wrapper script must `exec`: CPU
+    /// and memory are read from that process). The claim-cost figures run
+    /// in this process: they stay this build's.
     #[arg(long, value_name = "PATH")]
     pub server_binary: Option<PathBuf>,
     /// Keep the server and simulator logs (they are also kept when a
