@@ -432,14 +432,30 @@ pub(super) fn instant_ai() -> Vec<String> {
     vec!["--latency".into(), "0ms".into()]
 }
 
-/// Starts the AI simulator (`exe sim-ai` with `sim_args`, e.g.
-/// [`instant_ai`]) and `server_exe serve` on `database_url`, as a user runs
-/// them, and waits until both answer. The client keeps up to `pool` idle
-/// connections.
-#[allow(clippy::too_many_arguments)]
+/// The builds a stack runs: the AI simulator's and the server's (the same
+/// build unless `stagehand bench --server-binary` names another).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Builds<'a> {
+    pub sim: &'a Path,
+    pub server: &'a Path,
+}
+
+impl<'a> Builds<'a> {
+    /// Simulator and server both from `exe`.
+    pub fn one(exe: &'a Path) -> Self {
+        Builds {
+            sim: exe,
+            server: exe,
+        }
+    }
+}
+
+/// Starts the AI simulator (`builds.sim sim-ai` with `sim_args`, e.g.
+/// [`instant_ai`]) and `builds.server serve` on `database_url`, as a user
+/// runs them, and waits until both answer. The client keeps up to `pool`
+/// idle connections.
 pub(super) async fn start_stack(
-    exe: &Path,
-    server_exe: &Path,
+    builds: Builds<'_>,
     database_url: &str,
     sim_args: &[String],
     server_args: &[String],
@@ -458,13 +474,13 @@ pub(super) async fn start_stack(
         format!("127.0.0.1:{sim_port}"),
     ];
     args.extend(sim_args.iter().cloned());
-    let mut sim = Proc::start(exe, "the AI simulator", &args, &[], sim_log)?;
+    let mut sim = Proc::start(builds.sim, "the AI simulator", &args, &[], sim_log)?;
     sim.wait_ready(&client, &format!("{sim_url}/v1/stats"))
         .await?;
 
     let operator = uuid::Uuid::new_v4().simple().to_string();
     let (server, base) = start_server(
-        server_exe,
+        builds.server,
         database_url,
         &sim_url,
         &operator,
@@ -699,8 +715,10 @@ async fn drive(
         operator,
         sim_url,
     } = start_stack(
-        &s.exe,
-        &s.server_exe,
+        Builds {
+            sim: &s.exe,
+            server: &s.server_exe,
+        },
         database_url,
         &instant_ai(),
         &s.server_args,

@@ -273,7 +273,16 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             "bench: memory per idle socket (SQLite, {} display WebSockets) running",
             args.idle_sockets
         );
-        let m = sockets::run(&exe, &server_exe, &dir, &server_args, args.idle_sockets).await;
+        let m = sockets::run(
+            load::Builds {
+                sim: &exe,
+                server: &server_exe,
+            },
+            &dir,
+            &server_args,
+            args.idle_sockets,
+        )
+        .await;
         match &m.outcome {
             Ok(x) => eprintln!(
                 "bench: memory per idle socket done: {:.1} KiB per socket (VmRSS {} KiB -> {} KiB)",

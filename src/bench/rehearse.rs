@@ -358,8 +358,7 @@ pub async fn run(args: RehearseArgs) -> Result<Verdict, String> {
             let logs = super::logs_dir(&dir);
             eprintln!("rehearse: starting the AI simulator and the server ({db})");
             let stack = load::start_stack(
-                &exe,
-                &exe,
+                load::Builds::one(&exe),
                 &db,
                 &sim_args,
                 &server_args,

@@ -61,33 +61,24 @@ pub struct SocketMemoryResult {
 }
 
 /// Runs the measurement with `sockets` idle displays on a server of
-/// `server_exe` (the simulator is `exe`'s).
-pub async fn run(
-    exe: &Path,
-    server_exe: &Path,
+/// `builds.server`.
+pub(super) async fn run(
+    builds: load::Builds<'_>,
     dir: &Path,
     server_args: &[String],
     sockets: usize,
 ) -> SocketMemoryResult {
     let logs = super::logs_dir(dir);
     let server_log = logs.join("sockets-server.log");
-    let outcome = measure(
-        exe,
-        server_exe,
-        dir,
-        &logs,
-        &server_log,
-        server_args,
-        sockets,
-    )
-    .await
-    .map_err(|e| {
-        if server_log.exists() {
-            format!("{e}\n  server log: {}", server_log.display())
-        } else {
-            e
-        }
-    });
+    let outcome = measure(builds, dir, &logs, &server_log, server_args, sockets)
+        .await
+        .map_err(|e| {
+            if server_log.exists() {
+                format!("{e}\n  server log: {}", server_log.display())
+            } else {
+                e
+            }
+        });
     SocketMemoryResult {
         outcome,
         log: load::summarize_log(&server_log),
@@ -96,8 +87,7 @@ pub async fn run(
 }
 
 async fn measure(
-    exe: &Path,
-    server_exe: &Path,
+    builds: load::Builds<'_>,
     dir: &Path,
     logs: &Path,
     server_log: &Path,
@@ -120,8 +110,7 @@ async fn measure(
         operator,
         ..
     } = load::start_stack(
-        exe,
-        server_exe,
+        builds,
         &database_url,
         &load::instant_ai(),
         server_args,
