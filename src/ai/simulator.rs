@@ -86,8 +86,9 @@ pub struct SimStats {
     pub running: u64,
     /// Submits that came without an `Idempotency-Key`.
     pub missing_key: u64,
-    /// Requests answered 503 because of an outage (down, `unavailable_rate`
-    /// or [`SimFaults::poll_unavailable`]).
+    /// Requests answered 503 because of an outage (down, `unavailable_rate`,
+    /// [`SimFaults::poll_unavailable`] or
+    /// [`SimFaults::unavailable_after_unclear`]).
     #[serde(default)]
     pub refused: u64,
     /// Submits that created a job and then gave no readable answer
@@ -120,6 +121,14 @@ pub struct SimFaults {
     /// Polls answer 404 `not_found` while the jobs go on running (a
     /// provider that lost track of them for a while).
     pub poll_not_found: bool,
+    /// After each unclear answer ([`Self::drop_after_create`],
+    /// [`Self::cut_body_after_create`]), the next `n` submits answer 503
+    /// `unavailable` whatever their key (an outage that begins right after
+    /// the job was made, so the retry of the unclear submit is refused).
+    pub unavailable_after_unclear: u64,
+    /// A submit that creates a job is answered this much later (the job
+    /// runs meanwhile): the caller's submit is out while the job exists.
+    pub submit_delay: Duration,
 }
 
 /// How a submit that created a job is answered under [`SimFaults`].
@@ -225,6 +234,9 @@ struct SimState {
     missing_key: u64,
     refused: u64,
     faults: SimFaults,
+    /// Submits still to be answered 503 after an unclear answer
+    /// ([`SimFaults::unavailable_after_unclear`]).
+    refuse_submits: u64,
     unclear_answers: u64,
     cancelled: u64,
     cancel_requests: u64,
@@ -321,6 +333,7 @@ impl SimControl {
                 missing_key: 0,
                 refused: 0,
                 faults: SimFaults::default(),
+                refuse_submits: 0,
                 unclear_answers: 0,
                 cancelled: 0,
                 cancel_requests: 0,
@@ -396,7 +409,20 @@ impl SimControl {
             return None;
         };
         state.unclear_answers += 1;
+        state.refuse_submits += state.faults.unavailable_after_unclear;
         Some(fault)
+    }
+
+    /// True when a submit must answer 503 because an unclear answer came
+    /// just before ([`SimFaults::unavailable_after_unclear`]).
+    fn submit_refused_after_unclear(&self) -> bool {
+        let mut state = self.lock();
+        if state.refuse_submits == 0 {
+            return false;
+        }
+        state.refuse_submits -= 1;
+        state.refused += 1;
+        true
     }
 
     /// When down: every request answers 503 `{"error":"unavailable"}`.
@@ -607,7 +633,7 @@ async fn submit_job(
     request: HttpRequest,
     body: web::Bytes,
 ) -> HttpResponse {
-    if control.is_unavailable(true) {
+    if control.is_unavailable(true) || control.submit_refused_after_unclear() {
         return unavailable_answer();
     }
     let parsed: Value = if body.is_empty() {
@@ -630,6 +656,10 @@ async fn submit_job(
     let (status, answer) = control.submit(idempotency_key, &parsed);
     // 202 means a job was just created: the place for the unclear faults.
     if status == StatusCode::ACCEPTED {
+        let delay = control.faults().submit_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         match control.take_answer_fault() {
             Some(AnswerFault::Cut) => {
                 let text = answer.to_string();
