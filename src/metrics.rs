@@ -61,6 +61,13 @@ pub const AI_REQUEST_DURATION: &str = "stagehand_ai_request_duration_seconds";
 pub const AI_JOB_DURATION: &str = "stagehand_ai_job_duration_seconds";
 /// Counter: AI jobs seen reaching a final status.
 pub const AI_JOBS_FINISHED: &str = "stagehand_ai_jobs_finished_total";
+/// Counter: slots of the ledger freed, by the evidence that no job ran in
+/// them (`job_final`, `cancel_confirmed`, `submit_refused`,
+/// `never_submitted`).
+pub const SLOTS_FREED: &str = "stagehand_ai_slots_freed_total";
+/// Counter: rows of the ledger whose job was looked for by re-sending its
+/// key (its id was never recorded), by what was found (`job`, `none`).
+pub const SLOTS_FOUND_BY_KEY: &str = "stagehand_ai_slots_found_by_key_total";
 /// Histogram: sagas one claim round took.
 pub const CLAIM_BATCH: &str = "stagehand_claim_batch_size";
 /// Counter: messages handled by this process's actors, by actor (the
@@ -165,6 +172,14 @@ fn describe() {
         AI_JOBS_FINISHED,
         "AI jobs seen reaching a final status by this process (outcome: succeeded, failed, rejected)."
     );
+    describe_counter!(
+        SLOTS_FREED,
+        "AI slots of the ledger freed, by the evidence that no job runs in them (evidence: job_final, cancel_confirmed, submit_refused, never_submitted)."
+    );
+    describe_counter!(
+        SLOTS_FOUND_BY_KEY,
+        "Adopted AI slots whose job id was never recorded, looked for by re-sending their key (found: job, none)."
+    );
     describe_histogram!(
         CLAIM_BATCH,
         "Sagas claimed per dispatcher claim round (0 included: the rounds that found nothing)."
@@ -215,6 +230,19 @@ pub fn outbox_read() {
 pub fn claimed(batch: usize) {
     install();
     ::metrics::histogram!(CLAIM_BATCH).record(batch as f64);
+}
+
+/// Slots of the ledger were freed (see [`SLOTS_FREED`]).
+pub fn slots_freed(evidence: &'static str, n: u64) {
+    install();
+    ::metrics::counter!(SLOTS_FREED, "evidence" => evidence).increment(n);
+}
+
+/// An adopted slot's job was looked for by its key (see
+/// [`SLOTS_FOUND_BY_KEY`]).
+pub fn slot_found_by_key(found: &'static str) {
+    install();
+    ::metrics::counter!(SLOTS_FOUND_BY_KEY, "found" => found).increment(1);
 }
 
 /// Which request to the AI provider.
@@ -531,7 +559,7 @@ async fn database_gauges(
 
     out.family(
         "stagehand_ai_jobs_in_flight",
-        "AI jobs running now per experience: the AI slots of its AI_PENDING sagas whose lease is held (one per call of a fan-out saga).",
+        "AI slots in use now per experience: rows of the slot ledger, one per call that may have a job at the provider (of ended sagas too, until their jobs end).",
     );
     for e in &stats.experiences {
         out.sample(

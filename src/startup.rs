@@ -17,12 +17,12 @@ use actix::{Actor, Addr};
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{web, App, HttpServer};
 
+use crate::actors::adopter::SlotAdopter;
 use crate::actors::ai::AiActor;
 use crate::actors::breaker::{ProviderBreaker, ProviderRate};
 use crate::actors::cleanup::CleanupActor;
 use crate::actors::cluster::ClusterBridge;
 use crate::actors::dispatcher::{Dispatcher, Drain, Drained};
-use crate::actors::lingering::LingeringJobsActor;
 use crate::actors::liveness::LivenessActor;
 use crate::actors::operator_hub::OperatorHub;
 use crate::actors::outbox_relay::OutboxRelay;
@@ -161,7 +161,6 @@ impl Application {
         .await?;
         store.migrate().await?;
         // Saga work and display streams get their own connections.
-        let store = store.with_linger(config.ai_timeout);
         let work = store.with_own_pool(config.worker_db_pool).await?;
         tracing::info!(database = %redact(&config.database_url), "database ready (migrations applied)");
 
@@ -258,12 +257,13 @@ impl Application {
             });
         }
         let providers = Providers::new(handles);
-        LingeringJobsActor::new(
+        SlotAdopter::new(
             work.clone(),
             clock.clone(),
             providers.clone(),
             wakeups.clone(),
             config.ai_poll_interval,
+            config.max_recoveries,
         )
         .start();
         let deps = SagaDeps {

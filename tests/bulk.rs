@@ -337,7 +337,7 @@ async fn bulk_works_through_ten_thousand_sagas(backend: Backend) {
                 hash = uuid::Uuid::new_v4().simple()
             ));
             sagas.push(format!(
-                "('{saga}', '{session}', '{e}', 'AI_PENDING', 'x', 0, 0, 0, {later}, '{key}', 0, 1, FALSE, {later}, 0, {now}, {now})",
+                "('{saga}', '{session}', '{e}', 'AI_PENDING', 'x', 0, 0, 0, {later}, '{key}', 0, FALSE, {later}, 0, {now}, {now})",
                 e = experience.id,
                 key = uuid::Uuid::new_v4()
             ));
@@ -353,7 +353,7 @@ async fn bulk_works_through_ten_thousand_sagas(backend: Backend) {
         store
             .db()
             .execute_unprepared(&format!(
-                "INSERT INTO sagas (id, session_id, experience_id, step, prompt, attempts, recoveries, unavailable_streak, next_attempt_at_ms, ai_base_key, attempt_offset, slots, handed_over, deadline_at_ms, charged_credits, created_at_ms, updated_at_ms) VALUES {}",
+                "INSERT INTO sagas (id, session_id, experience_id, step, prompt, attempts, recoveries, unavailable_streak, next_attempt_at_ms, ai_base_key, attempt_offset, handed_over, deadline_at_ms, charged_credits, created_at_ms, updated_at_ms) VALUES {}",
                 sagas.join(", ")
             ))
             .await

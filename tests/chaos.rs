@@ -1168,7 +1168,8 @@ async fn watch_cap(
 /// AI_PENDING sagas that have (or had) a job at the provider, per line.
 async fn pending_jobs(db: &DatabaseConnection) -> Vec<String> {
     let now_ms = chrono::Utc::now().timestamp_millis();
-    let sql = "SELECT g.id, e.slug, g.slots, g.lock_token, g.locked_until_ms, \
+    let sql = "SELECT g.id, e.slug, \
+               (SELECT count(*) FROM ai_slots l WHERE l.saga_id = g.id) AS slots, g.lock_token, g.locked_until_ms, \
                g.handed_over::text AS handed_over, g.recoveries, g.ai_job_id, g.updated_at_ms, \
                (SELECT count(*) FROM ai_calls c WHERE c.saga_id = g.id AND c.status = 'RUNNING' \
                 AND c.job_id IS NOT NULL) AS running_calls \

@@ -618,7 +618,7 @@ async fn refunds_follow_the_reason_and_a_batch_of_aborts(backend: Backend) {
             AbortReason::AiTimeout
         },
         detail: "attempts used up".into(),
-        linger: true,
+        free_calls: Vec::new(),
     });
     let outcome = f
         .store

@@ -388,11 +388,29 @@ async fn claim_ground(
     }
 }
 
+/// Slots of the ledger in use for an experience now.
+async fn slots_in_use(store: &Store, experience_id: &str, now: i64) -> i64 {
+    stagehand::store::ledger::slots_in_use(store.db(), None, now)
+        .await
+        .unwrap()
+        .experience_total(experience_id)
+}
+
+/// The calls a claimed saga holds slots for (reserved by the claim now).
+fn fresh_calls(holds: &stagehand::store::sagas::Holds) -> Vec<i32> {
+    match holds {
+        stagehand::store::sagas::Holds::Fresh(calls) => calls.clone(),
+        other => panic!("expected fresh slots, got {other:?}"),
+    }
+}
+
 /// The claim, on the store: a fan-out saga takes as many of the free slots
-/// as it has calls (each call counts one against `max_in_flight`), and the
-/// slots a saga gives back as its calls end are claimed by the next one.
+/// as it has calls (each call counts one against `max_in_flight`), each
+/// written to the ledger for one of its calls, and the slots a saga frees
+/// as its calls end are claimed by the next one.
 async fn claim_counts_calls_not_sagas(backend: Backend) {
-    use stagehand::store::ai_calls::{CallRow, Slots, SUCCEEDED};
+    use stagehand::domain::ledger::Evidence;
+    use stagehand::store::ai_calls::{CallRow, CallSlot, SUCCEEDED};
 
     let ClaimGround {
         _db,
@@ -405,35 +423,33 @@ async fn claim_counts_calls_not_sagas(backend: Backend) {
     const RULES: stagehand::store::sagas::ClaimRules = CLAIM_RULES;
     let now = T0 + 10;
     let claimed = store
-        .claim_runnable(&claimable, 100, now, RULES)
+        .claim_for_provider(std::slice::from_ref(&claimable), 100, now, RULES)
         .await
         .unwrap();
-    let slots: Vec<(String, i32)> = claimed.iter().map(|s| (s.id.clone(), s.slots)).collect();
+    let slots: Vec<(String, Vec<i32>)> = claimed
+        .iter()
+        .map(|c| (c.saga.id.clone(), fresh_calls(&c.holds)))
+        .collect();
     assert_eq!(
         slots,
         vec![
-            (sagas[0].id.clone(), 4),
-            (sagas[1].id.clone(), 4),
-            (sagas[2].id.clone(), 2)
+            (sagas[0].id.clone(), vec![0, 1, 2, 3]),
+            (sagas[1].id.clone(), vec![0, 1, 2, 3]),
+            (sagas[2].id.clone(), vec![0, 1])
         ],
         "oldest first, 10 slots in all"
     );
-    assert_eq!(
-        Store::in_flight(store.db(), &exp_id, now)
-            .await
-            .unwrap()
-            .total(),
-        10
-    );
+    assert_eq!(slots_in_use(&store, &exp_id, now).await, 10);
     assert!(store
         .claim_runnable(&claimable, 100, now, RULES)
         .await
         .unwrap()
         .is_empty());
 
-    // The first saga's calls end: 3 stored, 1 left, so it needs 1 slot.
-    let token = claimed[0].lock_token.clone().unwrap();
-    for (k, left) in [(0, 3), (1, 2), (2, 1)] {
+    // The first saga's calls end: 3 stored, their slots freed.
+    let first = &claimed[0].saga;
+    let token = first.lock_token.clone().unwrap();
+    for k in 0..3 {
         let row = CallRow {
             call_index: k,
             attempts: 0,
@@ -446,36 +462,31 @@ async fn claim_counts_calls_not_sagas(backend: Backend) {
         };
         store
             .write_ai_call(
-                &claimed[0].id,
+                &first.id,
                 &token,
                 &row,
-                Slots::AtMost(left),
+                CallSlot::Free(Evidence::JobFinal),
+                &[],
                 now,
                 60_000,
             )
             .await
             .unwrap();
     }
-    assert_eq!(
-        Store::in_flight(store.db(), &exp_id, now)
-            .await
-            .unwrap()
-            .total(),
-        7
-    );
+    assert_eq!(slots_in_use(&store, &exp_id, now).await, 7);
     let next = store
-        .claim_runnable(&claimable, 100, now, RULES)
+        .claim_for_provider(std::slice::from_ref(&claimable), 100, now, RULES)
         .await
         .unwrap();
     assert_eq!(next.len(), 1);
     assert_eq!(
-        (next[0].id.clone(), next[0].slots),
-        (sagas[3].id.clone(), 3)
+        (next[0].saga.id.clone(), fresh_calls(&next[0].holds)),
+        (sagas[3].id.clone(), vec![0, 1, 2])
     );
-    // A write with a stale token is refused (rule 2).
+    // A write with a stale token is refused (rule 2), and frees nothing.
     let refused = store
         .write_ai_call(
-            &claimed[0].id,
+            &first.id,
             "not-the-token",
             &CallRow {
                 call_index: 3,
@@ -487,13 +498,15 @@ async fn claim_counts_calls_not_sagas(backend: Backend) {
                 score: None,
                 error: None,
             },
-            Slots::Keep,
+            CallSlot::Free(Evidence::JobFinal),
+            &[],
             now,
             60_000,
         )
         .await;
     assert!(refused.is_err_and(|e| e.is_lease_lost()));
-    assert_eq!(store.ai_calls_done(&claimed[0].id).await.unwrap(), 3);
+    assert_eq!(store.ai_calls_done(&first.id).await.unwrap(), 3);
+    assert_eq!(slots_in_use(&store, &exp_id, now).await, 10);
 }
 db_test!(claim_counts_calls_not_sagas);
 
@@ -566,14 +579,16 @@ async fn a_second_fan_out_grows_into_freed_slots(backend: Backend) {
 db_test!(a_second_fan_out_grows_into_freed_slots);
 
 /// The slots of a saga whose lease ran out, or that its instance handed
-/// over on shutdown, stay counted until it is resumed: its jobs may still
-/// run at the provider. So neither a fan-out saga growing its slots nor a
-/// queued saga takes them meanwhile, and the next claim resumes the saga
-/// in them, even when the probe before the claim's transaction saw no
+/// over on shutdown, stay in the ledger until it is resumed: its jobs may
+/// still run at the provider. So neither a fan-out saga growing its slots
+/// nor a queued saga takes them meanwhile, and the next claim resumes the
+/// saga in them, even when the probe before the claim's transaction saw no
 /// expired lease (the chaos suite once saw the provider run 5 jobs of an
 /// experience capped at 4 right after a hand-over).
 async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
-    use stagehand::store::ai_calls::{CallRow, Slots, RUNNING};
+    use stagehand::domain::ledger::Evidence;
+    use stagehand::store::ai_calls::{CallRow, CallSlot, RUNNING, SUCCEEDED};
+    use stagehand::store::sagas::Holds;
 
     let ClaimGround {
         _db,
@@ -584,40 +599,52 @@ async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
     } = claim_ground(backend, "panels", 2, 2, 3).await;
     const T0: i64 = CLAIM_T0;
     const RULES: stagehand::store::sagas::ClaimRules = CLAIM_RULES;
-    // Two sagas, one slot each (the claim of one, then its slots lowered
-    // to 1, then the next).
     let now = T0 + 10;
-    let running = |k: i32| CallRow {
+    let call = |k: i32, status: &'static str| CallRow {
         call_index: k,
         attempts: 0,
-        status: RUNNING,
+        status,
         job_id: Some(format!("job-{k}")),
         submitted_at_ms: Some(now),
-        content: None,
+        content: (status == SUCCEEDED).then(|| "[]".into()),
         score: None,
         error: None,
     };
-    let a = store
-        .claim_runnable(&claimable, 1, now, RULES)
-        .await
-        .unwrap()
-        .remove(0);
-    let a_token = a.lock_token.clone().unwrap();
+    let claim = |limit| {
+        let (store, claimable) = (&store, &claimable);
+        async move {
+            store
+                .claim_for_provider(std::slice::from_ref(claimable), limit, now, RULES)
+                .await
+                .unwrap()
+        }
+    };
+    // The first saga takes both slots; its call 1 ends, freeing one, which
+    // the second saga takes.
+    let a = claim(1).await.remove(0);
+    assert_eq!(fresh_calls(&a.holds), vec![0, 1]);
+    let (a, a_token) = (a.saga.clone(), a.saga.lock_token.clone().unwrap());
+    let bind = CallSlot::BindJob("job-0".into());
     store
-        .write_ai_call(&a.id, &a_token, &running(0), Slots::AtMost(1), now, 60_000)
+        .write_ai_call(&a.id, &a_token, &call(0, RUNNING), bind, &[], now, 60_000)
         .await
         .unwrap();
-    let b = store
-        .claim_runnable(&claimable, 1, now, RULES)
+    let done = CallSlot::Free(Evidence::JobFinal);
+    store
+        .write_ai_call(&a.id, &a_token, &call(1, SUCCEEDED), done, &[], now, 60_000)
         .await
-        .unwrap()
-        .remove(0);
+        .unwrap();
+    let b = claim(1).await.remove(0);
     assert_eq!(
-        (a.id.as_str(), b.id.as_str()),
+        (a.id.as_str(), b.saga.id.as_str()),
         (sagas[0].id.as_str(), sagas[1].id.as_str())
     );
-    assert_eq!(b.slots, 1, "one slot left for the second");
-    let b_token = b.lock_token.clone().unwrap();
+    assert_eq!(
+        fresh_calls(&b.holds),
+        vec![0],
+        "one slot left for the second"
+    );
+    let (b, b_token) = (b.saga.clone(), b.saga.lock_token.clone().unwrap());
 
     // The first one's instance shuts down and hands it over: its job runs on.
     let later = now + 1_000;
@@ -628,45 +655,48 @@ async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
             .unwrap(),
         1
     );
-    let in_flight = Store::in_flight(store.db(), &exp_id, later).await.unwrap();
-    assert_eq!((in_flight.held, in_flight.expired), (1, 1));
+    assert_eq!(slots_in_use(&store, &exp_id, later).await, 2);
 
-    // The second one wants its second slot: none is free.
-    let slots = store
+    // The second one wants a slot for its call 1: none is free.
+    let granted = store
         .write_ai_call(
             &b.id,
             &b_token,
-            &running(1),
-            Slots::GrowTo(2),
+            &call(0, RUNNING),
+            CallSlot::BindJob("job-0".into()),
+            &[(1, 0)],
             later,
             60_000,
         )
         .await
         .unwrap();
-    assert_eq!(slots, 1, "the handed-over saga's slot is not free");
+    assert!(
+        granted.is_empty(),
+        "the handed-over saga's slot is not free"
+    );
 
     // A claim whose probe saw only the queue resumes the handed-over saga in
     // its slot, and gives the queued one nothing.
     claimable.has_expired_ai = false;
     let claimed = store
-        .claim_runnable(&claimable, 10, later, RULES)
+        .claim_for_provider(std::slice::from_ref(&claimable), 10, later, RULES)
         .await
         .unwrap();
-    let ids: Vec<(&str, i32, i32)> = claimed
+    let ids: Vec<(&str, &Holds, i32)> = claimed
         .iter()
-        .map(|s| (s.id.as_str(), s.slots, s.recoveries))
+        .map(|c| (c.saga.id.as_str(), &c.holds, c.saga.recoveries))
         .collect();
     assert_eq!(
         ids,
-        vec![(a.id.as_str(), 1, 0)],
+        vec![(a.id.as_str(), &Holds::Read, 0)],
         "resumed in its one slot, no recovery used"
     );
+    let held = store.slots_of_saga(&a.id).await.unwrap();
+    assert_eq!(held.len(), 1);
     assert_eq!(
-        Store::in_flight(store.db(), &exp_id, later)
-            .await
-            .unwrap()
-            .total(),
-        2
+        (held[0].call_index, held[0].job_id.as_deref()),
+        (0, Some("job-0"))
     );
+    assert_eq!(slots_in_use(&store, &exp_id, later).await, 2);
 }
 db_test!(a_handed_over_saga_keeps_its_slots_until_it_resumes);

@@ -370,13 +370,15 @@ async fn the_operator_socket_sends_stats_at_once_and_on_change(backend: Backend)
 }
 db_test!(the_operator_socket_sends_stats_at_once_and_on_change);
 
-/// An operator's retry never makes a second AI job for a submit whose job
-/// was made but never recorded: the first submit's answer is lost after
-/// the provider made the job, and the saga is cancelled while its worker
-/// waits to ask again. The retry goes on with the same key, so it finds
-/// that job. Before, the retry took a fresh base key and the provider ran
-/// a second job beside the first.
-async fn a_retry_finds_the_unrecorded_job_of_the_cancelled_run(backend: Backend) {
+/// An operator's retry never runs beside a job of the run it retries that
+/// nobody counts: the first submit's answer is lost after the provider made
+/// the job, and the saga is cancelled while its worker waits to ask again.
+/// The cancel detaches the call's slot; the slot adopter finds the job by
+/// its key and cancels it, counted all along. The retry runs the AI with a
+/// key after every key the saga used, so it never meets the job being
+/// cancelled (it used to go on with that key, and before the ledger the
+/// job was counted nowhere once the saga ended).
+async fn a_retry_after_a_cancel_never_meets_the_cancelled_runs_unrecorded_job(backend: Backend) {
     let app = TestApp::spawn_with(backend, fast_sim(), |c| {
         // The worker waits long after the unclear submit: the cancel and
         // the retry happen meanwhile.
@@ -414,12 +416,18 @@ async fn a_retry_finds_the_unrecorded_job_of_the_cancelled_run(backend: Backend)
     assert_eq!(status, 200, "{body}");
     let done = app.wait_final(&sid, &token, Duration::from_secs(10)).await;
     assert_eq!(done["status"], "COMPLETED", "{done}");
+    let store = app.state.store.clone();
+    let settled = support::wait_for(Duration::from_secs(5), || async {
+        (store.ledger_rows().await.unwrap() == 0).then_some(())
+    })
+    .await;
+    let stats = app.sim.control.stats();
+    assert!(settled.is_some(), "a slot was never freed: {stats:?}");
     assert_eq!(
-        app.sim.control.stats().jobs_created,
-        1,
-        "the retry made a second job: {:?}",
-        app.sim.control.stats()
+        (stats.jobs_created, stats.cancelled),
+        (2, 1),
+        "the cancelled run's job was found and cancelled, the retry ran one: {stats:?}"
     );
     app.stop().await;
 }
-db_test!(a_retry_finds_the_unrecorded_job_of_the_cancelled_run);
+db_test!(a_retry_after_a_cancel_never_meets_the_cancelled_runs_unrecorded_job);

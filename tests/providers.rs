@@ -440,10 +440,10 @@ async fn second_job_after_a_timed_out_first(
     // Every job that outlived its saga is settled in the end.
     let store = app.state.store.clone();
     let settled = support::wait_for(Duration::from_secs(15), || async {
-        (store.lingering_count().await.unwrap() == 0).then_some(())
+        (store.ledger_rows().await.unwrap() == 0).then_some(())
     })
     .await;
-    assert!(settled.is_some(), "a lingering job was never settled");
+    assert!(settled.is_some(), "a slot of the ledger was never freed");
     app.stop().await;
     (
         second_job.duration_since(first_job).as_secs_f64(),
@@ -501,7 +501,7 @@ db_test!(with_cancel_a_timed_out_job_is_cancelled);
 /// job and frees the slot only when it ends.
 #[actix_web::test]
 #[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
-async fn a_lingering_job_survives_its_instance() {
+async fn a_job_of_an_ended_saga_survives_its_instance() {
     let db = TestDb::fresh(Backend::Postgres).await;
     let sim = support::start_sim(SimConfig {
         latency: Duration::from_secs(6),
@@ -528,7 +528,7 @@ async fn a_lingering_job_survives_its_instance() {
         .await
         .expect("the first saga ends");
     let store = db.store().await;
-    assert_eq!(store.lingering_count().await.unwrap(), 1);
+    assert_eq!(store.ledger_rows().await.unwrap(), 1);
     one.stop().await;
     let two = Instance::start(&db, &sim.url(), tweak).await;
     let second = submit_many(&http, &two.base, &slug, 1).await;
@@ -598,7 +598,7 @@ async fn an_operator_cancel_cancels_the_running_jobs(backend: Backend) {
     assert_eq!(stats.cancel_requests, 3, "{stats:?}");
     let store = app.state.store.clone();
     let freed = support::wait_for(Duration::from_secs(2), || async {
-        (store.lingering_count().await.unwrap() == 0).then_some(())
+        (store.ledger_rows().await.unwrap() == 0).then_some(())
     })
     .await;
     assert!(freed.is_some(), "the cancelled jobs still hold their slots");

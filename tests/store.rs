@@ -8,6 +8,7 @@ mod support;
 use futures_util::future::join_all;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
 use stagehand::domain::failure::{AiResult, ContentItem};
+use stagehand::domain::ledger::Evidence;
 use stagehand::domain::policy::AttemptState;
 use stagehand::domain::saga::{AbortReason, Step, TransitionError};
 use stagehand::http::idempotency::key_request;
@@ -346,7 +347,15 @@ async fn release_for_retry_frees_the_slot_without_counting_a_recovery(backend: B
         unavailable_streak: 1,
     };
     f.store
-        .release_for_retry(&s.id, &token(&s), state, T0 + 5_000, false, T0 + 10)
+        .release_for_retry(
+            &s.id,
+            &token(&s),
+            state,
+            T0 + 5_000,
+            false,
+            vec![(0, Evidence::SubmitRefused)],
+            T0 + 10,
+        )
         .await
         .unwrap();
     // The slot goes to the next saga; ours waits for its backoff.
@@ -1147,14 +1156,18 @@ async fn claim_walks_the_index_however_long_the_queue(backend: Backend) {
             .unwrap();
         f.store.db().execute_unprepared("ANALYZE").await.unwrap();
         for step in [Step::AiPending, Step::AiDone, Step::RankingDone] {
-            for source in [ClaimSource::Unowned, ClaimSource::Expired] {
+            for source in [
+                ClaimSource::Unowned,
+                ClaimSource::Expired,
+                ClaimSource::Holding,
+            ] {
                 let plan = f
                     .store
                     .claim_plan(&f.experience_id, step, source, T0 + 1, RULES)
                     .await
                     .unwrap();
                 let index = match source {
-                    ClaimSource::Unowned => "idx_sagas_unowned",
+                    ClaimSource::Unowned | ClaimSource::Holding => "idx_sagas_unowned",
                     ClaimSource::Expired => "idx_sagas_leased",
                 };
                 // The long queue (unowned AI_PENDING) must be walked on its
@@ -1182,14 +1195,16 @@ async fn claim_walks_the_index_however_long_the_queue(backend: Backend) {
         let claimed = f.claim(5, T0 + 1).await;
         timings.push((queued, started.elapsed()));
         assert_eq!(claimed.len(), 5);
-        // Give the slots back for the next size.
+        // Give the slots back for the next size (nothing was submitted in
+        // them).
         for s in claimed {
             f.store
-                .abort(
+                .abort_freeing(
                     &s.id,
                     Fence::Token(token(&s)),
                     AbortReason::Cancelled,
                     "t",
+                    vec![(0, Evidence::NeverSubmitted)],
                     T0 + 2,
                 )
                 .await
@@ -1282,7 +1297,7 @@ async fn a_batch_applies_each_write_on_its_own_terms(backend: Backend) {
                     fence: Fence::Token(token(d)),
                     reason: AbortReason::AiFailed,
                     detail: "gave up".into(),
-                    linger: true,
+                    free_calls: Vec::new(),
                 },
                 // c is at AI_DONE: the same result again is a repeat.
                 done(c, &token(c), "c"),
@@ -1440,7 +1455,7 @@ async fn a_failing_abort_fails_alone_in_its_batch(backend: Backend) {
             fence: Fence::Token(token(&bad)),
             reason: AbortReason::AiFailed,
             detail: "gave up".into(),
-            linger: true,
+            free_calls: Vec::new(),
         },
         SagaWrite::AiDone {
             saga_id: good.id.clone(),

@@ -25,6 +25,7 @@ mod m20261209_000014_attempt_offset;
 mod m20261209_000015_instances;
 mod m20261210_000016_review;
 mod m20261210_000017_traces;
+mod m20261211_000018_slot_ledger;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -49,6 +50,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261209_000015_instances::Migration),
             Box::new(m20261210_000016_review::Migration),
             Box::new(m20261210_000017_traces::Migration),
+            Box::new(m20261211_000018_slot_ledger::Migration),
         ]
     }
 }

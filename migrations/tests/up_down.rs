@@ -27,7 +27,7 @@ const TABLES: [&str; 13] = [
     "terminal_presence",
     "ai_calls",
     "providers",
-    "lingering_jobs",
+    "ai_slots",
     "instances",
 ];
 

@@ -314,7 +314,7 @@ async fn abort_orphans(
                 fence: Fence::Unowned,
                 reason,
                 detail: detail.clone(),
-                linger: true,
+                free_calls: Vec::new(),
             }))
             .await;
         match aborted {

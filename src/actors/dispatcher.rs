@@ -43,8 +43,7 @@ use crate::domain::breaker::Admission;
 use crate::domain::policy::EpochMs;
 use crate::metrics;
 use crate::store::entities::{experiences, sagas};
-use crate::store::sagas::ClaimRules;
-use crate::store::sagas::ClaimableExperience;
+use crate::store::sagas::{ClaimRules, ClaimableExperience, Holds};
 use crate::store::{retry_transient, Store, StoreResult};
 
 /// The least time between the end of a round and the start of the next
@@ -156,17 +155,17 @@ impl Dispatcher {
     /// A supervisor for each saga (claimed or adopted: it holds our token).
     fn start_supervisors(
         &mut self,
-        sagas: Vec<(sagas::Model, ExperienceOf)>,
+        sagas: Vec<(sagas::Model, ExperienceOf, Holds)>,
         ctx: &mut Context<Self>,
     ) {
-        for (saga, experience) in sagas {
+        for (saga, experience, holds) in sagas {
             tracing::debug!(
                 saga_id = %saga.id, step = %saga.step, recoveries = saga.recoveries,
                 "claimed saga"
             );
             let (saga_id, token) = (saga.id.clone(), saga.lock_token.clone());
             if let (Some(supervisor), Some(token)) = (
-                SagaSupervisor::new(saga, experience, self.deps.clone(), ctx.address()),
+                SagaSupervisor::new(saga, experience, holds, self.deps.clone(), ctx.address()),
                 token,
             ) {
                 let supervisor = supervisor.start();
@@ -248,7 +247,7 @@ async fn claim_round(
     now: EpochMs,
     rules: ClaimRules,
     room: usize,
-) -> (Vec<(sagas::Model, ExperienceOf)>, bool) {
+) -> (Vec<(sagas::Model, ExperienceOf, Holds)>, bool) {
     let experiences: StoreResult<Vec<ClaimableExperience>> =
         store.experiences_with_claimable(now, rules).await;
     let experiences = match experiences {
@@ -303,8 +302,13 @@ async fn claim_round(
         }
         let of = |e: &ClaimableExperience| ExperienceOf::of(e, handle.ai.clone());
         if let Some(experience) = probe {
-            match store.claim_runnable(&experience, 1, now, rules).await {
-                Ok(sagas) => claimed.extend(sagas.into_iter().map(|s| (s, of(&experience)))),
+            let probe = std::slice::from_ref(&experience);
+            match store.claim_for_provider(probe, 1, now, rules).await {
+                Ok(sagas) => claimed.extend(
+                    sagas
+                        .into_iter()
+                        .map(|c| (c.saga, of(&experience), c.holds)),
+                ),
                 Err(e) => {
                     failed = true;
                     tracing::error!(%provider, error = %e, "the breaker's probe could not be claimed")
@@ -322,7 +326,11 @@ async fn claim_round(
                 break;
             }
             match store.claim_for_provider(&batch, left, now, rules).await {
-                Ok(sagas) => claimed.extend(sagas.into_iter().map(|(s, i)| (s, of(&batch[i])))),
+                Ok(sagas) => claimed.extend(
+                    sagas
+                        .into_iter()
+                        .map(|c| (c.saga, of(&batch[c.experience]), c.holds)),
+                ),
                 Err(e) => {
                     failed = true;
                     tracing::error!(
@@ -404,7 +412,8 @@ impl Handler<Adopt> for Dispatcher {
                     continue;
                 };
                 let of = ExperienceOf::of_model(experience, handle.ai.clone());
-                ready.push((saga, of));
+                // Past the AI step: it holds no AI slot.
+                ready.push((saga, of, Holds::Fresh(Vec::new())));
             }
             ready
         };

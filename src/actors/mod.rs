@@ -9,8 +9,8 @@
 //!   renews its lease while it waits.
 //! - [`ai::AiActor`]: talks to one AI provider (one per provider); its
 //!   breaker and rate limit write their shared rows.
-//! - [`lingering::LingeringJobsActor`]: cancels or polls the jobs that
-//!   outlived their saga, and frees their slots when they end.
+//! - [`adopter::SlotAdopter`]: sees to their end the jobs of the slot
+//!   ledger whose owner is gone, and frees their slots when they end.
 //! - [`review::ReviewActor`]: the operators' review: adopts approved
 //!   sagas for a worker, and applies review timeouts on time.
 //! - [`ranking::RankingActor`]: registers scores, idempotently per session.
@@ -34,6 +34,7 @@
 //! nor is [`heartbeat`], the sockets' ping and pong bookkeeping, nor
 //! [`shutdown`], the flag that closes sockets when the instance stops.
 
+pub mod adopter;
 pub mod ai;
 pub mod batching;
 pub mod breaker;
@@ -41,7 +42,6 @@ pub mod cleanup;
 pub mod cluster;
 pub mod dispatcher;
 pub mod heartbeat;
-pub mod lingering;
 pub mod liveness;
 pub mod operator_hub;
 pub mod operator_socket;

@@ -16,7 +16,7 @@ use actix::prelude::*;
 use super::batching::{batch_failed, BatchLimits, BatchQueue};
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
-use crate::store::ai_calls::{CallRow, Slots};
+use crate::store::ai_calls::{CallRow, CallSlot};
 use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{Store, StoreResult};
 
@@ -52,16 +52,28 @@ pub struct WriteAlone(pub SagaWrite);
 #[rtype(result = "Vec<StoreResult<Written>>")]
 pub struct WritePageAlone(pub Vec<SagaWrite>);
 
-/// Write one call of a fan-out saga (see [`Store::write_ai_call`]); the
-/// saga's slots after it. When the slots may have been lowered, the
-/// dispatchers are woken (a slot may be free).
+/// Write one call of a fan-out saga and change its slot (see
+/// [`Store::write_ai_call`]), taking free slots for the calls in `want`;
+/// answers the calls that got one. A freed slot wakes the dispatchers; a
+/// detached one the slot adopter.
 #[derive(Message)]
-#[rtype(result = "StoreResult<i32>")]
+#[rtype(result = "StoreResult<Vec<i32>>")]
 pub struct WriteCall {
     pub saga_id: String,
     pub token: String,
     pub row: CallRow,
-    pub slots: Slots,
+    pub slot: CallSlot,
+    pub want: Vec<(i32, i32)>,
+}
+
+/// Take free slots for calls of a saga that holds none for them (see
+/// [`Store::take_slots`]); answers the calls that got one.
+#[derive(Message)]
+#[rtype(result = "StoreResult<Vec<i32>>")]
+pub struct TakeSlots {
+    pub saga_id: String,
+    pub token: String,
+    pub want: Vec<(i32, i32)>,
 }
 
 /// Copy the session's earlier successful calls into a fan-out saga that
@@ -124,6 +136,11 @@ async fn write_batch(
             if applied().any(|(write, _)| write.frees_ai_slot()) {
                 wakeups.saga_work();
             }
+            for (write, _) in applied() {
+                for evidence in write.slots_freed() {
+                    crate::metrics::slots_freed(evidence.as_str(), 1);
+                }
+            }
             if outcomes
                 .iter()
                 .any(|o| o.as_ref().is_ok_and(|w| w.event_appended))
@@ -132,9 +149,9 @@ async fn write_batch(
             }
             if outcomes
                 .iter()
-                .any(|o| o.as_ref().is_ok_and(|w| w.lingering))
+                .any(|o| o.as_ref().is_ok_and(|w| w.detached))
             {
-                wakeups.lingering.ring();
+                wakeups.slots_detached.ring();
             }
             let hidden: Vec<String> = outcomes
                 .iter()
@@ -200,22 +217,45 @@ impl Handler<WritePageAlone> for PersistenceActor {
 }
 
 impl Handler<WriteCall> for PersistenceActor {
-    type Result = ResponseFuture<StoreResult<i32>>;
+    type Result = ResponseFuture<StoreResult<Vec<i32>>>;
     fn handle(&mut self, m: WriteCall, _: &mut Context<Self>) -> Self::Result {
         crate::metrics::actor_message("PersistenceActor");
         let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
         let wakeups = self.wakeups.clone();
         Box::pin(async move {
-            let held = store
-                .write_ai_call(&m.saga_id, &m.token, &m.row, m.slots, now, lease)
+            let granted = store
+                .write_ai_call(
+                    &m.saga_id,
+                    &m.token,
+                    &m.row,
+                    m.slot.clone(),
+                    &m.want,
+                    now,
+                    lease,
+                )
                 .await?;
-            if m.slots != Slots::Keep {
-                wakeups.saga_work();
+            match m.slot {
+                CallSlot::Free(evidence) => {
+                    crate::metrics::slots_freed(evidence.as_str(), 1);
+                    wakeups.saga_work();
+                }
+                CallSlot::Detach => wakeups.slots_detached.ring(),
+                _ => {}
             }
-            if m.row.status == crate::store::ai_calls::FAILED && m.row.job_id.is_some() {
-                wakeups.lingering.ring();
-            }
-            Ok(held)
+            Ok(granted)
+        })
+    }
+}
+
+impl Handler<TakeSlots> for PersistenceActor {
+    type Result = ResponseFuture<StoreResult<Vec<i32>>>;
+    fn handle(&mut self, m: TakeSlots, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("PersistenceActor");
+        let (store, now, lease) = (self.store.clone(), self.clock.now_ms(), self.lease_ms);
+        Box::pin(async move {
+            store
+                .take_slots(&m.saga_id, &m.token, &m.want, now, lease)
+                .await
         })
     }
 }

@@ -2,8 +2,8 @@
 //! talks to it, its circuit breaker and its configuration. Built once at
 //! start from the providers file (or the one `default` provider) and
 //! shared, read-only, by the dispatcher (admission per provider), the
-//! supervisors (which provider a saga's calls go to) and the lingering-job
-//! reaper. Not an actor: a map of addresses.
+//! supervisors (which provider a saga's calls go to) and the slot
+//! adopter. Not an actor: a map of addresses.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

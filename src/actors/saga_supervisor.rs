@@ -28,7 +28,7 @@ use crate::domain::review::ReviewMode;
 use crate::domain::saga::{AbortReason, Step, TransitionError};
 use crate::metrics;
 use crate::store::entities::{experiences, sagas};
-use crate::store::sagas::{fan_out_of, step_of, ClaimableExperience, Fence};
+use crate::store::sagas::{fan_out_of, step_of, ClaimableExperience, Fence, Holds};
 use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{transient_backoff, DbFailure, Store, StoreError};
 
@@ -115,6 +115,8 @@ pub struct SagaSupervisor {
     saga_id: String,
     saga: Option<sagas::Model>,
     experience: ExperienceOf,
+    /// The AI slots the claim says the worker holds.
+    holds: Holds,
     token: String,
     deps: SagaDeps,
     dispatcher: Addr<Dispatcher>,
@@ -125,6 +127,7 @@ impl SagaSupervisor {
     pub fn new(
         saga: sagas::Model,
         experience: ExperienceOf,
+        holds: Holds,
         deps: SagaDeps,
         dispatcher: Addr<Dispatcher>,
     ) -> Option<Self> {
@@ -133,6 +136,7 @@ impl SagaSupervisor {
             saga_id: saga.id.clone(),
             saga: Some(saga),
             experience,
+            holds,
             token,
             deps,
             dispatcher,
@@ -174,6 +178,7 @@ impl Actor for SagaSupervisor {
         let drive = drive(
             saga,
             self.experience.clone(),
+            std::mem::replace(&mut self.holds, Holds::Read),
             self.token.clone(),
             self.deps.clone(),
             self.dispatcher.clone(),
@@ -229,6 +234,7 @@ pub(super) async fn write(
 async fn drive(
     saga: sagas::Model,
     experience: ExperienceOf,
+    mut holds: Holds,
     token: String,
     deps: SagaDeps,
     dispatcher: Addr<Dispatcher>,
@@ -251,7 +257,7 @@ async fn drive(
         let mut failing: Option<(Instant, String)> = None;
         let mut retry = 0;
         loop {
-            match run(&mut saga, &experience, &token, &deps, &dispatcher).await {
+            match run(&mut saga, &experience, &mut holds, &token, &deps, &dispatcher).await {
                 Ok(()) => {}
                 Err(Stop::Store(e)) if e.is_lease_lost() => {
                     tracing::info!("lease lost; another worker owns this saga now");
@@ -293,6 +299,7 @@ async fn drive(
 async fn run(
     saga: &mut sagas::Model,
     experience: &ExperienceOf,
+    holds: &mut Holds,
     token: &str,
     deps: &SagaDeps,
     dispatcher: &Addr<Dispatcher>,
@@ -302,7 +309,7 @@ async fn run(
         let step = step_of(saga)?;
         let step_span = crate::telemetry::step_span(saga, step, &experience.provider);
         match step {
-            Step::AiPending => match ai_step::run_ai_step(saga, experience, token, deps)
+            Step::AiPending => match ai_step::run_ai_step(saga, experience, token, deps, holds)
                 .instrument(step_span.clone())
                 .await?
             {
@@ -323,15 +330,33 @@ async fn run(
                 ai_step::StepOutcome::Abort {
                     reason,
                     detail,
-                    linger,
+                    free_calls,
                 } => {
-                    return abort_with(saga, token, reason, detail, linger, deps).await;
+                    return abort_with(saga, token, reason, detail, free_calls, deps).await;
+                }
+                ai_step::StepOutcome::WaitForSlot { state } => {
+                    let now = deps.clock.now_ms();
+                    tracing::info!(
+                        saga_id = %saga.id,
+                        "no AI slot held and none free; back to the queue until one frees"
+                    );
+                    let release = SagaWrite::ReleaseForRetry {
+                        saga_id: saga.id.clone(),
+                        token: token.to_owned(),
+                        state,
+                        next_attempt_at: now,
+                        attempt_counted: false,
+                        free_calls: Vec::new(),
+                    };
+                    write(deps, release).await??;
+                    return Ok(());
                 }
                 ai_step::StepOutcome::Release {
                     state,
                     next_attempt_at,
                     attempt_counted,
                     failure,
+                    free_calls,
                 } => {
                     let now = deps.clock.now_ms();
                     tracing::warn!(
@@ -344,6 +369,7 @@ async fn run(
                         state,
                         next_attempt_at,
                         attempt_counted,
+                        free_calls,
                     };
                     write(deps, release).await??;
                     dispatcher.do_send(WakeAt(next_attempt_at));
@@ -452,17 +478,17 @@ async fn abort(
     detail: String,
     deps: &SagaDeps,
 ) -> Result<(), Stop> {
-    abort_with(saga, token, reason, detail, true, deps).await
+    abort_with(saga, token, reason, detail, Vec::new(), deps).await
 }
 
-/// Ends the saga; `linger`: a job of it may still run at the provider (it
-/// keeps its slot until the provider says it is final).
+/// Ends the saga; `free_calls`: the slots it holds in which no job runs
+/// (the others are detached: a job may still run in them).
 async fn abort_with(
     saga: &sagas::Model,
     token: &str,
     reason: AbortReason,
     detail: String,
-    linger: bool,
+    free_calls: ai_step::Freed,
     deps: &SagaDeps,
 ) -> Result<(), Stop> {
     if reason == AbortReason::InputRejected {
@@ -475,7 +501,7 @@ async fn abort_with(
         fence: Fence::Token(token.to_owned()),
         reason,
         detail,
-        linger,
+        free_calls,
     };
     write(deps, aborted).await??;
     metrics::saga_ended(Some(reason), age(saga, deps));

@@ -162,10 +162,11 @@ pub struct Wakeups {
     pub rankings: Mailbox<Names>,
     /// Something operators count changed, for this instance's operator hub.
     pub stats: Doorbell,
-    /// A job lingers after its saga, for this instance's lingering-jobs
-    /// actor (it cancels or polls it at once; the others' safety tick
+    /// A slot of the ledger was detached (its saga ended, or gave up a call,
+    /// while its job may still run), for this instance's slot adopter (it
+    /// finds the job and sees it end at once; the others' safety tick
     /// covers an instance that died).
-    pub lingering: Doorbell,
+    pub slots_detached: Doorbell,
     /// The review queue changed (an item arrived, or was decided), for
     /// this instance's review actor (it adopts approved sagas at once).
     pub review: Doorbell,

@@ -21,6 +21,30 @@ pub struct JobOrder {
     pub idempotency_key: uuid::Uuid,
 }
 
+impl JobOrder {
+    /// The order of one AI call of a saga: a single call's params name its
+    /// session, a fan-out call's its session and call index. The same call
+    /// and key always make the same order, so a resent key finds its job.
+    pub fn for_call(
+        kind: &str,
+        prompt: &str,
+        session_id: &str,
+        fan_out_call: Option<i32>,
+        idempotency_key: uuid::Uuid,
+    ) -> JobOrder {
+        let params = match fan_out_call {
+            None => serde_json::json!({"session_id": session_id}),
+            Some(call) => serde_json::json!({"session_id": session_id, "call": call}),
+        };
+        JobOrder {
+            kind: kind.to_owned(),
+            prompt: prompt.to_owned(),
+            params,
+            idempotency_key,
+        }
+    }
+}
+
 /// Status of a job as the provider reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

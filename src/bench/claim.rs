@@ -17,6 +17,7 @@ use std::time::Instant;
 use sea_orm::ConnectionTrait;
 
 use super::load::{self, Backend};
+use crate::domain::ledger::Evidence;
 use crate::domain::saga::AbortReason;
 use crate::domain::saga::Step;
 use crate::store::experiences::NewExperience;
@@ -249,15 +250,17 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                     claimed.len()
                 ));
             }
-            // Give the slots back for the next round.
+            // Give the slots back for the next round (no submit was sent
+            // in them).
             for s in claimed {
                 let token = s.lock_token.clone().unwrap_or_default();
                 store
-                    .abort(
+                    .abort_freeing(
                         &s.id,
                         Fence::Token(token),
                         AbortReason::Cancelled,
                         "bench",
+                        vec![(0, Evidence::NeverSubmitted)],
                         at,
                     )
                     .await

@@ -39,7 +39,8 @@ pub fn submission_cost(ai_calls: i32, limited: bool) -> i64 {
 /// An experience's AI queue as a new submission finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QueueLoad {
-    /// Sagas holding AI slots now (AI_PENDING with a live lease).
+    /// AI slots in use now (the ledger's rows: a fan-out saga may hold
+    /// several, a job that outlived its saga holds one).
     pub running: i64,
     /// Sagas waiting for an AI slot before the new one.
     pub waiting: i64,
@@ -57,8 +58,13 @@ impl Capacity {
     /// `ai_calls` slots (never more than `max_in_flight`).
     pub fn parallel_sagas(self) -> i64 {
         let max = i64::from(self.max_in_flight.max(1));
-        let per_saga = i64::from(self.ai_calls.max(1)).min(max);
-        (max / per_saga).max(1)
+        (max / self.per_saga()).max(1)
+    }
+
+    /// Slots one saga takes at most.
+    pub fn per_saga(self) -> i64 {
+        let max = i64::from(self.max_in_flight.max(1));
+        i64::from(self.ai_calls.max(1)).min(max)
     }
 }
 
@@ -102,7 +108,10 @@ pub fn median_ms(durations: &[i64]) -> Option<i64> {
 /// counted as if they had just started.
 pub fn admit(load: QueueLoad, capacity: Capacity, median_ai_ms: Option<i64>) -> Admission {
     let waiting = load.waiting.max(0);
-    let ahead = load.running.max(0) + waiting;
+    // The sagas the slots in use stand for, rounded up.
+    let per_saga = capacity.per_saga();
+    let running = (load.running.max(0) + per_saga - 1) / per_saga;
+    let ahead = running + waiting;
     let waves = ahead / capacity.parallel_sagas();
     Admission {
         queue_position: waiting + 1,

@@ -2,12 +2,14 @@
 //! retry and recovery policy, the provider's circuit breaker, AI key
 //! derivation, the locale tables, and the admission of a submission
 //! (credits, queue estimate, closing time), and how a provider's slots are
-//! shared among its experiences, and the operators' review decisions. No I/O, no clock: every
+//! shared among its experiences, when a slot of the ledger may be freed,
+//! and the operators' review decisions. No I/O, no clock: every
 //! function is given `now`.
 pub mod admission;
 pub mod breaker;
 pub mod failure;
 pub mod keys;
+pub mod ledger;
 pub mod locale;
 pub mod policy;
 pub mod review;

@@ -1,15 +1,18 @@
 //! The calls of a fan-out saga (`ai_calls`, one row per call): written the
 //! moment a call's job is known and again the moment it is final, each
 //! write fenced on the saga's lock token in the same short transaction
-//! (rule 2), which also renews the lease and may lower the saga's `slots`
-//! to the calls it still has to finish, so the AI slots it no longer needs
-//! go back to the experience's other sagas, or raise them with the
-//! experience's free slots while it has calls waiting for one.
+//! (rule 2), which also renews the lease and changes the call's slot in
+//! the ledger ([`CallSlot`]: its job bound, its next key, freed on
+//! evidence, or detached while its job may still run), and may take free
+//! slots for the saga's calls that wait for one (see
+//! [`super::ledger::take_free_slots`]).
 
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
 
-use super::entities::ai_calls;
-use super::{Store, StoreResult};
+use super::entities::{ai_calls, sagas};
+use super::ledger;
+use super::{Store, StoreResult, WriteTx};
+use crate::domain::ledger::Evidence;
 use crate::domain::policy::{lease_until, EpochMs};
 use crate::domain::saga::TransitionError;
 
@@ -73,7 +76,7 @@ impl Store {
         lease_ms: i64,
     ) -> StoreResult<()> {
         let tx = self.write_tx().await?;
-        fence(&*tx, saga_id, token, None, now, lease_ms).await?;
+        fence(&*tx, saga_id, token, now, lease_ms).await?;
         // The AI step's duration (`ai_duration_ms`, for the 202's estimate)
         // counts from the first run of its calls.
         tx.execute_raw(self.sql(
@@ -81,109 +84,29 @@ impl Store {
             vec![saga_id.into(), now.into()],
         ))
         .await?;
-        tx.execute_raw(self.sql(
-            "INSERT INTO ai_calls (saga_id, call_index, attempts, status, job_id, \
-             submitted_at_ms, content, score, error, created_at_ms, updated_at_ms) \
-             SELECT $1, c.call_index, c.attempts, c.status, c.job_id, c.submitted_at_ms, \
-             c.content, c.score, NULL, $3, $3 FROM ai_calls c \
-             WHERE c.status = 'SUCCEEDED' \
-             AND NOT EXISTS (SELECT 1 FROM ai_calls o WHERE o.saga_id = $1) \
-             AND c.saga_id = (SELECT s.id FROM sagas s WHERE s.session_id = $2 AND s.id <> $1 \
-                 AND EXISTS (SELECT 1 FROM ai_calls p WHERE p.saga_id = s.id) \
-                 ORDER BY s.created_at_ms DESC, s.id DESC LIMIT 1) \
-             ON CONFLICT (saga_id, call_index) DO NOTHING",
-            vec![saga_id.into(), session_id.into(), now.into()],
-        ))
-        .await?;
+        seed_calls(&*tx, saga_id, session_id, now).await?;
         tx.commit().await?;
         Ok(())
     }
 
-    /// Writes one call's row under the saga's fence. A SUCCEEDED row is
-    /// never overwritten. `slots`: what the saga's slots should become:
-    /// [`Slots::AtMost`] lowers them to the calls it has left;
-    /// [`Slots::GrowTo`] also takes free slots of its experience, up to
-    /// that many (the count and the change under the experience's claim
-    /// lock on PostgreSQL, as the claim does, so the cap stays exact).
-    /// Returns the saga's slots after the write: its worker may run that
-    /// many calls at once.
+    /// Writes one call's row under the saga's fence, with what it does to
+    /// the call's slot in the ledger (`slot`), and takes free slots for
+    /// the calls in `want` (`(call index, key attempt)`: calls waiting for
+    /// a slot, in the order they should start). A SUCCEEDED row is never
+    /// overwritten. Returns the calls of `want` that got a slot.
+    #[allow(clippy::too_many_arguments)]
     pub async fn write_ai_call(
         &self,
         saga_id: &str,
         token: &str,
         row: &CallRow,
-        slots: Slots,
+        slot: CallSlot,
+        want: &[(i32, i32)],
         now: EpochMs,
         lease_ms: i64,
-    ) -> StoreResult<i32> {
+    ) -> StoreResult<Vec<i32>> {
         let tx = self.write_tx().await?;
-        let grow_to = match slots {
-            Slots::GrowTo(n) => Some(n),
-            _ => None,
-        };
-        let slots_at_most = match slots {
-            Slots::AtMost(n) | Slots::GrowTo(n) => Some(n),
-            Slots::Keep => None,
-        };
-        let experience = match grow_to {
-            Some(_) => {
-                let experience = tx
-                    .query_one_raw(self.sql(
-                        "SELECT s.experience_id, e.max_in_flight, e.provider, p.max_in_flight \
-                         FROM sagas s JOIN experiences e ON e.id = s.experience_id \
-                         LEFT JOIN providers p ON p.name = e.provider WHERE s.id = $1",
-                        vec![saga_id.into()],
-                    ))
-                    .await?
-                    .map(|r| {
-                        Ok::<_, sea_orm::DbErr>((
-                            r.try_get_by_index::<String>(0)?,
-                            r.try_get_by_index::<i32>(1)?,
-                            r.try_get_by_index::<String>(2)?,
-                            r.try_get_by_index::<Option<i32>>(3)?,
-                        ))
-                    })
-                    .transpose()?;
-                if let (Some((_, _, provider, _)), true) = (&experience, self.is_postgres()) {
-                    super::sagas::lock_provider(self, &tx, provider).await?;
-                }
-                experience
-            }
-            None => None,
-        };
-        let mut held = fence(&*tx, saga_id, token, slots_at_most, now, lease_ms).await?;
-        if let (Some(want), Some((experience_id, max_in_flight, provider, provider_max))) =
-            (grow_to, experience)
-        {
-            if held < want {
-                // Free slots: under the experience's ceiling and, when the
-                // provider has a shared cap, under that too.
-                let free = match provider_max {
-                    None => {
-                        i64::from(max_in_flight)
-                            - Store::in_flight(&*tx, &experience_id, now).await?.total()
-                    }
-                    Some(cap) => {
-                        let all = Store::provider_in_flight(&*tx, &provider, now).await?;
-                        let mine = all.get(&experience_id).copied().unwrap_or_default();
-                        let total: i64 = all.values().map(|f| f.total()).sum();
-                        std::cmp::min(
-                            i64::from(max_in_flight) - mine.total(),
-                            i64::from(cap) - total,
-                        )
-                    }
-                };
-                if free > 0 {
-                    let grown = std::cmp::min(i64::from(want), i64::from(held) + free) as i32;
-                    tx.execute_raw(self.sql(
-                        "UPDATE sagas SET slots = $2 WHERE id = $1",
-                        vec![saga_id.into(), grown.into()],
-                    ))
-                    .await?;
-                    held = grown;
-                }
-            }
-        }
+        fence(&*tx, saga_id, token, now, lease_ms).await?;
         tx.execute_raw(self.sql(
             "INSERT INTO ai_calls (saga_id, call_index, attempts, status, job_id, \
              submitted_at_ms, content, score, error, created_at_ms, updated_at_ms) \
@@ -207,69 +130,151 @@ impl Store {
             ],
         ))
         .await?;
-        if let (FAILED, Some(job_id)) = (row.status, &row.job_id) {
-            // Failed by its time running out while its job may still run:
-            // the job keeps a slot until the provider says it is final
-            // (rule 10), even if the saga goes on without it.
-            let saga = tx
-                .query_one_raw(self.sql(
-                    "SELECT experience_id, deadline_at_ms FROM sagas WHERE id = $1",
-                    vec![saga_id.into()],
-                ))
-                .await?;
-            if let Some(saga) = saga {
-                let experience_id: String = saga.try_get_by_index(0)?;
-                let deadline: i64 = saga.try_get_by_index(1)?;
-                let until = deadline.max(now) + self.linger_ms();
-                super::providers::linger_job(&*tx, saga_id, &experience_id, job_id, until, now)
-                    .await?;
+        let call = row.call_index;
+        match slot {
+            CallSlot::Keep => {}
+            CallSlot::BindJob(job_id) => {
+                ledger::bind_job(&*tx, saga_id, call, &job_id, now).await?
+            }
+            CallSlot::Rekey(key_attempt, evidence) => {
+                ledger::rekey(&*tx, saga_id, call, key_attempt, evidence, now).await?
+            }
+            CallSlot::Free(evidence) => {
+                ledger::free_calls(&*tx, saga_id, &[call], evidence).await?;
+            }
+            CallSlot::Detach => {
+                ledger::detach_calls(&*tx, saga_id, Some(&[call]), now).await?;
             }
         }
+        let granted = ledger::take_free_slots(self, &tx, saga_id, want, now).await?;
         tx.commit().await?;
-        Ok(held)
+        Ok(granted)
+    }
+
+    /// Takes free slots for the calls in `want` (see [`Self::write_ai_call`])
+    /// under the saga's fence, with no call to write: a worker that holds
+    /// no slot for the calls it has to run.
+    pub async fn take_slots(
+        &self,
+        saga_id: &str,
+        token: &str,
+        want: &[(i32, i32)],
+        now: EpochMs,
+        lease_ms: i64,
+    ) -> StoreResult<Vec<i32>> {
+        let tx = self.write_tx().await?;
+        fence(&*tx, saga_id, token, now, lease_ms).await?;
+        let granted = ledger::take_free_slots(self, &tx, saga_id, want, now).await?;
+        tx.commit().await?;
+        Ok(granted)
+    }
+
+    /// In the claim's transaction, for a fan-out saga just claimed: its
+    /// session's earlier results are copied first (see
+    /// [`Self::seed_ai_calls`]), then the first `slots` of its calls that
+    /// have no result, each with the key attempt its next submit uses.
+    pub(super) async fn calls_to_reserve(
+        &self,
+        tx: &WriteTx,
+        saga: &sagas::Model,
+        ai_calls: i32,
+        slots: i32,
+        now: EpochMs,
+    ) -> StoreResult<Vec<(i32, i32)>> {
+        seed_calls(&**tx, &saga.id, &saga.session_id, now).await?;
+        let rows = tx
+            .query_all_raw(self.sql(
+                "SELECT call_index, attempts, status FROM ai_calls WHERE saga_id = $1",
+                vec![saga.id.clone().into()],
+            ))
+            .await?;
+        let mut attempts = std::collections::HashMap::new();
+        for r in rows {
+            let index: i32 = r.try_get_by_index(0)?;
+            let tries: i32 = r.try_get_by_index(1)?;
+            let status: String = r.try_get_by_index(2)?;
+            attempts.insert(index, (tries, status == RUNNING));
+        }
+        Ok((0..ai_calls)
+            .filter_map(|i| match attempts.get(&i) {
+                None => Some((i, saga.attempt_offset)),
+                Some(&(tries, true)) => Some((i, saga.attempt_offset + tries)),
+                Some(_) => None,
+            })
+            .take(slots.max(0) as usize)
+            .collect())
     }
 }
 
-/// What a call write does to the saga's AI slots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Slots {
+/// What a call write does to the call's slot in the ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallSlot {
+    /// Nothing (the call goes on with the same job and key).
     Keep,
-    /// Lower them to at most this (the calls the saga has left).
-    AtMost(i32),
-    /// Lower them to at most this, or raise them towards it with the
-    /// experience's free slots (the saga has calls waiting for a slot).
-    GrowTo(i32),
+    /// Its job is known: this id.
+    BindJob(String),
+    /// Its job is final (the evidence) and its next attempt's submit uses
+    /// the key of this attempt, in the same slot.
+    Rekey(i32, Evidence),
+    /// The call is done with its slot and no job runs in it.
+    Free(Evidence),
+    /// The call is done for the saga but its job may still run: the slot
+    /// stays, detached, until an instance that adopts it sees the job end.
+    Detach,
+}
+
+/// Copies the SUCCEEDED calls of the session's latest earlier saga that has
+/// calls into `saga_id`, unless it has calls already.
+async fn seed_calls<C: ConnectionTrait>(
+    conn: &C,
+    saga_id: &str,
+    session_id: &str,
+    now: EpochMs,
+) -> StoreResult<()> {
+    conn.execute_raw(super::sql_for(
+        conn.get_database_backend(),
+        "INSERT INTO ai_calls (saga_id, call_index, attempts, status, job_id, \
+         submitted_at_ms, content, score, error, created_at_ms, updated_at_ms) \
+         SELECT $1, c.call_index, c.attempts, c.status, c.job_id, c.submitted_at_ms, \
+         c.content, c.score, NULL, $3, $3 FROM ai_calls c \
+         WHERE c.status = 'SUCCEEDED' \
+         AND NOT EXISTS (SELECT 1 FROM ai_calls o WHERE o.saga_id = $1) \
+         AND c.saga_id = (SELECT s.id FROM sagas s WHERE s.session_id = $2 AND s.id <> $1 \
+             AND EXISTS (SELECT 1 FROM ai_calls p WHERE p.saga_id = s.id) \
+             ORDER BY s.created_at_ms DESC, s.id DESC LIMIT 1) \
+         ON CONFLICT (saga_id, call_index) DO NOTHING",
+        vec![saga_id.into(), session_id.into(), now.into()],
+    ))
+    .await?;
+    Ok(())
 }
 
 /// The fence of a call write: the saga is AI_PENDING and we hold its lock
-/// token. Renews the lease, and lowers `slots` to `slots_at_most` if given.
-/// Returns the saga's slots.
+/// token. Renews the lease.
 async fn fence<C: ConnectionTrait>(
     conn: &C,
     saga_id: &str,
     token: &str,
-    slots_at_most: Option<i32>,
     now: EpochMs,
     lease_ms: i64,
-) -> StoreResult<i32> {
-    let cap = slots_at_most.unwrap_or(i32::MAX).max(0);
+) -> StoreResult<()> {
     let updated = conn
-        .query_one_raw(super::sql_for(
+        .execute_raw(super::sql_for(
             conn.get_database_backend(),
-            "UPDATE sagas SET locked_until_ms = $3, updated_at_ms = $4, \
-             slots = CASE WHEN slots > $5 THEN $5 ELSE slots END \
-             WHERE id = $1 AND lock_token = $2 AND step = 'AI_PENDING' RETURNING slots",
+            "UPDATE sagas SET locked_until_ms = $3, updated_at_ms = $4 \
+             WHERE id = $1 AND lock_token = $2 AND step = 'AI_PENDING'",
             vec![
                 saga_id.into(),
                 token.into(),
                 lease_until(now, lease_ms).into(),
                 now.into(),
-                cap.into(),
             ],
         ))
-        .await?;
-    match updated {
-        Some(row) => Ok(row.try_get_by_index::<i32>(0)?),
-        None => Err(TransitionError::LeaseLost.into()),
+        .await?
+        .rows_affected();
+    if updated == 1 {
+        Ok(())
+    } else {
+        Err(TransitionError::LeaseLost.into())
     }
 }

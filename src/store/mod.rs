@@ -13,6 +13,7 @@ pub mod cleanup;
 pub mod entities;
 pub mod experiences;
 pub mod idempotency;
+pub mod ledger;
 pub mod notify;
 pub mod operators;
 pub mod outbox;
@@ -208,9 +209,6 @@ pub struct Store {
     /// Shared by every pool on the same SQLite file.
     write_gate: Option<Arc<WriteGate>>,
     url: Arc<str>,
-    /// How long a job that may still run after its saga ended holds its
-    /// slot at the least (`AI_TIMEOUT`; see `lingering_jobs`).
-    linger_ms: i64,
     /// Shared by every pool of this process (see [`ranking::RankCache`]).
     rank_cache: Arc<ranking::RankCache>,
     /// How stale cached scores may get once another instance has changed
@@ -294,7 +292,6 @@ impl Store {
             db,
             write_gate,
             url: url.into(),
-            linger_ms: 420_000,
             rank_cache: Arc::default(),
             rank_refresh: ranking::RANK_REFRESH,
         })
@@ -308,17 +305,9 @@ impl Store {
             db: Self::pool(&self.url, pool, None).await?,
             write_gate: self.write_gate.clone(),
             url: self.url.clone(),
-            linger_ms: self.linger_ms,
             rank_cache: self.rank_cache.clone(),
             rank_refresh: self.rank_refresh,
         })
-    }
-
-    /// This store with `AI_TIMEOUT` as the least time a job that may still
-    /// run after its saga ended holds its slot (default 7 min).
-    pub fn with_linger(mut self, linger: Duration) -> Store {
-        self.linger_ms = linger.as_millis() as i64;
-        self
     }
 
     /// This store with `refresh` as the least time between two re-reads
@@ -328,10 +317,6 @@ impl Store {
     pub fn with_rank_refresh(mut self, refresh: Duration) -> Store {
         self.rank_refresh = refresh;
         self
-    }
-
-    pub(crate) fn linger_ms(&self) -> i64 {
-        self.linger_ms
     }
 
     async fn pool(

@@ -32,11 +32,12 @@ pub const MAX_PAGE: u64 = 500;
 pub struct ExperienceLoad {
     pub slug: String,
     pub title: String,
-    /// AI jobs running now: the AI slots of the AI_PENDING sagas whose
-    /// lease is held (one per saga, or per call of a fan-out saga).
+    /// AI slots in use now: the ledger's rows (one per call that may have
+    /// a job at the provider, of ended sagas too).
     pub in_flight: i64,
     pub max_in_flight: i32,
-    /// AI_PENDING sagas waiting for a slot or for their retry time.
+    /// AI_PENDING sagas nobody holds, waiting for a slot or for their
+    /// retry time (not past their deadline).
     pub queued: i64,
 }
 
@@ -256,11 +257,9 @@ impl Store {
         let rows = self
             .db()
             .query_all_raw(self.sql(
-                "SELECT e.slug, e.title, e.max_in_flight, \
-                 COALESCE(SUM(CASE WHEN s.lock_token IS NOT NULL AND s.locked_until_ms >= $1 \
-                   THEN s.slots ELSE 0 END), 0), \
-                 COALESCE(SUM(CASE WHEN s.id IS NOT NULL \
-                   AND (s.lock_token IS NULL OR s.locked_until_ms < $1) THEN 1 ELSE 0 END), 0) \
+                "SELECT e.id, e.slug, e.title, e.max_in_flight, \
+                 COALESCE(SUM(CASE WHEN s.id IS NOT NULL AND s.lock_token IS NULL \
+                   AND s.deadline_at_ms >= $1 THEN 1 ELSE 0 END), 0) \
                  FROM experiences e LEFT JOIN sagas s \
                    ON s.experience_id = e.id AND s.step = 'AI_PENDING' \
                  GROUP BY e.id, e.slug, e.title, e.max_in_flight, e.created_at_ms \
@@ -268,14 +267,18 @@ impl Store {
                 vec![now.into()],
             ))
             .await?;
+        // Slots in use: the ledger's, every job that may run (of ended
+        // sagas too), on whatever provider it runs.
+        let slots = super::ledger::slots_in_use(self.db(), None, now).await?;
         let experiences = rows
             .iter()
             .map(|r| {
+                let id: String = r.try_get_by_index(0)?;
                 Ok(ExperienceLoad {
-                    slug: r.try_get_by_index(0)?,
-                    title: r.try_get_by_index(1)?,
-                    max_in_flight: r.try_get_by_index(2)?,
-                    in_flight: r.try_get_by_index(3)?,
+                    slug: r.try_get_by_index(1)?,
+                    title: r.try_get_by_index(2)?,
+                    max_in_flight: r.try_get_by_index(3)?,
+                    in_flight: slots.experience_total(&id),
                     queued: r.try_get_by_index(4)?,
                 })
             })
@@ -441,15 +444,14 @@ impl Store {
     /// An operator's retry: the ABORTED saga runs again from the step it
     /// aborted at ([`retry_from`]), keeping its AI result and its ranking
     /// entry (shown again), with fresh attempts, recoveries and deadline
-    /// (`deadline_ms` from now), unowned so any worker claims it. A single
-    /// call keeps its base key and goes on from the key of the attempt that
-    /// was in flight (`attempt_offset`): a job made under it but never
-    /// recorded is found again, not doubled, while a failed attempt's key
-    /// is skipped. A fan-out starts its calls from a new base key (its
-    /// failed calls' jobs are never got back). A job it was waiting on is kept and
-    /// polled again (no second AI job for a cancelled or orphaned saga),
-    /// unless the job itself failed or timed out (AI_FAILED, AI_TIMEOUT).
-    /// Its session goes ABORTED -> SUBMITTING.
+    /// (`deadline_ms` from now), unowned so any worker claims it. It never
+    /// takes back a job of its earlier run: the abort detached those slots,
+    /// and the slot adopter finds each job (by its id, or by its key when
+    /// it was never recorded), cancels it or waits for it to end, while it
+    /// counts against the cap. So a single call keeps its base key and goes
+    /// on from the key after every key it used (`attempt_offset`), and a
+    /// fan-out starts its calls from a new base key; neither can meet a job
+    /// the adopter is cancelling. Its session goes ABORTED -> SUBMITTING.
     ///
     /// Refused (conflict) unless the saga is ABORTED, is its session's
     /// latest, and the session is still ABORTED; fenced on the ABORTED step,
@@ -512,12 +514,10 @@ impl Store {
                  attempts = 0, recoveries = 0, unavailable_streak = 0, \
                  next_attempt_at_ms = $3, deadline_at_ms = $4, \
                  ai_base_key = CASE WHEN $8 THEN ai_base_key ELSE $5 END, \
-                 attempt_offset = CASE WHEN $8 THEN attempt_offset + attempts \
-                     + (CASE WHEN abort_reason = 'AI_FAILED' THEN 1 ELSE 0 END) ELSE 0 END, \
-                 ai_job_id = CASE WHEN abort_reason IN ('AI_FAILED', 'AI_TIMEOUT') \
-                     THEN NULL ELSE ai_job_id END, \
-                 ai_submitted_at_ms = CASE WHEN ai_job_id IS NULL \
-                     OR abort_reason IN ('AI_FAILED', 'AI_TIMEOUT') THEN NULL ELSE $3 END, \
+                 attempt_offset = CASE WHEN $8 THEN attempt_offset + attempts + 1 ELSE 0 END, \
+                 ai_job_id = CASE WHEN $2 = 'AI_PENDING' THEN NULL ELSE ai_job_id END, \
+                 ai_submitted_at_ms = CASE WHEN $2 = 'AI_PENDING' THEN NULL \
+                     ELSE ai_submitted_at_ms END, \
                  abort_reason = NULL, abort_detail = NULL, aborted_at_step = NULL, \
                  review_since_ms = CASE WHEN $2 = 'IN_REVIEW' THEN $3 ELSE review_since_ms END, \
                  review_decision = NULL, \

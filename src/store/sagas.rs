@@ -2,12 +2,11 @@
 //! reads. The cleanup actor's read is in [`super::cleanup`]. The fenced transitions and the final transactions are in
 //! [`super::transitions`].
 
-use std::collections::HashMap;
-
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, FromQueryResult, QueryFilter};
 
 use super::entities::sagas;
+use super::ledger;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::breaker::Breaker;
 use crate::domain::policy::{lease_until, EpochMs};
@@ -22,23 +21,24 @@ pub struct ClaimRules {
     pub max_recoveries: u32,
 }
 
-/// `slots` of a claim that keeps each saga's own slots (a resumed
-/// AI_PENDING saga takes back the slots its jobs may still run in).
-const KEEP_SLOTS: i32 = -1;
+/// A saga just claimed, with the index of its experience in the claim's
+/// list and the AI slots its worker holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    pub saga: sagas::Model,
+    pub experience: usize,
+    pub holds: Holds,
+}
 
-/// AI slots of an experience's AI_PENDING sagas, as [`Store::in_flight`]
-/// counts them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct InFlight {
-    /// Of sagas whose worker holds the lease.
-    pub held: i64,
-    /// Of sagas whose lease ran out (the worker died, or its instance
-    /// handed them over) before their deadline: their jobs may still run.
-    pub expired: i64,
-    /// Jobs that may still run after their saga ended without them
-    /// (`lingering_jobs`): one slot each until the provider says they are
-    /// final.
-    pub lingering: i64,
+/// The slots of the ledger a claimed saga's worker holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holds {
+    /// Slots the claim reserved for these calls now: no submit was sent
+    /// under them yet. Empty for a saga past the AI step.
+    Fresh(Vec<i32>),
+    /// A resumed AI_PENDING saga: its worker reads the slots it holds (a
+    /// job may run in them) from the ledger.
+    Read,
 }
 
 impl ClaimableExperience {
@@ -53,12 +53,6 @@ impl ClaimableExperience {
 /// (`ai_calls` > 1); `min_success` defaults to all calls.
 pub fn fan_out_of(ai_calls: i32, min_success: Option<i32>) -> Option<(i32, i32)> {
     (ai_calls > 1).then(|| (ai_calls, min_success.unwrap_or(ai_calls).clamp(1, ai_calls)))
-}
-
-impl InFlight {
-    pub fn total(&self) -> i64 {
-        self.held + self.expired + self.lingering
-    }
 }
 
 /// An experience with work to claim, and what the claim and the sagas
@@ -152,6 +146,10 @@ pub enum ClaimSource {
     /// and handed them over): to resume, earliest expiry first, at the
     /// start of `idx_sagas_leased`.
     Expired,
+    /// Nobody holds them, but they hold slots of the ledger (they gave
+    /// up their lease while a job of theirs may run): to resume in those
+    /// slots, along `idx_sagas_unowned`.
+    Holding,
 }
 
 impl ClaimSource {
@@ -165,6 +163,15 @@ impl ClaimSource {
                 format!(
                     "lock_token IS NULL AND {RUNNABLE} AND step = '{step}' \
                      AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now}"
+                ),
+                "created_at_ms, id",
+            ),
+            ClaimSource::Holding => (
+                format!(
+                    "lock_token IS NULL AND {RUNNABLE} AND step = '{step}' \
+                     AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now} \
+                     AND EXISTS (SELECT 1 FROM ai_slots l WHERE l.saga_id = sagas.id \
+                     AND NOT l.detached)"
                 ),
                 "created_at_ms, id",
             ),
@@ -293,100 +300,6 @@ impl Store {
         .await
     }
 
-    /// AI jobs in flight for an experience: the slots of the sagas in
-    /// AI_PENDING whose lease is held (1 for a single-call saga; a fan-out
-    /// saga holds one per call it may run at once, see [`Self::claim_runnable`]).
-    /// The lease is the AI slot, and it covers every job the provider
-    /// may still be running (rule 10): a worker whose poll failed, whose
-    /// submit had an unclear outcome, or whose attempt timed out keeps its
-    /// lease and goes on with the same job (see the supervisor's AI step,
-    /// `ai_step.rs`); it releases the lease only while no job of the saga
-    /// may be running. When a worker dies (or its instance shuts down
-    /// and hands the saga over), its lease runs out but its jobs may still
-    /// run at the provider: such a saga keeps its slots ([`InFlight::expired`])
-    /// until the next claim resumes it in them, so neither a queued saga
-    /// nor a fan-out saga growing its slots takes them meanwhile. Only past
-    /// its deadline does it stop counting (the cleanup actor ends it, and
-    /// its jobs then linger). A job that outlived its saga counts one slot
-    /// ([`InFlight::lingering`]) until the provider says it is final.
-    pub async fn in_flight<C: ConnectionTrait>(
-        conn: &C,
-        experience_id: &str,
-        now: EpochMs,
-    ) -> StoreResult<InFlight> {
-        let stmt = super::sql_for(
-            conn.get_database_backend(),
-            &format!(
-                "SELECT COALESCE(SUM(CASE WHEN locked_until_ms >= $2 THEN slots ELSE 0 END), 0), \
-                 COALESCE(SUM(CASE WHEN locked_until_ms < $2 AND deadline_at_ms >= $2 \
-                 THEN slots ELSE 0 END), 0), \
-                 (SELECT COUNT(*) FROM lingering_jobs l WHERE l.experience_id = $1 \
-                 AND l.until_ms >= $2) \
-                 FROM sagas WHERE experience_id = $1 AND lock_token IS NOT NULL \
-                 AND {RUNNABLE} AND step = 'AI_PENDING'"
-            ),
-            vec![experience_id.into(), now.into()],
-        );
-        let row = conn.query_one_raw(stmt).await?;
-        Ok(match row {
-            Some(r) => InFlight {
-                held: r.try_get_by_index::<i64>(0)?,
-                expired: r.try_get_by_index::<i64>(1)?,
-                lingering: r.try_get_by_index::<i64>(2)?,
-            },
-            None => InFlight::default(),
-        })
-    }
-
-    /// [`Self::in_flight`] of every experience on `provider`, by
-    /// experience id (experiences with nothing in flight are absent).
-    pub async fn provider_in_flight<C: ConnectionTrait>(
-        conn: &C,
-        provider: &str,
-        now: EpochMs,
-    ) -> StoreResult<HashMap<String, InFlight>> {
-        let backend = conn.get_database_backend();
-        let sagas = conn
-            .query_all_raw(super::sql_for(
-                backend,
-                &format!(
-                    "SELECT s.experience_id, \
-                     COALESCE(SUM(CASE WHEN s.locked_until_ms >= $2 THEN s.slots ELSE 0 END), 0), \
-                     COALESCE(SUM(CASE WHEN s.locked_until_ms < $2 AND s.deadline_at_ms >= $2 \
-                     THEN s.slots ELSE 0 END), 0) \
-                     FROM sagas s WHERE s.experience_id IN \
-                     (SELECT e.id FROM experiences e WHERE e.provider = $1) \
-                     AND s.lock_token IS NOT NULL AND {RUNNABLE} AND s.step = 'AI_PENDING' \
-                     GROUP BY s.experience_id"
-                ),
-                vec![provider.into(), now.into()],
-            ))
-            .await?;
-        let mut by_experience: HashMap<String, InFlight> = HashMap::new();
-        for row in sagas {
-            let entry = by_experience
-                .entry(row.try_get_by_index::<String>(0)?)
-                .or_default();
-            entry.held = row.try_get_by_index::<i64>(1)?;
-            entry.expired = row.try_get_by_index::<i64>(2)?;
-        }
-        let lingering = conn
-            .query_all_raw(super::sql_for(
-                backend,
-                "SELECT experience_id, COUNT(*) FROM lingering_jobs \
-                 WHERE provider = $1 AND until_ms >= $2 GROUP BY experience_id",
-                vec![provider.into(), now.into()],
-            ))
-            .await?;
-        for row in lingering {
-            by_experience
-                .entry(row.try_get_by_index::<String>(0)?)
-                .or_default()
-                .lingering = row.try_get_by_index::<i64>(1)?;
-        }
-        Ok(by_experience)
-    }
-
     /// Claims for one experience alone (see [`Self::claim_for_provider`]).
     pub async fn claim_runnable(
         &self,
@@ -398,32 +311,35 @@ impl Store {
         let claimed = self
             .claim_for_provider(std::slice::from_ref(experience), limit, now, rules)
             .await?;
-        Ok(claimed.into_iter().map(|(saga, _)| saga).collect())
+        Ok(claimed.into_iter().map(|c| c.saga).collect())
     }
 
     /// Claims, for the experiences of one provider (all on
-    /// `experiences[0].provider`), at most `limit` claimable sagas, each
-    /// with the index of its experience: first those past the AI step (they
-    /// need no AI slot, so a long AI queue never starves them), then
-    /// AI_PENDING ones whose lease ran out (they resume in the slots they
-    /// still hold), then queued ones, one saga at a time to the experience
-    /// that [`next_grant`] picks: slots shared by weight among the
-    /// experiences with work, never above the provider's cap (counting
-    /// every experience on it, and jobs that linger after their saga) nor
-    /// an experience's own ceiling. The claimed sagas share one fresh lock
-    /// token and get a lease; one resumed after a lost lease counts a
-    /// recovery. On PostgreSQL the count and the claim run under a
-    /// transaction-scoped advisory lock per provider, so the caps are exact
-    /// across instances, and rows locked by someone else are skipped, never
-    /// waited for. A source an experience has nothing in (see
-    /// [`ClaimableExperience`]) costs no statement.
+    /// `experiences[0].provider`), at most `limit` claimable sagas: first
+    /// those past the AI step (they need no AI slot, so a long AI queue
+    /// never starves them), then AI_PENDING ones that hold slots of the
+    /// ledger or whose lease ran out (they resume in the slots they hold),
+    /// then queued ones, one saga at a time to the experience that
+    /// [`next_grant`] picks: slots shared by weight among the experiences
+    /// with work, never above the provider's cap (counting every experience
+    /// on it, and every row of the ledger: jobs of ended sagas too) nor an
+    /// experience's own ceiling. A queued saga's slots are written to the
+    /// ledger here, before its worker sends anything
+    /// ([`ledger::reserve_first_calls`], [`ledger::reserve_calls`]). The
+    /// claimed sagas share one fresh lock token and get a lease; one
+    /// resumed after a lost lease counts a recovery. On PostgreSQL the
+    /// count and the claim run under a transaction-scoped advisory lock per
+    /// provider, so the caps are exact across instances, and rows locked
+    /// by someone else are skipped, never waited for. A source an
+    /// experience has nothing in (see [`ClaimableExperience`]) costs no
+    /// statement.
     pub async fn claim_for_provider(
         &self,
         experiences: &[ClaimableExperience],
         limit: usize,
         now: EpochMs,
         rules: ClaimRules,
-    ) -> StoreResult<Vec<(sagas::Model, usize)>> {
+    ) -> StoreResult<Vec<Claimed>> {
         let Some(first) = experiences.first() else {
             return Ok(Vec::new());
         };
@@ -434,145 +350,25 @@ impl Store {
         if self.is_postgres() {
             lock_provider(self, &tx, &first.provider).await?;
         }
-        let token = new_id();
-        let mut claimed: Vec<(sagas::Model, usize)> = Vec::new();
-        let claim = |experience: &ClaimableExperience, step, source, n, slots: i32| {
-            let stmt = self.claim_statement(
-                "",
-                &experience.id,
-                step,
-                source,
-                n,
-                slots,
-                &token,
-                now,
-                rules,
-            );
-            let tx = &tx;
-            async move { self.claim_with(tx, stmt, n).await }
+        let mut round = ClaimRound {
+            store: self,
+            tx: &tx,
+            token: new_id(),
+            now,
+            rules,
+            limit,
+            claimed: Vec::new(),
         };
-        for (i, experience) in experiences.iter().enumerate() {
-            if !experience.has_resumed {
-                continue;
-            }
-            for step in [Step::RankingDone, Step::AiDone] {
-                for source in [ClaimSource::Expired, ClaimSource::Unowned] {
-                    let room = limit - claimed.len();
-                    let got = claim(experience, step, source, room, 1).await?;
-                    claimed.extend(got.into_iter().map(|s| (s, i)));
-                }
-            }
-        }
+        round.past_the_ai_step(experiences).await?;
         let wants_ai = |e: &ClaimableExperience| e.has_expired_ai || e.has_queued_ai;
-        if claimed.len() < limit && experiences.iter().any(wants_ai) {
+        if round.room() > 0 && experiences.iter().any(wants_ai) {
             // Slots in use on the provider, by experience, inside this
             // transaction (every experience on it, not only these).
-            let in_flight = if experiences.len() == 1 && first.provider_max_in_flight.is_none() {
-                let mut one = HashMap::new();
-                one.insert(
-                    first.id.clone(),
-                    Self::in_flight(&*tx, &first.id, now).await?,
-                );
-                one
-            } else {
-                Self::provider_in_flight(&*tx, &first.provider, now).await?
-            };
-            let of = |id: &str| in_flight.get(id).copied().unwrap_or_default();
-            // Sagas whose AI lease ran out resume in the slots they still
-            // hold (counted above), whatever the probe before this
-            // transaction saw: a lease that ran out, or was handed over,
-            // since then is found here too (and when none is counted, the
-            // statement is not sent).
-            for (i, experience) in experiences.iter().enumerate() {
-                if wants_ai(experience) && of(&experience.id).expired > 0 && claimed.len() < limit {
-                    let room = limit - claimed.len();
-                    let got = claim(
-                        experience,
-                        Step::AiPending,
-                        ClaimSource::Expired,
-                        room,
-                        KEEP_SLOTS,
-                    )
-                    .await?;
-                    claimed.extend(got.into_iter().map(|s| (s, i)));
-                }
-            }
-            let mut free = first
-                .provider_max_in_flight
-                .map(|cap| i64::from(cap) - in_flight.values().map(InFlight::total).sum::<i64>());
-            let mut claimants: Vec<Claimant> = experiences
-                .iter()
-                .map(|e| Claimant {
-                    weight: i64::from(e.weight.max(1)),
-                    used: of(&e.id).total(),
-                    ceiling: i64::from(e.max_in_flight),
-                    per_saga: i64::from(e.ai_calls.max(1)),
-                    has_work: e.has_queued_ai,
-                })
-                .collect();
-            // Plan the grants, claim them, and plan again with what an
-            // experience that ran out of queued sagas left over.
-            loop {
-                let mut plan: Vec<Vec<i32>> = vec![Vec::new(); experiences.len()];
-                let mut planned = 0;
-                while claimed.len() + planned < limit {
-                    let Some((i, slots)) = next_grant(&claimants, free) else {
-                        break;
-                    };
-                    claimants[i].used += slots;
-                    free = free.map(|f| f - slots);
-                    plan[i].push(slots as i32);
-                    planned += 1;
-                }
-                if planned == 0 {
-                    break;
-                }
-                let mut short = false;
-                for (i, grants) in plan.into_iter().enumerate() {
-                    if grants.is_empty() {
-                        continue;
-                    }
-                    let experience = &experiences[i];
-                    let mut missing: Vec<i32> = Vec::new();
-                    if experience.ai_calls <= 1 {
-                        let got = claim(
-                            experience,
-                            Step::AiPending,
-                            ClaimSource::Unowned,
-                            grants.len(),
-                            1,
-                        )
-                        .await?;
-                        missing.extend(grants.iter().skip(got.len()));
-                        claimed.extend(got.into_iter().map(|s| (s, i)));
-                    } else {
-                        // Fan-out: one saga per grant, each taking the
-                        // slots granted (a single saga may use them all);
-                        // its worker gives back those it no longer needs.
-                        for (g, &slots) in grants.iter().enumerate() {
-                            let got =
-                                claim(experience, Step::AiPending, ClaimSource::Unowned, 1, slots)
-                                    .await?;
-                            if got.is_empty() {
-                                missing.extend(&grants[g..]);
-                                break;
-                            }
-                            claimed.extend(got.into_iter().map(|s| (s, i)));
-                        }
-                    }
-                    if !missing.is_empty() {
-                        let back: i64 = missing.iter().map(|&s| i64::from(s)).sum();
-                        claimants[i].used -= back;
-                        claimants[i].has_work = false;
-                        free = free.map(|f| f + back);
-                        short = true;
-                    }
-                }
-                if !short {
-                    break;
-                }
-            }
+            let slots = ledger::slots_in_use(&*tx, Some(&first.provider), now).await?;
+            round.resumed_in_their_slots(experiences, &slots).await?;
+            round.granted(experiences, &slots).await?;
         }
+        let claimed = round.claimed;
         tx.commit().await?;
         Ok(claimed)
     }
@@ -606,7 +402,6 @@ impl Store {
         step: Step,
         source: ClaimSource,
         n: usize,
-        slots: i32,
         token: &str,
         now: EpochMs,
         rules: ClaimRules,
@@ -621,7 +416,7 @@ impl Store {
         // into a scan of every saga.
         let indexed = match (self.is_postgres(), source) {
             (true, _) => "",
-            (false, ClaimSource::Unowned) => " INDEXED BY idx_sagas_unowned",
+            (false, ClaimSource::Unowned | ClaimSource::Holding) => " INDEXED BY idx_sagas_unowned",
             (false, ClaimSource::Expired) => " INDEXED BY idx_sagas_leased",
         };
         let (condition, order) = source.condition(step, 2, 3);
@@ -634,7 +429,6 @@ impl Store {
                  WHERE experience_id = $1 AND {condition} \
                  ORDER BY {order} LIMIT $6{lock}) \
                  UPDATE sagas SET lock_token = $4, locked_until_ms = $5, updated_at_ms = $2, \
-                 slots = CASE WHEN $7 < 0 THEN slots ELSE $7 END, \
                  recoveries = recoveries + \
                  (CASE WHEN lock_token IS NULL OR handed_over THEN 0 ELSE 1 END), \
                  handed_over = false, {link_trace} \
@@ -649,7 +443,6 @@ impl Store {
                 token.into(),
                 lease_until(now, rules.lease_ms).into(),
                 (n as i64).into(),
-                slots.into(),
             ],
         )
     }
@@ -668,17 +461,7 @@ impl Store {
         rules: ClaimRules,
     ) -> StoreResult<String> {
         self.plan_of(false, |prefix| {
-            self.claim_statement(
-                prefix,
-                experience_id,
-                step,
-                source,
-                10,
-                1,
-                "plan",
-                now,
-                rules,
-            )
+            self.claim_statement(prefix, experience_id, step, source, 10, "plan", now, rules)
         })
         .await
     }
@@ -834,6 +617,236 @@ impl Store {
             })
             .collect::<Result<_, sea_orm::DbErr>>()
             .map_err(Into::into)
+    }
+}
+
+/// One claim transaction of [`Store::claim_for_provider`], stage by stage.
+struct ClaimRound<'a> {
+    store: &'a Store,
+    tx: &'a WriteTx,
+    token: String,
+    now: EpochMs,
+    rules: ClaimRules,
+    limit: usize,
+    claimed: Vec<Claimed>,
+}
+
+impl ClaimRound<'_> {
+    fn room(&self) -> usize {
+        self.limit - self.claimed.len()
+    }
+
+    /// Claims up to `n` sagas of `experience` at `step` from `source`.
+    async fn claim(
+        &self,
+        experience: &ClaimableExperience,
+        step: Step,
+        source: ClaimSource,
+        n: usize,
+    ) -> StoreResult<Vec<sagas::Model>> {
+        let stmt = self.store.claim_statement(
+            "",
+            &experience.id,
+            step,
+            source,
+            n,
+            &self.token,
+            self.now,
+            self.rules,
+        );
+        self.store.claim_with(self.tx, stmt, n).await
+    }
+
+    /// Sagas past the AI step: they need no slot.
+    async fn past_the_ai_step(&mut self, experiences: &[ClaimableExperience]) -> StoreResult<()> {
+        for (i, experience) in experiences.iter().enumerate() {
+            if !experience.has_resumed {
+                continue;
+            }
+            for step in [Step::RankingDone, Step::AiDone] {
+                for source in [ClaimSource::Expired, ClaimSource::Unowned] {
+                    let got = self.claim(experience, step, source, self.room()).await?;
+                    self.keep(got, i, Holds::Fresh(Vec::new()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// AI_PENDING sagas whose lease ran out (their worker died, or their
+    /// instance handed them over), and those nobody holds that still hold
+    /// slots of the ledger (a job of theirs may run): they resume in the
+    /// slots they hold, whatever the free slots, and their workers read
+    /// which from the ledger. A lease that ran out since the probe before
+    /// this transaction is found here too (its rows count as awaiting).
+    async fn resumed_in_their_slots(
+        &mut self,
+        experiences: &[ClaimableExperience],
+        slots: &ledger::SlotCounts,
+    ) -> StoreResult<()> {
+        for (i, experience) in experiences.iter().enumerate() {
+            let awaiting = slots
+                .of(&experience.provider, &experience.id)
+                .awaiting_resume
+                > 0;
+            if experience.has_expired_ai || awaiting {
+                let got = self
+                    .claim(
+                        experience,
+                        Step::AiPending,
+                        ClaimSource::Expired,
+                        self.room(),
+                    )
+                    .await?;
+                self.keep(got, i, Holds::Read);
+            }
+            if awaiting {
+                let got = self
+                    .claim(
+                        experience,
+                        Step::AiPending,
+                        ClaimSource::Holding,
+                        self.room(),
+                    )
+                    .await?;
+                self.keep(got, i, Holds::Read);
+            }
+        }
+        Ok(())
+    }
+
+    /// Queued sagas, in the slots the provider's share grants them: plan
+    /// the grants, claim them and write their slots, and plan again with
+    /// what an experience that ran out of queued sagas left over.
+    async fn granted(
+        &mut self,
+        experiences: &[ClaimableExperience],
+        slots: &ledger::SlotCounts,
+    ) -> StoreResult<()> {
+        let first = &experiences[0];
+        let of = |e: &ClaimableExperience| slots.of(&e.provider, &e.id).in_use;
+        let mut free = first
+            .provider_max_in_flight
+            .map(|cap| i64::from(cap) - slots.provider_total(&first.provider));
+        let mut claimants: Vec<Claimant> = experiences
+            .iter()
+            .map(|e| Claimant {
+                weight: i64::from(e.weight.max(1)),
+                used: of(e),
+                ceiling: i64::from(e.max_in_flight),
+                per_saga: i64::from(e.ai_calls.max(1)),
+                has_work: e.has_queued_ai,
+            })
+            .collect();
+        loop {
+            let mut plan: Vec<Vec<i32>> = vec![Vec::new(); experiences.len()];
+            let mut planned = 0;
+            while self.claimed.len() + planned < self.limit {
+                let Some((i, slots)) = next_grant(&claimants, free) else {
+                    break;
+                };
+                claimants[i].used += slots;
+                free = free.map(|f| f - slots);
+                plan[i].push(slots as i32);
+                planned += 1;
+            }
+            if planned == 0 {
+                return Ok(());
+            }
+            let mut short = false;
+            for (i, grants) in plan.into_iter().enumerate() {
+                if grants.is_empty() {
+                    continue;
+                }
+                let missing = self.claim_grants(&experiences[i], i, &grants).await?;
+                if missing > 0 {
+                    claimants[i].used -= missing;
+                    claimants[i].has_work = false;
+                    free = free.map(|f| f + missing);
+                    short = true;
+                }
+            }
+            if !short {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Claims one queued saga per grant of `experience` (a grant: the
+    /// slots it may use) and writes their slots to the ledger. Returns the
+    /// slots granted that found no saga to take them.
+    async fn claim_grants(
+        &mut self,
+        experience: &ClaimableExperience,
+        i: usize,
+        grants: &[i32],
+    ) -> StoreResult<i64> {
+        let (provider, now) = (&experience.provider, self.now);
+        if experience.ai_calls <= 1 {
+            let got = self
+                .claim(
+                    experience,
+                    Step::AiPending,
+                    ClaimSource::Unowned,
+                    grants.len(),
+                )
+                .await?;
+            let missing = (grants.len() - got.len()) as i64;
+            let ids: Vec<String> = got.iter().map(|s| s.id.clone()).collect();
+            let fresh = ledger::reserve_first_calls(self.tx, provider, &ids, now).await?;
+            for saga in got {
+                // A saga that had its slot already (a job of it may run)
+                // reads it; the others hold the slot written now.
+                let holds = if fresh.contains(&saga.id) {
+                    Holds::Fresh(vec![0])
+                } else {
+                    Holds::Read
+                };
+                self.claimed.push(Claimed {
+                    saga,
+                    experience: i,
+                    holds,
+                });
+            }
+            return Ok(missing);
+        }
+        // Fan-out: one saga per grant, each taking the slots granted for
+        // its first calls that have no result (a single saga may use them
+        // all); its worker gives back those it no longer needs.
+        for (g, &slots) in grants.iter().enumerate() {
+            let got = self
+                .claim(experience, Step::AiPending, ClaimSource::Unowned, 1)
+                .await?;
+            let Some(saga) = got.into_iter().next() else {
+                return Ok(grants[g..].iter().map(|&s| i64::from(s)).sum());
+            };
+            let calls = self
+                .store
+                .calls_to_reserve(self.tx, &saga, experience.ai_calls, slots, now)
+                .await?;
+            let fresh =
+                ledger::reserve_calls(&**self.tx, provider, &experience.id, &saga.id, &calls, now)
+                    .await?;
+            let holds = if fresh.len() == calls.len() {
+                Holds::Fresh(fresh)
+            } else {
+                Holds::Read
+            };
+            self.claimed.push(Claimed {
+                saga,
+                experience: i,
+                holds,
+            });
+        }
+        Ok(0)
+    }
+
+    fn keep(&mut self, sagas: Vec<sagas::Model>, experience: usize, holds: Holds) {
+        self.claimed.extend(sagas.into_iter().map(|saga| Claimed {
+            saga,
+            experience,
+            holds: holds.clone(),
+        }));
     }
 }
 

@@ -356,8 +356,10 @@ impl Store {
         let runnable = super::sagas::RUNNABLE;
         let mut values: Vec<Value> = vec![now.into(), (RECENT_AI_DURATIONS as i64).into()];
         let ids = in_list(self.backend(), 3, session_ids.iter().cloned(), &mut values);
-        // Sagas, not slots: a fan-out saga holds several (see `Capacity`).
+        // Waiting: sagas, not slots (a fan-out saga takes several, see
+        // `Capacity`); running: the slots of the ledger.
         let pending = format!("{runnable} AND s.step = 'AI_PENDING' AND s.experience_id");
+        let running = super::ledger::slots_sql("l.experience_id = e.id");
         let recent = recent_ai_durations("e.id", "$2");
         let columns: Vec<String> = experiences::Column::iter()
             .map(|c| format!("e.{0} AS {EXPERIENCE_PREFIX}{0}", c.as_str()))
@@ -368,12 +370,9 @@ impl Store {
              (SELECT COALESCE(SUM(x.weight), 0) FROM experiences x \
              WHERE x.provider = p.name AND x.id <> e.id AND EXISTS \
              (SELECT 1 FROM sagas s WHERE {pending} = x.id)) END AS others_weight, \
+             {running} AS ai_running, \
              (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
-             AND s.lock_token IS NOT NULL AND s.locked_until_ms >= $1) AS ai_running, \
-             (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
-             AND s.lock_token IS NULL) \
-             + (SELECT COUNT(*) FROM sagas s WHERE {pending} = e.id \
-             AND s.lock_token IS NOT NULL AND s.locked_until_ms < $1) AS ai_waiting, \
+             AND s.lock_token IS NULL AND s.deadline_at_ms >= $1) AS ai_waiting, \
              {recent} AS recent_ai_ms \
              FROM experiences e LEFT JOIN providers p ON p.name = e.provider \
              WHERE e.id IN (SELECT experience_id FROM sessions WHERE id {ids})",
@@ -946,7 +945,6 @@ fn new_saga(
         attempt_offset: Set(0),
         ai_job_id: Set(None),
         ai_submitted_at_ms: Set(None),
-        slots: Set(1),
         handed_over: Set(false),
         review_since_ms: Set(None),
         review_decision: Set(None),

@@ -30,6 +30,7 @@ use serde_json::json;
 
 use super::entities::{results, sagas, score_attempts, sessions};
 use super::experiences::locale_of;
+use super::ledger;
 use super::outbox::aborted_payload;
 use super::rows::{column_in, execute_together, in_list, insert_statement, SqlType, ValueRows};
 use super::sagas::{Fence, RankedEntry};
@@ -37,6 +38,7 @@ use super::sessions::set_session_status;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::admission::refunds_credits;
 use crate::domain::failure::AiResult;
+use crate::domain::ledger::Evidence;
 use crate::domain::policy::{lease_until, AttemptState, EpochMs};
 use crate::domain::review::Decision;
 use crate::domain::saga::{judge_unapplied, AbortReason, RowNow, Step, TransitionError};
@@ -82,14 +84,17 @@ pub enum SagaWrite {
         after_review: bool,
     },
     /// AI_PENDING stays for a later try at `next_attempt_at`; the lease is
-    /// released so the AI slot is free meanwhile, and the job is forgotten
-    /// when the attempt was counted (the next attempt has a new key).
+    /// released, the slots of `free_calls` are freed (each with its
+    /// evidence that no job runs in it), and the job is forgotten when the
+    /// attempt was counted (the next attempt has a new key). A slot with no
+    /// evidence stays the saga's: the claim resumes the saga in it.
     ReleaseForRetry {
         saga_id: String,
         token: String,
         state: AttemptState,
         next_attempt_at: EpochMs,
         attempt_counted: bool,
+        free_calls: Vec<(i32, Evidence)>,
     },
     /// RANKING_DONE -> COMPLETED with result, session status and event.
     Complete { saga_id: String, token: String },
@@ -101,11 +106,11 @@ pub enum SagaWrite {
         fence: Fence,
         reason: AbortReason,
         detail: String,
-        /// A job of the saga may still run at the provider (its worker
-        /// does not know it final): when the saga was AI_PENDING, each of
-        /// its jobs keeps a slot until the provider says it is final
-        /// (`lingering_jobs`, see [`super::providers`]).
-        linger: bool,
+        /// The calls whose slots are free (each with its evidence that no
+        /// job runs in it). The saga's other slots are detached: they
+        /// count until an instance that adopts them sees their jobs end
+        /// (see [`super::ledger`]).
+        free_calls: Vec<(i32, Evidence)>,
     },
 }
 
@@ -124,14 +129,14 @@ impl SagaWrite {
     }
 
     /// An operator's cancel: ABORTED `CANCELLED` whoever holds the saga;
-    /// a job it ran may still run, so its slot lingers.
+    /// a job it ran may still run, so its slots are detached, not freed.
     pub fn operator_cancel(saga_id: &str) -> SagaWrite {
         SagaWrite::Abort {
             saga_id: saga_id.to_owned(),
             fence: Fence::Operator,
             reason: AbortReason::Cancelled,
             detail: "cancelled by an operator".into(),
-            linger: true,
+            free_calls: Vec::new(),
         }
     }
 
@@ -143,7 +148,19 @@ impl SagaWrite {
             fence: Fence::Review,
             reason: AbortReason::ReviewRejected,
             detail: detail.to_owned(),
-            linger: false,
+            free_calls: Vec::new(),
+        }
+    }
+
+    /// The slots the write, once applied, frees, by their evidence (a
+    /// single call's at AI_DONE; those named by a release or an abort).
+    pub fn slots_freed(&self) -> Vec<Evidence> {
+        match self {
+            SagaWrite::AiDone { .. } => vec![Evidence::JobFinal],
+            SagaWrite::ReleaseForRetry { free_calls, .. } | SagaWrite::Abort { free_calls, .. } => {
+                free_calls.iter().map(|(_, e)| *e).collect()
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -165,9 +182,9 @@ pub struct Written {
     /// The visible ranking of this experience changed (an aborted saga's
     /// entry was hidden).
     pub ranking_changed: Option<String>,
-    /// Jobs of the aborted saga may still run: they linger, holding their
-    /// slots, until the provider says they are final.
-    pub lingering: bool,
+    /// Slots of the aborted saga were detached (its jobs may still run):
+    /// an instance adopts them and sees the jobs end.
+    pub detached: bool,
 }
 
 /// The outcome of each write of a batch, in the batch's order.
@@ -274,6 +291,7 @@ impl Store {
                     state,
                     next_attempt_at,
                     attempt_counted,
+                    ..
                 } => released.push(
                     i,
                     saga_id,
@@ -291,12 +309,11 @@ impl Store {
                     fence,
                     reason,
                     detail,
-                    linger,
+                    free_calls,
                 } => {
                     // Each abort in a savepoint of its own: one that fails
                     // (a bad row, a lock timeout) fails alone, and the
                     // batch's other writes go on.
-                    let linger_ms = linger.then(|| self.linger_ms());
                     let item = tx.savepoint().await?;
                     let mut its_refunds = Vec::new();
                     let done = abort_one(
@@ -305,7 +322,7 @@ impl Store {
                         fence,
                         *reason,
                         detail,
-                        linger_ms,
+                        free_calls,
                         now,
                         &mut its_refunds,
                     )
@@ -337,6 +354,13 @@ impl Store {
             now,
         )
         .await?;
+        let jobs: Vec<(String, String)> = submitted
+            .rows
+            .iter()
+            .filter(|(saga_id, _, _)| applied.contains(saga_id))
+            .filter_map(|(saga_id, _, values)| Some((saga_id.clone(), text_of(&values[0])?)))
+            .collect();
+        ledger::bind_first_jobs(&tx, &jobs, now).await?;
         for (k, &i) in submitted.index.iter().enumerate() {
             outcome[i] = Some(lease_kept(applied.contains(&submitted.rows[k].0)));
         }
@@ -366,6 +390,15 @@ impl Store {
             now,
         )
         .await?;
+        // A single call's job is final: its slot is free. (A fan-out's
+        // calls freed or detached theirs as each ended: none is attached.)
+        let done: Vec<String> = ai_done
+            .rows
+            .iter()
+            .filter(|(saga_id, _, _)| applied.contains(saga_id))
+            .map(|(saga_id, _, _)| saga_id.clone())
+            .collect();
+        ledger::free_first_calls(&tx, &done, Evidence::JobFinal).await?;
         for (k, &i) in ai_done.index.iter().enumerate() {
             let (saga_id, token, values) = &ai_done.rows[k];
             outcome[i] = Some(if applied.contains(saga_id) {
@@ -448,6 +481,20 @@ impl Store {
             now,
         )
         .await?;
+        for write in writes {
+            if let SagaWrite::ReleaseForRetry {
+                saga_id,
+                free_calls,
+                ..
+            } = write
+            {
+                if applied.contains(saga_id) {
+                    for (call, evidence) in free_calls {
+                        ledger::free_calls(&*tx, saga_id, &[*call], *evidence).await?;
+                    }
+                }
+            }
+        }
         for (k, &i) in released.index.iter().enumerate() {
             outcome[i] = Some(lease_kept(applied.contains(&released.rows[k].0)));
         }
@@ -568,6 +615,7 @@ impl Store {
     }
 
     /// See [`SagaWrite::ReleaseForRetry`].
+    #[allow(clippy::too_many_arguments)]
     pub async fn release_for_retry(
         &self,
         saga_id: &str,
@@ -575,6 +623,7 @@ impl Store {
         state: AttemptState,
         next_attempt_at: EpochMs,
         attempt_counted: bool,
+        free_calls: Vec<(i32, Evidence)>,
         now: EpochMs,
     ) -> StoreResult<()> {
         let write = SagaWrite::ReleaseForRetry {
@@ -583,6 +632,7 @@ impl Store {
             state,
             next_attempt_at,
             attempt_counted,
+            free_calls,
         };
         self.apply_one(write, now, 0).await.map(drop)
     }
@@ -600,6 +650,7 @@ impl Store {
     /// See [`SagaWrite::Abort`]. With `Fence::Unowned` (the cleanup actor)
     /// it only applies while nobody holds the lease; with
     /// `Fence::Operator` whoever holds it, and asking again is success.
+    /// The saga's slots are detached (a job may run in them).
     pub async fn abort(
         &self,
         saga_id: &str,
@@ -608,12 +659,27 @@ impl Store {
         detail: &str,
         now: EpochMs,
     ) -> StoreResult<Written> {
+        self.abort_freeing(saga_id, fence, reason, detail, Vec::new(), now)
+            .await
+    }
+
+    /// [`Self::abort`], freeing the slots of `free_calls` (each with its
+    /// evidence that no job runs in it).
+    pub async fn abort_freeing(
+        &self,
+        saga_id: &str,
+        fence: Fence,
+        reason: AbortReason,
+        detail: &str,
+        free_calls: Vec<(i32, Evidence)>,
+        now: EpochMs,
+    ) -> StoreResult<Written> {
         let write = SagaWrite::Abort {
             saga_id: saga_id.to_owned(),
             fence,
             reason,
             detail: detail.to_owned(),
-            linger: true,
+            free_calls,
         };
         self.apply_one(write, now, 0).await
     }
@@ -833,7 +899,7 @@ async fn abort_one(
     fence: &Fence,
     reason: AbortReason,
     detail: &str,
-    linger_ms: Option<i64>,
+    free_calls: &[(i32, Evidence)],
     now: EpochMs,
     refunds: &mut Vec<Refund>,
 ) -> StoreResult<StoreResult<Written>> {
@@ -940,17 +1006,16 @@ async fn abort_one(
         .exec(&**tx)
         .await?
         .rows_affected;
-    // Jobs that may still run keep their slots (rule 10).
-    let lingering = match linger_ms {
-        Some(linger_ms) if saga.aborted_at_step.as_deref() == Some(Step::AiPending.as_str()) => {
-            super::providers::linger_jobs_of(&**tx, &saga, now, linger_ms).await? > 0
-        }
-        _ => false,
-    };
+    // Slots with evidence are free; the others keep counting, detached,
+    // until an instance that adopts them sees their jobs end (rule 10).
+    for (call, evidence) in free_calls {
+        ledger::free_calls(&**tx, saga_id, &[*call], *evidence).await?;
+    }
+    let detached = ledger::detach_calls(&**tx, saga_id, None, now).await? > 0;
     Ok(Ok(Written {
         event_appended: appended,
         ranking_changed: (hidden > 0).then(|| saga.experience_id.clone()),
-        lingering,
+        detached,
     }))
 }
 

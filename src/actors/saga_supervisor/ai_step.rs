@@ -26,9 +26,18 @@
 //!   ([`StepOutcome::Release`]), so its slots serve other sagas meanwhile;
 //!   while another call's job may run, it waits in place and the saga keeps
 //!   its slots.
-//! - **Slots.** While calls wait for a slot, each call write takes the free
-//!   ones of the experience and its provider; once none waits, each final
-//!   call gives back the slot it no longer needs.
+//! - **Slots: the ledger.** A call submits only in a slot of the ledger
+//!   that it holds (`crate::store::ledger`): the claim wrote the saga's
+//!   first slots before its worker started; a resumed worker reads the
+//!   slots it holds; calls waiting for one take free ones at each call
+//!   write, or, when nothing of the saga runs, by asking alone
+//!   ([`TakeSlots`]; none free: the saga goes back to the queue). A slot
+//!   goes only with evidence that no job runs in it: the job's final
+//!   status, or a submit refused outright ([`evidence_of_refusal`]: after an
+//!   unclear submit, only a refusal the provider examined). A call that
+//!   ends while its job may run detaches its slot instead, and so does an
+//!   abort for every call without evidence: the slot counts until the job
+//!   ends (`crate::actors::adopter`).
 //!
 //! Where the calls are recorded is the one difference: a fan-out keeps one
 //! `ai_calls` row per call ([`WriteCall`], fenced on the lock token), and
@@ -41,8 +50,8 @@
 //! succeeded, and aborts otherwise. A resumed saga never re-runs a final
 //! call and adopts the job of a running one.
 
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -50,17 +59,22 @@ use uuid::Uuid;
 
 use super::{final_outcome, write, ExperienceOf, SagaDeps, Stop};
 use crate::actors::ai::{PollJob, SubmitJob};
-use crate::actors::persistence::{SeedCalls, WriteCall};
+use crate::actors::persistence::{SeedCalls, TakeSlots, WriteCall};
 use crate::ai::JobOrder;
 use crate::domain::failure::{AiFailure, AiResult, ContentItem};
 use crate::domain::keys::ai_call_key;
+use crate::domain::ledger::{evidence_of_refusal, Evidence};
 use crate::domain::policy::{poll_wait_ms, AfterFailure, AttemptState, EpochMs};
 use crate::domain::saga::AbortReason;
-use crate::store::ai_calls::{CallRow, Slots, FAILED, RUNNING, SUCCEEDED};
+use crate::store::ai_calls::{CallRow, CallSlot, FAILED, RUNNING, SUCCEEDED};
 use crate::store::entities::{ai_calls, sagas};
+use crate::store::sagas::Holds;
 use crate::store::transitions::SagaWrite;
 use crate::store::StoreError;
 use crate::telemetry;
+
+/// Slots freed with their evidence, by call index.
+pub(super) type Freed = Vec<(i32, Evidence)>;
 
 /// How the AI step ended for this worker.
 pub(super) enum StepOutcome {
@@ -70,32 +84,36 @@ pub(super) enum StepOutcome {
         result: AiResult,
         job_id: Option<String>,
     },
-    /// End the saga with this reason. `linger`: a job of the saga may
-    /// still run (it keeps its slot until the provider says it is final).
+    /// End the saga with this reason. `free_calls`: the slots it held in
+    /// which no job runs; its other slots are detached (their jobs may
+    /// still run).
     Abort {
         reason: AbortReason,
         detail: String,
-        linger: bool,
+        free_calls: Freed,
     },
     /// No job of the saga may be running and a call must wait: release
-    /// the lease until `next_attempt_at`.
+    /// the lease until `next_attempt_at`, freeing the saga's slots.
     Release {
         state: AttemptState,
         next_attempt_at: EpochMs,
         attempt_counted: bool,
         failure: AiFailure,
+        free_calls: Freed,
     },
+    /// The saga holds no slot for the calls it has left and none is free:
+    /// back to the queue, where the claim grants it slots in its turn.
+    WaitForSlot { state: AttemptState },
 }
 
 /// How one call ended.
 enum CallEnd {
     Succeeded(AiResult, Option<String>),
-    /// Out of attempts (or of time before the deadline). `job_final`: no
-    /// job of this call runs any more.
+    /// Out of attempts (or of time before the deadline); whether its job
+    /// may still run is in [`Shared::jobs`].
     Failed {
         reason: AbortReason,
         detail: String,
-        job_final: bool,
     },
     /// Moderation refused the input.
     Rejected(String),
@@ -120,15 +138,55 @@ enum Book {
 }
 
 /// What the calls of one saga share.
+#[derive(Default)]
 struct Shared {
-    /// Calls not final yet.
-    left: AtomicI32,
-    /// Calls not started yet (waiting for a slot).
-    unstarted: AtomicI32,
-    /// The saga's slots, as the last call write returned them.
-    limit: AtomicI32,
-    /// Calls that have a job, or a submit out, that may be running.
-    maybe_running: AtomicI32,
+    /// Calls that may have a job at the provider: a submit was sent and no
+    /// evidence has come since that no job runs.
+    jobs: Mutex<BTreeSet<i32>>,
+    /// The last evidence each call had that no job of it runs.
+    evidence: Mutex<HashMap<i32, Evidence>>,
+    /// Calls waiting for a slot (`(call, key attempt)`), for the call
+    /// writes to ask for.
+    wanted: Mutex<Vec<(i32, i32)>>,
+    /// Calls a call write got a slot for, not started yet.
+    granted: Mutex<Vec<i32>>,
+}
+
+impl Shared {
+    fn sent(&self, call: i32) {
+        lock(&self.jobs).insert(call);
+    }
+
+    fn settled(&self, call: i32, evidence: Evidence) {
+        lock(&self.jobs).remove(&call);
+        lock(&self.evidence).insert(call, evidence);
+    }
+
+    fn may_run(&self) -> bool {
+        !lock(&self.jobs).is_empty()
+    }
+
+    /// Of `held`, the slots with evidence that no job runs in them (a slot
+    /// never submitted in: [`Evidence::NeverSubmitted`]).
+    fn freeable(&self, held: &BTreeSet<i32>) -> Freed {
+        let (jobs, evidence) = (lock(&self.jobs), lock(&self.evidence));
+        held.iter()
+            .filter(|c| !jobs.contains(c))
+            .map(|&c| {
+                (
+                    c,
+                    evidence
+                        .get(&c)
+                        .copied()
+                        .unwrap_or(Evidence::NeverSubmitted),
+                )
+            })
+            .collect()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A call to run: its index and where it stands.
@@ -140,6 +198,11 @@ struct CallState {
     /// The job of the current attempt, if one was made, and when the
     /// attempt began (its timeout counts from then).
     job: Option<(String, i64)>,
+    /// The attempt whose key a submit sends (see `ai_call_key`).
+    key_attempt: i32,
+    /// A submit with this key had an unclear outcome: the job may exist
+    /// until the provider answers the key or examines and refuses it.
+    unclear: bool,
 }
 
 /// Everything a call needs of its saga.
@@ -153,12 +216,15 @@ struct Ctx<'a> {
     shared: Arc<Shared>,
 }
 
-/// Runs the saga's calls that are not final yet, `slots` at a time.
+/// Runs the saga's calls that are not final yet, each in a slot of the
+/// ledger that it holds. `holds`: what the claim says the worker holds;
+/// read from the ledger on a second run of the step.
 pub(super) async fn run_ai_step(
     saga: &sagas::Model,
     experience: &ExperienceOf,
     token: &str,
     deps: &SagaDeps,
+    holds: &mut Holds,
 ) -> Result<StepOutcome, Stop> {
     let (calls, min_success) = experience.fan_out.unwrap_or((1, 1));
     let book = if calls > 1 {
@@ -166,46 +232,14 @@ pub(super) async fn run_ai_step(
     } else {
         Book::SagaRow
     };
-    let mut todo = Vec::new();
-    match book {
-        Book::SagaRow => todo.push(CallState {
-            index: 0,
-            attempts: saga.attempts.max(0) as u32,
-            streak: saga.unavailable_streak.max(0) as u32,
-            job: saga.ai_job_id.clone().zip(saga.ai_submitted_at_ms),
-        }),
-        Book::CallRows => {
-            deps.persistence
-                .send(SeedCalls {
-                    saga_id: saga.id.clone(),
-                    session_id: saga.session_id.clone(),
-                    token: token.to_owned(),
-                })
-                .await??;
-            let rows = deps.store.ai_calls_of(&saga.id).await?;
-            let is_final = |r: &ai_calls::Model| r.status == SUCCEEDED || r.status == FAILED;
-            for index in 0..calls {
-                match rows.iter().find(|r| r.call_index == index) {
-                    Some(r) if is_final(r) => {}
-                    found => todo.push(CallState {
-                        index,
-                        attempts: found.map_or(0, |r| r.attempts.max(0) as u32),
-                        streak: saga.unavailable_streak.max(0) as u32,
-                        job: found.and_then(|r| r.job_id.clone().zip(r.submitted_at_ms)),
-                    }),
-                }
-            }
-            tracing::info!(saga_id = %saga.id, calls, left = todo.len(), slots = saga.slots, "AI step: running calls");
-        }
-    }
+    let mut todo = calls_to_run(saga, token, deps, book, calls).await?;
+    let held = slots_held(saga, deps, std::mem::replace(holds, Holds::Read), &mut todo).await?;
     let base = Uuid::parse_str(&saga.ai_base_key)
         .map_err(|e| StoreError::Corrupt(format!("ai_base_key of saga {}: {e}", saga.id)))?;
-    let shared = Arc::new(Shared {
-        left: AtomicI32::new(todo.len() as i32),
-        unstarted: AtomicI32::new(todo.len() as i32),
-        limit: AtomicI32::new(saga.slots),
-        maybe_running: AtomicI32::new(todo.iter().filter(|c| c.job.is_some()).count() as i32),
-    });
+    let shared = Arc::new(Shared::default());
+    for call in todo.iter().filter(|c| c.job.is_some() || c.unclear) {
+        shared.sent(call.index);
+    }
     let ctx = Ctx {
         saga,
         experience,
@@ -213,60 +247,188 @@ pub(super) async fn run_ai_step(
         deps,
         base,
         book,
-        shared: shared.clone(),
+        shared,
     };
-    let mut waiting = todo.into_iter();
+    let ended = run_calls(&ctx, todo, held).await?;
+    let (single, failures) = match ended {
+        Ran::Out(outcome) => return Ok(outcome),
+        Ran::AllFinal { single, failures } => (single, failures),
+    };
+    if let Some((result, job_id)) = single {
+        return Ok(StepOutcome::Done { result, job_id });
+    }
+    merge_calls(saga, deps, calls, min_success, &failures).await
+}
+
+/// The calls of the saga that are not final, where each stands. A fan-out
+/// first copies its session's earlier results ([`SeedCalls`]).
+async fn calls_to_run(
+    saga: &sagas::Model,
+    token: &str,
+    deps: &SagaDeps,
+    book: Book,
+    calls: i32,
+) -> Result<Vec<CallState>, Stop> {
+    let offset = saga.attempt_offset.max(0);
+    let call = |index: i32, attempts: u32, job: Option<(String, i64)>| CallState {
+        index,
+        attempts,
+        streak: saga.unavailable_streak.max(0) as u32,
+        job,
+        key_attempt: offset + attempts as i32,
+        unclear: false,
+    };
+    if book == Book::SagaRow {
+        let job = saga.ai_job_id.clone().zip(saga.ai_submitted_at_ms);
+        return Ok(vec![call(0, saga.attempts.max(0) as u32, job)]);
+    }
+    deps.persistence
+        .send(SeedCalls {
+            saga_id: saga.id.clone(),
+            session_id: saga.session_id.clone(),
+            token: token.to_owned(),
+        })
+        .await??;
+    let rows = deps.store.ai_calls_of(&saga.id).await?;
+    let is_final = |r: &ai_calls::Model| r.status == SUCCEEDED || r.status == FAILED;
+    let mut todo = Vec::new();
+    for index in 0..calls {
+        match rows.iter().find(|r| r.call_index == index) {
+            Some(r) if is_final(r) => {}
+            found => todo.push(call(
+                index,
+                found.map_or(0, |r| r.attempts.max(0) as u32),
+                found.and_then(|r| r.job_id.clone().zip(r.submitted_at_ms)),
+            )),
+        }
+    }
+    tracing::info!(saga_id = %saga.id, calls, left = todo.len(), "AI step: running calls");
+    Ok(todo)
+}
+
+/// The calls that hold a slot: those the claim reserved now, or, for a
+/// resumed saga, those the ledger says it holds. A held slot whose job id
+/// was never recorded is the call's: its next submit sends that slot's key
+/// again (the provider returns the job the first submit made).
+async fn slots_held(
+    saga: &sagas::Model,
+    deps: &SagaDeps,
+    holds: Holds,
+    todo: &mut [CallState],
+) -> Result<BTreeSet<i32>, Stop> {
+    if let Holds::Fresh(calls) = holds {
+        return Ok(calls.into_iter().collect());
+    }
+    let mut held = BTreeSet::new();
+    for slot in deps.store.slots_of_saga(&saga.id).await? {
+        let Some(call) = todo.iter_mut().find(|c| c.index == slot.call_index) else {
+            tracing::warn!(saga_id = %saga.id, call = slot.call_index, "a slot is held for a call that is final; it stays in use until the saga ends");
+            continue;
+        };
+        held.insert(call.index);
+        match (&call.job, slot.job_id) {
+            (None, Some(job_id)) => call.job = Some((job_id, deps.clock.now_ms())),
+            (None, None) => {
+                call.key_attempt = slot.key_attempt;
+                call.unclear = true;
+            }
+            (Some(_), _) => {}
+        }
+    }
+    Ok(held)
+}
+
+/// How the calls ended.
+enum Ran {
+    /// The step ends here (an abort, a release, no slot).
+    Out(StepOutcome),
+    /// Every call is final: a single call's result, or the failures of a
+    /// fan-out's calls.
+    AllFinal {
+        single: Option<(AiResult, Option<String>)>,
+        failures: Vec<(AbortReason, String)>,
+    },
+}
+
+/// Runs every call that holds a slot; calls waiting for one start as the
+/// call writes get them. When nothing runs and the calls left hold no slot,
+/// asks for free ones alone, and without any goes back to the queue.
+async fn run_calls(
+    ctx: &Ctx<'_>,
+    todo: Vec<CallState>,
+    mut held: BTreeSet<i32>,
+) -> Result<Ran, Stop> {
+    let mut waiting = todo;
     let mut running = FuturesUnordered::new();
     let mut single: Option<(AiResult, Option<String>)> = None;
     let mut failures: Vec<(AbortReason, String)> = Vec::new();
     loop {
-        // As many calls as the saga holds slots (never fewer than one, so
-        // it always moves); the slots change with each call write.
-        let limit = shared.limit.load(Ordering::SeqCst).max(1) as usize;
-        while running.len() < limit {
-            let Some(call) = waiting.next() else { break };
-            shared.unstarted.fetch_sub(1, Ordering::SeqCst);
-            running.push(run_call(&ctx, call));
+        held.extend(std::mem::take(&mut *lock(&ctx.shared.granted)));
+        let (ready, rest): (Vec<CallState>, Vec<CallState>) =
+            waiting.into_iter().partition(|c| held.contains(&c.index));
+        waiting = rest;
+        for call in ready {
+            running.push(run_call(ctx, call));
         }
-        let Some(end) = running.next().await else {
+        *lock(&ctx.shared.wanted) = waiting.iter().map(|c| (c.index, c.key_attempt)).collect();
+        if running.is_empty() {
+            if waiting.is_empty() {
+                break;
+            }
+            // Back to the queue as it stands: nothing counted.
+            let state = AttemptState {
+                attempts: ctx.saga.attempts.max(0) as u32,
+                unavailable_streak: ctx.saga.unavailable_streak.max(0) as u32,
+            };
+            let want = lock(&ctx.shared.wanted).clone();
+            let granted = ctx
+                .deps
+                .persistence
+                .send(TakeSlots {
+                    saga_id: ctx.saga.id.clone(),
+                    token: ctx.token.to_owned(),
+                    want,
+                })
+                .await??;
+            if granted.is_empty() {
+                return Ok(Ran::Out(StepOutcome::WaitForSlot { state }));
+            }
+            held.extend(granted);
+            continue;
+        }
+        let Some(ended) = running.next().await else {
             break;
         };
-        match end? {
+        let (index, end) = ended?;
+        let outcome = match end {
             CallEnd::Succeeded(result, job_id) => {
-                if book == Book::SagaRow {
+                held.remove(&index);
+                if ctx.book == Book::SagaRow {
                     single = Some((result, job_id));
                 }
+                continue;
             }
-            CallEnd::Failed {
+            CallEnd::Failed { reason, detail } if ctx.book == Book::CallRows => {
+                // Freed (or, while its job may run, detached) by its write.
+                held.remove(&index);
+                failures.push((reason, detail));
+                continue;
+            }
+            CallEnd::Failed { reason, detail } => StepOutcome::Abort {
                 reason,
                 detail,
-                job_final,
-            } => {
-                if book == Book::SagaRow {
-                    return Ok(StepOutcome::Abort {
-                        reason,
-                        detail,
-                        linger: !job_final,
-                    });
-                }
-                failures.push((reason, detail));
-            }
-            CallEnd::Rejected(detail) => {
-                // The rejected job is final; a fan-out's other calls may
-                // still have jobs running.
-                return Ok(StepOutcome::Abort {
-                    reason: AbortReason::InputRejected,
-                    detail,
-                    linger: book == Book::CallRows,
-                });
-            }
-            CallEnd::OutOfTime => {
-                return Ok(StepOutcome::Abort {
-                    reason: AbortReason::AiTimeout,
-                    detail: "the saga deadline passed while waiting for the AI".to_owned(),
-                    linger: true,
-                });
-            }
+                free_calls: ctx.shared.freeable(&held),
+            },
+            CallEnd::Rejected(detail) => StepOutcome::Abort {
+                reason: AbortReason::InputRejected,
+                detail,
+                free_calls: ctx.shared.freeable(&held),
+            },
+            CallEnd::OutOfTime => StepOutcome::Abort {
+                reason: AbortReason::AiTimeout,
+                detail: "the saga deadline passed while waiting for the AI".to_owned(),
+                free_calls: ctx.shared.freeable(&held),
+            },
             CallEnd::Release {
                 state,
                 next_attempt_at,
@@ -275,20 +437,30 @@ pub(super) async fn run_ai_step(
             } => {
                 // No job of the saga may be running: the other calls are
                 // waiting too, and are dropped with their waits.
-                let attempts = state.attempts.max(saga.attempts.max(0) as u32);
-                return Ok(StepOutcome::Release {
+                let attempts = state.attempts.max(ctx.saga.attempts.max(0) as u32);
+                StepOutcome::Release {
                     state: AttemptState { attempts, ..state },
                     next_attempt_at,
-                    attempt_counted: attempt_counted && book == Book::SagaRow,
+                    attempt_counted: attempt_counted && ctx.book == Book::SagaRow,
                     failure,
-                });
+                    free_calls: ctx.shared.freeable(&held),
+                }
             }
-        }
+        };
+        return Ok(Ran::Out(outcome));
     }
-    drop(running);
-    if let Some((result, job_id)) = single {
-        return Ok(StepOutcome::Done { result, job_id });
-    }
+    Ok(Ran::AllFinal { single, failures })
+}
+
+/// A fan-out whose calls are all final: the merged result when at least
+/// `min_success` succeeded, an abort otherwise.
+async fn merge_calls(
+    saga: &sagas::Model,
+    deps: &SagaDeps,
+    calls: i32,
+    min_success: i32,
+    failures: &[(AbortReason, String)],
+) -> Result<StepOutcome, Stop> {
     let rows = deps.store.ai_calls_of(&saga.id).await?;
     let succeeded: Vec<&ai_calls::Model> = rows.iter().filter(|r| r.status == SUCCEEDED).collect();
     if (succeeded.len() as i32) < min_success {
@@ -308,7 +480,8 @@ pub(super) async fn run_ai_step(
                 "{} of {calls} AI calls succeeded, {min_success} needed; first error: {first_error}",
                 succeeded.len()
             ),
-            linger: true,
+            // Every call freed or detached its slot as it ended.
+            free_calls: Vec::new(),
         });
     }
     Ok(StepOutcome::Done {
@@ -339,18 +512,21 @@ enum Record {
     Submitted,
     /// The attempt ran out of time; the next one adopts its job (RUNNING).
     TimedOut,
-    /// A counted failure; the next attempt has no job yet (RUNNING).
-    NextAttempt,
+    /// A counted failure whose job is final (the evidence); the next
+    /// attempt has no job yet and a new key, in the same slot (RUNNING).
+    NextAttempt(Evidence),
     /// Final: succeeded with this content list (JSON) and score.
     Succeeded(String, Option<f64>),
-    /// Final: failed with this error.
-    Failed(String),
+    /// Final: failed with this error; with evidence that no job of it
+    /// runs, or none (its job may still run: its slot is detached).
+    Failed(String, Option<Evidence>),
 }
 
 impl Ctx<'_> {
     /// Records where `call` stands. A saga of one call records only what
     /// a resumed worker needs (its job, its attempts) on the saga row; a
-    /// fan-out writes the call's row.
+    /// fan-out writes the call's row, changes the call's slot, and asks
+    /// for slots for the calls waiting for one.
     async fn record(&self, call: &CallState, what: Record) -> Result<(), Stop> {
         match self.book {
             Book::SagaRow => {
@@ -372,63 +548,78 @@ impl Ctx<'_> {
                     // A single call's result goes with AI_DONE, its failure
                     // with the abort, and a next attempt never waits in
                     // place (nothing else runs): nothing to write now.
-                    Record::NextAttempt | Record::Succeeded(..) | Record::Failed(_) => {
+                    Record::NextAttempt(_) | Record::Succeeded(..) | Record::Failed(..) => {
                         return Ok(())
                     }
                 };
                 write(self.deps, saga_write).await??;
                 Ok(())
             }
-            Book::CallRows => {
-                let (status, content, score, error, last) = match what {
-                    Record::Submitted | Record::TimedOut | Record::NextAttempt => {
-                        (RUNNING, None, None, None, false)
-                    }
-                    Record::Succeeded(content, score) => {
-                        (SUCCEEDED, Some(content), score, None, true)
-                    }
-                    Record::Failed(error) => (FAILED, None, None, Some(error), true),
-                };
-                let row = CallRow {
-                    call_index: call.index,
-                    attempts: call.attempts as i32,
-                    status,
-                    job_id: call.job.as_ref().map(|(id, _)| id.clone()),
-                    submitted_at_ms: call.job.as_ref().map(|(_, at)| *at),
-                    content,
-                    score,
-                    error,
-                };
-                let shared = &self.shared;
-                let left = if last {
-                    shared.left.fetch_sub(1, Ordering::SeqCst) - 1
-                } else {
-                    shared.left.load(Ordering::SeqCst)
-                };
-                // While calls wait for a slot, every write asks for more
-                // (up to the calls left); once none waits, a final call
-                // gives back the slot it no longer needs.
-                let slots = if shared.unstarted.load(Ordering::SeqCst) > 0 {
-                    Slots::GrowTo(left)
-                } else if last {
-                    Slots::AtMost(left)
-                } else {
-                    Slots::Keep
-                };
-                let held = self
-                    .deps
-                    .persistence
-                    .send(WriteCall {
-                        saga_id: self.saga.id.clone(),
-                        token: self.token.to_owned(),
-                        row,
-                        slots,
-                    })
-                    .await??;
-                shared.limit.store(held, Ordering::SeqCst);
-                Ok(())
-            }
+            Book::CallRows => self.record_call(call, what).await,
         }
+    }
+
+    /// A fan-out call's write (see [`Self::record`]).
+    async fn record_call(&self, call: &CallState, what: Record) -> Result<(), Stop> {
+        let job_id = call.job.as_ref().map(|(id, _)| id.clone());
+        let (status, content, score, error, slot) = match what {
+            Record::Submitted => (
+                RUNNING,
+                None,
+                None,
+                None,
+                CallSlot::BindJob(job_id.clone().unwrap_or_default()),
+            ),
+            Record::TimedOut => (RUNNING, None, None, None, CallSlot::Keep),
+            Record::NextAttempt(evidence) => (
+                RUNNING,
+                None,
+                None,
+                None,
+                CallSlot::Rekey(call.key_attempt, evidence),
+            ),
+            Record::Succeeded(content, score) => (
+                SUCCEEDED,
+                Some(content),
+                score,
+                None,
+                CallSlot::Free(Evidence::JobFinal),
+            ),
+            Record::Failed(error, evidence) => (
+                FAILED,
+                None,
+                None,
+                Some(error),
+                evidence.map_or(CallSlot::Detach, CallSlot::Free),
+            ),
+        };
+        let row = CallRow {
+            call_index: call.index,
+            attempts: call.attempts as i32,
+            status,
+            job_id,
+            submitted_at_ms: call.job.as_ref().map(|(_, at)| *at),
+            content,
+            score,
+            error,
+        };
+        let want = lock(&self.shared.wanted).clone();
+        let granted = self
+            .deps
+            .persistence
+            .send(WriteCall {
+                saga_id: self.saga.id.clone(),
+                token: self.token.to_owned(),
+                row,
+                slot,
+                want,
+            })
+            .await??;
+        if !granted.is_empty() {
+            lock(&self.shared.wanted).retain(|(c, _)| !granted.contains(c));
+            lock(&self.shared.granted).extend(granted);
+        }
+        Ok(())
     }
 
     /// Waits `wait_ms`, cut short at the saga's deadline and at `until`
@@ -453,20 +644,29 @@ impl Ctx<'_> {
             .max(failure.retry_after_ms().unwrap_or(0))
     }
 
-    fn running(&self, delta: i32) {
-        self.shared.maybe_running.fetch_add(delta, Ordering::SeqCst);
+    /// The order of `call`'s submit, with the key of its slot.
+    fn order(&self, call: &CallState) -> JobOrder {
+        let fan_out_call = (self.book == Book::CallRows).then_some(call.index);
+        let key = ai_call_key(self.base, call.index as u32, call.key_attempt.max(0) as u32);
+        JobOrder::for_call(
+            &self.experience.kind,
+            &self.saga.prompt,
+            &self.saga.session_id,
+            fan_out_call,
+            key,
+        )
     }
 
-    /// A failure after which no job of this call runs (the job is final,
-    /// or the provider made none, or refused to be asked about it), by the
-    /// retry policy: the call ends, or
-    /// waits for its next try, releasing the saga when nothing else of it
-    /// may be running.
+    /// A failure after which no job of this call runs (`evidence` says
+    /// why), by the retry policy: the call ends, or waits for its next
+    /// try, releasing the saga when nothing else of it may be running.
     async fn after_failure(
         &self,
         call: &mut CallState,
         failure: AiFailure,
+        evidence: Evidence,
     ) -> Result<Option<CallEnd>, Stop> {
+        self.shared.settled(call.index, evidence);
         let now = self.deps.clock.now_ms();
         let before = AttemptState {
             attempts: call.attempts,
@@ -485,18 +685,16 @@ impl Ctx<'_> {
                 detail,
             } => {
                 call.job = None;
-                self.record(call, Record::Failed(detail.clone())).await?;
+                self.record(call, Record::Failed(detail.clone(), Some(evidence)))
+                    .await?;
                 Ok(Some(CallEnd::Rejected(detail)))
             }
             AfterFailure::Abort { reason, detail } => {
                 call.job = None;
-                self.record(call, Record::Failed(detail.clone())).await?;
+                self.record(call, Record::Failed(detail.clone(), Some(evidence)))
+                    .await?;
                 tracing::warn!(saga_id = %self.saga.id, call = call.index, %failure, %reason, "AI call failed for good");
-                Ok(Some(CallEnd::Failed {
-                    reason,
-                    detail,
-                    job_final: true,
-                }))
+                Ok(Some(CallEnd::Failed { reason, detail }))
             }
             AfterFailure::RetryLater {
                 state,
@@ -511,9 +709,10 @@ impl Ctx<'_> {
                     in_ms = next_attempt_at - now, "AI call must wait before its next try"
                 );
                 if counted {
-                    self.record(call, Record::NextAttempt).await?;
+                    call.key_attempt = self.saga.attempt_offset.max(0) + call.attempts as i32;
+                    self.record(call, Record::NextAttempt(evidence)).await?;
                 }
-                if self.shared.maybe_running.load(Ordering::SeqCst) <= 0 {
+                if !self.shared.may_run() {
                     return Ok(Some(CallEnd::Release {
                         state,
                         next_attempt_at,
@@ -528,29 +727,97 @@ impl Ctx<'_> {
     }
 }
 
-/// One call, from where it stands to a final status (or a release).
-async fn run_call(ctx: &Ctx<'_>, mut call: CallState) -> Result<CallEnd, Stop> {
+/// One call, from where it stands to a final status (or a release), in
+/// the slot it holds.
+async fn run_call(ctx: &Ctx<'_>, call: CallState) -> Result<(i32, CallEnd), Stop> {
+    let index = call.index;
+    Ok((index, drive_call(ctx, call).await?))
+}
+
+/// What a submit left the call with.
+enum Submitted {
+    /// The job to poll, and when its attempt began.
+    Job(String, i64),
+    /// Ask again (the same key, or the next attempt's).
+    Again,
+    /// The call ended.
+    End(CallEnd),
+}
+
+/// Sends the call's submit with its slot's key and judges the answer.
+async fn submit(ctx: &Ctx<'_>, call: &mut CallState) -> Result<Submitted, Stop> {
+    let deps = ctx.deps;
+    let submitted_at = deps.clock.now_ms();
+    ctx.shared.sent(call.index);
+    let submit = ctx.experience.ai.send(SubmitJob(ctx.order(call)));
+    let provider = &ctx.experience.provider;
+    let answer = telemetry::provider_call("submit", ctx.saga, provider, call.index, None, submit);
+    match answer.await? {
+        Ok(view) => {
+            if ctx.book == Book::SagaRow {
+                telemetry::record_job_id(&tracing::Span::current(), &view.job_id);
+            }
+            call.streak = 0;
+            call.unclear = false;
+            call.job = Some((view.job_id.clone(), submitted_at));
+            if let Some(outcome) = final_outcome(&view) {
+                return judged(ctx, call, outcome).await;
+            }
+            ctx.record(call, Record::Submitted).await?;
+            tracing::info!(saga_id = %ctx.saga.id, call = call.index, job_id = %view.job_id, attempt = call.attempts, "AI job submitted");
+            Ok(Submitted::Job(view.job_id, submitted_at))
+        }
+        Err(failure) => match evidence_of_refusal(&failure, call.unclear) {
+            Some(evidence) => {
+                // No job under this key: refused outright, or a counted
+                // refusal.
+                call.unclear = false;
+                match ctx.after_failure(call, failure, evidence).await? {
+                    Some(end) => Ok(Submitted::End(end)),
+                    None => Ok(Submitted::Again),
+                }
+            }
+            None => {
+                // The provider may have made the job (this submit's
+                // outcome, or an earlier one's, is unclear): it counts as
+                // running, its slot stays, and the same key will find it.
+                call.unclear = true;
+                call.streak += 1;
+                tracing::warn!(saga_id = %ctx.saga.id, call = call.index, attempt = call.attempts, %failure, "AI submit outcome unclear; asking again with the same key");
+                ctx.pause(ctx.backoff_ms(call.streak, &failure), None).await;
+                Ok(Submitted::Again)
+            }
+        },
+    }
+}
+
+/// A job's final outcome for the call.
+async fn judged(
+    ctx: &Ctx<'_>,
+    call: &mut CallState,
+    outcome: Result<AiResult, AiFailure>,
+) -> Result<Submitted, Stop> {
+    match outcome {
+        Ok(result) => {
+            ctx.shared.settled(call.index, Evidence::JobFinal);
+            Ok(Submitted::End(succeeded(ctx, call, result).await?))
+        }
+        Err(failure) => match ctx.after_failure(call, failure, Evidence::JobFinal).await? {
+            Some(end) => Ok(Submitted::End(end)),
+            None => Ok(Submitted::Again),
+        },
+    }
+}
+
+/// The call's loop: submit (or adopt the job), poll until final or the
+/// attempt's time runs out.
+async fn drive_call(ctx: &Ctx<'_>, mut call: CallState) -> Result<CallEnd, Stop> {
     let deps = ctx.deps;
     let settings = &deps.settings;
     let timeout_ms = settings.ai_timeout.as_millis() as i64;
     // Polls of the call's job so far, and the provider's hint of when to
     // ask next (see `poll_wait_ms`).
     let (mut polls, mut hint): (u32, Option<i64>) = (0, None);
-    // What a final job means for the call.
-    macro_rules! judge_final {
-        ($outcome:expr) => {{
-            ctx.running(-1);
-            match $outcome {
-                Ok(result) => return succeeded(ctx, &call, result).await,
-                Err(failure) => {
-                    if let Some(end) = ctx.after_failure(&mut call, failure).await? {
-                        return Ok(end);
-                    }
-                    continue;
-                }
-            }
-        }};
-    }
     loop {
         if deps.clock.now_ms() > ctx.saga.deadline_at_ms {
             return Ok(CallEnd::OutOfTime);
@@ -558,63 +825,11 @@ async fn run_call(ctx: &Ctx<'_>, mut call: CallState) -> Result<CallEnd, Stop> {
         // The job of this attempt: adopted, or submitted now.
         let (job_id, submitted_at) = match call.job.clone() {
             Some(job) => job,
-            None => {
-                let order = JobOrder {
-                    kind: ctx.experience.kind.clone(),
-                    prompt: ctx.saga.prompt.clone(),
-                    params: match ctx.book {
-                        Book::SagaRow => serde_json::json!({"session_id": ctx.saga.session_id}),
-                        Book::CallRows => serde_json::json!({
-                            "session_id": ctx.saga.session_id, "call": call.index
-                        }),
-                    },
-                    idempotency_key: ai_call_key(
-                        ctx.base,
-                        call.index as u32,
-                        ctx.saga.attempt_offset.max(0) as u32 + call.attempts,
-                    ),
-                };
-                let submitted_at = deps.clock.now_ms();
-                ctx.running(1);
-                let submit = ctx.experience.ai.send(SubmitJob(order));
-                let provider = &ctx.experience.provider;
-                let submitted = telemetry::provider_call(
-                    "submit", ctx.saga, provider, call.index, None, submit,
-                );
-                match submitted.await? {
-                    Ok(view) => {
-                        if ctx.book == Book::SagaRow {
-                            telemetry::record_job_id(&tracing::Span::current(), &view.job_id);
-                        }
-                        call.streak = 0;
-                        call.job = Some((view.job_id.clone(), submitted_at));
-                        if let Some(outcome) = final_outcome(&view) {
-                            judge_final!(outcome);
-                        }
-                        ctx.record(&call, Record::Submitted).await?;
-                        tracing::info!(saga_id = %ctx.saga.id, call = call.index, job_id = %view.job_id, attempt = call.attempts, "AI job submitted");
-                        (view.job_id, submitted_at)
-                    }
-                    Err(AiFailure::Unclear(detail)) => {
-                        // The provider may have made the job: it counts as
-                        // running, and the same key will find it.
-                        call.streak += 1;
-                        tracing::warn!(saga_id = %ctx.saga.id, call = call.index, attempt = call.attempts, %detail, "AI submit outcome unclear; asking again with the same key");
-                        let failure = AiFailure::Unclear(detail);
-                        ctx.pause(ctx.backoff_ms(call.streak, &failure), None).await;
-                        ctx.running(-1);
-                        continue;
-                    }
-                    Err(failure) => {
-                        // No job: refused outright, or a counted refusal.
-                        ctx.running(-1);
-                        if let Some(end) = ctx.after_failure(&mut call, failure).await? {
-                            return Ok(end);
-                        }
-                        continue;
-                    }
-                }
-            }
+            None => match submit(ctx, &mut call).await? {
+                Submitted::Job(job_id, at) => (job_id, at),
+                Submitted::Again => continue,
+                Submitted::End(end) => return Ok(end),
+            },
         };
         // Poll the job until it is final or its attempt runs out of time.
         let attempt_ends = submitted_at + timeout_ms;
@@ -628,7 +843,10 @@ async fn run_call(ctx: &Ctx<'_>, mut call: CallState) -> Result<CallEnd, Stop> {
                 call.streak = 0;
                 hint = view.poll_after_ms;
                 if let Some(outcome) = final_outcome(&view) {
-                    judge_final!(outcome);
+                    match judged(ctx, &mut call, outcome).await? {
+                        Submitted::End(end) => return Ok(end),
+                        _ => continue,
+                    }
                 }
             }
             Err(failure) => {
@@ -644,32 +862,44 @@ async fn run_call(ctx: &Ctx<'_>, mut call: CallState) -> Result<CallEnd, Stop> {
             }
         }
         if deps.clock.now_ms() > attempt_ends {
-            // The attempt counts; the next one adopts the same job (rule 10).
-            match settings.retry.after_timeout(call.attempts) {
-                Some(attempts) => {
-                    call.attempts = attempts;
-                    call.job = Some((job_id.clone(), deps.clock.now_ms()));
-                    ctx.record(&call, Record::TimedOut).await?;
-                    tracing::warn!(saga_id = %ctx.saga.id, call = call.index, %job_id, attempts, "AI attempt timed out; the next attempt adopts its job, which may still be running");
-                }
-                None => {
-                    // Out of attempts while the job may still run: it
-                    // keeps its slot after the call ends (lingering).
-                    let detail = format!(
-                        "{} (attempt {} of {})",
-                        AiFailure::Timeout,
-                        call.attempts + 1,
-                        settings.retry.max_attempts
-                    );
-                    call.attempts += 1;
-                    ctx.record(&call, Record::Failed(detail.clone())).await?;
-                    return Ok(CallEnd::Failed {
-                        reason: AbortReason::AiTimeout,
-                        detail,
-                        job_final: false,
-                    });
-                }
+            if let Some(end) = attempt_timed_out(ctx, &mut call, &job_id).await? {
+                return Ok(end);
             }
+        }
+    }
+}
+
+/// The attempt ran out of `AI_TIMEOUT`: it counts, and the next attempt
+/// adopts the same job (rule 10); out of attempts, the call fails while
+/// its job may still run, and its slot is detached.
+async fn attempt_timed_out(
+    ctx: &Ctx<'_>,
+    call: &mut CallState,
+    job_id: &str,
+) -> Result<Option<CallEnd>, Stop> {
+    let settings = &ctx.deps.settings;
+    match settings.retry.after_timeout(call.attempts) {
+        Some(attempts) => {
+            call.attempts = attempts;
+            call.job = Some((job_id.to_owned(), ctx.deps.clock.now_ms()));
+            ctx.record(call, Record::TimedOut).await?;
+            tracing::warn!(saga_id = %ctx.saga.id, call = call.index, %job_id, attempts, "AI attempt timed out; the next attempt adopts its job, which may still be running");
+            Ok(None)
+        }
+        None => {
+            let detail = format!(
+                "{} (attempt {} of {})",
+                AiFailure::Timeout,
+                call.attempts + 1,
+                settings.retry.max_attempts
+            );
+            call.attempts += 1;
+            ctx.record(call, Record::Failed(detail.clone(), None))
+                .await?;
+            Ok(Some(CallEnd::Failed {
+                reason: AbortReason::AiTimeout,
+                detail,
+            }))
         }
     }
 }

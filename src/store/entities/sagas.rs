@@ -41,9 +41,6 @@ pub struct Model {
     pub charged_credits: i64,
     /// How long the AI step of its last run took, submit to AI_DONE.
     pub ai_duration_ms: Option<i64>,
-    /// AI slots the saga holds while leased in AI_PENDING (one per call it
-    /// may run at once; 1 for a single-call saga).
-    pub slots: i32,
     /// Its instance shut down and handed it over: the lease was cut short
     /// on purpose, so the next claim resumes it at once and counts no
     /// recovery. Every claim sets it back to false.

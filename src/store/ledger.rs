@@ -1,0 +1,665 @@
+//! The slot ledger (`ai_slots`): one row per AI call that may have a job at
+//! a provider. It is the only place that says an AI slot is in use:
+//! [`slots_in_use`] (and, inside statements that must count in place,
+//! [`slots_sql`]) is how the claim, the 202's queue position and estimate,
+//! the operators' views, the providers view and the metrics count them.
+//!
+//! - **Granted before the submit.** A row is written in the short
+//!   transaction that grants its slot: the claim ([`reserve_first_calls`],
+//!   [`reserve_calls`]) or a fan-out saga taking free slots
+//!   ([`take_free_slots`]), before any submit is sent under it. Its
+//!   `key_attempt` names the key a submit under it uses, so a row whose
+//!   job id was never recorded is found again by re-sending that key.
+//! - **Freed only on evidence** ([`Evidence`]): the provider reported the
+//!   job final, a cancel was confirmed, or the submit surely created
+//!   nothing. Every function here that deletes a row takes the evidence.
+//!   Nothing else frees a slot: not the saga's end, a lease running out, a
+//!   deadline or a crash.
+//! - **Detached, then adopted.** A row whose call is over for its saga
+//!   while its job may still run (the saga ended, or the call gave up on
+//!   the job) is detached ([`detach_calls`]); so is, when an instance takes
+//!   it ([`Store::adopt_slots`]), a row whose saga can no longer resume it
+//!   (past its deadline, or out of recoveries). The taker finds the job (by
+//!   its id, or by re-sending the same key) and polls or cancels it to its
+//!   end; the row counts until then. A row of a saga that will resume
+//!   (its lease ran out before its deadline, or it released its lease
+//!   while its job may run) stays attached: the next worker of the saga
+//!   takes it back ([`Store::slots_of_saga`]).
+
+use std::collections::HashMap;
+
+use sea_orm::{ConnectionTrait, DbBackend, Value};
+
+use super::rows::{in_list, SqlType, ValueRows};
+use super::{sql_for, Store, StoreResult, WriteTx};
+use crate::domain::ledger::Evidence;
+use crate::domain::policy::EpochMs;
+
+/// The SQL that counts the rows of the ledger matching `condition` on
+/// `ai_slots l` (a scalar subquery), for statements that must count slots
+/// in place (the 202's admission read).
+pub(crate) fn slots_sql(condition: &str) -> String {
+    format!("(SELECT COUNT(*) FROM ai_slots l WHERE {condition})")
+}
+
+/// The slots of one experience on one provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SlotUse {
+    /// Rows: calls that may have a job at the provider, or are about to
+    /// submit one.
+    pub in_use: i64,
+    /// Of those, rows of AI_PENDING sagas that nobody holds now (their lease
+    /// ran out, or was given up while a job may run): the claim resumes
+    /// those sagas in their slots.
+    pub awaiting_resume: i64,
+}
+
+/// Slots in use, by provider and experience.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlotCounts {
+    by: HashMap<(String, String), SlotUse>,
+}
+
+impl SlotCounts {
+    /// An experience's slots on `provider`.
+    pub fn of(&self, provider: &str, experience_id: &str) -> SlotUse {
+        self.by
+            .get(&(provider.to_owned(), experience_id.to_owned()))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Every slot of `provider`.
+    pub fn provider_total(&self, provider: &str) -> i64 {
+        self.by
+            .iter()
+            .filter(|((p, _), _)| p == provider)
+            .map(|(_, u)| u.in_use)
+            .sum()
+    }
+
+    /// Every slot of an experience, whatever provider its jobs run on.
+    pub fn experience_total(&self, experience_id: &str) -> i64 {
+        self.by
+            .iter()
+            .filter(|((_, e), _)| e == experience_id)
+            .map(|(_, u)| u.in_use)
+            .sum()
+    }
+
+    /// `(provider, experience id, use)` of every pair with a slot in use.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, SlotUse)> {
+        self.by
+            .iter()
+            .map(|((p, e), u)| (p.as_str(), e.as_str(), *u))
+    }
+}
+
+/// The slots in use now, of `provider` (or of every provider). The one
+/// count of "in flight": read inside the claim's transaction, it is exact.
+pub async fn slots_in_use<C: ConnectionTrait>(
+    conn: &C,
+    provider: Option<&str>,
+    now: EpochMs,
+) -> StoreResult<SlotCounts> {
+    let mut values: Vec<Value> = vec![now.into()];
+    let filter = match provider {
+        Some(p) => {
+            values.push(p.into());
+            "WHERE l.provider = $2"
+        }
+        None => "",
+    };
+    let rows = conn
+        .query_all_raw(sql_for(
+            conn.get_database_backend(),
+            &format!(
+                "SELECT l.provider, l.experience_id, COUNT(*), \
+                 COALESCE(SUM(CASE WHEN NOT l.detached AND s.step = 'AI_PENDING' \
+                 AND (s.lock_token IS NULL OR s.locked_until_ms < $1) THEN 1 ELSE 0 END), 0) \
+                 FROM ai_slots l LEFT JOIN sagas s ON s.id = l.saga_id {filter} \
+                 GROUP BY l.provider, l.experience_id"
+            ),
+            values,
+        ))
+        .await?;
+    let mut counts = SlotCounts::default();
+    for r in rows {
+        counts.by.insert(
+            (r.try_get_by_index(0)?, r.try_get_by_index(1)?),
+            SlotUse {
+                in_use: r.try_get_by_index(2)?,
+                awaiting_resume: r.try_get_by_index(3)?,
+            },
+        );
+    }
+    Ok(counts)
+}
+
+/// A fresh row id, made by the database (rows are inserted from selects).
+fn random_id(backend: DbBackend) -> &'static str {
+    match backend {
+        DbBackend::Postgres => "gen_random_uuid()::text",
+        _ => "lower(hex(randomblob(16)))",
+    }
+}
+
+/// In the claim's transaction: the slot of call 0 of each of these
+/// single-call sagas (AI_PENDING, just claimed), with the key of its
+/// current attempt. A saga that already has its row keeps it. Returns the
+/// sagas whose row was written now (their worker holds call 0's slot and
+/// no submit was sent under it yet).
+pub(super) async fn reserve_first_calls(
+    tx: &WriteTx,
+    provider: &str,
+    saga_ids: &[String],
+    now: EpochMs,
+) -> StoreResult<Vec<String>> {
+    if saga_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let backend = tx.get_database_backend();
+    let mut values: Vec<Value> = vec![provider.into(), now.into()];
+    let ids = in_list(backend, 3, saga_ids.iter().cloned(), &mut values);
+    let rows = tx
+        .query_all_raw(sql_for(
+            backend,
+            &format!(
+                "INSERT INTO ai_slots (id, provider, experience_id, saga_id, call_index, \
+                 key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
+                 SELECT {id}, $1, s.experience_id, s.id, 0, s.attempt_offset + s.attempts, \
+                 NULL, false, $2, $2 FROM sagas s WHERE s.id {ids} \
+                 ON CONFLICT (saga_id, call_index) WHERE NOT detached DO NOTHING \
+                 RETURNING saga_id",
+                id = random_id(backend),
+            ),
+            values,
+        ))
+        .await?;
+    rows.iter()
+        .map(|r| r.try_get_by_index::<String>(0))
+        .collect::<Result<_, _>>()
+        .map_err(Into::into)
+}
+
+/// The slots of these calls of one saga (`(call index, key attempt)`),
+/// each unless it has one already. Returns the calls whose row was written.
+pub(super) async fn reserve_calls<C: ConnectionTrait>(
+    conn: &C,
+    provider: &str,
+    experience_id: &str,
+    saga_id: &str,
+    calls: &[(i32, i32)],
+    now: EpochMs,
+) -> StoreResult<Vec<i32>> {
+    let mut granted = Vec::with_capacity(calls.len());
+    let backend = conn.get_database_backend();
+    for &(call_index, key_attempt) in calls {
+        let row = conn
+            .query_one_raw(sql_for(
+                backend,
+                &format!(
+                    "INSERT INTO ai_slots (id, provider, experience_id, saga_id, call_index, \
+                     key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
+                     VALUES ({id}, $1, $2, $3, $4, $5, NULL, false, $6, $6) \
+                     ON CONFLICT (saga_id, call_index) WHERE NOT detached DO NOTHING \
+                     RETURNING call_index",
+                    id = random_id(backend),
+                ),
+                vec![
+                    provider.into(),
+                    experience_id.into(),
+                    saga_id.into(),
+                    call_index.into(),
+                    key_attempt.into(),
+                    now.into(),
+                ],
+            ))
+            .await?;
+        if row.is_some() {
+            granted.push(call_index);
+        }
+    }
+    Ok(granted)
+}
+
+/// Inside a transaction fenced on the saga's lock token: takes free slots
+/// of the saga's experience and provider for the calls in `want` (`(call
+/// index, key attempt)`, in the order they should start), as many as the
+/// experience's ceiling and the provider's cap leave free. On PostgreSQL
+/// the count and the rows are under the provider's advisory lock, as the
+/// claim's, so the cap stays exact across instances. Returns the calls
+/// that got a slot.
+pub(super) async fn take_free_slots(
+    store: &Store,
+    tx: &WriteTx,
+    saga_id: &str,
+    want: &[(i32, i32)],
+    now: EpochMs,
+) -> StoreResult<Vec<i32>> {
+    if want.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(row) = tx
+        .query_one_raw(store.sql(
+            "SELECT s.experience_id, e.max_in_flight, e.provider, p.max_in_flight \
+             FROM sagas s JOIN experiences e ON e.id = s.experience_id \
+             LEFT JOIN providers p ON p.name = e.provider WHERE s.id = $1",
+            vec![saga_id.into()],
+        ))
+        .await?
+    else {
+        return Ok(Vec::new());
+    };
+    let experience_id: String = row.try_get_by_index(0)?;
+    let ceiling: i32 = row.try_get_by_index(1)?;
+    let provider: String = row.try_get_by_index(2)?;
+    let cap: Option<i32> = row.try_get_by_index(3)?;
+    if store.is_postgres() {
+        super::sagas::lock_provider(store, tx, &provider).await?;
+    }
+    let counts = slots_in_use(&**tx, Some(&provider), now).await?;
+    let mine = counts.of(&provider, &experience_id).in_use;
+    let mut free = i64::from(ceiling) - mine;
+    if let Some(cap) = cap {
+        free = free.min(i64::from(cap) - counts.provider_total(&provider));
+    }
+    let n = free.clamp(0, want.len() as i64) as usize;
+    reserve_calls(&**tx, &provider, &experience_id, saga_id, &want[..n], now).await
+}
+
+/// The jobs of single-call sagas are known (`(saga id, job id)`): each
+/// binds to the slot of its call 0. One statement for a batch.
+pub(super) async fn bind_first_jobs(
+    tx: &WriteTx,
+    jobs: &[(String, String)],
+    now: EpochMs,
+) -> StoreResult<()> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let backend = tx.get_database_backend();
+    let mut rows = ValueRows::new(&[SqlType::Text, SqlType::Text]);
+    for (saga_id, job_id) in jobs {
+        rows.push([saga_id.clone().into(), job_id.clone().into()]);
+    }
+    let mut values: Vec<Value> = vec![now.into()];
+    let source = rows.source(backend, 2, &mut values);
+    tx.execute_raw(sql_for(
+        backend,
+        &format!(
+            "WITH v(id, job) AS ({source}) UPDATE ai_slots SET job_id = v.job, \
+             updated_at_ms = $1 FROM v WHERE ai_slots.saga_id = v.id \
+             AND ai_slots.call_index = 0 AND NOT ai_slots.detached"
+        ),
+        values,
+    ))
+    .await?;
+    Ok(())
+}
+
+/// The jobs of these single-call sagas are final: the slots of their call
+/// 0 are free. One statement for a batch.
+pub(super) async fn free_first_calls(
+    tx: &WriteTx,
+    saga_ids: &[String],
+    evidence: Evidence,
+) -> StoreResult<u64> {
+    if saga_ids.is_empty() {
+        return Ok(0);
+    }
+    let backend = tx.get_database_backend();
+    let mut values = Vec::new();
+    let ids = in_list(backend, 1, saga_ids.iter().cloned(), &mut values);
+    let freed = tx
+        .execute_raw(sql_for(
+            backend,
+            &format!(
+                "DELETE FROM ai_slots WHERE saga_id {ids} AND call_index = 0 AND NOT detached"
+            ),
+            values,
+        ))
+        .await?
+        .rows_affected();
+    tracing::trace!(freed, evidence = evidence.as_str(), "AI slots freed");
+    Ok(freed)
+}
+
+/// The job of a call's slot is known (its submit answered).
+pub(super) async fn bind_job<C: ConnectionTrait>(
+    conn: &C,
+    saga_id: &str,
+    call_index: i32,
+    job_id: &str,
+    now: EpochMs,
+) -> StoreResult<()> {
+    conn.execute_raw(sql_for(
+        conn.get_database_backend(),
+        "UPDATE ai_slots SET job_id = $3, updated_at_ms = $4 \
+         WHERE saga_id = $1 AND call_index = $2 AND NOT detached",
+        vec![saga_id.into(), call_index.into(), job_id.into(), now.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// The call's job is final and the call goes on to a next attempt in the
+/// same slot: its next submit uses the key of `key_attempt`.
+pub(super) async fn rekey<C: ConnectionTrait>(
+    conn: &C,
+    saga_id: &str,
+    call_index: i32,
+    key_attempt: i32,
+    _evidence: Evidence,
+    now: EpochMs,
+) -> StoreResult<()> {
+    conn.execute_raw(sql_for(
+        conn.get_database_backend(),
+        "UPDATE ai_slots SET key_attempt = $3, job_id = NULL, updated_at_ms = $4 \
+         WHERE saga_id = $1 AND call_index = $2 AND NOT detached",
+        vec![
+            saga_id.into(),
+            call_index.into(),
+            key_attempt.into(),
+            now.into(),
+        ],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// No job runs in the slots of these calls of the saga (`evidence` says
+/// why): they are free. Returns how many rows went.
+pub(super) async fn free_calls<C: ConnectionTrait>(
+    conn: &C,
+    saga_id: &str,
+    calls: &[i32],
+    evidence: Evidence,
+) -> StoreResult<u64> {
+    if calls.is_empty() {
+        return Ok(0);
+    }
+    let list: Vec<String> = calls.iter().map(|c| c.to_string()).collect();
+    let freed = conn
+        .execute_raw(sql_for(
+            conn.get_database_backend(),
+            &format!(
+                "DELETE FROM ai_slots WHERE saga_id = $1 AND NOT detached \
+                 AND call_index IN ({})",
+                list.join(", ")
+            ),
+            vec![saga_id.into()],
+        ))
+        .await?
+        .rows_affected();
+    if freed > 0 {
+        tracing::debug!(
+            saga_id,
+            ?calls,
+            evidence = evidence.as_str(),
+            "AI slots freed"
+        );
+    }
+    Ok(freed)
+}
+
+/// The saga no longer runs these calls (all of its calls with `None`)
+/// while their jobs may still run: their rows stay, detached, for an
+/// instance to adopt. Returns how many were detached.
+pub(super) async fn detach_calls<C: ConnectionTrait>(
+    conn: &C,
+    saga_id: &str,
+    calls: Option<&[i32]>,
+    now: EpochMs,
+) -> StoreResult<u64> {
+    let only = match calls {
+        Some([]) => return Ok(0),
+        Some(calls) => {
+            let list: Vec<String> = calls.iter().map(|c| c.to_string()).collect();
+            format!(" AND call_index IN ({})", list.join(", "))
+        }
+        None => String::new(),
+    };
+    Ok(conn
+        .execute_raw(sql_for(
+            conn.get_database_backend(),
+            &format!(
+                "UPDATE ai_slots SET detached = true, updated_at_ms = $2 \
+                 WHERE saga_id = $1 AND NOT detached{only}"
+            ),
+            vec![saga_id.into(), now.into()],
+        ))
+        .await?
+        .rows_affected())
+}
+
+/// A slot a saga's worker holds (an attached row).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldSlot {
+    pub call_index: i32,
+    pub key_attempt: i32,
+    pub job_id: Option<String>,
+}
+
+/// A detached row taken by this instance, to find its job and see it end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdoptedSlot {
+    pub id: String,
+    pub provider: String,
+    pub saga_id: String,
+    pub call_index: i32,
+    pub key_attempt: i32,
+    pub job_id: Option<String>,
+    pub cancel_tried: bool,
+    /// The lease this taker holds it under.
+    pub token: String,
+    /// What a submit of its key sends again, from its saga and experience
+    /// (None when the saga row is gone: the job can then be found only by
+    /// its id).
+    pub order: Option<OrderSource>,
+}
+
+/// What a call's job order is made of (see `crate::ai::JobOrder`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderSource {
+    pub kind: String,
+    pub prompt: String,
+    pub session_id: String,
+    pub ai_base_key: String,
+    /// The experience's calls per submission (> 1: the order names its call).
+    pub ai_calls: i32,
+}
+
+impl Store {
+    /// The slots the saga's worker holds (its attached rows), in call order.
+    pub async fn slots_of_saga(&self, saga_id: &str) -> StoreResult<Vec<HeldSlot>> {
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                "SELECT call_index, key_attempt, job_id FROM ai_slots \
+                 WHERE saga_id = $1 AND NOT detached ORDER BY call_index",
+                vec![saga_id.into()],
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(HeldSlot {
+                    call_index: r.try_get_by_index(0)?,
+                    key_attempt: r.try_get_by_index(1)?,
+                    job_id: r.try_get_by_index(2)?,
+                })
+            })
+            .collect::<Result<_, sea_orm::DbErr>>()
+            .map_err(Into::into)
+    }
+
+    /// Every row of the ledger now (for tests and operators).
+    pub async fn ledger_rows(&self) -> StoreResult<i64> {
+        let row = self
+            .db()
+            .query_one_raw(self.sql("SELECT COUNT(*) FROM ai_slots", vec![]))
+            .await?;
+        Ok(row
+            .map(|r| r.try_get_by_index::<i64>(0))
+            .transpose()?
+            .unwrap_or(0))
+    }
+
+    /// Takes up to `limit` rows whose owner is gone, each for `lease_ms`:
+    /// detached rows, and rows of sagas that can no longer resume them (the
+    /// saga ended, or nobody holds it and it is past its deadline or out of
+    /// recoveries). A taken row is detached for good: a saga that runs
+    /// again later gets new slots.
+    pub async fn adopt_slots(
+        &self,
+        limit: usize,
+        now: EpochMs,
+        lease_ms: i64,
+        max_recoveries: u32,
+    ) -> StoreResult<Vec<AdoptedSlot>> {
+        let orphaned = "l.adopted_until_ms < $1 AND (l.detached OR s.id IS NULL \
+             OR s.step <> 'AI_PENDING' \
+             OR ((s.lock_token IS NULL OR s.locked_until_ms < $1) \
+             AND (s.deadline_at_ms < $1 OR (s.lock_token IS NOT NULL \
+             AND s.recoveries >= $2 AND NOT s.handed_over))))";
+        // Mostly there are none: a read says so without a write
+        // transaction (SQLite's one writer is not taken every second).
+        let due = self
+            .db()
+            .query_one_raw(self.sql(
+                &format!(
+                    "SELECT 1 FROM ai_slots l LEFT JOIN sagas s ON s.id = l.saga_id \
+                     WHERE {orphaned} LIMIT 1"
+                ),
+                vec![now.into(), (max_recoveries as i32).into()],
+            ))
+            .await?;
+        if due.is_none() {
+            return Ok(Vec::new());
+        }
+        let token = super::new_id();
+        let lock = if self.is_postgres() {
+            " FOR UPDATE OF l SKIP LOCKED"
+        } else {
+            ""
+        };
+        let tx = self.write_tx().await?;
+        let taken = tx
+            .query_all_raw(self.sql(
+                &format!(
+                    "WITH picked AS MATERIALIZED (SELECT l.id FROM ai_slots l \
+                     LEFT JOIN sagas s ON s.id = l.saga_id WHERE {orphaned} \
+                     ORDER BY l.adopted_until_ms, l.created_at_ms LIMIT $3{lock}) \
+                     UPDATE ai_slots SET detached = true, adopt_token = $4, \
+                     adopted_until_ms = $5, updated_at_ms = $1 \
+                     WHERE id IN (SELECT id FROM picked) AND adopted_until_ms < $1 \
+                     RETURNING id"
+                ),
+                vec![
+                    now.into(),
+                    (max_recoveries as i32).into(),
+                    (limit as i64).into(),
+                    token.clone().into(),
+                    (now + lease_ms).into(),
+                ],
+            ))
+            .await?;
+        let ids: Vec<String> = taken
+            .iter()
+            .map(|r| r.try_get_by_index::<String>(0))
+            .collect::<Result<_, _>>()?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let backend = self.backend();
+        let mut values = Vec::new();
+        let list = in_list(backend, 1, ids, &mut values);
+        let rows = tx
+            .query_all_raw(sql_for(
+                backend,
+                &format!(
+                    "SELECT l.id, l.provider, l.saga_id, l.call_index, l.key_attempt, l.job_id, \
+                     l.cancel_tried, e.kind, s.prompt, s.session_id, s.ai_base_key, e.ai_calls \
+                     FROM ai_slots l LEFT JOIN sagas s ON s.id = l.saga_id \
+                     LEFT JOIN experiences e ON e.id = s.experience_id WHERE l.id {list}"
+                ),
+                values,
+            ))
+            .await?;
+        tx.commit().await?;
+        rows.iter()
+            .map(|r| {
+                let kind: Option<String> = r.try_get_by_index(7)?;
+                let prompt: Option<String> = r.try_get_by_index(8)?;
+                let session_id: Option<String> = r.try_get_by_index(9)?;
+                let base: Option<String> = r.try_get_by_index(10)?;
+                let ai_calls: Option<i32> = r.try_get_by_index(11)?;
+                let order = match (kind, prompt, session_id, base, ai_calls) {
+                    (Some(kind), Some(prompt), Some(session_id), Some(ai_base_key), Some(n)) => {
+                        Some(OrderSource {
+                            kind,
+                            prompt,
+                            session_id,
+                            ai_base_key,
+                            ai_calls: n,
+                        })
+                    }
+                    _ => None,
+                };
+                Ok(AdoptedSlot {
+                    id: r.try_get_by_index(0)?,
+                    provider: r.try_get_by_index(1)?,
+                    saga_id: r.try_get_by_index(2)?,
+                    call_index: r.try_get_by_index(3)?,
+                    key_attempt: r.try_get_by_index(4)?,
+                    job_id: r.try_get_by_index(5)?,
+                    cancel_tried: r.try_get_by_index(6)?,
+                    token: token.clone(),
+                    order,
+                })
+            })
+            .collect::<Result<_, sea_orm::DbErr>>()
+            .map_err(Into::into)
+    }
+
+    /// The adopted row's job is final, or was never made (`evidence`): its
+    /// slot is free. Fenced on the taker's lease; true when it was still ours.
+    pub async fn free_adopted(&self, slot: &AdoptedSlot, evidence: Evidence) -> StoreResult<bool> {
+        let n = self
+            .write_one(self.sql(
+                "DELETE FROM ai_slots WHERE id = $1 AND adopt_token = $2",
+                vec![slot.id.clone().into(), slot.token.clone().into()],
+            ))
+            .await?;
+        if n == 1 {
+            tracing::debug!(slot = %slot.id, evidence = evidence.as_str(), "adopted AI slot freed");
+        }
+        Ok(n == 1)
+    }
+
+    /// The adopted row's job still runs (or the provider could not be
+    /// asked): ask again at `next_ms` (its lease runs until then), with
+    /// what was learnt: its job id, and whether a cancel was sent.
+    pub async fn adopted_later(
+        &self,
+        slot: &AdoptedSlot,
+        job_id: Option<&str>,
+        cancel_tried: bool,
+        next_ms: EpochMs,
+    ) -> StoreResult<()> {
+        self.write_one(self.sql(
+            "UPDATE ai_slots SET job_id = COALESCE($3, job_id), cancel_tried = $4, \
+             adopted_until_ms = $5 WHERE id = $1 AND adopt_token = $2",
+            vec![
+                slot.id.clone().into(),
+                slot.token.clone().into(),
+                job_id.map(str::to_owned).into(),
+                cancel_tried.into(),
+                next_ms.into(),
+            ],
+        ))
+        .await?;
+        Ok(())
+    }
+}
