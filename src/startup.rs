@@ -295,6 +295,7 @@ impl Application {
             dispatcher.clone(),
             persistence.clone(),
             rules.lease_ms,
+            config.saga_deadline.as_millis() as i64,
         )
         .start();
         let shutdown = Shutdown {

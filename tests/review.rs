@@ -344,11 +344,11 @@ async fn an_approved_saga_whose_adopter_died_is_adopted_again(backend: Backend) 
     let store = app.db.store().await;
     let now = chrono::Utc::now().timestamp_millis();
     store.approve(&saga_id, now).await.unwrap();
-    let taken = store.adopt_approved(now, 1_000, 10).await.unwrap();
+    let taken = store.adopt_approved(now, 1_000, 60_000, 10).await.unwrap();
     assert_eq!(taken.len(), 1, "the dead adopter took it");
     assert!(
         store
-            .adopt_approved(now, 1_000, 10)
+            .adopt_approved(now, 1_000, 60_000, 10)
             .await
             .unwrap()
             .is_empty(),
@@ -360,6 +360,66 @@ async fn an_approved_saga_whose_adopter_died_is_adopted_again(backend: Backend) 
     app.stop().await;
 }
 db_test!(an_approved_saga_whose_adopter_died_is_adopted_again);
+
+/// An approval that comes after the saga's deadline (a review queue that
+/// waited longer than `SAGA_DEADLINE`), whose adopter renews its lease
+/// while still in review, ranks the result and then dies: the result still
+/// reaches the screen. The adopter's renewal is not refused as a lost
+/// lease, and the adoption gives the saga a fresh deadline, so the saga
+/// left at RANKING_DONE is resumed, never ended ORPHANED.
+async fn an_approved_result_reaches_the_screen_after_a_late_approval_and_a_crash(backend: Backend) {
+    use stagehand::store::transitions::SagaWrite;
+
+    let app = TestApp::spawn_with(backend, fast_sim(), |c| {
+        c.lease = Duration::from_secs(1);
+        c.saga_deadline = Duration::from_secs(2);
+        c.cleanup_interval = Duration::from_millis(200);
+    })
+    .await;
+    let slug = review_experience(&app, 5, json!({})).await;
+    let (sid, token) = app.session(&slug, None, "late").await;
+    assert_eq!(
+        app.submit(&sid, &token, json!({"prompt": "x"}), "k")
+            .await
+            .status(),
+        202
+    );
+    let items = wait_in_review(&app, 1).await;
+    let saga_id = items[0]["saga_id"].as_str().unwrap().to_owned();
+    // The review outlasts the saga's deadline (the scenario itself).
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let store = app.db.store().await;
+    let now = chrono::Utc::now().timestamp_millis();
+    store.approve(&saga_id, now).await.unwrap();
+    // The adopter: it takes the saga, renews its lease while it ranks,
+    // writes RANKING_DONE, and dies before completing.
+    let taken = store
+        .adopt_approved(now, 1_000, 2_000, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    let adopter = taken.lock_token.clone().unwrap();
+    store
+        .renew_lease(&saga_id, &adopter, now + 100, 1_000)
+        .await
+        .expect("an adopted saga still in review renews its lease");
+    let ranked = SagaWrite::RankingDone {
+        saga_id: saga_id.clone(),
+        token: adopter,
+        entry: None,
+        after_review: true,
+    };
+    let written = store
+        .apply_saga_writes(&[ranked], now + 200, 1_000)
+        .await
+        .unwrap();
+    assert!(written[0].is_ok(), "{:?}", written[0]);
+    let done = app.wait_final(&sid, &token, WITHIN).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    assert_eq!(app.sim.control.stats().jobs_created, 1);
+    app.stop().await;
+}
+db_test!(an_approved_result_reaches_the_screen_after_a_late_approval_and_a_crash);
 
 /// Review settings are checked: an unknown mode or action, a timeout that
 /// is not a duration, or a timeout without review, is 422; an experience

@@ -44,6 +44,8 @@ pub struct ReviewActor {
     dispatcher: Addr<Dispatcher>,
     persistence: Addr<PersistenceActor>,
     lease_ms: i64,
+    /// A fresh deadline for an approved saga (`SAGA_DEADLINE`).
+    deadline_ms: i64,
     busy: bool,
     again: bool,
     /// The pending early round for the next timeout.
@@ -58,6 +60,7 @@ impl ReviewActor {
         dispatcher: Addr<Dispatcher>,
         persistence: Addr<PersistenceActor>,
         lease_ms: i64,
+        deadline_ms: i64,
     ) -> Self {
         ReviewActor {
             store,
@@ -66,6 +69,7 @@ impl ReviewActor {
             dispatcher,
             persistence,
             lease_ms,
+            deadline_ms,
             busy: false,
             again: false,
             timer: None,
@@ -82,17 +86,20 @@ impl ReviewActor {
         if let Some(timer) = self.timer.take() {
             ctx.cancel_future(timer);
         }
-        let (store, clock, wakeups, dispatcher, persistence, lease_ms) = (
+        let (store, clock, wakeups, dispatcher, persistence) = (
             self.store.clone(),
             self.clock.clone(),
             self.wakeups.clone(),
             self.dispatcher.clone(),
             self.persistence.clone(),
-            self.lease_ms,
         );
+        let (lease_ms, deadline_ms) = (self.lease_ms, self.deadline_ms);
         let work = async move {
             let timed_out = apply_timeouts(&store, &clock, &wakeups, &persistence).await;
-            let adopted = match store.adopt_approved(clock.now_ms(), lease_ms, BATCH).await {
+            let adopted = match store
+                .adopt_approved(clock.now_ms(), lease_ms, deadline_ms, BATCH)
+                .await
+            {
                 Ok(sagas) => sagas,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not adopt approved sagas; trying again");

@@ -178,12 +178,16 @@ impl Store {
 
     /// Approved sagas that no worker holds (just approved, or their
     /// adopter died and its lease ran out), oldest first: each gets a
-    /// fresh token and a lease, so one worker goes on with it. The
-    /// re-checked WHERE makes two adopters at once take each saga once.
+    /// fresh token and a lease, so one worker goes on with it, and a fresh
+    /// deadline (`deadline_ms` from now) and recoveries: the time it spent
+    /// in review is not held against it, so an adopter that dies after
+    /// ranking leaves a saga the dispatcher resumes. The re-checked WHERE
+    /// makes two adopters at once take each saga once.
     pub async fn adopt_approved(
         &self,
         now: EpochMs,
         lease_ms: i64,
+        deadline_ms: i64,
         limit: u64,
     ) -> StoreResult<Vec<sagas::Model>> {
         let adoptable = "step = 'IN_REVIEW' AND review_decision = 'APPROVED' \
@@ -205,7 +209,7 @@ impl Store {
             .query_all_raw(self.sql(
                 &format!(
                     "UPDATE sagas SET lock_token = $2, locked_until_ms = $3, updated_at_ms = $1, \
-                     {link_trace} \
+                     deadline_at_ms = $5, recoveries = 0, {link_trace} \
                      WHERE id IN (SELECT id FROM sagas WHERE {adoptable} \
                      ORDER BY review_since_ms, id LIMIT $4) AND {adoptable} \
                      RETURNING *",
@@ -217,6 +221,7 @@ impl Store {
                     new_id().into(),
                     lease_until(now, lease_ms).into(),
                     (limit as i64).into(),
+                    (now + deadline_ms).into(),
                 ],
             ))
             .await?;

@@ -507,7 +507,9 @@ impl Store {
         Ok(handed)
     }
 
-    /// Extends the lease of a saga we hold; `LeaseLost` when we do not.
+    /// Extends the lease of a saga we hold; `LeaseLost` when we do not. A
+    /// saga in review is held only once approved and adopted (a review
+    /// holds no lease), and its adopter renews it like any other.
     pub async fn renew_lease(
         &self,
         saga_id: &str,
@@ -522,7 +524,14 @@ impl Store {
             )
             .filter(sagas::Column::Id.eq(saga_id))
             .filter(sagas::Column::LockToken.eq(token))
-            .filter(sagas::Column::Step.is_in(Step::runnable().map(Step::as_str)));
+            .filter(
+                sagas::Column::Step.is_in(
+                    Step::runnable()
+                        .into_iter()
+                        .chain([Step::InReview])
+                        .map(Step::as_str),
+                ),
+            );
         let tx = self.write_tx().await?;
         let rows = stmt.exec(&*tx).await?.rows_affected;
         tx.commit().await?;
