@@ -698,25 +698,13 @@ impl ClaimRound<'_> {
                 .of(&experience.provider, &experience.id)
                 .awaiting_resume
                 > 0;
-            if experience.has_expired_ai || awaiting {
+            let sources = [
+                (experience.has_expired_ai || awaiting, ClaimSource::Expired),
+                (awaiting, ClaimSource::Holding),
+            ];
+            for (_, source) in sources.into_iter().filter(|(wanted, _)| *wanted) {
                 let got = self
-                    .claim(
-                        experience,
-                        Step::AiPending,
-                        ClaimSource::Expired,
-                        self.room(),
-                    )
-                    .await?;
-                self.keep(got, i, Holds::Read);
-            }
-            if awaiting {
-                let got = self
-                    .claim(
-                        experience,
-                        Step::AiPending,
-                        ClaimSource::Holding,
-                        self.room(),
-                    )
+                    .claim(experience, Step::AiPending, source, self.room())
                     .await?;
                 self.keep(got, i, Holds::Read);
             }
