@@ -2,7 +2,9 @@
 //! PostgreSQL: a run of unavailability opens it and no AI work is claimed
 //! until its cool-down is over; then one probe goes out (a failed probe
 //! opens it again), and a provider that answers closes it and the saga
-//! completes. Operators open and close it by hand.
+//! completes. Operators open and close it by hand. Only the probe's answer
+//! closes it: a job that was already running succeeds without ending an
+//! operator's pause or a cool-down.
 
 mod support;
 
@@ -138,3 +140,170 @@ async fn operators_open_and_close_it(backend: Backend) {
     app.stop().await;
 }
 db_test!(operators_open_and_close_it);
+
+/// Five sessions of a cap-1 experience whose jobs take `job`: the first job
+/// is running when this returns; the others wait behind it.
+async fn one_running_four_waiting(app: &TestApp, job: Duration) -> Vec<(String, String)> {
+    app.sim.control.set_latency(job);
+    let slug = app.experience(1).await;
+    let mut sessions = Vec::new();
+    for i in 0..5 {
+        let (sid, tok) = app.session(&slug, None, &format!("held{i}")).await;
+        assert_eq!(
+            app.submit(&sid, &tok, json!({"prompt": "x"}), "k")
+                .await
+                .status(),
+            202
+        );
+        sessions.push((sid, tok));
+    }
+    support::wait_for(WITHIN, || async {
+        (app.sim.control.stats().jobs_created == 1).then_some(())
+    })
+    .await
+    .expect("the first job runs");
+    sessions
+}
+
+/// Waits until one of `sessions` is final (the job that was running has
+/// answered and its success was recorded): that session.
+async fn first_final(app: &TestApp, sessions: &[(String, String)]) -> Value {
+    support::wait_for(WITHIN, || async {
+        for (sid, tok) in sessions {
+            let s = app.status(sid, tok).await;
+            if s["status"] == "COMPLETED" || s["status"] == "ABORTED" {
+                return Some(s);
+            }
+        }
+        None
+    })
+    .await
+    .expect("the running job ends")
+}
+
+/// After the running job's success: for `hold`, the breaker stays open
+/// and the provider gets no other job. Panics with what gave way.
+async fn holds(app: &TestApp, hold: Duration, what: &str) {
+    let gave_way = support::wait_for(hold, || async {
+        let b = breaker(app).await;
+        let jobs = app.sim.control.stats().jobs_created;
+        (b["state"] != "open" || jobs > 1).then_some((b, jobs))
+    })
+    .await;
+    if let Some((b, jobs)) = gave_way {
+        panic!("{what} gave way: breaker {b}, {jobs} jobs created at the provider");
+    }
+}
+
+/// "Pause AI" while a job runs: the job's success (the provider answered)
+/// does not close the breaker an operator opened; it stays open with the
+/// operator's time and the provider gets no new job until an operator
+/// closes it, and then the rest run.
+async fn an_operators_pause_holds_when_a_running_job_succeeds(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let sessions = one_running_four_waiting(&app, Duration::from_millis(1_500)).await;
+
+    let resp = app
+        .http
+        .post(format!("{}/api/admin/breaker/open", app.base))
+        .bearer_auth(support::OPERATOR)
+        .json(&json!({"for_seconds": 600}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let opened: Value = resp.json().await.unwrap();
+    assert_eq!(opened["state"], "open", "{opened}");
+    let open_until = millis(&opened["open_until"]);
+
+    let done = first_final(&app, &sessions).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    holds(&app, Duration::from_secs(2), "the operator's pause").await;
+    let b = breaker(&app).await;
+    assert_eq!(millis(&b["open_until"]), open_until, "{b}");
+    assert_eq!(
+        (opened["opened_by"].as_str(), b["opened_by"].as_str()),
+        (Some("operator"), Some("operator")),
+        "{b}"
+    );
+
+    let (status, _, closed) = app.operator_post("/api/admin/breaker/close", None).await;
+    assert_eq!((status, closed["state"].as_str()), (200, Some("closed")));
+    for (sid, tok) in &sessions {
+        let s = app.wait_final(sid, tok, WITHIN).await;
+        assert_eq!(s["status"], "COMPLETED", "{s}");
+    }
+    app.stop().await;
+}
+db_test!(an_operators_pause_holds_when_a_running_job_succeeds);
+
+/// The automatic breaker opens on a run of failed polls of a running job;
+/// the provider then answers that job's poll, well inside the cool-down:
+/// no probe was sent, so the breaker stays open and no new job goes out.
+async fn only_its_probe_closes_the_automatic_breaker(backend: Backend) {
+    let app = TestApp::spawn_with(backend, fast_sim(), |config| {
+        config.breaker_cool_down = Duration::from_secs(600);
+    })
+    .await;
+    let sessions = one_running_four_waiting(&app, Duration::from_millis(1_500)).await;
+
+    app.sim.control.set_poll_unavailable(true);
+    let opened = support::wait_for(WITHIN, || async {
+        let b = breaker(&app).await;
+        (b["state"] == "open").then_some(b)
+    })
+    .await
+    .expect("unavailable polls open the breaker");
+    app.sim.control.set_poll_unavailable(false);
+
+    let done = first_final(&app, &sessions).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    holds(&app, Duration::from_secs(2), "the cool-down").await;
+    assert_eq!(opened["opened_by"], "unavailable", "{opened}");
+
+    let (status, _, closed) = app.operator_post("/api/admin/breaker/close", None).await;
+    assert_eq!((status, closed["state"].as_str()), (200, Some("closed")));
+    for (sid, tok) in &sessions {
+        let s = app.wait_final(sid, tok, WITHIN).await;
+        assert_eq!(s["status"], "COMPLETED", "{s}");
+    }
+    app.stop().await;
+}
+db_test!(only_its_probe_closes_the_automatic_breaker);
+
+/// An operator's pause for a second ends on its own: once its time is over
+/// the probe goes out, the provider answers it, the breaker closes and the
+/// held session completes.
+async fn an_operators_pause_ends_with_its_time(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let resp = app
+        .http
+        .post(format!("{}/api/admin/breaker/open", app.base))
+        .bearer_auth(support::OPERATOR)
+        .json(&json!({"for_seconds": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let opened: Value = resp.json().await.unwrap();
+    let open_until = millis(&opened["open_until"]);
+    let slug = app.experience(5).await;
+    let (sid, tok) = app.session(&slug, None, "paused").await;
+    assert_eq!(
+        app.submit(&sid, &tok, json!({"prompt": "x"}), "k")
+            .await
+            .status(),
+        202
+    );
+    let done = app.wait_final(&sid, &tok, WITHIN).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    assert!(app.state.clock.now_ms() >= open_until);
+    support::wait_for(WITHIN, || async {
+        (breaker(&app).await["state"] == "closed").then_some(())
+    })
+    .await
+    .expect("the probe's answer closes it");
+    assert_eq!(app.sim.control.stats().jobs_created, 1);
+    app.stop().await;
+}
+db_test!(an_operators_pause_ends_with_its_time);

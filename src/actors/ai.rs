@@ -4,8 +4,10 @@
 //! through the provider's shared guards: the rate limit takes a request
 //! (one statement) before each call, and the breaker writes its row when
 //! its state changes. Each call's outcome goes to the provider's
-//! circuit breaker ([`ProviderBreaker::record`]), which writes the shared
-//! state after the call when it changes, and to the metrics: each request's
+//! circuit breaker ([`ProviderBreaker::record`], with what the request
+//! was: a submit and when it was sent, which may be the breaker's probe,
+//! or a request about an existing job, which never is), which writes the
+//! shared state after the call when it changes, and to the metrics: each request's
 //! latency by outcome ([`metrics::ai_request`]) and each job's time from
 //! submit to final status ([`AiJobTimes`]). A request refused by our own
 //! rate limit is never sent, so it is not timed.
@@ -15,7 +17,7 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::breaker::{ProviderBreaker, ProviderRate};
+use super::breaker::{ProviderBreaker, ProviderRate, Request};
 use crate::ai::{AiProvider, CancelOutcome, JobOrder, JobView};
 use crate::domain::failure::AiFailure;
 use crate::metrics::{self, AiJobTimes, AiRequest};
@@ -100,11 +102,15 @@ impl AiActor {
                 rate.take().await?;
             }
             let sent_at = Instant::now();
+            let asked = match (&breaker, request) {
+                (Some(breaker), AiRequest::Submit) => breaker.submit_sent(),
+                _ => Request::OfAJob,
+            };
             let outcome = send(client).await;
             metrics::ai_request(request, &outcome, sent_at.elapsed());
             timed(&jobs, &outcome, sent_at);
             if let Some(breaker) = breaker {
-                breaker.record(&outcome);
+                breaker.record(asked, &outcome);
             }
             outcome
         })
@@ -153,7 +159,7 @@ impl Handler<CancelJob> for AiActor {
             }
             let outcome = client.cancel(&msg.0).await;
             if let Some(breaker) = breaker {
-                breaker.record(&outcome);
+                breaker.record(Request::OfAJob, &outcome);
             }
             outcome
         })

@@ -5,18 +5,32 @@
 //! what it may claim ([`ProviderBreaker::admission`]). The state is shared
 //! through the database (`src/store/breaker.rs`), written only when it
 //! changes: when a run of unavailability opens it, when a probe fails, when
-//! the provider answers while it may be open. A write runs in a task of its
-//! own after the call, never during one; a failed write is logged and the
-//! next outcome tries again.
+//! the provider answers the probe this process took. Nothing else the
+//! provider answers closes it (see [`crate::domain::breaker`]): a job that
+//! was already running when it opened succeeds without ending an
+//! operator's pause or a cool-down. A write runs in a task of its own after
+//! the call, never during one; a failed write is logged and the next
+//! outcome tries again.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
-use crate::domain::breaker::{Admission, Breaker, UnavailableRun, PROBE_MS};
+use crate::domain::breaker::{Admission, Breaker, Opener, Probe, UnavailableRun};
 use crate::domain::failure::AiFailure;
+use crate::domain::policy::EpochMs;
 use crate::store::Store;
+
+/// What the request whose outcome is recorded asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// A submit sent at `sent_ms`: a new job, which may be the probe.
+    Submit { sent_ms: EpochMs },
+    /// A poll or a cancel: about a job that exists already, never the
+    /// probe's answer.
+    OfAJob,
+}
 
 pub struct ProviderBreaker {
     store: Store,
@@ -26,9 +40,11 @@ pub struct ProviderBreaker {
     /// How long a run of unavailability opens it for.
     cool_down_ms: i64,
     run: Mutex<UnavailableRun>,
-    /// Seen open by this process (so an answer closes it). Only a hint:
-    /// the row decides.
+    /// Seen open by this process (so an unavailable answer may reopen it
+    /// after a probe). Only a hint: the row decides.
     maybe_open: AtomicBool,
+    /// The probe this process took, until the provider answers it.
+    probe: Mutex<Option<Probe>>,
 }
 
 impl ProviderBreaker {
@@ -47,12 +63,22 @@ impl ProviderBreaker {
             cool_down_ms: cool_down.as_millis() as i64,
             run: Mutex::new(UnavailableRun::default()),
             maybe_open: AtomicBool::new(true),
+            probe: Mutex::new(None),
         })
     }
 
+    /// A submit about to be sent now (its outcome goes to
+    /// [`Self::record`]).
+    pub fn submit_sent(&self) -> Request {
+        Request::Submit {
+            sent_ms: self.clock.now_ms(),
+        }
+    }
+
     /// One call's outcome: unavailable or unclear, or the provider answered
-    /// (anything else, success or refusal).
-    pub fn record<T>(self: &Arc<Self>, outcome: &Result<T, AiFailure>) {
+    /// (anything else, success or refusal). An answer closes the breaker
+    /// only when it answers the submit of the probe this process took.
+    pub fn record<T>(self: &Arc<Self>, request: Request, outcome: &Result<T, AiFailure>) {
         // An unclear answer (a dropped connection, a cut-short body) is
         // trouble at the provider too.
         let unavailable = matches!(
@@ -81,7 +107,7 @@ impl ProviderBreaker {
                 let until = now + me.cool_down_ms;
                 let written = if opens {
                     me.store
-                        .open_breaker(&me.provider, until, "unavailable", now)
+                        .open_breaker(&me.provider, until, Opener::Unavailable, now)
                         .await
                         .map(|()| 1)
                 } else {
@@ -96,49 +122,69 @@ impl ProviderBreaker {
                     Err(e) => tracing::error!(error = %e, "could not write the circuit breaker"),
                 }
             });
-        } else if self.maybe_open.swap(false, Ordering::AcqRel) {
-            crate::metrics::task_spawned("breaker.write");
-            tokio::spawn(async move {
-                match me.store.close_breaker(&me.provider, now).await {
-                    Ok(n) if n > 0 => {
-                        tracing::info!(provider = %me.provider, "AI provider answered: circuit breaker closed");
-                        me.wakeups.saga_work();
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        me.maybe_open.store(true, Ordering::Release);
-                        tracing::error!(error = %e, "could not close the circuit breaker");
-                    }
-                }
-            });
+            return;
         }
+        let Request::Submit { sent_ms } = request else {
+            return;
+        };
+        let probe = {
+            let mut held = self.probe.lock().unwrap_or_else(|e| e.into_inner());
+            match *held {
+                Some(probe) if probe.taken_at_ms <= sent_ms => held.take(),
+                _ => None,
+            }
+        };
+        let Some(probe) = probe else {
+            return;
+        };
+        crate::metrics::task_spawned("breaker.write");
+        tokio::spawn(async move {
+            match me
+                .store
+                .close_by_answer(&me.provider, probe, sent_ms, now)
+                .await
+            {
+                Ok(true) => {
+                    tracing::info!(provider = %me.provider, "AI provider answered the probe: circuit breaker closed");
+                    me.maybe_open.store(false, Ordering::Release);
+                    me.wakeups.saga_work();
+                }
+                Ok(false) => tracing::info!(
+                    provider = %me.provider,
+                    "AI provider answered a probe that is no longer the breaker's (opened again, by hand or not): it stays open"
+                ),
+                Err(e) => {
+                    let mut held = me.probe.lock().unwrap_or_else(|e| e.into_inner());
+                    held.get_or_insert(probe);
+                    tracing::error!(error = %e, "could not close the circuit breaker");
+                }
+            }
+        });
     }
 
     /// What the dispatcher may claim now, by `breaker` as it read it with
     /// its list of claimable experiences. `Probe` is answered to exactly
-    /// one caller among all instances per cool-down; the others get
-    /// `NoAi`.
+    /// one caller among all instances per cool-down (this process then
+    /// holds the probe whose answer may close it); the others get `NoAi`.
     pub async fn admission(&self, breaker: Breaker) -> Admission {
         let now = self.clock.now_ms();
-        if breaker.is_open() {
-            self.maybe_open.store(true, Ordering::Release);
-        }
+        self.maybe_open.store(breaker.is_open(), Ordering::Release);
         match breaker.admission(now) {
-            Admission::Probe => match self
-                .store
-                .take_probe(&self.provider, now + PROBE_MS, now)
-                .await
-            {
-                Ok(true) => {
-                    tracing::info!(provider = %self.provider, "circuit breaker cool-down over: one saga probes the AI provider");
-                    Admission::Probe
+            Admission::Probe => {
+                let probe = Probe::taken_at(now);
+                match self.store.take_probe(&self.provider, probe).await {
+                    Ok(true) => {
+                        *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = Some(probe);
+                        tracing::info!(provider = %self.provider, "circuit breaker's time over: one saga probes the AI provider");
+                        Admission::Probe
+                    }
+                    Ok(false) => Admission::NoAi,
+                    Err(e) => {
+                        tracing::error!(error = %e, "could not take the breaker's probe");
+                        Admission::NoAi
+                    }
                 }
-                Ok(false) => Admission::NoAi,
-                Err(e) => {
-                    tracing::error!(error = %e, "could not take the breaker's probe");
-                    Admission::NoAi
-                }
-            },
+            }
             other => other,
         }
     }

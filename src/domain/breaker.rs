@@ -5,6 +5,16 @@
 //! Operators may open it (for a time) or close it by hand. The state lives
 //! in the database (`provider_breakers`), so every instance sees it; this
 //! module only decides.
+//!
+//! Who may close it: an operator, at any time; otherwise only the answer
+//! to the probe the breaker let through ([`Breaker::closed_by_answer`]).
+//! The probe is named by the `probe_until_ms` its taker wrote
+//! ([`Probe`]), so nothing else the provider answers closes it: not a job
+//! that was already running when it opened (its poll succeeding says
+//! nothing about new work), not a probe of an earlier opening that an
+//! operator's opening replaced. An opening therefore lasts its whole
+//! time, an operator's ("Pause AI") like the automatic cool-down, and only
+//! then does a probe go out.
 
 use super::policy::EpochMs;
 
@@ -21,8 +31,66 @@ pub const PROBE_MS: i64 = 60_000;
 pub struct Breaker {
     /// Open until then (None: closed).
     pub open_until_ms: Option<EpochMs>,
-    /// A probe is out until then.
+    /// A probe is out until then. The value names the probe: only the
+    /// dispatcher that wrote it holds the [`Probe`] whose answer closes
+    /// the breaker.
     pub probe_until_ms: Option<EpochMs>,
+}
+
+/// Who opened the breaker (`provider_breakers.opened_by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opener {
+    /// A run of unavailable answers, or a failed probe: the cool-down.
+    Unavailable,
+    /// An operator (`POST /api/admin/breaker/open`, "Pause AI" on /ops).
+    Operator,
+}
+
+impl Opener {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Opener::Unavailable => "unavailable",
+            Opener::Operator => "operator",
+        }
+    }
+
+    /// The stored name; None for anything else.
+    pub fn parse(name: &str) -> Option<Opener> {
+        match name {
+            "unavailable" => Some(Opener::Unavailable),
+            "operator" => Some(Opener::Operator),
+            _ => None,
+        }
+    }
+
+    /// Whether this opening may shorten one already in force: an
+    /// operator's sets the time as said; an automatic one never shortens
+    /// a longer opening (an operator's for an hour stays an hour, and
+    /// stays the operator's).
+    pub fn may_shorten(self) -> bool {
+        self == Opener::Operator
+    }
+}
+
+/// The probe one dispatcher took ([`Breaker::admission`] said
+/// [`Admission::Probe`] and the shared row agreed): its answer, and no
+/// other, may close the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    /// When it was taken: requests sent before are not the probe's.
+    pub taken_at_ms: EpochMs,
+    /// The `probe_until_ms` it wrote, which names it.
+    pub until_ms: EpochMs,
+}
+
+impl Probe {
+    /// The probe taken at `now`.
+    pub fn taken_at(now: EpochMs) -> Probe {
+        Probe {
+            taken_at_ms: now,
+            until_ms: now + PROBE_MS,
+        }
+    }
 }
 
 /// The breaker as operators see it (the admin API and `/metrics`).
@@ -84,6 +152,25 @@ impl Breaker {
             Some(until) if now < until => Admission::NoAi,
             Some(_) if self.probe_until_ms.is_some_and(|p| now < p) => Admission::NoAi,
             Some(_) => Admission::Probe,
+        }
+    }
+
+    /// Whether the provider's answer to a request sent at `sent_ms` closes
+    /// the breaker, `probe` being the probe this process holds, if any.
+    /// Only an answer to that probe does: a request sent once it was
+    /// taken, while it is still the breaker's probe (no operator opened
+    /// the breaker since, no failure opened it again, no newer probe
+    /// replaced it; each of those rewrites `probe_until_ms`). Anything else
+    /// the provider answers, a job that was running before, a closed
+    /// breaker, an opening whose time is not over, closes nothing.
+    pub fn closed_by_answer(&self, probe: Option<Probe>, sent_ms: EpochMs) -> bool {
+        match (self.open_until_ms, probe) {
+            (Some(open_until), Some(probe)) => {
+                self.probe_until_ms == Some(probe.until_ms)
+                    && open_until <= probe.taken_at_ms
+                    && probe.taken_at_ms <= sent_ms
+            }
+            _ => false,
         }
     }
 }
@@ -162,6 +249,71 @@ mod tests {
             Admission::Probe,
             "a lost probe is replaced"
         );
+    }
+
+    #[test]
+    fn only_the_answer_to_its_probe_closes_it() {
+        // Opened (by anyone) until 1 000; a job was running before.
+        let open = Breaker {
+            open_until_ms: Some(1_000),
+            probe_until_ms: None,
+        };
+        assert!(
+            !open.closed_by_answer(None, 500),
+            "a running job's answer during the opening"
+        );
+        assert!(
+            !open.closed_by_answer(None, 1_500),
+            "an answer after the opening's time, with no probe taken"
+        );
+        let probe = Probe::taken_at(1_200);
+        assert_eq!(probe.until_ms, 1_200 + PROBE_MS);
+        let probing = Breaker {
+            probe_until_ms: Some(probe.until_ms),
+            ..open
+        };
+        assert!(probing.closed_by_answer(Some(probe), 1_200));
+        assert!(probing.closed_by_answer(Some(probe), 1_300));
+        assert!(
+            !probing.closed_by_answer(Some(probe), 1_100),
+            "a request sent before the probe was taken is not the probe"
+        );
+        assert!(
+            !probing.closed_by_answer(None, 1_300),
+            "an instance that did not take the probe"
+        );
+        // An operator pauses while the probe is out: the row loses the
+        // probe and gets the operator's time.
+        let paused = Breaker {
+            open_until_ms: Some(601_300),
+            probe_until_ms: None,
+        };
+        assert!(
+            !paused.closed_by_answer(Some(probe), 1_300),
+            "a probe the operator did not ask for"
+        );
+        // The probe ran out and another dispatcher took a newer one.
+        let newer = Probe::taken_at(probe.until_ms);
+        let replaced = Breaker {
+            probe_until_ms: Some(newer.until_ms),
+            ..open
+        };
+        assert!(!replaced.closed_by_answer(Some(probe), 1_300));
+        assert!(replaced.closed_by_answer(Some(newer), newer.taken_at_ms));
+        assert!(
+            !Breaker::default().closed_by_answer(Some(probe), 1_300),
+            "closed already"
+        );
+    }
+
+    #[test]
+    fn openers_by_name_and_who_may_shorten() {
+        for opener in [Opener::Unavailable, Opener::Operator] {
+            assert_eq!(Opener::parse(opener.as_str()), Some(opener));
+        }
+        assert_eq!(Opener::parse("someone"), None);
+        assert!(Opener::Operator.may_shorten());
+        assert!(!Opener::Unavailable.may_shorten());
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::actors::operator_socket::OperatorSocket;
 use crate::actors::persistence::WriteAlone;
 use crate::actors::terminal_hub::PRESENCE_STALE_MS;
 use crate::clock::rfc3339;
-use crate::domain::breaker::COOL_DOWN_MS;
+use crate::domain::breaker::{Opener, COOL_DOWN_MS};
 use crate::domain::saga::{AbortReason, Step};
 use crate::store::breaker::DEFAULT_PROVIDER;
 use crate::store::operators::{SagaCursor, SagaFilter, SagaView, MAX_PAGE, MAX_QUERY_CHARS};
@@ -421,16 +421,21 @@ pub struct BreakerView {
     pub open_until: Option<String>,
     /// RFC 3339, while a probe is out.
     pub probe_until: Option<String>,
+    /// Who opened it, while open: `operator` (by hand; only its time
+    /// running out, then a successful probe, or an operator closes it) or
+    /// `unavailable` (the automatic cool-down, or a failed probe).
+    pub opened_by: Option<String>,
 }
 
 async fn breaker_view(state: &AppState, provider: &str) -> Result<BreakerView, ApiError> {
-    let breaker = state.store.breaker(provider).await?;
+    let (breaker, opener) = state.store.breaker_and_opener(provider).await?;
     let now = state.clock.now_ms();
     Ok(BreakerView {
         provider: provider.to_owned(),
         state: breaker.state(now).as_str().to_owned(),
         open_until: breaker.open_until_ms.map(rfc3339),
         probe_until: breaker.probe_until_ms.map(rfc3339),
+        opened_by: opener.map(|o| o.as_str().to_owned()),
     })
 }
 
@@ -438,8 +443,9 @@ async fn breaker_view(state: &AppState, provider: &str) -> Result<BreakerView, A
 #[serde(deny_unknown_fields)]
 pub struct OpenBreakerBody {
     /// How long to keep it open, 1 to 86,400 seconds (default: the
-    /// automatic cool-down, 30 s). A probe follows, unless it is closed
-    /// by hand first.
+    /// automatic cool-down, 30 s). Nothing the provider answers meanwhile
+    /// closes it (not a job that was already running); when the time is
+    /// over a probe follows, unless it is closed by hand first.
     #[serde(default)]
     for_seconds: Option<i64>,
 }
@@ -491,7 +497,8 @@ pub async fn get_breaker(
 }
 
 /// `POST /api/admin/breaker/open`: no AI work is claimed until it closes
-/// (after `for_seconds` and a successful probe, or by hand).
+/// (after `for_seconds` and a successful probe, or by hand); a running
+/// job's success does not close it.
 #[utoipa::path(
     post,
     path = "/api/admin/breaker/open",
@@ -532,7 +539,7 @@ pub async fn open_breaker(
     let now = state.clock.now_ms();
     state
         .store
-        .open_breaker(&provider, now + ms, "operator", now)
+        .open_breaker(&provider, now + ms, Opener::Operator, now)
         .await?;
     tracing::warn!(
         %provider, for_ms = ms,
