@@ -177,6 +177,8 @@ const SH = (() => {
       if (k === "text") n.textContent = v;
       else if (k === "class") n.className = v;
       else if (k === "dataset") Object.assign(n.dataset, v);
+      // Through the CSSOM: the pages' policy refuses style attributes.
+      else if (k === "style") Object.assign(n.style, v);
       else if (k.startsWith("on") && typeof v === "function") n.addEventListener(k.slice(2), v);
       else if (v === true) n.setAttribute(k, "");
       else n.setAttribute(k, String(v));
@@ -198,26 +200,44 @@ const SH = (() => {
     }
   }
 
+  // A result's URL as the page may use it, or null: http(s), this server's
+  // own paths (not "//host"), and for a media item a data: URL of image,
+  // video or audio; nothing with a control character, space or backslash.
+  // The server's adapters leave out any other URL already
+  // (ContentItem::url_is_shown); this is the pages' own check, so a
+  // javascript: URL never becomes a link or a source.
+  function shownUrl(url, media) {
+    if (typeof url !== "string") return null;
+    if (/[\u0000-\u0020\u007f-\u009f\\]/.test(url)) return null;
+    if (/^https?:\/\//i.test(url)) return url;
+    if (url.startsWith("/") && !url.startsWith("//")) return url;
+    if (media && /^data:(image|video|audio)\//i.test(url)) return url;
+    return null;
+  }
+
   // The result's content items as elements: images (with a placeholder when
-  // they cannot be loaded), video, audio, text, and a link for anything else.
+  // they cannot be loaded), video, audio, text, and a link for anything else
+  // (only for a URL shownUrl accepts).
   function renderContent(content) {
     const out = [];
     for (const item of content || []) {
       if (!item) continue;
       const type = String(item.type || "text");
+      const media = ["image", "video", "audio", "music"].includes(type);
+      const url = shownUrl(item.url, media);
       const box = el("figure", { class: `content content-${type.replace(/[^a-z]/gi, "")}` });
-      if (type === "image" && item.url) {
-        const img = el("img", { src: item.url, alt: item.text || "", loading: "lazy" });
+      if (type === "image" && url) {
+        const img = el("img", { src: url, alt: item.text || "", loading: "lazy" });
         img.addEventListener("error", () => {
           img.replaceWith(el("div", { class: "img-missing", text: t("content.imageMissing") }));
         });
         box.append(img);
-      } else if (type === "video" && item.url) {
-        box.append(el("video", { src: item.url, controls: true, playsinline: true, loop: true }));
-      } else if ((type === "audio" || type === "music") && item.url) {
-        box.append(el("audio", { src: item.url, controls: true }));
-      } else if (item.url) {
-        box.append(el("a", { href: item.url, target: "_blank", rel: "noopener", text: t("content.open") }));
+      } else if (type === "video" && url) {
+        box.append(el("video", { src: url, controls: true, playsinline: true, loop: true }));
+      } else if ((type === "audio" || type === "music") && url) {
+        box.append(el("audio", { src: url, controls: true }));
+      } else if (url) {
+        box.append(el("a", { href: url, target: "_blank", rel: "noopener", text: t("content.open") }));
       }
       if (item.text) box.append(el("figcaption", { text: item.text }));
       out.push(box);

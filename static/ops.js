@@ -283,7 +283,7 @@
             SH.el("strong", { text: e.title || e.slug }),
             SH.el("span", { class: "muted", text: ` ${e.slug}` })),
           SH.el("div", { class: `bar${n >= max && max ? " full" : ""}` },
-            SH.el("span", { style: `width:${pct}%` })),
+            SH.el("span", { style: { width: `${pct}%` } })),
           SH.el("div", { class: "cap-text" },
             SH.el("span", { class: "in-flight", text: SH.t("ops.inFlight", { n, max }) }),
             SH.el("span", { class: "queued", text: SH.t("ops.queued", { n: e.queued || 0 }) })));

@@ -2,7 +2,10 @@
 //! job under an idempotency key, poll it by id. It owns the translation of every
 //! outside error (transport errors, HTTP statuses, malformed answers) into an
 //! [`AiFailure`], done in one place: [`classify`]. Job statuses `failed` and
-//! `rejected` are not errors here; the caller reads [`JobView::status`].
+//! `rejected` are not errors here; the caller reads [`JobView::status`]. A
+//! result's URLs that the pages may not show (a `javascript:` link, any
+//! scheme but http(s)) are left out there too ([`leave_out_unshown_urls`],
+//! which every adapter calls).
 
 use std::time::Duration;
 
@@ -288,6 +291,9 @@ fn classify(exchange: Exchange<'_>) -> Result<JobView, AiFailure> {
                 // The provider accepted something and may have made the job.
                 return serde_json::from_str::<JobView>(body)
                     .map(|mut view| {
+                        if let Some(result) = view.result.as_mut() {
+                            leave_out_unshown_urls(result, &view.job_id);
+                        }
                         if view.poll_after_ms.is_none() {
                             view.poll_after_ms = retry_after_s
                                 .map(|s| s.saturating_mul(1_000).min(i64::MAX as u64) as i64);
@@ -330,6 +336,27 @@ fn classify(exchange: Exchange<'_>) -> Result<JobView, AiFailure> {
                 },
             )
         }
+    }
+}
+
+/// Leaves out the URLs of a provider's `result` that the pages may not
+/// show ([`AiResult::leave_out_unshown_urls`]: not `http(s)://`, not this
+/// server's own path, not a media item's `data:` URL), and any item left
+/// with nothing, saying so in the log; the rest of the result stands.
+/// Every adapter calls it where it turns the provider's answer into a
+/// result, so such a URL is never stored, sent to a display or shown on
+/// /ops.
+pub(crate) fn leave_out_unshown_urls(result: &mut AiResult, job_id: &str) {
+    let left_out = result.leave_out_unshown_urls();
+    if !left_out.is_empty() {
+        let urls: Vec<String> = left_out
+            .iter()
+            .map(|url| url.chars().take(80).collect())
+            .collect();
+        tracing::warn!(
+            job_id, ?urls,
+            "the AI provider's result has URLs the pages may not show (only http(s), this server's paths and media data: URLs): left out"
+        );
     }
 }
 
@@ -490,6 +517,48 @@ mod tests {
         assert_eq!(result.content.len(), 1);
         assert_eq!(result.content[0].kind, "image");
         assert_eq!(result.score, Some(42.0));
+    }
+
+    /// Only http(s), the server's own paths and media data: URLs of the
+    /// media's type are shown: any other URL of a result is left out (an
+    /// item left with nothing to show is dropped).
+    #[test]
+    fn result_urls_of_other_schemes_are_left_out() {
+        let body = r#"{"job_id":"j","status":"succeeded","result":{"content":[
+            {"type":"link","url":"javascript:alert(document.cookie)","text":"click"},
+            {"type":"link","url":" JavaScript:alert(1)"},
+            {"type":"link","url":"java\tscript:alert(1)"},
+            {"type":"image","url":"data:text/html,<script>alert(1)</script>"},
+            {"type":"link","url":"data:image/png;base64,QUJD"},
+            {"type":"image","url":"//evil.example/x.png"},
+            {"type":"image","url":"/\\evil.example/x.png"},
+            {"type":"image","url":"vbscript:msgbox(1)"},
+            {"type":"image","url":"HTTPS://cdn.example/a.png"},
+            {"type":"image","url":"http://127.0.0.1:9/b.png"},
+            {"type":"video","url":"/media/c.mp4"},
+            {"type":"image","url":"data:image/png;base64,QUJD"},
+            {"type":"text","text":"words"}
+        ]}}"#;
+        let content = answer(200, body)
+            .expect("parses")
+            .result
+            .expect("a result")
+            .content;
+        let urls: Vec<Option<&str>> = content.iter().map(|c| c.url.as_deref()).collect();
+        assert_eq!(
+            urls,
+            [
+                None,
+                Some("HTTPS://cdn.example/a.png"),
+                Some("http://127.0.0.1:9/b.png"),
+                Some("/media/c.mp4"),
+                Some("data:image/png;base64,QUJD"),
+                None,
+            ],
+            "{content:?}"
+        );
+        assert_eq!(content[0].text.as_deref(), Some("click"), "the words stay");
+        assert_eq!(content[5].text.as_deref(), Some("words"));
     }
 
     #[test]

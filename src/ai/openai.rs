@@ -524,19 +524,18 @@ fn image_outcome(answer: ImagesAnswer, key: &str) -> JobView {
             })
         })
         .collect();
-    if content.is_empty() {
+    let mut result = AiResult {
+        content,
+        score: None,
+    };
+    super::client::leave_out_unshown_urls(&mut result, &job_id);
+    if result.content.is_empty() {
         return final_view(
             job_id,
             Err((JobStatus::Failed, "no image in the answer".into())),
         );
     }
-    final_view(
-        job_id,
-        Ok(AiResult {
-            content,
-            score: None,
-        }),
-    )
+    final_view(job_id, Ok(result))
 }
 
 /// Reads the score the model was asked for: a JSON object `{"score": n,
@@ -844,6 +843,24 @@ mod tests {
             ),
             Err(AiFailure::RequestRejected(_))
         ));
+    }
+
+    #[test]
+    fn an_image_url_of_another_scheme_is_left_out() {
+        let view = answer(
+            IMAGE,
+            200,
+            r#"{"data":[{"url":"javascript:alert(1)","revised_prompt":"a cat"},{"url":"data:text/html,x"},{"b64_json":"QUJD"}]}"#,
+        )
+        .unwrap();
+        let content = view.result.expect("a result").content;
+        let urls: Vec<Option<&str>> = content.iter().map(|c| c.url.as_deref()).collect();
+        assert_eq!(
+            urls,
+            [None, Some("data:image/png;base64,QUJD")],
+            "{content:?}"
+        );
+        assert_eq!(content[0].text.as_deref(), Some("a cat"));
     }
 
     #[test]

@@ -499,7 +499,11 @@ impl ReplicateClient {
             "starting" => (JobStatus::Queued, None, None),
             "processing" => (JobStatus::Running, None, None),
             "succeeded" => {
-                let result = prediction.output.as_ref().map(output_result);
+                let result = prediction.output.as_ref().map(|output| {
+                    let mut result = output_result(output);
+                    super::client::leave_out_unshown_urls(&mut result, &prediction.id);
+                    result
+                });
                 match result.filter(|r| !r.content.is_empty() || r.score.is_some()) {
                     Some(result) => (JobStatus::Succeeded, Some(result), None),
                     None => (
@@ -773,6 +777,21 @@ mod tests {
                 "{body:?}"
             );
         }
+    }
+
+    #[test]
+    fn output_urls_of_another_kind_are_left_out() {
+        let view = ok(
+            r#"{"id":"p","status":"succeeded","output":["data:text/html,<b>x</b>",{"url":"data:application/javascript,alert(1)","text":"t"},"https://replicate.delivery/x/out.webp"]}"#,
+        );
+        let content = view.result.expect("a result").content;
+        let urls: Vec<Option<&str>> = content.iter().map(|c| c.url.as_deref()).collect();
+        assert_eq!(
+            urls,
+            [None, Some("https://replicate.delivery/x/out.webp")],
+            "{content:?}"
+        );
+        assert_eq!(content[0].text.as_deref(), Some("t"));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Failure kinds: every outside error of the AI provider is translated into one
 //! of these (in `crate::ai::client`), and the retry policy decides from the kind
-//! alone what happens to the saga (DESIGN.md rule 6).
+//! alone what happens to the saga (DESIGN.md rule 6). And what a provider's
+//! success is made of ([`AiResult`], [`ContentItem`]), with the one rule of
+//! which result URLs the pages may show ([`ContentItem::url_is_shown`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +73,36 @@ pub struct ContentItem {
     pub text: Option<String>,
 }
 
+/// The item kinds the pages show as media (an `<img>`, `<video>` or
+/// `<audio>`, never a link): only they may carry a `data:` URL.
+const MEDIA_KINDS: [&str; 4] = ["image", "video", "audio", "music"];
+
+impl ContentItem {
+    /// Whether `url` may be shown as this item: the pages make it an
+    /// `<img>`/`<video>`/`<audio>` source or a link, so only
+    /// `https://` and `http://` URLs, this server's own paths (`/…`, not
+    /// `//…`), and for a media item a `data:` URL of image, video or audio
+    /// (an adapter's inline picture). No `javascript:`, no other scheme, no
+    /// control character or backslash a browser would read past.
+    pub fn url_is_shown(&self, url: &str) -> bool {
+        if url
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || c == '\\')
+        {
+            return false;
+        }
+        let lower = url.get(..11).unwrap_or(url).to_ascii_lowercase();
+        if lower.starts_with("https://") || lower.starts_with("http://") {
+            return true;
+        }
+        if let Some(path) = url.strip_prefix('/') {
+            return !path.starts_with('/');
+        }
+        let media = ["data:image/", "data:video/", "data:audio/"];
+        media.iter().any(|m| lower.starts_with(m)) && MEDIA_KINDS.contains(&self.kind.as_str())
+    }
+}
+
 /// A successful AI result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct AiResult {
@@ -78,4 +110,130 @@ pub struct AiResult {
     pub content: Vec<ContentItem>,
     #[serde(default)]
     pub score: Option<f64>,
+}
+
+impl AiResult {
+    /// Leaves out every URL [`ContentItem::url_is_shown`] refuses (after
+    /// trimming the spaces around it) and then every item left with
+    /// neither URL nor text; the rest of the result stands. Each adapter
+    /// calls this where it turns the provider's answer into a result, so
+    /// no such URL is stored, sent to a display or shown on /ops. The URLs
+    /// left out, for the log.
+    pub fn leave_out_unshown_urls(&mut self) -> Vec<String> {
+        let mut left_out = Vec::new();
+        for item in &mut self.content {
+            let Some(url) = item.url.take() else {
+                continue;
+            };
+            let trimmed = url.trim();
+            if item.url_is_shown(trimmed) {
+                item.url = Some(trimmed.to_owned());
+            } else {
+                left_out.push(url);
+            }
+        }
+        self.content
+            .retain(|item| item.url.is_some() || item.text.is_some());
+        left_out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(kind: &str) -> ContentItem {
+        ContentItem {
+            kind: kind.into(),
+            url: None,
+            text: None,
+        }
+    }
+
+    #[test]
+    fn shown_urls_are_http_own_paths_and_media_data() {
+        let image = item("image");
+        for shown in [
+            "https://cdn.example/a.png",
+            "HTTP://127.0.0.1:9/v1/jobs/j/image.svg",
+            "/media/a.png",
+            "/",
+            "data:image/png;base64,QUJD",
+            "DATA:image/svg+xml,<svg/>",
+        ] {
+            assert!(image.url_is_shown(shown), "{shown}");
+        }
+        for refused in [
+            "javascript:alert(1)",
+            "JavaScript:alert(1)",
+            " javascript:alert(1)",
+            "java\tscript:alert(1)",
+            "jav&#x09;ascript:alert(1)",
+            "vbscript:x",
+            "data:text/html,<script>alert(1)</script>",
+            "data:application/javascript,alert(1)",
+            "//evil.example/a.png",
+            "/\\evil.example/a.png",
+            "https://x/\nhttps://y",
+            "file:///etc/passwd",
+            "blob:https://x/1",
+            "a.png",
+            "",
+        ] {
+            assert!(!image.url_is_shown(refused), "{refused:?}");
+        }
+        assert!(
+            !item("link").url_is_shown("data:image/png;base64,QUJD"),
+            "a data: URL is never a link"
+        );
+        assert!(item("music").url_is_shown("data:audio/mpeg;base64,QUJD"));
+    }
+
+    #[test]
+    fn unshown_urls_are_left_out_and_empty_items_dropped() {
+        let mut result = AiResult {
+            content: vec![
+                ContentItem {
+                    url: Some("javascript:alert(1)".into()),
+                    text: Some("words".into()),
+                    ..item("link")
+                },
+                ContentItem {
+                    url: Some("javascript:alert(2)".into()),
+                    ..item("image")
+                },
+                ContentItem {
+                    url: Some("  https://cdn.example/a.png ".into()),
+                    ..item("image")
+                },
+                ContentItem {
+                    text: Some("only words".into()),
+                    ..item("text")
+                },
+            ],
+            score: Some(3.0),
+        };
+        assert_eq!(
+            result.leave_out_unshown_urls(),
+            ["javascript:alert(1)", "javascript:alert(2)"]
+        );
+        assert_eq!(
+            result.content,
+            [
+                ContentItem {
+                    text: Some("words".into()),
+                    ..item("link")
+                },
+                ContentItem {
+                    url: Some("https://cdn.example/a.png".into()),
+                    ..item("image")
+                },
+                ContentItem {
+                    text: Some("only words".into()),
+                    ..item("text")
+                },
+            ]
+        );
+        assert_eq!(result.score, Some(3.0));
+    }
 }

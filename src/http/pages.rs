@@ -4,8 +4,19 @@
 //! `/terminal/{id}` (a booth's big screen), `/ops` (the operators'
 //! dashboard), their scripts and style under `/static/`, and the texts of
 //! each language under `/i18n/`.
+//!
+//! Every answer here carries the pages' security headers ([`secured`]): a
+//! Content-Security-Policy that runs scripts and styles from this server
+//! only (no inline script, style element or attribute, no `eval`), lets
+//! results' pictures, video and sound come from any http(s) origin (the
+//! provider's) or a `data:` URL (an adapter's inline picture), lets the
+//! pages talk to this server only (their requests and WebSockets), and
+//! forbids framing them (`frame-ancestors 'none'`, and `X-Frame-Options`
+//! for older browsers); `X-Content-Type-Options: nosniff`; and
+//! `Referrer-Policy: no-referrer` (a result's picture is fetched without
+//! telling its host which page asked).
 
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpResponse, HttpResponseBuilder};
 
 use super::error::ApiError;
 
@@ -14,10 +25,29 @@ const JS: &str = "text/javascript; charset=utf-8";
 const CSS: &str = "text/css; charset=utf-8";
 const JSON: &str = "application/json";
 
+/// The pages' Content-Security-Policy (module doc). `connect-src 'self'`
+/// covers the pages' WebSockets to this server too (`ws:`/`wss:` of the
+/// same host, CSP Level 3).
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+     style-src 'self'; img-src 'self' https: http: data:; \
+     media-src 'self' https: http: data:; connect-src 'self'; font-src 'self'; \
+     object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
+/// Adds the security headers of every page and asset (module doc).
+fn secured(mut answer: HttpResponseBuilder) -> HttpResponseBuilder {
+    answer
+        .insert_header(("Content-Security-Policy", CONTENT_SECURITY_POLICY))
+        .insert_header(("X-Content-Type-Options", "nosniff"))
+        .insert_header(("X-Frame-Options", "DENY"))
+        .insert_header(("Referrer-Policy", "no-referrer"));
+    answer
+}
+
 /// Every embedded asset: its name under `/static/` or `/i18n/`, type, text.
-const ASSETS: [(&str, &str, &str); 7] = [
+const ASSETS: [(&str, &str, &str); 8] = [
     ("app.css", CSS, include_str!("../../static/app.css")),
     ("app.js", JS, include_str!("../../static/app.js")),
+    ("index.js", JS, include_str!("../../static/index.js")),
     (
         "participant.js",
         JS,
@@ -30,7 +60,7 @@ const ASSETS: [(&str, &str, &str); 7] = [
 ];
 
 fn page(text: &'static str) -> HttpResponse {
-    HttpResponse::Ok()
+    secured(HttpResponse::Ok())
         .content_type(HTML)
         .insert_header(("Cache-Control", "no-cache"))
         .body(text)
@@ -91,7 +121,7 @@ fn asset(name: &str, dir_is_i18n: bool) -> Result<HttpResponse, ApiError> {
         .iter()
         .find(|(n, _, _)| *n == name && is_i18n(n) == dir_is_i18n)
         .map(|(_, kind, text)| {
-            HttpResponse::Ok()
+            secured(HttpResponse::Ok())
                 .content_type(*kind)
                 .insert_header(("Cache-Control", "no-cache"))
                 .body(*text)
@@ -105,7 +135,7 @@ fn asset(name: &str, dir_is_i18n: bool) -> Result<HttpResponse, ApiError> {
     path = "/static/{name}",
     tag = "pages",
     summary = "A script or the style sheet of the pages.",
-    params(("name" = String, Path, description = "`app.css`, `app.js`, `participant.js`, `terminal.js` or `ops.js`.")),
+    params(("name" = String, Path, description = "`app.css`, `app.js`, `index.js`, `participant.js`, `terminal.js` or `ops.js`.")),
     responses(
         (status = 200, description = "The file.", content(("text/css"), ("text/javascript"))),
         (status = 404, description = "`not_found`: no such file.", body = super::openapi::ErrorBody),

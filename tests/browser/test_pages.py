@@ -28,13 +28,20 @@ pages the way people use them:
   images       the result's picture, drawn by the built-in simulator and
                served from its own port, really loads on the booth display
   layout       every page fits a 360 px phone; the booth display fills 1080p
+  hostile      a nickname and a prompt made of markup show as text on the
+               phone, the display and /ops and run nothing; the pages make
+               no link or source of a javascript: URL; a second server on a
+               fake job API that answers javascript: URLs shows none on
+               /ops; /ops cannot be framed; a Content-Security-Policy
+               refusal on any page's console is a page error
   screenshots  of every page, in target/screenshots/; and the two the README
                shows, docs/booth-display.png and docs/ops.png (1280x800),
                rewritten with STAGEHAND_DOCS_SCREENSHOTS=1 (a read-only docs/
                is said, not a failure)
 
 Only 127.0.0.1 is contacted (the server, and the simulator's result images
-on its own loopback port); any other address is refused.
+on its own loopback port, and the fake job API); any other address is
+refused.
 
 Usage: python3 tests/browser/test_pages.py [test-name ...]
 Environment: STAGEHAND_BINARY (default target/debug/stagehand),
@@ -47,6 +54,7 @@ Without Chromium or Playwright's Python package it says what to install and
 exits 2.
 """
 
+import http.server
 import json
 import mimetypes
 import os
@@ -57,6 +65,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import urllib.error
@@ -306,6 +315,10 @@ class Env:
     def page(self, **kw):
         page = self.context(**kw).new_page()
         page.on("pageerror", lambda e: self.console_errors.append(f"{page.url}: {e}"))
+        # What the pages' Content-Security-Policy refuses is a bug of the
+        # page (an inline script or style): Chromium says it on the console.
+        page.on("console", lambda m: m.type == "error" and "Content Security Policy" in m.text
+                and self.console_errors.append(f"{page.url}: {m.text}"))
         return page
 
     def phone(self):
@@ -1125,6 +1138,166 @@ def test_docs_screenshots(env):
     expect(capacity.locator(".queued")).to_have_text(EN["ops.queued"].format(n=0), timeout=RESULT_WAIT)
 
 
+# Markup that would run if a page put it in as HTML: each sets a mark.
+# (A nickname is 40 characters at most.)
+HOSTILE_NICK = "<img src=x onerror=__pwned='nick'>"
+# (The simulator's caption keeps the prompt's first 40 characters.)
+HOSTILE_PROMPT = "<img src=x onerror=__pwned='prompt'>"
+# A result's content as a provider could answer it: a link and a picture
+# whose URLs run script, and ones that would load something else.
+HOSTILE_CONTENT = [
+    {"type": "link", "url": "javascript:window.__pwned='link'", "text": "open me"},
+    {"type": "image", "url": "javascript:window.__pwned='image'", "text": "a picture"},
+    {"type": "link", "url": " JavaScript:window.__pwned='spaced'", "text": "spaced"},
+    {"type": "link", "url": "data:text/html,<script>opener.__pwned='data'</script>", "text": "data"},
+    {"type": "link", "url": "//evil.example/x", "text": "elsewhere"},
+]
+
+
+def inert(page, what):
+    """Nothing hostile ran on `page`, and every link and source in it is
+    http(s), the server's own path, a data: picture or a fragment."""
+    assert page.evaluate("() => window.__pwned") is None, f"{what}: script ran"
+    bad = page.evaluate(r"""() => [...document.querySelectorAll('[href], [src]')]
+        .map(n => n.getAttribute('href') ?? n.getAttribute('src'))
+        .filter(u => !/^(https?:\/\/|\/(?!\/)|data:image\/|#)/i.test(u))""")
+    assert not bad, f"{what}: links or sources of other schemes: {bad}"
+    assert page.locator("img[src='x']").count() == 0, f"{what}: the nickname became an <img>"
+
+
+def test_hostile_text_stays_text(env):
+    """A nickname and a prompt made of markup show as the characters typed,
+    on the phone, the booth display and /ops (its review queue), and run
+    nothing; and the pages make no link or source of a javascript: URL,
+    whatever a result holds (the pages' own check, SH.renderContent)."""
+    env.server.operator("POST", "/api/experiences", {
+        "slug": "hostile", "title": "Hostile booth", "kind": "image", "review": "before_display"})
+    term = env.server.terminal("hostile", "hostile booth")
+    display = open_terminal(env, term)
+    ops = ops_page(env)
+    phone = env.phone()
+    phone.goto(f"/p/hostile?terminal={term['terminal_id']}")
+    participant_submit(phone, HOSTILE_NICK, HOSTILE_PROMPT)
+    card = ops.locator("#review-queue .review-card")
+    expect(card).to_have_count(1, timeout=RESULT_WAIT)
+    expect(card.locator(".nickname")).to_have_text(HOSTILE_NICK)
+    expect(card.locator(".review-preview figcaption")).to_contain_text(HOSTILE_PROMPT)
+    ops.keyboard.press("a")
+    expect(display.locator("#latest-nickname")).to_have_text(HOSTILE_NICK, timeout=RESULT_WAIT)
+    expect(display.locator("#latest-content figcaption")).to_contain_text(HOSTILE_PROMPT)
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    expect(phone.locator("#result-content figcaption")).to_contain_text(HOSTILE_PROMPT)
+    for page, what in [(phone, "phone"), (display, "display"), (ops, "/ops")]:
+        inert(page, what)
+        # The same rendering, given URLs a result must never turn into a
+        # link or a source (the server leaves them out already).
+        made = page.evaluate("""content => {
+            const box = document.createElement('div');
+            box.append(...SH.renderContent(content));
+            document.body.append(box);
+            const out = {
+                links: [...box.querySelectorAll('a')].map(a => a.getAttribute('href')),
+                sources: [...box.querySelectorAll('[src]')].map(n => n.getAttribute('src')),
+                texts: [...box.querySelectorAll('figcaption')].map(f => f.textContent),
+            };
+            box.remove();
+            return out;
+        }""", HOSTILE_CONTENT)
+        assert made["links"] == [] and made["sources"] == [], f"{what}: {made}"
+        assert made["texts"] == [c["text"] for c in HOSTILE_CONTENT], f"{what}: {made}"
+        inert(page, what)
+
+
+class FakeJobs:
+    """A job API on a loopback port whose every job has succeeded with
+    HOSTILE_CONTENT: a provider answering javascript: URLs."""
+
+    def __init__(self):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def answer(self, status, job_id):
+                body = json.dumps({"job_id": job_id, "status": "succeeded",
+                                   "result": {"content": HOSTILE_CONTENT}}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.answer(202, "hostile-" + (self.headers.get("Idempotency-Key") or "none"))
+
+            def do_GET(self):
+                self.answer(200, self.path.rsplit("/", 1)[-1])
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_javascript_urls_from_the_provider_are_never_links(env):
+    """A provider answers a result of javascript: (and other) URLs: /ops's
+    review queue shows the items' words and no link or source of them (the
+    server left the URLs out, and stored none)."""
+    fake = FakeJobs()
+    server = Server("--ai-url", fake.url)
+    try:
+        server.operator("POST", "/api/experiences", {
+            "slug": "shady", "title": "Shady provider", "kind": "image", "review": "before_display"})
+        server.submit_as("shady", "eve", "anything")
+        ctx = env.browser.new_context(base_url=server.base, **SCREEN)
+        ctx.set_default_timeout(15 * SECOND)
+        ctx.route("**/*", only_loopback)
+        env.contexts.append(ctx)
+        ops = ctx.new_page()
+        ops.on("pageerror", lambda e: env.console_errors.append(f"{ops.url}: {e}"))
+        ops.on("console", lambda m: m.type == "error" and "Content Security Policy" in m.text
+               and env.console_errors.append(f"{ops.url}: {m.text}"))
+        ops.goto("/ops")
+        ops.fill("#token", OPERATOR_TOKEN)
+        ops.click("#sign-in")
+        card = ops.locator("#review-queue .review-card")
+        expect(card).to_have_count(1, timeout=RESULT_WAIT)
+        expect(card.locator(".nickname")).to_have_text("eve")
+        preview = card.locator(".review-preview")
+        expect(preview.locator("figcaption").first).to_have_text("open me")
+        expect(preview.locator("a")).to_have_count(0)
+        expect(preview.locator("[src]")).to_have_count(0)
+        inert(ops, "/ops of a shady provider")
+        saga_id = server.sagas(experience="shady")[0]["saga_id"]
+        stored = server.ok("GET", f"/api/admin/sagas/{saga_id}", token=OPERATOR_TOKEN)
+        assert "javascript:" not in json.dumps(stored).lower(), stored
+    finally:
+        server.stop()
+        fake.stop()
+
+
+def test_ops_cannot_be_framed(env):
+    """Another page cannot show /ops in a frame (frame-ancestors 'none'),
+    while an answer without the pages' policy would load there."""
+    framer = env.context(**SCREEN).new_page()  # its refusal is expected: not a page error
+    framer.set_content("<!doctype html><title>framer</title><p>another site</p>")
+    for path in ["/ops", "/api/openapi.json"]:
+        loaded = framer.evaluate("""src => new Promise(done => {
+            const f = document.createElement('iframe');
+            f.onload = () => done(true);
+            f.src = src;
+            document.body.append(f);
+        })""", env.base + path)
+        assert loaded, path
+    urls = [f.url for f in framer.frames if f != framer.main_frame]
+    assert len(urls) == 2, urls
+    assert urls[0].startswith("chrome-error:"), f"/ops was shown in a frame: {urls}"
+    assert urls[1] == env.base + "/api/openapi.json", f"the control did not load: {urls}"
+
+
 def test_no_page_errors(env):
     """No page threw an uncaught JavaScript error in any of the tests."""
     assert not env.console_errors, "\n".join(env.console_errors)
@@ -1146,6 +1319,9 @@ TESTS = [
     test_ops_shows_providers_and_breaker,
     test_ai_paused_on_phone_and_display,
     test_ops_review_approves_and_rejects,
+    test_hostile_text_stays_text,
+    test_javascript_urls_from_the_provider_are_never_links,
+    test_ops_cannot_be_framed,
     test_docs_screenshots,
     test_no_page_errors,
 ]
