@@ -391,9 +391,119 @@ async fn check_tokens_get_hashed(db: &DatabaseConnection) -> TestResult {
 }
 
 /// up, checks, down, up again, checks again.
+/// Migration 18 (the slot ledger) loses no job that may run: a leased
+/// AI_PENDING saga's call and a job that lingered after its saga become
+/// rows of `ai_slots` (attached with the saga's job and key attempt, and
+/// detached), and `lingering_jobs` and `sagas.slots` are gone.
+async fn check_running_jobs_move_to_the_ledger(db: &DatabaseConnection) -> TestResult {
+    let pending = Migrator::get_pending_migrations(db)
+        .await
+        .map_err(err("pending"))?;
+    let before_ledger = pending
+        .iter()
+        .position(|m| m.name().contains("slot_ledger"))
+        .ok_or("no slot ledger migration")?;
+    Migrator::up(db, Some(before_ledger as u32))
+        .await
+        .map_err(err("up to the ledger"))?;
+    insert_parents(db, "token_hash").await?;
+    let statements = [
+        format!(
+            "INSERT INTO sessions (id, experience_id, terminal_id, nickname, participant_token_hash, \
+             status, created_at_ms, updated_at_ms) VALUES ('{SESSION_ID}', '{EXPERIENCE_ID}', \
+             '{TERMINAL_ID}', 'n', 'h', 'SUBMITTING', 1, 1)"
+        ),
+        format!(
+            "INSERT INTO sagas (id, session_id, experience_id, step, prompt, attempts, recoveries, \
+             unavailable_streak, next_attempt_at_ms, ai_base_key, attempt_offset, slots, \
+             handed_over, deadline_at_ms, charged_credits, created_at_ms, updated_at_ms, \
+             lock_token, locked_until_ms, ai_job_id) VALUES ('saga-1', '{SESSION_ID}', \
+             '{EXPERIENCE_ID}', 'AI_PENDING', 'p', 1, 0, 0, 1, 'base', 2, 1, false, 9, 0, 1, 1, \
+             'token', 5, 'job-1')"
+        ),
+        format!(
+            "INSERT INTO lingering_jobs (provider, job_id, saga_id, experience_id, until_ms, \
+             locked_until_ms, cancel_tried, created_at_ms) VALUES ('default', 'job-0', 'saga-0', \
+             '{EXPERIENCE_ID}', 9, 0, true, 1)"
+        ),
+    ];
+    for sql in &statements {
+        db.execute_unprepared(sql)
+            .await
+            .map_err(err("rows before the ledger"))?;
+    }
+    Migrator::up(db, Some(1))
+        .await
+        .map_err(err("up to the ledger"))?;
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT saga_id, call_index, key_attempt, job_id, detached, cancel_tried \
+             FROM ai_slots ORDER BY saga_id",
+        ))
+        .await
+        .map_err(err("ledger rows"))?;
+    let found = rows
+        .iter()
+        .map(|r| {
+            Ok::<_, sea_orm_migration::sea_orm::DbErr>((
+                r.try_get::<String>("", "saga_id")?,
+                r.try_get::<i32>("", "call_index")?,
+                r.try_get::<i32>("", "key_attempt")?,
+                r.try_get::<Option<String>>("", "job_id")?,
+                r.try_get::<bool>("", "detached")?,
+                r.try_get::<bool>("", "cancel_tried")?,
+            ))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err("ledger row"))?;
+    let expected = vec![
+        (
+            "saga-0".to_owned(),
+            -1,
+            0,
+            Some("job-0".to_owned()),
+            true,
+            true,
+        ),
+        (
+            "saga-1".to_owned(),
+            0,
+            3,
+            Some("job-1".to_owned()),
+            false,
+            false,
+        ),
+    ];
+    if found != expected {
+        return Err(format!(
+            "ledger after the upgrade: {found:?}, expected {expected:?}"
+        ));
+    }
+    let manager = SchemaManager::new(db);
+    if manager
+        .has_table("lingering_jobs")
+        .await
+        .map_err(err("has_table"))?
+        || manager
+            .has_column("sagas", "slots")
+            .await
+            .map_err(err("has_column"))?
+    {
+        return Err("lingering_jobs or sagas.slots is still there".into());
+    }
+    for table in ["ai_slots", "sagas", "sessions", "terminals", "experiences"] {
+        db.execute_unprepared(&format!("DELETE FROM {table}"))
+            .await
+            .map_err(err("clear what the check wrote"))?;
+    }
+    Ok(())
+}
+
 async fn up_down_up(db: &DatabaseConnection) -> TestResult {
     check_outbox_becomes_nullable(db).await?;
     check_tokens_get_hashed(db).await?;
+    check_running_jobs_move_to_the_ledger(db).await?;
     Migrator::up(db, None).await.map_err(err("first up"))?;
     assert_tables(db, true).await?;
     check_outbox_id_column(db).await?;
