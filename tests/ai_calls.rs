@@ -91,7 +91,12 @@ async fn failing_polls_never_let_the_provider_exceed_the_cap(backend: Backend) {
         latency: Duration::from_millis(1_500),
         ..fast_sim()
     };
-    let app = TestApp::spawn_with(backend, slow, |_| {}).await;
+    // The failing polls open the breaker; only its probe closes it again
+    // (the running jobs' answers do not), after its cool-down: short here.
+    let app = TestApp::spawn_with(backend, slow, |c| {
+        c.breaker_cool_down = Duration::from_secs(1)
+    })
+    .await;
     app.sim.control.set_poll_unavailable(true);
     let slug = app.experience(2).await;
     let prompts: Vec<String> = (0..6).map(|i| format!("polled #{i}#")).collect();

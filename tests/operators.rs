@@ -370,16 +370,21 @@ async fn the_operator_socket_sends_stats_at_once_and_on_change(backend: Backend)
 }
 db_test!(the_operator_socket_sends_stats_at_once_and_on_change);
 
-/// An operator's retry never runs beside a job of the run it retries that
-/// nobody counts: the first submit's answer is lost after the provider made
-/// the job, and the saga is cancelled while its worker waits to ask again.
-/// The cancel detaches the call's slot; the slot adopter finds the job by
-/// its key and cancels it, counted all along. The retry runs the AI with a
-/// key after every key the saga used, so it never meets the job being
-/// cancelled (it used to go on with that key, and before the ledger the
-/// job was counted nowhere once the saga ended).
-async fn a_retry_after_a_cancel_never_meets_the_cancelled_runs_unrecorded_job(backend: Backend) {
-    let app = TestApp::spawn_with(backend, fast_sim(), |c| {
+/// An operator's retry never makes a second AI job for a submit whose job
+/// was made but never recorded: the first submit's answer is lost after
+/// the provider made the job, and the saga is cancelled while its worker
+/// waits to ask again. The cancel detaches the call's slot, and the slot
+/// adopter finds the job by its key (the provider has no cancel here, so
+/// it would poll it to its end); the retry takes the slot back and goes on
+/// with the same key, so it finds that job. Before the ledger the job was
+/// counted nowhere once the saga ended; a retry with a fresh key would run
+/// a second job beside it.
+async fn a_retry_finds_the_unrecorded_job_of_the_cancelled_run(backend: Backend) {
+    let sim = stagehand::ai::SimConfig {
+        refuse_cancel: true,
+        ..fast_sim()
+    };
+    let app = TestApp::spawn_with(backend, sim, |c| {
         // The worker waits long after the unclear submit: the cancel and
         // the retry happen meanwhile.
         c.backoff_base = Duration::from_secs(20);
@@ -416,18 +421,18 @@ async fn a_retry_after_a_cancel_never_meets_the_cancelled_runs_unrecorded_job(ba
     assert_eq!(status, 200, "{body}");
     let done = app.wait_final(&sid, &token, Duration::from_secs(10)).await;
     assert_eq!(done["status"], "COMPLETED", "{done}");
+    assert_eq!(
+        app.sim.control.stats().jobs_created,
+        1,
+        "the retry made a second job: {:?}",
+        app.sim.control.stats()
+    );
     let store = app.state.store.clone();
     let settled = support::wait_for(Duration::from_secs(5), || async {
         (store.ledger_rows().await.unwrap() == 0).then_some(())
     })
     .await;
-    let stats = app.sim.control.stats();
-    assert!(settled.is_some(), "a slot was never freed: {stats:?}");
-    assert_eq!(
-        (stats.jobs_created, stats.cancelled),
-        (2, 1),
-        "the cancelled run's job was found and cancelled, the retry ran one: {stats:?}"
-    );
+    assert!(settled.is_some(), "a slot was never freed");
     app.stop().await;
 }
-db_test!(a_retry_after_a_cancel_never_meets_the_cancelled_runs_unrecorded_job);
+db_test!(a_retry_finds_the_unrecorded_job_of_the_cancelled_run);

@@ -11,10 +11,12 @@
 //! - `provider`, `experience_id`: the account the job runs on and the
 //!   experience it counts against (kept as granted, whatever the
 //!   experience says later).
-//! - `saga_id`, `call_index`: the call. `key_attempt`: a submit under this
-//!   row is sent with the key of that attempt (`ai_call_key(ai_base_key,
-//!   call_index, key_attempt)`), so a row whose job id was never recorded
-//!   is found again by re-sending that key. `job_id`: once known.
+//! - `saga_id`, `call_index`: the call. `base_key`, `key_attempt`: a
+//!   submit under this row is sent with the key `ai_call_key(base_key,
+//!   call_index, key_attempt)` (the saga's `ai_base_key` when the row was
+//!   written: an operator's retry may give the saga a new one), so a row
+//!   whose job id was never recorded is found again by re-sending that
+//!   key. `job_id`: once known.
 //! - `detached`: the saga no longer runs this call (it ended, or the call
 //!   gave up on a job that may still run); whoever adopts it polls or
 //!   cancels the job to its end. At most one attached row per call
@@ -44,6 +46,7 @@ impl MigrationTrait for Migration {
              experience_id TEXT NOT NULL, \
              saga_id TEXT NOT NULL, \
              call_index INTEGER NOT NULL, \
+             base_key TEXT NOT NULL, \
              key_attempt INTEGER NOT NULL, \
              job_id TEXT NULL, \
              detached BOOLEAN NOT NULL DEFAULT false, \
@@ -67,18 +70,18 @@ impl MigrationTrait for Migration {
         // that lingered after their saga.
         conn.execute_unprepared(
             "INSERT INTO ai_slots (id, provider, experience_id, saga_id, call_index, \
-             key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
+             base_key, key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
              SELECT 'm-' || s.id || '-0', e.provider, s.experience_id, s.id, 0, \
-             s.attempt_offset + s.attempts, s.ai_job_id, false, 0, 0 \
+             s.ai_base_key, s.attempt_offset + s.attempts, s.ai_job_id, false, 0, 0 \
              FROM sagas s JOIN experiences e ON e.id = s.experience_id \
              WHERE s.step = 'AI_PENDING' AND s.lock_token IS NOT NULL AND e.ai_calls <= 1",
         )
         .await?;
         conn.execute_unprepared(
             "INSERT INTO ai_slots (id, provider, experience_id, saga_id, call_index, \
-             key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
+             base_key, key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
              SELECT 'm-' || s.id || '-' || c.call_index, e.provider, s.experience_id, s.id, \
-             c.call_index, s.attempt_offset + c.attempts, c.job_id, false, 0, 0 \
+             c.call_index, s.ai_base_key, s.attempt_offset + c.attempts, c.job_id, false, 0, 0 \
              FROM ai_calls c JOIN sagas s ON s.id = c.saga_id \
              JOIN experiences e ON e.id = s.experience_id \
              WHERE s.step = 'AI_PENDING' AND s.lock_token IS NOT NULL AND e.ai_calls > 1 \
@@ -87,9 +90,10 @@ impl MigrationTrait for Migration {
         .await?;
         conn.execute_unprepared(
             "INSERT INTO ai_slots (id, provider, experience_id, saga_id, call_index, \
-             key_attempt, job_id, detached, cancel_tried, created_at_ms, updated_at_ms) \
-             SELECT 'l-' || provider || '-' || job_id, provider, experience_id, saga_id, -1, 0, \
-             job_id, true, cancel_tried, created_at_ms, created_at_ms FROM lingering_jobs",
+             base_key, key_attempt, job_id, detached, cancel_tried, created_at_ms, \
+             updated_at_ms) \
+             SELECT 'l-' || provider || '-' || job_id, provider, experience_id, saga_id, -1, '', \
+             0, job_id, true, cancel_tried, created_at_ms, created_at_ms FROM lingering_jobs",
         )
         .await?;
         conn.execute_unprepared("DROP TABLE lingering_jobs").await?;

@@ -188,7 +188,7 @@ impl Adopter {
     /// same key, returns the job the first submit made.
     async fn find_by_key(&self, provider: &ProviderHandle, slot: &AdoptedSlot, now: i64) -> Next {
         let order = slot.order.as_ref().and_then(|o| {
-            let base = Uuid::parse_str(&o.ai_base_key).ok()?;
+            let base = Uuid::parse_str(&slot.base_key).ok()?;
             let key = ai_call_key(
                 base,
                 slot.call_index.max(0) as u32,

@@ -8,8 +8,9 @@
 //!   transaction that grants its slot: the claim ([`reserve_first_calls`],
 //!   [`reserve_calls`]) or a fan-out saga taking free slots
 //!   ([`take_free_slots`]), before any submit is sent under it. Its
-//!   `key_attempt` names the key a submit under it uses, so a row whose
-//!   job id was never recorded is found again by re-sending that key.
+//!   `base_key` and `key_attempt` name the key a submit under it uses, so a
+//!   row whose job id was never recorded is found again by re-sending that
+//!   key.
 //! - **Freed only on evidence** ([`Evidence`]): the provider reported the
 //!   job final, a cancel was confirmed, or the submit surely created
 //!   nothing. Every function here that deletes a row takes the evidence.
@@ -166,9 +167,9 @@ pub(super) async fn reserve_first_calls(
             backend,
             &format!(
                 "INSERT INTO ai_slots (id, provider, experience_id, saga_id, call_index, \
-                 key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
-                 SELECT {id}, $1, s.experience_id, s.id, 0, s.attempt_offset + s.attempts, \
-                 NULL, false, $2, $2 FROM sagas s WHERE s.id {ids} \
+                 base_key, key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
+                 SELECT {id}, $1, s.experience_id, s.id, 0, s.ai_base_key, \
+                 s.attempt_offset + s.attempts, NULL, false, $2, $2 FROM sagas s WHERE s.id {ids} \
                  ON CONFLICT (saga_id, call_index) WHERE NOT detached DO NOTHING \
                  RETURNING saga_id",
                 id = random_id(backend),
@@ -182,13 +183,14 @@ pub(super) async fn reserve_first_calls(
         .map_err(Into::into)
 }
 
-/// The slots of these calls of one saga (`(call index, key attempt)`),
-/// each unless it has one already. Returns the calls whose row was written.
+/// The slots of these calls of one saga (`(call index, key attempt)`, keys
+/// under `base_key`), each unless it has one already. Returns the calls
+/// whose row was written.
 pub(super) async fn reserve_calls<C: ConnectionTrait>(
     conn: &C,
     provider: &str,
     experience_id: &str,
-    saga_id: &str,
+    (saga_id, base_key): (&str, &str),
     calls: &[(i32, i32)],
     now: EpochMs,
 ) -> StoreResult<Vec<i32>> {
@@ -200,8 +202,8 @@ pub(super) async fn reserve_calls<C: ConnectionTrait>(
                 backend,
                 &format!(
                     "INSERT INTO ai_slots (id, provider, experience_id, saga_id, call_index, \
-                     key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
-                     VALUES ({id}, $1, $2, $3, $4, $5, NULL, false, $6, $6) \
+                     base_key, key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
+                     VALUES ({id}, $1, $2, $3, $4, $7, $5, NULL, false, $6, $6) \
                      ON CONFLICT (saga_id, call_index) WHERE NOT detached DO NOTHING \
                      RETURNING call_index",
                     id = random_id(backend),
@@ -213,6 +215,7 @@ pub(super) async fn reserve_calls<C: ConnectionTrait>(
                     call_index.into(),
                     key_attempt.into(),
                     now.into(),
+                    base_key.into(),
                 ],
             ))
             .await?;
@@ -242,7 +245,7 @@ pub(super) async fn take_free_slots(
     }
     let Some(row) = tx
         .query_one_raw(store.sql(
-            "SELECT s.experience_id, e.max_in_flight, e.provider, p.max_in_flight \
+            "SELECT s.experience_id, e.max_in_flight, e.provider, p.max_in_flight, s.ai_base_key \
              FROM sagas s JOIN experiences e ON e.id = s.experience_id \
              LEFT JOIN providers p ON p.name = e.provider WHERE s.id = $1",
             vec![saga_id.into()],
@@ -255,6 +258,7 @@ pub(super) async fn take_free_slots(
     let ceiling: i32 = row.try_get_by_index(1)?;
     let provider: String = row.try_get_by_index(2)?;
     let cap: Option<i32> = row.try_get_by_index(3)?;
+    let base_key: String = row.try_get_by_index(4)?;
     if store.is_postgres() {
         super::sagas::lock_provider(store, tx, &provider).await?;
     }
@@ -265,7 +269,8 @@ pub(super) async fn take_free_slots(
         free = free.min(i64::from(cap) - counts.provider_total(&provider));
     }
     let n = free.clamp(0, want.len() as i64) as usize;
-    reserve_calls(&**tx, &provider, &experience_id, saga_id, &want[..n], now).await
+    let saga = (saga_id, base_key.as_str());
+    reserve_calls(&**tx, &provider, &experience_id, saga, &want[..n], now).await
 }
 
 /// The jobs of single-call sagas are known (`(saga id, job id)`): each
@@ -433,10 +438,49 @@ pub(super) async fn detach_calls<C: ConnectionTrait>(
         .rows_affected())
 }
 
+/// An operator's retry takes back the slots of its calls that the saga's
+/// end detached (the newest of each call), where the saga holds none for
+/// that call: the retried run goes on with those jobs (or sends their keys
+/// again), so it never runs a second job beside one of them. The slot
+/// adopter that may hold one loses it (its writes are fenced on its own
+/// token). Returns each slot taken back as `(call, key attempt, job id)`.
+pub(super) async fn take_back_calls<C: ConnectionTrait>(
+    conn: &C,
+    saga_id: &str,
+    now: EpochMs,
+) -> StoreResult<Vec<(i32, i32, Option<String>)>> {
+    let rows = conn
+        .query_all_raw(sql_for(
+            conn.get_database_backend(),
+            "UPDATE ai_slots SET detached = false, adopt_token = NULL, adopted_until_ms = 0, \
+             updated_at_ms = $2 WHERE id IN (SELECT a.id FROM ai_slots a \
+             WHERE a.saga_id = $1 AND a.detached AND a.call_index >= 0 \
+             AND a.id = (SELECT b.id FROM ai_slots b WHERE b.saga_id = a.saga_id \
+             AND b.call_index = a.call_index AND b.detached \
+             ORDER BY b.created_at_ms DESC, b.id DESC LIMIT 1) \
+             AND NOT EXISTS (SELECT 1 FROM ai_slots c WHERE c.saga_id = a.saga_id \
+             AND c.call_index = a.call_index AND NOT c.detached)) \
+             RETURNING call_index, key_attempt, job_id",
+            vec![saga_id.into(), now.into()],
+        ))
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get_by_index(0)?,
+                r.try_get_by_index(1)?,
+                r.try_get_by_index(2)?,
+            ))
+        })
+        .collect::<Result<_, sea_orm::DbErr>>()
+        .map_err(Into::into)
+}
+
 /// A slot a saga's worker holds (an attached row).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldSlot {
     pub call_index: i32,
+    pub base_key: String,
     pub key_attempt: i32,
     pub job_id: Option<String>,
 }
@@ -448,6 +492,8 @@ pub struct AdoptedSlot {
     pub provider: String,
     pub saga_id: String,
     pub call_index: i32,
+    /// Its key: `ai_call_key(base_key, call_index, key_attempt)`.
+    pub base_key: String,
     pub key_attempt: i32,
     pub job_id: Option<String>,
     pub cancel_tried: bool,
@@ -465,7 +511,6 @@ pub struct OrderSource {
     pub kind: String,
     pub prompt: String,
     pub session_id: String,
-    pub ai_base_key: String,
     /// The experience's calls per submission (> 1: the order names its call).
     pub ai_calls: i32,
 }
@@ -476,7 +521,7 @@ impl Store {
         let rows = self
             .db()
             .query_all_raw(self.sql(
-                "SELECT call_index, key_attempt, job_id FROM ai_slots \
+                "SELECT call_index, base_key, key_attempt, job_id FROM ai_slots \
                  WHERE saga_id = $1 AND NOT detached ORDER BY call_index",
                 vec![saga_id.into()],
             ))
@@ -485,8 +530,9 @@ impl Store {
             .map(|r| {
                 Ok(HeldSlot {
                     call_index: r.try_get_by_index(0)?,
-                    key_attempt: r.try_get_by_index(1)?,
-                    job_id: r.try_get_by_index(2)?,
+                    base_key: r.try_get_by_index(1)?,
+                    key_attempt: r.try_get_by_index(2)?,
+                    job_id: r.try_get_by_index(3)?,
                 })
             })
             .collect::<Result<_, sea_orm::DbErr>>()
@@ -580,7 +626,7 @@ impl Store {
                 backend,
                 &format!(
                     "SELECT l.id, l.provider, l.saga_id, l.call_index, l.key_attempt, l.job_id, \
-                     l.cancel_tried, e.kind, s.prompt, s.session_id, s.ai_base_key, e.ai_calls \
+                     l.cancel_tried, e.kind, s.prompt, s.session_id, l.base_key, e.ai_calls \
                      FROM ai_slots l LEFT JOIN sagas s ON s.id = l.saga_id \
                      LEFT JOIN experiences e ON e.id = s.experience_id WHERE l.id {list}"
                 ),
@@ -593,18 +639,14 @@ impl Store {
                 let kind: Option<String> = r.try_get_by_index(7)?;
                 let prompt: Option<String> = r.try_get_by_index(8)?;
                 let session_id: Option<String> = r.try_get_by_index(9)?;
-                let base: Option<String> = r.try_get_by_index(10)?;
                 let ai_calls: Option<i32> = r.try_get_by_index(11)?;
-                let order = match (kind, prompt, session_id, base, ai_calls) {
-                    (Some(kind), Some(prompt), Some(session_id), Some(ai_base_key), Some(n)) => {
-                        Some(OrderSource {
-                            kind,
-                            prompt,
-                            session_id,
-                            ai_base_key,
-                            ai_calls: n,
-                        })
-                    }
+                let order = match (kind, prompt, session_id, ai_calls) {
+                    (Some(kind), Some(prompt), Some(session_id), Some(n)) => Some(OrderSource {
+                        kind,
+                        prompt,
+                        session_id,
+                        ai_calls: n,
+                    }),
                     _ => None,
                 };
                 Ok(AdoptedSlot {
@@ -612,6 +654,7 @@ impl Store {
                     provider: r.try_get_by_index(1)?,
                     saga_id: r.try_get_by_index(2)?,
                     call_index: r.try_get_by_index(3)?,
+                    base_key: r.try_get_by_index(10)?,
                     key_attempt: r.try_get_by_index(4)?,
                     job_id: r.try_get_by_index(5)?,
                     cancel_tried: r.try_get_by_index(6)?,

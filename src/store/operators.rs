@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use sea_orm::{ConnectionTrait, EntityTrait, QueryResult, Value};
 
 use super::entities::{experiences, sagas};
+use super::ledger;
 use super::presence::TerminalView;
 use super::review::{ReviewItem, ReviewQueue};
 use super::sessions::set_session_status;
@@ -444,14 +445,16 @@ impl Store {
     /// An operator's retry: the ABORTED saga runs again from the step it
     /// aborted at ([`retry_from`]), keeping its AI result and its ranking
     /// entry (shown again), with fresh attempts, recoveries and deadline
-    /// (`deadline_ms` from now), unowned so any worker claims it. It never
-    /// takes back a job of its earlier run: the abort detached those slots,
-    /// and the slot adopter finds each job (by its id, or by its key when
-    /// it was never recorded), cancels it or waits for it to end, while it
-    /// counts against the cap. So a single call keeps its base key and goes
-    /// on from the key after every key it used (`attempt_offset`), and a
-    /// fan-out starts its calls from a new base key; neither can meet a job
-    /// the adopter is cancelling. Its session goes ABORTED -> SUBMITTING.
+    /// (`deadline_ms` from now), unowned so any worker claims it. A single
+    /// run takes back the slots its abort detached whose jobs the slot
+    /// adopter has not seen end yet ([`ledger::take_back_calls`]): the
+    /// retried run goes on with those jobs, or sends their keys again (the
+    /// provider returns the job a lost answer made; each slot keeps the
+    /// key it was sent with), so a retry never runs a second job of a call
+    /// beside the first. A single call otherwise keeps its base key and
+    /// goes on from the key after every key it used (`attempt_offset`); a
+    /// fan-out starts its other calls from a new base key. Its session
+    /// goes ABORTED -> SUBMITTING.
     ///
     /// Refused (conflict) unless the saga is ABORTED, is its session's
     /// latest, and the session is still ABORTED; fenced on the ABORTED step,
@@ -507,6 +510,17 @@ impl Store {
         } else {
             submission_cost(experience.ai_calls, experience.credits.is_some())
         };
+        let single = experience.ai_calls <= 1;
+        let taken_back = if resume == Step::AiPending {
+            ledger::take_back_calls(&*tx, &saga.id, now).await?
+        } else {
+            Vec::new()
+        };
+        // A single call's slot taken back: its key and job go on.
+        let (key_attempt, job_id) = match taken_back.iter().find(|(call, ..)| *call == 0) {
+            Some((_, key_attempt, job_id)) if single => (Some(*key_attempt), job_id.clone()),
+            _ => (None, None),
+        };
         let updated = tx
             .execute_raw(self.sql(
                 &format!(
@@ -514,10 +528,11 @@ impl Store {
                  attempts = 0, recoveries = 0, unavailable_streak = 0, \
                  next_attempt_at_ms = $3, deadline_at_ms = $4, \
                  ai_base_key = CASE WHEN $8 THEN ai_base_key ELSE $5 END, \
-                 attempt_offset = CASE WHEN $8 THEN attempt_offset + attempts + 1 ELSE 0 END, \
-                 ai_job_id = CASE WHEN $2 = 'AI_PENDING' THEN NULL ELSE ai_job_id END, \
-                 ai_submitted_at_ms = CASE WHEN $2 = 'AI_PENDING' THEN NULL \
-                     ELSE ai_submitted_at_ms END, \
+                 attempt_offset = CASE WHEN $9 >= 0 THEN $9 \
+                     WHEN $8 THEN attempt_offset + attempts + 1 ELSE 0 END, \
+                 ai_job_id = CASE WHEN $2 = 'AI_PENDING' THEN $10 ELSE ai_job_id END, \
+                 ai_submitted_at_ms = CASE WHEN $2 <> 'AI_PENDING' THEN ai_submitted_at_ms \
+                     WHEN $10 IS NULL THEN NULL ELSE $3 END, \
                  abort_reason = NULL, abort_detail = NULL, aborted_at_step = NULL, \
                  review_since_ms = CASE WHEN $2 = 'IN_REVIEW' THEN $3 ELSE review_since_ms END, \
                  review_decision = NULL, \
@@ -533,7 +548,9 @@ impl Store {
                     uuid::Uuid::new_v4().to_string().into(),
                     charge.into(),
                     saga.charged_credits.into(),
-                    (experience.ai_calls <= 1).into(),
+                    single.into(),
+                    key_attempt.unwrap_or(-1).into(),
+                    job_id.into(),
                 ],
             ))
             .await?

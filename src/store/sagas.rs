@@ -821,9 +821,15 @@ impl ClaimRound<'_> {
                 .store
                 .calls_to_reserve(self.tx, &saga, experience.ai_calls, slots, now)
                 .await?;
-            let fresh =
-                ledger::reserve_calls(&**self.tx, provider, &experience.id, &saga.id, &calls, now)
-                    .await?;
+            let fresh = ledger::reserve_calls(
+                &**self.tx,
+                provider,
+                &experience.id,
+                (&saga.id, &saga.ai_base_key),
+                &calls,
+                now,
+            )
+            .await?;
             let holds = if fresh.len() == calls.len() {
                 Holds::Fresh(fresh)
             } else {

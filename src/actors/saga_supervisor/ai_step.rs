@@ -198,7 +198,9 @@ struct CallState {
     /// The job of the current attempt, if one was made, and when the
     /// attempt began (its timeout counts from then).
     job: Option<(String, i64)>,
-    /// The attempt whose key a submit sends (see `ai_call_key`).
+    /// The key a submit sends: `ai_call_key(base, index, key_attempt)` (the
+    /// saga's base key, or the one of the slot it took back).
+    base: Uuid,
     key_attempt: i32,
     /// A submit with this key had an unclear outcome: the job may exist
     /// until the provider answers the key or examines and refuses it.
@@ -211,7 +213,6 @@ struct Ctx<'a> {
     experience: &'a ExperienceOf,
     token: &'a str,
     deps: &'a SagaDeps,
-    base: Uuid,
     book: Book,
     shared: Arc<Shared>,
 }
@@ -232,10 +233,9 @@ pub(super) async fn run_ai_step(
     } else {
         Book::SagaRow
     };
-    let mut todo = calls_to_run(saga, token, deps, book, calls).await?;
+    let base = uuid_of(&saga.ai_base_key, &saga.id)?;
+    let mut todo = calls_to_run(saga, token, deps, book, calls, base).await?;
     let held = slots_held(saga, deps, std::mem::replace(holds, Holds::Read), &mut todo).await?;
-    let base = Uuid::parse_str(&saga.ai_base_key)
-        .map_err(|e| StoreError::Corrupt(format!("ai_base_key of saga {}: {e}", saga.id)))?;
     let shared = Arc::new(Shared::default());
     for call in todo.iter().filter(|c| c.job.is_some() || c.unclear) {
         shared.sent(call.index);
@@ -245,7 +245,6 @@ pub(super) async fn run_ai_step(
         experience,
         token,
         deps,
-        base,
         book,
         shared,
     };
@@ -268,6 +267,7 @@ async fn calls_to_run(
     deps: &SagaDeps,
     book: Book,
     calls: i32,
+    base: Uuid,
 ) -> Result<Vec<CallState>, Stop> {
     let offset = saga.attempt_offset.max(0);
     let call = |index: i32, attempts: u32, job: Option<(String, i64)>| CallState {
@@ -275,6 +275,7 @@ async fn calls_to_run(
         attempts,
         streak: saga.unavailable_streak.max(0) as u32,
         job,
+        base,
         key_attempt: offset + attempts as i32,
         unclear: false,
     };
@@ -329,6 +330,7 @@ async fn slots_held(
         match (&call.job, slot.job_id) {
             (None, Some(job_id)) => call.job = Some((job_id, deps.clock.now_ms())),
             (None, None) => {
+                call.base = uuid_of(&slot.base_key, &saga.id)?;
                 call.key_attempt = slot.key_attempt;
                 call.unclear = true;
             }
@@ -336,6 +338,12 @@ async fn slots_held(
         }
     }
     Ok(held)
+}
+
+/// A stored base key, read.
+fn uuid_of(text: &str, saga_id: &str) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("AI base key of saga {saga_id}: {e}")))
 }
 
 /// How the calls ended.
@@ -647,7 +655,7 @@ impl Ctx<'_> {
     /// The order of `call`'s submit, with the key of its slot.
     fn order(&self, call: &CallState) -> JobOrder {
         let fan_out_call = (self.book == Book::CallRows).then_some(call.index);
-        let key = ai_call_key(self.base, call.index as u32, call.key_attempt.max(0) as u32);
+        let key = ai_call_key(call.base, call.index as u32, call.key_attempt.max(0) as u32);
         JobOrder::for_call(
             &self.experience.kind,
             &self.saga.prompt,
