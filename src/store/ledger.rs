@@ -43,6 +43,12 @@ pub(crate) fn slots_sql(condition: &str) -> String {
     format!("(SELECT COUNT(*) FROM ai_slots l WHERE {condition})")
 }
 
+/// The SQL condition "the saga `saga_id` (a column) holds a slot" (an
+/// attached row), for the claim of sagas that resume in their slots.
+pub(crate) fn holds_slots_sql(saga_id: &str) -> String {
+    format!("EXISTS (SELECT 1 FROM ai_slots l WHERE l.saga_id = {saga_id} AND NOT l.detached)")
+}
+
 /// The slots of one experience on one provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SlotUse {

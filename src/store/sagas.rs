@@ -170,8 +170,8 @@ impl ClaimSource {
                 format!(
                     "lock_token IS NULL AND {RUNNABLE} AND step = '{step}' \
                      AND next_attempt_at_ms <= ${now} AND deadline_at_ms >= ${now} \
-                     AND EXISTS (SELECT 1 FROM ai_slots l WHERE l.saga_id = sagas.id \
-                     AND NOT l.detached)"
+                     AND {}",
+                    ledger::holds_slots_sql("sagas.id")
                 ),
                 "created_at_ms, id",
             ),
