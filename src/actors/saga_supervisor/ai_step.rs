@@ -408,6 +408,9 @@ async fn run_calls(
             break;
         };
         let (index, end) = ended?;
+        // Slots a call write got for waiting calls are the saga's from now
+        // on: an outcome below frees those never submitted in.
+        held.extend(std::mem::take(&mut *lock(&ctx.shared.granted)));
         let outcome = match end {
             CallEnd::Succeeded(result, job_id) => {
                 held.remove(&index);
