@@ -205,6 +205,16 @@ impl Rows {
         }
     }
 
+    /// The rows whose saga a statement changed (`applied`).
+    fn applied<'a>(
+        &'a self,
+        applied: &'a HashSet<String>,
+    ) -> impl Iterator<Item = &'a (String, String, Vec<Value>)> + 'a {
+        self.rows
+            .iter()
+            .filter(|(saga_id, _, _)| applied.contains(saga_id))
+    }
+
     fn push(&mut self, index: usize, saga_id: &str, token: &str, values: Vec<Value>) {
         self.index.push(index);
         self.rows
@@ -355,9 +365,7 @@ impl Store {
         )
         .await?;
         let jobs: Vec<(String, String)> = submitted
-            .rows
-            .iter()
-            .filter(|(saga_id, _, _)| applied.contains(saga_id))
+            .applied(&applied)
             .filter_map(|(saga_id, _, values)| Some((saga_id.clone(), text_of(&values[0])?)))
             .collect();
         ledger::bind_first_jobs(&tx, &jobs, now).await?;
@@ -392,12 +400,7 @@ impl Store {
         .await?;
         // A single call's job is final: its slot is free. (A fan-out's
         // calls freed or detached theirs as each ended: none is attached.)
-        let done: Vec<String> = ai_done
-            .rows
-            .iter()
-            .filter(|(saga_id, _, _)| applied.contains(saga_id))
-            .map(|(saga_id, _, _)| saga_id.clone())
-            .collect();
+        let done: Vec<String> = ai_done.applied(&applied).map(|r| r.0.clone()).collect();
         ledger::free_first_calls(&tx, &done, Evidence::JobFinal).await?;
         for (k, &i) in ai_done.index.iter().enumerate() {
             let (saga_id, token, values) = &ai_done.rows[k];
@@ -481,20 +484,7 @@ impl Store {
             now,
         )
         .await?;
-        for write in writes {
-            if let SagaWrite::ReleaseForRetry {
-                saga_id,
-                free_calls,
-                ..
-            } = write
-            {
-                if applied.contains(saga_id) {
-                    for (call, evidence) in free_calls {
-                        ledger::free_calls(&*tx, saga_id, &[*call], *evidence).await?;
-                    }
-                }
-            }
-        }
+        free_released_slots(&tx, writes, &applied).await?;
         for (k, &i) in released.index.iter().enumerate() {
             outcome[i] = Some(lease_kept(applied.contains(&released.rows[k].0)));
         }
@@ -683,6 +673,30 @@ impl Store {
         };
         self.apply_one(write, now, 0).await
     }
+}
+
+/// The slots the applied releases of a batch name (each with its evidence)
+/// are free.
+async fn free_released_slots(
+    tx: &WriteTx,
+    writes: &[SagaWrite],
+    applied: &HashSet<String>,
+) -> StoreResult<()> {
+    for write in writes {
+        if let SagaWrite::ReleaseForRetry {
+            saga_id,
+            free_calls,
+            ..
+        } = write
+        {
+            if applied.contains(saga_id) {
+                for (call, evidence) in free_calls {
+                    ledger::free_calls(&**tx, saga_id, &[*call], *evidence).await?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One multi-row fenced UPDATE. Each row `(saga id, token, [c1, c2, ...])`
