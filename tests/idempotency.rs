@@ -179,6 +179,94 @@ async fn a_pinned_key_does_not_block_a_retry(backend: Backend) {
 }
 db_test!(a_pinned_key_does_not_block_a_retry);
 
+/// A request that runs longer than its key's lease (a bulk action over
+/// thousands of sagas) keeps its key while it runs: the same request sent
+/// again past the first lease is answered 409 `request_in_progress`, never
+/// run a second time. The request's lease is renewed while it runs (a
+/// bulk `retry` run twice would retry and charge again).
+async fn a_long_request_keeps_its_key_while_it_runs(backend: Backend) {
+    use stagehand::http::error::ApiError;
+    use stagehand::http::idempotency::{run_idempotent, Reply, KEY_RENEW_EVERY};
+
+    let t0 = 1_800_000_000_000;
+    let clock = stagehand::clock::ManualClock::new(t0);
+    let app = TestApp::spawn_with_clock(backend, fast_sim(), |_| {}, clock.clone()).await;
+    let state = app.state.clone();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let state = state.clone();
+        actix_web::rt::spawn(async move {
+            let mut done = Some(done_rx);
+            run_idempotent(&state, "bulk", OPERATOR, Some("k".into()), b"{}", || {
+                let done = done.take();
+                async move {
+                    if let Some(done) = done {
+                        let _ = done.await;
+                    }
+                    Ok(Reply {
+                        status: actix_web::http::StatusCode::OK,
+                        body: json!({"run": 1}),
+                    })
+                }
+            })
+            .await
+        })
+    };
+    // The first request has its key; its clock moves on past the lease.
+    let store = app.db.store().await;
+    let lease_of = || async {
+        store
+            .db()
+            .query_one_raw(store.sql(
+                "SELECT locked_until_ms FROM idempotency_records WHERE scope = 'bulk'",
+                vec![],
+            ))
+            .await
+            .unwrap()
+            .and_then(|r| r.try_get_by_index::<Option<i64>>(0).ok().flatten())
+    };
+    let taken = support::wait_for(Duration::from_secs(5), || async { lease_of().await }).await;
+    assert_eq!(
+        taken,
+        Some(t0 + KEY_LEASE_MS),
+        "the first request took the key"
+    );
+    clock.advance_ms(KEY_LEASE_MS - 1_000);
+    let renewed = support::wait_for(KEY_RENEW_EVERY * 3, || async {
+        lease_of().await.filter(|&until| until > t0 + KEY_LEASE_MS)
+    })
+    .await;
+    assert!(
+        renewed.is_some(),
+        "the running request's key was not renewed"
+    );
+    clock.advance_ms(2_000);
+    let second = run_idempotent(
+        &state,
+        "bulk",
+        OPERATOR,
+        Some("k".into()),
+        b"{}",
+        || async {
+            Ok(Reply {
+                status: actix_web::http::StatusCode::OK,
+                body: json!({"run": 2}),
+            })
+        },
+    )
+    .await;
+    assert!(
+        matches!(second, Err(ApiError::RequestInProgress)),
+        "the same request past the first lease ran again: {:?}",
+        second.map(|(r, replayed)| (r.body, replayed))
+    );
+    done_tx.send(()).unwrap();
+    let (reply, replayed) = first.await.unwrap().unwrap();
+    assert_eq!((reply.body, replayed), (json!({"run": 1}), false));
+    app.stop().await;
+}
+db_test!(a_long_request_keeps_its_key_while_it_runs);
+
 /// Another connection holds a lock on the experiences table (SQLite: the
 /// write lock). A create waits the lock timeout, is retried, and is then
 /// answered 503 `busy` with `Retry-After`; its key is released, so the

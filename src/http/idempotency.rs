@@ -6,8 +6,9 @@
 //! for operators, the path alone where there is no caller token, and there
 //! the key must carry 122 random bits: [`strong_anonymous_key`]) and expire
 //! after 24 h. A request holds its key for its lease
-//! ([`crate::store::idempotency::KEY_LEASE_MS`]); a request that died
-//! leaves the key to the next retry after that.
+//! ([`crate::store::idempotency::KEY_LEASE_MS`]), renewed while it runs
+//! ([`KEY_RENEW_EVERY`]); a request that died leaves the key to the next
+//! retry one lease later.
 //!
 //! What is stored and replayed: successes, and client errors that are about
 //! the request itself ([`ApiError::is_final_for_request`]). Answers about
@@ -29,6 +30,10 @@ use crate::store::{retry_transient, transient_backoff, TRANSIENT_RETRIES};
 pub const HEADER: &str = "Idempotency-Key";
 pub const REPLAYED: &str = "Idempotent-Replayed";
 pub const KEY_TTL_MS: i64 = 24 * 3_600_000;
+/// How often a running request renews its key's lease
+/// ([`crate::store::idempotency::KEY_LEASE_MS`]): a third of it.
+pub const KEY_RENEW_EVERY: std::time::Duration =
+    std::time::Duration::from_millis(crate::store::idempotency::KEY_LEASE_MS as u64 / 3);
 
 /// The request's key: `Ok(None)` when absent, 400 when malformed.
 pub fn key_of(req: &HttpRequest) -> Result<Option<String>, ApiError> {
@@ -160,7 +165,7 @@ where
     if let Some(answer) = answer_taken(claim) {
         return answer;
     }
-    let outcome = with_transient_retry(handler).await;
+    let outcome = keeping_the_key(state, &key, with_transient_retry(handler)).await;
     let stored = match &outcome {
         Ok(reply) => Some(reply.stored()),
         Err(e) if e.is_final_for_request() => Some(e.stored()),
@@ -182,6 +187,38 @@ where
         );
     }
     outcome.map(|reply| (reply, false))
+}
+
+/// Runs `work` while renewing `key`'s lease every [`KEY_RENEW_EVERY`], so a
+/// request that runs longer than one lease (a bulk action over thousands of
+/// sagas) keeps its key: the same request sent again meanwhile is 409
+/// `request_in_progress`, never run twice. A process that dies stops
+/// renewing, and the key is taken over one lease later.
+async fn keeping_the_key<T>(
+    state: &AppState,
+    key: &crate::store::idempotency::KeyRequest,
+    work: impl Future<Output = T>,
+) -> T {
+    let renew = async {
+        loop {
+            tokio::time::sleep(KEY_RENEW_EVERY).await;
+            match state.store.renew_key(key, state.clock.now_ms()).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(scope = %key.scope, "a running request lost its Idempotency-Key (it outlived its lease); it finishes, and its answer is not stored");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, scope = %key.scope, "could not renew a running request's Idempotency-Key; trying again")
+                }
+            }
+        }
+    };
+    let (work, renew) = (std::pin::pin!(work), std::pin::pin!(renew));
+    match futures_util::future::select(work, renew).await {
+        futures_util::future::Either::Left((outcome, _)) => outcome,
+        futures_util::future::Either::Right(((), work)) => work.await,
+    }
 }
 
 /// Builds the HTTP answer for a reply, marking replays; `location` is added

@@ -394,6 +394,27 @@ impl Store {
         Ok(())
     }
 
+    /// A request still running renews its key's lease (to `now` +
+    /// [`KEY_LEASE_MS`]) while it still owns it; false when it no longer
+    /// does (it outlived its lease and was taken over, or it finished).
+    pub async fn renew_key(&self, key: &KeyRequest, now: EpochMs) -> StoreResult<bool> {
+        let renewed = self
+            .write_one(self.sql(
+                &format!(
+                    "UPDATE idempotency_records SET locked_until_ms = $4 \
+                     WHERE scope = $1 AND key = $2 AND owner = $3 AND state = '{IN_PROGRESS}'"
+                ),
+                vec![
+                    key.scope.clone().into(),
+                    key.key.clone().into(),
+                    key.owner.clone().into(),
+                    (now + KEY_LEASE_MS).into(),
+                ],
+            ))
+            .await?;
+        Ok(renewed == 1)
+    }
+
     /// Forgets keys whose requests failed in a way worth retrying (5xx, or
     /// an answer about the moment rather than the request), while they
     /// still own them.
