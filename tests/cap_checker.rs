@@ -1471,21 +1471,9 @@ async fn act(ctx: &Rc<Ctx>, schedule: &Schedule, action: &Action) {
                 let session = *session;
                 let task = actix_web::rt::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
-                    let r = c
-                        .operator(
-                            Method::POST,
-                            &format!("/api/admin/sagas/{saga}/cancel"),
-                            None,
-                        )
-                        .await;
-                    if r.status == 200 {
-                        c.sessions.borrow_mut()[session]
-                            .cancels
-                            .push(Instant::now());
-                    }
+                    let status = cancel(&c, session, &saga).await;
                     c.note(format!(
-                        "s{session}: cancel {ms} ms after the 202: {}",
-                        r.status
+                        "s{session}: cancel {ms} ms after the 202: {status}"
                     ));
                 });
                 ctx.pending.borrow_mut().push(task);
@@ -1493,19 +1481,8 @@ async fn act(ctx: &Rc<Ctx>, schedule: &Schedule, action: &Action) {
         }
         Action::Cancel { session } => {
             if let Some(saga) = ctx.saga_of(*session) {
-                let r = ctx
-                    .operator(
-                        Method::POST,
-                        &format!("/api/admin/sagas/{saga}/cancel"),
-                        None,
-                    )
-                    .await;
-                if r.status == 200 {
-                    ctx.sessions.borrow_mut()[*session]
-                        .cancels
-                        .push(Instant::now());
-                }
-                ctx.note(format!("s{session}: cancel: {}", r.status));
+                let status = cancel(ctx, *session, &saga).await;
+                ctx.note(format!("s{session}: cancel: {status}"));
             }
         }
         Action::Retry { session } => {
@@ -1751,6 +1728,24 @@ async fn check_seeds(backend: Backend, ci: &[u64]) {
         }
         panic!("{text}");
     }
+}
+
+/// An operator's cancel of `session`'s saga; a 200 is remembered with its
+/// time. Returns the status.
+async fn cancel(ctx: &Ctx, session: usize, saga: &str) -> u16 {
+    let r = ctx
+        .operator(
+            reqwest::Method::POST,
+            &format!("/api/admin/sagas/{saga}/cancel"),
+            None,
+        )
+        .await;
+    if r.status == 200 {
+        ctx.sessions.borrow_mut()[session]
+            .cancels
+            .push(Instant::now());
+    }
+    r.status
 }
 
 /// The rows of the slot ledger with their sagas, for a report.

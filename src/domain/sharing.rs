@@ -14,8 +14,8 @@
 //! - per experience, never per key: a booth that spreads its load over many
 //!   sessions or terminals is still one claimant.
 //!
-//! Nothing is remembered between rounds: the slots in use (held, expired
-//! and lingering) are the state, read in the claim's transaction, so the
+//! Nothing is remembered between rounds: the slots in use (the rows of the
+//! slot ledger) are the state, read in the claim's transaction, so the
 //! rule is the same on every instance and survives restarts.
 
 /// One experience as the claim sees it.

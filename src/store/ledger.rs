@@ -93,13 +93,6 @@ impl SlotCounts {
             .map(|(_, u)| u.in_use)
             .sum()
     }
-
-    /// `(provider, experience id, use)` of every pair with a slot in use.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, SlotUse)> {
-        self.by
-            .iter()
-            .map(|((p, e), u)| (p.as_str(), e.as_str(), *u))
-    }
 }
 
 /// The slots in use now, of `provider` (or of every provider). The one
