@@ -68,6 +68,10 @@ pub const SLOTS_FREED: &str = "stagehand_ai_slots_freed_total";
 /// Counter: rows of the ledger whose job was looked for by re-sending its
 /// key (its id was never recorded), by what was found (`job`, `none`).
 pub const SLOTS_FOUND_BY_KEY: &str = "stagehand_ai_slots_found_by_key_total";
+/// Counter: submits of a provider without an idempotency key (Replicate)
+/// whose key an earlier, unclear create may have used, by what the look
+/// for that job found (`adopted`, `ambiguous`, `created_again`).
+pub const UNCLEAR_CREATES: &str = "stagehand_ai_unclear_creates_total";
 /// Histogram: sagas one claim round took.
 pub const CLAIM_BATCH: &str = "stagehand_claim_batch_size";
 /// Counter: messages handled by this process's actors, by actor (the
@@ -180,6 +184,10 @@ fn describe() {
         SLOTS_FOUND_BY_KEY,
         "Adopted AI slots whose job id was never recorded, looked for by re-sending their key (found: job, none)."
     );
+    describe_counter!(
+        UNCLEAR_CREATES,
+        "Creates at a provider without an idempotency key whose earlier create was unclear, by provider and by what looking for its job found (outcome: adopted, ambiguous, created_again)."
+    );
     describe_histogram!(
         CLAIM_BATCH,
         "Sagas claimed per dispatcher claim round (0 included: the rounds that found nothing)."
@@ -245,6 +253,14 @@ pub fn slot_found_by_key(found: &'static str) {
     ::metrics::counter!(SLOTS_FOUND_BY_KEY, "found" => found).increment(1);
 }
 
+/// A create whose earlier create was unclear ended in `lookup` (see
+/// [`UNCLEAR_CREATES`]).
+pub fn unclear_create(provider: &str, lookup: crate::ai::Lookup) {
+    install();
+    ::metrics::counter!(UNCLEAR_CREATES, "provider" => provider.to_owned(), "outcome" => lookup.as_str())
+        .increment(1);
+}
+
 /// Which request to the AI provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AiRequest {
@@ -279,6 +295,7 @@ pub fn failure_label(failure: &AiFailure) -> &'static str {
         AiFailure::Unavailable(_) => "unavailable",
         AiFailure::Unclear(_) => "unclear",
         AiFailure::Throttled { .. } => "throttled",
+        AiFailure::OutOfQuota(_) => "out_of_quota",
         AiFailure::RequestRejected(_) => "request_rejected",
         AiFailure::ContentRejected(_) => "content_rejected",
         AiFailure::JobFailed(_) => "job_failed",
@@ -781,6 +798,7 @@ mod tests {
             result: None,
             error: None,
             poll_after_ms: None,
+            lookup: None,
         })
     }
 

@@ -221,6 +221,7 @@ impl Application {
             PersistenceActor::new(work.clone(), clock.clone(), rules.lease_ms, wakeups.clone())
                 .start();
         let mut handles = Vec::with_capacity(specs.len());
+        let mut provider_models = std::collections::BTreeMap::new();
         for spec in &specs {
             let breaker = ProviderBreaker::new(
                 work.clone(),
@@ -230,6 +231,13 @@ impl Application {
                 config.breaker_cool_down,
             );
             let client = provider_client(&config, spec, simulator.as_ref())?;
+            let today = chrono::DateTime::from_timestamp_millis(clock.now_ms())
+                .unwrap_or_default()
+                .date_naive();
+            let models = client.check_models(today).await.map_err(|refusal| {
+                StartupError::Provider(format!("provider {}: {refusal}", spec.name))
+            })?;
+            provider_models.insert(spec.name.clone(), models);
             let rate = match spec.rate_limit {
                 RateLimit::Off => None,
                 RateLimit::Every { count, per } => Some(ProviderRate::new(
@@ -370,6 +378,7 @@ impl Application {
             metrics_token: config.metrics_token.clone(),
             scrape_cache: Arc::default(),
             sqlite_lock: sqlite_lock.map(Arc::new),
+            provider_models: Arc::new(provider_models),
         };
         let data = web::Data::new(state.clone());
         let server = HttpServer::new(move || {

@@ -436,8 +436,14 @@
     c.open = SH.el("button", { type: "button", class: "btn btn-small breaker-open", text: SH.t("ops.breaker.pause") });
     c.close = SH.el("button", { type: "button", class: "btn btn-small breaker-close", text: SH.t("ops.breaker.resume") });
     c.rows = SH.el("tbody");
+    // Why the breaker is open (out of quota: staff must act), and models
+    // whose shutdown the vendor has announced.
+    c.reason = SH.el("p", { class: "breaker-reason", role: "status", hidden: true });
+    c.models = SH.el("ul", { class: "model-notices", hidden: true });
     c.root = SH.el("li", { class: "provider-card", dataset: { provider: name } },
       SH.el("div", { class: "provider-head" }, c.name, " ", c.kind, " ", c.breaker),
+      c.reason,
+      c.models,
       SH.el("div", { class: "provider-figures" },
         SH.el("div", { class: "tile in-flight" }, c.inFlight, c.cap),
         SH.el("div", { class: "tile queued" }, c.queued, SH.el("span", { class: "label", text: SH.t("ops.provider.queued") })),
@@ -511,6 +517,16 @@
     c.kind.textContent = p.kind || "";
     c.kind.hidden = !p.kind;
     showBreaker(c, p.breaker);
+    c.reason.textContent = p.reason || "";
+    c.reason.hidden = !p.reason;
+    const dated = (p.models || []).filter((m) => m.shutdown_date);
+    const notices = JSON.stringify(dated);
+    if (c.models.dataset.shown !== notices) {
+      c.models.dataset.shown = notices;
+      c.models.replaceChildren(...dated.map((m) =>
+        SH.el("li", { class: "model-shutdown", text: SH.t("ops.provider.modelShutdown", { model: m.model, use: m.use, date: m.shutdown_date }) })));
+      c.models.hidden = !dated.length;
+    }
     const n = Number(p.in_flight) || 0;
     const cap = p.max_in_flight == null ? null : Number(p.max_in_flight);
     c.inFlight.textContent = cap == null ? SH.fmtNumber(n) : `${SH.fmtNumber(n)} / ${SH.fmtNumber(cap)}`;

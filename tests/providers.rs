@@ -357,7 +357,8 @@ async fn experiences_name_a_configured_provider(backend: Backend) {
         body["providers"],
         json!([{
             "name": "default", "kind": "jobs", "max_in_flight": null, "in_flight": 0,
-            "queued": 0, "breaker": "closed", "rate_limit": null,
+            "queued": 0, "breaker": "closed", "reason": null, "rate_limit": null,
+            "models": [],
             "experiences": [{"slug": slug, "weight": 1, "in_flight": 0, "queued": 0,
                              "share": null, "max_in_flight": 3}],
         }])

@@ -26,6 +26,7 @@ mod m20261209_000015_instances;
 mod m20261210_000016_review;
 mod m20261210_000017_traces;
 mod m20261211_000018_slot_ledger;
+mod m20261212_000019_provider_states;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -51,6 +52,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261210_000016_review::Migration),
             Box::new(m20261210_000017_traces::Migration),
             Box::new(m20261211_000018_slot_ledger::Migration),
+            Box::new(m20261212_000019_provider_states::Migration),
         ]
     }
 }

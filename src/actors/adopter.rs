@@ -33,7 +33,7 @@ use uuid::Uuid;
 use super::ai::{CancelJob, PollJob, SubmitJob};
 use super::providers::{ProviderHandle, Providers};
 use super::wakeups::Wakeups;
-use crate::ai::{CancelOutcome, JobOrder, JobView};
+use crate::ai::{CancelOutcome, JobOrder, JobView, MaybeMade};
 use crate::clock::SharedClock;
 use crate::domain::failure::AiFailure;
 use crate::domain::keys::ai_call_key;
@@ -185,33 +185,25 @@ impl Adopter {
     }
 
     /// A row whose job id was never recorded: the same order, with the
-    /// same key, returns the job the first submit made.
+    /// same key, returns the job the first submit made. A provider without
+    /// an idempotency key only looks for it (never makes one): a job it
+    /// finds that way is not surely ours, so it is watched to its end,
+    /// never cancelled.
     async fn find_by_key(&self, provider: &ProviderHandle, slot: &AdoptedSlot, now: i64) -> Next {
-        let order = slot.order.as_ref().and_then(|o| {
-            let base = Uuid::parse_str(&slot.base_key).ok()?;
-            let key = ai_call_key(
-                base,
-                slot.call_index.max(0) as u32,
-                slot.key_attempt.max(0) as u32,
-            );
-            let call = (o.ai_calls > 1).then_some(slot.call_index);
-            Some(JobOrder::for_call(
-                &o.kind,
-                &o.prompt,
-                &o.session_id,
-                call,
-                key,
-            ))
-        });
-        let Some(order) = order else {
-            tracing::error!(saga_id = %slot.saga_id, call = slot.call_index, "an AI slot with no job id and no order to find it by; it stays in use");
+        let Some(order) = self.order_of(provider, slot, now).await else {
+            tracing::error!(saga_id = %slot.saga_id, call = slot.call_index, "an AI slot with no job id whose order cannot be made (its saga row is gone, or the ledger could not be read); it stays in use");
             return self.retry_later(None, slot.cancel_tried, UNKNOWN_PROVIDER_MS, now);
         };
         match provider.ai.send(SubmitJob(order)).await {
             Ok(Ok(view)) => {
                 crate::metrics::slot_found_by_key("job");
                 tracing::info!(provider = %slot.provider, saga_id = %slot.saga_id, call = slot.call_index, job_id = %view.job_id, "found the job of an AI slot by its key");
-                self.judge(provider, slot, view, now).await
+                let by_lookup = view.lookup.is_some();
+                let slot = AdoptedSlot {
+                    cancel_tried: slot.cancel_tried || by_lookup,
+                    ..slot.clone()
+                };
+                self.judge(provider, &slot, view, now).await
             }
             Ok(Err(failure)) => match evidence_of_refusal(&failure, true) {
                 Some(evidence) => {
@@ -225,6 +217,40 @@ impl Adopter {
                 self.retry_later(None, slot.cancel_tried, RETRY_UNAVAILABLE_MS, now)
             }
         }
+    }
+
+    /// The order a row's key was sent with, marked as one that may have
+    /// made a job since the row was made (looked for, never made again).
+    async fn order_of(
+        &self,
+        provider: &ProviderHandle,
+        slot: &AdoptedSlot,
+        now: i64,
+    ) -> Option<JobOrder> {
+        let source = slot.order.as_ref()?;
+        let base = Uuid::parse_str(&slot.base_key).ok()?;
+        let key = ai_call_key(
+            base,
+            slot.call_index.max(0) as u32,
+            slot.key_attempt.max(0) as u32,
+        );
+        let call = (source.ai_calls > 1).then_some(slot.call_index);
+        let mut order =
+            JobOrder::for_call(&source.kind, &source.prompt, &source.session_id, call, key);
+        let taken = match self.store.jobs_held(&provider.spec.name).await {
+            Ok(taken) => taken,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the ledger's jobs; looking again later");
+                return None;
+            }
+        };
+        order.maybe_made = Some(MaybeMade {
+            since_ms: slot.created_at_ms,
+            now_ms: now,
+            taken,
+            look_only: true,
+        });
+        Some(order)
     }
 
     /// A row with a job: poll it.

@@ -1,9 +1,10 @@
 //! AiActor: the only place that talks to an AI provider (one actor per
 //! provider). Every outside failure arrives here already translated into
 //! an [`AiFailure`] by the client. It reads and writes the database only
-//! through the provider's shared guards: the rate limit takes a request
-//! (one statement) before each call, and the breaker writes its row when
-//! its state changes. Each call's outcome goes to the provider's
+//! through the provider's shared guards: a wait the provider named holds
+//! back every request until it is over (never sent: the saga sees it as a
+//! throttle), the rate limit takes a request (one statement) before each
+//! call, and the breaker writes its row when its state changes. Each call's outcome goes to the provider's
 //! circuit breaker ([`ProviderBreaker::record`], with what the request
 //! was: a submit and when it was sent, which may be the breaker's probe,
 //! or a request about an existing job, which never is), which writes the
@@ -98,6 +99,7 @@ impl AiActor {
             self.jobs.clone(),
         );
         Box::pin(async move {
+            held_back(breaker.as_deref())?;
             if let Some(rate) = rate {
                 rate.take().await?;
             }
@@ -108,6 +110,16 @@ impl AiActor {
             };
             let outcome = send(client).await;
             metrics::ai_request(request, &outcome, sent_at.elapsed());
+            if let (
+                Ok(JobView {
+                    lookup: Some(lookup),
+                    ..
+                }),
+                Some(breaker),
+            ) = (&outcome, &breaker)
+            {
+                metrics::unclear_create(breaker.provider(), *lookup);
+            }
             timed(&jobs, &outcome, sent_at);
             if let Some(breaker) = breaker {
                 breaker.record(asked, &outcome);
@@ -147,21 +159,32 @@ impl Handler<PollJob> for AiActor {
 impl Handler<CancelJob> for AiActor {
     type Result = ResponseFuture<Result<CancelOutcome, AiFailure>>;
 
-    /// Under the same rate limit and breaker as every other request; not
-    /// timed as a job request.
+    /// Under the same pause and rate limit as every other request; not
+    /// timed as a job request. Its outcome never reaches the breaker: a
+    /// cancel the provider refuses (a final job, a job it does not know)
+    /// is not the provider being down, and polls and submits measure that.
     fn handle(&mut self, msg: CancelJob, _: &mut Context<Self>) -> Self::Result {
         crate::metrics::actor_message("AiActor");
         let (client, breaker, rate) =
             (self.client.clone(), self.breaker.clone(), self.rate.clone());
         Box::pin(async move {
+            held_back(breaker.as_deref())?;
             if let Some(rate) = rate {
                 rate.take().await?;
             }
-            let outcome = client.cancel(&msg.0).await;
-            if let Some(breaker) = breaker {
-                breaker.record(Request::OfAJob, &outcome);
-            }
-            outcome
+            client.cancel(&msg.0).await
         })
+    }
+}
+
+/// A request held back because the provider named a wait that is not over:
+/// never sent, so neither timed nor counted by the breaker.
+fn held_back(breaker: Option<&ProviderBreaker>) -> Result<(), AiFailure> {
+    match breaker.and_then(ProviderBreaker::paused_for) {
+        Some(left) => Err(AiFailure::Throttled {
+            retry_after_ms: left,
+            detail: "the AI provider asked every request to wait".to_owned(),
+        }),
+        None => Ok(()),
     }
 }

@@ -1,6 +1,8 @@
 //! The AI provider's shared guards, as this process uses them: the request
-//! rate limit ([`ProviderRate`], asked before every request) and the circuit
-//! breaker. The breaker's two ends in this process: the AI actor reports
+//! rate limit ([`ProviderRate`], asked before every request), the pause a
+//! provider names (a 429's wait: [`ProviderBreaker::paused_for`], asked
+//! before every request too, and learnt from every instance's claim
+//! reads) and the circuit breaker. The breaker's two ends in this process: the AI actor reports
 //! each call's outcome ([`ProviderBreaker::record`]) and the dispatcher asks
 //! what it may claim ([`ProviderBreaker::admission`]). The state is shared
 //! through the database (`src/store/breaker.rs`), written only when it
@@ -12,12 +14,12 @@
 //! the call, never during one; a failed write is logged and the next
 //! outcome tries again.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
-use crate::domain::breaker::{Admission, Breaker, Opener, Probe, UnavailableRun};
+use crate::domain::breaker::{Admission, Breaker, Opener, Probe, UnavailableRun, OUT_OF_QUOTA_MS};
 use crate::domain::failure::AiFailure;
 use crate::domain::policy::EpochMs;
 use crate::store::Store;
@@ -45,6 +47,10 @@ pub struct ProviderBreaker {
     maybe_open: AtomicBool,
     /// The probe this process took, until the provider answers it.
     probe: Mutex<Option<Probe>>,
+    /// No request goes out before then (epoch ms; 0: none): the longest
+    /// wait the provider named, to this process or (read with the claim)
+    /// to another instance.
+    paused_until_ms: AtomicI64,
 }
 
 impl ProviderBreaker {
@@ -64,7 +70,64 @@ impl ProviderBreaker {
             run: Mutex::new(UnavailableRun::default()),
             maybe_open: AtomicBool::new(true),
             probe: Mutex::new(None),
+            paused_until_ms: AtomicI64::new(0),
         })
+    }
+
+    /// The provider's name.
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// How long every request to the provider must still wait, when it
+    /// named a wait that is not over ([`Self::record`] learns it).
+    pub fn paused_for(&self) -> Option<i64> {
+        let left = self.paused_until_ms.load(Ordering::Acquire) - self.clock.now_ms();
+        (left > 0).then_some(left)
+    }
+
+    /// The provider named a wait: no request of this process goes out
+    /// before `until`, and the shared row tells the other instances (in a
+    /// task of its own, after the call).
+    fn pause_until(self: &Arc<Self>, until: EpochMs, now: EpochMs) {
+        let before = self.paused_until_ms.fetch_max(until, Ordering::AcqRel);
+        if before >= until {
+            return;
+        }
+        tracing::warn!(
+            provider = %self.provider, wait_ms = until - now,
+            "the AI provider asked to wait: no request to it goes out before then, from any saga"
+        );
+        let me = self.clone();
+        crate::metrics::task_spawned("breaker.write");
+        tokio::spawn(async move {
+            if let Err(e) = me.store.pause_provider(&me.provider, until, now).await {
+                tracing::error!(error = %e, "could not share the AI provider's pause; the other instances learn it from their own 429s");
+            }
+        });
+    }
+
+    /// The account is out of quota: open at once for [`OUT_OF_QUOTA_MS`]
+    /// with the provider's words as the reason.
+    fn out_of_quota(self: &Arc<Self>, detail: &str, now: EpochMs) {
+        self.maybe_open.store(true, Ordering::Release);
+        let reason = format!("{}: {detail}", Opener::OutOfQuota.headline());
+        let me = self.clone();
+        crate::metrics::task_spawned("breaker.write");
+        tokio::spawn(async move {
+            let until = now + OUT_OF_QUOTA_MS;
+            match me
+                .store
+                .open_breaker(&me.provider, until, Opener::OutOfQuota, &reason, now)
+                .await
+            {
+                Ok(()) => tracing::error!(
+                    provider = %me.provider, %reason,
+                    "AI account out of quota: circuit breaker open, no AI work is claimed for it; add credit, then close the breaker (/ops or POST /api/admin/breaker/close)"
+                ),
+                Err(e) => tracing::error!(error = %e, "could not write the circuit breaker"),
+            }
+        });
     }
 
     /// A submit about to be sent now (its outcome goes to
@@ -79,12 +142,29 @@ impl ProviderBreaker {
     /// (anything else, success or refusal). An answer closes the breaker
     /// only when it answers the submit of the probe this process took.
     pub fn record<T>(self: &Arc<Self>, request: Request, outcome: &Result<T, AiFailure>) {
+        let now = self.clock.now_ms();
+        match outcome {
+            // It answered (a probe's answer closes the breaker), naming a
+            // wait for everyone.
+            Err(AiFailure::Throttled { retry_after_ms, .. }) => {
+                self.pause_until(now + retry_after_ms, now)
+            }
+            Err(AiFailure::OutOfQuota(detail)) => {
+                self.out_of_quota(detail, now);
+                return;
+            }
+            _ => {}
+        }
         // An unclear answer (a dropped connection, a cut-short body) is
         // trouble at the provider too.
         let unavailable = matches!(
             outcome,
             Err(failure) if failure.is_unavailable() && failure.retry_after_ms().is_none()
         );
+        let reason = match outcome {
+            Err(failure) => format!("{}: {failure}", Opener::Unavailable.headline()),
+            Ok(_) => String::new(),
+        };
         let opens = {
             let mut run = self.run.lock().unwrap_or_else(|e| e.into_inner());
             if unavailable {
@@ -94,7 +174,6 @@ impl ProviderBreaker {
                 false
             }
         };
-        let now = self.clock.now_ms();
         let me = self.clone();
         if unavailable {
             if opens {
@@ -107,11 +186,13 @@ impl ProviderBreaker {
                 let until = now + me.cool_down_ms;
                 let written = if opens {
                     me.store
-                        .open_breaker(&me.provider, until, Opener::Unavailable, now)
+                        .open_breaker(&me.provider, until, Opener::Unavailable, &reason, now)
                         .await
                         .map(|()| 1)
                 } else {
-                    me.store.probe_failed(&me.provider, until, now).await
+                    me.store
+                        .probe_failed(&me.provider, until, &reason, now)
+                        .await
                 };
                 match written {
                     Ok(n) if n > 0 => tracing::warn!(
@@ -169,6 +250,10 @@ impl ProviderBreaker {
     pub async fn admission(&self, breaker: Breaker) -> Admission {
         let now = self.clock.now_ms();
         self.maybe_open.store(breaker.is_open(), Ordering::Release);
+        if let Some(until) = breaker.paused_until_ms {
+            // Another instance was told to wait: so is this one.
+            self.paused_until_ms.fetch_max(until, Ordering::AcqRel);
+        }
         match breaker.admission(now) {
             Admission::Probe => {
                 let probe = Probe::taken_at(now);

@@ -22,6 +22,7 @@
 //! (a sender waits while it is full), and each waiting request costs one
 //! small entry until its round ends.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -32,8 +33,9 @@ use super::persistence::{PersistenceActor, WriteAlone};
 use super::terminal_hub::PRESENCE_STALE_MS;
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
+use crate::domain::breaker::Opener;
 use crate::domain::policy::{orphan_reason, ownership, recovery, Recovery, RecoveryLimits};
-use crate::domain::saga::AbortReason;
+use crate::domain::saga::{AbortReason, OUT_OF_CREDIT};
 use crate::store::sagas::{ClaimRules, Fence};
 use crate::store::transitions::SagaWrite;
 use crate::store::{Store, StoreResult};
@@ -254,6 +256,40 @@ impl CleanupActor {
     }
 }
 
+/// Why an orphan is aborted, in words for the log and the saga row.
+fn orphan_detail(reason: AbortReason, deadline_passed: bool, recoveries: i32) -> String {
+    if reason == AbortReason::AiTimeout {
+        "the saga deadline passed while waiting for the AI".to_owned()
+    } else if deadline_passed {
+        "nobody finished it before its deadline".to_owned()
+    } else {
+        format!("lease lost {recoveries} times; giving up")
+    }
+}
+
+/// Whether the provider of `experience_id` is out of quota (its breaker
+/// opened for it), asked once per experience per run; false when it
+/// cannot be read.
+async fn out_of_quota(
+    store: &Store,
+    experience_id: &str,
+    known: &mut HashMap<String, bool>,
+) -> bool {
+    if let Some(known) = known.get(experience_id) {
+        return *known;
+    }
+    let provider = match store.experience_by_id(experience_id).await {
+        Ok(Some(experience)) => experience.provider,
+        _ => return false,
+    };
+    let out = matches!(
+        store.breaker_row(&provider).await,
+        Ok(row) if row.opener == Some(Opener::OutOfQuota)
+    );
+    known.insert(experience_id.to_owned(), out);
+    out
+}
+
 /// Aborts up to [`BATCH`] orphans, each in its own transaction.
 async fn abort_orphans(
     store: &Store,
@@ -273,6 +309,7 @@ async fn abort_orphans(
     let limits = RecoveryLimits {
         max_recoveries: rules.max_recoveries,
     };
+    let mut quota_of = HashMap::new();
     for saga in candidates {
         let owner = ownership(
             saga.lock_token.as_deref(),
@@ -301,12 +338,19 @@ async fn abort_orphans(
             Ok(step) => orphan_reason(step, deadline_passed, asked_ai),
             Err(_) => AbortReason::Orphaned,
         };
-        let detail = if reason == AbortReason::AiTimeout {
-            "the saga deadline passed while waiting for the AI".to_owned()
-        } else if deadline_passed {
-            "nobody finished it before its deadline".to_owned()
+        let (reason, detail) = if reason == AbortReason::AiTimeout
+            && out_of_quota(store, &saga.experience_id, &mut quota_of).await
+        {
+            // Not slow: the account could not work at all. Say so.
+            (
+                AbortReason::AiFailed,
+                format!("{OUT_OF_CREDIT}: the saga deadline passed while the provider's account was out of quota"),
+            )
         } else {
-            format!("lease lost {} times; giving up", saga.recoveries)
+            (
+                reason,
+                orphan_detail(reason, deadline_passed, saga.recoveries),
+            )
         };
         let aborted = persistence
             .send(WriteAlone(SagaWrite::Abort {

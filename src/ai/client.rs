@@ -16,12 +16,37 @@ use crate::domain::failure::{AiFailure, AiResult};
 
 /// Everything needed to submit one AI job. The same `idempotency_key` always
 /// designates the same job at the provider.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct JobOrder {
     pub kind: String,
     pub prompt: String,
     pub params: serde_json::Value,
     pub idempotency_key: uuid::Uuid,
+    /// A stable digest of the session, for providers that attribute abuse
+    /// to an end user (OpenAI's `safety_identifier`): never the session id,
+    /// a token or a nickname ([`crate::domain::keys::safety_identifier`]).
+    pub safety_id: String,
+    /// Set when an earlier submit of this key may have made a job.
+    pub maybe_made: Option<MaybeMade>,
+}
+
+/// An earlier submit of an order's key may have made a job: its outcome
+/// was unclear, or its worker died before recording the answer. A provider
+/// with an idempotency key needs nothing of this (the key finds the job);
+/// one without (Replicate) looks for that job by what its documentation
+/// promises before it makes another.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MaybeMade {
+    /// The job, if made, was made no earlier than this (epoch ms): when the
+    /// key was first sent, or its slot reserved.
+    pub since_ms: i64,
+    /// Now, by the same clock as `since_ms`.
+    pub now_ms: i64,
+    /// Jobs the ledger holds for other calls: never this call's.
+    pub taken: std::collections::HashSet<String>,
+    /// Only look (the slot adopter): never make a job, and say when none
+    /// exists.
+    pub look_only: bool,
 }
 
 impl JobOrder {
@@ -44,6 +69,8 @@ impl JobOrder {
             prompt: prompt.to_owned(),
             params,
             idempotency_key,
+            safety_id: crate::domain::keys::safety_identifier(session_id),
+            maybe_made: None,
         }
     }
 }
@@ -115,6 +142,33 @@ pub struct JobView {
     /// `Retry-After` header on the answer), if it gave one.
     #[serde(default)]
     pub poll_after_ms: Option<i64>,
+    /// How a submit whose key may have made a job already came by this
+    /// one (providers without an idempotency key look for it; see
+    /// [`MaybeMade`]). Counted by the AI actor; never sent anywhere.
+    #[serde(skip)]
+    pub lookup: Option<Lookup>,
+}
+
+/// What looking for the job of an earlier, unclear submit ended in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// The one job it made was found and is this one.
+    Adopted,
+    /// Several jobs fit; the oldest not held by another call is this one.
+    Ambiguous,
+    /// None was found after the list had time to show it: this job is a
+    /// new one (the earlier submit made none, or one the list never showed).
+    CreatedAgain,
+}
+
+impl Lookup {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lookup::Adopted => "adopted",
+            Lookup::Ambiguous => "ambiguous",
+            Lookup::CreatedAgain => "created_again",
+        }
+    }
 }
 
 /// Body of `POST /v1/jobs`.
@@ -766,6 +820,7 @@ mod tests {
             prompt: "p".into(),
             params: serde_json::json!({}),
             idempotency_key: uuid::Uuid::new_v4(),
+            ..JobOrder::default()
         };
         let failure = transport_failure(client(&format!("http://{addr}")).submit(&order).await);
         assert!(matches!(&failure, AiFailure::Unclear(_)), "{failure:?}");

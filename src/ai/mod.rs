@@ -17,7 +17,7 @@ pub mod providers;
 pub mod replicate;
 pub mod simulator;
 
-pub use client::{AiClient, CancelOutcome, JobOrder, JobStatus, JobView};
+pub use client::{AiClient, CancelOutcome, JobOrder, JobStatus, JobView, Lookup, MaybeMade};
 pub use openai::{ApiKey, OpenAiClient, OpenAiSettings};
 pub use replicate::{ReplicateClient, ReplicateSettings};
 pub use simulator::{RunningSim, SimConfig, SimControl, SimFaults, SimStats};
@@ -79,11 +79,47 @@ impl AiProvider {
         }
     }
 
+    /// Before serving: the models this provider is configured to use, as
+    /// its vendor lists them. `Err`: the start stops, saying what to change
+    /// (a model the vendor shut down or does not have, a refused key). The
+    /// job API has nothing to check.
+    pub async fn check_models(&self, today: chrono::NaiveDate) -> Result<Vec<ModelNotice>, String> {
+        match self {
+            AiProvider::Jobs(_) => Ok(Vec::new()),
+            AiProvider::OpenAi(client) => client.check_models(today).await,
+            AiProvider::Replicate(client) => client.check_model().await,
+        }
+    }
+
     pub fn kind(&self) -> ProviderKind {
         match self {
             AiProvider::Jobs(_) => ProviderKind::Jobs,
             AiProvider::OpenAi(_) => ProviderKind::Openai,
             AiProvider::Replicate(_) => ProviderKind::Replicate,
+        }
+    }
+}
+
+/// A model a provider is configured to use, as its vendor listed it at
+/// start: shown in the providers view and on /ops, so an announced
+/// shutdown is seen before the doors open.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct ModelNotice {
+    /// What it is used for: `chat` or `image` (OpenAI), `model` or
+    /// `version` (Replicate).
+    #[serde(rename = "use")]
+    pub used_for: String,
+    pub model: String,
+    /// `YYYY-MM-DD`: the vendor announced that the model shuts down then.
+    pub shutdown_date: Option<String>,
+}
+
+impl ModelNotice {
+    pub fn new(used_for: &str, model: &str) -> ModelNotice {
+        ModelNotice {
+            used_for: used_for.to_owned(),
+            model: model.to_owned(),
+            shutdown_date: None,
         }
     }
 }

@@ -19,15 +19,38 @@
 //! still gets exactly one result: only the recorded one is shown and ranked.
 //!
 //! Outside errors become [`AiFailure`]s here, in [`OpenAiClient::classify`],
-//! with the same rules as the job API client (DESIGN.md rule 6):
-//! a content-policy refusal (an error code `content_policy_violation`,
-//! `moderation_blocked` or `content_filter`, a chat answer with a `refusal`,
-//! or `finish_reason: content_filter`) is `ContentRejected` (the saga aborts
-//! with `INPUT_REJECTED`); 429, 408 and 5xx are `Unavailable` (not an
-//! attempt; 409, "this key is in progress" on servers that honour
-//! `Idempotency-Key`, is `Unclear`); any other 4xx is `RequestRejected` (an attempt); an unclear
-//! outcome (timeout, broken connection, unreadable 2xx) is `Unclear`, a kind
-//! of unavailability: not an attempt, retried with the same key.
+//! with the same rules as the job API client (DESIGN.md rule 6), read from
+//! OpenAI's error codes (developers.openai.com/api/docs/guides/error-codes):
+//! - a content-policy refusal (an error code `content_policy_violation`,
+//!   `moderation_blocked` or `content_filter`; the older 400 with `code:
+//!   null` whose message says the safety system rejected it; a chat answer
+//!   with a `refusal`, or `finish_reason: content_filter`) is
+//!   `ContentRejected`: the saga aborts with `INPUT_REJECTED`;
+//! - `insufficient_quota` (a 429: the account's hard spending limit, or no
+//!   credit) is `OutOfQuota`: retrying cannot help, the provider's breaker
+//!   opens with that reason, operators see it, the guest's place is kept;
+//! - any other 429, 408 and 5xx are `Unavailable`; a 429 that names its
+//!   wait (`retry-after-ms`, `Retry-After`, the exhausted limit's
+//!   `x-ratelimit-reset-requests` / `-tokens` such as `6m0s`, or a message
+//!   "Please try again in 20s") is `Throttled`, and that wait holds back
+//!   every request to the provider;
+//! - 409 ("this key is in progress" on servers that honour
+//!   `Idempotency-Key`) and an unclear outcome (timeout, broken connection,
+//!   unreadable 2xx) are `Unclear`: not an attempt, retried with the same
+//!   key;
+//! - any other 4xx is `RequestRejected` (an attempt).
+//!
+//! Every request carries `safety_identifier`, a digest of the session
+//! ([`crate::domain::keys::safety_identifier`]): a booth's guests are
+//! anonymous, and OpenAI asks such services to send one so that a
+//! violation is put down to that user, not to the organisation's key.
+//!
+//! Models: the defaults are [`DEFAULT_CHAT_MODEL`] and
+//! [`DEFAULT_IMAGE_MODEL`], which OpenAI serves with no shutdown announced.
+//! Before serving, [`OpenAiClient::check_models`] reads `GET /v1/models`:
+//! a configured model that is not listed, or whose `shutdown_date` has
+//! come, stops the start with what to set instead; an announced date is
+//! shown in the providers view and on /ops.
 //!
 //! The key never reaches a log line or a `Debug` output: it lives in an
 //! [`ApiKey`], whose `Debug` prints `***` and which has no `Display`, it is
@@ -46,6 +69,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::client::{ensure_crypto_provider, JobOrder, JobStatus, JobView};
+use super::ModelNotice;
 use crate::domain::failure::{AiFailure, AiResult, ContentItem};
 
 /// A bearer key. `Debug` prints `ApiKey(***)`; there is no `Display`, so a
@@ -88,8 +112,15 @@ impl FromStr for ApiKey {
 
 /// Model names and sizes used when the configuration does not say.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com";
-pub const DEFAULT_CHAT_MODEL: &str = "gpt-4o-mini";
-pub const DEFAULT_IMAGE_MODEL: &str = "dall-e-3";
+/// OpenAI's model for "cost-sensitive, high-volume workloads", the
+/// replacement its deprecations page names for gpt-4o-mini (which shuts down
+/// on 2027-01-14); no shutdown announced (checked 2026-12-05).
+pub const DEFAULT_CHAT_MODEL: &str = "gpt-6-luna";
+/// The fast one of the two image models that replace the ones shut down on
+/// 2026-12-01 (dall-e-3 went on 2026-05-12, gpt-image-1 on 2026-10-23); no
+/// shutdown announced (checked 2026-12-05). `gpt-image-2.6-sunburst` is the
+/// slower, detail-first one.
+pub const DEFAULT_IMAGE_MODEL: &str = "gpt-image-2.6-flare";
 pub const DEFAULT_IMAGE_SIZE: &str = "1024x1024";
 
 /// Everything the adapter needs, from configuration.
@@ -200,6 +231,7 @@ impl OpenAiClient {
                     "n": 1,
                     "size": self.image_size,
                 });
+                attribute(&mut body, order);
                 // DALL·E answers a URL when asked; gpt-image models refuse
                 // the parameter and always answer base64.
                 if self.image_model.starts_with("dall-e") {
@@ -213,13 +245,14 @@ impl OpenAiClient {
                 } else {
                     TEXT_SYSTEM_PROMPT.replace("{kind}", &order.kind)
                 };
-                let body = json!({
+                let mut body = json!({
                     "model": self.chat_model,
                     "messages": [
                         {"role": "system", "content": system},
                         {"role": "user", "content": order.prompt},
                     ],
                 });
+                attribute(&mut body, order);
                 ("/v1/chat/completions", body)
             }
         };
@@ -252,7 +285,107 @@ impl OpenAiClient {
                     .to_owned(),
             ),
             poll_after_ms: None,
+            lookup: None,
         })
+    }
+
+    /// Before serving: `GET /v1/models`, and each model this client uses
+    /// looked up in it (OpenAI documents an optional `shutdown_date`,
+    /// `YYYY-MM-DD`, per model). `Err`, and the start stops, for a model
+    /// that is not listed (OpenAI removes the models it shut down) or whose
+    /// shutdown date is `today` or past, and for a refused key. A date to
+    /// come is a notice (and a WARN). A list that cannot be read (a
+    /// compatible server without it, the provider unreachable) is logged
+    /// and the start goes on.
+    pub async fn check_models(&self, today: chrono::NaiveDate) -> Result<Vec<ModelNotice>, String> {
+        let used = [
+            (
+                "chat",
+                &self.chat_model,
+                "chat_model",
+                "STAGEHAND_OPENAI_CHAT_MODEL",
+                DEFAULT_CHAT_MODEL,
+            ),
+            (
+                "image",
+                &self.image_model,
+                "image_model",
+                "STAGEHAND_OPENAI_IMAGE_MODEL",
+                DEFAULT_IMAGE_MODEL,
+            ),
+        ];
+        let unchecked = || {
+            used.iter()
+                .map(|(used_for, model, ..)| ModelNotice::new(used_for, model))
+                .collect()
+        };
+        let Some(listed) = self.listed_models().await? else {
+            return Ok(unchecked());
+        };
+        let mut notices = Vec::with_capacity(used.len());
+        for (used_for, model, field, env, default) in used {
+            let change = format!("set {field} in the providers file (or {env}) to a model it lists, e.g. {default:?}");
+            let Some(found) = listed.iter().find(|m| &m.id == model) else {
+                return Err(format!(
+                    "the OpenAI-compatible API does not offer the {used_for} model {model:?} (GET /v1/models does not list it; OpenAI removes the models it shut down): {change}"
+                ));
+            };
+            let shutdown = found.shutdown_date.as_deref();
+            match shutdown.and_then(|d| chrono::NaiveDate::parse_from_str(d, "%Y-%m-%d").ok()) {
+                Some(date) if date <= today => {
+                    return Err(format!(
+                        "OpenAI shut the {used_for} model {model:?} down on {date}: {change}"
+                    ))
+                }
+                Some(date) => tracing::warn!(
+                    model = %model, shutdown_date = %date,
+                    "OpenAI has announced that the {used_for} model shuts down; {change} before then"
+                ),
+                None => {}
+            }
+            notices.push(ModelNotice {
+                shutdown_date: shutdown.map(str::to_owned),
+                ..ModelNotice::new(used_for, model)
+            });
+        }
+        Ok(notices)
+    }
+
+    /// `GET /v1/models`: the models listed, None when the list could not
+    /// be read (logged), `Err` for a refused key.
+    async fn listed_models(&self) -> Result<Option<Vec<ListedModel>>, String> {
+        let mut request = self.http.get(format!("{}/v1/models", self.base_url));
+        if let Some(api_key) = &self.api_key {
+            request = request.bearer_auth(api_key.expose());
+        }
+        let (status, _, body) = match exchange(request).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::warn!(error = %self.scrub(&root_cause(&e)), "could not list the OpenAI models at start; going on unchecked");
+                return Ok(None);
+            }
+        };
+        if status == StatusCode::UNAUTHORIZED {
+            let reason = ErrorAnswer::parse(&body).message.map(|m| self.scrub(&m));
+            return Err(format!(
+                "the OpenAI-compatible API refused the API key (HTTP 401: {}): check STAGEHAND_OPENAI_API_KEY or the variable api_key_env names",
+                reason.unwrap_or_default()
+            ));
+        }
+        if !status.is_success() {
+            tracing::warn!(
+                status = status.as_u16(),
+                "could not list the OpenAI models at start; going on unchecked"
+            );
+            return Ok(None);
+        }
+        match serde_json::from_str::<ModelList>(&body) {
+            Ok(list) => Ok(Some(list.data)),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the OpenAI model list at start; going on unchecked");
+                Ok(None)
+            }
+        }
     }
 
     fn transport(&self, error: &reqwest::Error) -> AiFailure {
@@ -316,10 +449,15 @@ impl OpenAiClient {
             Some(reason) => format!("HTTP {}: {reason}", status.as_u16()),
             None => format!("HTTP {}", status.as_u16()),
         };
-        if answer.is_content_policy() {
+        if answer.is_content_policy()
+            || (status == StatusCode::BAD_REQUEST && answer.is_safety_refusal())
+        {
             return AiFailure::ContentRejected(
                 reason.unwrap_or_else(|| "refused by the provider's content policy".to_owned()),
             );
+        }
+        if answer.is_out_of_quota() {
+            return AiFailure::OutOfQuota(described);
         }
         if status == StatusCode::CONFLICT {
             // A server that honours Idempotency-Key: the same key is still
@@ -330,9 +468,11 @@ impl OpenAiClient {
             || status.is_server_error()
             || status == StatusCode::REQUEST_TIMEOUT
         {
-            return match retry_after(headers) {
+            let wait =
+                retry_after(headers).or_else(|| answer.message.as_deref().and_then(wait_in_text));
+            return match wait {
                 Some(delay) if status == StatusCode::TOO_MANY_REQUESTS => AiFailure::Throttled {
-                    retry_after_ms: delay.as_millis().min(i64::MAX as u128) as i64,
+                    retry_after_ms: (delay.as_millis().min(i64::MAX as u128) as i64).max(1),
                     detail: described,
                 },
                 Some(delay) => AiFailure::Unavailable(format!(
@@ -358,10 +498,88 @@ impl OpenAiClient {
     }
 }
 
-/// The delay a 429 or 503 asks for (`Retry-After: <seconds>`), if any.
+/// Sends the session's `safety_identifier` (OpenAI asks services whose
+/// users are anonymous to send one, so a violation is put down to that
+/// user and not to the whole organisation's key). Orders made outside a
+/// saga have none.
+fn attribute(body: &mut Value, order: &JobOrder) {
+    if !order.safety_id.is_empty() {
+        body["safety_identifier"] = json!(order.safety_id);
+    }
+}
+
+/// The delay a 429 or 503 asks for, if any: `retry-after-ms`, else
+/// `Retry-After` (seconds), else the reset of the exhausted rate limit
+/// (`x-ratelimit-reset-requests` / `-tokens`, durations like `6m0s`, whose
+/// `x-ratelimit-remaining-*` is 0). When the answer does not say which ran
+/// out, the shorter reset: a reset is the time until the limit is whole
+/// again, and a whole booth must not wait six minutes for a token budget
+/// that was not the one exhausted.
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+    let header = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
+    if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+        return Some(Duration::from_secs_f64(ms.max(0.0) / 1_000.0));
+    }
+    if let Some(seconds) = header("retry-after").and_then(|v| v.parse::<f64>().ok()) {
+        return Some(Duration::from_secs_f64(seconds.max(0.0)));
+    }
+    let reset =
+        |limit: &str| header(&format!("x-ratelimit-reset-{limit}")).and_then(openai_duration);
+    let exhausted = |limit: &str| header(&format!("x-ratelimit-remaining-{limit}")) == Some("0");
+    let resets: Vec<Duration> = ["requests", "tokens"]
+        .into_iter()
+        .filter(|limit| exhausted(limit))
+        .filter_map(reset)
+        .collect();
+    if resets.is_empty() {
+        [reset("requests"), reset("tokens")]
+            .into_iter()
+            .flatten()
+            .max()
+    } else {
+        resets.into_iter().max()
+    }
+}
+
+/// The wait an error message names: "Please try again in 20s." (also
+/// `1.5s`, `250ms`, `6m0s`).
+fn wait_in_text(text: &str) -> Option<Duration> {
+    let lower = text.to_ascii_lowercase();
+    let rest = &lower[lower.find("try again in ")? + "try again in ".len()..];
+    let token: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '.')
+        .collect();
+    openai_duration(token.trim_end_matches('.'))
+}
+
+/// OpenAI's duration text (`1s`, `6m0s`, `20ms`, `1h2m3.5s`).
+pub fn openai_duration(text: &str) -> Option<Duration> {
+    let mut total = 0.0_f64;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter(|&n| n > 0)?;
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit = rest
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(rest.len());
+        let factor = match &rest[..unit] {
+            "h" => 3_600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            _ => return None,
+        };
+        total += number * factor;
+        rest = &rest[unit..];
+    }
+    total.is_finite().then(|| Duration::from_secs_f64(total))
 }
 
 async fn exchange(
@@ -380,6 +598,19 @@ fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
         current = source;
     }
     current.to_string()
+}
+
+/// `GET /v1/models`.
+#[derive(Deserialize)]
+struct ModelList {
+    data: Vec<ListedModel>,
+}
+
+#[derive(Deserialize)]
+struct ListedModel {
+    id: String,
+    #[serde(default)]
+    shutdown_date: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -428,6 +659,7 @@ fn final_view(job_id: String, outcome: Result<AiResult, (JobStatus, String)>) ->
             result: Some(result),
             error: None,
             poll_after_ms: None,
+            lookup: None,
         },
         Err((status, error)) => JobView {
             job_id,
@@ -435,6 +667,7 @@ fn final_view(job_id: String, outcome: Result<AiResult, (JobStatus, String)>) ->
             result: None,
             error: Some(error),
             poll_after_ms: None,
+            lookup: None,
         },
     }
 }
@@ -647,6 +880,26 @@ impl ErrorAnswer {
             .flatten()
             .any(|c| Self::POLICY_CODES.contains(&c.as_str()))
     }
+
+    /// The older shape of a safety refusal: a 400 with no code whose
+    /// message says the safety system rejected the request.
+    fn is_safety_refusal(&self) -> bool {
+        const SIGNS: [&str; 3] = ["safety system", "content policy", "safety_violations"];
+        self.code.is_none()
+            && self.message.as_deref().is_some_and(|m| {
+                let m = m.to_ascii_lowercase();
+                SIGNS.iter().any(|sign| m.contains(sign))
+            })
+    }
+
+    /// OpenAI's hard limit of the account (`insufficient_quota`): retrying
+    /// does not restore access, only a change to the account does.
+    fn is_out_of_quota(&self) -> bool {
+        [&self.code, &self.kind]
+            .into_iter()
+            .flatten()
+            .any(|c| c == "insufficient_quota")
+    }
 }
 
 #[cfg(test)]
@@ -827,6 +1080,140 @@ mod tests {
         );
     }
 
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(*name, value.parse().unwrap());
+        }
+        headers
+    }
+
+    fn throttled_ms(pairs: &[(&'static str, &str)], body: &str) -> Option<i64> {
+        client()
+            .classify(
+                CHAT,
+                "k",
+                StatusCode::TOO_MANY_REQUESTS,
+                &headers(pairs),
+                body,
+            )
+            .unwrap_err()
+            .retry_after_ms()
+    }
+
+    #[test]
+    fn every_documented_way_to_name_a_wait_is_read() {
+        let body = r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#;
+        assert_eq!(
+            throttled_ms(&[("retry-after-ms", "1500")], body),
+            Some(1_500)
+        );
+        assert_eq!(
+            throttled_ms(
+                &[
+                    ("x-ratelimit-remaining-requests", "0"),
+                    ("x-ratelimit-reset-requests", "20s"),
+                    ("x-ratelimit-remaining-tokens", "900"),
+                    ("x-ratelimit-reset-tokens", "6m0s")
+                ],
+                body
+            ),
+            Some(20_000),
+            "the exhausted limit's reset"
+        );
+        assert_eq!(
+            throttled_ms(
+                &[
+                    ("x-ratelimit-reset-tokens", "1m30s"),
+                    ("x-ratelimit-reset-requests", "2s")
+                ],
+                body
+            ),
+            Some(90_000),
+            "not saying which ran out: the larger"
+        );
+        let text = r#"{"error":{"message":"Rate limit reached for gpt-6-luna on requests per min (RPM): Limit 3, Used 3. Please try again in 20s.","type":"requests","code":"rate_limit_exceeded"}}"#;
+        assert_eq!(throttled_ms(&[], text), Some(20_000));
+        let ms =
+            r#"{"error":{"message":"Please try again in 250ms.","code":"rate_limit_exceeded"}}"#;
+        assert_eq!(throttled_ms(&[], ms), Some(250));
+        assert_eq!(throttled_ms(&[], body), None, "no wait named: unavailable");
+        for (text, ms) in [
+            ("1s", 1_000),
+            ("6m0s", 360_000),
+            ("20ms", 20),
+            ("1h2m3.5s", 3_723_500),
+            ("0.5s", 500),
+        ] {
+            assert_eq!(
+                openai_duration(text).map(|d| d.as_millis() as i64),
+                Some(ms),
+                "{text}"
+            );
+        }
+        for bad in ["", "s", "5x", "1.2.3s"] {
+            assert_eq!(openai_duration(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn out_of_quota_is_its_own_state() {
+        let body = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+        let failure = client()
+            .classify(
+                CHAT,
+                "k",
+                StatusCode::TOO_MANY_REQUESTS,
+                &headers(&[("retry-after", "1")]),
+                body,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(failure, AiFailure::OutOfQuota(ref d) if d.contains("exceeded your current quota")),
+            "{failure:?}"
+        );
+        assert!(failure.is_unavailable(), "not an attempt");
+    }
+
+    #[test]
+    fn an_old_style_safety_refusal_is_content_rejected() {
+        let body = r#"{"error":{"message":"Your request was rejected as a result of our safety system. Your prompt may contain text that is not allowed by our safety system.","type":"invalid_request_error","param":null,"code":null}}"#;
+        assert!(matches!(
+            answer(IMAGE, 400, body),
+            Err(AiFailure::ContentRejected(_))
+        ));
+        let other = r#"{"error":{"message":"Invalid size","type":"invalid_request_error","param":"size","code":null}}"#;
+        assert!(matches!(
+            answer(IMAGE, 400, other),
+            Err(AiFailure::RequestRejected(_))
+        ));
+    }
+
+    #[test]
+    fn every_request_carries_the_sessions_safety_identifier() {
+        let order = JobOrder::for_call("image", "p", "session-1", None, uuid::Uuid::new_v4());
+        for kind in ["image", "video"] {
+            let mut body = json!({});
+            attribute(
+                &mut body,
+                &JobOrder {
+                    kind: kind.into(),
+                    ..order.clone()
+                },
+            );
+            assert_eq!(
+                body["safety_identifier"],
+                json!(crate::domain::keys::safety_identifier("session-1"))
+            );
+        }
+        let mut body = json!({});
+        attribute(&mut body, &JobOrder::default());
+        assert!(
+            body.get("safety_identifier").is_none(),
+            "no session, none sent"
+        );
+    }
+
     #[test]
     fn unreadable_success_is_unavailable_other_4xx_are_rejected() {
         for body in ["", "not json", r#"{"choices":"x"}"#] {
@@ -901,6 +1288,7 @@ mod tests {
             prompt: "p".into(),
             params: json!({}),
             idempotency_key: uuid::Uuid::new_v4(),
+            ..JobOrder::default()
         };
         let failure = OpenAiClient::new(&settings)
             .submit(&order)
@@ -931,6 +1319,7 @@ mod tests {
             prompt: "p".into(),
             params: json!({}),
             idempotency_key: uuid::Uuid::new_v4(),
+            ..JobOrder::default()
         };
         let failure = OpenAiClient::new(&settings)
             .submit(&order)

@@ -5,54 +5,43 @@
 //! # What Replicate's documentation says (and where it was read)
 //!
 //! - Create (async mode, the default): `POST /v1/predictions` with
-//!   `{"version", "input", "webhook", "webhook_events_filter"}` for a
-//!   community model version, or `POST /v1/models/{owner}/{name}/predictions`
-//!   with `{"input", ...}` for an official model. The answer is the
-//!   prediction, usually `starting`. (replicate.com/docs/topics/predictions/create-a-prediction;
-//!   the "Create a prediction" page of the HTTP reference as mirrored at
-//!   8mdkf4f12u.apifox.cn/api-135794485.)
-//! - Sync mode: the header `Prefer: wait` (or `wait=n`) holds the request
-//!   open up to 60 s and answers with the output when the model is done
-//!   (same page). **Not used here**: the saga polls anyway, and a held-open
-//!   create only widens the window in which a dropped connection leaves the
-//!   create's outcome unclear.
-//! - Get: `GET /v1/predictions/{id}`; `status` is one of `starting`,
-//!   `processing`, `succeeded`, `failed`, `canceled`; `output` is the model's
-//!   output (files are HTTPS URLs, on `replicate.delivery`); `error` is the
-//!   error the prediction met. (HTTP reference "Get a prediction",
-//!   8mdkf4f12u.apifox.cn/api-135794486.)
-//! - Cancel: `POST /v1/predictions/{id}/cancel`, answers the prediction;
-//!   a completed prediction cannot be canceled (its status stays final).
-//!   (HTTP reference; hexdocs.pm/replicate Replicate.Predictions.)
-//! - List: `GET /v1/predictions`, the predictions of the account (API and
-//!   website), newest first, 100 per page, `{"next", "previous", "results"}`
-//!   where `next` is the URL of the next page (a `cursor` query).
-//!   (HTTP reference "List predictions", 8mdkf4f12u.apifox.cn/api-135794484.)
-//!   Its documented example does not show a `webhook` field in the
-//!   results; see "Idempotency" for how the adapter copes.
-//! - Webhooks: `webhook` is an HTTPS URL Replicate POSTs the prediction to;
-//!   `webhook_events_filter` picks among `start`, `output`, `logs`,
-//!   `completed` (`completed` = succeeded, canceled or failed). The endpoint
-//!   "should respond with a 2xx status code within a few seconds; otherwise,
-//!   the webhook might be retried". Nothing in the documentation says a
-//!   failed webhook delivery changes the prediction.
-//!   (replicate.com/docs/topics/webhooks/receive-webhook and setup-webhook;
-//!   replicate.com/changelog/2023-02-10-improved-webhook-events-and-event-filtering.)
-//! - Auth: `Authorization: Bearer <token>` (older examples: `Token <token>`).
-//! - Rate limits: creates 600/min, other endpoints 3000/min; over it, a
-//!   429 with a body like `{"detail":"Request was throttled. Your rate limit
-//!   resets in ~30s."}` (replicate.com/docs/topics/predictions/rate-limits).
-//!   The wait is read from `Retry-After` when there is one, else from that
-//!   "resets in ~Ns" text.
-//! - Errors: non-2xx bodies carry `detail` (and on newer endpoints `title`,
-//!   problem-details style); a bad input is a 422.
+//!   `{"version", "input"}` for a model version, or
+//!   `POST /v1/models/{owner}/{name}/predictions` with `{"input"}` for an
+//!   **official** model (Replicate documents that endpoint for official
+//!   models only; any other model is run by its `version`). Optional fields
+//!   (`webhook`, `webhook_events_filter`, `stream`) are not sent. The answer
+//!   is the prediction, usually `starting`.
+//!   (replicate.com/docs/reference/http, "Create a prediction" and "Create a
+//!   prediction using an official model"; api.replicate.com/openapi.json.)
+//! - Sync mode (`Prefer: wait`) is **not used**: the saga polls anyway, and
+//!   a held-open create only widens the window in which a dropped
+//!   connection leaves the create's outcome unclear.
+//! - The prediction object carries `id`, `model`, `version`, `input`,
+//!   `output`, `data_removed`, `error`, `status`, `created_at`, `urls`,
+//!   `logs`, `metrics`, `source`, `started_at`, `completed_at`, `deadline`,
+//!   `deployment`. It has **no `webhook` field**: nothing a create sends
+//!   comes back to name it but its `input` and the time it was made.
+//! - `status` is one of `starting`, `processing`, `succeeded`, `failed`,
+//!   `canceled`, `aborted` ("terminated before it started running, for
+//!   example when a deadline is reached").
+//! - Get: `GET /v1/predictions/{id}`. Cancel:
+//!   `POST /v1/predictions/{id}/cancel`, answers the prediction. List:
+//!   `GET /v1/predictions`, the account's predictions (API and website),
+//!   newest first, `{"next", "previous", "results"}`, `next` the URL of the
+//!   next page. Model: `GET /v1/models/{owner}/{name}` (404 when there is
+//!   no such model).
+//! - Auth: `Authorization: Bearer <token>`.
+//! - Rate limits: creates 600/min, other endpoints 3000/min, **per
+//!   account**; over it, a 429 with `Retry-After` or a body like
+//!   `{"detail":"Request was throttled. Your rate limit resets in ~30s."}`
+//!   (replicate.com/docs/topics/predictions/rate-limits).
+//! - Errors: non-2xx bodies are problem details (`title`, `detail`,
+//!   `status`); a bad input is a 422; 402 is an account that cannot pay
+//!   (billing not set up, out of credit).
 //! - Moderation: there is no moderation status. A refused input or output
 //!   ends the prediction `failed` with an `error` such as "NSFW content
-//!   detected. Try running it again, or try a different prompt." (raised by
-//!   Replicate's own Stable Diffusion models, github.com/replicate/cog-stable-diffusion
-//!   pull request 65) or Replicate's "flagged as sensitive" (E005) message
-//!   (named in the brief; not found in the stored documentation). Some
-//!   guides mention a 422 about safety on create. [`is_moderation`] matches
+//!   detected. Try running it again, or try a different prompt." or
+//!   Replicate's "flagged as sensitive" (E005). [`is_moderation`] matches
 //!   these texts: such a prediction is `rejected`, such a create refusal is
 //!   `ContentRejected`.
 //!
@@ -62,10 +51,12 @@
 //!   model (`model` = `owner/name`, an official model) or model version
 //!   (`version`, which wins when both are set) comes from configuration;
 //!   `order.kind` and `order.params` choose nothing here.
-//! - Status: `starting` -> `queued`, `processing` -> `running`, `succeeded`
-//!   -> `succeeded`, `failed` -> `failed` (or `rejected` when the error is a
-//!   moderation refusal), `canceled` -> `cancelled`. Any other status is an
-//!   unreadable answer: `Unclear`.
+//! - Status ([`STATUSES`], every documented one): `starting` -> `queued`,
+//!   `processing` -> `running`, `succeeded` -> `succeeded`, `failed` ->
+//!   `failed` (or `rejected` when the error is a moderation refusal),
+//!   `canceled` -> `cancelled`, `aborted` -> `failed` (final: it never ran,
+//!   the attempt counts and the next one makes a new prediction). An
+//!   undocumented status is an unreadable answer: `Unclear`.
 //! - Output -> [`AiResult`]: a URL string is an item whose type follows the
 //!   file extension (audio, video, text, else image); other text is a text
 //!   item; a list is mapped item by item, with its non-URL strings joined
@@ -79,53 +70,60 @@
 //! Outside errors become [`AiFailure`]s in one place,
 //! `ReplicateClient::classify`, with the rules of the job API client
 //! (DESIGN.md rule 6), whose transport classification it reuses: connect
-//! error, 5xx, 429 -> `Unavailable` (`Throttled` when the wait is known);
-//! no answer in time, a connection broken after sending, an unreadable 2xx,
-//! a 504 -> `Unclear`; a 4xx whose text is a moderation refusal ->
+//! error, 5xx, 429 -> `Unavailable` (`Throttled` when the wait is known,
+//! which pauses the whole provider); 402 -> `OutOfQuota`; no answer in
+//! time, a connection broken after sending, an unreadable 2xx, a 504 ->
+//! `Unclear`; a 4xx whose text is a moderation refusal ->
 //! `ContentRejected`; any other 4xx -> `RequestRejected`.
 //!
-//! # Idempotency
+//! # Idempotency: one billed prediction per call
 //!
-//! Replicate takes no idempotency key. Every create carries a `webhook`
-//! URL that names the saga's attempt key:
-//! `{webhook_base}/replicate/{key}` with `webhook_events_filter:
-//! ["completed"]` (one delivery per prediction, plus Replicate's retries).
-//! Without a configured `webhook_base` it is
-//! `https://stagehand.invalid/replicate/{key}`: `.invalid` never resolves,
-//! so the delivery fails harmlessly (the documentation only says a failed
-//! delivery "might be retried"), and no third party receives the
-//! prediction. This is the least harmful choice short of a real receiver.
-//! (If Replicate ever refused unresolvable webhook hosts at create time,
-//! every create would be a 4xx: configure a real `webhook_base`.)
+//! Replicate takes no idempotency key and its predictions carry nothing
+//! the create sent but the input. So a create whose outcome was unclear
+//! (the connection dropped after sending, no answer in time, an
+//! unreadable answer), or a call resumed by another worker whose slot
+//! holds a key but no job id, is never simply sent again. The saga marks
+//! such an order [`MaybeMade`]: since when the job may exist, and which
+//! prediction ids the slot ledger already holds for other calls. Before
+//! creating, the adapter reads the list, newest first, and takes the
+//! predictions that
+//! - have an `input` equal to this order's,
+//! - run this provider's model or version,
+//! - were created no earlier than the key was first sent
+//!   (less [`CLOCK_SLACK_MS`] for the two clocks), and
+//! - are not held by another call in the ledger.
 //!
-//! When a create's outcome was unclear, its key goes into a small
-//! in-memory set ([`UNCLEAR_KEYS_CAP`] keys at most, the oldest dropped
-//! first). Before a create whose key is in that set, the adapter reads the
-//! first [`LOOKUP_PAGES`] pages of `GET /v1/predictions` (newest first) and
-//! adopts a prediction whose `webhook` ends in `/replicate/{key}` instead of
-//! creating a second one. Since the documented list example shows no
-//! `webhook` field, a listed prediction without one whose `input` equals the
-//! order's input is read by id (at most [`LOOKUP_GETS`] of them) to see its
-//! `webhook`. A failing lookup fails the submit (the key stays in the set):
-//! no blind second create.
+//! One found: it is this call's job (`adopted`). Several: the oldest is
+//! adopted and the rest are left alone, at WARN (`ambiguous`). None, and
+//! the first send is less than [`LIST_SETTLE_MS`] ago: not finding it
+//! proves nothing yet, so the submit is unclear again and looks later.
+//! None after that: the earlier create made nothing the list shows, and
+//! the prediction is created again, at WARN (`created_again`). Each
+//! outcome is counted in `stagehand_ai_unclear_creates_total{provider,
+//! outcome}`. The slot adopter looks the same way but never creates: no
+//! prediction found is its evidence that none runs.
 //!
-//! Trade-off of looking only after an unclear create: a create costs no
-//! extra list call, but the set is this process's memory. The remaining
-//! window, where a second prediction (a second billed generation) can be
-//! made:
-//! - a restart (crash, deploy) between an unclear create and its retry, or
-//!   a crash after a successful create before the saga recorded the job id:
-//!   the retry creates again without looking;
-//! - another instance retrying the saga (PostgreSQL clusters): its set does
-//!   not hold the key;
-//! - a prediction made but not yet visible in the list when the retry looks;
-//! - a prediction pushed beyond the pages searched (more than
-//!   `100 x LOOKUP_PAGES` newer predictions on the account, website ones
-//!   included);
-//! - more than [`UNCLEAR_KEYS_CAP`] unclear creates pending at once.
+//! The window that remains, where a second billed prediction can be made:
+//! - a prediction Replicate made but does not list [`LIST_SETTLE_MS`]
+//!   after the first send (the documentation promises no delay either
+//!   way);
+//! - more than [`LOOKUP_PAGES`] pages (100 predictions each) of the
+//!   account's newer predictions, website ones included, made between the
+//!   first send and the look;
+//! - another call of this deployment with an equal input whose create was
+//!   unclear at the same time: both may adopt the same prediction (one
+//!   result shown to both, the other prediction, if made, unseen).
 //!
-//! The participant still gets exactly one result: only the recorded job is
-//! shown and ranked.
+//! A prediction of someone else on the account with an equal input, made
+//! in the same seconds, can be taken for ours: the guest then gets that
+//! result. The participant always gets exactly one result: only the
+//! recorded job is shown and ranked.
+//!
+//! # At start
+//!
+//! With `model` set (and no `version`), the server reads
+//! `GET /v1/models/{owner}/{name}` before it serves: a 404 stops the start
+//! with what to change ([`ReplicateClient::check_model`]).
 //!
 //! # The token
 //!
@@ -136,8 +134,6 @@
 //! as given: only its query is reused on the configured base URL, so the
 //! token cannot be sent to another host.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest::{RequestBuilder, StatusCode};
@@ -147,21 +143,32 @@ use serde_json::{json, Value};
 
 use super::client::{
     ensure_crypto_provider, path_segment, send, transport_failure, CancelOutcome, JobOrder,
-    JobStatus, JobView, RawAnswer,
+    JobStatus, JobView, Lookup, MaybeMade, RawAnswer,
 };
 use super::openai::ApiKey;
+use super::ModelNotice;
 use crate::domain::failure::{AiFailure, AiResult, ContentItem};
 
 /// Replicate's API.
 pub const DEFAULT_BASE_URL: &str = "https://api.replicate.com";
-/// Webhook base when none is configured: never resolves (see the module doc).
-pub const DEFAULT_WEBHOOK_BASE: &str = "https://stagehand.invalid";
-/// Pages of `GET /v1/predictions` read to find an unclear create.
-pub const LOOKUP_PAGES: usize = 2;
-/// Listed predictions without a `webhook` field read by id in one lookup.
-pub const LOOKUP_GETS: usize = 3;
-/// Keys of unclear creates remembered at most.
-pub const UNCLEAR_KEYS_CAP: usize = 1024;
+/// Pages of `GET /v1/predictions` (100 each) read to find an unclear
+/// create's prediction.
+pub const LOOKUP_PAGES: usize = 3;
+/// A prediction created up to this long before the key was first sent (by
+/// our clock) may still be its: Replicate's clock is not ours.
+pub const CLOCK_SLACK_MS: i64 = 2_000;
+/// How long after the first send the list may still not show the
+/// prediction that send made: until then, not finding it proves nothing.
+pub const LIST_SETTLE_MS: i64 = 5_000;
+/// Every prediction status Replicate documents, and what it is here.
+pub const STATUSES: [(&str, JobStatus); 6] = [
+    ("starting", JobStatus::Queued),
+    ("processing", JobStatus::Running),
+    ("succeeded", JobStatus::Succeeded),
+    ("failed", JobStatus::Failed),
+    ("canceled", JobStatus::Cancelled),
+    ("aborted", JobStatus::Failed),
+];
 
 /// Everything the adapter needs, from configuration.
 #[derive(Debug, Clone)]
@@ -178,9 +185,6 @@ pub struct ReplicateSettings {
     /// Bound of one HTTP exchange (not of a prediction). Reaching it is an
     /// unclear outcome.
     pub request_timeout: Duration,
-    /// Base of the webhook URL that carries the attempt key; default
-    /// [`DEFAULT_WEBHOOK_BASE`].
-    pub webhook_base: Option<String>,
 }
 
 impl ReplicateSettings {
@@ -192,13 +196,12 @@ impl ReplicateSettings {
             model: None,
             version: None,
             request_timeout: Duration::from_secs(30),
-            webhook_base: None,
         }
     }
 }
 
-/// Cheap clonable client of Replicate. Clones share the set of unclear
-/// creates. `Debug` shows the key as `ApiKey(***)`.
+/// Cheap clonable client of Replicate. `Debug` shows the key as
+/// `ApiKey(***)`.
 #[derive(Debug, Clone)]
 pub struct ReplicateClient {
     http: reqwest::Client,
@@ -206,16 +209,18 @@ pub struct ReplicateClient {
     api_key: Option<ApiKey>,
     model: Option<String>,
     version: Option<String>,
-    webhook_base: String,
-    /// Attempt keys whose create had an unclear outcome, oldest first.
-    unclear: Arc<Mutex<VecDeque<uuid::Uuid>>>,
 }
 
-/// A prediction as Replicate answers it (create, get, cancel, list items).
+/// A prediction as Replicate answers it (create, get, cancel, list items):
+/// the fields the adapter reads; the others are ignored.
 #[derive(Debug, Clone, Deserialize)]
 struct Prediction {
     id: String,
     status: String,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    version: Option<String>,
     #[serde(default)]
     input: Option<Value>,
     #[serde(default)]
@@ -223,7 +228,7 @@ struct Prediction {
     #[serde(default)]
     error: Option<Value>,
     #[serde(default)]
-    webhook: Option<String>,
+    created_at: Option<String>,
 }
 
 /// One page of `GET /v1/predictions`.
@@ -232,6 +237,13 @@ struct PredictionPage {
     #[serde(default)]
     next: Option<String>,
     results: Vec<Prediction>,
+}
+
+/// What the list showed of an unclear create.
+enum Found {
+    /// The predictions that fit, oldest first.
+    Some(Vec<Prediction>),
+    None,
 }
 
 impl ReplicateClient {
@@ -251,13 +263,6 @@ impl ReplicateClient {
             api_key: settings.api_key.clone(),
             model: settings.model.clone().filter(|m| !m.trim().is_empty()),
             version: settings.version.clone().filter(|v| !v.trim().is_empty()),
-            webhook_base: settings
-                .webhook_base
-                .as_deref()
-                .unwrap_or(DEFAULT_WEBHOOK_BASE)
-                .trim_end_matches('/')
-                .to_owned(),
-            unclear: Arc::default(),
         }
     }
 
@@ -270,73 +275,85 @@ impl ReplicateClient {
         self.api_key.is_some()
     }
 
-    /// Creates the prediction of one attempt, or adopts the one an earlier
-    /// unclear create of the same key made (see the module doc).
+    /// Creates the prediction of one attempt; when an earlier create of the
+    /// same key may have made one, looks for it first (module doc,
+    /// "Idempotency").
     pub async fn submit(&self, order: &JobOrder) -> Result<JobView, AiFailure> {
-        let key = order.idempotency_key;
         let input = json!({ "prompt": order.prompt });
-        if self.was_unclear(key) {
-            if let Some(found) = self.find_created(key, &input).await? {
-                tracing::info!(idempotency_key = %key, prediction = %found.id, "Replicate: adopted the prediction of an unclear create");
-                self.forget_unclear(key);
-                return self.view(found);
+        let (url, body) = self.create_request(&input)?;
+        let mut lookup = None;
+        if let Some(earlier) = &order.maybe_made {
+            match self.find_made(&input, earlier).await? {
+                Found::Some(mut found) => {
+                    let outcome = if found.len() == 1 {
+                        tracing::info!(idempotency_key = %order.idempotency_key, prediction = %found[0].id, "Replicate: found the prediction of an unclear create");
+                        Lookup::Adopted
+                    } else {
+                        let ids: Vec<&str> = found.iter().map(|p| p.id.as_str()).collect();
+                        tracing::warn!(idempotency_key = %order.idempotency_key, predictions = ?ids, "Replicate: several predictions fit an unclear create; the oldest is taken, the others are left alone");
+                        Lookup::Ambiguous
+                    };
+                    let mut view = self.view(found.swap_remove(0))?;
+                    view.lookup = Some(outcome);
+                    return Ok(view);
+                }
+                Found::None if earlier.now_ms - earlier.since_ms < LIST_SETTLE_MS => {
+                    return Err(AiFailure::Unclear(
+                        "the prediction of an unclear create is not listed yet; looking again"
+                            .to_owned(),
+                    ))
+                }
+                Found::None if earlier.look_only => {
+                    return Err(AiFailure::RequestRejected(
+                        "no prediction of this call is listed: the unclear create made none"
+                            .to_owned(),
+                    ))
+                }
+                Found::None => {
+                    tracing::warn!(idempotency_key = %order.idempotency_key, since_ms = earlier.since_ms, "Replicate: no prediction of an unclear create is listed; creating it again");
+                    lookup = Some(Lookup::CreatedAgain);
+                }
             }
         }
-        let webhook = self.webhook_url(key);
-        let mut body = json!({
-            "input": input,
-            "webhook": webhook,
-            "webhook_events_filter": ["completed"],
-        });
-        let url = match (&self.version, &self.model) {
-            (Some(version), _) => {
-                body["version"] = json!(version);
-                format!("{}/v1/predictions", self.base_url)
-            }
-            (None, Some(model)) => match model.split_once('/') {
-                Some((owner, name)) if !owner.is_empty() && !name.is_empty() => format!(
-                    "{}/v1/models/{}/{}/predictions",
-                    self.base_url,
-                    path_segment(owner),
-                    path_segment(name)
-                ),
-                _ => {
-                    return Err(AiFailure::RequestRejected(format!(
-                        "the Replicate model must be owner/name, not {model:?}"
-                    )))
-                }
-            },
-            (None, None) => {
-                return Err(AiFailure::RequestRejected(
-                    "no Replicate model or version is configured".to_owned(),
+        tracing::debug!(kind = %order.kind, idempotency_key = %order.idempotency_key, "Replicate: create a prediction");
+        let request = self.authorized(self.http.post(url).json(&body));
+        let mut view = self
+            .classify::<Prediction>(send(request).await)
+            .and_then(|prediction| self.view(prediction))?;
+        view.lookup = lookup;
+        Ok(view)
+    }
+
+    /// The create's URL and body for `input`: a version on
+    /// `/v1/predictions`, an official model on its own endpoint.
+    fn create_request(&self, input: &Value) -> Result<(String, Value), AiFailure> {
+        match (&self.version, &self.model) {
+            (Some(version), _) => Ok((
+                format!("{}/v1/predictions", self.base_url),
+                json!({ "version": version, "input": input }),
+            )),
+            (None, Some(model)) => {
+                let (owner, name) = owner_and_name(model)?;
+                Ok((
+                    format!(
+                        "{}/v1/models/{}/{}/predictions",
+                        self.base_url,
+                        path_segment(owner),
+                        path_segment(name)
+                    ),
+                    json!({ "input": input }),
                 ))
             }
-        };
-        tracing::debug!(kind = %order.kind, idempotency_key = %key, "Replicate: create a prediction");
-        let request = self.authorized(self.http.post(url).json(&body));
-        let outcome = self
-            .classify::<Prediction>(send(request).await)
-            .and_then(|prediction| self.view(prediction));
-        match &outcome {
-            Err(AiFailure::Unclear(_)) => self.remember_unclear(key),
-            Ok(_) | Err(AiFailure::RequestRejected(_)) | Err(AiFailure::ContentRejected(_)) => {
-                self.forget_unclear(key)
-            }
-            // Refused before a prediction was made: an earlier unclear
-            // create, if any, is still to be looked for.
-            Err(_) => {}
+            (None, None) => Err(AiFailure::RequestRejected(
+                "no Replicate model or version is configured".to_owned(),
+            )),
         }
-        outcome
     }
 
     /// `GET /v1/predictions/{id}`.
     pub async fn poll(&self, job_id: &str) -> Result<JobView, AiFailure> {
-        let request = self.authorized(self.http.get(format!(
-            "{}/v1/predictions/{}",
-            self.base_url,
-            path_segment(job_id)
-        )));
-        self.classify::<Prediction>(send(request).await)
+        self.fetch(job_id)
+            .await
             .and_then(|prediction| self.view(prediction))
     }
 
@@ -356,9 +373,38 @@ impl ReplicateClient {
         )
     }
 
-    /// The webhook URL that carries an attempt key.
-    fn webhook_url(&self, key: uuid::Uuid) -> String {
-        format!("{}/replicate/{key}", self.webhook_base)
+    /// Before serving: with an official model configured (no version), its
+    /// `GET /v1/models/{owner}/{name}`. `Err`: the start stops with what to
+    /// change (no such model, a refused token, a model name that is not
+    /// `owner/name`). A check that cannot be made (the provider unreachable
+    /// or failing) is logged and the start goes on.
+    pub async fn check_model(&self) -> Result<Vec<ModelNotice>, String> {
+        if let Some(version) = &self.version {
+            return Ok(vec![ModelNotice::new("version", version)]);
+        }
+        let Some(model) = &self.model else {
+            return Err("no Replicate model is configured: set model = \"owner/name\" (an official model) or version = \"<version id>\"".to_owned());
+        };
+        let (owner, name) = owner_and_name(model).map_err(|f| f.to_string())?;
+        let request = self.authorized(self.http.get(format!(
+            "{}/v1/models/{}/{}",
+            self.base_url,
+            path_segment(owner),
+            path_segment(name)
+        )));
+        match self.classify::<Value>(send(request).await) {
+            Ok(_) => Ok(vec![ModelNotice::new("model", model)]),
+            Err(AiFailure::RequestRejected(detail)) if detail.starts_with("HTTP 404") => Err(format!(
+                "Replicate has no model {model:?} ({detail}): check the name; a model that is not one of Replicate's official models is run by its version: set version = \"<version id>\" instead of model"
+            )),
+            Err(AiFailure::RequestRejected(detail)) if detail.starts_with("HTTP 401") || detail.starts_with("HTTP 403") => Err(format!(
+                "Replicate refused the API token ({detail}): check the variable api_key_env names"
+            )),
+            Err(failure) => {
+                tracing::warn!(model = %model, %failure, "could not check the Replicate model at start; going on");
+                Ok(vec![ModelNotice::new("model", model)])
+            }
+        }
     }
 
     fn authorized(&self, request: RequestBuilder) -> RequestBuilder {
@@ -368,45 +414,48 @@ impl ReplicateClient {
         }
     }
 
-    /// Looks for the prediction an unclear create of `key` made: the first
-    /// pages of the list, newest first (see the module doc).
-    async fn find_created(
-        &self,
-        key: uuid::Uuid,
-        input: &Value,
-    ) -> Result<Option<Prediction>, AiFailure> {
-        let suffix = format!("/replicate/{key}");
-        let carries_key =
-            |p: &Prediction| p.webhook.as_deref().is_some_and(|w| w.ends_with(&suffix));
+    /// The predictions an earlier create of this call may have made: the
+    /// list, newest first, down to `earlier.since_ms` (module doc,
+    /// "Idempotency"), oldest first.
+    async fn find_made(&self, input: &Value, earlier: &MaybeMade) -> Result<Found, AiFailure> {
+        let oldest = earlier.since_ms - CLOCK_SLACK_MS;
+        let mut fits = Vec::new();
         let mut url = format!("{}/v1/predictions", self.base_url);
-        let mut gets = 0;
         for _ in 0..LOOKUP_PAGES {
             let request = self.authorized(self.http.get(&url));
             let page: PredictionPage = self.classify(send(request).await)?;
-            if let Some(found) = page.results.iter().find(|p| carries_key(p)) {
-                return Ok(Some(found.clone()));
+            let mut older_seen = false;
+            for p in page.results {
+                match p.created_at.as_deref().and_then(epoch_ms) {
+                    Some(at) if at < oldest => older_seen = true,
+                    Some(_) if self.is_this_call(&p, input, earlier) => fits.push(p),
+                    _ => {}
+                }
             }
-            // A list without `webhook` fields: read the likely ones by id.
-            for candidate in page
-                .results
-                .iter()
-                .filter(|p| p.webhook.is_none() && p.input.as_ref() == Some(input))
-            {
-                if gets == LOOKUP_GETS {
-                    break;
-                }
-                gets += 1;
-                let full = self.fetch(&candidate.id).await?;
-                if carries_key(&full) {
-                    return Ok(Some(full));
-                }
+            if older_seen {
+                break;
             }
             match page.next.as_deref().and_then(next_query) {
                 Some(query) => url = format!("{}/v1/predictions?{query}", self.base_url),
                 None => break,
             }
         }
-        Ok(None)
+        if fits.is_empty() {
+            return Ok(Found::None);
+        }
+        fits.sort_by_key(|p| p.created_at.as_deref().and_then(epoch_ms));
+        Ok(Found::Some(fits))
+    }
+
+    /// A listed prediction that can be the call's: its input, this
+    /// provider's model or version, and no other call holds it.
+    fn is_this_call(&self, p: &Prediction, input: &Value, earlier: &MaybeMade) -> bool {
+        let same_model = match (&self.version, &self.model) {
+            (Some(version), _) => p.version.as_deref().is_none_or(|v| v == version),
+            (None, Some(model)) => p.model.as_deref().is_none_or(|m| m == model),
+            (None, None) => false,
+        };
+        same_model && p.input.as_ref() == Some(input) && !earlier.taken.contains(&p.id)
     }
 
     async fn fetch(&self, id: &str) -> Result<Prediction, AiFailure> {
@@ -416,27 +465,6 @@ impl ReplicateClient {
             path_segment(id)
         )));
         self.classify(send(request).await)
-    }
-
-    fn was_unclear(&self, key: uuid::Uuid) -> bool {
-        self.unclear.lock().expect("unclear keys").contains(&key)
-    }
-
-    fn remember_unclear(&self, key: uuid::Uuid) {
-        let mut keys = self.unclear.lock().expect("unclear keys");
-        if !keys.contains(&key) {
-            if keys.len() == UNCLEAR_KEYS_CAP {
-                keys.pop_front();
-            }
-            keys.push_back(key);
-        }
-    }
-
-    fn forget_unclear(&self, key: uuid::Uuid) {
-        self.unclear
-            .lock()
-            .expect("unclear keys")
-            .retain(|k| *k != key);
     }
 
     /// The one place where this provider's outside errors become
@@ -475,6 +503,8 @@ impl ReplicateClient {
                 },
                 None => AiFailure::Unavailable(described),
             }
+        } else if status == StatusCode::PAYMENT_REQUIRED {
+            AiFailure::OutOfQuota(described)
         } else if status == StatusCode::GATEWAY_TIMEOUT {
             AiFailure::Unclear(described)
         } else if status.is_server_error() {
@@ -522,7 +552,17 @@ impl ReplicateClient {
                 };
                 (status, None, Some(error))
             }
-            "canceled" | "cancelled" => (JobStatus::Cancelled, None, error),
+            "canceled" => (JobStatus::Cancelled, None, error),
+            // Ended before it ran (e.g. its deadline passed): final, and
+            // never to be cancelled.
+            "aborted" => (
+                JobStatus::Failed,
+                None,
+                Some(error.unwrap_or_else(|| {
+                    "the prediction was aborted before it ran (for example, its deadline passed)"
+                        .to_owned()
+                })),
+            ),
             other => {
                 let other: String = self.scrub(other).chars().take(40).collect();
                 return Err(AiFailure::Unclear(format!(
@@ -536,6 +576,7 @@ impl ReplicateClient {
             result,
             error,
             poll_after_ms: None,
+            lookup: None,
         })
     }
 
@@ -553,6 +594,7 @@ impl ReplicateClient {
             AiFailure::RequestRejected(d) => AiFailure::RequestRejected(self.scrub(&d)),
             AiFailure::ContentRejected(d) => AiFailure::ContentRejected(self.scrub(&d)),
             AiFailure::JobFailed(d) => AiFailure::JobFailed(self.scrub(&d)),
+            AiFailure::OutOfQuota(d) => AiFailure::OutOfQuota(self.scrub(&d)),
             AiFailure::Throttled {
                 retry_after_ms,
                 detail,
@@ -571,6 +613,25 @@ fn next_query(next: &str) -> Option<&str> {
     next.split_once('?')
         .map(|(_, query)| query)
         .filter(|query| !query.is_empty())
+}
+
+/// `owner/name` split, or the refusal that says what it must be.
+fn owner_and_name(model: &str) -> Result<(&str, &str), AiFailure> {
+    match model.split_once('/') {
+        Some((owner, name)) if !owner.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((owner, name))
+        }
+        _ => Err(AiFailure::RequestRejected(format!(
+            "the Replicate model must be owner/name, not {model:?}"
+        ))),
+    }
+}
+
+/// An RFC 3339 time (`created_at`) in epoch milliseconds.
+fn epoch_ms(text: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.timestamp_millis())
 }
 
 /// What a non-2xx body says: `detail` (and `title`) of Replicate's errors,
@@ -746,16 +807,23 @@ mod tests {
     }
 
     #[test]
-    fn statuses_map() {
-        for (status, expected) in [
-            ("starting", JobStatus::Queued),
-            ("processing", JobStatus::Running),
-            ("canceled", JobStatus::Cancelled),
-        ] {
-            let view = ok(&format!(r#"{{"id":"p1","status":"{status}"}}"#));
+    fn every_documented_status_maps() {
+        for (status, expected) in STATUSES {
+            let output = r#""output":"https://replicate.delivery/x/out.webp""#;
+            let view = ok(&format!(r#"{{"id":"p1","status":"{status}",{output}}}"#));
             assert_eq!(view.status, expected, "{status}");
+            assert_eq!(
+                view.status.is_final(),
+                !matches!(status, "starting" | "processing")
+            );
             assert_eq!(view.job_id, "p1");
         }
+        let aborted = ok(r#"{"id":"p","status":"aborted","error":null}"#);
+        assert!(aborted.error.unwrap().contains("aborted before it ran"));
+    }
+
+    #[test]
+    fn statuses_map() {
         let failed = ok(r#"{"id":"p","status":"failed","error":"CUDA out of memory"}"#);
         assert_eq!(failed.status, JobStatus::Failed);
         assert_eq!(failed.error.as_deref(), Some("CUDA out of memory"));
@@ -878,6 +946,14 @@ mod tests {
             Err(AiFailure::RequestRejected(_))
         ));
         assert!(matches!(
+            answer(
+                402,
+                r#"{"title":"Payment required","detail":"You have insufficient credit","status":402}"#,
+                None
+            ),
+            Err(AiFailure::OutOfQuota(_))
+        ));
+        assert!(matches!(
             answer(302, "", None),
             Err(AiFailure::RequestRejected(m)) if m.starts_with("unexpected")
         ));
@@ -908,29 +984,16 @@ mod tests {
         assert_eq!(url_kind("data:audio/wav;base64,AAA"), "audio");
         assert_eq!(url_kind("https://x/y/readme.TXT"), "text");
         assert_eq!(url_kind("https://x/y"), "image");
-        let c = client();
-        let key = uuid::Uuid::new_v4();
+        assert_eq!(epoch_ms("1970-01-01T00:00:01.5Z"), Some(1_500));
         assert_eq!(
-            c.webhook_url(key),
-            format!("https://stagehand.invalid/replicate/{key}")
+            epoch_ms("2026-12-05T10:00:00+01:00"),
+            Some(1_796_461_200_000)
         );
-        assert!(!c.was_unclear(key));
-        c.remember_unclear(key);
-        assert!(c.clone().was_unclear(key), "clones share the set");
-        c.forget_unclear(key);
-        assert!(!c.was_unclear(key));
-    }
-
-    #[test]
-    fn the_unclear_set_is_bounded() {
-        let c = client();
-        let first = uuid::Uuid::new_v4();
-        c.remember_unclear(first);
-        for _ in 0..UNCLEAR_KEYS_CAP {
-            c.remember_unclear(uuid::Uuid::new_v4());
+        assert_eq!(epoch_ms("yesterday"), None);
+        assert!(owner_and_name("owner/name").is_ok());
+        for bad in ["name", "/name", "owner/", "a/b/c"] {
+            assert!(owner_and_name(bad).is_err(), "{bad}");
         }
-        assert!(!c.was_unclear(first), "the oldest key is dropped");
-        assert_eq!(c.unclear.lock().unwrap().len(), UNCLEAR_KEYS_CAP);
     }
 
     #[tokio::test]
@@ -941,6 +1004,7 @@ mod tests {
             prompt: "p".into(),
             params: json!({}),
             idempotency_key: uuid::Uuid::new_v4(),
+            ..JobOrder::default()
         };
         assert!(matches!(
             c.submit(&order).await,

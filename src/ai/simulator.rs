@@ -861,6 +861,7 @@ mod tests {
             prompt: prompt.to_owned(),
             params: json!({ "style": "comic" }),
             idempotency_key: uuid::Uuid::new_v4(),
+            ..JobOrder::default()
         }
     }
 

@@ -25,6 +25,11 @@ pub const OPEN_AFTER: u32 = 5;
 pub const COOL_DOWN_MS: i64 = 30_000;
 /// How long a probe may take before another instance may probe instead.
 pub const PROBE_MS: i64 = 60_000;
+/// How long an account out of quota keeps the breaker open before one
+/// probe asks again (an operator who added credit closes it at once).
+/// Retrying sooner cannot help: the provider refuses every request until
+/// someone changes the account.
+pub const OUT_OF_QUOTA_MS: i64 = 5 * 60_000;
 
 /// The breaker as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -35,6 +40,10 @@ pub struct Breaker {
     /// dispatcher that wrote it holds the [`Probe`] whose answer closes
     /// the breaker.
     pub probe_until_ms: Option<EpochMs>,
+    /// The provider named a wait (a 429's `Retry-After` and the like): no
+    /// request goes out before then. Not an opening: when it is over,
+    /// work goes on without a probe.
+    pub paused_until_ms: Option<EpochMs>,
 }
 
 /// Who opened the breaker (`provider_breakers.opened_by`).
@@ -44,6 +53,10 @@ pub enum Opener {
     Unavailable,
     /// An operator (`POST /api/admin/breaker/open`, "Pause AI" on /ops).
     Operator,
+    /// The provider said the account is out of quota or credit: nothing it
+    /// is asked can succeed until someone changes the account. Open for
+    /// [`OUT_OF_QUOTA_MS`], then one probe; an operator closes it at once.
+    OutOfQuota,
 }
 
 impl Opener {
@@ -51,6 +64,7 @@ impl Opener {
         match self {
             Opener::Unavailable => "unavailable",
             Opener::Operator => "operator",
+            Opener::OutOfQuota => "out_of_quota",
         }
     }
 
@@ -59,6 +73,7 @@ impl Opener {
         match name {
             "unavailable" => Some(Opener::Unavailable),
             "operator" => Some(Opener::Operator),
+            "out_of_quota" => Some(Opener::OutOfQuota),
             _ => None,
         }
     }
@@ -69,6 +84,15 @@ impl Opener {
     /// stays the operator's).
     pub fn may_shorten(self) -> bool {
         self == Opener::Operator
+    }
+
+    /// The words operators read first, before the provider's own.
+    pub fn headline(self) -> &'static str {
+        match self {
+            Opener::Unavailable => "the provider did not answer",
+            Opener::Operator => "paused by an operator",
+            Opener::OutOfQuota => "the account is out of quota or credit",
+        }
     }
 }
 
@@ -208,6 +232,7 @@ mod tests {
         let b = |open, probe| Breaker {
             open_until_ms: open,
             probe_until_ms: probe,
+            paused_until_ms: None,
         };
         assert_eq!(b(None, None).state(10), BreakerState::Closed);
         assert_eq!(b(Some(20), None).state(10), BreakerState::Open);
@@ -232,6 +257,7 @@ mod tests {
         let open = Breaker {
             open_until_ms: Some(1_000),
             probe_until_ms: None,
+            paused_until_ms: None,
         };
         assert_eq!(open.admission(999), Admission::NoAi);
         assert_eq!(open.admission(1_000), Admission::Probe);
@@ -257,6 +283,7 @@ mod tests {
         let open = Breaker {
             open_until_ms: Some(1_000),
             probe_until_ms: None,
+            paused_until_ms: None,
         };
         assert!(
             !open.closed_by_answer(None, 500),
@@ -287,6 +314,7 @@ mod tests {
         let paused = Breaker {
             open_until_ms: Some(601_300),
             probe_until_ms: None,
+            paused_until_ms: None,
         };
         assert!(
             !paused.closed_by_answer(Some(probe), 1_300),
@@ -308,9 +336,10 @@ mod tests {
 
     #[test]
     fn openers_by_name_and_who_may_shorten() {
-        for opener in [Opener::Unavailable, Opener::Operator] {
+        for opener in [Opener::Unavailable, Opener::Operator, Opener::OutOfQuota] {
             assert_eq!(Opener::parse(opener.as_str()), Some(opener));
         }
+        assert!(!Opener::OutOfQuota.may_shorten());
         assert_eq!(Opener::parse("someone"), None);
         assert!(Opener::Operator.may_shorten());
         assert!(!Opener::Unavailable.may_shorten());

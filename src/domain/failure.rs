@@ -27,6 +27,13 @@ pub enum AiFailure {
     /// outage: the circuit breaker does not count it.
     #[error("AI provider asks to wait {retry_after_ms} ms: {detail}")]
     Throttled { retry_after_ms: i64, detail: String },
+    /// The provider says the account is out of quota or credit (OpenAI's
+    /// `insufficient_quota`, Replicate's 402): every request fails until
+    /// someone changes the account, so asking again soon cannot help. Not
+    /// an attempt and no job was made; the provider's breaker opens with
+    /// this as its reason, and the saga waits with its place kept.
+    #[error("AI account out of quota: {0}")]
+    OutOfQuota(String),
     /// Any other 4xx on submit: our request was refused. Counts as an attempt.
     #[error("AI provider refused the request: {0}")]
     RequestRejected(String),
@@ -44,12 +51,15 @@ pub enum AiFailure {
 }
 
 impl AiFailure {
-    /// Unavailable, unclear or throttled: not an attempt, retried with the
-    /// same key.
+    /// Unavailable, unclear, throttled or out of quota: not an attempt,
+    /// retried with the same key.
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
-            AiFailure::Unavailable(_) | AiFailure::Unclear(_) | AiFailure::Throttled { .. }
+            AiFailure::Unavailable(_)
+                | AiFailure::Unclear(_)
+                | AiFailure::Throttled { .. }
+                | AiFailure::OutOfQuota(_)
         )
     }
 

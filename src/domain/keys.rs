@@ -19,6 +19,21 @@ pub fn token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
+/// The identifier a provider may use to attribute a policy violation to one
+/// end user rather than to the whole account (OpenAI's
+/// `safety_identifier`): SHA-256 of the session id under a fixed label, in
+/// hex. Stable for every request of one session, different between
+/// sessions, and it reveals neither the session id nor anything the guest
+/// typed.
+pub fn safety_identifier(session_id: &str) -> String {
+    hex::encode(
+        Sha256::new()
+            .chain_update(b"stagehand safety identifier\0")
+            .chain_update(session_id.as_bytes())
+            .finalize(),
+    )
+}
+
 /// How an Idempotency-Key is stored: SHA-256 of its scope and the key, in
 /// hex. The key itself never reaches the database: for session creation
 /// it is the caller's only secret.
@@ -77,6 +92,20 @@ pub fn ai_call_key(base: Uuid, call: u32, attempt: u32) -> Uuid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_safety_identifier_is_stable_per_session_and_reveals_nothing() {
+        let session = "3f2b8c1e-5d4a-4e2f-9a7b-0c1d2e3f4a5b";
+        let id = safety_identifier(session);
+        assert_eq!(id.len(), 64);
+        assert!(id
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert_eq!(id, safety_identifier(session), "stable");
+        assert_ne!(id, safety_identifier("another session"));
+        assert!(!id.contains("3f2b8c1e"));
+        assert_ne!(id, token_hash(session), "not the plain hash of the id");
+    }
 
     #[test]
     fn stored_keys_and_seals_depend_on_every_input() {

@@ -47,7 +47,7 @@ impl Evidence {
 pub fn evidence_of_refusal(failure: &AiFailure, unclear_before: bool) -> Option<Evidence> {
     match failure {
         AiFailure::Unclear(_) | AiFailure::Timeout => None,
-        AiFailure::Unavailable(_) | AiFailure::Throttled { .. } => {
+        AiFailure::Unavailable(_) | AiFailure::Throttled { .. } | AiFailure::OutOfQuota(_) => {
             (!unclear_before).then_some(Evidence::SubmitRefused)
         }
         AiFailure::RequestRejected(_) | AiFailure::ContentRejected(_) => {

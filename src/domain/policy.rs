@@ -3,7 +3,7 @@
 //! involved, the random jitter, so tests pin both.
 
 use super::failure::AiFailure;
-use super::saga::{AbortReason, Step};
+use super::saga::{AbortReason, Step, OUT_OF_CREDIT};
 
 /// Milliseconds since the Unix epoch; the database stores times this way.
 pub type EpochMs = i64;
@@ -80,7 +80,10 @@ impl RetryPolicy {
                     detail: detail.clone(),
                 }
             }
-            AiFailure::Unavailable(_) | AiFailure::Unclear(_) | AiFailure::Throttled { .. } => (
+            AiFailure::Unavailable(_)
+            | AiFailure::Unclear(_)
+            | AiFailure::Throttled { .. }
+            | AiFailure::OutOfQuota(_) => (
                 AttemptState {
                     attempts: before.attempts,
                     unavailable_streak: before.unavailable_streak + 1,
@@ -118,14 +121,23 @@ impl RetryPolicy {
             // The time ran out waiting for the AI (it was not there, or too
             // slow): AI_TIMEOUT. After a job that failed or a refused
             // request, the AI failed and there is no time to ask again.
-            let reason = match failure {
-                AiFailure::RequestRejected(_) | AiFailure::JobFailed(_) => AbortReason::AiFailed,
-                _ => AbortReason::AiTimeout,
+            // An account out of quota: the AI could not work at all, and
+            // the guest is told so (`OUT_OF_CREDIT`).
+            let (reason, detail) = match failure {
+                AiFailure::RequestRejected(_) | AiFailure::JobFailed(_) => (
+                    AbortReason::AiFailed,
+                    format!("{failure}; no time left before the saga deadline"),
+                ),
+                AiFailure::OutOfQuota(_) => (
+                    AbortReason::AiFailed,
+                    format!("{OUT_OF_CREDIT}: {failure}; no time left before the saga deadline"),
+                ),
+                _ => (
+                    AbortReason::AiTimeout,
+                    format!("{failure}; no time left before the saga deadline"),
+                ),
             };
-            return AfterFailure::Abort {
-                reason,
-                detail: format!("{failure}; no time left before the saga deadline"),
-            };
+            return AfterFailure::Abort { reason, detail };
         }
         AfterFailure::RetryLater {
             state,

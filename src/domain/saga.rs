@@ -107,6 +107,10 @@ impl FromStr for Step {
     }
 }
 
+/// How the detail of an `AI_FAILED` abort starts when the provider's
+/// account was out of quota or credit ([`AbortReason::message_for`]).
+pub const OUT_OF_CREDIT: &str = "the AI account is out of quota or credit";
+
 /// Why a saga ended ABORTED (rule 7). Each has a message a booth display can
 /// show as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -152,6 +156,19 @@ impl AbortReason {
     /// The message a booth display and the participant see, in `locale`.
     pub fn human_message(self, locale: Locale) -> Cow<'static, str> {
         locale.text(&format!("abort.{}", self.as_str()))
+    }
+
+    /// The message of an abort with its recorded `detail`: an `AI_FAILED`
+    /// because the provider's account ran out of quota says so (the guest
+    /// learns that staff must act, not that the AI is slow); every other
+    /// abort has its reason's message.
+    pub fn message_for(self, detail: Option<&str>, locale: Locale) -> Cow<'static, str> {
+        match detail {
+            Some(detail) if self == AbortReason::AiFailed && detail.starts_with(OUT_OF_CREDIT) => {
+                locale.text("abort.AI_FAILED.out_of_credit")
+            }
+            _ => self.human_message(locale),
+        }
     }
 
     /// The terminal event type this reason is announced with.

@@ -422,20 +422,35 @@ pub struct BreakerView {
     /// RFC 3339, while a probe is out.
     pub probe_until: Option<String>,
     /// Who opened it, while open: `operator` (by hand; only its time
-    /// running out, then a successful probe, or an operator closes it) or
-    /// `unavailable` (the automatic cool-down, or a failed probe).
+    /// running out, then a successful probe, or an operator closes it),
+    /// `unavailable` (the automatic cool-down, or a failed probe) or
+    /// `out_of_quota` (the provider says the account is out of quota or
+    /// credit: add credit, then close it; otherwise a probe every 5 min).
     pub opened_by: Option<String>,
+    /// Why, while open, in words an operator acts on: "the account is out
+    /// of quota or credit: …", "the provider did not answer: …", "paused by
+    /// an operator".
+    pub reason: Option<String>,
+    /// RFC 3339, while the provider's own named wait (a 429's) holds every
+    /// request back; not an opening.
+    pub paused_until: Option<String>,
 }
 
 async fn breaker_view(state: &AppState, provider: &str) -> Result<BreakerView, ApiError> {
-    let (breaker, opener) = state.store.breaker_and_opener(provider).await?;
+    let row = state.store.breaker_row(provider).await?;
     let now = state.clock.now_ms();
     Ok(BreakerView {
         provider: provider.to_owned(),
-        state: breaker.state(now).as_str().to_owned(),
-        open_until: breaker.open_until_ms.map(rfc3339),
-        probe_until: breaker.probe_until_ms.map(rfc3339),
-        opened_by: opener.map(|o| o.as_str().to_owned()),
+        state: row.breaker.state(now).as_str().to_owned(),
+        open_until: row.breaker.open_until_ms.map(rfc3339),
+        probe_until: row.breaker.probe_until_ms.map(rfc3339),
+        opened_by: row.opener.map(|o| o.as_str().to_owned()),
+        reason: row.reason,
+        paused_until: row
+            .breaker
+            .paused_until_ms
+            .filter(|until| *until > now)
+            .map(rfc3339),
     })
 }
 
@@ -539,7 +554,13 @@ pub async fn open_breaker(
     let now = state.clock.now_ms();
     state
         .store
-        .open_breaker(&provider, now + ms, Opener::Operator, now)
+        .open_breaker(
+            &provider,
+            now + ms,
+            Opener::Operator,
+            Opener::Operator.headline(),
+            now,
+        )
         .await?;
     tracing::warn!(
         %provider, for_ms = ms,
@@ -608,8 +629,15 @@ pub struct ProviderView {
     pub queued: i64,
     /// `closed`, `open` or `probing`.
     pub breaker: String,
+    /// Why the breaker is open (as in `GET /api/admin/breaker`), null while
+    /// closed.
+    pub reason: Option<String>,
     /// Its request rate limit (`20/1s`), null when off.
     pub rate_limit: Option<String>,
+    /// The models it is configured to use, as the vendor listed them when
+    /// this instance started: a `shutdown_date` is a shutdown the vendor
+    /// has announced.
+    pub models: Vec<crate::ai::ModelNotice>,
     pub experiences: Vec<ProviderExperienceView>,
 }
 
@@ -656,14 +684,20 @@ pub async fn list_providers(state: web::Data<AppState>) -> Result<HttpResponse, 
                 }
             })
             .collect::<Vec<_>>();
-        let breaker = state.store.breaker(&p.name).await?.state(now);
+        let breaker = state.store.breaker_row(&p.name).await?;
         providers.push(ProviderView {
             in_flight: experiences.iter().map(|e| e.in_flight).sum(),
             queued: experiences.iter().map(|e| e.queued).sum(),
+            models: state
+                .provider_models
+                .get(&p.name)
+                .cloned()
+                .unwrap_or_default(),
             name: p.name,
             kind: p.kind,
             max_in_flight: p.max_in_flight,
-            breaker: breaker.as_str().to_owned(),
+            breaker: breaker.breaker.state(now).as_str().to_owned(),
+            reason: breaker.reason,
             rate_limit: p.rate_limit,
             experiences,
         });

@@ -72,6 +72,10 @@ pub struct AppState {
     /// The SQLite file's exclusive lock (SQLite mode is single-instance),
     /// held as long as the application runs.
     pub sqlite_lock: Option<std::sync::Arc<std::fs::File>>,
+    /// Each provider's models as its vendor listed them at start (an
+    /// announced shutdown date), for the providers view and /ops.
+    pub provider_models:
+        std::sync::Arc<std::collections::BTreeMap<String, Vec<crate::ai::ModelNotice>>>,
 }
 
 impl AppState {

@@ -185,9 +185,10 @@ pub async fn get_session(
         .and_then(|r| r.parse::<AbortReason>().ok());
     let locale = Locale::of(&experience.locale);
     let message = match reason {
-        Some(reason) if session.status == SessionStatus::Aborted.as_str() => {
-            reason.human_message(locale)
-        }
+        Some(reason) if session.status == SessionStatus::Aborted.as_str() => reason.message_for(
+            saga.as_ref().and_then(|s| s.abort_detail.as_deref()),
+            locale,
+        ),
         _ => locale.text(&format!("session.{}", session.status)),
     };
     let result = match &saga {
@@ -216,15 +217,23 @@ pub async fn get_session(
     // Waiting for the AI: its place in the experience's queue, and
     // whether the provider is paused (its breaker open).
     let now = state.clock.now_ms();
-    let (queue_position, ai_paused) = match &saga {
+    let (queue_position, ai_paused, out_of_credit) = match &saga {
         Some(saga) if saga.step == Step::AiPending.as_str() => {
-            let paused = state.store.breaker(&experience.provider).await?.state(now)
-                != crate::domain::breaker::BreakerState::Closed;
-            (state.store.queue_position(saga, now).await?, paused)
+            let breaker = state.store.breaker_row(&experience.provider).await?;
+            let paused = breaker.breaker.state(now) != crate::domain::breaker::BreakerState::Closed;
+            let out_of_credit = breaker.opener == Some(crate::domain::breaker::Opener::OutOfQuota);
+            (
+                state.store.queue_position(saga, now).await?,
+                paused,
+                out_of_credit,
+            )
         }
-        _ => (None, false),
+        _ => (None, false, false),
     };
-    let message = if ai_paused {
+    let message = if out_of_credit {
+        // Not a pause that ends by itself: staff must act.
+        locale.text("session.ai_out_of_credit")
+    } else if ai_paused {
         locale.text("session.ai_paused")
     } else if saga
         .as_ref()

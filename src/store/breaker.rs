@@ -10,6 +10,15 @@ use super::{Store, StoreResult};
 use crate::domain::breaker::{Breaker, Opener, Probe};
 use crate::domain::policy::EpochMs;
 
+/// A provider's breaker as operators see it: the state, who opened it and
+/// why (both None while closed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BreakerRow {
+    pub breaker: Breaker,
+    pub opener: Option<Opener>,
+    pub reason: Option<String>,
+}
+
 /// The provider of the experiences today: the one AI provider configured
 /// for the instance.
 pub const DEFAULT_PROVIDER: &str = "default";
@@ -17,68 +26,72 @@ pub const DEFAULT_PROVIDER: &str = "default";
 impl Store {
     /// The breaker of `provider` (closed when it has no row).
     pub async fn breaker(&self, provider: &str) -> StoreResult<Breaker> {
-        Ok(self.breaker_and_opener(provider).await?.0)
+        Ok(self.breaker_row(provider).await?.breaker)
     }
 
-    /// The breaker of `provider` and who opened it (None while closed).
-    pub async fn breaker_and_opener(
-        &self,
-        provider: &str,
-    ) -> StoreResult<(Breaker, Option<Opener>)> {
+    /// The breaker of `provider`, who opened it and why (None while
+    /// closed).
+    pub async fn breaker_row(&self, provider: &str) -> StoreResult<BreakerRow> {
         let row = self
             .db()
             .query_one_raw(self.sql(
-                "SELECT open_until_ms, probe_until_ms, opened_by FROM provider_breakers \
-                 WHERE provider = $1",
+                "SELECT open_until_ms, probe_until_ms, opened_by, reason, paused_until_ms \
+                 FROM provider_breakers WHERE provider = $1",
                 vec![provider.into()],
             ))
             .await?;
-        Ok(match row {
-            Some(row) => {
-                let breaker = Breaker {
-                    open_until_ms: row.try_get_by_index(0)?,
-                    probe_until_ms: row.try_get_by_index(1)?,
-                };
-                let opener: Option<String> = row.try_get_by_index(2)?;
-                let opener = opener.as_deref().and_then(Opener::parse);
-                (breaker, opener.filter(|_| breaker.is_open()))
-            }
-            None => (Breaker::default(), None),
+        let Some(row) = row else {
+            return Ok(BreakerRow::default());
+        };
+        let breaker = Breaker {
+            open_until_ms: row.try_get_by_index(0)?,
+            probe_until_ms: row.try_get_by_index(1)?,
+            paused_until_ms: row.try_get_by_index(4)?,
+        };
+        let opener: Option<String> = row.try_get_by_index(2)?;
+        let reason: Option<String> = row.try_get_by_index(3)?;
+        Ok(BreakerRow {
+            breaker,
+            opener: opener
+                .as_deref()
+                .and_then(Opener::parse)
+                .filter(|_| breaker.is_open()),
+            reason: reason.filter(|_| breaker.is_open()),
         })
     }
 
-    /// Opens the breaker until `until`, as `by`; any probe out is no longer
-    /// the breaker's. An automatic opening never shortens an opening
-    /// already longer (an operator's for an hour stays an hour, and stays
-    /// the operator's); an operator's sets it as said
+    /// Opens the breaker until `until`, as `by`, for `reason` (the words
+    /// operators read); any probe out is no longer the breaker's. An
+    /// automatic opening never shortens an opening already longer (an
+    /// operator's for an hour stays an hour, and stays the operator's,
+    /// with its reason); an operator's sets it as said
     /// ([`Opener::may_shorten`]).
     pub async fn open_breaker(
         &self,
         provider: &str,
         until: EpochMs,
         by: Opener,
+        reason: &str,
         now: EpochMs,
     ) -> StoreResult<()> {
-        let (open_until, opened_by) = if by.may_shorten() {
-            (
-                "excluded.open_until_ms".to_owned(),
-                "excluded.opened_by".to_owned(),
-            )
-        } else {
-            let longer = |column: &str| {
+        let kept = |column: &str| {
+            if by.may_shorten() {
+                format!("excluded.{column}")
+            } else {
                 format!(
                     "CASE WHEN provider_breakers.open_until_ms > excluded.open_until_ms \
                      THEN provider_breakers.{column} ELSE excluded.{column} END"
                 )
-            };
-            (longer("open_until_ms"), longer("opened_by"))
+            }
         };
+        let (open_until, opened_by, why) =
+            (kept("open_until_ms"), kept("opened_by"), kept("reason"));
         self.write_one(self.sql(
             &format!(
                 "INSERT INTO provider_breakers (provider, open_until_ms, probe_until_ms, opened_by, \
-                 updated_at_ms) VALUES ($1, $2, NULL, $3, $4) \
+                 reason, updated_at_ms) VALUES ($1, $2, NULL, $3, $5, $4) \
                  ON CONFLICT (provider) DO UPDATE SET open_until_ms = {open_until}, \
-                 probe_until_ms = NULL, opened_by = {opened_by}, \
+                 probe_until_ms = NULL, opened_by = {opened_by}, reason = {why}, \
                  updated_at_ms = excluded.updated_at_ms"
             ),
             vec![
@@ -86,7 +99,29 @@ impl Store {
                 until.into(),
                 by.as_str().into(),
                 now.into(),
+                reason.into(),
             ],
+        ))
+        .await?;
+        Ok(())
+    }
+
+    /// The provider named a wait: no request of any instance goes out
+    /// before `until`. Never shortens a pause already longer.
+    pub async fn pause_provider(
+        &self,
+        provider: &str,
+        until: EpochMs,
+        now: EpochMs,
+    ) -> StoreResult<()> {
+        self.write_one(self.sql(
+            "INSERT INTO provider_breakers (provider, open_until_ms, probe_until_ms, opened_by, \
+             paused_until_ms, updated_at_ms) VALUES ($1, NULL, NULL, NULL, $2, $3) \
+             ON CONFLICT (provider) DO UPDATE SET paused_until_ms = \
+             CASE WHEN provider_breakers.paused_until_ms > excluded.paused_until_ms \
+             THEN provider_breakers.paused_until_ms ELSE excluded.paused_until_ms END, \
+             updated_at_ms = excluded.updated_at_ms",
+            vec![provider.into(), until.into(), now.into()],
         ))
         .await?;
         Ok(())
@@ -98,17 +133,19 @@ impl Store {
         &self,
         provider: &str,
         until: EpochMs,
+        reason: &str,
         now: EpochMs,
     ) -> StoreResult<u64> {
         self.write_one(self.sql(
             "UPDATE provider_breakers SET open_until_ms = $2, probe_until_ms = NULL, \
-             opened_by = $4, updated_at_ms = $3 \
+             opened_by = $4, reason = $5, updated_at_ms = $3 \
              WHERE provider = $1 AND open_until_ms IS NOT NULL AND probe_until_ms IS NOT NULL",
             vec![
                 provider.into(),
                 until.into(),
                 now.into(),
                 Opener::Unavailable.as_str().into(),
+                reason.into(),
             ],
         ))
         .await
@@ -118,7 +155,7 @@ impl Store {
     pub async fn close_breaker(&self, provider: &str, now: EpochMs) -> StoreResult<u64> {
         self.write_one(self.sql(
             "UPDATE provider_breakers SET open_until_ms = NULL, probe_until_ms = NULL, \
-             opened_by = NULL, updated_at_ms = $2 \
+             opened_by = NULL, reason = NULL, updated_at_ms = $2 \
              WHERE provider = $1 AND open_until_ms IS NOT NULL",
             vec![provider.into(), now.into()],
         ))
@@ -147,7 +184,7 @@ impl Store {
         let closed = self
             .write_one(self.sql(
                 "UPDATE provider_breakers SET open_until_ms = NULL, probe_until_ms = NULL, \
-                 opened_by = NULL, updated_at_ms = $4 \
+                 opened_by = NULL, reason = NULL, updated_at_ms = $4 \
                  WHERE provider = $1 AND open_until_ms = $2 AND probe_until_ms = $3",
                 vec![
                     provider.into(),

@@ -482,6 +482,9 @@ pub struct HeldSlot {
     pub base_key: String,
     pub key_attempt: i32,
     pub job_id: Option<String>,
+    /// When the row took its key (reserved, re-keyed or taken back): a job
+    /// sent under that key was made no earlier.
+    pub keyed_at_ms: i64,
 }
 
 /// A detached row taken by this instance, to find its job and see it end.
@@ -496,6 +499,8 @@ pub struct AdoptedSlot {
     pub key_attempt: i32,
     pub job_id: Option<String>,
     pub cancel_tried: bool,
+    /// When the row was made: no job of it is older.
+    pub created_at_ms: i64,
     /// The lease this taker holds it under.
     pub token: String,
     /// What a submit of its key sends again, from its saga and experience
@@ -520,7 +525,7 @@ impl Store {
         let rows = self
             .db()
             .query_all_raw(self.sql(
-                "SELECT call_index, base_key, key_attempt, job_id FROM ai_slots \
+                "SELECT call_index, base_key, key_attempt, job_id, updated_at_ms FROM ai_slots \
                  WHERE saga_id = $1 AND NOT detached ORDER BY call_index",
                 vec![saga_id.into()],
             ))
@@ -532,8 +537,28 @@ impl Store {
                     base_key: r.try_get_by_index(1)?,
                     key_attempt: r.try_get_by_index(2)?,
                     job_id: r.try_get_by_index(3)?,
+                    keyed_at_ms: r.try_get_by_index(4)?,
                 })
             })
+            .collect::<Result<_, sea_orm::DbErr>>()
+            .map_err(Into::into)
+    }
+
+    /// The job ids the ledger holds for `provider`: jobs of other calls,
+    /// which a look for an unclear create's job must never take.
+    pub async fn jobs_held(
+        &self,
+        provider: &str,
+    ) -> StoreResult<std::collections::HashSet<String>> {
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                "SELECT job_id FROM ai_slots WHERE provider = $1 AND job_id IS NOT NULL",
+                vec![provider.into()],
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get_by_index::<String>(0))
             .collect::<Result<_, sea_orm::DbErr>>()
             .map_err(Into::into)
     }
@@ -625,7 +650,8 @@ impl Store {
                 backend,
                 &format!(
                     "SELECT l.id, l.provider, l.saga_id, l.call_index, l.key_attempt, l.job_id, \
-                     l.cancel_tried, e.kind, s.prompt, s.session_id, l.base_key, e.ai_calls \
+                     l.cancel_tried, e.kind, s.prompt, s.session_id, l.base_key, e.ai_calls, \
+                     l.created_at_ms \
                      FROM ai_slots l LEFT JOIN sagas s ON s.id = l.saga_id \
                      LEFT JOIN experiences e ON e.id = s.experience_id WHERE l.id {list}"
                 ),
@@ -657,6 +683,7 @@ impl Store {
                     key_attempt: r.try_get_by_index(4)?,
                     job_id: r.try_get_by_index(5)?,
                     cancel_tried: r.try_get_by_index(6)?,
+                    created_at_ms: r.try_get_by_index(12)?,
                     token: token.clone(),
                     order,
                 })

@@ -320,6 +320,7 @@ impl Store {
 pub(crate) fn aborted_payload(
     session: &sessions::Model,
     reason: AbortReason,
+    detail: Option<&str>,
     locale: Locale,
 ) -> Value {
     serde_json::json!({
@@ -327,6 +328,6 @@ pub(crate) fn aborted_payload(
         "session_id": session.id,
         "nickname": session.nickname,
         "reason": reason.as_str(),
-        "message": reason.human_message(locale),
+        "message": reason.message_for(detail, locale),
     })
 }

@@ -227,6 +227,7 @@ impl Store {
                     breaker: Breaker {
                         open_until_ms: r.try_get_by_index(13)?,
                         probe_until_ms: r.try_get_by_index(14)?,
+                        paused_until_ms: r.try_get_by_index(15)?,
                     },
                 })
             })
@@ -270,7 +271,8 @@ impl Store {
                  ({} OR {}) AS resumed, {} AS expired_ai, {} AS queued_ai, \
                  e.provider, e.weight, p.max_in_flight AS provider_max, e.review, \
                  b.open_until_ms AS breaker_open_until_ms, \
-                 b.probe_until_ms AS breaker_probe_until_ms \
+                 b.probe_until_ms AS breaker_probe_until_ms, \
+                 b.paused_until_ms AS breaker_paused_until_ms \
                  FROM experiences e LEFT JOIN providers p ON p.name = e.provider \
                  LEFT JOIN provider_breakers b ON b.provider = e.provider) \
                  SELECT * FROM x WHERE resumed OR expired_ai OR queued_ai \

@@ -120,6 +120,7 @@ impl Store {
             aborted_payload(
                 &session,
                 reason,
+                None,
                 super::experiences::locale_of(&*tx, &session.experience_id).await?,
             ),
             now,

@@ -1008,6 +1008,7 @@ async fn abort_one(
         aborted_payload(
             &session,
             reason,
+            saga.abort_detail.as_deref(),
             locale_of(&**tx, &session.experience_id).await?,
         ),
         now,

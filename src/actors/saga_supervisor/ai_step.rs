@@ -60,7 +60,7 @@ use uuid::Uuid;
 use super::{final_outcome, write, ExperienceOf, SagaDeps, Stop};
 use crate::actors::ai::{PollJob, SubmitJob};
 use crate::actors::persistence::{SeedCalls, TakeSlots, WriteCall};
-use crate::ai::JobOrder;
+use crate::ai::{JobOrder, MaybeMade};
 use crate::domain::failure::{AiFailure, AiResult, ContentItem};
 use crate::domain::keys::ai_call_key;
 use crate::domain::ledger::{evidence_of_refusal, Evidence};
@@ -205,6 +205,9 @@ struct CallState {
     /// A submit with this key had an unclear outcome: the job may exist
     /// until the provider answers the key or examines and refuses it.
     unclear: bool,
+    /// When this key was first sent (or its slot took it): a job it made
+    /// was made no earlier. None until the first send of a key.
+    first_sent_ms: Option<i64>,
 }
 
 /// Everything a call needs of its saga.
@@ -278,6 +281,7 @@ async fn calls_to_run(
         base,
         key_attempt: offset + attempts as i32,
         unclear: false,
+        first_sent_ms: None,
     };
     if book == Book::SagaRow {
         let job = saga.ai_job_id.clone().zip(saga.ai_submitted_at_ms);
@@ -333,6 +337,7 @@ async fn slots_held(
                 call.base = uuid_of(&slot.base_key, &saga.id)?;
                 call.key_attempt = slot.key_attempt;
                 call.unclear = true;
+                call.first_sent_ms = Some(slot.keyed_at_ms);
             }
             (Some(_), _) => {}
         }
@@ -655,17 +660,29 @@ impl Ctx<'_> {
             .max(failure.retry_after_ms().unwrap_or(0))
     }
 
-    /// The order of `call`'s submit, with the key of its slot.
-    fn order(&self, call: &CallState) -> JobOrder {
+    /// The order of `call`'s submit, with the key of its slot. After an
+    /// unclear submit of that key it says since when the job may exist and
+    /// which jobs the ledger holds for other calls, so a provider without
+    /// an idempotency key looks for it before making another.
+    async fn order(&self, call: &CallState, now: i64) -> Result<JobOrder, Stop> {
         let fan_out_call = (self.book == Book::CallRows).then_some(call.index);
         let key = ai_call_key(call.base, call.index as u32, call.key_attempt.max(0) as u32);
-        JobOrder::for_call(
+        let mut order = JobOrder::for_call(
             &self.experience.kind,
             &self.saga.prompt,
             &self.saga.session_id,
             fan_out_call,
             key,
-        )
+        );
+        if call.unclear {
+            order.maybe_made = Some(MaybeMade {
+                since_ms: call.first_sent_ms.unwrap_or(now),
+                now_ms: now,
+                taken: self.deps.store.jobs_held(&self.experience.provider).await?,
+                look_only: false,
+            });
+        }
+        Ok(order)
     }
 
     /// A failure after which no job of this call runs (`evidence` says
@@ -721,6 +738,7 @@ impl Ctx<'_> {
                 );
                 if counted {
                     call.key_attempt = self.saga.attempt_offset.max(0) + call.attempts as i32;
+                    call.first_sent_ms = None;
                     self.record(call, Record::NextAttempt(evidence)).await?;
                 }
                 if !self.shared.may_run() {
@@ -759,8 +777,10 @@ enum Submitted {
 async fn submit(ctx: &Ctx<'_>, call: &mut CallState) -> Result<Submitted, Stop> {
     let deps = ctx.deps;
     let submitted_at = deps.clock.now_ms();
+    let order = ctx.order(call, submitted_at).await?;
+    call.first_sent_ms.get_or_insert(submitted_at);
     ctx.shared.sent(call.index);
-    let submit = ctx.experience.ai.send(SubmitJob(ctx.order(call)));
+    let submit = ctx.experience.ai.send(SubmitJob(order));
     let provider = &ctx.experience.provider;
     let answer = telemetry::provider_call("submit", ctx.saga, provider, call.index, None, submit);
     match answer.await? {
