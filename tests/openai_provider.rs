@@ -517,12 +517,23 @@ async fn a_429_pauses_the_whole_provider(backend: Backend, wait: Wait) {
         "the retry and the other saga's call: {}",
         summary(&after)
     );
+    let timeline: String = after
+        .iter()
+        .map(|r| {
+            format!(
+                "+{:?} {} {}\n",
+                r.arrived - answered,
+                r.path,
+                r.body["messages"][1]["content"]
+            )
+        })
+        .collect();
     for r in &after {
         assert!(
             r.arrived >= resume,
-            "{wait:?}: a request reached the fake {:?} after the 429 that said 3 s:\n{}",
+            "{wait:?}: a request reached the fake {:?} after the 429 that said 3 s; \
+             after the 429:\n{timeline}",
             r.arrived - answered,
-            summary(&after)
         );
     }
     app.stop().await;
@@ -548,8 +559,9 @@ db_test!(a_429_with_retry_after_pauses_the_provider);
 // ---------------------------------------------------------------- safety_identifier
 
 /// Every chat and image request carries `safety_identifier`: 64 lowercase
-/// hex characters, the same for every retry of a session, different between
-/// sessions, and not the session's id, token or nickname.
+/// hex characters, the same for every retry of a session (of one attempt,
+/// after a 500, and a new attempt, after a refused request), different
+/// between sessions, and not the session's id, token or nickname.
 async fn every_request_carries_the_sessions_safety_identifier(backend: Backend) {
     let logs = captured();
     let fake = FakeOpenAi::start(KEY);
@@ -557,25 +569,23 @@ async fn every_request_carries_the_sessions_safety_identifier(backend: Backend) 
     let image = experience(&app, "image").await;
     let music = experience(&app, "music").await;
     let mut identifiers = Vec::new();
-    for (slug, nickname, retried) in [
-        (&image, "Ada Lovelace", true),
-        (&image, "Grace Hopper", false),
-        (&music, "Alan Turing", true),
+    for (slug, nickname, failures) in [
+        (&image, "Ada Lovelace", vec![Scripted::ServerError(500)]),
+        (&image, "Grace Hopper", vec![]),
+        (
+            &music,
+            "Alan Turing",
+            vec![Scripted::ServerError(500), Scripted::BadRequest],
+        ),
     ] {
-        if retried {
-            fake.script([Scripted::ServerError(500)]);
-        }
+        let retries = failures.len();
+        fake.script(failures);
         let before = fake.generations().len();
         let (sid, token) = start(&app, slug, nickname, "a lighthouse").await;
         let done = app.wait_final(&sid, &token, Duration::from_secs(30)).await;
         assert_eq!(done["status"], "COMPLETED", "{done}");
         let calls: Vec<Recorded> = fake.generations().split_off(before);
-        assert_eq!(
-            calls.len(),
-            if retried { 2 } else { 1 },
-            "{}",
-            summary(&calls)
-        );
+        assert_eq!(calls.len(), retries + 1, "{}", summary(&calls));
         let ids: HashSet<String> = calls
             .iter()
             .map(|c| {
@@ -687,8 +697,9 @@ async fn serve_refuses_a_shut_down_image_model(backend: Backend) {
         let output = std::fs::read_to_string(&log).unwrap_or_default();
         let status = match outcome {
             Some(Ok(status)) => status,
-            Some(Err(text)) => panic!(
-                "stagehand serve started serving with the shut-down image model {model}:\n{text}"
+            Some(Err(_)) => panic!(
+                "stagehand serve started serving with the shut-down image model {model}:\n{}",
+                support::tail(&log, 12)
             ),
             None => {
                 panic!("stagehand serve neither refused {model} nor served within 30 s:\n{output}")
@@ -705,9 +716,10 @@ async fn serve_refuses_a_shut_down_image_model(backend: Backend) {
                 "and its shutdown date {date}:\n{output}"
             );
         }
+        let lower = output.to_lowercase();
         assert!(
-            output.to_lowercase().contains("image_model"),
-            "and says what to set instead:\n{output}"
+            lower.contains("image_model") || lower.contains("image-model"),
+            "and says what to set instead (the image model setting):\n{output}"
         );
         assert!(!output.contains(KEY), "the key is never logged:\n{output}");
     }
@@ -799,3 +811,187 @@ async fn serve_starts_with_an_announced_shutdown_and_shows_the_date(backend: Bac
     fake.stop().await;
 }
 db_test!(serve_starts_with_an_announced_shutdown_and_shows_the_date);
+
+/// A compatible server without `GET /v1/models` (404): the start-up check
+/// asks, warns, and the server starts anyway.
+async fn serve_starts_when_the_models_list_is_missing(backend: Backend) {
+    let fake = FakeOpenAi::start(KEY);
+    fake.set_models_endpoint_missing(true);
+    let db = TestDb::fresh(backend).await;
+    let http = support::http_client();
+    let mut logs = support::Logs::new();
+    let log = logs.next();
+    let v1 = fake.v1();
+    let server = support::Server::start_with(
+        &db.url,
+        "",
+        &log,
+        &http,
+        &[
+            ("STAGEHAND_AI_URL", ""),
+            ("STAGEHAND_PROVIDERS", ""),
+            ("STAGEHAND_AI_PROVIDER", "openai"),
+            ("STAGEHAND_OPENAI_BASE_URL", &v1),
+            ("STAGEHAND_OPENAI_API_KEY", KEY),
+            ("STAGEHAND_OPENAI_CHAT_MODEL", CHAT_MODEL),
+            ("STAGEHAND_OPENAI_IMAGE_MODEL", IMAGE_MODEL),
+        ],
+    )
+    .await;
+    // Started (Server::start_with waited for /healthz), after asking.
+    let asked = fake
+        .requests()
+        .iter()
+        .any(|r| r.method == "GET" && r.path.starts_with(fake_openai::MODELS_PATH));
+    assert!(
+        asked,
+        "the start-up check asked for the models: {}",
+        summary(&fake.requests())
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("WARN") && l.contains("models")),
+        "a WARN says the models could not be checked:\n{}",
+        support::tail(&log, 30)
+    );
+    assert!(!text.contains(KEY), "the key is never logged");
+    drop(server);
+    fake.stop().await;
+}
+db_test!(serve_starts_when_the_models_list_is_missing);
+
+/// The fake itself keeps to the documentation the tests rely on: unknown
+/// and DALL·E-only parameters refused, shut-down models refused with 404
+/// `model_not_found`, the model list with `shutdown_date`, bearer auth,
+/// `safety_identifier` at most 64 characters.
+#[actix_web::test]
+async fn the_fake_keeps_to_openais_documentation() {
+    let fake = FakeOpenAi::start(KEY);
+    // The day of the research (the documented dates are compared with it).
+    fake.set_today(chrono::NaiveDate::from_ymd_opt(2026, 12, 5).unwrap());
+    let http = support::http_client();
+    let post = |path: &'static str, body: Value, key: Option<&'static str>| {
+        let mut req = http.post(format!("{}{path}", fake.url)).json(&body);
+        if let Some(key) = key {
+            req = req.bearer_auth(key);
+        }
+        async move {
+            let resp = req.send().await.expect("POST the fake");
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let image = |extra: Value| {
+        let mut body = json!({"model": IMAGE_MODEL, "prompt": "a cat"});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let (status, body) = post(IMAGES_PATH, image(json!({})), Some(KEY)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"][0]["b64_json"], fake_openai::PNG_B64);
+    let (status, body) = post(IMAGES_PATH, image(json!({"webhook": "x"})), Some(KEY)).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (400, &json!("unknown_parameter")),
+        "{body}"
+    );
+    assert_eq!(body["error"]["param"], "webhook");
+    let (status, body) = post(
+        IMAGES_PATH,
+        image(json!({"response_format": "url"})),
+        Some(KEY),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]["param"]),
+        (400, &json!("response_format")),
+        "{body}"
+    );
+    let (status, body) = post(IMAGES_PATH, image(json!({"model": "dall-e-3"})), Some(KEY)).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (404, &json!("model_not_found")),
+        "{body}"
+    );
+    let (status, body) = post(
+        IMAGES_PATH,
+        image(json!({"safety_identifier": "a".repeat(65)})),
+        Some(KEY),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = post(
+        IMAGES_PATH,
+        image(json!({"safety_identifier": "a".repeat(64)})),
+        Some(KEY),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post(IMAGES_PATH, image(json!({})), None).await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = post(
+        IMAGES_PATH,
+        image(json!({})),
+        Some("sk-wrong-0000000000000000"),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (401, &json!("invalid_api_key")),
+        "{body}"
+    );
+    assert!(
+        !body.to_string().contains("sk-wrong-0000000000000000"),
+        "masked: {body}"
+    );
+    let chat = json!({"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}], "safety_identifier": "x"});
+    let (status, body) = post(CHAT_PATH, chat.clone(), Some(KEY)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let mut bad = chat.clone();
+    bad["temperature_x"] = json!(1);
+    let (status, body) = post(CHAT_PATH, bad, Some(KEY)).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (400, &json!("unknown_parameter")),
+        "{body}"
+    );
+    let mut image_on_chat = chat;
+    image_on_chat["model"] = json!(IMAGE_MODEL);
+    let (status, _) = post(CHAT_PATH, image_on_chat, Some(KEY)).await;
+    assert_eq!(status, 400);
+
+    let resp = http
+        .get(format!("{}/v1/models", fake.url))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let list: Value = resp.json().await.unwrap();
+    assert_eq!(list["object"], "list");
+    let find = |id: &str| {
+        list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["id"] == id)
+            .cloned()
+    };
+    assert_eq!(find(IMAGE_MODEL).unwrap()["shutdown_date"], Value::Null);
+    assert_eq!(find("gpt-4o-mini").unwrap()["shutdown_date"], "2027-01-14");
+    assert!(find("dall-e-3").is_none(), "shut down: not listed");
+    let resp = http
+        .get(format!("{}/v1/models/gpt-image-1.5", fake.url))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    // Shut down on 2026-12-01.
+    assert_eq!(resp.status(), 404);
+    fake.stop().await;
+}

@@ -206,6 +206,8 @@ pub enum Scripted {
     ModerationBlocked,
     /// A 200 whose JSON body is cut short.
     CutShort,
+    /// 400 `invalid_value` on `prompt`: an ordinary refused request.
+    BadRequest,
 }
 
 /// One request the fake received.
@@ -543,6 +545,11 @@ fn scripted_answer(answer: &Scripted, model: &str) -> HttpResponse {
             Some("content_policy_violation"),
         )),
         Scripted::ModerationBlocked => moderation_blocked(),
+        Scripted::BadRequest => invalid(
+            "Invalid value for 'prompt': the request could not be processed.".into(),
+            "prompt",
+            "invalid_value",
+        ),
         Scripted::CutShort => {
             let mut out = common(StatusCode::OK);
             healthy_limits(&mut out);
