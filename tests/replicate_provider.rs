@@ -601,7 +601,7 @@ impl Booth {
             .filter(|l| l.starts_with("stagehand_ai_unclear_creates_total{"))
             .filter(|l| l.contains(&provider) && l.contains(&outcome))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+            .fold(0.0, |sum, n| sum + n)
     }
 
     /// Nothing stagehand answers about the session holds the token.
@@ -863,13 +863,16 @@ async fn a_429_without_retry_after_pauses_for_the_body_s_wait(backend: Backend) 
 }
 db_test!(a_429_without_retry_after_pauses_for_the_body_s_wait);
 
-/// Operators cancel sagas whose predictions are running; Replicate refuses
-/// the cancels (a 4xx), then answers them unreadably. Neither is the
-/// provider being down: the breaker stays closed, and a new session
-/// completes at once.
+/// Operators cancel (one bulk cancel) sagas whose predictions are running;
+/// Replicate refuses the cancels (a 4xx), then answers them unreadably
+/// (the prediction is cancelled, the answer cut short). Neither is the
+/// provider being down: the breaker stays closed, the slots come back, and
+/// a new session completes at once.
 async fn a_refused_cancel_never_opens_the_breaker(backend: Backend) {
-    const SESSIONS: usize = 6;
-    let booth = booth(backend, |_| {}).await;
+    const SESSIONS: usize = 8;
+    // Sagas poll rarely: the adopter's cancels are not interleaved with
+    // the sagas' own polls, so refusals come in a row.
+    let booth = booth(backend, |c| c.ai_poll_interval = Duration::from_secs(1)).await;
     let slug = booth.experience().await;
     for (round, answer) in [CancelAnswer::Refuse(409), CancelAnswer::Unreadable]
         .into_iter()
@@ -878,13 +881,11 @@ async fn a_refused_cancel_never_opens_the_breaker(backend: Backend) {
         booth.fake.set_default_plan(Plan::hold());
         booth.fake.set_cancel_answer(answer);
         let cancels_before = booth.fake.cancels().len();
-        let mut sessions = Vec::new();
+        let round_slug = booth.experience().await;
         for i in 0..SESSIONS {
-            sessions.push(
-                booth
-                    .submit_saga(&slug, &format!("round {round} #{i}"))
-                    .await,
-            );
+            booth
+                .submit(&round_slug, &format!("round {round} #{i}"))
+                .await;
         }
         // Every prediction runs, and stagehand has seen it run.
         let prefix = format!("round {round} #");
@@ -904,13 +905,19 @@ async fn a_refused_cancel_never_opens_the_breaker(backend: Backend) {
         })
         .await;
         assert!(running.is_some(), "{answer:?}: the predictions never ran");
-        for (_, _, saga) in &sessions {
-            let (status, _, body) = booth
-                .app
-                .operator_post(&format!("/api/admin/sagas/{saga}/cancel"), None)
-                .await;
-            assert_eq!(status, 200, "{body}");
-        }
+        // One bulk cancel: every saga at once, so the cancels go out
+        // together (in a row, with no other request between them).
+        let since = Instant::now();
+        let resp = booth
+            .app
+            .http
+            .post(format!("{}/api/admin/sagas/bulk", booth.app.base))
+            .bearer_auth(OPERATOR)
+            .json(&json!({"action": "cancel", "filter": {"experience": round_slug}}))
+            .send()
+            .await
+            .expect("POST bulk cancel");
+        assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
         // Each cancel went out (and maybe again); then either the breaker
         // opened, or the slots were given back.
         let settled = support::wait_for(Duration::from_secs(20), || async {
@@ -926,9 +933,35 @@ async fn a_refused_cancel_never_opens_the_breaker(backend: Backend) {
         .await
         .unwrap_or(Value::Null);
         let cancels = booth.fake.cancels().len() - cancels_before;
+        let sequence: Vec<String> = booth
+            .fake
+            .requests()
+            .iter()
+            .filter(|r| r.at >= since)
+            .map(|r| {
+                let what = if r.path.ends_with("/cancel") {
+                    "cancel"
+                } else {
+                    r.method.as_str()
+                };
+                format!(
+                    "{what}:{}",
+                    r.status.map_or("dropped".into(), |s| s.to_string())
+                )
+            })
+            .collect();
         assert_eq!(
             settled["state"], "closed",
-            "{answer:?}: {cancels} refused cancels opened the breaker: {settled}"
+            "{answer:?}: {cancels} refused cancels opened the breaker: {settled}; requests: {sequence:?}"
+        );
+        let in_a_row = sequence
+            .split(|r| !r.starts_with("cancel"))
+            .map(<[String]>::len)
+            .max()
+            .unwrap_or(0);
+        assert!(
+            in_a_row >= 5,
+            "the setup: {in_a_row} cancels in a row, fewer than a breaker counts: {sequence:?}"
         );
         assert!(settled["reason"].is_null(), "{settled}");
         assert!(cancels >= SESSIONS, "{answer:?}: {cancels} cancels");
