@@ -747,7 +747,11 @@ async fn an_aborted_prediction_is_a_failed_attempt(backend: Backend) {
         cancels.len(),
         booth.fake.cancels_of_final().len()
     );
-    assert_eq!(breaker["state"], "closed", "{breaker}");
+    assert_eq!(
+        breaker["state"], "closed",
+        "an aborted prediction opened the breaker: {breaker}; predictions {statuses:?}; \
+         session {done}"
+    );
     assert_eq!(
         statuses,
         ["aborted", "succeeded"],
