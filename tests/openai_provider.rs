@@ -511,6 +511,18 @@ async fn a_429_pauses_the_whole_provider(backend: Backend, wait: Wait) {
     })
     .await
     .expect("the 429 was answered");
+    // The wait is shared with the other instances through the breaker's
+    // row (they read it with every claim).
+    let app_ref = &app;
+    let shared = wait_for(Duration::from_secs(5), || async move {
+        let (_, body) = app_ref.operator_get("/api/admin/breaker").await;
+        body["paused_until"].as_str().map(str::to_owned)
+    })
+    .await;
+    assert!(
+        shared.is_some(),
+        "{wait:?}: GET /api/admin/breaker shows paused_until"
+    );
     // Another saga wants the provider now.
     let (b, b_token) = start(&app, &slug, "bob", "the hills at dawn").await;
     let a_done = app.wait_final(&a, &a_token, Duration::from_secs(30)).await;
@@ -552,6 +564,39 @@ async fn a_429_pauses_the_whole_provider(backend: Backend, wait: Wait) {
     fake.stop().await;
     assert_key_not_logged(&logs);
 }
+
+/// The other half of sharing a wait between instances: a pause another
+/// instance wrote (as its 429 made it do) holds back this instance's
+/// requests, which learns it with its claim. The row is the only channel
+/// here: this instance's provider never answered 429.
+async fn a_pause_another_instance_wrote_holds_this_one_back(backend: Backend) {
+    let logs = captured();
+    let fake = FakeOpenAi::start(KEY);
+    let app = spawn(backend, &fake).await;
+    let slug = experience(&app, "music").await;
+    let store = app.state.store.clone();
+    let now = app.state.clock.now_ms();
+    let written = std::time::Instant::now();
+    store
+        .pause_provider("default", now + 3_000, now)
+        .await
+        .expect("another instance's pause");
+    let (a, a_token) = start(&app, &slug, "ada", "the sea at night").await;
+    let done = app.wait_final(&a, &a_token, Duration::from_secs(30)).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    let calls = fake.generations();
+    assert_eq!(calls.len(), 1, "{}", summary(&calls));
+    let resume = written + Duration::from_secs(3) - Duration::from_millis(100);
+    assert!(
+        calls[0].arrived >= resume,
+        "the call went out {:?} after the pause was written, before its 3 s",
+        calls[0].arrived - written
+    );
+    app.stop().await;
+    fake.stop().await;
+    assert_key_not_logged(&logs);
+}
+db_test!(a_pause_another_instance_wrote_holds_this_one_back);
 
 async fn a_429_with_only_x_ratelimit_reset_requests_pauses_the_provider(backend: Backend) {
     a_429_pauses_the_whole_provider(backend, Wait::ResetRequests("3s".into())).await

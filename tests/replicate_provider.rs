@@ -36,7 +36,8 @@ use fake_replicate::{
 };
 use serde_json::{json, Value};
 use stagehand::ai::{
-    ApiKey, CancelOutcome, JobOrder, JobStatus, ReplicateClient, ReplicateSettings,
+    replicate, ApiKey, CancelOutcome, JobOrder, JobStatus, Lookup, MaybeMade, ReplicateClient,
+    ReplicateSettings,
 };
 use stagehand::config::Config;
 use stagehand::domain::failure::AiFailure;
@@ -99,6 +100,25 @@ fn order(prompt: &str) -> JobOrder {
         prompt: prompt.into(),
         params: json!({"style": "ignored"}),
         idempotency_key: uuid::Uuid::new_v4(),
+        ..JobOrder::default()
+    }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// `order` sent again after an unclear send at `since_ms`: the saga says
+/// the prediction may exist, and which ones other calls hold.
+fn resent(order: &JobOrder, since_ms: i64, taken: &[&str], look_only: bool) -> JobOrder {
+    JobOrder {
+        maybe_made: Some(MaybeMade {
+            since_ms,
+            now_ms: now_ms(),
+            taken: taken.iter().map(|id| id.to_string()).collect(),
+            look_only,
+        }),
+        ..order.clone()
     }
 }
 
@@ -356,6 +376,7 @@ async fn unclear_create_is_adopted(newer: usize, page_size: usize) {
     let client = ReplicateClient::new(&settings(&fake));
     let order = order("a fox in the snow");
     fake.push_create_faults([CreateFault::MadeThenLate(Duration::from_secs(2))]);
+    let sent = now_ms();
     let unclear = client.submit(&order).await.unwrap_err();
     assert!(matches!(unclear, AiFailure::Unclear(_)), "{unclear:?}");
     assert!(unclear.is_unavailable(), "not an attempt");
@@ -366,7 +387,11 @@ async fn unclear_create_is_adopted(newer: usize, page_size: usize) {
             .await
             .unwrap();
     }
-    let adopted = client.submit(&order).await.expect("adopted");
+    let adopted = client
+        .submit(&resent(&order, sent, &[], false))
+        .await
+        .expect("adopted");
+    assert_eq!(adopted.lookup, Some(Lookup::Adopted));
     let ours: Vec<_> = fake
         .predictions()
         .into_iter()
@@ -401,13 +426,72 @@ async fn an_unclear_create_that_made_nothing_is_sent_again() {
     let client = ReplicateClient::new(&settings(&fake));
     let order = order("p");
     fake.push_create_faults([CreateFault::DroppedBeforeMaking]);
+    let sent = now_ms();
     let unclear = client.submit(&order).await.unwrap_err();
     assert!(matches!(unclear, AiFailure::Unclear(_)), "{unclear:?}");
     assert!(fake.predictions().is_empty());
-    let created = client.submit(&order).await.expect("created");
+    // Only looking (the slot adopter): none listed is the evidence, and
+    // nothing is made.
+    let none = client
+        .submit(&resent(&order, sent, &[], true))
+        .await
+        .unwrap_err();
+    assert!(matches!(none, AiFailure::RequestRejected(_)), "{none:?}");
+    assert!(fake.predictions().is_empty(), "looking never makes one");
+    // The saga's own retry: looked for, then made again once the list has
+    // had its time to show it (5 s after the first send).
+    let created = client
+        .submit(&resent(&order, sent, &[], false))
+        .await
+        .expect("created");
+    assert!(
+        now_ms() - sent >= replicate::LIST_SETTLE_MS,
+        "not before the list had its time"
+    );
     assert_eq!(created.status, JobStatus::Queued);
+    assert_eq!(created.lookup, Some(Lookup::CreatedAgain));
     assert_eq!(fake.predictions().len(), 1);
     assert_eq!(fake.creates().len(), 2);
+    fake.stop().await;
+}
+
+/// A listed prediction with the same input that another call holds in the
+/// ledger is never taken; of two that fit, the older is, and the look says
+/// it was in doubt.
+#[actix_web::test]
+async fn a_prediction_held_by_another_call_is_never_taken() {
+    captured();
+    let fake = fake_with_model().await;
+    fake.set_default_plan(Plan::hold());
+    let client = ReplicateClient::new(&settings(&fake));
+    let order = order("the same words");
+    let sent = now_ms();
+    let theirs = client.submit(&order).await.expect("another call's").job_id;
+    fake.push_create_faults([CreateFault::MadeThenDropped]);
+    assert!(client.submit(&order).await.is_err(), "unclear");
+    let ours = fake
+        .predictions()
+        .into_iter()
+        .map(|p| p.id)
+        .find(|id| *id != theirs)
+        .expect("the unclear create made one");
+    let found = client
+        .submit(&resent(&order, sent, &[&theirs], false))
+        .await
+        .expect("found");
+    assert_eq!(
+        found.job_id, ours,
+        "not the one the ledger gives to another call"
+    );
+    assert_eq!(found.lookup, Some(Lookup::Adopted));
+    let doubtful = client
+        .submit(&resent(&order, sent, &[], false))
+        .await
+        .expect("found");
+    assert_eq!(doubtful.job_id, theirs, "the older of two that fit");
+    assert_eq!(doubtful.lookup, Some(Lookup::Ambiguous));
+    assert_eq!(fake.creates().len(), 2, "no third create");
+    fake.cancel_all_running();
     fake.stop().await;
 }
 

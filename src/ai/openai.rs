@@ -970,6 +970,29 @@ mod tests {
         assert_eq!(result.score, None);
     }
 
+    /// Every `finish_reason` OpenAI documents for a chat choice: only the
+    /// content filter's is a refusal; the others end with usable text
+    /// (`length`: cut at the token limit, still the guest's text).
+    #[test]
+    fn every_documented_finish_reason_maps() {
+        for (reason, expected) in [
+            ("stop", JobStatus::Succeeded),
+            ("length", JobStatus::Succeeded),
+            ("tool_calls", JobStatus::Succeeded),
+            ("function_call", JobStatus::Succeeded),
+            ("content_filter", JobStatus::Rejected),
+        ] {
+            let body = format!(
+                r#"{{"id":"c","choices":[{{"message":{{"role":"assistant","content":"words"}},"finish_reason":"{reason}"}}]}}"#
+            );
+            assert_eq!(
+                answer(CHAT, 200, &body).unwrap().status,
+                expected,
+                "{reason}"
+            );
+        }
+    }
+
     #[test]
     fn score_answers_parse() {
         assert_eq!(

@@ -88,7 +88,8 @@
 //! creating, the adapter reads the list, newest first, and takes the
 //! predictions that
 //! - have an `input` equal to this order's,
-//! - run this provider's model or version,
+//! - run this provider's model or version, and came from the API (not the
+//!   website),
 //! - were created no earlier than the key was first sent
 //!   (less [`CLOCK_SLACK_MS`] for the two clocks), and
 //! - are not held by another call in the ledger.
@@ -96,8 +97,8 @@
 //! One found: it is this call's job (`adopted`). Several: the oldest is
 //! adopted and the rest are left alone, at WARN (`ambiguous`). None, and
 //! the first send is less than [`LIST_SETTLE_MS`] ago: not finding it
-//! proves nothing yet, so the submit is unclear again and looks later.
-//! None after that: the earlier create made nothing the list shows, and
+//! proves nothing yet, so the adapter waits until then and looks once
+//! more. None then: the earlier create made nothing the list shows, and
 //! the prediction is created again, at WARN (`created_again`). Each
 //! outcome is counted in `stagehand_ai_unclear_creates_total{provider,
 //! outcome}`. The slot adopter looks the same way but never creates: no
@@ -122,8 +123,9 @@
 //! # At start
 //!
 //! With `model` set (and no `version`), the server reads
-//! `GET /v1/models/{owner}/{name}` before it serves: a 404 stops the start
-//! with what to change ([`ReplicateClient::check_model`]).
+//! `GET /v1/models/{owner}/{name}` before it serves: a 404, or a model
+//! whose `is_official` is false, stops the start with what to change
+//! ([`ReplicateClient::check_model`]).
 //!
 //! # The token
 //!
@@ -229,6 +231,16 @@ struct Prediction {
     error: Option<Value>,
     #[serde(default)]
     created_at: Option<String>,
+    /// `api` or `web`: a prediction made on the website is never ours.
+    #[serde(default)]
+    source: Option<String>,
+}
+
+/// The fields of `GET /v1/models/{owner}/{name}` the start-up check reads.
+#[derive(Debug, Deserialize)]
+struct Model {
+    #[serde(default)]
+    is_official: Option<bool>,
 }
 
 /// One page of `GET /v1/predictions`.
@@ -283,7 +295,7 @@ impl ReplicateClient {
         let (url, body) = self.create_request(&input)?;
         let mut lookup = None;
         if let Some(earlier) = &order.maybe_made {
-            match self.find_made(&input, earlier).await? {
+            match self.find_made_settled(&input, earlier).await? {
                 Found::Some(mut found) => {
                     let outcome = if found.len() == 1 {
                         tracing::info!(idempotency_key = %order.idempotency_key, prediction = %found[0].id, "Replicate: found the prediction of an unclear create");
@@ -296,12 +308,6 @@ impl ReplicateClient {
                     let mut view = self.view(found.swap_remove(0))?;
                     view.lookup = Some(outcome);
                     return Ok(view);
-                }
-                Found::None if earlier.now_ms - earlier.since_ms < LIST_SETTLE_MS => {
-                    return Err(AiFailure::Unclear(
-                        "the prediction of an unclear create is not listed yet; looking again"
-                            .to_owned(),
-                    ))
                 }
                 Found::None if earlier.look_only => {
                     return Err(AiFailure::RequestRejected(
@@ -386,13 +392,16 @@ impl ReplicateClient {
             return Err("no Replicate model is configured: set model = \"owner/name\" (an official model) or version = \"<version id>\"".to_owned());
         };
         let (owner, name) = owner_and_name(model).map_err(|f| f.to_string())?;
-        let request = self.authorized(self.http.get(format!(
+        let url = format!(
             "{}/v1/models/{}/{}",
             self.base_url,
             path_segment(owner),
             path_segment(name)
-        )));
-        match self.classify::<Value>(send(request).await) {
+        );
+        match self.read::<Model>(&url).await {
+            Ok(Model { is_official: Some(false) }) => Err(format!(
+                "the Replicate model {model:?} is not one of Replicate's official models, which alone run by name: set version = \"<version id>\" (its page lists the versions) instead of model"
+            )),
             Ok(_) => Ok(vec![ModelNotice::new("model", model)]),
             Err(AiFailure::RequestRejected(detail)) if detail.starts_with("HTTP 404") => Err(format!(
                 "Replicate has no model {model:?} ({detail}): check the name; a model that is not one of Replicate's official models is run by its version: set version = \"<version id>\" instead of model"
@@ -414,6 +423,26 @@ impl ReplicateClient {
         }
     }
 
+    /// [`Self::find_made`], asked again once the list has had
+    /// [`LIST_SETTLE_MS`] since the first send to show the prediction: only
+    /// then does finding none say the earlier create made none. The wait
+    /// holds no connection and no lock, like any wait for the provider.
+    async fn find_made_settled(
+        &self,
+        input: &Value,
+        earlier: &MaybeMade,
+    ) -> Result<Found, AiFailure> {
+        let found = self.find_made(input, earlier).await?;
+        let settled_in = LIST_SETTLE_MS - (earlier.now_ms - earlier.since_ms);
+        match found {
+            Found::None if settled_in > 0 => {
+                tokio::time::sleep(Duration::from_millis(settled_in as u64)).await;
+                self.find_made(input, earlier).await
+            }
+            found => Ok(found),
+        }
+    }
+
     /// The predictions an earlier create of this call may have made: the
     /// list, newest first, down to `earlier.since_ms` (module doc,
     /// "Idempotency"), oldest first.
@@ -422,13 +451,12 @@ impl ReplicateClient {
         let mut fits = Vec::new();
         let mut url = format!("{}/v1/predictions", self.base_url);
         for _ in 0..LOOKUP_PAGES {
-            let request = self.authorized(self.http.get(&url));
-            let page: PredictionPage = self.classify(send(request).await)?;
+            let page: PredictionPage = self.read(&url).await?;
             let mut older_seen = false;
             for p in page.results {
                 match p.created_at.as_deref().and_then(epoch_ms) {
                     Some(at) if at < oldest => older_seen = true,
-                    Some(_) if self.is_this_call(&p, input, earlier) => fits.push(p),
+                    Some(at) if self.is_this_call(&p, input, earlier) => fits.push((at, p)),
                     _ => {}
                 }
             }
@@ -443,8 +471,11 @@ impl ReplicateClient {
         if fits.is_empty() {
             return Ok(Found::None);
         }
-        fits.sort_by_key(|p| p.created_at.as_deref().and_then(epoch_ms));
-        Ok(Found::Some(fits))
+        // Oldest first; the list is newest first, so among equal times the
+        // later one listed is the older.
+        fits.reverse();
+        fits.sort_by_key(|(at, _)| *at);
+        Ok(Found::Some(fits.into_iter().map(|(_, p)| p).collect()))
     }
 
     /// A listed prediction that can be the call's: its input, this
@@ -455,16 +486,24 @@ impl ReplicateClient {
             (None, Some(model)) => p.model.as_deref().is_none_or(|m| m == model),
             (None, None) => false,
         };
-        same_model && p.input.as_ref() == Some(input) && !earlier.taken.contains(&p.id)
+        let from_api = p.source.as_deref().is_none_or(|s| s == "api");
+        same_model && from_api && p.input.as_ref() == Some(input) && !earlier.taken.contains(&p.id)
     }
 
     async fn fetch(&self, id: &str) -> Result<Prediction, AiFailure> {
-        let request = self.authorized(self.http.get(format!(
-            "{}/v1/predictions/{}",
-            self.base_url,
-            path_segment(id)
-        )));
-        self.classify(send(request).await)
+        let url = format!("{}/v1/predictions/{}", self.base_url, path_segment(id));
+        self.read(&url).await
+    }
+
+    /// A GET, asked once more at once when its connection broke before an
+    /// answer (a kept-alive connection the server had closed): a read
+    /// changes nothing, so asking again is safe. Not after a timeout.
+    async fn read<T: DeserializeOwned>(&self, url: &str) -> Result<T, AiFailure> {
+        let get = || send(self.authorized(self.http.get(url)));
+        match get().await {
+            Err(e) if !e.is_timeout() && !e.is_connect() => self.classify(get().await),
+            answer => self.classify(answer),
+        }
     }
 
     /// The one place where this provider's outside errors become

@@ -594,7 +594,8 @@ pub struct SessionView {
     #[schema(required = true, minimum = 1)]
     queue_position: Option<i64>,
     /// The experience's AI provider is paused (its breaker is open): the
-    /// participant keeps their place.
+    /// participant keeps their place. `message` then says why: a short
+    /// pause, or the AI account out of credit (staff must act).
     ai_paused: bool,
     #[schema(format = DateTime)]
     updated_at: String,
