@@ -598,6 +598,36 @@ async fn a_pause_another_instance_wrote_holds_this_one_back(backend: Backend) {
 }
 db_test!(a_pause_another_instance_wrote_holds_this_one_back);
 
+/// An operator who closes the breaker lifts a wait the provider named: the
+/// next guest's call goes out at once, not a minute later.
+async fn closing_the_breaker_lifts_a_named_wait(backend: Backend) {
+    let logs = captured();
+    let fake = FakeOpenAi::start(KEY);
+    let app = spawn(backend, &fake).await;
+    let slug = experience(&app, "music").await;
+    fake.script([Scripted::RateLimit(Wait::RetryAfter(60))]);
+    let _waiting = start(&app, &slug, "ada", "the sea at night").await;
+    let app_ref = &app;
+    let shared = wait_for(Duration::from_secs(10), || async move {
+        let (_, body) = app_ref.operator_get("/api/admin/breaker").await;
+        body["paused_until"].as_str().map(str::to_owned)
+    })
+    .await;
+    assert!(shared.is_some(), "the 60 s wait is shared");
+    let (status, _, closed) = app
+        .operator_post("/api/admin/breaker/close", Some("close-1"))
+        .await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(closed["paused_until"], Value::Null, "{closed}");
+    let (b, b_token) = start(&app, &slug, "bob", "the hills at dawn").await;
+    let done = app.wait_final(&b, &b_token, Duration::from_secs(20)).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    app.stop().await;
+    fake.stop().await;
+    assert_key_not_logged(&logs);
+}
+db_test!(closing_the_breaker_lifts_a_named_wait);
+
 async fn a_429_with_only_x_ratelimit_reset_requests_pauses_the_provider(backend: Backend) {
     a_429_pauses_the_whole_provider(backend, Wait::ResetRequests("3s".into())).await
 }

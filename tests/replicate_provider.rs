@@ -114,6 +114,7 @@ fn resent(order: &JobOrder, since_ms: i64, taken: &[&str], look_only: bool) -> J
     JobOrder {
         maybe_made: Some(MaybeMade {
             since_ms,
+            last_sent_ms: since_ms,
             now_ms: now_ms(),
             taken: taken.iter().map(|id| id.to_string()).collect(),
             look_only,
@@ -1198,3 +1199,155 @@ async fn serve_starts_with_a_model_that_exists() {
     fake.stop().await;
     versioned.stop().await;
 }
+
+// ---------------------------------------------------------------- a crash
+
+/// `stagehand serve` of one Replicate provider on `db_url`, listening on
+/// `port` (its output in `log`): the lease is short so another worker may
+/// resume its sagas soon after it dies; every other setting is the
+/// default (the dispatcher's 10 s poll among them).
+fn serve_child(
+    providers: &std::path::Path,
+    db_url: &str,
+    port: u16,
+    log: &std::path::Path,
+) -> std::process::Child {
+    let file = std::fs::File::create(log).expect("log file");
+    Command::new(env!("CARGO_BIN_EXE_stagehand"))
+        .arg("serve")
+        .env("STAGEHAND_DATABASE_URL", db_url)
+        .env("STAGEHAND_BIND", format!("127.0.0.1:{port}"))
+        .env("STAGEHAND_OPERATOR_TOKEN", OPERATOR)
+        .env("STAGEHAND_PROVIDERS", providers)
+        .env("STAGEHAND_LEASE", "2s")
+        .env(KEY_ENV, KEY)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("log file"))
+        .stderr(file)
+        .spawn()
+        .expect("start stagehand serve")
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("its address").port()
+}
+
+/// Waits until `log` says the server listens.
+async fn listening(log: &std::path::Path) {
+    let ready = support::wait_for(Duration::from_secs(60), || async {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .contains("stagehand listening on")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        ready.is_some(),
+        "the server did not listen:\n{}",
+        support::tail(log, 20)
+    );
+}
+
+/// A worker killed (SIGKILL) after its create reached Replicate and before
+/// it recorded the prediction: the next process resumes the call in the
+/// slot it holds (a key, no job id), finds the prediction by the list, and
+/// goes on with it. One prediction, the session COMPLETED. The adapter of
+/// before kept the keys of unclear creates in memory, which a restart
+/// loses: the new process created a second, billed prediction.
+async fn a_worker_killed_before_it_recorded_its_prediction_is_not_doubled(backend: Backend) {
+    key_in_env();
+    let fake = fake_with_model().await;
+    // The create is made at once; its answer would come a minute later.
+    fake.push_create_faults([CreateFault::MadeThenLate(Duration::from_secs(60))]);
+    let db = support::TestDb::fresh(backend).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let provider = "rep-crash";
+    let providers = providers_file(&dir, provider, &fake.url, &format!("model = \"{MODEL}\""));
+    let (first_log, second_log) = (dir.path().join("first.log"), dir.path().join("second.log"));
+    let port = free_port();
+    let mut first = serve_child(&providers, &db.url, port, &first_log);
+    listening(&first_log).await;
+    let http = support::http_client();
+    let base = format!("http://127.0.0.1:{port}");
+    let resp = http
+        .post(format!("{base}/api/experiences"))
+        .bearer_auth(OPERATOR)
+        .json(&json!({"slug": "crash", "title": "Booth", "kind": "image", "provider": provider}))
+        .send()
+        .await
+        .expect("POST /api/experiences");
+    assert_eq!(resp.status(), 201, "{:?}", resp.text().await);
+    let (sid, token) = support::create_session(&http, &base, "crash", None, "kit").await;
+    let resp = support::submit(
+        &http,
+        &base,
+        &sid,
+        &token,
+        json!({"prompt": "a lighthouse in a storm"}),
+        "k1",
+    )
+    .await;
+    assert_eq!(resp.status(), 202);
+    let fake_ref = &fake;
+    // The fake records a request once answered; the prediction is made at
+    // once.
+    let created = support::wait_for(Duration::from_secs(30), || async move {
+        (fake_ref.predictions().len() == 1).then_some(())
+    })
+    .await;
+    assert!(
+        created.is_some(),
+        "the create reached the fake:\n{}",
+        support::tail(&first_log, 20)
+    );
+    first.kill().expect("SIGKILL the first worker");
+    first.wait().expect("reap it");
+
+    let port = free_port();
+    let mut second = serve_child(&providers, &db.url, port, &second_log);
+    listening(&second_log).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let done = support::wait_final(&http, &base, &sid, &token, Duration::from_secs(60)).await;
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(OPERATOR)
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the metrics");
+    let _ = second.kill();
+    let _ = second.wait();
+    assert_eq!(
+        done["status"],
+        "COMPLETED",
+        "{done}\n{}",
+        support::tail(&second_log, 30)
+    );
+    let ours: Vec<String> = fake
+        .predictions()
+        .into_iter()
+        .filter(|p| p.input == json!({"prompt": "a lighthouse in a storm"}))
+        .map(|p| p.id)
+        .collect();
+    assert_eq!(ours.len(), 1, "one billed prediction, not two: {ours:?}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("stagehand_ai_unclear_creates_total")
+                && l.contains(&format!("provider=\"{provider}\""))
+                && l.contains("outcome=\"adopted\"")
+                && l.ends_with(" 1")),
+        "the look is counted as adopted:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("unclear_creates"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    fake.stop().await;
+}
+db_test!(a_worker_killed_before_it_recorded_its_prediction_is_not_doubled);

@@ -8,6 +8,12 @@
 //!   text): no request of any instance goes out before then. Not an
 //!   opening of the breaker: when the time is over, work goes on without a
 //!   probe.
+//!
+//! And on `ai_slots`, `keyed_at_ms` (BIGINT NULL): when the row took the key
+//! it holds (reserved, or re-keyed for the next attempt; not when a retry
+//! takes it back). A job made under that key is no older: a provider
+//! without an idempotency key looks for it from then. NULL on rows made
+//! before: their `created_at_ms` is read instead.
 
 use sea_orm_migration::prelude::*;
 
@@ -37,10 +43,26 @@ impl MigrationTrait for Migration {
                     )
                     .to_owned(),
             )
+            .await?;
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(AiSlots::Table)
+                    .add_column(ColumnDef::new(AiSlots::KeyedAtMs).big_integer().null())
+                    .to_owned(),
+            )
             .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(AiSlots::Table)
+                    .drop_column(AiSlots::KeyedAtMs)
+                    .to_owned(),
+            )
+            .await?;
         for column in [ProviderBreakers::PausedUntilMs, ProviderBreakers::Reason] {
             manager
                 .alter_table(
@@ -53,6 +75,12 @@ impl MigrationTrait for Migration {
         }
         Ok(())
     }
+}
+
+#[derive(DeriveIden)]
+enum AiSlots {
+    Table,
+    KeyedAtMs,
 }
 
 #[derive(DeriveIden)]

@@ -245,7 +245,10 @@ impl Adopter {
             }
         };
         order.maybe_made = Some(MaybeMade {
-            since_ms: slot.created_at_ms,
+            since_ms: slot.keyed_at_ms,
+            // Its worker is gone: its last send, whenever it was, is not
+            // this process's; the row's own time is the one known.
+            last_sent_ms: slot.keyed_at_ms,
             now_ms: now,
             taken,
             look_only: true,

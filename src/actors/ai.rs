@@ -160,9 +160,10 @@ impl Handler<CancelJob> for AiActor {
     type Result = ResponseFuture<Result<CancelOutcome, AiFailure>>;
 
     /// Under the same pause and rate limit as every other request; not
-    /// timed as a job request. Its outcome never reaches the breaker: a
+    /// timed as a job request. Its outcome never counts in the breaker: a
     /// cancel the provider refuses (a final job, a job it does not know)
     /// is not the provider being down, and polls and submits measure that.
+    /// A wait it names holds back every request, like any other's.
     fn handle(&mut self, msg: CancelJob, _: &mut Context<Self>) -> Self::Result {
         crate::metrics::actor_message("AiActor");
         let (client, breaker, rate) =
@@ -172,7 +173,14 @@ impl Handler<CancelJob> for AiActor {
             if let Some(rate) = rate {
                 rate.take().await?;
             }
-            client.cancel(&msg.0).await
+            let outcome = client.cancel(&msg.0).await;
+            // A wait it names is still the whole provider's.
+            if let (Err(AiFailure::Throttled { retry_after_ms, .. }), Some(breaker)) =
+                (&outcome, &breaker)
+            {
+                breaker.pause_for(*retry_after_ms);
+            }
+            outcome
         })
     }
 }

@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex};
 
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
-use crate::domain::breaker::{Admission, Breaker, Opener, Probe, UnavailableRun, OUT_OF_QUOTA_MS};
+use crate::domain::breaker::{
+    Admission, Breaker, Opener, Probe, UnavailableRun, MAX_NAMED_WAIT_MS, OUT_OF_QUOTA_MS,
+};
 use crate::domain::failure::AiFailure;
 use crate::domain::policy::EpochMs;
 use crate::store::Store;
@@ -51,6 +53,10 @@ pub struct ProviderBreaker {
     /// wait the provider named, to this process or (read with the claim)
     /// to another instance.
     paused_until_ms: AtomicI64,
+    /// The pause above is the shared row's (written there, or read from
+    /// it): when the row has none any more (an operator closed the
+    /// breaker), neither has this process.
+    pause_shared: AtomicBool,
 }
 
 impl ProviderBreaker {
@@ -71,6 +77,7 @@ impl ProviderBreaker {
             maybe_open: AtomicBool::new(true),
             probe: Mutex::new(None),
             paused_until_ms: AtomicI64::new(0),
+            pause_shared: AtomicBool::new(false),
         })
     }
 
@@ -86,14 +93,18 @@ impl ProviderBreaker {
         (left > 0).then_some(left)
     }
 
-    /// The provider named a wait: no request of this process goes out
-    /// before `until`, and the shared row tells the other instances (in a
-    /// task of its own, after the call).
-    fn pause_until(self: &Arc<Self>, until: EpochMs, now: EpochMs) {
+    /// The provider named a wait of `wait_ms` (at most
+    /// [`MAX_NAMED_WAIT_MS`]): no request of this process goes out before
+    /// it is over, and the shared row tells the other instances (in a task
+    /// of its own, after the call).
+    pub fn pause_for(self: &Arc<Self>, wait_ms: i64) {
+        let now = self.clock.now_ms();
+        let until = now.saturating_add(wait_ms.clamp(0, MAX_NAMED_WAIT_MS));
         let before = self.paused_until_ms.fetch_max(until, Ordering::AcqRel);
         if before >= until {
             return;
         }
+        self.pause_shared.store(false, Ordering::Release);
         tracing::warn!(
             provider = %self.provider, wait_ms = until - now,
             "the AI provider asked to wait: no request to it goes out before then, from any saga"
@@ -101,8 +112,11 @@ impl ProviderBreaker {
         let me = self.clone();
         crate::metrics::task_spawned("breaker.write");
         tokio::spawn(async move {
-            if let Err(e) = me.store.pause_provider(&me.provider, until, now).await {
-                tracing::error!(error = %e, "could not share the AI provider's pause; the other instances learn it from their own 429s");
+            match me.store.pause_provider(&me.provider, until, now).await {
+                Ok(()) => me.pause_shared.store(true, Ordering::Release),
+                Err(e) => {
+                    tracing::error!(error = %e, "could not share the AI provider's pause; the other instances learn it from their own 429s")
+                }
             }
         });
     }
@@ -146,9 +160,7 @@ impl ProviderBreaker {
         match outcome {
             // It answered (a probe's answer closes the breaker), naming a
             // wait for everyone.
-            Err(AiFailure::Throttled { retry_after_ms, .. }) => {
-                self.pause_until(now + retry_after_ms, now)
-            }
+            Err(AiFailure::Throttled { retry_after_ms, .. }) => self.pause_for(*retry_after_ms),
             Err(AiFailure::OutOfQuota(detail)) => {
                 self.out_of_quota(detail, now);
                 return;
@@ -252,7 +264,14 @@ impl ProviderBreaker {
         self.maybe_open.store(breaker.is_open(), Ordering::Release);
         if let Some(until) = breaker.paused_until_ms {
             // Another instance was told to wait: so is this one.
-            self.paused_until_ms.fetch_max(until, Ordering::AcqRel);
+            let before = self.paused_until_ms.fetch_max(until, Ordering::AcqRel);
+            if before <= until {
+                self.pause_shared.store(true, Ordering::Release);
+            }
+        } else if self.pause_shared.swap(false, Ordering::AcqRel) {
+            // Cleared (an operator closed the breaker): a pause this
+            // process had from the row is over too.
+            self.paused_until_ms.store(0, Ordering::Release);
         }
         match breaker.admission(now) {
             Admission::Probe => {

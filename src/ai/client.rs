@@ -38,8 +38,11 @@ pub struct JobOrder {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MaybeMade {
     /// The job, if made, was made no earlier than this (epoch ms): when the
-    /// key was first sent, or its slot reserved.
+    /// key was first sent, or its slot took it.
     pub since_ms: i64,
+    /// When the key was last sent (the send whose outcome is unclear); the
+    /// list may not show what that send made until a while after it.
+    pub last_sent_ms: i64,
     /// Now, by the same clock as `since_ms`.
     pub now_ms: i64,
     /// Jobs the ledger holds for other calls: never this call's.

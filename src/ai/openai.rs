@@ -123,6 +123,35 @@ pub const DEFAULT_CHAT_MODEL: &str = "gpt-6-luna";
 pub const DEFAULT_IMAGE_MODEL: &str = "gpt-image-2.6-flare";
 pub const DEFAULT_IMAGE_SIZE: &str = "1024x1024";
 
+/// Models whose shutdown OpenAI's deprecations page announces (read on
+/// 2026-12-05), with the date: a configured one is refused from that day
+/// on, and flagged before, even where `GET /v1/models` no longer lists it
+/// (or a compatible gateway in front of OpenAI does not say).
+pub const SHUT_DOWN: [(&str, &str); 22] = [
+    ("dall-e-2", "2026-05-12"),
+    ("dall-e-3", "2026-05-12"),
+    ("gpt-3.5-turbo", "2026-10-23"),
+    ("gpt-4", "2026-10-23"),
+    ("gpt-4-turbo", "2026-10-23"),
+    ("gpt-4o-2024-05-13", "2026-10-23"),
+    ("gpt-4.1-nano", "2026-10-23"),
+    ("gpt-image-1", "2026-10-23"),
+    ("o1", "2026-10-23"),
+    ("o3-mini", "2026-10-23"),
+    ("o4-mini", "2026-10-23"),
+    ("gpt-image-1-mini", "2026-12-01"),
+    ("gpt-image-1.5", "2026-12-01"),
+    ("chatgpt-image-latest", "2026-12-01"),
+    ("gpt-5", "2026-12-11"),
+    ("gpt-5-mini", "2026-12-11"),
+    ("gpt-5-nano", "2026-12-11"),
+    ("o3", "2026-12-11"),
+    ("gpt-4o", "2027-01-14"),
+    ("gpt-4o-mini", "2027-01-14"),
+    ("gpt-4.1", "2027-01-14"),
+    ("gpt-4.1-mini", "2027-01-14"),
+];
+
 /// Everything the adapter needs, from configuration.
 #[derive(Debug, Clone)]
 pub struct OpenAiSettings {
@@ -232,11 +261,6 @@ impl OpenAiClient {
                     "size": self.image_size,
                 });
                 attribute(&mut body, order);
-                // DALL·E answers a URL when asked; gpt-image models refuse
-                // the parameter and always answer base64.
-                if self.image_model.starts_with("dall-e") {
-                    body["response_format"] = json!("url");
-                }
                 ("/v1/images/generations", body)
             }
             Route::Chat { score } => {
@@ -291,9 +315,11 @@ impl OpenAiClient {
 
     /// Before serving: `GET /v1/models`, and each model this client uses
     /// looked up in it (OpenAI documents an optional `shutdown_date`,
-    /// `YYYY-MM-DD`, per model). `Err`, and the start stops, for a model
-    /// that is not listed (OpenAI removes the models it shut down) or whose
-    /// shutdown date is `today` or past, and for a refused key. A date to
+    /// `YYYY-MM-DD`, per model; [`SHUT_DOWN`] says the dates its
+    /// deprecations page announced). `Err`, and the start stops, for a
+    /// model whose shutdown date is `today` or past, for one OpenAI itself
+    /// does not list (on another server an unlisted model is a WARN: it may
+    /// serve only what its booths use), and for a refused key. A date to
     /// come is a notice (and a WARN). A list that cannot be read (a
     /// compatible server without it, the provider unreachable) is logged
     /// and the start goes on.
@@ -325,12 +351,14 @@ impl OpenAiClient {
         let mut notices = Vec::with_capacity(used.len());
         for (used_for, model, field, env, default) in used {
             let change = format!("set {field} in the providers file (or {env}) to a model it lists, e.g. {default:?}");
-            let Some(found) = listed.iter().find(|m| &m.id == model) else {
-                return Err(format!(
-                    "the OpenAI-compatible API does not offer the {used_for} model {model:?} (GET /v1/models does not list it; OpenAI removes the models it shut down): {change}"
-                ));
-            };
-            let shutdown = found.shutdown_date.as_deref();
+            let listed = listed.iter().find(|m| &m.id == model);
+            let announced = SHUT_DOWN
+                .iter()
+                .find(|(id, _)| id == model)
+                .map(|(_, date)| *date);
+            let shutdown = listed
+                .and_then(|m| m.shutdown_date.as_deref())
+                .or(announced);
             match shutdown.and_then(|d| chrono::NaiveDate::parse_from_str(d, "%Y-%m-%d").ok()) {
                 Some(date) if date <= today => {
                     return Err(format!(
@@ -342,6 +370,16 @@ impl OpenAiClient {
                     "OpenAI has announced that the {used_for} model shuts down; {change} before then"
                 ),
                 None => {}
+            }
+            if listed.is_none() && self.base_url == DEFAULT_BASE_URL {
+                return Err(format!(
+                    "OpenAI does not offer the {used_for} model {model:?} to this key (GET /v1/models does not list it): {change}"
+                ));
+            }
+            if listed.is_none() {
+                // A compatible server often serves only the models its
+                // booths use (a chat model, no image one).
+                tracing::warn!(model = %model, "the OpenAI-compatible server does not list the {used_for} model; experiences that need it will fail: {change}");
             }
             notices.push(ModelNotice {
                 shutdown_date: shutdown.map(str::to_owned),
@@ -517,11 +555,13 @@ fn attribute(body: &mut Value, order: &JobOrder) {
 /// that was not the one exhausted.
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let header = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
-    if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        return Some(Duration::from_secs_f64(ms.max(0.0) / 1_000.0));
+    let number = |name: &str| header(name)?.parse::<f64>().ok().filter(|v| v.is_finite());
+    let seconds = |v: f64| Duration::try_from_secs_f64(v.max(0.0)).ok();
+    if let Some(ms) = number("retry-after-ms") {
+        return seconds(ms / 1_000.0);
     }
-    if let Some(seconds) = header("retry-after").and_then(|v| v.parse::<f64>().ok()) {
-        return Some(Duration::from_secs_f64(seconds.max(0.0)));
+    if let Some(s) = number("retry-after") {
+        return seconds(s);
     }
     let reset =
         |limit: &str| header(&format!("x-ratelimit-reset-{limit}")).and_then(openai_duration);
@@ -579,7 +619,7 @@ pub fn openai_duration(text: &str) -> Option<Duration> {
         total += number * factor;
         rest = &rest[unit..];
     }
-    total.is_finite().then(|| Duration::from_secs_f64(total))
+    Duration::try_from_secs_f64(total).ok()
 }
 
 async fn exchange(
@@ -1174,8 +1214,15 @@ mod tests {
                 "{text}"
             );
         }
-        for bad in ["", "s", "5x", "1.2.3s"] {
+        for bad in ["", "s", "5x", "1.2.3s", "99999999999999999999h"] {
             assert_eq!(openai_duration(bad), None, "{bad:?}");
+        }
+        for absurd in ["inf", "NaN", "1e300"] {
+            assert_eq!(
+                retry_after(&headers(&[("retry-after", absurd)])),
+                None,
+                "{absurd}"
+            );
         }
     }
 

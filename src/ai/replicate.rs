@@ -96,7 +96,7 @@
 //!
 //! One found: it is this call's job (`adopted`). Several: the oldest is
 //! adopted and the rest are left alone, at WARN (`ambiguous`). None, and
-//! the first send is less than [`LIST_SETTLE_MS`] ago: not finding it
+//! the last send is less than [`LIST_SETTLE_MS`] ago: not finding it
 //! proves nothing yet, so the adapter waits until then and looks once
 //! more. None then: the earlier create made nothing the list shows, and
 //! the prediction is created again, at WARN (`created_again`). Each
@@ -106,14 +106,16 @@
 //!
 //! The window that remains, where a second billed prediction can be made:
 //! - a prediction Replicate made but does not list [`LIST_SETTLE_MS`]
-//!   after the first send (the documentation promises no delay either
-//!   way);
+//!   after the send that made it (the documentation promises no delay
+//!   either way);
 //! - more than [`LOOKUP_PAGES`] pages (100 predictions each) of the
 //!   account's newer predictions, website ones included, made between the
 //!   first send and the look;
 //! - another call of this deployment with an equal input whose create was
-//!   unclear at the same time: both may adopt the same prediction (one
-//!   result shown to both, the other prediction, if made, unseen).
+//!   unclear at the same time, or whose create succeeded moments before
+//!   and whose job id the ledger does not hold yet: both calls may take
+//!   the same prediction (one result shown to both; the other
+//!   prediction, if made, is billed and unseen).
 //!
 //! A prediction of someone else on the account with an equal input, made
 //! in the same seconds, can be taken for ours: the guest then gets that
@@ -159,8 +161,8 @@ pub const LOOKUP_PAGES: usize = 3;
 /// A prediction created up to this long before the key was first sent (by
 /// our clock) may still be its: Replicate's clock is not ours.
 pub const CLOCK_SLACK_MS: i64 = 2_000;
-/// How long after the first send the list may still not show the
-/// prediction that send made: until then, not finding it proves nothing.
+/// How long after a send the list may still not show the prediction that
+/// send made: until then, not finding it proves nothing.
 pub const LIST_SETTLE_MS: i64 = 5_000;
 /// Every prediction status Replicate documents, and what it is here.
 pub const STATUSES: [(&str, JobStatus); 6] = [
@@ -433,7 +435,7 @@ impl ReplicateClient {
         earlier: &MaybeMade,
     ) -> Result<Found, AiFailure> {
         let found = self.find_made(input, earlier).await?;
-        let settled_in = LIST_SETTLE_MS - (earlier.now_ms - earlier.since_ms);
+        let settled_in = LIST_SETTLE_MS - (earlier.now_ms - earlier.last_sent_ms);
         match found {
             Found::None if settled_in > 0 => {
                 tokio::time::sleep(Duration::from_millis(settled_in as u64)).await;

@@ -25,6 +25,10 @@ pub const OPEN_AFTER: u32 = 5;
 pub const COOL_DOWN_MS: i64 = 30_000;
 /// How long a probe may take before another instance may probe instead.
 pub const PROBE_MS: i64 = 60_000;
+/// The longest wait a provider may name for the whole provider (a 429's
+/// `Retry-After`, a daily limit's reset hours away): past it one request
+/// asks again, and a provider still over its limit names its wait again.
+pub const MAX_NAMED_WAIT_MS: i64 = 10 * 60_000;
 /// How long an account out of quota keeps the breaker open before one
 /// probe asks again (an operator who added credit closes it at once).
 /// Retrying sooner cannot help: the provider refuses every request until

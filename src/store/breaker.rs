@@ -151,12 +151,14 @@ impl Store {
         .await
     }
 
-    /// An operator closes the breaker, whoever opened it.
+    /// An operator closes the breaker, whoever opened it, and lifts a wait
+    /// the provider named (the instances that learnt it from the row lift
+    /// it at their next claim).
     pub async fn close_breaker(&self, provider: &str, now: EpochMs) -> StoreResult<u64> {
         self.write_one(self.sql(
             "UPDATE provider_breakers SET open_until_ms = NULL, probe_until_ms = NULL, \
-             opened_by = NULL, reason = NULL, updated_at_ms = $2 \
-             WHERE provider = $1 AND open_until_ms IS NOT NULL",
+             opened_by = NULL, reason = NULL, paused_until_ms = NULL, updated_at_ms = $2 \
+             WHERE provider = $1 AND (open_until_ms IS NOT NULL OR paused_until_ms IS NOT NULL)",
             vec![provider.into(), now.into()],
         ))
         .await

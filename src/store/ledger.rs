@@ -166,9 +166,10 @@ pub(super) async fn reserve_first_calls(
             backend,
             &format!(
                 "INSERT INTO ai_slots (id, provider, experience_id, saga_id, call_index, \
-                 base_key, key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
+                 base_key, key_attempt, job_id, detached, created_at_ms, updated_at_ms, \
+                 keyed_at_ms) \
                  SELECT {id}, $1, s.experience_id, s.id, 0, s.ai_base_key, \
-                 s.attempt_offset + s.attempts, NULL, false, $2, $2 FROM sagas s WHERE s.id {ids} \
+                 s.attempt_offset + s.attempts, NULL, false, $2, $2, $2 FROM sagas s WHERE s.id {ids} \
                  ON CONFLICT (saga_id, call_index) WHERE NOT detached DO NOTHING \
                  RETURNING saga_id",
                 id = random_id(backend),
@@ -201,8 +202,9 @@ pub(super) async fn reserve_calls<C: ConnectionTrait>(
                 backend,
                 &format!(
                     "INSERT INTO ai_slots (id, provider, experience_id, saga_id, call_index, \
-                     base_key, key_attempt, job_id, detached, created_at_ms, updated_at_ms) \
-                     VALUES ({id}, $1, $2, $3, $4, $7, $5, NULL, false, $6, $6) \
+                     base_key, key_attempt, job_id, detached, created_at_ms, updated_at_ms, \
+                     keyed_at_ms) \
+                     VALUES ({id}, $1, $2, $3, $4, $7, $5, NULL, false, $6, $6, $6) \
                      ON CONFLICT (saga_id, call_index) WHERE NOT detached DO NOTHING \
                      RETURNING call_index",
                     id = random_id(backend),
@@ -359,7 +361,8 @@ pub(super) async fn rekey<C: ConnectionTrait>(
 ) -> StoreResult<()> {
     conn.execute_raw(sql_for(
         conn.get_database_backend(),
-        "UPDATE ai_slots SET key_attempt = $3, job_id = NULL, updated_at_ms = $4 \
+        "UPDATE ai_slots SET key_attempt = $3, job_id = NULL, updated_at_ms = $4, \
+         keyed_at_ms = $4 \
          WHERE saga_id = $1 AND call_index = $2 AND NOT detached",
         vec![
             saga_id.into(),
@@ -482,8 +485,9 @@ pub struct HeldSlot {
     pub base_key: String,
     pub key_attempt: i32,
     pub job_id: Option<String>,
-    /// When the row took its key (reserved, re-keyed or taken back): a job
-    /// sent under that key was made no earlier.
+    /// When the row took its key (reserved, or re-keyed for the next
+    /// attempt; a retry that takes it back keeps it): a job sent under that
+    /// key was made no earlier.
     pub keyed_at_ms: i64,
 }
 
@@ -499,8 +503,8 @@ pub struct AdoptedSlot {
     pub key_attempt: i32,
     pub job_id: Option<String>,
     pub cancel_tried: bool,
-    /// When the row was made: no job of it is older.
-    pub created_at_ms: i64,
+    /// When the row took its key: no job of it is older.
+    pub keyed_at_ms: i64,
     /// The lease this taker holds it under.
     pub token: String,
     /// What a submit of its key sends again, from its saga and experience
@@ -525,7 +529,8 @@ impl Store {
         let rows = self
             .db()
             .query_all_raw(self.sql(
-                "SELECT call_index, base_key, key_attempt, job_id, updated_at_ms FROM ai_slots \
+                "SELECT call_index, base_key, key_attempt, job_id, \
+                 COALESCE(keyed_at_ms, created_at_ms) FROM ai_slots \
                  WHERE saga_id = $1 AND NOT detached ORDER BY call_index",
                 vec![saga_id.into()],
             ))
@@ -651,7 +656,7 @@ impl Store {
                 &format!(
                     "SELECT l.id, l.provider, l.saga_id, l.call_index, l.key_attempt, l.job_id, \
                      l.cancel_tried, e.kind, s.prompt, s.session_id, l.base_key, e.ai_calls, \
-                     l.created_at_ms \
+                     COALESCE(l.keyed_at_ms, l.created_at_ms) \
                      FROM ai_slots l LEFT JOIN sagas s ON s.id = l.saga_id \
                      LEFT JOIN experiences e ON e.id = s.experience_id WHERE l.id {list}"
                 ),
@@ -683,7 +688,7 @@ impl Store {
                     key_attempt: r.try_get_by_index(4)?,
                     job_id: r.try_get_by_index(5)?,
                     cancel_tried: r.try_get_by_index(6)?,
-                    created_at_ms: r.try_get_by_index(12)?,
+                    keyed_at_ms: r.try_get_by_index(12)?,
                     token: token.clone(),
                     order,
                 })

@@ -305,15 +305,19 @@ class Env:
         self.contexts = []
         self.console_errors = []
 
-    def context(self, **kw):
-        ctx = self.browser.new_context(base_url=self.base, **kw)
+    def context(self, base=None, **kw):
+        ctx = self.browser.new_context(base_url=base or self.base, **kw)
         ctx.set_default_timeout(15 * SECOND)
         ctx.route("**/*", only_loopback)
         self.contexts.append(ctx)
         return ctx
 
     def page(self, **kw):
-        page = self.context(**kw).new_page()
+        return self.page_of(None, **kw)
+
+    def page_of(self, server, **kw):
+        """A page of `server` (a test's own; None: the shared one)."""
+        page = self.context(base=server.base if server else None, **kw).new_page()
         page.on("pageerror", lambda e: self.console_errors.append(f"{page.url}: {e}"))
         # What the pages' Content-Security-Policy refuses is a bug of the
         # page (an inline script or style): Chromium says it on the console.
@@ -1252,14 +1256,7 @@ def test_javascript_urls_from_the_provider_are_never_links(env):
         server.operator("POST", "/api/experiences", {
             "slug": "shady", "title": "Shady provider", "kind": "image", "review": "before_display"})
         server.submit_as("shady", "eve", "anything")
-        ctx = env.browser.new_context(base_url=server.base, **SCREEN)
-        ctx.set_default_timeout(15 * SECOND)
-        ctx.route("**/*", only_loopback)
-        env.contexts.append(ctx)
-        ops = ctx.new_page()
-        ops.on("pageerror", lambda e: env.console_errors.append(f"{ops.url}: {e}"))
-        ops.on("console", lambda m: m.type == "error" and "Content Security Policy" in m.text
-               and env.console_errors.append(f"{ops.url}: {m.text}"))
+        ops = env.page_of(server, **SCREEN)
         ops.goto("/ops")
         ops.fill("#token", OPERATOR_TOKEN)
         ops.click("#sign-in")
@@ -1274,6 +1271,89 @@ def test_javascript_urls_from_the_provider_are_never_links(env):
         saga_id = server.sagas(experience="shady")[0]["saga_id"]
         stored = server.ok("GET", f"/api/admin/sagas/{saga_id}", token=OPERATOR_TOKEN)
         assert "javascript:" not in json.dumps(stored).lower(), stored
+    finally:
+        server.stop()
+        fake.stop()
+
+
+class FakeOpenAiOutOfQuota:
+    """An OpenAI-compatible API on a loopback port whose model list
+    announces a shutdown date for the chat model, and whose account is out
+    of quota (every generation: 429 `insufficient_quota`, as OpenAI
+    documents it)."""
+
+    SHUTDOWN = "2027-01-14"
+
+    def __init__(self):
+        shutdown = self.SHUTDOWN
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def answer(self, status, payload):
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                models = [
+                    {"id": "gpt-6-luna", "object": "model", "created": 1, "owned_by": "openai",
+                     "shutdown_date": shutdown},
+                    {"id": "gpt-image-2.6-flare", "object": "model", "created": 1, "owned_by": "openai",
+                     "shutdown_date": None},
+                ]
+                self.answer(200, {"object": "list", "data": models})
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.answer(429, {"error": {
+                    "message": "You exceeded your current quota, please check your plan and billing details.",
+                    "type": "insufficient_quota", "param": None, "code": "insufficient_quota"}})
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_out_of_quota_and_a_model_shutdown_are_shown(env):
+    """The account is out of quota: /ops shows the breaker's reason under the
+    provider and the chat model's announced shutdown date; the waiting guest
+    reads that the AI account is out of credit and that their place is
+    kept."""
+    fake = FakeOpenAiOutOfQuota()
+    server = Server("--ai-provider", "openai", "--openai-base-url", fake.url,
+                    "--openai-api-key", "sk-browser-test")
+    try:
+        server.operator("POST", "/api/experiences", {"slug": "songs", "title": "Songs", "kind": "music"})
+        phone = env.page_of(server, **PHONE)
+        phone.goto("/p/songs")
+        participant_submit(phone, "penny", "a song about the sea")
+        notice = phone.locator("#wait-paused")
+        expect(notice).to_be_visible(timeout=RESULT_WAIT)
+        expect(notice).to_have_text(EN["session.ai_out_of_credit"])
+        expect(phone.locator("#form-error")).to_be_hidden()
+
+        ops = env.page_of(server, **SCREEN)
+        ops.goto("/ops")
+        ops.fill("#token", OPERATOR_TOKEN)
+        ops.click("#sign-in")
+        card = provider_card(ops, "default")
+        expect(card).to_have_attribute("data-breaker", "open")
+        expect(card.locator(".breaker-reason")).to_contain_text("out of quota")
+        shutdown = card.locator(".model-notices li")
+        expect(shutdown).to_have_count(1)
+        expect(shutdown).to_contain_text("gpt-6-luna")
+        expect(shutdown).to_contain_text(FakeOpenAiOutOfQuota.SHUTDOWN)
+        breaker = server.ok("GET", "/api/admin/breaker", token=OPERATOR_TOKEN)
+        assert breaker["opened_by"] == "out_of_quota", breaker
     finally:
         server.stop()
         fake.stop()
@@ -1321,6 +1401,7 @@ TESTS = [
     test_ops_review_approves_and_rejects,
     test_hostile_text_stays_text,
     test_javascript_urls_from_the_provider_are_never_links,
+    test_out_of_quota_and_a_model_shutdown_are_shown,
     test_ops_cannot_be_framed,
     test_docs_screenshots,
     test_no_page_errors,

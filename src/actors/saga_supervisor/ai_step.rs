@@ -208,6 +208,8 @@ struct CallState {
     /// When this key was first sent (or its slot took it): a job it made
     /// was made no earlier. None until the first send of a key.
     first_sent_ms: Option<i64>,
+    /// When this key was last sent (None: not by this worker).
+    last_sent_ms: Option<i64>,
 }
 
 /// Everything a call needs of its saga.
@@ -282,6 +284,7 @@ async fn calls_to_run(
         key_attempt: offset + attempts as i32,
         unclear: false,
         first_sent_ms: None,
+        last_sent_ms: None,
     };
     if book == Book::SagaRow {
         let job = saga.ai_job_id.clone().zip(saga.ai_submitted_at_ms);
@@ -675,8 +678,10 @@ impl Ctx<'_> {
             key,
         );
         if call.unclear {
+            let since_ms = call.first_sent_ms.unwrap_or(now);
             order.maybe_made = Some(MaybeMade {
-                since_ms: call.first_sent_ms.unwrap_or(now),
+                since_ms,
+                last_sent_ms: call.last_sent_ms.unwrap_or(since_ms),
                 now_ms: now,
                 taken: self.deps.store.jobs_held(&self.experience.provider).await?,
                 look_only: false,
@@ -739,6 +744,7 @@ impl Ctx<'_> {
                 if counted {
                     call.key_attempt = self.saga.attempt_offset.max(0) + call.attempts as i32;
                     call.first_sent_ms = None;
+                    call.last_sent_ms = None;
                     self.record(call, Record::NextAttempt(evidence)).await?;
                 }
                 if !self.shared.may_run() {
@@ -779,6 +785,7 @@ async fn submit(ctx: &Ctx<'_>, call: &mut CallState) -> Result<Submitted, Stop> 
     let submitted_at = deps.clock.now_ms();
     let order = ctx.order(call, submitted_at).await?;
     call.first_sent_ms.get_or_insert(submitted_at);
+    call.last_sent_ms = Some(submitted_at);
     ctx.shared.sent(call.index);
     let submit = ctx.experience.ai.send(SubmitJob(order));
     let provider = &ctx.experience.provider;
