@@ -1211,9 +1211,9 @@ fn serve_child(
     db_url: &str,
     port: u16,
     log: &std::path::Path,
-) -> std::process::Child {
+) -> Served {
     let file = std::fs::File::create(log).expect("log file");
-    Command::new(env!("CARGO_BIN_EXE_stagehand"))
+    let child = Command::new(env!("CARGO_BIN_EXE_stagehand"))
         .arg("serve")
         .env("STAGEHAND_DATABASE_URL", db_url)
         .env("STAGEHAND_BIND", format!("127.0.0.1:{port}"))
@@ -1226,7 +1226,26 @@ fn serve_child(
         .stdout(file.try_clone().expect("log file"))
         .stderr(file)
         .spawn()
-        .expect("start stagehand serve")
+        .expect("start stagehand serve");
+    Served(child)
+}
+
+/// A `stagehand serve` child, killed (SIGKILL) and reaped when dropped, so
+/// a failing test leaves no server behind.
+struct Served(std::process::Child);
+
+impl Served {
+    fn kill(&mut self) {
+        self.0.kill().expect("SIGKILL the server");
+        self.0.wait().expect("reap it");
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn free_port() -> u16 {
@@ -1302,8 +1321,7 @@ async fn a_worker_killed_before_it_recorded_its_prediction_is_not_doubled(backen
         "the create reached the fake:\n{}",
         support::tail(&first_log, 20)
     );
-    first.kill().expect("SIGKILL the first worker");
-    first.wait().expect("reap it");
+    first.kill();
 
     let port = free_port();
     let mut second = serve_child(&providers, &db.url, port, &second_log);
@@ -1319,8 +1337,7 @@ async fn a_worker_killed_before_it_recorded_its_prediction_is_not_doubled(backen
         .text()
         .await
         .expect("the metrics");
-    let _ = second.kill();
-    let _ = second.wait();
+    second.kill();
     assert_eq!(
         done["status"],
         "COMPLETED",
