@@ -828,6 +828,34 @@ async fn serve_refuses_a_shut_down_image_model(backend: Backend) {
 }
 db_test!(serve_refuses_a_shut_down_image_model);
 
+/// `stagehand serve` (the binary) on the fake with `image_model`, its
+/// output in `log`, once it answers.
+async fn serve_openai(
+    db: &TestDb,
+    fake: &FakeOpenAi,
+    image_model: &str,
+    log: &std::path::Path,
+    http: &reqwest::Client,
+) -> support::Server {
+    let v1 = fake.v1();
+    support::Server::start_with(
+        &db.url,
+        "",
+        log,
+        http,
+        &[
+            ("STAGEHAND_AI_URL", ""),
+            ("STAGEHAND_PROVIDERS", ""),
+            ("STAGEHAND_AI_PROVIDER", "openai"),
+            ("STAGEHAND_OPENAI_BASE_URL", &v1),
+            ("STAGEHAND_OPENAI_API_KEY", KEY),
+            ("STAGEHAND_OPENAI_CHAT_MODEL", CHAT_MODEL),
+            ("STAGEHAND_OPENAI_IMAGE_MODEL", image_model),
+        ],
+    )
+    .await
+}
+
 /// A configured model whose shutdown is announced for a later day starts
 /// (with a WARN naming it) and shows its date in the providers view.
 async fn serve_starts_with_an_announced_shutdown_and_shows_the_date(backend: Backend) {
@@ -840,23 +868,7 @@ async fn serve_starts_with_an_announced_shutdown_and_shows_the_date(backend: Bac
     let http = support::http_client();
     let mut logs = support::Logs::new();
     let log = logs.next();
-    let v1 = fake.v1();
-    let server = support::Server::start_with(
-        &db.url,
-        "",
-        &log,
-        &http,
-        &[
-            ("STAGEHAND_AI_URL", ""),
-            ("STAGEHAND_PROVIDERS", ""),
-            ("STAGEHAND_AI_PROVIDER", "openai"),
-            ("STAGEHAND_OPENAI_BASE_URL", &v1),
-            ("STAGEHAND_OPENAI_API_KEY", KEY),
-            ("STAGEHAND_OPENAI_CHAT_MODEL", CHAT_MODEL),
-            ("STAGEHAND_OPENAI_IMAGE_MODEL", model),
-        ],
-    )
-    .await;
+    let server = serve_openai(&db, &fake, model, &log, &http).await;
     let resp = http
         .get(format!("{}/api/admin/providers", server.base))
         .bearer_auth(OPERATOR)
@@ -908,23 +920,7 @@ async fn serve_starts_when_the_models_list_is_missing(backend: Backend) {
     let http = support::http_client();
     let mut logs = support::Logs::new();
     let log = logs.next();
-    let v1 = fake.v1();
-    let server = support::Server::start_with(
-        &db.url,
-        "",
-        &log,
-        &http,
-        &[
-            ("STAGEHAND_AI_URL", ""),
-            ("STAGEHAND_PROVIDERS", ""),
-            ("STAGEHAND_AI_PROVIDER", "openai"),
-            ("STAGEHAND_OPENAI_BASE_URL", &v1),
-            ("STAGEHAND_OPENAI_API_KEY", KEY),
-            ("STAGEHAND_OPENAI_CHAT_MODEL", CHAT_MODEL),
-            ("STAGEHAND_OPENAI_IMAGE_MODEL", IMAGE_MODEL),
-        ],
-    )
-    .await;
+    let server = serve_openai(&db, &fake, IMAGE_MODEL, &log, &http).await;
     // Started (Server::start_with waited for /healthz), after asking.
     let asked = fake
         .requests()
