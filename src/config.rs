@@ -196,6 +196,12 @@ pub struct Config {
     /// when the bind address is the LAN address.
     #[arg(long, env = "STAGEHAND_PUBLIC_URL")]
     pub public_url: Option<String>,
+    /// Where media (uploaded photos, kept results) lives: `s3://bucket`
+    /// (endpoint, region and credentials from the `AWS_*` environment),
+    /// `file:///path` or a folder's path. Unset: a folder beside the SQLite
+    /// file (`stagehand-media`). Several instances need one shared place.
+    #[arg(long, env = "STAGEHAND_MEDIA_URL")]
+    pub media_url: Option<String>,
     /// Sagas this instance drives at once at most. When it is full, its
     /// dispatcher claims nothing more and other instances take the work.
     #[arg(long, env = "STAGEHAND_MAX_RUNNING", default_value_t = 1000)]

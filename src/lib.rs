@@ -34,6 +34,7 @@
 //! - [`actors`]: how work moves; any actor may vanish.
 //! - [`ai`]: the provider client and the built-in simulator.
 //! - [`http`]: routes, auth, idempotency rules, the one error mapping.
+//! - [`media`]: the media store (a folder or S3, over `object_store`).
 //! - [`config`], [`clock`], [`startup`]: flags, the injectable clock, wiring.
 //! - [`telemetry`]: traces over OTLP (off unless configured).
 
@@ -44,6 +45,7 @@ pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod http;
+pub mod media;
 pub mod metrics;
 pub mod startup;
 pub mod store;

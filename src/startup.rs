@@ -64,6 +64,8 @@ pub enum StartupError {
     ProvidersFile(#[from] ProvidersFileError),
     #[error("{0}")]
     Provider(String),
+    #[error("{0}")]
+    Media(#[from] crate::media::MediaError),
     #[error(
         "the SQLite database {path} is in use by another stagehand process; SQLite mode is \
          single-instance (stop the other `serve`, or use PostgreSQL to run several instances)"
@@ -163,6 +165,7 @@ impl Application {
         // Saga work and display streams get their own connections.
         let work = store.with_own_pool(config.worker_db_pool).await?;
         tracing::info!(database = %redact(&config.database_url), "database ready (migrations applied)");
+        let media = open_media(&config, store.is_postgres())?;
 
         let specs = config.provider_specs()?;
         // A job API without a URL is the built-in simulator (one, shared by
@@ -379,6 +382,7 @@ impl Application {
             scrape_cache: Arc::default(),
             sqlite_lock: sqlite_lock.map(Arc::new),
             provider_models: Arc::new(provider_models),
+            media,
         };
         let data = web::Data::new(state.clone());
         let server = HttpServer::new(move || {
@@ -480,6 +484,29 @@ impl Application {
     pub fn into_server(self) -> (Server, Option<RunningSim>) {
         (self.server, self.simulator)
     }
+}
+
+/// The media store `--media-url` names (default: a folder beside the
+/// SQLite file). Instances on PostgreSQL with a folder each cannot serve
+/// each other's files: said at start, loudly.
+fn open_media(
+    config: &Config,
+    several_instances: bool,
+) -> Result<crate::media::MediaStore, StartupError> {
+    use crate::media::{MediaPlace, MediaStore};
+    let url = config
+        .media_url
+        .clone()
+        .unwrap_or_else(|| MediaStore::default_url(&config.database_url));
+    let media = MediaStore::open(&url)?;
+    tracing::info!(media = %media.describe(), "media store ready");
+    if several_instances && matches!(media.place(), MediaPlace::Folder(_)) {
+        tracing::warn!(
+            media = %media.describe(),
+            "media is in a local folder while the database is PostgreSQL: other instances cannot serve the files this one keeps unless the folder is shared between them; set STAGEHAND_MEDIA_URL=s3://bucket for several instances"
+        );
+    }
+    Ok(media)
 }
 
 /// The client of one provider. A key comes from the variable the spec

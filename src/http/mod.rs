@@ -76,6 +76,8 @@ pub struct AppState {
     /// announced shutdown date), for the providers view and /ops.
     pub provider_models:
         std::sync::Arc<std::collections::BTreeMap<String, Vec<crate::ai::ModelNotice>>>,
+    /// Where uploaded photos and kept results live.
+    pub media: crate::media::MediaStore,
 }
 
 impl AppState {

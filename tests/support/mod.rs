@@ -133,6 +133,17 @@ pub fn test_config(db: &TestDb, ai_url: &str) -> Config {
     c.bind = "127.0.0.1:0".into();
     c.ai_url = Some(ai_url.to_owned());
     c.operator_token = Some(OPERATOR.into());
+    // Media in a folder of the test's own (beside the SQLite file would do,
+    // but a PostgreSQL test has no file).
+    c.media_url = Some(
+        std::env::temp_dir()
+            .join(format!(
+                "stagehand-test-media-{}",
+                uuid::Uuid::new_v4().simple()
+            ))
+            .display()
+            .to_string(),
+    );
     c.poll_interval = Duration::from_millis(200);
     c.lease = Duration::from_secs(3);
     c.cleanup_interval = Duration::from_secs(3600);
@@ -1189,4 +1200,108 @@ pub fn captured_logs(filter: &'static str) -> CapturedLogs {
         logs
     })
     .clone()
+}
+
+/// A real S3-compatible server (s3s-fs, from crates.io) on 127.0.0.1 over a
+/// folder of its own, for the media store's tests: never a mock of S3.
+/// `.ci/run` installs it into `target/s3s`; `STAGEHAND_S3S_FS` names
+/// another binary. Its access and secret keys are [`S3_ACCESS_KEY`] and
+/// [`S3_SECRET_KEY`], which [`S3Server::credentials_in_env`] puts in the
+/// `AWS_*` variables the media store reads.
+pub struct S3Server {
+    pub port: u16,
+    pub root: tempfile::TempDir,
+    child: Option<std::process::Child>,
+}
+
+pub const S3_ACCESS_KEY: &str = "stagehand-test-access";
+pub const S3_SECRET_KEY: &str = "stagehand-test-secret-0123456789";
+
+impl S3Server {
+    fn binary() -> PathBuf {
+        match std::env::var("STAGEHAND_S3S_FS") {
+            Ok(path) if !path.is_empty() => PathBuf::from(path),
+            _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/s3s/bin/s3s-fs"),
+        }
+    }
+
+    /// Starts it with one bucket, `bucket`, and waits until it answers.
+    pub async fn start(bucket: &str) -> S3Server {
+        let binary = Self::binary();
+        assert!(
+            binary.exists(),
+            "no S3 server at {}: install it with `cargo install s3s-fs --version 0.14.1 \
+             --features binary --locked --root target/s3s` (.ci/run does), or set STAGEHAND_S3S_FS",
+            binary.display()
+        );
+        let root = tempfile::tempdir().expect("the S3 server's folder");
+        std::fs::create_dir(root.path().join(bucket)).expect("the bucket's folder");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut server = S3Server {
+            port,
+            root,
+            child: None,
+        };
+        server.resume().await;
+        server
+    }
+
+    /// The media URL of `bucket` on this server.
+    pub fn media_url(&self, bucket: &str) -> String {
+        format!(
+            "s3://{bucket}?endpoint=http://127.0.0.1:{}&region=us-east-1",
+            self.port
+        )
+    }
+
+    /// The credentials of every test server, in the environment the media
+    /// store reads (the same values for all: safe to set from any test).
+    pub fn credentials_in_env() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            std::env::set_var("AWS_ACCESS_KEY_ID", S3_ACCESS_KEY);
+            std::env::set_var("AWS_SECRET_ACCESS_KEY", S3_SECRET_KEY);
+        });
+    }
+
+    /// Stops it (SIGKILL): the store is down.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and folder, and waits until it
+    /// answers.
+    pub async fn resume(&mut self) {
+        let child = std::process::Command::new(Self::binary())
+            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--access-key", S3_ACCESS_KEY, "--secret-key", S3_SECRET_KEY])
+            .arg(self.root.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the S3 server");
+        self.child = Some(child);
+        let port = self.port;
+        let up = wait_for(Duration::from_secs(20), || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        })
+        .await;
+        assert!(up.is_some(), "the S3 server did not listen on {port}");
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
