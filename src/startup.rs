@@ -223,51 +223,8 @@ impl Application {
         let persistence =
             PersistenceActor::new(work.clone(), clock.clone(), rules.lease_ms, wakeups.clone())
                 .start();
-        let mut handles = Vec::with_capacity(specs.len());
-        let mut provider_models = std::collections::BTreeMap::new();
-        for spec in &specs {
-            let breaker = ProviderBreaker::new(
-                work.clone(),
-                clock.clone(),
-                wakeups.clone(),
-                &spec.name,
-                config.breaker_cool_down,
-            );
-            let client = provider_client(&config, spec, simulator.as_ref())?;
-            let today = chrono::DateTime::from_timestamp_millis(clock.now_ms())
-                .unwrap_or_default()
-                .date_naive();
-            let models = client.check_models(today).await.map_err(|refusal| {
-                StartupError::Provider(format!("provider {}: {refusal}", spec.name))
-            })?;
-            provider_models.insert(spec.name.clone(), models);
-            let rate = match spec.rate_limit {
-                RateLimit::Off => None,
-                RateLimit::Every { count, per } => Some(ProviderRate::new(
-                    work.clone(),
-                    clock.clone(),
-                    &spec.name,
-                    count.get(),
-                    per,
-                )),
-            };
-            tracing::info!(
-                provider = %spec.name,
-                kind = spec.kind_name(),
-                max_in_flight = ?spec.max_in_flight,
-                rate_limit = ?spec.rate_limit_text(),
-                "AI provider ready"
-            );
-            handles.push(ProviderHandle {
-                spec: spec.clone(),
-                ai: AiActor::new(client)
-                    .with_breaker(breaker.clone())
-                    .with_rate_limit(rate)
-                    .start(),
-                breaker,
-            });
-        }
-        let providers = Providers::new(handles);
+        let (providers, provider_models) =
+            start_providers(&config, &specs, &work, &clock, &wakeups, simulator.as_ref()).await?;
         SlotAdopter::new(
             work.clone(),
             clock.clone(),
@@ -485,6 +442,68 @@ impl Application {
         (self.server, self.simulator)
     }
 }
+
+/// Each provider of the providers file (or the one `default`): its client,
+/// checked against the vendor's model list before serving, its breaker,
+/// its rate limit and its AiActor; and the models each one uses, for the
+/// providers view.
+async fn start_providers(
+    config: &Config,
+    specs: &[ProviderSpec],
+    work: &Store,
+    clock: &SharedClock,
+    wakeups: &Wakeups,
+    simulator: Option<&RunningSim>,
+) -> Result<(Providers, ProviderModels), StartupError> {
+    let mut handles = Vec::with_capacity(specs.len());
+    let mut provider_models = std::collections::BTreeMap::new();
+    for spec in specs {
+        let breaker = ProviderBreaker::new(
+            work.clone(),
+            clock.clone(),
+            wakeups.clone(),
+            &spec.name,
+            config.breaker_cool_down,
+        );
+        let client = provider_client(config, spec, simulator)?;
+        let today = chrono::DateTime::from_timestamp_millis(clock.now_ms())
+            .unwrap_or_default()
+            .date_naive();
+        let models = client.check_models(today).await.map_err(|refusal| {
+            StartupError::Provider(format!("provider {}: {refusal}", spec.name))
+        })?;
+        provider_models.insert(spec.name.clone(), models);
+        let rate = match spec.rate_limit {
+            RateLimit::Off => None,
+            RateLimit::Every { count, per } => Some(ProviderRate::new(
+                work.clone(),
+                clock.clone(),
+                &spec.name,
+                count.get(),
+                per,
+            )),
+        };
+        tracing::info!(
+            provider = %spec.name,
+            kind = spec.kind_name(),
+            max_in_flight = ?spec.max_in_flight,
+            rate_limit = ?spec.rate_limit_text(),
+            "AI provider ready"
+        );
+        handles.push(ProviderHandle {
+            spec: spec.clone(),
+            ai: AiActor::new(client)
+                .with_breaker(breaker.clone())
+                .with_rate_limit(rate)
+                .start(),
+            breaker,
+        });
+    }
+    Ok((Providers::new(handles), provider_models))
+}
+
+/// The models of each provider, by name, as its vendor listed them at start.
+type ProviderModels = std::collections::BTreeMap<String, Vec<crate::ai::ModelNotice>>;
 
 /// The media store `--media-url` names (default: a folder beside the
 /// SQLite file). Instances on PostgreSQL with a folder each cannot serve
