@@ -28,6 +28,22 @@ pub struct JobOrder {
     pub safety_id: String,
     /// Set when an earlier submit of this key may have made a job.
     pub maybe_made: Option<MaybeMade>,
+    /// The participant's photo, for an experience whose `input` takes one.
+    pub input: Option<InputPhoto>,
+}
+
+/// A participant's photo as a provider gets it: each adapter sends it its
+/// own way (the job API `params.input_url`, Replicate a file input, OpenAI
+/// the image-edit endpoint).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InputPhoto {
+    /// A signed, expiring URL of this server (`STAGEHAND_PUBLIC_URL`, or the
+    /// loopback address for the built-in simulator) that serves the photo;
+    /// None when no URL the provider can reach is known.
+    pub url: Option<String>,
+    /// The stored photo (a re-encoded JPEG, at most `photo_max_px`).
+    pub bytes: bytes::Bytes,
+    pub content_type: String,
 }
 
 /// An earlier submit of an order's key may have made a job: its outcome
@@ -74,6 +90,7 @@ impl JobOrder {
             idempotency_key,
             safety_id: crate::domain::keys::safety_identifier(session_id),
             maybe_made: None,
+            input: None,
         }
     }
 }

@@ -17,7 +17,9 @@ pub mod providers;
 pub mod replicate;
 pub mod simulator;
 
-pub use client::{AiClient, CancelOutcome, JobOrder, JobStatus, JobView, Lookup, MaybeMade};
+pub use client::{
+    AiClient, CancelOutcome, InputPhoto, JobOrder, JobStatus, JobView, Lookup, MaybeMade,
+};
 pub use openai::{ApiKey, OpenAiClient, OpenAiSettings};
 pub use replicate::{ReplicateClient, ReplicateSettings};
 pub use simulator::{RunningSim, SimConfig, SimControl, SimFaults, SimStats};
