@@ -202,6 +202,27 @@ pub struct Config {
     /// file (`stagehand-media`). Several instances need one shared place.
     #[arg(long, env = "STAGEHAND_MEDIA_URL")]
     pub media_url: Option<String>,
+    /// The largest photo upload taken, in bytes; a bigger body is 413
+    /// before it is read whole.
+    #[arg(long, env = "STAGEHAND_MAX_PHOTO_BYTES", default_value_t = 10 * 1024 * 1024)]
+    pub max_photo_bytes: u64,
+    /// The largest result file kept, in bytes; a bigger one fails the
+    /// attempt.
+    #[arg(long, env = "STAGEHAND_MAX_RESULT_BYTES", default_value_t = 50 * 1024 * 1024)]
+    pub max_result_bytes: u64,
+    /// Photos decoded at once (uploads, thumbnails), off the HTTP workers.
+    /// Each holds at most one decoded photo (about 200 MB for the largest
+    /// taken); default: the machine's cores.
+    #[arg(long, env = "STAGEHAND_PHOTO_WORKERS")]
+    pub photo_workers: Option<usize>,
+    /// Uploads that may wait for a photo worker; past them an upload is
+    /// 503 with Retry-After.
+    #[arg(long, env = "STAGEHAND_PHOTO_QUEUE", default_value_t = 16)]
+    pub photo_queue: usize,
+    /// A photo uploaded but never named by a submission is deleted after
+    /// this long.
+    #[arg(long, env = "STAGEHAND_PHOTO_ORPHAN_TTL", default_value = "1h", value_parser = parse_duration)]
+    pub photo_orphan_ttl: Duration,
     /// Sagas this instance drives at once at most. When it is full, its
     /// dispatcher claims nothing more and other instances take the work.
     #[arg(long, env = "STAGEHAND_MAX_RUNNING", default_value_t = 1000)]
@@ -311,6 +332,7 @@ impl Config {
             chat_model: None,
             image_model: None,
             image_size: None,
+            result_origins: Vec::new(),
         }])
     }
 

@@ -31,7 +31,7 @@ use crate::actors::providers::{ProviderHandle, Providers};
 use crate::actors::ranking::RankingActor;
 use crate::actors::ranking_board::RankingBoard;
 use crate::actors::review::ReviewActor;
-use crate::actors::saga_supervisor::{SagaDeps, SagaSettings};
+use crate::actors::saga_supervisor::{SagaDeps, SagaMedia, SagaSettings};
 use crate::actors::shutdown::ShutdownSignal;
 use crate::actors::terminal_hub::TerminalHub;
 use crate::actors::wakeups::{ClusterMailbox, Wakeups};
@@ -223,8 +223,56 @@ impl Application {
         let persistence =
             PersistenceActor::new(work.clone(), clock.clone(), rules.lease_ms, wakeups.clone())
                 .start();
-        let (providers, provider_models) =
-            start_providers(&config, &specs, &work, &clock, &wakeups, simulator.as_ref()).await?;
+        let listener = TcpListener::bind(&config.bind).map_err(|source| StartupError::Bind {
+            addr: config.bind.clone(),
+            source,
+        })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| StartupError::Bind {
+                addr: config.bind.clone(),
+                source,
+            })?
+            .port();
+        let photo_pool = crate::media::pool::PhotoPool::new(
+            config.photo_workers.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+            }),
+            config.photo_queue,
+        );
+        let media_secret = store
+            .server_key(crate::store::photos::MEDIA_SIGNING, &new_secret())
+            .await?;
+        let bases = PhotoBases {
+            public: config
+                .public_url
+                .as_ref()
+                .map(|u| u.trim_end_matches('/').to_owned()),
+            local: format!("http://127.0.0.1:{port}"),
+        };
+        let (providers, provider_models, provider_media) = start_providers(
+            &config,
+            &specs,
+            &work,
+            &clock,
+            &wakeups,
+            simulator.as_ref(),
+            &bases,
+        )
+        .await?;
+        let saga_media = SagaMedia {
+            keeper: crate::media::keep::Keeper::new(
+                media.clone(),
+                photo_pool.clone(),
+                media_secret.as_bytes(),
+                crate::media::keep::KeepLimits {
+                    max_bytes: config.max_result_bytes,
+                    ..Default::default()
+                },
+            ),
+            secret: Arc::from(media_secret.as_bytes()),
+            providers: Arc::new(provider_media),
+        };
         SlotAdopter::new(
             work.clone(),
             clock.clone(),
@@ -246,6 +294,7 @@ impl Application {
                 ai_poll_interval: config.ai_poll_interval,
                 retry: config.retry_policy(),
             }),
+            media: saga_media.clone(),
         };
         let dispatcher = Dispatcher::new(
             deps,
@@ -284,19 +333,9 @@ impl Application {
             rules,
             config.cleanup_interval,
         )
+        .with_photo_orphans(media.clone(), config.photo_orphan_ttl)
         .start();
 
-        let listener = TcpListener::bind(&config.bind).map_err(|source| StartupError::Bind {
-            addr: config.bind.clone(),
-            source,
-        })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| StartupError::Bind {
-                addr: config.bind.clone(),
-                source,
-            })?
-            .port();
         let limits = Arc::new(RateLimits::from_config(&config));
         if work.is_postgres() {
             // Alive before the first request, so keys it takes are never
@@ -340,6 +379,11 @@ impl Application {
             sqlite_lock: sqlite_lock.map(Arc::new),
             provider_models: Arc::new(provider_models),
             media,
+            photos: crate::http::PhotoDesk {
+                pool: photo_pool,
+                max_bytes: config.max_photo_bytes,
+                secret: saga_media.secret.clone(),
+            },
         };
         let data = web::Data::new(state.clone());
         let server = HttpServer::new(move || {
@@ -454,9 +498,11 @@ async fn start_providers(
     clock: &SharedClock,
     wakeups: &Wakeups,
     simulator: Option<&RunningSim>,
-) -> Result<(Providers, ProviderModels), StartupError> {
+    bases: &PhotoBases,
+) -> Result<(Providers, ProviderModels, ProviderMediaMap), StartupError> {
     let mut handles = Vec::with_capacity(specs.len());
     let mut provider_models = std::collections::BTreeMap::new();
+    let mut provider_media = ProviderMediaMap::new();
     for spec in specs {
         let breaker = ProviderBreaker::new(
             work.clone(),
@@ -473,6 +519,7 @@ async fn start_providers(
             StartupError::Provider(format!("provider {}: {refusal}", spec.name))
         })?;
         provider_models.insert(spec.name.clone(), models);
+        provider_media.insert(spec.name.clone(), provider_media_of(spec, &client, bases)?);
         let rate = match spec.rate_limit {
             RateLimit::Off => None,
             RateLimit::Every { count, per } => Some(ProviderRate::new(
@@ -499,7 +546,53 @@ async fn start_providers(
             breaker,
         });
     }
-    Ok((Providers::new(handles), provider_models))
+    Ok((Providers::new(handles), provider_models, provider_media))
+}
+
+/// Where providers may reach this server: the public URL when one is set,
+/// else the loopback address (good only for a provider on this machine,
+/// such as the built-in simulator).
+struct PhotoBases {
+    public: Option<String>,
+    local: String,
+}
+
+type ProviderMediaMap = std::collections::HashMap<String, crate::media::keep::ProviderMedia>;
+
+/// One provider's result origins (its own, its vendor's documented ones,
+/// its `result_origins`) and where it fetches a photo from. A remote
+/// provider without a public URL gets photos inline where its API allows
+/// (said at start).
+fn provider_media_of(
+    spec: &ProviderSpec,
+    client: &AiProvider,
+    bases: &PhotoBases,
+) -> Result<crate::media::keep::ProviderMedia, StartupError> {
+    let origins = crate::media::keep::ResultOrigins::new(
+        client.base_url(),
+        client.documented_result_origins(),
+        &spec.result_origins,
+    )
+    .map_err(|e| StartupError::Provider(format!("provider {}: {e}", spec.name)))?;
+    let local = reqwest::Url::parse(client.base_url())
+        .ok()
+        .and_then(|u| {
+            u.host_str()
+                .map(|h| matches!(h, "127.0.0.1" | "localhost" | "[::1]"))
+        })
+        .unwrap_or(false);
+    let photo_base = match (&bases.public, local) {
+        (Some(public), _) => Some(public.clone()),
+        (None, true) => Some(bases.local.clone()),
+        (None, false) => {
+            tracing::warn!(provider = %spec.name, "no STAGEHAND_PUBLIC_URL: this provider cannot fetch photos from this server, so photos are sent inline where its API allows (the job API cannot take one)");
+            None
+        }
+    };
+    Ok(crate::media::keep::ProviderMedia {
+        origins,
+        photo_base,
+    })
 }
 
 /// The models of each provider, by name, as its vendor listed them at start.

@@ -10,7 +10,7 @@
   const TOKEN_KEY = "stagehand:ops:token";
   const STEPS = ["AI_PENDING", "AI_DONE", "IN_REVIEW", "RANKING_DONE", "COMPLETED", "ABORTED"];
   const FINAL = ["COMPLETED", "ABORTED"];
-  const REASONS = ["INPUT_REJECTED", "AI_FAILED", "AI_TIMEOUT", "RANKING_FAILED", "PERSIST_FAILED", "ORPHANED", "CANCELLED", "REVIEW_REJECTED"];
+  const REASONS = ["INPUT_REJECTED", "AI_FAILED", "AI_TIMEOUT", "RANKING_FAILED", "PERSIST_FAILED", "ORPHANED", "CANCELLED", "REVIEW_REJECTED", "INPUT_MISSING"];
   const SAGA_PAGE = 50;
   // The providers section (slots, queues, breakers) is read this often.
   const PROVIDERS_MS = 2000;

@@ -229,6 +229,7 @@ async fn cleanup_says_ai_timeout_for_a_lost_worker_waiting_for_the_ai(backend: B
     let (sid, ptok) = app.session(&slug, None, "wes").await;
     let session = store.session(&sid).await.unwrap().unwrap();
     let submission = stagehand::store::submissions::Submission {
+        photo_id: None,
         prompt: "p".into(),
         score: None,
     };

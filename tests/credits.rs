@@ -348,6 +348,8 @@ async fn fixture_on(store: &Store, max_in_flight: i32, credits: Option<i64>) -> 
                 review: Default::default(),
                 review_timeout_ms: None,
                 review_timeout_action: None,
+                input: stagehand::domain::media::InputKind::Prompt,
+                photo_max_px: 1536,
             },
             T0,
         )
@@ -496,6 +498,7 @@ fn order(session: &sessions::Model) -> SubmissionOrder {
 
 fn submission() -> Submission {
     Submission {
+        photo_id: None,
         prompt: "a cat".into(),
         score: None,
     }
@@ -504,6 +507,7 @@ fn submission() -> Submission {
 fn ai_result() -> AiResult {
     AiResult {
         content: vec![ContentItem {
+            thumb_url: None,
             kind: "image".into(),
             url: Some("https://x.invalid/1.png".into()),
             text: None,

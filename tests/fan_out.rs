@@ -336,6 +336,8 @@ async fn claim_ground(
                 review: Default::default(),
                 review_timeout_ms: None,
                 review_timeout_action: None,
+                input: stagehand::domain::media::InputKind::Prompt,
+                photo_max_px: 1536,
             },
             CLAIM_T0,
         )
@@ -354,6 +356,7 @@ async fn claim_ground(
             .await
             .unwrap();
         let prompt = Submission {
+            photo_id: None,
             prompt: "p".into(),
             score: None,
         };

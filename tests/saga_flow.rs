@@ -251,6 +251,7 @@ async fn cleanup_aborts_orphans_and_stuck_sessions_and_tells_the_terminal(backen
     let (sid, ptok) = app.session(&slug, Some(&tid), "fay").await;
     let session = store.session(&sid).await.unwrap().unwrap();
     let submission = stagehand::store::submissions::Submission {
+        photo_id: None,
         prompt: "p".into(),
         score: None,
     };

@@ -58,6 +58,8 @@ async fn fixture(backend: Backend, max_in_flight: i32) -> Fixture {
                 review: Default::default(),
                 review_timeout_ms: None,
                 review_timeout_action: None,
+                input: stagehand::domain::media::InputKind::Prompt,
+                photo_max_px: 1536,
             },
             T0,
         )
@@ -123,6 +125,7 @@ impl Fixture {
             .submit(
                 &session,
                 Submission {
+                    photo_id: None,
                     prompt: "a cat".into(),
                     score: None,
                 },
@@ -144,6 +147,7 @@ impl Fixture {
 fn result(text: &str) -> AiResult {
     AiResult {
         content: vec![ContentItem {
+            thumb_url: None,
             kind: "image".into(),
             url: Some("https://x.invalid/1.png".into()),
             text: Some(text.into()),
@@ -792,6 +796,7 @@ async fn an_aborted_sagas_entry_is_hidden_and_a_new_submission_replaces_it(backe
         .submit(
             &session,
             Submission {
+                photo_id: None,
                 prompt: "again".into(),
                 score: None,
             },

@@ -27,6 +27,7 @@ mod m20261210_000016_review;
 mod m20261210_000017_traces;
 mod m20261211_000018_slot_ledger;
 mod m20261212_000019_provider_states;
+mod m20261213_000020_media;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -53,6 +54,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261210_000017_traces::Migration),
             Box::new(m20261211_000018_slot_ledger::Migration),
             Box::new(m20261212_000019_provider_states::Migration),
+            Box::new(m20261213_000020_media::Migration),
         ]
     }
 }

@@ -36,6 +36,7 @@ use crate::clock::SharedClock;
 use crate::domain::breaker::Opener;
 use crate::domain::policy::{orphan_reason, ownership, recovery, Recovery, RecoveryLimits};
 use crate::domain::saga::{AbortReason, OUT_OF_CREDIT};
+use crate::media::MediaStore;
 use crate::store::sagas::{ClaimRules, Fence};
 use crate::store::transitions::SagaWrite;
 use crate::store::{Store, StoreResult};
@@ -70,6 +71,9 @@ pub struct CleanupReport {
     pub expired_keys: u64,
     pub old_events: u64,
     pub stale_displays: u64,
+    /// Photos uploaded but never submitted, deleted after
+    /// `photo_orphan_ttl`.
+    pub orphan_photos: u64,
     /// Items (a saga, a session, a purge statement) that failed; each is
     /// logged with its id, and the round went on with the rest.
     pub failed: u64,
@@ -165,6 +169,8 @@ pub struct CleanupActor {
     /// How long a session may sit in SUBMITTING without a saga.
     stuck_after_ms: i64,
     rounds: Rounds<oneshot::Sender<CleanupReport>>,
+    /// Where photos live, and how long one no submission names is kept.
+    photos: Option<(MediaStore, Duration)>,
 }
 
 impl CleanupActor {
@@ -185,7 +191,14 @@ impl CleanupActor {
             interval,
             stuck_after_ms: rules.lease_ms,
             rounds: Rounds::default(),
+            photos: None,
         }
+    }
+
+    /// Also deletes photos no submission named within `ttl`, from `media`.
+    pub fn with_photo_orphans(mut self, media: MediaStore, ttl: Duration) -> Self {
+        self.photos = Some((media, ttl));
+        self
     }
 
     /// Runs a round (the caller has marked it started in `rounds`); its
@@ -228,6 +241,7 @@ impl CleanupActor {
             self.rules,
         );
         let stuck_after_ms = self.stuck_after_ms;
+        let photos = self.photos.clone();
         async move {
             let mut report = CleanupReport::default();
             let now = clock.now_ms();
@@ -251,7 +265,50 @@ impl CleanupActor {
                 store.purge_events_before(now - OUTBOX_RETENTION_MS, n)
             })
             .await;
+            if let Some((media, ttl)) = &photos {
+                let before = now - ttl.as_millis() as i64;
+                delete_orphan_photos(&store, media, before, &mut report).await;
+            }
             report
+        }
+    }
+}
+
+/// Deletes up to [`BATCH`] photos uploaded before `before_ms` that no saga
+/// names: each row goes first, and only while still unnamed (a submission
+/// that names it meanwhile keeps it), then its object. An object whose
+/// delete fails is logged with its key (its row is gone, so nothing
+/// serves it).
+async fn delete_orphan_photos(
+    store: &Store,
+    media: &MediaStore,
+    before_ms: i64,
+    report: &mut CleanupReport,
+) {
+    let orphans = match store.orphan_photos(before_ms, BATCH).await {
+        Ok(orphans) => orphans,
+        Err(e) => {
+            report.failed += 1;
+            tracing::error!(error = %e, "cleanup: listing orphan photos failed");
+            return;
+        }
+    };
+    for photo in orphans {
+        match store.forget_orphan_photo(&photo.id).await {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(e) => {
+                report.failed += 1;
+                tracing::error!(photo_id = %photo.id, error = %e, "cleanup: forgetting an orphan photo failed");
+                continue;
+            }
+        }
+        match media.delete(&photo.object_key).await {
+            Ok(()) => report.orphan_photos += 1,
+            Err(e) => {
+                report.failed += 1;
+                tracing::error!(photo_id = %photo.id, key = %photo.object_key, error = %e, "cleanup: deleting an orphan photo's object failed; it stays in the store");
+            }
         }
     }
 }

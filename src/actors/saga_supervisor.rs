@@ -33,6 +33,7 @@ use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{transient_backoff, DbFailure, Store, StoreError};
 
 mod ai_step;
+mod media_step;
 
 /// What every supervisor needs; cloned into each.
 #[derive(Clone)]
@@ -45,6 +46,29 @@ pub struct SagaDeps {
     /// review.
     pub wakeups: Wakeups,
     pub settings: Arc<SagaSettings>,
+    pub media: SagaMedia,
+}
+
+/// What sagas need of media: the keeper of results, and for each
+/// provider where its result files may come from and where it fetches a
+/// photo.
+#[derive(Clone)]
+pub struct SagaMedia {
+    pub keeper: crate::media::keep::Keeper,
+    /// The shared secret photo URLs are signed with.
+    pub secret: Arc<[u8]>,
+    pub providers: Arc<std::collections::HashMap<String, crate::media::keep::ProviderMedia>>,
+}
+
+impl SagaMedia {
+    pub fn origins(&self, provider: &str) -> Option<&crate::media::keep::ResultOrigins> {
+        self.providers.get(provider).map(|p| &p.origins)
+    }
+
+    /// The base URL `provider` reaches this server at, if any.
+    pub fn photo_base(&self, provider: &str) -> Option<&str> {
+        self.providers.get(provider)?.photo_base.as_deref()
+    }
 }
 
 /// Timing and policy of a saga, from configuration.

@@ -93,6 +93,29 @@ impl AiProvider {
         }
     }
 
+    /// The base URL requests go to: its origin is where result files may
+    /// always be fetched from.
+    pub fn base_url(&self) -> &str {
+        match self {
+            AiProvider::Jobs(client) => client.base_url(),
+            AiProvider::OpenAi(client) => client.base_url(),
+            AiProvider::Replicate(client) => client.base_url(),
+        }
+    }
+
+    /// The origins the vendor documents its output files on, besides its
+    /// API's own: Replicate's file delivery host, OpenAI's image URLs.
+    /// (`*.` covers every subdomain.)
+    pub fn documented_result_origins(&self) -> &'static [&'static str] {
+        match self {
+            AiProvider::Jobs(_) => &[],
+            AiProvider::OpenAi(_) => &["https://oaidalleapiprodscus.blob.core.windows.net"],
+            AiProvider::Replicate(_) => {
+                &["https://replicate.delivery", "https://*.replicate.delivery"]
+            }
+        }
+    }
+
     pub fn kind(&self) -> ProviderKind {
         match self {
             AiProvider::Jobs(_) => ProviderKind::Jobs,

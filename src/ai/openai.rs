@@ -742,6 +742,7 @@ fn chat_outcome(answer: ChatAnswer, key: &str, score: bool) -> JobView {
     };
     if !score {
         let content = vec![ContentItem {
+            thumb_url: None,
             kind: "text".into(),
             url: None,
             text: Some(text),
@@ -759,6 +760,7 @@ fn chat_outcome(answer: ChatAnswer, key: &str, score: bool) -> JobView {
             job_id,
             Ok(AiResult {
                 content: vec![ContentItem {
+                    thumb_url: None,
                     kind: "text".into(),
                     url: None,
                     text: Some(comment.unwrap_or_else(|| format!("{score}"))),
@@ -791,6 +793,7 @@ fn image_outcome(answer: ImagesAnswer, key: &str) -> JobView {
                     .map(|b64| format!("data:image/png;base64,{b64}"))
             })?;
             Some(ContentItem {
+                thumb_url: None,
                 kind: "image".into(),
                 url: Some(url),
                 text: image.revised_prompt,

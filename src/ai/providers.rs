@@ -54,6 +54,10 @@ pub struct ProviderSpec {
     pub chat_model: Option<String>,
     pub image_model: Option<String>,
     pub image_size: Option<String>,
+    /// Origins (`https://host[:port]`, `https://*.host`) besides the
+    /// provider's own that its result files may be fetched from. A listed
+    /// origin that resolves to a private or loopback address is refused.
+    pub result_origins: Vec<String>,
 }
 
 impl ProviderSpec {
@@ -111,6 +115,8 @@ struct Entry {
     chat_model: Option<String>,
     image_model: Option<String>,
     image_size: Option<String>,
+    #[serde(default)]
+    result_origins: Vec<String>,
 }
 
 /// Fields that would hold a key itself.
@@ -220,6 +226,7 @@ pub fn parse(text: &str) -> Result<Vec<ProviderSpec>, ProvidersFileError> {
             chat_model: entry.chat_model,
             image_model: entry.image_model,
             image_size: entry.image_size,
+            result_origins: entry.result_origins,
         });
     }
     Ok(specs)

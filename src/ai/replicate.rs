@@ -728,6 +728,7 @@ fn output_result(output: &Value) -> AiResult {
     collect(output, &mut result, &mut text);
     if !text.trim().is_empty() {
         result.content.push(ContentItem {
+            thumb_url: None,
             kind: "text".into(),
             url: None,
             text: Some(text.trim().to_owned()),
@@ -739,6 +740,7 @@ fn output_result(output: &Value) -> AiResult {
 fn collect(value: &Value, result: &mut AiResult, text: &mut String) {
     match value {
         Value::String(s) if is_url(s) => result.content.push(ContentItem {
+            thumb_url: None,
             kind: url_kind(s).into(),
             url: Some(s.clone()),
             text: None,
@@ -765,6 +767,7 @@ fn collect(value: &Value, result: &mut AiResult, text: &mut String) {
             let url = map.get("url").and_then(Value::as_str).filter(|u| is_url(u));
             if let Some(url) = url {
                 result.content.push(ContentItem {
+                    thumb_url: None,
                     kind: url_kind(url).into(),
                     url: Some(url.to_owned()),
                     text: words.map(str::to_owned),

@@ -156,6 +156,8 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                 review: Default::default(),
                 review_timeout_ms: None,
                 review_timeout_action: None,
+                input: crate::domain::media::InputKind::Prompt,
+                photo_max_px: 1536,
             },
             now,
         )
@@ -179,6 +181,7 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
         .submit(
             &session,
             Submission {
+                photo_id: None,
                 prompt: "claim cost".into(),
                 score: None,
             },

@@ -21,7 +21,8 @@ pub fn refunds_credits(reason: AbortReason) -> bool {
         | AbortReason::PersistFailed
         | AbortReason::RankingFailed
         | AbortReason::Cancelled
-        | AbortReason::ReviewRejected => true,
+        | AbortReason::ReviewRejected
+        | AbortReason::InputMissing => true,
         AbortReason::InputRejected => false,
     }
 }

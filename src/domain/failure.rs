@@ -81,6 +81,10 @@ pub struct ContentItem {
     pub url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// A display-size rendition of a kept image (`/media/….t.jpg`): what
+    /// the booth displays and the ranking show; the phone gets `url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thumb_url: Option<String>,
 }
 
 /// The item kinds the pages show as media (an `<img>`, `<video>` or
@@ -154,6 +158,7 @@ mod tests {
 
     fn item(kind: &str) -> ContentItem {
         ContentItem {
+            thumb_url: None,
             kind: kind.into(),
             url: None,
             text: None,

@@ -11,6 +11,7 @@ pub mod failure;
 pub mod keys;
 pub mod ledger;
 pub mod locale;
+pub mod media;
 pub mod policy;
 pub mod review;
 pub mod saga;

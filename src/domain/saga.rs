@@ -126,10 +126,13 @@ pub enum AbortReason {
     /// An operator (or the review timeout) rejected the AI result before
     /// the public screen showed it.
     ReviewRejected,
+    /// The photo the submission named was gone from the media store when
+    /// the saga needed it: a permanent failure, no retry and no AI job.
+    InputMissing,
 }
 
 impl AbortReason {
-    pub const ALL: [AbortReason; 8] = [
+    pub const ALL: [AbortReason; 9] = [
         AbortReason::InputRejected,
         AbortReason::AiFailed,
         AbortReason::AiTimeout,
@@ -138,6 +141,7 @@ impl AbortReason {
         AbortReason::Orphaned,
         AbortReason::Cancelled,
         AbortReason::ReviewRejected,
+        AbortReason::InputMissing,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -150,6 +154,7 @@ impl AbortReason {
             AbortReason::Orphaned => "ORPHANED",
             AbortReason::Cancelled => "CANCELLED",
             AbortReason::ReviewRejected => "REVIEW_REJECTED",
+            AbortReason::InputMissing => "INPUT_MISSING",
         }
     }
 

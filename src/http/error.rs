@@ -52,6 +52,16 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("this is a WebSocket endpoint: {0}")]
     UpgradeRequired(String),
+    /// The photo's bytes are not a picture that can be taken: truncated,
+    /// corrupt, or past a decoding limit (the message names it).
+    #[error("{0}")]
+    PhotoUnreadable(String),
+    /// Every photo worker is busy and the queue is full.
+    #[error("too many photos are being processed right now; try again in a moment")]
+    PhotoPoolFull,
+    /// The media store (folder or S3) does not answer.
+    #[error("the media store is not reachable right now ({0}); try again in a moment")]
+    MediaUnavailable(String),
 }
 
 impl ApiError {
@@ -78,6 +88,9 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::UpgradeRequired(_) => "upgrade_required",
+            ApiError::PhotoUnreadable(_) => "photo_unreadable",
+            ApiError::PhotoPoolFull => "photo_pool_full",
+            ApiError::MediaUnavailable(_) => "media_unavailable",
         }
     }
 
@@ -93,6 +106,7 @@ impl ApiError {
                 | ApiError::Validation(_)
                 | ApiError::PayloadTooLarge(_)
                 | ApiError::UnsupportedMediaType(_)
+                | ApiError::PhotoUnreadable(_)
                 | ApiError::NotFound(_)
                 | ApiError::AlreadySubmitted
                 | ApiError::Unsupported(_)
@@ -117,9 +131,10 @@ impl ResponseError for ApiError {
             ApiError::InvalidJson(_)
             | ApiError::IdempotencyKeyRequired
             | ApiError::IdempotencyKeyTooWeak => StatusCode::BAD_REQUEST,
-            ApiError::Validation(_) | ApiError::IdempotencyKeyReused | ApiError::Unsupported(_) => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            ApiError::Validation(_)
+            | ApiError::IdempotencyKeyReused
+            | ApiError::Unsupported(_)
+            | ApiError::PhotoUnreadable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RequestInProgress | ApiError::AlreadySubmitted | ApiError::Conflict(_) => {
                 StatusCode::CONFLICT
@@ -128,7 +143,10 @@ impl ResponseError for ApiError {
             ApiError::Closing => StatusCode::CONFLICT,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Unavailable | ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable
+            | ApiError::Busy
+            | ApiError::PhotoPoolFull
+            | ApiError::MediaUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -152,8 +170,11 @@ impl ResponseError for ApiError {
             ApiError::UpgradeRequired(_) => {
                 response.insert_header((header::UPGRADE, "websocket"));
             }
-            ApiError::Unavailable | ApiError::Busy => {
+            ApiError::Unavailable | ApiError::Busy | ApiError::PhotoPoolFull => {
                 response.insert_header((header::RETRY_AFTER, "1"));
+            }
+            ApiError::MediaUnavailable(_) => {
+                response.insert_header((header::RETRY_AFTER, "5"));
             }
             _ => {}
         }
@@ -167,6 +188,35 @@ impl From<crate::actors::review::DecideError> for ApiError {
             crate::actors::review::DecideError::Store(e) => e.into(),
             e => ApiError::Internal(e.to_string()),
         }
+    }
+}
+
+impl From<crate::media::MediaError> for ApiError {
+    fn from(e: crate::media::MediaError) -> Self {
+        use crate::media::MediaError;
+        match e {
+            MediaError::NotFound(_) => ApiError::NotFound("media"),
+            MediaError::Unavailable(detail) => ApiError::MediaUnavailable(detail),
+            MediaError::Config { .. } => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<crate::media::photo::PhotoError> for ApiError {
+    fn from(e: crate::media::photo::PhotoError) -> Self {
+        use crate::media::photo::PhotoError;
+        match e {
+            PhotoError::Unsupported { .. } => ApiError::UnsupportedMediaType(e.to_string()),
+            PhotoError::TooLarge { .. } | PhotoError::Corrupt(_) => {
+                ApiError::PhotoUnreadable(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<crate::media::pool::PoolFull> for ApiError {
+    fn from(_: crate::media::pool::PoolFull) -> Self {
+        ApiError::PhotoPoolFull
     }
 }
 

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod idempotency;
+pub mod media;
 pub mod metrics;
 pub mod openapi;
 pub mod operators;
@@ -78,6 +79,18 @@ pub struct AppState {
         std::sync::Arc<std::collections::BTreeMap<String, Vec<crate::ai::ModelNotice>>>,
     /// Where uploaded photos and kept results live.
     pub media: crate::media::MediaStore,
+    /// The upload desk's pool, limit and signing secret.
+    pub photos: PhotoDesk,
+}
+
+/// What photo uploads and photo reads need.
+#[derive(Clone)]
+pub struct PhotoDesk {
+    pub pool: crate::media::pool::PhotoPool,
+    /// `max_photo_bytes`.
+    pub max_bytes: u64,
+    /// The shared secret signed photo URLs are checked with.
+    pub secret: std::sync::Arc<[u8]>,
 }
 
 impl AppState {
@@ -257,6 +270,16 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(
         Endpoint::new("/api/experiences/{slug}/ranking")
             .get(web::to(participants::ranking))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/sessions/{id}/photo")
+            .post(web::to(media::upload_photo))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/media/{key:.+}")
+            .get(web::to(media::serve_media))
             .build(),
     )
     .service(

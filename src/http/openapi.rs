@@ -27,7 +27,7 @@ use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr, ResponseBuilder
 use utoipa::{IntoParams, Modify, OpenApi, PartialSchema, ToSchema};
 
 use super::{
-    admin, metrics, operators, pages, participants, review, service, submissions, terminals,
+    admin, media, metrics, operators, pages, participants, review, service, submissions, terminals,
 };
 use crate::domain::locale::Locale;
 use crate::domain::saga::{AbortReason, Step};
@@ -45,6 +45,9 @@ pub const ERROR_CODES: &[&str] = &[
     "unsupported_media_type",
     "method_not_allowed",
     "upgrade_required",
+    "photo_unreadable",
+    "photo_pool_full",
+    "media_unavailable",
     "idempotency_key_required",
     "idempotency_key_too_weak",
     "idempotency_key_reused",
@@ -93,6 +96,8 @@ pub const ERROR_CODES: &[&str] = &[
         participants::ranking,
         participants::get_session,
         submissions::submit,
+        media::upload_photo,
+        media::serve_media,
         admin::operator_socket,
         terminals::terminal_socket,
         pages::index,
@@ -300,6 +305,19 @@ pub struct SessionKey {
     idempotency_key: Option<String>,
 }
 
+/// A stored photo (`POST /api/sessions/{id}/photo`).
+#[derive(ToSchema)]
+pub struct PhotoStored {
+    /// What the submission names as `photo_id`.
+    #[schema(format = Uuid)]
+    photo_id: String,
+    /// The stored copy's size, upright, after the downscale.
+    width: u32,
+    height: u32,
+    /// The stored JPEG's size in bytes.
+    bytes: u64,
+}
+
 /// The Idempotency-Key the submission requires.
 #[derive(IntoParams)]
 #[into_params(parameter_in = Header)]
@@ -419,6 +437,11 @@ pub struct Experience {
     /// One experience only (`GET /api/experiences/{slug}`): its provider's
     /// breaker is open, so the AI is paused and every place is kept.
     ai_paused: Option<bool>,
+    /// `prompt`, `photo` or `photo+prompt`.
+    #[schema(example = "photo+prompt")]
+    input: String,
+    #[schema(minimum = 256, maximum = 4096)]
+    photo_max_px: i32,
     #[schema(format = DateTime)]
     created_at: String,
 }
@@ -436,6 +459,12 @@ pub struct PublicExperience {
     /// One experience only (`GET /api/experiences/{slug}`): its provider's
     /// breaker is open, so the AI is paused and every place is kept.
     ai_paused: Option<bool>,
+    /// `prompt`, `photo` or `photo+prompt`: what the phone page asks for.
+    #[schema(example = "photo+prompt")]
+    input: String,
+    /// The long side the phone downscales a photo to before the upload.
+    #[schema(minimum = 256, maximum = 4096)]
+    photo_max_px: i32,
 }
 
 /// With the operator token, every field; without it, the public ones.
@@ -544,14 +573,21 @@ pub struct SubmissionAccepted {
     eta_seconds: Option<i64>,
 }
 
-/// One piece of AI content, as the provider returned it.
+/// One piece of AI content. A file the provider made is kept by this
+/// server: `url` is then `/media/r/…` (served by `GET /media/{key}`, the
+/// full file), never the provider's own URL, which it deletes after a while.
 #[derive(ToSchema)]
 pub struct ContentItem {
     /// e.g. `image`, `text`.
     #[schema(rename = "type")]
     kind: String,
+    #[schema(example = "/media/r/3f2a9c0d5e7b41a28c6f0e1d2b3a4c5d.png")]
     url: Option<String>,
     text: Option<String>,
+    /// A display-size JPEG of a kept raster image (PNG, JPEG, WebP), for
+    /// displays and the ranking.
+    #[schema(example = "/media/r/3f2a9c0d5e7b41a28c6f0e1d2b3a4c5d.t.jpg")]
+    thumb_url: Option<String>,
 }
 
 /// The result of a COMPLETED session.
@@ -694,6 +730,9 @@ mod tests {
             },
             ApiError::UnsupportedMediaType(String::new()),
             ApiError::UpgradeRequired(String::new()),
+            ApiError::PhotoUnreadable(String::new()),
+            ApiError::PhotoPoolFull,
+            ApiError::MediaUnavailable(String::new()),
         ];
         for e in &all {
             match e {
@@ -717,7 +756,10 @@ mod tests {
                 | ApiError::RateLimited { .. }
                 | ApiError::MethodNotAllowed { .. }
                 | ApiError::UnsupportedMediaType(_)
-                | ApiError::UpgradeRequired(_) => {}
+                | ApiError::UpgradeRequired(_)
+                | ApiError::PhotoUnreadable(_)
+                | ApiError::PhotoPoolFull
+                | ApiError::MediaUnavailable(_) => {}
             }
         }
         all

@@ -14,11 +14,14 @@ use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::domain::locale::Locale;
+use crate::domain::media::InputKind;
 use crate::domain::review::{Decision, ReviewMode};
 use crate::store::entities::experiences;
 use crate::store::experiences::NewExperience;
 
 const KINDS: [&str; 5] = ["comic", "image", "video", "music", "score"];
+/// The long side a photo is downscaled to unless the experience says.
+pub const DEFAULT_PHOTO_MAX_PX: i32 = 1536;
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -82,6 +85,19 @@ struct ExperienceBody {
     #[serde(default)]
     #[schema(value_type = Option<crate::http::openapi::ReviewAction>)]
     review_timeout_action: Option<String>,
+    /// What a participant sends: `prompt` (default), `photo` (a photo,
+    /// the prompt optional) or `photo+prompt`. A photo is uploaded with
+    /// `POST /api/sessions/{id}/photo` and named by the submission's
+    /// `photo_id`.
+    #[serde(default)]
+    #[schema(example = "photo+prompt", pattern = "^(prompt|photo|photo\\+prompt)$")]
+    input: Option<String>,
+    /// The long side, in pixels, a photo is downscaled to (on the phone
+    /// before the upload, and again by the server), 256 to 4096; default
+    /// 1536.
+    #[serde(default)]
+    #[schema(minimum = 256, maximum = 4096)]
+    photo_max_px: Option<i32>,
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -197,7 +213,19 @@ fn validate_experience(
             "review_timeout and review_timeout_action need review \"before_display\"".into(),
         ));
     }
+    let input = match b.input.as_deref() {
+        Some(text) => text.parse::<InputKind>().map_err(ApiError::Validation)?,
+        None => InputKind::Prompt,
+    };
+    let photo_max_px = b.photo_max_px.unwrap_or(DEFAULT_PHOTO_MAX_PX);
+    if !(256..=4096).contains(&photo_max_px) {
+        return Err(ApiError::Validation(
+            "photo_max_px must be 256 to 4096".into(),
+        ));
+    }
     Ok(NewExperience {
+        input,
+        photo_max_px,
         review,
         review_timeout_ms,
         review_timeout_action: review_timeout_ms
@@ -233,6 +261,8 @@ fn experience_json(e: &experiences::Model) -> serde_json::Value {
         "review": e.review,
         "review_timeout": e.review_timeout_ms.map(|ms| humantime::format_duration(std::time::Duration::from_millis(ms as u64)).to_string()),
         "review_timeout_action": e.review_timeout_action,
+        "input": e.input,
+        "photo_max_px": e.photo_max_px,
         "created_at": rfc3339(e.created_at_ms),
     })
 }
@@ -294,11 +324,14 @@ fn public_experience_json(e: &experiences::Model) -> serde_json::Value {
         "kind": e.kind,
         "locale": e.locale,
         "closes_at": e.closes_at_ms.map(rfc3339),
+        "input": e.input,
+        "photo_max_px": e.photo_max_px,
     })
 }
 
 /// `GET /api/experiences`: every field with the operator token; without
-/// it, what the public pages show (slug, title, kind, locale, closes_at).
+/// it, what the public pages show (slug, title, kind, locale, closes_at,
+/// input, photo_max_px).
 #[utoipa::path(
     get,
     path = "/api/experiences",

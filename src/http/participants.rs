@@ -14,6 +14,7 @@ use super::idempotency::{key_of, respond, run_idempotent, strong_anonymous_key, 
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::domain::locale::Locale;
+use crate::domain::media::InputKind;
 use crate::domain::saga::{AbortReason, Step};
 use crate::domain::session::SessionStatus;
 use crate::store::submissions::Submission;
@@ -36,9 +37,17 @@ struct NewSession {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SubmissionBody {
-    /// 1 to 2,000 characters, not only whitespace.
-    #[schema(min_length = 1, max_length = 2000, example = "a cat surfing at sunset")]
+    /// 1 to 2,000 characters, not only whitespace; may be left out (or
+    /// empty) only for an experience whose `input` is `photo`.
+    #[serde(default)]
+    #[schema(max_length = 2000, example = "a cat surfing at sunset")]
     prompt: String,
+    /// The photo uploaded with `POST /api/sessions/{id}/photo`: required by
+    /// an experience whose `input` takes a photo, refused by one that
+    /// takes none.
+    #[serde(default)]
+    #[schema(format = Uuid)]
+    photo_id: Option<String>,
     /// The participant's own score (a finite number); ranked instead of
     /// the AI result's score when given.
     #[serde(default)]
@@ -63,10 +72,11 @@ fn validate_nickname(nickname: &str) -> Result<String, ApiError> {
 
 pub(super) fn validate_submission(body: SubmissionBody) -> Result<Submission, ApiError> {
     let chars = body.prompt.chars().count();
-    if chars == 0 || body.prompt.trim().is_empty() || chars > PROMPT_MAX {
-        return Err(ApiError::Validation(format!(
-            "prompt must be 1 to {PROMPT_MAX} characters"
-        )));
+    // Without a photo a prompt is needed; with one, the experience decides
+    // (`check_input`).
+    let blank = chars == 0 || body.prompt.trim().is_empty();
+    if (blank && body.photo_id.is_none()) || chars > PROMPT_MAX {
+        return Err(prompt_rule());
     }
     if let Some(score) = body.score {
         if !score.is_finite() {
@@ -76,7 +86,47 @@ pub(super) fn validate_submission(body: SubmissionBody) -> Result<Submission, Ap
     Ok(Submission {
         prompt: body.prompt,
         score: body.score,
+        photo_id: body.photo_id,
     })
+}
+
+fn prompt_rule() -> ApiError {
+    ApiError::Validation(format!("prompt must be 1 to {PROMPT_MAX} characters"))
+}
+
+/// Whether a valid submission fits its experience's `input`: a photo where
+/// one is taken (and only there), a prompt where one is needed, and a
+/// photo of this very session (`photo_session`: the session of the named
+/// photo, None when no such photo exists).
+pub(super) fn check_input(
+    submission: &Submission,
+    input: InputKind,
+    session_id: &str,
+    photo_session: Option<&str>,
+) -> Result<(), ApiError> {
+    match (&submission.photo_id, input.takes_photo()) {
+        (None, true) => {
+            return Err(ApiError::Validation(format!(
+                "photo_id is required: this experience takes a photo (upload it first with POST /api/sessions/{session_id}/photo)"
+            )))
+        }
+        (Some(_), false) => {
+            return Err(ApiError::Validation(
+                "photo_id must be left out: this experience takes no photo".into(),
+            ))
+        }
+        (Some(photo_id), true) if photo_session != Some(session_id) => {
+            return Err(ApiError::Validation(format!(
+                "photo_id {:?} is not a photo uploaded to this session",
+                photo_id.chars().take(40).collect::<String>()
+            )))
+        }
+        _ => {}
+    }
+    if input.needs_prompt() && submission.prompt.trim().is_empty() {
+        return Err(prompt_rule());
+    }
+    Ok(())
 }
 
 /// `POST /api/experiences/{slug}/sessions`
@@ -317,6 +367,7 @@ mod tests {
             validate_submission(SubmissionBody {
                 prompt: p.into(),
                 score: None,
+                photo_id: None,
             })
             .is_ok()
         };
@@ -325,9 +376,42 @@ mod tests {
         assert!(!ok("   "));
         assert!(ok(&"x".repeat(2_000)));
         assert!(!ok(&"x".repeat(2_001)));
+        // With a photo an empty prompt passes here; the experience decides.
+        let with_photo = |p: &str| SubmissionBody {
+            prompt: p.into(),
+            score: None,
+            photo_id: Some("a-photo".into()),
+        };
+        let photo_only = validate_submission(with_photo("")).expect("valid without a prompt");
+        assert!(check_input(&photo_only, InputKind::Photo, "s1", Some("s1")).is_ok());
+        assert!(check_input(&photo_only, InputKind::PhotoAndPrompt, "s1", Some("s1")).is_err());
+        assert!(
+            check_input(&photo_only, InputKind::Photo, "s1", Some("s2")).is_err(),
+            "another session's photo"
+        );
+        assert!(
+            check_input(&photo_only, InputKind::Photo, "s1", None).is_err(),
+            "no such photo"
+        );
+        assert!(
+            check_input(&photo_only, InputKind::Prompt, "s1", Some("s1")).is_err(),
+            "a prompt experience"
+        );
+        let prompt_only = validate_submission(SubmissionBody {
+            prompt: "a cat".into(),
+            score: None,
+            photo_id: None,
+        })
+        .expect("valid");
+        assert!(
+            check_input(&prompt_only, InputKind::Photo, "s1", None).is_err(),
+            "a photo experience needs one"
+        );
+        assert!(check_input(&prompt_only, InputKind::Prompt, "s1", None).is_ok());
         assert!(validate_submission(SubmissionBody {
             prompt: "a".into(),
-            score: Some(f64::NAN)
+            score: Some(f64::NAN),
+            photo_id: None,
         })
         .is_err());
     }

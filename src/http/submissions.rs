@@ -27,12 +27,13 @@ use super::auth::{bearer, same_secret};
 use super::body::{parse_json, read_body};
 use super::error::ApiError;
 use super::idempotency::{answer_taken, key_of, key_request, respond, Reply, KEY_TTL_MS};
-use super::participants::validate_submission;
+use super::participants::{check_input, validate_submission};
 use super::rate_limit::RateLimits;
 use super::AppState;
 use crate::actors::batching::{BatchLimits, BatchQueue};
 use crate::clock::SharedClock;
 use crate::domain::keys::token_hash;
+use crate::domain::media::InputKind;
 use crate::domain::saga::Step;
 use crate::domain::session::SessionStatus;
 use crate::store::idempotency::StoredAnswer;
@@ -173,6 +174,12 @@ async fn answer_batch(
         });
         pending.push((i, invalid));
     }
+    if let Err(e) = refuse_unfit_inputs(store, &reads, &mut orders, &mut pending).await {
+        return answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(store_error(&e))))
+            .collect();
+    }
     if !orders.is_empty() {
         match store
             .submit_batch(&orders, &reads, now, KEY_TTL_MS, &stored_answer)
@@ -205,6 +212,45 @@ async fn answer_batch(
         .into_iter()
         .map(|a| a.unwrap_or(Err(ApiError::Internal("a request got no answer".into()))))
         .collect()
+}
+
+/// Turns each submission that does not fit its experience's `input` (a
+/// photo missing, refused, or not its session's; a prompt missing) into a
+/// refusal stored with its key, like any invalid body. The photos named
+/// in the batch are read in one query, and only when some are named.
+async fn refuse_unfit_inputs(
+    store: &Store,
+    reads: &crate::store::submissions::AdmissionReads,
+    orders: &mut [SubmissionOrder],
+    pending: &mut [(usize, Option<ApiError>)],
+) -> Result<(), crate::store::StoreError> {
+    let named: Vec<String> = orders
+        .iter()
+        .filter_map(|o| match &o.action {
+            SubmissionAction::Submit { submission, .. } => submission.photo_id.clone(),
+            SubmissionAction::Refuse(_) => None,
+        })
+        .collect();
+    let photo_sessions = store.photo_sessions(&named).await?;
+    for (order, (_, invalid)) in orders.iter_mut().zip(pending.iter_mut()) {
+        let SubmissionAction::Submit { submission, .. } = &order.action else {
+            continue;
+        };
+        let input = reads
+            .experience(&order.session.experience_id)
+            .map(|e| InputKind::of(&e.input))
+            .unwrap_or_default();
+        let photo_session = submission
+            .photo_id
+            .as_ref()
+            .and_then(|id| photo_sessions.get(id))
+            .map(String::as_str);
+        if let Err(e) = check_input(submission, input, &order.session.id, photo_session) {
+            order.action = SubmissionAction::Refuse(e.stored());
+            *invalid = Some(e);
+        }
+    }
+    Ok(())
 }
 
 /// The answer to a submission the store decided: 202 with where the saga

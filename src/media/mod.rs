@@ -16,6 +16,10 @@
 //!   never in the database, never in a log line ([`MediaStore::describe`]
 //!   shows the bucket and the endpoint only).
 
+pub mod keep;
+pub mod photo;
+pub mod pool;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -186,6 +190,30 @@ impl MediaStore {
         let path = object_path(key)?;
         match self.store.get(&path).await {
             Ok(found) => found.bytes().await.map_err(|e| unavailable(&e)),
+            Err(object_store::Error::NotFound { .. }) => Err(MediaError::NotFound(key.to_owned())),
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
+    /// The size of `key` in bytes.
+    pub async fn size(&self, key: &str) -> Result<u64, MediaError> {
+        let path = object_path(key)?;
+        match self.store.head(&path).await {
+            Ok(meta) => Ok(meta.size),
+            Err(object_store::Error::NotFound { .. }) => Err(MediaError::NotFound(key.to_owned())),
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
+    /// Bytes `range` of `key`.
+    pub async fn get_range(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, MediaError> {
+        let path = object_path(key)?;
+        match self.store.get_range(&path, range).await {
+            Ok(bytes) => Ok(bytes),
             Err(object_store::Error::NotFound { .. }) => Err(MediaError::NotFound(key.to_owned())),
             Err(e) => Err(unavailable(&e)),
         }

@@ -10,6 +10,7 @@ use super::entities::{experiences, terminals};
 use super::{new_id, DbFailure, Store, StoreError, StoreResult};
 use crate::domain::keys::token_hash;
 use crate::domain::locale::Locale;
+use crate::domain::media::InputKind;
 use crate::domain::policy::EpochMs;
 use crate::domain::review::{Decision, ReviewMode};
 
@@ -34,6 +35,10 @@ pub struct NewExperience {
     pub review_timeout_ms: Option<i64>,
     /// Set exactly when `review_timeout_ms` is.
     pub review_timeout_action: Option<Decision>,
+    /// What a participant sends.
+    pub input: InputKind,
+    /// The long side a photo is downscaled to.
+    pub photo_max_px: i32,
 }
 
 /// The language of an experience (English when it is gone).
@@ -74,6 +79,8 @@ impl Store {
             review_timeout_ms: Set(new.review_timeout_ms),
             review_timeout_action: Set(new.review_timeout_action.map(|d| d.as_str().to_owned())),
             created_at_ms: Set(now),
+            input: Set(new.input.as_str().to_owned()),
+            photo_max_px: Set(new.photo_max_px),
         }
         .insert(&*tx)
         .await

@@ -17,6 +17,7 @@ pub mod ledger;
 pub mod notify;
 pub mod operators;
 pub mod outbox;
+pub mod photos;
 pub mod presence;
 pub mod providers;
 pub mod ranking;

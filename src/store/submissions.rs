@@ -75,6 +75,9 @@ use crate::domain::sharing::share_of;
 pub struct Submission {
     pub prompt: String,
     pub score: Option<f64>,
+    /// The uploaded photo it names (checked to be its session's by the
+    /// caller).
+    pub photo_id: Option<String>,
 }
 
 /// One submission request, checked as far as it can be without the
@@ -143,6 +146,11 @@ pub struct AdmissionReads {
 const EXPERIENCE_PREFIX: &str = "e_";
 
 impl AdmissionReads {
+    /// The experience read with a session's row (None: not read).
+    pub fn experience(&self, experience_id: &str) -> Option<&experiences::Model> {
+        self.experiences.get(experience_id)
+    }
+
     /// Takes in one row of [`Store::admission_statement`] (an experience
     /// already taken in, from another session's row, is skipped).
     fn add_row(&mut self, r: &sea_orm::QueryResult) -> StoreResult<()> {
@@ -962,5 +970,6 @@ fn new_saga(
         ai_duration_ms: Set(None),
         created_at_ms: Set(now),
         updated_at_ms: Set(now),
+        photo_id: Set(submission.photo_id.clone()),
     }
 }

@@ -57,15 +57,17 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use uuid::Uuid;
 
+use super::media_step::{input_photo, keep_result, PhotoRead};
 use super::{final_outcome, write, ExperienceOf, SagaDeps, Stop};
 use crate::actors::ai::{PollJob, SubmitJob};
 use crate::actors::persistence::{SeedCalls, TakeSlots, WriteCall};
-use crate::ai::{JobOrder, MaybeMade};
+use crate::ai::{InputPhoto, JobOrder, MaybeMade};
 use crate::domain::failure::{AiFailure, AiResult, ContentItem};
 use crate::domain::keys::ai_call_key;
 use crate::domain::ledger::{evidence_of_refusal, Evidence};
 use crate::domain::policy::{poll_wait_ms, AfterFailure, AttemptState, EpochMs};
 use crate::domain::saga::AbortReason;
+use crate::media::keep::KeepError;
 use crate::store::ai_calls::{CallRow, CallSlot, FAILED, RUNNING, SUCCEEDED};
 use crate::store::entities::{ai_calls, sagas};
 use crate::store::sagas::Holds;
@@ -117,6 +119,8 @@ enum CallEnd {
     },
     /// Moderation refused the input.
     Rejected(String),
+    /// The photo the submission named is gone (`INPUT_MISSING`).
+    InputMissing(String),
     /// The saga's deadline passed while the call waited.
     OutOfTime,
     /// See [`StepOutcome::Release`].
@@ -220,6 +224,8 @@ struct Ctx<'a> {
     deps: &'a SagaDeps,
     book: Book,
     shared: Arc<Shared>,
+    /// The saga's photo once read (every call sends the same one).
+    photo: Mutex<Option<Option<InputPhoto>>>,
 }
 
 /// Runs the saga's calls that are not final yet, each in a slot of the
@@ -252,6 +258,7 @@ pub(super) async fn run_ai_step(
         deps,
         book,
         shared,
+        photo: Mutex::new(None),
     };
     let ended = run_calls(&ctx, todo, held).await?;
     let (single, failures) = match ended {
@@ -443,6 +450,11 @@ async fn run_calls(
                 detail,
                 free_calls: ctx.shared.freeable(&held),
             },
+            CallEnd::InputMissing(detail) => StepOutcome::Abort {
+                reason: AbortReason::InputMissing,
+                detail,
+                free_calls: ctx.shared.freeable(&held),
+            },
             CallEnd::OutOfTime => StepOutcome::Abort {
                 reason: AbortReason::AiTimeout,
                 detail: "the saga deadline passed while waiting for the AI".to_owned(),
@@ -542,6 +554,18 @@ enum Record {
 }
 
 impl Ctx<'_> {
+    /// The saga's photo for its provider, read once.
+    async fn photo(&self) -> Result<PhotoRead, Stop> {
+        if let Some(photo) = lock(&self.photo).clone() {
+            return Ok(PhotoRead::Ready(photo));
+        }
+        let read = input_photo(self.saga, &self.experience.provider, self.deps).await?;
+        if let PhotoRead::Ready(photo) = &read {
+            *lock(&self.photo) = Some(photo.clone());
+        }
+        Ok(read)
+    }
+
     /// Records where `call` stands. A saga of one call records only what
     /// a resumed worker needs (its job, its attempts) on the saga row; a
     /// fan-out writes the call's row, changes the call's slot, and asks
@@ -782,8 +806,23 @@ enum Submitted {
 /// Sends the call's submit with its slot's key and judges the answer.
 async fn submit(ctx: &Ctx<'_>, call: &mut CallState) -> Result<Submitted, Stop> {
     let deps = ctx.deps;
+    let photo = match ctx.photo().await? {
+        PhotoRead::Ready(photo) => photo,
+        PhotoRead::Missing(detail) => {
+            tracing::warn!(saga_id = %ctx.saga.id, %detail, "the saga's photo is gone; aborting INPUT_MISSING");
+            return Ok(Submitted::End(CallEnd::InputMissing(detail)));
+        }
+        PhotoRead::Unavailable(detail) => {
+            call.streak += 1;
+            tracing::warn!(saga_id = %ctx.saga.id, %detail, "the media store cannot give the saga's photo now; waiting");
+            let wait = ctx.backoff_ms(call.streak, &AiFailure::Unavailable(detail));
+            ctx.pause(wait, None).await;
+            return Ok(Submitted::Again);
+        }
+    };
     let submitted_at = deps.clock.now_ms();
-    let order = ctx.order(call, submitted_at).await?;
+    let mut order = ctx.order(call, submitted_at).await?;
+    order.input = photo;
     call.first_sent_ms.get_or_insert(submitted_at);
     call.last_sent_ms = Some(submitted_at);
     ctx.shared.sent(call.index);
@@ -835,10 +874,18 @@ async fn judged(
     call: &mut CallState,
     outcome: Result<AiResult, AiFailure>,
 ) -> Result<Submitted, Stop> {
+    let outcome = match outcome {
+        Ok(result) => kept(ctx, call, result).await,
+        failed => failed,
+    };
     match outcome {
         Ok(result) => {
             ctx.shared.settled(call.index, Evidence::JobFinal);
             Ok(Submitted::End(succeeded(ctx, call, result).await?))
+        }
+        Err(AiFailure::Timeout) if ctx.deps.clock.now_ms() > ctx.saga.deadline_at_ms => {
+            ctx.shared.settled(call.index, Evidence::JobFinal);
+            Ok(Submitted::End(CallEnd::OutOfTime))
         }
         Err(failure) => match ctx.after_failure(call, failure, Evidence::JobFinal).await? {
             Some(end) => Ok(Submitted::End(end)),
@@ -938,6 +985,41 @@ async fn attempt_timed_out(
                 reason: AbortReason::AiTimeout,
                 detail,
             }))
+        }
+    }
+}
+
+/// The job succeeded: its files are kept before anything records the
+/// result. A transient failure (the file's server or the media store not
+/// answering) waits with backoff and tries again, with no new AI job,
+/// until the saga's deadline (then `Timeout`, which ends the call out of
+/// time); a permanent one (gone, too large, wrong type, a refused origin)
+/// is the attempt's failure.
+async fn kept(
+    ctx: &Ctx<'_>,
+    call: &mut CallState,
+    result: AiResult,
+) -> Result<AiResult, AiFailure> {
+    let provider = &ctx.experience.provider;
+    let mut streak = 0;
+    loop {
+        match keep_result(ctx.saga, provider, call.index, result.clone(), ctx.deps).await {
+            Ok(kept) => return Ok(kept),
+            Err(KeepError::Permanent(detail)) => {
+                tracing::warn!(saga_id = %ctx.saga.id, call = call.index, %detail, "the result could not be kept; the attempt failed");
+                return Err(AiFailure::JobFailed(format!(
+                    "its result could not be kept: {detail}"
+                )));
+            }
+            Err(KeepError::Transient(detail)) => {
+                if ctx.deps.clock.now_ms() > ctx.saga.deadline_at_ms {
+                    return Err(AiFailure::Timeout);
+                }
+                streak += 1;
+                tracing::warn!(saga_id = %ctx.saga.id, call = call.index, %detail, "keeping the result failed for now; trying again (no new AI job)");
+                let wait = ctx.backoff_ms(streak, &AiFailure::Unavailable(detail));
+                ctx.pause(wait, None).await;
+            }
         }
     }
 }

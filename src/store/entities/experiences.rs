@@ -33,6 +33,11 @@ pub struct Model {
     /// `approve` or `reject`.
     pub review_timeout_action: Option<String>,
     pub created_at_ms: i64,
+    /// What a participant sends: `prompt`, `photo` or `photo+prompt`.
+    pub input: String,
+    /// The long side a photo is downscaled to (on the phone and again on
+    /// upload).
+    pub photo_max_px: i32,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -5,6 +5,7 @@
 pub mod ai_calls;
 pub mod experiences;
 pub mod idempotency_records;
+pub mod photos;
 pub mod results;
 pub mod sagas;
 pub mod score_attempts;
@@ -17,6 +18,7 @@ pub mod prelude {
     pub use super::ai_calls::Entity as AiCalls;
     pub use super::experiences::Entity as Experiences;
     pub use super::idempotency_records::Entity as IdempotencyRecords;
+    pub use super::photos::Entity as Photos;
     pub use super::results::Entity as Results;
     pub use super::sagas::Entity as Sagas;
     pub use super::score_attempts::Entity as ScoreAttempts;

@@ -58,6 +58,9 @@ pub struct Model {
     pub trace_context: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// The photo its submission named (`photos.id`), for an experience
+    /// whose `input` takes one.
+    pub photo_id: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -1,0 +1,377 @@
+//! Media over HTTP: a participant's photo upload (`POST
+//! /api/sessions/{id}/photo`) and the files this server keeps (`GET
+//! /media/{key}`).
+//!
+//! An upload is refused before it is read whole when its `Content-Length`
+//! (or the bytes that actually come) pass `max_photo_bytes` (413); its
+//! format is judged by its bytes (415 but for JPEG, PNG and WebP); it is
+//! decoded in the photo pool, off the HTTP workers, with pixel and memory
+//! limits (a bomb is 422), turned upright, downscaled to the experience's
+//! `photo_max_px` and re-encoded with no metadata. A full pool is 503 with
+//! `Retry-After`; so is a media store that does not answer.
+//!
+//! Serving: results (`r/…`) are public to whoever has the unguessable key
+//! and cached for a year (`immutable`: a key never changes meaning); a
+//! photo (`p/…`) is read only with its session's participant token, the
+//! operator token, or a signed URL (`?exp=&sig=`, what a provider gets).
+//! Strong ETags, `Range`, `nosniff`. With S3 the bytes stream through this
+//! server (one origin for the pages, the same access rules for every
+//! store), rather than redirecting to a presigned URL.
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::auth::{bearer, require_session, same_secret};
+use super::error::ApiError;
+use super::idempotency::{key_of, respond, run_idempotent, Reply};
+use super::AppState;
+use crate::domain::keys::token_hash;
+use crate::domain::media::{is_photo_key, photo_object_key, signature_holds, InputKind, KeptType};
+use crate::media::photo::{normalize, PhotoLimits};
+use crate::store::photos::NewPhoto;
+
+/// `POST /api/sessions/{id}/photo`
+#[utoipa::path(
+    post,
+    path = "/api/sessions/{id}/photo",
+    tag = "participants",
+    summary = "Upload the participant's photo (the image is the body); a submission then names its photo_id.",
+    security(("session" = [])),
+    params(
+        ("id" = String, Path, description = "The session's id."),
+        super::openapi::SubmissionKey,
+    ),
+    request_body(content = Vec<u8>, content_type = "image/jpeg", description = "A JPEG, PNG or WebP image, at most `max_photo_bytes` (10 MiB by default). The format is read from the bytes, not the Content-Type."),
+    responses(
+        (status = 201, description = "Stored: upright, at most the experience's `photo_max_px` on its long side, re-encoded as JPEG with no metadata (no EXIF, no GPS).", body = super::openapi::PhotoStored),
+        (status = 400, description = "`idempotency_key_required`.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: the token does not open this session.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such session.", body = super::openapi::ErrorBody),
+        (status = 413, description = "`payload_too_large`: past `max_photo_bytes`; refused before the body is read whole.", body = super::openapi::ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: not JPEG, PNG or WebP (HEIC is named).", body = super::openapi::ErrorBody),
+        (status = 422, description = "`photo_unreadable`: truncated, corrupt, or past a decoding limit (named); `validation_failed`: the experience takes no photo; `idempotency_key_reused`.", body = super::openapi::ErrorBody),
+        (status = 503, description = "`photo_pool_full` (every photo worker busy and the queue full) or `media_unavailable` (the media store does not answer).", body = super::openapi::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
+pub async fn upload_photo(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    session_id: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let max = state.photos.max_bytes;
+    refuse_declared_length(&req, max)?;
+    let session = require_session(&state, &req, &session_id, false).await?;
+    let key = key_of(&req)?.ok_or(ApiError::IdempotencyKeyRequired)?;
+    let body = read_photo_body(payload, max).await?;
+    let token = bearer(&req).unwrap_or_default().to_owned();
+    let scope = format!("photo:{}", session.id);
+    let (reply, replayed) = run_idempotent(&state, &scope, &token, Some(key), &body, || {
+        store_photo(&state, &session, body.clone())
+    })
+    .await?;
+    Ok(respond(reply, replayed, None))
+}
+
+/// 413 at once when the declared length is past `max`.
+fn refuse_declared_length(req: &HttpRequest, max: u64) -> Result<(), ApiError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return Err(ApiError::PayloadTooLarge(max as usize));
+    }
+    Ok(())
+}
+
+/// The body, refused (413) as soon as more than `max` bytes came.
+async fn read_photo_body(mut payload: web::Payload, max: u64) -> Result<web::Bytes, ApiError> {
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::Validation(format!("the photo could not be read: {e}")))?;
+        if (body.len() + chunk.len()) as u64 > max {
+            return Err(ApiError::PayloadTooLarge(max as usize));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// Decodes, cleans and stores one photo of `session`: 201 with its id and
+/// size.
+async fn store_photo(
+    state: &AppState,
+    session: &crate::store::entities::sessions::Model,
+    body: web::Bytes,
+) -> Result<Reply, ApiError> {
+    let experience = state
+        .store
+        .experience_by_id(&session.experience_id)
+        .await?
+        .ok_or(ApiError::NotFound("experience"))?;
+    if !InputKind::of(&experience.input).takes_photo() {
+        return Err(ApiError::Validation(
+            "this experience takes no photo (its input is \"prompt\")".into(),
+        ));
+    }
+    let max_px = experience.photo_max_px.max(1) as u32;
+    let started = std::time::Instant::now();
+    let photo = state
+        .photos
+        .pool
+        .run(move || normalize(&body, max_px, &PhotoLimits::default()))
+        .await??;
+    metrics::histogram!("stagehand_photo_decode_seconds").record(started.elapsed().as_secs_f64());
+    let object_key = photo_object_key(rand::random());
+    let stored = web::Bytes::from(photo.bytes);
+    let bytes = stored.len() as u64;
+    state.media.put(&object_key, stored).await?;
+    let row = state
+        .store
+        .insert_photo(
+            NewPhoto {
+                id: crate::store::new_id(),
+                session_id: session.id.clone(),
+                object_key,
+                content_type: photo.content_type.to_owned(),
+                width: photo.width,
+                height: photo.height,
+                bytes,
+            },
+            state.clock.now_ms(),
+        )
+        .await?;
+    tracing::info!(session_id = %session.id, photo_id = %row.id, width = row.width, height = row.height, bytes, "photo stored");
+    Ok(Reply {
+        status: StatusCode::CREATED,
+        body: json!({
+            "photo_id": row.id,
+            "width": row.width,
+            "height": row.height,
+            "bytes": row.bytes,
+        }),
+    })
+}
+
+/// A signed URL's query.
+#[derive(Deserialize)]
+pub struct Signed {
+    exp: Option<i64>,
+    sig: Option<String>,
+}
+
+/// `GET /media/{key}`
+#[utoipa::path(
+    get,
+    path = "/media/{key}",
+    tag = "participants",
+    summary = "A kept file: a result (public to whoever has its unguessable key) or a photo (its owner's token, the operator token, or a signed URL).",
+    params(
+        ("key" = String, Path, description = "`r/<hex>.<ext>` (a kept result; `.t.jpg`: its display thumbnail) or `p/<hex>.jpg` (a photo)."),
+        ("exp" = Option<i64>, Query, description = "A signed URL's expiry (epoch ms)."),
+        ("sig" = Option<String>, Query, description = "A signed URL's signature."),
+        ("Range" = Option<String>, Header, description = "One byte range (`bytes=0-1023`)."),
+    ),
+    responses(
+        (status = 200, description = "The file, with its stored Content-Type, a strong ETag and `X-Content-Type-Options: nosniff`; results are `Cache-Control: public, max-age=31536000, immutable`.", content_type = "application/octet-stream"),
+        (status = 206, description = "The requested range."),
+        (status = 304, description = "Not modified (`If-None-Match`)."),
+        (status = 401, description = "`unauthorized`: a photo without its token or a valid signature.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such file.", body = super::openapi::ErrorBody),
+        (status = 416, description = "The range is outside the file."),
+        (status = 503, description = "`media_unavailable`.", body = super::openapi::ErrorBody),
+    )
+)]
+pub async fn serve_media(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    key: web::Path<String>,
+    signed: web::Query<Signed>,
+) -> Result<HttpResponse, ApiError> {
+    let key = key.into_inner();
+    let kept = KeptType::of_key(&key)
+        .filter(|_| valid_key(&key))
+        .ok_or(ApiError::NotFound("media"))?;
+    if is_photo_key(&key) {
+        allow_photo(&state, &req, &key, &signed).await?;
+    }
+    let etag = format!("\"{}\"", key.replace(['/', '.'], "-"));
+    if req
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag))
+    {
+        return Ok(HttpResponse::NotModified()
+            .insert_header((header::ETAG, etag))
+            .finish());
+    }
+    let size = state.media.size(&key).await?;
+    let range = match requested_range(&req, size) {
+        Ok(range) => range,
+        Err(()) => {
+            return Ok(HttpResponse::build(StatusCode::RANGE_NOT_SATISFIABLE)
+                .insert_header((header::CONTENT_RANGE, format!("bytes */{size}")))
+                .finish())
+        }
+    };
+    let bytes = match &range {
+        Some((start, end)) => state.media.get_range(&key, *start..*end + 1).await?,
+        None => state.media.get(&key).await?,
+    };
+    let mut answer = match &range {
+        Some((start, end)) => {
+            let mut partial = HttpResponse::build(StatusCode::PARTIAL_CONTENT);
+            partial.insert_header((header::CONTENT_RANGE, format!("bytes {start}-{end}/{size}")));
+            partial
+        }
+        None => HttpResponse::Ok(),
+    };
+    answer
+        .insert_header((header::CONTENT_TYPE, kept.content_type))
+        .insert_header((header::ETAG, etag))
+        .insert_header((header::ACCEPT_RANGES, "bytes"))
+        .insert_header(("X-Content-Type-Options", "nosniff"))
+        .insert_header((
+            header::CACHE_CONTROL,
+            if is_photo_key(&key) {
+                "private, no-store"
+            } else {
+                "public, max-age=31536000, immutable"
+            },
+        ));
+    if kept.content_type == "image/svg+xml" {
+        // An SVG opened as a page runs nothing.
+        answer.insert_header((
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; sandbox"),
+        ));
+    }
+    Ok(answer.body(bytes))
+}
+
+/// A key as this server makes them: `r/` or `p/`, then hex, then its
+/// extension(s); nothing else reaches the store.
+fn valid_key(key: &str) -> bool {
+    let Some(rest) = key.strip_prefix("r/").or_else(|| key.strip_prefix("p/")) else {
+        return false;
+    };
+    let (stem, extension) = rest.split_once('.').unwrap_or((rest, ""));
+    stem.len() == 32
+        && stem.bytes().all(|b| b.is_ascii_hexdigit())
+        && matches!(extension.split('.').count(), 1 | 2)
+        && extension
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.')
+}
+
+/// A photo is read with its session's participant token, the operator
+/// token, or a signed URL that has not expired.
+async fn allow_photo(
+    state: &AppState,
+    req: &HttpRequest,
+    key: &str,
+    signed: &Signed,
+) -> Result<(), ApiError> {
+    let denied =
+        ApiError::Unauthorized("a photo is read only with its session's token or a signed URL");
+    if let (Some(exp), Some(sig)) = (signed.exp, &signed.sig) {
+        if signature_holds(&state.photos.secret, key, exp, sig, state.clock.now_ms()) {
+            return Ok(());
+        }
+        return Err(denied);
+    }
+    let Some(token) = bearer(req) else {
+        return Err(denied);
+    };
+    if same_secret(token, &state.operator_token) {
+        return Ok(());
+    }
+    let photo = state
+        .store
+        .photo_by_key(key)
+        .await?
+        .ok_or(ApiError::NotFound("media"))?;
+    let session = state
+        .store
+        .session(&photo.session_id)
+        .await?
+        .ok_or(ApiError::NotFound("media"))?;
+    if same_secret(&token_hash(token), &session.participant_token_hash) {
+        Ok(())
+    } else {
+        Err(denied)
+    }
+}
+
+/// One byte range of a file of `size` bytes (`bytes=a-b`, `bytes=a-`,
+/// `bytes=-n`), inclusive; None: the whole file (no Range, or one this
+/// server does not split, such as several ranges); Err: outside the file.
+fn requested_range(req: &HttpRequest, size: u64) -> Result<Option<(u64, u64)>, ()> {
+    let Some(spec) = req
+        .headers()
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().strip_prefix("bytes="))
+    else {
+        return Ok(None);
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let Some((first, last)) = spec.split_once('-') else {
+        return Ok(None);
+    };
+    let (start, end) = match (
+        first.trim().parse::<u64>().ok(),
+        last.trim().parse::<u64>().ok(),
+    ) {
+        (Some(start), Some(end)) => (start, end.min(size.saturating_sub(1))),
+        (Some(start), None) => (start, size.saturating_sub(1)),
+        (None, Some(suffix)) if suffix > 0 => (size.saturating_sub(suffix), size.saturating_sub(1)),
+        _ => return Ok(None),
+    };
+    if size == 0 || start > end || start >= size {
+        return Err(());
+    }
+    Ok(Some((start, end)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_keys_this_server_makes_are_served() {
+        let hex = "0123456789abcdef0123456789abcdef";
+        assert!(valid_key(&format!("r/{hex}.png")));
+        assert!(valid_key(&format!("r/{hex}.t.jpg")));
+        assert!(valid_key(&format!("p/{hex}.jpg")));
+        assert!(!valid_key(&format!("probe/{hex}")));
+        assert!(!valid_key(&format!("r/../{hex}.png")));
+        assert!(!valid_key("r/short.png"));
+        assert!(!valid_key(&format!("r/{hex}.png/../x")));
+    }
+
+    #[test]
+    fn ranges_are_read_within_the_file() {
+        let with = |range: &str| {
+            let req = actix_web::test::TestRequest::default()
+                .insert_header((header::RANGE, range))
+                .to_http_request();
+            requested_range(&req, 100)
+        };
+        assert_eq!(with("bytes=0-9"), Ok(Some((0, 9))));
+        assert_eq!(with("bytes=90-"), Ok(Some((90, 99))));
+        assert_eq!(with("bytes=-10"), Ok(Some((90, 99))));
+        assert_eq!(with("bytes=95-200"), Ok(Some((95, 99))));
+        assert_eq!(with("bytes=100-"), Err(()));
+        assert_eq!(with("bytes=0-1,5-6"), Ok(None));
+    }
+}

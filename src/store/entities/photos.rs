@@ -1,0 +1,24 @@
+//! An uploaded photo: where its bytes are in the media store and whose it
+//! is. The bytes themselves never enter the database.
+
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+#[sea_orm(table_name = "photos")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub session_id: String,
+    /// Its key in the media store (`p/<random>.jpg`).
+    pub object_key: String,
+    pub content_type: String,
+    pub width: i32,
+    pub height: i32,
+    pub bytes: i64,
+    pub created_at_ms: i64,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

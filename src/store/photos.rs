@@ -1,0 +1,151 @@
+//! Uploaded photos and the secrets every instance shares: the `photos`
+//! rows (where a photo's bytes are in the media store, whose it is), the
+//! orphans the cleanup sweep may delete, and `server_keys`.
+
+use std::collections::HashMap;
+
+use sea_orm::sea_query::{Expr, ExprTrait, Query};
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect,
+};
+
+use super::entities::{photos, sagas};
+use super::{Store, StoreResult};
+use crate::domain::policy::EpochMs;
+
+/// A photo as the upload stored it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewPhoto {
+    pub id: String,
+    pub session_id: String,
+    pub object_key: String,
+    pub content_type: String,
+    pub width: u32,
+    pub height: u32,
+    pub bytes: u64,
+}
+
+/// The name of the secret that signs photo URLs and derives result keys.
+pub const MEDIA_SIGNING: &str = "media_signing";
+
+impl Store {
+    /// Records an uploaded photo (its bytes are in the media store already).
+    pub async fn insert_photo(&self, new: NewPhoto, now: EpochMs) -> StoreResult<photos::Model> {
+        let tx = self.write_tx().await?;
+        let model = photos::ActiveModel {
+            id: Set(new.id),
+            session_id: Set(new.session_id),
+            object_key: Set(new.object_key),
+            content_type: Set(new.content_type),
+            width: Set(new.width as i32),
+            height: Set(new.height as i32),
+            bytes: Set(new.bytes as i64),
+            created_at_ms: Set(now),
+        }
+        .insert(&*tx)
+        .await?;
+        tx.commit().await?;
+        Ok(model)
+    }
+
+    pub async fn photo(&self, photo_id: &str) -> StoreResult<Option<photos::Model>> {
+        Ok(photos::Entity::find_by_id(photo_id.to_owned())
+            .one(self.db())
+            .await?)
+    }
+
+    pub async fn photo_by_key(&self, object_key: &str) -> StoreResult<Option<photos::Model>> {
+        Ok(photos::Entity::find()
+            .filter(photos::Column::ObjectKey.eq(object_key))
+            .one(self.db())
+            .await?)
+    }
+
+    /// The session of each named photo that exists.
+    pub async fn photo_sessions(
+        &self,
+        photo_ids: &[String],
+    ) -> StoreResult<HashMap<String, String>> {
+        if photo_ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows: Vec<(String, String)> = photos::Entity::find()
+            .select_only()
+            .column(photos::Column::Id)
+            .column(photos::Column::SessionId)
+            .filter(photos::Column::Id.is_in(photo_ids.iter().cloned()))
+            .into_tuple()
+            .all(self.db())
+            .await?;
+        Ok(rows.into_iter().collect())
+    }
+
+    /// Up to `limit` photos uploaded before `before_ms` that no saga names,
+    /// oldest first: what the orphan sweep deletes.
+    pub async fn orphan_photos(
+        &self,
+        before_ms: EpochMs,
+        limit: u64,
+    ) -> StoreResult<Vec<photos::Model>> {
+        Ok(photos::Entity::find()
+            .filter(photos::Column::CreatedAtMs.lt(before_ms))
+            .filter(
+                photos::Column::Id.not_in_subquery(
+                    Query::select()
+                        .column(sagas::Column::PhotoId)
+                        .from(sagas::Entity)
+                        .and_where(Expr::col(sagas::Column::PhotoId).is_not_null())
+                        .to_owned(),
+                ),
+            )
+            .order_by_asc(photos::Column::CreatedAtMs)
+            .limit(limit)
+            .all(self.db())
+            .await?)
+    }
+
+    /// Forgets an orphan photo's row, unless a saga names it by now (a
+    /// submission that came while the sweep looked). True when it was
+    /// forgotten: only then may its object go.
+    pub async fn forget_orphan_photo(&self, photo_id: &str) -> StoreResult<bool> {
+        let tx = self.write_tx().await?;
+        let deleted = photos::Entity::delete_many()
+            .filter(photos::Column::Id.eq(photo_id))
+            .filter(
+                photos::Column::Id.not_in_subquery(
+                    Query::select()
+                        .column(sagas::Column::PhotoId)
+                        .from(sagas::Entity)
+                        .and_where(Expr::col(sagas::Column::PhotoId).eq(photo_id))
+                        .to_owned(),
+                ),
+            )
+            .exec(&*tx)
+            .await?;
+        tx.commit().await?;
+        Ok(deleted.rows_affected > 0)
+    }
+
+    /// The shared secret `name`: the one stored, or `fresh` stored now by
+    /// this instance when none is yet (the first instance to start wins a
+    /// race; every instance reads the winner's).
+    pub async fn server_key(&self, name: &str, fresh: &str) -> StoreResult<String> {
+        let insert = format!(
+            "INSERT INTO server_keys (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"
+        );
+        let tx = self.write_tx().await?;
+        tx.execute_raw(self.sql(&insert, vec![name.into(), fresh.into()]))
+            .await?;
+        tx.commit().await?;
+        let select = "SELECT value FROM server_keys WHERE name = $1";
+        let row = self
+            .db()
+            .query_one_raw(self.sql(select, vec![name.into()]))
+            .await?
+            .ok_or_else(|| {
+                super::StoreError::Corrupt(format!("server key {name} was not stored"))
+            })?;
+        Ok(row.try_get("", "value")?)
+    }
+}
