@@ -217,17 +217,21 @@ const SH = (() => {
 
   // The result's content items as elements: images (with a placeholder when
   // they cannot be loaded), video, audio, text, and a link for anything else
-  // (only for a URL shownUrl accepts).
-  function renderContent(content) {
+  // (only for a URL shownUrl accepts). With `display`, an image shows its
+  // display-size rendition (thumb_url) when the server kept one: a booth
+  // screen downloads a few dozen KB per result, the phone the full file.
+  function renderContent(content, options) {
+    const display = Boolean(options && options.display);
     const out = [];
     for (const item of content || []) {
       if (!item) continue;
       const type = String(item.type || "text");
       const media = ["image", "video", "audio", "music"].includes(type);
       const url = shownUrl(item.url, media);
+      const thumb = display ? shownUrl(item.thumb_url, media) : null;
       const box = el("figure", { class: `content content-${type.replace(/[^a-z]/gi, "")}` });
       if (type === "image" && url) {
-        const img = el("img", { src: url, alt: item.text || "", loading: "lazy" });
+        const img = el("img", { src: thumb || url, alt: item.text || "", loading: "lazy" });
         img.addEventListener("error", () => {
           img.replaceWith(el("div", { class: "img-missing", text: t("content.imageMissing") }));
         });

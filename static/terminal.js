@@ -217,7 +217,7 @@
     $("latest").dataset.seq = latest.seq;
     $("latest-nickname").textContent = latest.nickname || "";
     const content = (latest.result && latest.result.content) || [];
-    $("latest-content").replaceChildren(...SH.renderContent(content));
+    $("latest-content").replaceChildren(...SH.renderContent(content, { display: true }));
     const score = eventScore(latest);
     const rank = eventRank(latest);
     $("latest-score").hidden = score == null;

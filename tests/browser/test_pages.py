@@ -794,10 +794,10 @@ def test_terminal_screenshot(env):
 
 def test_result_image_loads_on_the_display(env):
     """The result's picture is drawn by the built-in simulator (as
-    ./scripts/demo runs it) and served from the simulator's own loopback
-    port; on the booth display it really loads: no "image could not be
-    loaded". Before, its URL was https://sim.invalid/..., which no browser
-    can load."""
+    ./scripts/demo runs it), kept by stagehand and served from its own
+    /media/: on the booth display it really loads: no "image could not be
+    loaded". Before, its URL was the simulator's loopback port, which a
+    phone on the venue's Wi-Fi can never load."""
     env.server.experience("pictures", "Picture booth", kind="image")
     term = env.server.terminal("pictures", "picture booth")
     prompt = "a <b>bold</b> fox & a hen <script>alert(1)</script>"
@@ -808,7 +808,7 @@ def test_result_image_loads_on_the_display(env):
     display = env.screen()
     answers = []
     display.on("response", lambda r: answers.append((r.url, r.status, r.headers.get("content-type")))
-               if r.url.endswith("/image.svg") else None)
+               if "/media/r/" in r.url else None)
     display.goto(f"/terminal/{term['terminal_id']}#token={term['token']}")
     expect(display.locator("#conn")).to_have_attribute("data-state", "live")
     expect(display.locator("#latest-nickname")).to_have_text("pixel", timeout=RESULT_WAIT)
@@ -818,12 +818,13 @@ def test_result_image_loads_on_the_display(env):
     expect(display.locator("#latest-content .img-missing")).to_have_count(0)
     expect(display.locator("#latest-content figcaption")).to_contain_text("<b>bold</b> fox & a hen")
 
-    src = urllib.parse.urlsplit(img.get_attribute("src"))
-    assert src.scheme == "http" and src.hostname == "127.0.0.1" and src.port != env.server.port, src
-    assert re.fullmatch(r"/v1/jobs/[^/]+/image\.svg", src.path), src
+    # The picture is stagehand's own kept copy (the provider deletes its
+    # outputs), served by the server the page came from.
+    src = img.get_attribute("src")
+    assert re.fullmatch(r"/media/r/[0-9a-f]{32}\.svg", src), src
     assert [(a[1], a[2]) for a in answers] == [(200, "image/svg+xml")], answers
     # The prompt is in the picture as text, escaped, never as markup.
-    with urllib.request.urlopen(src.geturl(), timeout=5) as r:
+    with urllib.request.urlopen(env.server.base + src, timeout=5) as r:
         svg = r.read().decode()
     assert "<script" not in svg and "&lt;b&gt;bold&lt;/b&gt; fox &amp; a hen" in svg, svg
     shot(display, "terminal-image")
