@@ -1,12 +1,21 @@
-// The participant page, /p/{slug}[?terminal=ID]: nickname, prompt (and a
-// score for games), one button; then progress, then the result or the reason
-// it was refused, with a way to try again.
+// The participant page, /p/{slug}[?terminal=ID]: nickname, a photo (when
+// the experience's input takes one), prompt (and a score for games), one
+// button; then progress, then the result or the reason it was refused, with
+// a way to try again.
 //
 // Safe against double taps, flaky networks and reloads: every POST carries an
 // Idempotency-Key made here and kept (in localStorage, per slug) with its
 // body until the server answers, so a retry, automatic or after a reload,
 // sends the SAME key and the same body and can never create a second session
 // or charge twice.
+//
+// A photo is made ready in the browser as soon as it is chosen: turned
+// upright (EXIF), downscaled to the experience's photo_max_px on its long
+// side and re-encoded as JPEG, so a 12 MP picture never crosses the venue's
+// Wi-Fi whole. It is uploaded on submit (after the session exists, with a
+// progress bar), under an Idempotency-Key made with the photo; its key, its
+// photo_id once answered, and its bytes are kept in sessionStorage, so a
+// reload neither loses it nor uploads it twice.
 "use strict";
 
 (() => {
@@ -18,6 +27,17 @@
   // retry it, and then it runs again.
   const ABORTED_POLL_MS = 5000;
   const VIEWS = ["view-loading", "view-missing", "view-form", "view-waiting", "view-result", "view-aborted"];
+  // The photo of this tab (sessionStorage): PHOTO_META the small record,
+  // PHOTO_BYTES its bytes as a data: URL (apart, so that a refused big one
+  // never takes the record with it).
+  const PHOTO_META = `${STORE_KEY}:photo`;
+  const PHOTO_BYTES = `${STORE_KEY}:photo-bytes`;
+  const DEFAULT_PHOTO_MAX_PX = 1536;
+  const JPEG_QUALITY = 0.85;
+  // Bytes sent as they are (a file the browser cannot draw) are kept for a
+  // reload only up to this size.
+  const KEEP_RAW_MAX = 2 * 1024 * 1024;
+  const UPLOAD_TIMEOUT_MS = 120000;
 
   // What survives a reload:
   //   nickname, prompt, score   what was typed last
@@ -29,6 +49,19 @@
   //   queue {position, until}   the 202's queue position and the time its
   //                             estimated wait ends (epoch ms), if given
   const st = SH.local.get(STORE_KEY) || {};
+  // The chosen photo (module comment), or null:
+  //   ref                  this photo (a new one for each choice)
+  //   key                  the Idempotency-Key of its upload
+  //   session              the session it is (to be) uploaded to
+  //   id, width, height    the server's answer, once it stored it
+  //   raw, name            sent as chosen (the browser could not draw it)
+  let photo = SH.session.get(PHOTO_META);
+  // Its bytes, in memory: {ref, blob, url} (url: a data: URL for the
+  // preview, null for a raw file).
+  let photoData = null;
+  // The chosen file while it is being made ready (a Promise).
+  let preparing = null;
+  let prepareGen = 0;
   let experience = null;
   let busy = false;
   let pollTimer = null;
@@ -39,6 +72,9 @@
   const persist = () => SH.local.set(STORE_KEY, st);
   const show = (id) => SH.showOnly(VIEWS, id);
   const pending = () => Boolean(st.create || st.submit);
+  const inputKind = () => (experience && experience.input) || "prompt";
+  const takesPhoto = () => inputKind() === "photo" || inputKind() === "photo+prompt";
+  const needsPrompt = () => inputKind() !== "photo";
 
   // ---- the form ------------------------------------------------------------
 
@@ -63,7 +99,9 @@
     const go = $("go");
     go.disabled = busy;
     go.textContent = busy ? SH.t("p.sending") : pending() ? SH.t("p.retry") : buttonLabel();
-    for (const id of ["nickname", "prompt", "score"]) $(id).disabled = busy || pending();
+    for (const id of ["nickname", "prompt", "score", "photo-take", "photo-retake", "photo-input"]) {
+      $(id).disabled = busy || pending();
+    }
     $("start-over").disabled = busy;
   }
 
@@ -77,6 +115,9 @@
     $("prompt").value = st.prompt || "";
     $("score-field").hidden = !(experience && experience.kind === "score");
     $("score").value = st.score == null ? "" : st.score;
+    $("photo-field").hidden = !takesPhoto();
+    $("prompt-field").hidden = !needsPrompt();
+    showPhoto();
     refreshButton();
     show("view-form");
   }
@@ -92,7 +133,12 @@
       $("nickname").focus();
       return null;
     }
-    if (!prompt.trim() || [...prompt].length > 2000) {
+    if (takesPhoto() && !photo && !preparing) {
+      setError(SH.t("p.error.photo"));
+      $("photo-take").focus();
+      return null;
+    }
+    if ((needsPrompt() && !prompt.trim()) || [...prompt].length > 2000) {
       setError(SH.t("p.error.prompt"));
       $("prompt").focus();
       return null;
@@ -124,12 +170,291 @@
         if (terminalParam) body.terminal_id = terminalParam;
         st.create = { key: SH.uuid(), body };
       }
-      const body = { prompt: input.prompt };
+      // A photo-only experience takes no prompt; its photo_id is added
+      // once the photo is uploaded (run).
+      const body = needsPrompt() || input.prompt.trim() ? { prompt: input.prompt } : {};
       if (input.score !== undefined) body.score = input.score;
       st.submit = { key: SH.uuid(), body };
       persist();
     }
     await run();
+  }
+
+  // ---- the photo -----------------------------------------------------------
+
+  // A submission waits for a photo this tab no longer has.
+  class PhotoMissing extends Error {}
+
+  // Refusals of the photo itself: another photo is needed.
+  const PHOTO_REFUSALS = ["payload_too_large", "unsupported_media_type", "photo_unreadable"];
+
+  function savePhoto() {
+    SH.session.set(PHOTO_META, photo);
+  }
+
+  function forgetPhoto() {
+    prepareGen += 1;
+    preparing = null;
+    photo = null;
+    photoData = null;
+    SH.session.set(PHOTO_META, null);
+    SH.session.set(PHOTO_BYTES, null);
+    showPhoto();
+  }
+
+  // The bytes of the stored photo after a reload (null: not kept).
+  function restorePhotoData() {
+    if (!photo) return;
+    const kept = SH.session.get(PHOTO_BYTES);
+    if (!kept || kept.ref !== photo.ref || typeof kept.url !== "string") return;
+    const blob = dataUrlToBlob(kept.url);
+    if (blob) photoData = { ref: photo.ref, blob, url: photo.raw ? null : kept.url };
+  }
+
+  function showPhoto() {
+    const has = Boolean(photo);
+    $("photo-take").hidden = has || Boolean(preparing);
+    $("photo-preparing").hidden = !preparing;
+    $("photo-preview").hidden = !has;
+    if (!has) {
+      $("photo-img").removeAttribute("src");
+      return;
+    }
+    const url = photoData && photoData.ref === photo.ref ? photoData.url : null;
+    if (url) {
+      if ($("photo-img").getAttribute("src") !== url) $("photo-img").src = url;
+    } else {
+      $("photo-img").removeAttribute("src");
+    }
+    $("photo-img").hidden = !url;
+    // A photo uploaded before a reload whose bytes this tab did not keep
+    // still counts: the server has it.
+    $("photo-noview").hidden = Boolean(url);
+    $("photo-name").textContent = photo.name || "";
+    $("photo-size").textContent = photo.width && photo.height && !photo.raw
+      ? SH.t("p.photoSize", { w: photo.width, h: photo.height })
+      : "";
+  }
+
+  function onPhotoChosen() {
+    const input = $("photo-input");
+    const file = input.files && input.files[0];
+    input.value = ""; // the same file chosen again is a change too
+    if (!file || busy || pending()) return;
+    setError("");
+    const gen = ++prepareGen;
+    photo = null;
+    photoData = null;
+    SH.session.set(PHOTO_META, null);
+    SH.session.set(PHOTO_BYTES, null);
+    preparing = preparePhoto(file).then((ready) => {
+      if (gen !== prepareGen) return;
+      photo = {
+        ref: SH.uuid(),
+        key: SH.uuid(),
+        session: null,
+        id: null,
+        width: ready.width,
+        height: ready.height,
+        raw: ready.raw,
+        name: ready.raw ? file.name : "",
+      };
+      photoData = { ref: photo.ref, blob: ready.blob, url: ready.url };
+      savePhoto();
+      keepPhotoBytes(ready);
+      preparing = null;
+      showPhoto();
+      refreshButton();
+    });
+    showPhoto();
+  }
+
+  async function keepPhotoBytes(ready) {
+    if (ready.raw && ready.blob.size > KEEP_RAW_MAX) return;
+    try {
+      const url = ready.url || (await readAsDataUrl(ready.blob));
+      if (photo && photoData && photoData.blob === ready.blob) SH.session.set(PHOTO_BYTES, { ref: photo.ref, url });
+    } catch (_) {
+      /* not kept: a reload asks for the photo again */
+    }
+  }
+
+  function takePhoto() {
+    if (busy || pending()) return;
+    $("photo-input").click();
+  }
+
+  function retake() {
+    if (busy || pending()) return;
+    forgetPhoto();
+    setError("");
+    takePhoto();
+  }
+
+  // The chosen file ready to send: {blob, url, width, height, raw}. Drawn
+  // upright, at most photo_max_px on its long side, as JPEG; a file the
+  // browser cannot draw goes as it is (raw) and the server judges it.
+  async function preparePhoto(file) {
+    const max = Number(experience && experience.photo_max_px) || DEFAULT_PHOTO_MAX_PX;
+    let image = null;
+    try {
+      image = await decodeImage(file);
+      const scale = Math.min(1, max / Math.max(image.width, image.height));
+      const width = Math.max(1, Math.round(image.width * scale));
+      const height = Math.max(1, Math.round(image.height * scale));
+      const canvas = document.createElement("canvas");
+      canvas.width = width;
+      canvas.height = height;
+      const ctx = canvas.getContext("2d");
+      ctx.fillStyle = "#fff"; // a transparent PNG on white, not black
+      ctx.fillRect(0, 0, width, height);
+      ctx.imageSmoothingEnabled = true;
+      ctx.imageSmoothingQuality = "high";
+      ctx.drawImage(image.source, 0, 0, width, height);
+      const blob = await new Promise((resolve) => canvas.toBlob(resolve, "image/jpeg", JPEG_QUALITY));
+      if (!blob) throw new Error("the canvas made no JPEG");
+      const url = await readAsDataUrl(blob);
+      return { blob, url, width, height, raw: false };
+    } catch (_) {
+      return { blob: file, url: null, width: 0, height: 0, raw: true };
+    } finally {
+      if (image && image.close) image.close();
+    }
+  }
+
+  // {source, width, height, close} of a picture, turned upright by its EXIF
+  // orientation: createImageBitmap where there is one, else an <img> (which
+  // browsers turn upright by default). The <img> reads a data: URL: the
+  // pages' policy allows no blob: images.
+  async function decodeImage(file) {
+    if (typeof createImageBitmap === "function") {
+      let bitmap;
+      try {
+        bitmap = await createImageBitmap(file, { imageOrientation: "from-image" });
+      } catch (err) {
+        // An older engine that knows only "none"/"flipY" refuses the
+        // option's value (a TypeError); its default turns it upright.
+        if (!(err instanceof TypeError)) throw err;
+        bitmap = await createImageBitmap(file);
+      }
+      return { source: bitmap, width: bitmap.width, height: bitmap.height, close: () => bitmap.close() };
+    }
+    const url = await readAsDataUrl(file);
+    const img = new Image();
+    img.decoding = "async";
+    await new Promise((resolve, reject) => {
+      img.onload = resolve;
+      img.onerror = () => reject(new Error("not a picture"));
+      img.src = url;
+    });
+    return { source: img, width: img.naturalWidth, height: img.naturalHeight, close: null };
+  }
+
+  function readAsDataUrl(blob) {
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(blob);
+    });
+  }
+
+  function dataUrlToBlob(url) {
+    const m = /^data:([^;,]*)(;base64)?,(.*)$/s.exec(url);
+    if (!m || !m[2]) return null;
+    try {
+      const bin = atob(m[3]);
+      const bytes = new Uint8Array(bin.length);
+      for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+      return new Blob([bytes], { type: m[1] || "application/octet-stream" });
+    } catch (_) {
+      return null;
+    }
+  }
+
+  function setProgress(loaded, total) {
+    const pct = total > 0 ? Math.min(100, Math.floor((loaded / total) * 100)) : 0;
+    $("upload-progress").value = pct;
+    $("upload-text").textContent = SH.t("p.uploading", { pct });
+    $("upload").hidden = false;
+  }
+
+  // The photo_id of the chosen photo in the current session: uploaded
+  // now, or the one the server already gave (no second upload).
+  async function uploadPhoto() {
+    if (preparing) await preparing;
+    if (!photo) throw new PhotoMissing("no photo");
+    if (photo.session !== st.session.id) {
+      // A new session (Start over, or the old one lost): a new upload.
+      photo.session = st.session.id;
+      photo.id = null;
+      photo.key = SH.uuid();
+      savePhoto();
+    }
+    if (photo.id) return photo.id;
+    if (!photoData || photoData.ref !== photo.ref) throw new PhotoMissing("its bytes are gone");
+    const path = `/api/sessions/${encodeURIComponent(st.session.id)}/photo`;
+    const ref = photo.ref;
+    setProgress(0, photoData.blob.size);
+    try {
+      for (let attempt = 0; ; attempt++) {
+        try {
+          const { data } = await uploadOnce(path, photo.key, photoData.blob);
+          if (!photo || photo.ref !== ref) throw new PhotoMissing("retaken meanwhile");
+          photo.id = data.photo_id;
+          photo.width = data.width || photo.width;
+          photo.height = data.height || photo.height;
+          savePhoto();
+          setProgress(1, 1);
+          return photo.id;
+        } catch (err) {
+          if (err instanceof SH.ApiError || err instanceof SH.NetworkError) err.photo = true;
+          if (!SH.retryable(err) || attempt >= AUTO_RETRIES) throw err;
+          setNote(SH.t(err instanceof SH.NetworkError ? "p.retrying" : "p.photoBusyRetrying", { n: attempt + 1 }));
+          const wait = SH.backoff(attempt, 8000);
+          await SH.sleep(Math.max(wait, (err.retryAfter || 0) * 1000));
+          setNote("");
+        }
+      }
+    } finally {
+      $("upload").hidden = true;
+    }
+  }
+
+  // One POST of the photo's bytes with upload progress (fetch has none):
+  // {status, data}; rejects like SH.api (ApiError with retryAfter, or
+  // NetworkError).
+  function uploadOnce(path, key, blob) {
+    return new Promise((resolve, reject) => {
+      const xhr = new XMLHttpRequest();
+      xhr.open("POST", path);
+      xhr.setRequestHeader("Accept", "application/json");
+      xhr.setRequestHeader("Authorization", `Bearer ${st.session.token}`);
+      xhr.setRequestHeader("Idempotency-Key", key);
+      xhr.timeout = UPLOAD_TIMEOUT_MS;
+      xhr.upload.onprogress = (e) => setProgress(e.loaded, e.lengthComputable ? e.total : blob.size);
+      xhr.onload = () => {
+        let data = null;
+        try {
+          data = xhr.responseText ? JSON.parse(xhr.responseText) : null;
+        } catch (_) {
+          data = { message: xhr.responseText.slice(0, 200) };
+        }
+        if (xhr.status >= 200 && xhr.status < 300) {
+          resolve({ status: xhr.status, data: data || {} });
+          return;
+        }
+        const err = new SH.ApiError(xhr.status, data && data.error, data && data.message, data);
+        const after = Number(xhr.getResponseHeader("Retry-After"));
+        if (Number.isFinite(after) && after > 0) err.retryAfter = Math.min(after, 30);
+        reject(err);
+      };
+      const lost = (what) => () => reject(new SH.NetworkError(what));
+      xhr.onerror = lost("the upload failed");
+      xhr.ontimeout = lost("the upload timed out");
+      xhr.onabort = lost("the upload was aborted");
+      xhr.send(blob);
+    });
   }
 
   // ---- sending -------------------------------------------------------------
@@ -169,6 +494,12 @@
           persist();
           return;
         }
+        if (takesPhoto() && !st.submit.body.photo_id) {
+          // The body is final once it names its photo: a retry (or a
+          // reload) sends the same body with the same key.
+          st.submit.body.photo_id = await uploadPhoto();
+          persist();
+        }
         try {
           const { data } = await send(`/api/sessions/${encodeURIComponent(st.session.id)}/submission`, {
             ...st.submit,
@@ -194,6 +525,28 @@
   }
 
   function onSendError(err) {
+    if (err.photo && err instanceof SH.ApiError && err.code === "idempotency_key_reused") {
+      // Its key was spent on other bytes: the next try sends under a new one.
+      photo.key = SH.uuid();
+      savePhoto();
+    }
+    if (err instanceof PhotoMissing) {
+      // The photo of a submission not sent yet is gone (the tab was
+      // closed, or storage refused it): take it again; the text stays.
+      st.submit = null;
+      persist();
+      showForm();
+      setError(SH.t("p.error.photo_lost"));
+      return;
+    }
+    if (err.photo && SH.retryable(err)) {
+      // No answer, or the server busy: the photo, its key and the rest are
+      // kept; Retry sends the same bytes with the same key.
+      setNote("");
+      setError(SH.t(err instanceof SH.NetworkError ? "p.error.photo_network" : "p.error.photo_busy"));
+      refreshButton();
+      return;
+    }
     if (SH.retryable(err)) {
       // No answer: keep the key and the body; the button now retries them.
       setNote("");
@@ -222,6 +575,11 @@
     st.create = null;
     st.submit = null;
     persist();
+    if (err.photo && err instanceof SH.ApiError && PHOTO_REFUSALS.includes(err.code)) {
+      // The server cannot use this photo: choose another (what was typed
+      // stays).
+      forgetPhoto();
+    }
     showForm();
     const specific = err instanceof SH.ApiError ? `p.error.${err.code}` : "";
     setError(specific && SH.t(specific) !== specific ? SH.t(specific) : SH.errorText(err));
@@ -410,13 +768,16 @@
     st.prompt = "";
     st.score = null;
     persist();
+    forgetPhoto();
     setError("");
     showForm();
     $("prompt").focus();
   }
 
   function tryAgain() {
-    // The same session accepts a new submission after ABORTED.
+    // The same session accepts a new submission after ABORTED, with the
+    // same photo unless the server lost it.
+    if (document.body.dataset.reason === "INPUT_MISSING") forgetPhoto();
     setError("");
     showForm();
     $("prompt").focus();
@@ -468,12 +829,20 @@
       // A game: the score is what counts; the text is a word about it.
       $("prompt-label").textContent = SH.t("p.promptScore");
       $("prompt").placeholder = SH.t("p.promptScorePlaceholder");
+    } else if (takesPhoto()) {
+      $("prompt-label").textContent = SH.t("p.promptPhoto");
+      $("prompt").placeholder = SH.t("p.promptPhotoPlaceholder");
     }
+    document.body.dataset.input = inputKind();
 
     $("view-form").addEventListener("submit", onSubmit);
     $("play-again").addEventListener("click", playAgain);
     $("try-again").addEventListener("click", tryAgain);
     $("start-over").addEventListener("click", startOver);
+    $("photo-take").addEventListener("click", takePhoto);
+    $("photo-retake").addEventListener("click", retake);
+    $("photo-input").addEventListener("change", onPhotoChosen);
+    restorePhotoData();
     document.addEventListener("visibilitychange", () => {
       if (!document.hidden && pollTimer) poll();
     });

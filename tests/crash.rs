@@ -249,3 +249,70 @@ async fn kill9_while_provider_down_then_recover(backend: Backend) {
     sim.stop().await;
 }
 db_test!(kill9_while_provider_down_then_recover);
+
+/// Every file under `dir` (recursively), by path.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(at) = todo.pop() {
+        for entry in std::fs::read_dir(&at).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                todo.push(path);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// kill -9 while the server keeps results: the jobs have succeeded at the
+/// provider, but the S3 server holding the media is stopped, so every saga
+/// is in its keep stage (retrying) when the process dies. The S3 server
+/// comes back, a new process starts: every saga completes with exactly one
+/// stored object per output and one AI job per session.
+async fn kill9_while_keeping_results_then_restart(backend: Backend) {
+    const N: usize = 6;
+    let mut logs = Logs::new();
+    let http = http_client();
+    let db = TestDb::fresh(backend).await;
+    let sim = support::start_sim(crash_sim()).await;
+    support::S3Server::credentials_in_env();
+    let mut s3 = support::S3Server::start("media").await;
+    let media_url = s3.media_url("media");
+    let env = [("STAGEHAND_MEDIA_URL", media_url.as_str())];
+    let mut first = Server::start_with(&db.url, &sim.url(), &logs.next(), &http, &env).await;
+    let participants = submit_sessions(&http, &first.base, N).await;
+    s3.stop();
+    let all_done = support::wait_for(Duration::from_secs(20), || async {
+        let stats = sim.control.stats();
+        (stats.jobs_created == N as u64 && stats.running == 0).then_some(())
+    })
+    .await;
+    assert!(all_done.is_some(), "the jobs did not end: {:?}", sim.control.stats());
+    let store = Store::connect(&db.url, 2).await.expect("open the database");
+    let at_kill = store.count_by_step().await.expect("count sagas");
+    assert_eq!(steps(&at_kill, "AI_PENDING"), N as i64, "every saga is keeping its result: {at_kill:?}");
+    first.kill9();
+    drop(first);
+    s3.resume().await;
+    let second = Server::start_with(&db.url, &sim.url(), &logs.next(), &http, &env).await;
+    assert_all_completed(&http, &second.base, &participants, Duration::from_secs(60)).await;
+    assert_one_job_per_session(&sim, &participants);
+    let kept: Vec<_> = files_under(&s3.root.path().join("media/r"))
+        .into_iter()
+        .filter(|p| !p.to_string_lossy().contains(".s3s"))
+        .collect();
+    assert_eq!(kept.len(), N, "one stored object per output: {kept:?}");
+    for p in &participants {
+        let done = support::session_status(&http, &second.base, &p.sid, &p.token).await;
+        let url = done["result"]["content"][0]["url"].as_str().unwrap_or_default().to_owned();
+        assert!(url.starts_with("/media/r/"), "{done}");
+        let file = http.get(format!("{}{url}", second.base)).send().await.unwrap();
+        assert_eq!(file.status(), 200, "{url}");
+    }
+    drop(second);
+    sim.stop().await;
+}
+db_test!(kill9_while_keeping_results_then_restart);

@@ -180,7 +180,7 @@ fn ticks_of(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-fn process_ticks(pid: &str) -> u64 {
+pub(super) fn process_ticks(pid: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| ticks_of(&s))

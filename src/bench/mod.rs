@@ -9,6 +9,7 @@
 pub mod claim;
 pub mod cpu;
 pub mod load;
+pub mod media;
 pub mod pgbench;
 pub mod rehearse;
 pub mod sockets;
@@ -109,6 +110,11 @@ pub struct BenchArgs {
     /// locks? 1: only the single server.
     #[arg(long, default_value_t = 1)]
     pub instances: usize,
+    /// Skip the media figures (photo uploads of 1.5 and 12 MP: CPU, rate,
+    /// peak memory; the keep stage; a display's bytes; the 202's p99
+    /// during an upload burst).
+    #[arg(long)]
+    pub no_media: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -300,6 +306,25 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         None
     };
 
+    let media = if args.no_media {
+        None
+    } else {
+        eprintln!("bench: media (SQLite, photo uploads and kept results) running");
+        let m = media::run(
+            load::Builds {
+                sim: &exe,
+                server: &server_exe,
+            },
+            &dir,
+            &server_args,
+        )
+        .await;
+        if let Err(e) = &m {
+            eprintln!("bench: media FAILED: {e}");
+        }
+        Some(m)
+    };
+
     let header = table::header(&table::Header {
         started,
         load_start,
@@ -332,6 +357,12 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             println!("{line}");
         }
     }
+    if let Some(Ok(m)) = &media {
+        println!();
+        for line in table::media(m) {
+            println!("{line}");
+        }
+    }
     let notes = table::notes(&results);
     if !notes.is_empty() {
         println!();
@@ -347,6 +378,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             eprintln!("\n{} FAILED:\n{e}", r.label);
         }
     }
+    let media_failed = matches!(media, Some(Err(_)));
     let memory_failed = match &memory {
         Some(m) => match &m.outcome {
             Err(e) => {
@@ -358,12 +390,13 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         None => false,
     };
     let claim_failed = claim_costs.iter().any(|c| c.outcome.is_err());
-    let keep = args.keep_logs || !failed.is_empty() || pgbench_failed || memory_failed;
+    let keep =
+        args.keep_logs || !failed.is_empty() || pgbench_failed || memory_failed || media_failed;
     cleanup(&dir, keep);
     if keep {
         eprintln!("logs kept in {}", dir.join("logs").display());
     }
-    if failed.is_empty() && !pgbench_failed && !memory_failed && !claim_failed {
+    if failed.is_empty() && !pgbench_failed && !memory_failed && !claim_failed && !media_failed {
         Ok(())
     } else {
         let mut what = Vec::new();
@@ -376,6 +409,9 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         }
         if pgbench_failed {
             what.push("pgbench failed".into());
+        }
+        if media_failed {
+            what.push("the media figures failed".into());
         }
         if memory_failed {
             what.push("the memory per idle socket failed".into());

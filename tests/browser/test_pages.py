@@ -291,8 +291,14 @@ def serve_from_disk(route, path):
     if name is None or not (STATIC / name).is_file():
         return False
     ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
-    route.fulfill(status=200, content_type=ctype, body=(STATIC / name).read_bytes())
+    # With the server's own security headers (its Content-Security-Policy
+    # above all), so that the pages from disk are held to what ships.
+    secured = {k: v for k, v in route.fetch().headers.items() if k.lower() in SECURITY_HEADERS}
+    route.fulfill(status=200, content_type=ctype, headers=secured, body=(STATIC / name).read_bytes())
     return True
+
+
+SECURITY_HEADERS = ("content-security-policy", "x-content-type-options", "x-frame-options", "referrer-policy")
 
 
 class Env:
@@ -1379,6 +1385,230 @@ def test_ops_cannot_be_framed(env):
     assert urls[1] == env.base + "/api/openapi.json", f"the control did not load: {urls}"
 
 
+PHOTO = ROOT / "tests" / "fixtures" / "photo-gps-rotated.jpg"  # 1200x900, EXIF orientation 6
+
+
+def jpeg_size(data):
+    """(width, height) from a JPEG's frame header, or None."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    at = 2
+    while at + 9 < len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            at += 2
+            continue
+        length = int.from_bytes(data[at + 2:at + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return int.from_bytes(data[at + 7:at + 9], "big"), int.from_bytes(data[at + 5:at + 7], "big")
+        at += 2 + length
+    return None
+
+
+def photo_experience(env):
+    """The selfie booth: a photo and a prompt, photos downscaled to 512 px;
+    (slug, terminal). Made once, for whichever photo test comes first."""
+    if "selfie_terminal" not in env.fixtures:
+        env.server.operator("POST", "/api/experiences", {
+            "slug": "selfie", "title": "Selfie booth", "kind": "image", "locale": "en",
+            "input": "photo+prompt", "photo_max_px": 512})
+        env.fixtures["selfie_terminal"] = env.server.terminal("selfie", "selfie booth")
+    return "selfie", env.fixtures["selfie_terminal"]
+
+
+def photo_posts(page):
+    """The page's photo uploads as they go: [(Idempotency-Key, body bytes)]."""
+    posts = []
+    page.on("request", lambda r: posts.append((r.headers.get("idempotency-key"), r.post_data_buffer))
+            if r.method == "POST" and r.url.endswith("/photo") else None)
+    return posts
+
+
+def test_photo_is_resized_uploaded_and_shown(env):
+    """A photo+prompt experience on a phone: the camera button, the preview
+    (upright: the EXIF rotation applied) with Retake, the photo downscaled in
+    the browser to photo_max_px (512) before it is sent, the upload's
+    progress bar, then the result on the phone and, loaded, on the booth
+    display."""
+    slug, term = photo_experience(env)
+    display = open_terminal(env, term)
+    phone = env.phone()
+    posts = photo_posts(phone)
+    phone.goto(f"/p/{slug}?terminal={term['terminal_id']}")
+    expect(phone.locator("#view-form")).to_be_visible()
+    take = phone.locator("#photo-take")
+    expect(take).to_be_visible()
+    expect(take).to_contain_text(EN["p.takePhoto"])
+    expect(phone.locator("#photo-input")).to_have_attribute("accept", "image/*")
+    expect(phone.locator("#photo-input")).to_have_attribute("capture", "user")
+    expect(phone.locator("#prompt-field")).to_be_visible()
+    # The photo comes before the prompt.
+    assert phone.evaluate("""() => document.querySelector('#photo-field')
+        .compareDocumentPosition(document.querySelector('#prompt')) & Node.DOCUMENT_POSITION_FOLLOWING""")
+    # A photo is required.
+    phone.fill("#nickname", "snap")
+    phone.fill("#prompt", "me as a pirate captain")
+    phone.click("#go")
+    expect(phone.locator("#form-error")).to_have_text(EN["p.error.photo"])
+    assert_fits(phone, "the photo form at 360 px")
+    shot(phone, "participant-photo-empty")
+
+    # The camera button opens the file chooser.
+    with phone.expect_file_chooser() as chooser:
+        take.click()
+    assert chooser.value.element.get_attribute("id") == "photo-input"
+    chooser.value.set_files(str(PHOTO))
+    preview = phone.locator("#photo-img")
+    expect(phone.locator("#photo-preview")).to_be_visible()
+    expect(take).to_be_hidden()
+    expect(phone.locator("#photo-retake")).to_have_text(EN["p.retake"])
+    wait_for("the preview to load", lambda: preview.evaluate("i => i.complete && i.naturalWidth > 0"), 10)
+    # Upright (orientation 6: the 1200x900 landscape file is a portrait) and
+    # already 512 px on its long side.
+    size = preview.evaluate("i => [i.naturalWidth, i.naturalHeight]")
+    assert size == [384, 512], f"the preview is {size}, not the upright 384x512"
+    expect(phone.locator("#photo-size")).to_have_text(EN["p.photoSize"].format(w=384, h=512))
+    # Retake, and the same photo again (by the input, as a test can).
+    phone.click("#photo-retake")
+    phone.locator("#photo-input").set_input_files(str(PHOTO))
+    expect(phone.locator("#photo-preview")).to_be_visible()
+    wait_for("the preview to load", lambda: preview.evaluate("i => i.complete && i.naturalWidth > 0"), 10)
+    expect(phone.locator("#form-error")).to_be_hidden()
+    expect(phone.locator("#prompt")).to_have_value("me as a pirate captain")
+    assert_fits(phone, "the photo preview at 360 px")
+    shot(phone, "participant-photo-preview")
+
+    # Sent slowly (8 KB/s up), so the progress bar can be seen moving.
+    cdp = phone.context.new_cdp_session(phone)
+    cdp.send("Network.enable")
+    cdp.send("Network.emulateNetworkConditions", {
+        "offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": 8 * 1024})
+    with phone.expect_response(lambda r: r.url.endswith("/photo") and r.request.method == "POST",
+                               timeout=RESULT_WAIT) as stored:
+        phone.click("#go")
+        expect(phone.locator("#upload")).to_be_visible()
+        expect(phone.locator("#upload-text")).to_contain_text(EN["p.uploading"].split("…")[0])
+        phone.wait_for_function("() => document.querySelector('#upload-progress').value > 0", timeout=RESULT_WAIT)
+        shot(phone, "participant-photo-uploading", settle=False)
+    cdp.send("Network.emulateNetworkConditions", {
+        "offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
+    answer = stored.value
+    assert answer.status == 201, f"{answer.status} {answer.text()}"
+    body = answer.json()
+    assert max(body["width"], body["height"]) == 512 and (body["width"], body["height"]) == (384, 512), body
+
+    # What crossed the network: one upload, a JPEG already 384x512 (the
+    # browser's work, not the server's), far below the 1200x900 file.
+    assert len(posts) == 1, f"one upload, got {len(posts)}"
+    key, sent = posts[0]
+    assert key and re.fullmatch(r"[0-9a-f-]{36}", key), key
+    original = PHOTO.stat().st_size
+    if sent is not None:
+        assert jpeg_size(sent) == (384, 512), f"the upload is {jpeg_size(sent)}, not 384x512"
+        assert len(sent) < original / 2, f"the upload ({len(sent)} B) is not far below the file ({original} B)"
+        assert b"Exif" not in sent[:200], "the upload still carries the file's EXIF (GPS)"
+    assert body["bytes"] < original, body
+    # The photo's id and key are kept for a reload (no second upload).
+    kept = phone.evaluate(f"() => JSON.parse(sessionStorage.getItem('stagehand:p:{slug}:photo'))")
+    assert kept["id"] == body["photo_id"] and kept["key"] == key, kept
+
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    expect(phone.locator("#upload")).to_be_hidden()
+    expect(phone.locator("#result-content figcaption")).to_contain_text("me as a pirate captain")
+    img = phone.locator("#result-content img")
+    expect(img).to_have_count(1)
+    assert re.fullmatch(r"/media/r/[0-9a-f]{32}\.\w+", img.get_attribute("src")), img.get_attribute("src")
+    wait_for("the result image to load on the phone", lambda: images_loaded(phone, "#result-content img"), 10)
+    shot(phone, "participant-photo-result")
+    sagas = [s for s in env.server.sagas(experience=slug) if s["nickname"] == "snap"]
+    assert len(sagas) == 1, sagas
+
+    expect(display.locator("#latest-nickname")).to_have_text("snap", timeout=RESULT_WAIT)
+    shown = display.locator("#latest-content img")
+    expect(shown).to_have_count(1)
+    wait_for("the result image to load on the display", lambda: images_loaded(display, "#latest-content img"), 10)
+    assert shown.evaluate("i => i.naturalWidth") > 0
+    expect(display.locator("#latest-content .img-missing")).to_have_count(0)
+    shot(display, "terminal-photo-result")
+
+    # Play again: a new photo is asked for.
+    phone.click("#play-again")
+    expect(take).to_be_visible()
+    expect(phone.locator("#photo-preview")).to_be_hidden()
+
+
+def test_photo_reload_does_not_upload_twice(env):
+    """The photo is uploaded, then the page is reloaded before the
+    submission is answered: the submission goes again with its key and the
+    same photo_id, and the photo is not uploaded a second time."""
+    slug, _ = photo_experience(env)
+    phone = env.phone()
+    posts = photo_posts(phone)
+    submissions = []
+    held = []
+
+    def hold(route):  # never answered: the reload comes first
+        submissions.append(route.request.headers.get("idempotency-key"))
+        held.append(route)
+
+    phone.route("**/api/sessions/*/submission", hold)
+    phone.goto(f"/p/{slug}")
+    expect(phone.locator("#view-form")).to_be_visible()
+    phone.fill("#nickname", "reloader")
+    phone.fill("#prompt", "a knight in shining armour")
+    phone.locator("#photo-input").set_input_files(str(PHOTO))
+    expect(phone.locator("#photo-preview")).to_be_visible()
+    phone.click("#go")
+    wait_for("the submission to be sent", lambda: submissions, 15)
+    phone.unroute("**/api/sessions/*/submission")
+    phone.route("**/api/sessions/*/submission",
+                lambda route: (submissions.append(route.request.headers.get("idempotency-key")), route.continue_()))
+    phone.reload()
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    assert len(posts) == 1, f"the photo was uploaded {len(posts)} times"
+    assert len(submissions) == 2 and len(set(submissions)) == 1, f"the retry must reuse its key: {submissions}"
+    sagas = [s for s in env.server.sagas(experience=slug) if s["nickname"] == "reloader"]
+    assert len(sagas) == 1, sagas
+
+
+def test_photo_refusal_keeps_the_prompt(env):
+    """A text file chosen as the photo: the browser cannot draw it, so it is
+    sent as it is and the server refuses it (415); the phone says so in
+    plain words, asks for another photo and keeps what was typed."""
+    slug, _ = photo_experience(env)
+    phone = env.phone()
+    statuses = []
+    phone.on("response", lambda r: statuses.append(r.status) if r.url.endswith("/photo") else None)
+    phone.goto(f"/p/{slug}")
+    expect(phone.locator("#view-form")).to_be_visible()
+    phone.fill("#nickname", "typist")
+    phone.fill("#prompt", "a castle made of clouds")
+    phone.locator("#photo-input").set_input_files(
+        {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not a photo at all\n" * 20})
+    expect(phone.locator("#photo-preview")).to_be_visible()
+    expect(phone.locator("#photo-noview")).to_be_visible()
+    expect(phone.locator("#photo-name")).to_have_text("notes.txt")
+    phone.click("#go")
+    error = phone.locator("#form-error")
+    expect(error).to_have_text(EN["p.error.unsupported_media_type"], timeout=RESULT_WAIT)
+    assert statuses == [415], statuses
+    expect(phone.locator("#prompt")).to_have_value("a castle made of clouds")
+    expect(phone.locator("#prompt")).to_be_enabled()
+    expect(phone.locator("#photo-take")).to_be_visible()  # another photo, please
+    expect(phone.locator("#go")).to_have_text(EN["p.submit"])
+    expect(phone.locator("#upload")).to_be_hidden()
+    assert_fits(phone, "the refused photo at 360 px")
+    shot(phone, "participant-photo-refused")
+    # A real photo then goes through, in the same session.
+    phone.locator("#photo-input").set_input_files(str(PHOTO))
+    expect(phone.locator("#photo-img")).to_be_visible()
+    phone.click("#go")
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    assert statuses == [415, 201], statuses
+
+
 def test_no_page_errors(env):
     """No page threw an uncaught JavaScript error in any of the tests."""
     assert not env.console_errors, "\n".join(env.console_errors)
@@ -1404,6 +1634,9 @@ TESTS = [
     test_javascript_urls_from_the_provider_are_never_links,
     test_out_of_quota_and_a_model_shutdown_are_shown,
     test_ops_cannot_be_framed,
+    test_photo_is_resized_uploaded_and_shown,
+    test_photo_reload_does_not_upload_twice,
+    test_photo_refusal_keeps_the_prompt,
     test_docs_screenshots,
     test_no_page_errors,
 ]

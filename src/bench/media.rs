@@ -1,0 +1,304 @@
+//! The media figures of `stagehand bench` (`--media`): one server on SQLite
+//! with the simulator, as a user runs them, and photo uploads through HTTP.
+//! - CPU-ms of the server per upload of a 1.5 MP and of a 12 MP JPEG
+//!   (photo-like pictures made here), and 1.5 MP uploads per second;
+//! - peak RSS (VmHWM) during 50 concurrent 12 MP uploads, against the
+//!   resident set before them, with the photo pool's size;
+//! - the keep stage per result (the server's `stagehand_keep_seconds`
+//!   histogram, download and store);
+//! - the bytes a display downloads for 1,000 results (the thumbnail where
+//!   one is kept) against the full files;
+//! - the 202's p99 of prompt-only submissions alone and during a burst of
+//!   12 MP uploads, and their ratio.
+
+use std::path::Path;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use super::load::{self, Builds, Session, Stack};
+use super::sockets::status_kib;
+
+/// Uploads of the 1.5 MP photo timed for CPU and rate.
+const SMALL_UPLOADS: usize = 200;
+/// Uploads of the 12 MP photo timed for CPU.
+const LARGE_UPLOADS: usize = 20;
+/// Concurrent uploads in the burst whose peak RSS is read.
+const BURST: usize = 50;
+/// Prompt-only submissions timed for the 202's p99, alone and in a burst.
+const PROMPTS: usize = 400;
+/// Results whose display bytes are summed.
+const RESULTS: usize = 40;
+
+/// What the measurement gave.
+#[derive(Debug, Clone, Default)]
+pub struct MediaFigures {
+    pub photo_workers: usize,
+    pub cpu_ms_small: f64,
+    pub cpu_ms_large: f64,
+    pub small_per_s: f64,
+    pub rss_before_kib: u64,
+    pub rss_peak_kib: u64,
+    /// Of the burst: stored, and refused 503 (the pool was full).
+    pub burst_stored: usize,
+    pub burst_refused: usize,
+    pub keep_ms_mean: f64,
+    pub keep_results: u64,
+    pub display_bytes_per_1000: u64,
+    pub full_bytes_per_1000: u64,
+    pub p99_alone_ms: f64,
+    pub p99_burst_ms: f64,
+}
+
+/// Runs the measurement; Err says what failed.
+pub(super) async fn run(builds: Builds<'_>, dir: &Path, server_args: &[String]) -> Result<MediaFigures, String> {
+    let logs = super::logs_dir(dir);
+    let db_dir = dir.join("db-media");
+    std::fs::create_dir_all(&db_dir).map_err(|e| format!("create {}: {e}", db_dir.display()))?;
+    let database_url = format!("sqlite://{}/bench.db?mode=rwc", db_dir.display());
+    let stack = load::start_stack(
+        builds,
+        &database_url,
+        &load::instant_ai(),
+        server_args,
+        &logs.join("media-sim.log"),
+        &logs.join("media-server.log"),
+        64,
+    )
+    .await?;
+    let small = Arc::new(photo_jpeg(1500, 1000));
+    let large = Arc::new(photo_jpeg(4000, 3000));
+    let mut figures = MediaFigures {
+        photo_workers: std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
+        ..MediaFigures::default()
+    };
+    let pid = stack.server.child.id();
+    let photo_booth = experience(&stack, "photo").await?;
+    eprintln!("  media: {SMALL_UPLOADS} uploads of a 1.5 MP JPEG ({} KB)", small.len() / 1024);
+    let (cpu_ms, per_s) = timed_uploads(&stack, &photo_booth, small.clone(), SMALL_UPLOADS, 4).await?;
+    (figures.cpu_ms_small, figures.small_per_s) = (cpu_ms, per_s);
+    eprintln!("  media: {LARGE_UPLOADS} uploads of a 12 MP JPEG ({} KB)", large.len() / 1024);
+    figures.cpu_ms_large = timed_uploads(&stack, &photo_booth, large.clone(), LARGE_UPLOADS, 2).await?.0;
+    figures.rss_before_kib = status_kib(pid, "VmRSS")?;
+    let burst = uploads(&stack, &photo_booth, large.clone(), BURST, BURST).await?;
+    figures.rss_peak_kib = status_kib(pid, "VmHWM")?;
+    figures.burst_stored = burst.iter().filter(|s| **s == StatusCode::CREATED).count();
+    figures.burst_refused = burst.iter().filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE).count();
+    display_bytes(&stack, &photo_booth, &small, &mut figures).await?;
+    let prompt_booth = experience(&stack, "prompt").await?;
+    figures.p99_alone_ms = prompt_p99(&stack, &prompt_booth, None).await?;
+    figures.p99_burst_ms = prompt_p99(&stack, &prompt_booth, Some((&photo_booth, large))).await?;
+    Ok(figures)
+}
+
+/// A photo-like JPEG (smooth light, texture and edges, so it compresses
+/// like a photo) of `width` × `height`.
+pub fn photo_jpeg(width: u32, height: u32) -> Vec<u8> {
+    let picture = image::RgbImage::from_fn(width, height, |x, y| {
+        let noise = ((x.wrapping_mul(2_654_435_761) ^ y.wrapping_mul(40_503)) >> 13) % 24;
+        let r = (x * 255 / width) as u8;
+        let g = (y * 255 / height) as u8;
+        let b = (((x / 40 + y / 40) % 2) * 120) as u8;
+        image::Rgb([r.saturating_add(noise as u8), g.saturating_add(noise as u8 / 2), b.saturating_add(noise as u8)])
+    });
+    let mut out = Vec::new();
+    let mut encoder = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90);
+    // A picture made here is always encodable.
+    encoder.encode_image(&picture).ok();
+    out
+}
+
+/// An experience with `input` (`photo` or `prompt`) and one terminal.
+struct Booth {
+    slug: String,
+    terminal: String,
+}
+
+async fn experience(stack: &Stack, input: &str) -> Result<Booth, String> {
+    let body = json!({"title": "Media bench", "kind": "image", "input": input, "max_in_flight": 1000});
+    let (slug, terminals) = load::create_terminals(&stack.client, &stack.base, &stack.operator, body, 1).await?;
+    let terminal = terminals.into_iter().next().map(|t| t.id).ok_or("no terminal was made")?;
+    Ok(Booth { slug, terminal })
+}
+
+async fn sessions(stack: &Stack, booth: &Booth, n: usize) -> Result<Vec<Session>, String> {
+    let ids = vec![booth.terminal.clone()];
+    let made = Arc::new(AtomicUsize::new(0));
+    load::create_sessions(&stack.client, &stack.base, &booth.slug, ids, n, 16, made).await
+}
+
+/// Uploads `photo` once for each of `n` fresh sessions, `concurrency` at a
+/// time: the status of each.
+async fn uploads(stack: &Stack, booth: &Booth, photo: Arc<Vec<u8>>, n: usize, concurrency: usize) -> Result<Vec<StatusCode>, String> {
+    let sessions = Arc::new(sessions(stack, booth, n).await?);
+    let (client, base) = (stack.client.clone(), stack.base.clone());
+    let answers = load::in_workers(n, concurrency, move |i| {
+        let (client, base, photo, sessions) = (client.clone(), base.clone(), photo.clone(), sessions.clone());
+        async move { upload(&client, &base, &sessions[i], photo.to_vec()).await.map(|(status, _)| status) }
+    })
+    .await;
+    answers.into_iter().collect()
+}
+
+async fn upload(client: &reqwest::Client, base: &str, session: &Session, photo: Vec<u8>) -> Result<(StatusCode, Value), String> {
+    let resp = client
+        .post(format!("{base}/api/sessions/{}/photo", session.id))
+        .bearer_auth(&session.token)
+        .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+        .body(photo)
+        .send()
+        .await
+        .map_err(|e| format!("upload: {}", load::with_causes(&e)))?;
+    let status = resp.status();
+    Ok((status, resp.json().await.unwrap_or(Value::Null)))
+}
+
+/// The server's CPU-ms per upload and uploads per second, for `n` uploads
+/// `concurrency` at a time (all must be stored).
+async fn timed_uploads(stack: &Stack, booth: &Booth, photo: Arc<Vec<u8>>, n: usize, concurrency: usize) -> Result<(f64, f64), String> {
+    let pid = stack.server.child.id();
+    let before = super::cpu::process_ticks(&pid.to_string());
+    let started = Instant::now();
+    let answers = uploads(stack, booth, photo, n, concurrency).await?;
+    let took = started.elapsed();
+    let ticks = super::cpu::process_ticks(&pid.to_string()) - before;
+    let refused = answers.iter().filter(|s| **s != StatusCode::CREATED).count();
+    if refused > 0 {
+        return Err(format!("{refused} of {n} uploads were not stored: {:?}", answers.iter().find(|s| **s != StatusCode::CREATED)));
+    }
+    // The sessions were made inside the timed span too: a few ms each at
+    // most, against tens per photo.
+    Ok((ticks as f64 * 10.0 / n as f64, n as f64 / took.as_secs_f64()))
+}
+
+/// Runs [`RESULTS`] photo sagas to their end and sums what a display
+/// downloads (each result's thumbnail, else its file) against the full
+/// files; reads the keep stage's mean from the server's metrics.
+async fn display_bytes(stack: &Stack, booth: &Booth, photo: &[u8], figures: &mut MediaFigures) -> Result<(), String> {
+    let sessions = sessions(stack, booth, RESULTS).await?;
+    for session in &sessions {
+        let (status, body) = upload(&stack.client, &stack.base, session, photo.to_vec()).await?;
+        if status != StatusCode::CREATED {
+            return Err(format!("upload for the results: {status} {body}"));
+        }
+        load::submit(&stack.client, &stack.base, session, &json!({"photo_id": body["photo_id"]}))
+            .await
+            .map_err(|e| format!("submission: {e}"))?;
+    }
+    let (mut shown, mut full) = (0u64, 0u64);
+    for session in &sessions {
+        let content = completed_content(stack, session).await?;
+        let url = content["url"].as_str().unwrap_or_default();
+        let thumb = content["thumb_url"].as_str().unwrap_or(url);
+        full += fetched_bytes(stack, url).await?;
+        shown += fetched_bytes(stack, thumb).await?;
+    }
+    figures.display_bytes_per_1000 = shown * 1000 / RESULTS as u64;
+    figures.full_bytes_per_1000 = full * 1000 / RESULTS as u64;
+    let metrics = stack
+        .client
+        .get(format!("{}/metrics", stack.base))
+        .bearer_auth(&stack.operator)
+        .send()
+        .await
+        .map_err(|e| format!("metrics: {e}"))?
+        .text()
+        .await
+        .unwrap_or_default();
+    let read = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let (sum, count) = (read("stagehand_keep_seconds_sum"), read("stagehand_keep_seconds_count"));
+    figures.keep_results = count as u64;
+    figures.keep_ms_mean = if count > 0.0 { sum * 1000.0 / count } else { f64::NAN };
+    Ok(())
+}
+
+/// The first content item of `session` once it completed (30 s at most).
+async fn completed_content(stack: &Stack, session: &Session) -> Result<Value, String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body: Value = stack
+            .client
+            .get(format!("{}/api/sessions/{}", stack.base, session.id))
+            .bearer_auth(&session.token)
+            .send()
+            .await
+            .map_err(|e| format!("session: {e}"))?
+            .json()
+            .await
+            .map_err(|e| format!("session: {e}"))?;
+        match body["status"].as_str() {
+            Some("COMPLETED") => return Ok(body["result"]["content"][0].clone()),
+            Some("ABORTED") => return Err(format!("a photo saga aborted: {body}")),
+            _ if Instant::now() > deadline => return Err(format!("a photo saga did not complete: {body}")),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn fetched_bytes(stack: &Stack, path: &str) -> Result<u64, String> {
+    let bytes = stack
+        .client
+        .get(format!("{}{path}", stack.base))
+        .send()
+        .await
+        .map_err(|e| format!("GET {path}: {e}"))?
+        .bytes()
+        .await
+        .map_err(|e| format!("GET {path}: {e}"))?;
+    Ok(bytes.len() as u64)
+}
+
+/// The 202's p99 (ms) of [`PROMPTS`] prompt-only submissions, 8 at a time;
+/// with `burst`, while 12 MP uploads to that experience run 8 at a time.
+async fn prompt_p99(stack: &Stack, booth: &Booth, burst: Option<(&Booth, Arc<Vec<u8>>)>) -> Result<f64, String> {
+    let sessions = Arc::new(sessions(stack, booth, PROMPTS).await?);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let uploader = match burst {
+        Some((photo_booth, photo)) => {
+            let upload_sessions = Arc::new(sessions_for_burst(stack, photo_booth).await?);
+            let (client, base, stop) = (stack.client.clone(), stack.base.clone(), stop.clone());
+            Some(tokio::spawn(async move {
+                let mut i = 0usize;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let round: Vec<_> = (0..8)
+                        .map(|k| upload(&client, &base, &upload_sessions[(i + k) % upload_sessions.len()], photo.to_vec()))
+                        .collect();
+                    futures_util::future::join_all(round).await;
+                    i += 8;
+                }
+            }))
+        }
+        None => None,
+    };
+    let (client, base) = (stack.client.clone(), stack.base.clone());
+    let timings = load::in_workers(PROMPTS, 8, move |i| {
+        let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
+        async move {
+            let started = Instant::now();
+            load::submit(&client, &base, &sessions[i], &json!({"prompt": format!("bench {i}")}))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<f64, String>(load::ms(started.elapsed()))
+        }
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(task) = uploader {
+        task.await.ok();
+    }
+    let mut timings = timings.into_iter().collect::<Result<Vec<f64>, String>>()?;
+    Ok(load::percentile(&mut timings, 0.99))
+}
+
+async fn sessions_for_burst(stack: &Stack, booth: &Booth) -> Result<Vec<Session>, String> {
+    sessions(stack, booth, 64).await
+}
