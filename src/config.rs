@@ -311,6 +311,7 @@ impl Config {
             chat_model: None,
             image_model: None,
             image_size: None,
+            photo_input: None,
         }])
     }
 
