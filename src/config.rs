@@ -333,6 +333,7 @@ impl Config {
             image_model: None,
             image_size: None,
             result_origins: Vec::new(),
+            photo_input: None,
         }])
     }
 

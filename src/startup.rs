@@ -702,6 +702,10 @@ fn replicate_provider(spec: &ProviderSpec, key: Option<ApiKey>) -> AiProvider {
             .unwrap_or_else(|| replicate::DEFAULT_BASE_URL.to_owned()),
         model: spec.model.clone(),
         version: spec.version.clone(),
+        photo_input: spec
+            .photo_input
+            .clone()
+            .unwrap_or_else(|| replicate::DEFAULT_PHOTO_INPUT.to_owned()),
         ..ReplicateSettings::new(key)
     };
     let client = ReplicateClient::new(&settings);
@@ -710,6 +714,7 @@ fn replicate_provider(spec: &ProviderSpec, key: Option<ApiKey>) -> AiProvider {
         base_url = %redact(client.base_url()),
         model = ?spec.model,
         version = ?spec.version,
+        photo_input = %settings.photo_input,
         api_key = if client.has_key() { "set" } else { "unset" },
         "AI provider: Replicate predictions API"
     );

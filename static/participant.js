@@ -211,6 +211,14 @@
     if (blob) photoData = { ref: photo.ref, blob, url: photo.raw ? null : kept.url };
   }
 
+  // After a reload: the photo as this tab kept it. One the server has
+  // (photo_id) counts even without its bytes; one it has not and whose
+  // bytes are gone is forgotten (the guest takes it again).
+  function restorePhoto() {
+    restorePhotoData();
+    if (photo && !photoData && !photo.id) forgetPhoto();
+  }
+
   function showPhoto() {
     const has = Boolean(photo);
     $("photo-take").hidden = has || Boolean(preparing);
@@ -230,6 +238,7 @@
     // A photo uploaded before a reload whose bytes this tab did not keep
     // still counts: the server has it.
     $("photo-noview").hidden = Boolean(url);
+    $("photo-noview-text").textContent = SH.t(photo.raw ? "p.photoNoPreview" : "p.photoReady");
     $("photo-name").textContent = photo.name || "";
     $("photo-size").textContent = photo.width && photo.height && !photo.raw
       ? SH.t("p.photoSize", { w: photo.width, h: photo.height })
@@ -281,6 +290,12 @@
 
   function takePhoto() {
     if (busy || pending()) return;
+    // A phone short of memory may reload the page behind its camera: what
+    // was typed is kept first.
+    if (!st.session) st.nickname = $("nickname").value.trim();
+    st.prompt = $("prompt").value;
+    st.score = $("score").value.trim() || null;
+    persist();
     $("photo-input").click();
   }
 
@@ -525,7 +540,7 @@
   }
 
   function onSendError(err) {
-    if (err.photo && err instanceof SH.ApiError && err.code === "idempotency_key_reused") {
+    if (err.photo && photo && err instanceof SH.ApiError && err.code === "idempotency_key_reused") {
       // Its key was spent on other bytes: the next try sends under a new one.
       photo.key = SH.uuid();
       savePhoto();
@@ -842,7 +857,7 @@
     $("photo-take").addEventListener("click", takePhoto);
     $("photo-retake").addEventListener("click", retake);
     $("photo-input").addEventListener("change", onPhotoChosen);
-    restorePhotoData();
+    restorePhoto();
     document.addEventListener("visibilitychange", () => {
       if (!document.hidden && pollTimer) poll();
     });

@@ -19,6 +19,9 @@
 //!   answers are retried with the same key and not counted; a wrong key is a
 //!   rejected request; the key never reaches a log line (this binary
 //!   captures every log at DEBUG). On SQLite and PostgreSQL.
+//! - The participant's photo, through the adapter itself: an image order
+//!   is a multipart image edit with the exact JPEG; a text order sends it
+//!   as a chat image part.
 
 mod support;
 
@@ -30,9 +33,11 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use chrono::Days;
-use fake_openai::{FakeOpenAi, Recorded, Scripted, Use, Wait, CHAT_PATH, IMAGES_PATH};
+use fake_openai::{FakeOpenAi, Recorded, Scripted, Use, Wait, CHAT_PATH, EDITS_PATH, IMAGES_PATH};
 use serde_json::{json, Value};
-use stagehand::ai::{ApiKey, ProviderKind};
+use stagehand::ai::{
+    ApiKey, InputPhoto, JobOrder, JobStatus, OpenAiClient, OpenAiSettings, ProviderKind,
+};
 use support::{fast_sim, wait_for, Backend, TestApp, TestDb, OPERATOR};
 
 const KEY: &str = "sk-fake-KEY-7d1e0c5a9b3f4e21";
@@ -714,6 +719,202 @@ async fn every_request_carries_the_sessions_safety_identifier(backend: Backend) 
     assert_key_not_logged(&logs);
 }
 db_test!(every_request_carries_the_sessions_safety_identifier);
+
+// ---------------------------------------------------------------- the photo
+
+/// A JPEG's bytes as far as a fake can tell (its first bytes and last
+/// two), with `len` bytes of a pattern between.
+fn jpeg_bytes(len: usize, seed: u8) -> Vec<u8> {
+    let mut bytes = vec![
+        0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x10, b'J', b'F', b'I', b'F', 0x00,
+    ];
+    bytes.extend((0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)));
+    bytes.extend([0xFF, 0xD9]);
+    bytes
+}
+
+/// The adapter itself on the fake, with the models the tests configure.
+fn adapter(fake: &FakeOpenAi) -> OpenAiClient {
+    OpenAiClient::new(&OpenAiSettings {
+        base_url: fake.v1(),
+        api_key: Some(ApiKey::new(KEY)),
+        chat_model: CHAT_MODEL.into(),
+        image_model: IMAGE_MODEL.into(),
+        image_size: "1024x1536".into(),
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(10),
+    })
+}
+
+/// An order of `kind` for a session, with a photo (a stored JPEG; its URL
+/// is set, and OpenAI is sent the bytes all the same).
+fn order_with_photo(kind: &str, prompt: &str, photo: &[u8]) -> JobOrder {
+    let mut order = JobOrder::for_call(kind, prompt, "session-photo", None, uuid::Uuid::new_v4());
+    order.input = Some(InputPhoto {
+        url: Some("https://booth.example/media/p1.jpg?sig=abc".into()),
+        bytes: bytes::Bytes::from(photo.to_vec()),
+        content_type: "image/jpeg".into(),
+    });
+    order
+}
+
+/// An image order with a photo is an image edit: one multipart
+/// `POST /v1/images/edits` whose `image` part is exactly the stored JPEG
+/// (file name, media type), with the prompt, model, `n`, size and the
+/// session's digest as `user`; no generation; the answer read like a
+/// generation's (the fake's base64 PNG).
+#[actix_web::test]
+async fn an_image_order_with_a_photo_is_an_edit_of_that_photo() {
+    let fake = FakeOpenAi::start(KEY);
+    let photo = jpeg_bytes(40_000, 3);
+    let order = order_with_photo("image", "me as an astronaut", &photo);
+    let view = adapter(&fake).submit(&order).await.expect("an answer");
+    let edits = fake.seen(EDITS_PATH);
+    assert_eq!(edits.len(), 1, "{}", summary(&fake.requests()));
+    assert_eq!(
+        view.status,
+        JobStatus::Succeeded,
+        "{view:?}\n{}",
+        summary(&edits)
+    );
+    let result = view.result.expect("a result");
+    assert_eq!(
+        result.content[0].url.as_deref(),
+        Some(format!("data:image/png;base64,{}", fake_openai::PNG_B64).as_str())
+    );
+    let edit = &edits[0];
+    let image = edit.part("image").expect("an image part");
+    assert!(
+        image.bytes == photo,
+        "the image part is the stored JPEG, byte for byte"
+    );
+    assert_eq!(image.filename.as_deref(), Some("photo.jpg"));
+    assert_eq!(image.content_type.as_deref(), Some("image/jpeg"));
+    let text = |name: &str| edit.part(name).map(|p| p.text());
+    assert_eq!(text("prompt").as_deref(), Some("me as an astronaut"));
+    assert_eq!(text("model").as_deref(), Some(IMAGE_MODEL));
+    assert_eq!(text("n").as_deref(), Some("1"));
+    assert_eq!(text("size").as_deref(), Some("1024x1536"));
+    assert_eq!(text("user"), Some(order.safety_id.clone()));
+    assert!(
+        fake.seen(IMAGES_PATH).is_empty(),
+        "an edit, not a generation"
+    );
+    // A comic wraps the words as a generation does.
+    let comic = order_with_photo("comic", "a day at the beach", &photo);
+    adapter(&fake).submit(&comic).await.expect("an answer");
+    let prompt = fake.seen(EDITS_PATH)[1].part("prompt").unwrap().text();
+    assert!(
+        prompt.starts_with("A four-panel comic strip") && prompt.ends_with("a day at the beach"),
+        "{prompt}"
+    );
+    fake.stop().await;
+}
+
+/// A text order with a photo sends it in the user message as a
+/// chat-completions image input: a text part with the prompt and an
+/// `image_url` part whose data URL is the stored JPEG.
+#[actix_web::test]
+async fn a_text_order_with_a_photo_sends_it_as_an_image_part() {
+    use base64::Engine;
+    let fake = FakeOpenAi::start(KEY);
+    let photo = jpeg_bytes(5_000, 9);
+    let order = order_with_photo("music", "my face as a song", &photo);
+    let view = adapter(&fake).submit(&order).await.expect("an answer");
+    assert_eq!(view.status, JobStatus::Succeeded, "{view:?}");
+    let chats = fake.seen(CHAT_PATH);
+    assert_eq!(chats.len(), 1);
+    let content = &chats[0].body["messages"][1]["content"];
+    assert_eq!(
+        content[0],
+        json!({"type": "text", "text": "my face as a song"})
+    );
+    assert_eq!(content[1]["type"], "image_url", "{content}");
+    let url = content[1]["image_url"]["url"].as_str().expect("a URL");
+    let data = url
+        .strip_prefix("data:image/jpeg;base64,")
+        .unwrap_or_else(|| panic!("a JPEG data URL: {}", &url[..40.min(url.len())]));
+    let sent = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .expect("base64");
+    assert!(sent == photo, "the data URL carries the stored JPEG");
+    assert_eq!(
+        view.result.unwrap().content[0].text.as_deref(),
+        Some("A song about my face as a song")
+    );
+    fake.stop().await;
+}
+
+/// The fake's image edit keeps to the reference: a multipart form with an
+/// image file part; no `safety_identifier` (unknown there), no missing
+/// image, no file that is not a png, webp or jpg, no JSON body.
+#[actix_web::test]
+async fn the_fake_takes_an_image_edit_as_documented() {
+    use reqwest::multipart::{Form, Part};
+    let fake = FakeOpenAi::start(KEY);
+    let http = support::http_client();
+    let form = |image: Option<Vec<u8>>, extra: &[(&'static str, &'static str)]| {
+        let mut form = Form::new()
+            .text("model", IMAGE_MODEL)
+            .text("prompt", "me as a cat");
+        if let Some(bytes) = image {
+            let part = Part::bytes(bytes)
+                .file_name("photo.jpg")
+                .mime_str("image/jpeg")
+                .unwrap();
+            form = form.part("image", part);
+        }
+        for (name, value) in extra {
+            form = form.text(*name, *value);
+        }
+        form
+    };
+    let send = |form: Form| {
+        let request = http
+            .post(format!("{}{EDITS_PATH}", fake.url))
+            .bearer_auth(KEY)
+            .multipart(form);
+        async move {
+            let resp = request.send().await.expect("POST the fake");
+            (
+                resp.status().as_u16(),
+                resp.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let jpeg = jpeg_bytes(100, 1);
+    let (status, body) = send(form(Some(jpeg.clone()), &[("n", "1"), ("user", "u")])).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"][0]["b64_json"], fake_openai::PNG_B64);
+    for (form, code) in [
+        (
+            form(Some(jpeg.clone()), &[("safety_identifier", "x")]),
+            "unknown_parameter",
+        ),
+        (form(None, &[]), "missing_required_parameter"),
+        (
+            form(Some(b"GIF89a not a jpeg".to_vec()), &[]),
+            "invalid_image_file",
+        ),
+        (form(Some(jpeg.clone()), &[("n", "11")]), "invalid_value"),
+    ] {
+        let (status, body) = send(form).await;
+        assert_eq!(
+            (status, &body["error"]["code"]),
+            (400, &json!(code)),
+            "{body}"
+        );
+    }
+    let json_edit = http
+        .post(format!("{}{EDITS_PATH}", fake.url))
+        .bearer_auth(KEY)
+        .json(&json!({"model": IMAGE_MODEL, "prompt": "p", "images": [{"image_url": "https://x/p.jpg"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(json_edit.status(), 400, "only the form is faked");
+    fake.stop().await;
+}
 
 // ---------------------------------------------------------------- start-up
 

@@ -17,7 +17,10 @@
 //!   does not know, naming it, and starts with one it knows;
 //! - through the adapter (`stagehand::ai::ReplicateClient`): every
 //!   documented status maps; creates carry only `input` (and `version`);
-//!   failures, moderation, auth, 429s, cancels and unclear creates.
+//!   failures, moderation, auth, 429s, cancels and unclear creates; the
+//!   participant's photo as a data URI (at most 256 KB), a Files-API
+//!   upload (larger) or its URL, under the configured field, and an
+//!   unclear create found by its photo.
 //!
 //! The token never reaches a log line (this test binary captures every log
 //! at DEBUG), an answer, a `Debug` output or a failure text.
@@ -540,6 +543,257 @@ async fn a_refused_connection_is_unavailable() {
     let failure = client.submit(&order("p")).await.unwrap_err();
     assert!(matches!(failure, AiFailure::Unavailable(_)), "{failure:?}");
     assert_no_key(&failure);
+}
+
+// ---------------------------------------------------------------- the photo
+
+/// A JPEG's bytes as far as anyone checks (its first and last bytes), of
+/// `len` bytes in all, the middle made from `seed`.
+fn jpeg_bytes(len: usize, seed: u8) -> Vec<u8> {
+    let mut bytes = vec![0xFF, 0xD8, 0xFF, 0xE0];
+    bytes.extend((4..len - 2).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)));
+    bytes.extend([0xFF, 0xD9]);
+    bytes
+}
+
+/// `order` with the participant's photo.
+fn with_photo(order: JobOrder, bytes: &[u8], url: Option<&str>) -> JobOrder {
+    JobOrder {
+        input: Some(stagehand::ai::InputPhoto {
+            url: url.map(str::to_owned),
+            bytes: bytes::Bytes::from(bytes.to_vec()),
+            content_type: "image/jpeg".into(),
+        }),
+        ..order
+    }
+}
+
+/// The bytes of a `data:image/jpeg;base64,…` input.
+fn data_uri_bytes(value: &Value) -> Vec<u8> {
+    use base64::Engine;
+    let text = value
+        .as_str()
+        .unwrap_or_else(|| panic!("a string: {value}"));
+    let data = text
+        .strip_prefix("data:image/jpeg;base64,")
+        .unwrap_or_else(|| panic!("a JPEG data URI: {}", &text[..text.len().min(60)]));
+    base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .expect("base64")
+}
+
+/// A photo of at most 256 KB goes inline as a data URI, under the field
+/// the providers file names (`photo_input`), and nothing is uploaded.
+#[actix_web::test]
+async fn a_small_photo_goes_as_a_data_uri_under_the_configured_field() {
+    captured();
+    let fake = fake_with_model().await;
+    let client = ReplicateClient::new(&ReplicateSettings {
+        photo_input: "input_image".into(),
+        ..settings(&fake)
+    });
+    let photo = jpeg_bytes(20_000, 1);
+    let created = client
+        .submit(&with_photo(order("me in a comic"), &photo, None))
+        .await
+        .expect("created");
+    let (_, done) = poll_until_final(&client, &created.job_id).await;
+    assert_eq!(done.status, JobStatus::Succeeded);
+    let input = &fake.creates()[0].body["input"];
+    assert_eq!(input["prompt"], "me in a comic");
+    assert!(
+        data_uri_bytes(&input["input_image"]) == photo,
+        "the data URI is the stored JPEG"
+    );
+    assert_eq!(
+        input.as_object().unwrap().len(),
+        2,
+        "only prompt and the configured field: {}",
+        input
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    assert!(fake.files().is_empty(), "nothing uploaded");
+    assert!(fake.requests_to("POST", "/v1/files").is_empty());
+    fake.stop().await;
+}
+
+/// A 300 KB photo (over the 256 KB of a data URI) is uploaded with the
+/// Files API (`content` part: the exact bytes, file name and type) and the
+/// input carries the file's `urls.get`.
+#[actix_web::test]
+async fn a_300_kb_photo_goes_through_the_files_api() {
+    captured();
+    let fake = fake_with_model().await;
+    let client = ReplicateClient::new(&settings(&fake));
+    let photo = jpeg_bytes(300 * 1024, 2);
+    let created = client
+        .submit(&with_photo(order("me in a comic"), &photo, None))
+        .await
+        .expect("created");
+    let (_, done) = poll_until_final(&client, &created.job_id).await;
+    assert_eq!(done.status, JobStatus::Succeeded);
+    let files = fake.files();
+    assert_eq!(files.len(), 1, "one upload");
+    assert!(files[0].bytes == photo, "the file is the stored JPEG");
+    assert_eq!(files[0].content_type, "image/jpeg");
+    assert_eq!(files[0].filename, "photo.jpg");
+    let uploads = fake.requests_to("POST", "/v1/files");
+    assert_eq!(uploads[0].status, Some(201));
+    let input = &fake.creates()[0].body["input"];
+    assert_eq!(
+        input,
+        &json!({"prompt": "me in a comic", "image": fake.file_url(&files[0].id)})
+    );
+    assert_key_not_logged();
+    fake.stop().await;
+}
+
+/// A photo with a URL (this server's signed URL) goes as that URL, however
+/// large, and nothing is uploaded.
+#[actix_web::test]
+async fn a_photo_with_a_url_goes_as_that_url() {
+    captured();
+    let fake = fake_with_model().await;
+    let client = ReplicateClient::new(&settings(&fake));
+    let url = "https://booth.example/media/p1.jpg?exp=1796461200&sig=abc";
+    client
+        .submit(&with_photo(
+            order("me"),
+            &jpeg_bytes(300 * 1024, 3),
+            Some(url),
+        ))
+        .await
+        .expect("created");
+    assert_eq!(
+        fake.creates()[0].body["input"],
+        json!({"prompt": "me", "image": url})
+    );
+    assert!(fake.files().is_empty(), "nothing uploaded");
+    fake.stop().await;
+}
+
+/// An unclear create whose input carries a photo is found by that photo:
+/// another guest's prediction with the same words and another photo, made
+/// earlier in the window, is not taken (it would be, as the older, if the
+/// photo were ignored). A Files-API photo is known by its checksum (the
+/// retry would upload it under a new URL) and the adoption uploads
+/// nothing.
+async fn an_unclear_create_with_a_photo_is_found_by_it(len: usize) {
+    captured();
+    let fake = fake_with_model().await;
+    fake.set_default_plan(Plan::hold());
+    let client = ReplicateClient::new(&settings(&fake));
+    let sent = now_ms();
+    let theirs = client
+        .submit(&with_photo(
+            order("me as a knight"),
+            &jpeg_bytes(len, 7),
+            None,
+        ))
+        .await
+        .expect("another guest's")
+        .job_id;
+    let ours = with_photo(order("me as a knight"), &jpeg_bytes(len, 8), None);
+    fake.push_create_faults([CreateFault::MadeThenLate(Duration::from_secs(2))]);
+    let unclear = client.submit(&ours).await.unwrap_err();
+    assert!(matches!(unclear, AiFailure::Unclear(_)), "{unclear:?}");
+    let made = fake
+        .predictions()
+        .into_iter()
+        .map(|p| p.id)
+        .find(|id| *id != theirs)
+        .expect("the unclear create made one");
+    let uploads = fake.files().len();
+    let adopted = client
+        .submit(&resent(&ours, sent, &[], false))
+        .await
+        .expect("found");
+    assert_eq!(adopted.job_id, made, "ours, not the other guest's {theirs}");
+    assert_eq!(adopted.lookup, Some(Lookup::Adopted));
+    assert_eq!(fake.predictions().len(), 2, "no prediction made again");
+    assert_eq!(fake.files().len(), uploads, "a look uploads nothing");
+    fake.cancel_all_running();
+    fake.stop().await;
+}
+
+#[actix_web::test]
+async fn an_unclear_create_with_a_data_uri_photo_is_found_by_it() {
+    an_unclear_create_with_a_photo_is_found_by_it(20_000).await;
+}
+
+#[actix_web::test]
+async fn an_unclear_create_with_an_uploaded_photo_is_found_by_its_checksum() {
+    an_unclear_create_with_a_photo_is_found_by_it(300 * 1024).await;
+}
+
+/// The fake takes file inputs as the reference has them: a Files-API
+/// upload needs its `content` (and answers the file, readable with
+/// `GET /v1/files/{id}`, 404 for another id); a data URL over 256 KB, or
+/// one that is not base64, and a Files-API URL of no file are refused.
+#[actix_web::test]
+async fn the_fake_takes_file_inputs_as_documented() {
+    use reqwest::multipart::{Form, Part};
+    let fake = fake_with_model().await;
+    let http = support::http_client();
+    let upload = |form: Form| {
+        http.post(format!("{}/v1/files", fake.url))
+            .bearer_auth(KEY)
+            .multipart(form)
+            .send()
+    };
+    let content = Part::bytes(b"\xff\xd8\xff hello".to_vec())
+        .file_name("photo.jpg")
+        .mime_str("image/jpeg")
+        .unwrap();
+    let created = upload(Form::new().part("content", content)).await.unwrap();
+    assert_eq!(created.status(), 201);
+    let file: Value = created.json().await.unwrap();
+    assert_eq!(file["content_type"], "image/jpeg");
+    assert_eq!(file["size"], 9);
+    assert_eq!(file["checksums"]["sha256"].as_str().map(str::len), Some(64));
+    let get = |url: String| http.get(url).bearer_auth(KEY).send();
+    let got = get(file["urls"]["get"].as_str().unwrap().to_owned())
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.json::<Value>().await.unwrap()["id"], file["id"]);
+    assert_eq!(
+        get(fake.file_url("nosuchfile")).await.unwrap().status(),
+        404
+    );
+    let no_content = upload(Form::new().text("filename", "x.jpg")).await.unwrap();
+    assert_eq!(no_content.status(), 422);
+    let create = |input: Value| {
+        http.post(format!("{}/v1/models/{MODEL}/predictions", fake.url))
+            .bearer_auth(KEY)
+            .json(&json!({ "input": input }))
+            .send()
+    };
+    let big = {
+        use base64::Engine;
+        let bytes = vec![1u8; fake_replicate::DATA_URI_MAX_BYTES + 1];
+        format!(
+            "data:image/jpeg;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        )
+    };
+    for input in [
+        json!({"prompt": "p", "image": big}),
+        json!({"prompt": "p", "image": "data:image/jpeg;base64,***"}),
+        json!({"prompt": "p", "image": fake.file_url("nosuchfile")}),
+    ] {
+        assert_eq!(create(input).await.unwrap().status(), 422);
+    }
+    let made = create(json!({"prompt": "p", "image": file["urls"]["get"]}))
+        .await
+        .unwrap();
+    assert_eq!(made.status(), 201);
+    fake.stop().await;
 }
 
 // ---------------------------------------------------------------- stagehand

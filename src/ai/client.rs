@@ -6,6 +6,11 @@
 //! result's URLs that the pages may not show (a `javascript:` link, any
 //! scheme but http(s)) are left out there too ([`leave_out_unshown_urls`],
 //! which every adapter calls).
+//!
+//! A participant's photo ([`JobOrder::input`]) reaches the job API as a URL
+//! it fetches: `params.input_url`, this server's signed URL of the photo.
+//! Without one (no `STAGEHAND_PUBLIC_URL`) the submit is refused before it
+//! is sent ([`submit_params`]).
 
 use std::time::Duration;
 
@@ -44,6 +49,34 @@ pub struct InputPhoto {
     /// The stored photo (a re-encoded JPEG, at most `photo_max_px`).
     pub bytes: bytes::Bytes,
     pub content_type: String,
+}
+
+impl InputPhoto {
+    /// The photo's media type; `image/jpeg` (what the photo store keeps)
+    /// when none is given.
+    pub fn media_type(&self) -> &str {
+        match self.content_type.trim() {
+            "" => "image/jpeg",
+            given => given,
+        }
+    }
+
+    /// A file name for a multipart part, its extension from the media
+    /// type (`photo.jpg`, `photo.png`, `photo.webp`).
+    pub fn file_name(&self) -> &'static str {
+        match self.media_type() {
+            "image/png" => "photo.png",
+            "image/webp" => "photo.webp",
+            _ => "photo.jpg",
+        }
+    }
+
+    /// The photo as a `data:<media type>;base64,…` URL.
+    pub fn data_url(&self) -> String {
+        use base64::Engine;
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&self.bytes);
+        format!("data:{};base64,{encoded}", self.media_type())
+    }
 }
 
 /// An earlier submit of an order's key may have made a job: its outcome
@@ -232,12 +265,14 @@ impl AiClient {
         &self.base_url
     }
 
-    /// POST {base}/v1/jobs with header Idempotency-Key, body {"kind","prompt","params"}.
+    /// POST {base}/v1/jobs with header Idempotency-Key, body {"kind","prompt","params"};
+    /// an order's photo goes as `params.input_url` ([`submit_params`]).
     pub async fn submit(&self, order: &JobOrder) -> Result<JobView, AiFailure> {
+        let params = submit_params(order)?;
         let body = SubmitBody {
             kind: &order.kind,
             prompt: &order.prompt,
-            params: &order.params,
+            params: &params,
         };
         let request = self
             .http
@@ -267,6 +302,41 @@ impl AiClient {
         ));
         exchange(request).await
     }
+}
+
+/// The `params` a submit sends: the order's, with `input_url` when the
+/// order carries a photo. The job API fetches the photo itself, so a photo
+/// without a URL it can reach (no `STAGEHAND_PUBLIC_URL`) cannot be sent:
+/// the submit is refused before anything is sent (`RequestRejected`: an
+/// attempt, and no job was made). Params that are not a JSON object
+/// cannot carry the field and are refused the same way.
+pub(crate) fn submit_params(
+    order: &JobOrder,
+) -> Result<std::borrow::Cow<'_, serde_json::Value>, AiFailure> {
+    use std::borrow::Cow;
+    let Some(photo) = &order.input else {
+        return Ok(Cow::Borrowed(&order.params));
+    };
+    let Some(url) = &photo.url else {
+        return Err(AiFailure::RequestRejected(
+            "the job API needs STAGEHAND_PUBLIC_URL to fetch the photo: this server has no URL the provider can reach".to_owned(),
+        ));
+    };
+    let mut params = match &order.params {
+        serde_json::Value::Null => serde_json::Map::new(),
+        serde_json::Value::Object(fields) => fields.clone(),
+        _ => {
+            return Err(AiFailure::RequestRejected(
+                "the order's params are not a JSON object, so they cannot carry input_url"
+                    .to_owned(),
+            ))
+        }
+    };
+    params.insert(
+        "input_url".to_owned(),
+        serde_json::Value::String(url.clone()),
+    );
+    Ok(Cow::Owned(serde_json::Value::Object(params)))
 }
 
 /// reqwest is built with `rustls-no-provider`: building a client without a
@@ -845,6 +915,126 @@ mod tests {
         let failure = transport_failure(client(&format!("http://{addr}")).submit(&order).await);
         assert!(matches!(&failure, AiFailure::Unclear(_)), "{failure:?}");
         cut.abort();
+    }
+
+    /// Accepts one request, answers it 202 with a running job, and gives
+    /// back its JSON body.
+    async fn answer_one(listener: tokio::net::TcpListener) -> serde_json::Value {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut stream, _) = listener.accept().await.expect("a request");
+        let mut request = Vec::new();
+        let mut buffer = [0u8; 4096];
+        let body_start = loop {
+            let n = stream.read(&mut buffer).await.expect("read the request");
+            assert!(n > 0, "the request ended early");
+            request.extend_from_slice(&buffer[..n]);
+            let text = String::from_utf8_lossy(&request).into_owned();
+            let Some(head_end) = text.find("\r\n\r\n") else {
+                continue;
+            };
+            let length = text[..head_end]
+                .lines()
+                .find_map(|line| {
+                    let line = line.to_ascii_lowercase();
+                    line.strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().expect("a length"))
+                })
+                .unwrap_or(0);
+            if request.len() >= head_end + 4 + length {
+                break head_end + 4;
+            }
+        };
+        let answer = r#"{"job_id":"j1","status":"running"}"#;
+        let head = format!(
+            "HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            answer.len()
+        );
+        stream
+            .write_all(format!("{head}{answer}").as_bytes())
+            .await
+            .expect("answer");
+        serde_json::from_slice(&request[body_start..]).expect("a JSON body")
+    }
+
+    fn photo_order(url: Option<&str>) -> JobOrder {
+        let mut order =
+            JobOrder::for_call("image", "me as a comic", "s1", None, uuid::Uuid::new_v4());
+        order.input = Some(InputPhoto {
+            url: url.map(str::to_owned),
+            bytes: bytes::Bytes::from_static(b"\xff\xd8\xff\xe0 not much of a jpeg"),
+            content_type: "image/jpeg".into(),
+        });
+        order
+    }
+
+    #[tokio::test]
+    async fn a_photo_goes_as_input_url_in_params() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(answer_one(listener));
+        let url = "https://booth.example/media/p1.jpg?exp=9&sig=abc";
+        let view = client(&format!("http://{addr}"))
+            .submit(&photo_order(Some(url)))
+            .await
+            .expect("accepted");
+        assert_eq!(view.job_id, "j1");
+        let body = server.await.expect("the server's task");
+        assert_eq!(
+            body["params"],
+            serde_json::json!({"session_id": "s1", "input_url": url}),
+            "{body}"
+        );
+        assert_eq!(body["prompt"], "me as a comic");
+    }
+
+    #[tokio::test]
+    async fn a_photo_without_a_url_is_refused_before_sending() {
+        // Nothing listens there: a request sent would be `Unavailable`.
+        let failure = client("http://127.0.0.1:9")
+            .submit(&photo_order(None))
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(&failure, AiFailure::RequestRejected(d) if d.contains("STAGEHAND_PUBLIC_URL")),
+            "{failure:?}"
+        );
+        assert!(
+            !failure.is_unavailable(),
+            "an attempt: asking again cannot help"
+        );
+    }
+
+    #[test]
+    fn params_without_a_photo_are_sent_as_they_are() {
+        let order = JobOrder::for_call("image", "p", "s1", Some(2), uuid::Uuid::new_v4());
+        assert_eq!(*submit_params(&order).unwrap(), order.params);
+        let mut odd = photo_order(Some("https://x/p.jpg"));
+        odd.params = serde_json::json!(["not", "an", "object"]);
+        assert!(matches!(
+            submit_params(&odd),
+            Err(AiFailure::RequestRejected(_))
+        ));
+        odd.params = serde_json::Value::Null;
+        assert_eq!(
+            *submit_params(&odd).unwrap(),
+            serde_json::json!({"input_url": "https://x/p.jpg"})
+        );
+    }
+
+    #[test]
+    fn a_photo_is_described_by_its_media_type() {
+        let mut photo = InputPhoto {
+            url: None,
+            bytes: bytes::Bytes::from_static(b"ABC"),
+            content_type: String::new(),
+        };
+        assert_eq!(photo.data_url(), "data:image/jpeg;base64,QUJD");
+        assert_eq!(photo.file_name(), "photo.jpg");
+        photo.content_type = "image/png".into();
+        assert_eq!(photo.file_name(), "photo.png");
+        assert_eq!(photo.data_url(), "data:image/png;base64,QUJD");
     }
 
     #[tokio::test]

@@ -1,8 +1,22 @@
 //! The second AI provider: an OpenAI-compatible HTTP API (OpenAI itself, or
-//! any server that speaks the same two endpoints), called with a bearer key:
+//! any server that speaks the same endpoints), called with a bearer key:
 //! - `POST {base}/v1/chat/completions` for text kinds (`video`, `music`, and
 //!   any kind that is not an image) and for score analysis (`score`);
-//! - `POST {base}/v1/images/generations` for image kinds (`comic`, `image`).
+//! - `POST {base}/v1/images/generations` for image kinds (`comic`, `image`);
+//! - `POST {base}/v1/images/edits` for an image kind whose order carries the
+//!   participant's photo.
+//!
+//! The photo ([`JobOrder::input`], a stored JPEG), as OpenAI's API
+//! reference documents each endpoint: the image edit is a
+//! `multipart/form-data` request whose `image` part is the photo's bytes
+//! (file name and media type given), with `model`, `prompt`, `n` and `size`
+//! as the generation sends them and the session's digest as `user` (the
+//! edit documents no `safety_identifier`); its answer is read like a
+//! generation's (`b64_json` or `url`). A chat completion gets the photo in
+//! the user message: its `content` becomes a text part and an `image_url`
+//! part whose URL is the photo as a `data:` URL. The photo's own URL is
+//! not used: OpenAI gets the bytes, whether or not this server has a
+//! public address.
 //!
 //! These endpoints are synchronous: the answer is the result. The adapter
 //! fits the saga's submit/poll shape by answering a submit with a job that
@@ -40,10 +54,11 @@
 //!   key;
 //! - any other 4xx is `RequestRejected` (an attempt).
 //!
-//! Every request carries `safety_identifier`, a digest of the session
-//! ([`crate::domain::keys::safety_identifier`]): a booth's guests are
-//! anonymous, and OpenAI asks such services to send one so that a
-//! violation is put down to that user, not to the organisation's key.
+//! Every request carries `safety_identifier` (the image edit: `user`), a
+//! digest of the session ([`crate::domain::keys::safety_identifier`]): a
+//! booth's guests are anonymous, and OpenAI asks such services to send one
+//! so that a violation is put down to that user, not to the organisation's
+//! key.
 //!
 //! Models: the defaults are [`DEFAULT_CHAT_MODEL`] and
 //! [`DEFAULT_IMAGE_MODEL`], which OpenAI serves with no shutdown announced.
@@ -64,11 +79,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::HeaderMap;
+use reqwest::multipart::{Form, Part};
 use reqwest::{RequestBuilder, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::client::{ensure_crypto_provider, JobOrder, JobStatus, JobView};
+use super::client::{ensure_crypto_provider, InputPhoto, JobOrder, JobStatus, JobView};
 use super::ModelNotice;
 use crate::domain::failure::{AiFailure, AiResult, ContentItem};
 
@@ -247,23 +263,49 @@ impl OpenAiClient {
     /// a failure. The job id is `openai:<the answer's id or the attempt key>`.
     pub async fn submit(&self, order: &JobOrder) -> Result<JobView, AiFailure> {
         let route = route(&order.kind);
-        let (path, body) = match route {
-            Route::Image { comic } => {
-                let prompt = if comic {
-                    COMIC_IMAGE_PROMPT.replace("{prompt}", &order.prompt)
-                } else {
-                    order.prompt.clone()
-                };
+        let (path, payload) = self.request_for(route, order)?;
+        let key = order.idempotency_key.to_string();
+        let request = self
+            .http
+            .post(format!("{}{path}", self.base_url))
+            .header("Idempotency-Key", &key)
+            .header("X-Client-Request-Id", &key);
+        let mut request = match payload {
+            Payload::Json(body) => request.json(&body),
+            Payload::Form(form) => request.multipart(form),
+        };
+        if let Some(api_key) = &self.api_key {
+            request = request.bearer_auth(api_key.expose());
+        }
+        tracing::debug!(endpoint = path, kind = %order.kind, idempotency_key = %key, photo = order.input.is_some(), "OpenAI-compatible call");
+        let (status, headers, text) = exchange(request).await.map_err(|e| self.transport(&e))?;
+        self.classify(route, &key, status, &headers, &text)
+    }
+
+    /// The endpoint and body of an order (module doc): an image kind with
+    /// a photo is an edit, without one a generation; a text kind is a chat
+    /// completion, with the photo as an image part when there is one.
+    fn request_for(
+        &self,
+        route: Route,
+        order: &JobOrder,
+    ) -> Result<(&'static str, Payload), AiFailure> {
+        match (route, &order.input) {
+            (Route::Image { comic }, Some(photo)) => Ok((
+                EDITS_PATH,
+                Payload::Form(self.edit_form(image_prompt(comic, order), order, photo)?),
+            )),
+            (Route::Image { comic }, None) => {
                 let mut body = json!({
                     "model": self.image_model,
-                    "prompt": prompt,
+                    "prompt": image_prompt(comic, order),
                     "n": 1,
                     "size": self.image_size,
                 });
                 attribute(&mut body, order);
-                ("/v1/images/generations", body)
+                Ok((GENERATIONS_PATH, Payload::Json(body)))
             }
-            Route::Chat { score } => {
+            (Route::Chat { score }, photo) => {
                 let system = if score {
                     SCORE_SYSTEM_PROMPT.to_owned()
                 } else {
@@ -273,26 +315,45 @@ impl OpenAiClient {
                     "model": self.chat_model,
                     "messages": [
                         {"role": "system", "content": system},
-                        {"role": "user", "content": order.prompt},
+                        {"role": "user", "content": user_content(&order.prompt, photo.as_ref())},
                     ],
                 });
                 attribute(&mut body, order);
-                ("/v1/chat/completions", body)
+                Ok((CHAT_PATH, Payload::Json(body)))
             }
-        };
-        let key = order.idempotency_key.to_string();
-        let mut request = self
-            .http
-            .post(format!("{}{path}", self.base_url))
-            .header("Idempotency-Key", &key)
-            .header("X-Client-Request-Id", &key)
-            .json(&body);
-        if let Some(api_key) = &self.api_key {
-            request = request.bearer_auth(api_key.expose());
         }
-        tracing::debug!(endpoint = path, kind = %order.kind, idempotency_key = %key, "OpenAI-compatible call");
-        let (status, headers, text) = exchange(request).await.map_err(|e| self.transport(&e))?;
-        self.classify(route, &key, status, &headers, &text)
+    }
+
+    /// `POST /v1/images/edits` as OpenAI documents it: multipart, the
+    /// photo as the `image` file part (with its file name and media type),
+    /// and of the generation's fields those the edit documents (`model`,
+    /// `prompt`, `n`, `size`). The edit documents no `safety_identifier`;
+    /// its end-user field is `user`, which carries the same digest.
+    fn edit_form(
+        &self,
+        prompt: String,
+        order: &JobOrder,
+        photo: &InputPhoto,
+    ) -> Result<Form, AiFailure> {
+        let image = Part::bytes(photo.bytes.to_vec())
+            .file_name(photo.file_name())
+            .mime_str(photo.media_type())
+            .map_err(|_| {
+                AiFailure::RequestRejected(format!(
+                    "the photo's content type {:?} is not a media type",
+                    photo.media_type()
+                ))
+            })?;
+        let mut form = Form::new()
+            .text("model", self.image_model.clone())
+            .text("prompt", prompt)
+            .part("image", image)
+            .text("n", "1")
+            .text("size", self.image_size.clone());
+        if !order.safety_id.is_empty() {
+            form = form.text("user", order.safety_id.clone());
+        }
+        Ok(form)
     }
 
     /// There are no jobs to poll: every answer is final at once. A job id
@@ -533,6 +594,40 @@ impl OpenAiClient {
             Some(key) if !key.expose().is_empty() => text.replace(key.expose(), "***"),
             _ => text.to_owned(),
         }
+    }
+}
+
+/// The endpoints.
+const GENERATIONS_PATH: &str = "/v1/images/generations";
+const EDITS_PATH: &str = "/v1/images/edits";
+const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// A request body: JSON, or a multipart form (the image edit).
+enum Payload {
+    Json(Value),
+    Form(Form),
+}
+
+/// The image prompt of an order: `comic` wraps the participant's words in
+/// [`COMIC_IMAGE_PROMPT`].
+fn image_prompt(comic: bool, order: &JobOrder) -> String {
+    if comic {
+        COMIC_IMAGE_PROMPT.replace("{prompt}", &order.prompt)
+    } else {
+        order.prompt.clone()
+    }
+}
+
+/// The user message's content: the participant's text, and with a photo an
+/// array of a text part and an `image_url` part whose URL is the photo as a
+/// data URL (chat completions' image input).
+fn user_content(prompt: &str, photo: Option<&InputPhoto>) -> Value {
+    match photo {
+        None => json!(prompt),
+        Some(photo) => json!([
+            {"type": "text", "text": prompt},
+            {"type": "image_url", "image_url": {"url": photo.data_url()}},
+        ]),
     }
 }
 

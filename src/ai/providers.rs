@@ -14,6 +14,10 @@
 //! api_key_env = "IMAGES_KEY"  # optional: the variable holding the key
 //! ```
 //!
+//! By kind: `replicate` takes `model` or `version` and `photo_input` (the
+//! model input field of a participant's photo, default `image`); `openai`
+//! takes `chat_model`, `image_model` and `image_size`.
+//!
 //! A key written into the file itself is refused: the file is config,
 //! often committed or copied around, and a key in it leaks with it.
 
@@ -48,7 +52,8 @@ pub struct ProviderSpec {
     /// The environment variable holding the bearer key.
     pub api_key_env: Option<String>,
     /// Model settings, by kind: `replicate` uses `model` ("owner/name") or
-    /// `version`; `openai` uses `chat_model`, `image_model`, `image_size`.
+    /// `version`, and `photo_input`; `openai` uses `chat_model`,
+    /// `image_model`, `image_size`.
     pub model: Option<String>,
     pub version: Option<String>,
     pub chat_model: Option<String>,
@@ -58,6 +63,9 @@ pub struct ProviderSpec {
     /// provider's own that its result files may be fetched from. A listed
     /// origin that resolves to a private or loopback address is refused.
     pub result_origins: Vec<String>,
+    /// `replicate`: the model input field the participant's photo goes in
+    /// (None: `image`).
+    pub photo_input: Option<String>,
 }
 
 impl ProviderSpec {
@@ -117,6 +125,7 @@ struct Entry {
     image_size: Option<String>,
     #[serde(default)]
     result_origins: Vec<String>,
+    photo_input: Option<String>,
 }
 
 /// Fields that would hold a key itself.
@@ -214,6 +223,9 @@ pub fn parse(text: &str) -> Result<Vec<ProviderSpec>, ProvidersFileError> {
                 "[providers.{name}] a replicate provider needs model = \"owner/name\" or version = \"...\""
             )));
         }
+        if let Some(field) = &entry.photo_input {
+            check_photo_input(&name, kind, field).map_err(invalid)?;
+        }
         specs.push(ProviderSpec {
             name,
             kind,
@@ -227,9 +239,31 @@ pub fn parse(text: &str) -> Result<Vec<ProviderSpec>, ProvidersFileError> {
             image_model: entry.image_model,
             image_size: entry.image_size,
             result_origins: entry.result_origins,
+            photo_input: entry.photo_input,
         });
     }
     Ok(specs)
+}
+
+/// `photo_input` names a model input field of a `replicate` provider:
+/// letters, digits and `_`, and not `prompt` (which carries the words).
+fn check_photo_input(name: &str, kind: ProviderKind, field: &str) -> Result<(), String> {
+    if kind != ProviderKind::Replicate {
+        return Err(format!(
+            "[providers.{name}] photo_input is a replicate setting (the model input field of the photo); a {} provider takes no such field",
+            kind_name(kind)
+        ));
+    }
+    let valid = !field.is_empty()
+        && field.len() <= 64
+        && field.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && field != "prompt";
+    if !valid {
+        return Err(format!(
+            "[providers.{name}] photo_input {field:?}: name the model's input field of the photo (letters, digits, '_'; not prompt), like \"image\" or \"input_image\""
+        ));
+    }
+    Ok(())
 }
 
 /// The first line that sets a field holding a key itself, and the field.
@@ -341,6 +375,30 @@ max_in_flight = 4
             assert!(err.contains(expected), "{text:?} gave {err:?}");
             assert!(err.starts_with("providers file, line "), "{err}");
         }
+    }
+
+    #[test]
+    fn photo_input_names_a_replicate_input_field() {
+        let replicate = |line: &str| {
+            format!(
+                "[providers.r]\nkind = \"replicate\"\nmax_in_flight = 2\nmodel = \"o/m\"\n{line}\n"
+            )
+        };
+        let specs = parse(&replicate("photo_input = \"input_image\"")).unwrap();
+        assert_eq!(specs[0].photo_input.as_deref(), Some("input_image"));
+        assert_eq!(parse(&replicate("")).unwrap()[0].photo_input, None);
+        for bad in ["\"\"", "\"prompt\"", "\"input image\"", "\"a.b\""] {
+            let err = parse(&replicate(&format!("photo_input = {bad}")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("photo_input"), "{bad}: {err}");
+            assert!(err.starts_with("providers file, line "), "{err}");
+        }
+        let err =
+            parse("[providers.a]\nkind = \"openai\"\nmax_in_flight = 2\nphoto_input = \"image\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("photo_input is a replicate setting"), "{err}");
     }
 
     #[test]

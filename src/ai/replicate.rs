@@ -47,10 +47,29 @@
 //!
 //! # Mapping
 //!
-//! - Input: the model input is exactly `{"prompt": order.prompt}`. The
-//!   model (`model` = `owner/name`, an official model) or model version
-//!   (`version`, which wins when both are set) comes from configuration;
-//!   `order.kind` and `order.params` choose nothing here.
+//! - Input: the model input is exactly `{"prompt": order.prompt}`, and with
+//!   a photo also the photo's field (below). The model (`model` =
+//!   `owner/name`, an official model) or model version (`version`, which
+//!   wins when both are set) comes from configuration; `order.kind` and
+//!   `order.params` choose nothing here.
+//!
+//! # The photo
+//!
+//! A participant's photo ([`JobOrder::input`]) is a file input of the
+//! model, under the field the providers file names (`photo_input`, default
+//! [`DEFAULT_PHOTO_INPUT`]). Replicate's reference (the `input` of a
+//! create) says files go as HTTP URLs or data URLs: a data URL for "a
+//! small file <= 256kb", an HTTP URL for a larger one. So the value is
+//! - the photo's own URL (this server's signed URL) when the order has one;
+//! - else, up to [`DATA_URI_MAX_BYTES`], a data URI
+//!   (`data:image/jpeg;base64,…`);
+//! - else the `urls.get` of a file uploaded with the Files API
+//!   (`POST /v1/files`, multipart: the photo as the `content` part with its
+//!   file name and media type, and the `filename` and `type` fields;
+//!   answered 201 with the file, `schemas_file_response`). The upload is
+//!   made only when the prediction is created, never for a look; since it
+//!   makes no prediction, an upload whose outcome is unclear is only
+//!   unavailable.
 //! - Status ([`STATUSES`], every documented one): `starting` -> `queued`,
 //!   `processing` -> `running`, `succeeded` -> `succeeded`, `failed` ->
 //!   `failed` (or `rejected` when the error is a moderation refusal),
@@ -87,12 +106,29 @@
 //! prediction ids the slot ledger already holds for other calls. Before
 //! creating, the adapter reads the list, newest first, and takes the
 //! predictions that
-//! - have an `input` equal to this order's,
+//! - have an `input` equal to this order's (the photo compared as below),
 //! - run this provider's model or version, and came from the API (not the
 //!   website),
 //! - were created no earlier than the key was first sent
 //!   (less [`CLOCK_SLACK_MS`] for the two clocks), and
 //! - are not held by another call in the ledger.
+//!
+//! The photo is part of the input, and a look must not take another
+//! guest's prediction for ours: an experience's prompt is often the same
+//! for everyone, so ignoring the photo's field would let two guests'
+//! unclear creates adopt each other's picture. A data URI is compared as
+//! sent (the same bytes make the same URI), and so is the photo's own URL.
+//! A Files-API upload is not: each upload makes a new file and a new URL,
+//! and the look happens precisely because the first create's answer (and
+//! with it nothing of the upload) may have been lost, possibly in a worker
+//! that died. Uploading once per order key would need that URL kept in the
+//! ledger. Instead the file is known by its bytes: a listed input whose
+//! photo is a Files-API URL (`…/v1/files/{id}`) fits when
+//! `GET /v1/files/{id}`, asked of the configured base URL only, answers the
+//! SHA-256 of this photo (`checksums.sha256`, which the file object
+//! carries); a file that is gone (404) does not fit. Only predictions that
+//! fit in every other way are read back, so a look costs one more request
+//! per candidate at most.
 //!
 //! One found: it is this call's job (`adopted`). Several: the oldest is
 //! adopted and the rest are left alone, at WARN (`ambiguous`). None, and
@@ -115,7 +151,11 @@
 //!   unclear at the same time, or whose create succeeded moments before
 //!   and whose job id the ledger does not hold yet: both calls may take
 //!   the same prediction (one result shown to both; the other
-//!   prediction, if made, is billed and unseen).
+//!   prediction, if made, is billed and unseen);
+//! - a photo whose value is not listed as it was sent: the order's URL
+//!   signed anew between the sends (compared as sent, it is another
+//!   value), a Files-API file that expired or was deleted before the look,
+//!   or an input Replicate lists with another URL than the one it got.
 //!
 //! A prediction of someone else on the account with an equal input, made
 //! in the same seconds, can be taken for ours: the guest then gets that
@@ -135,19 +175,22 @@
 //! with reqwest's `bearer_auth` (a sensitive header), is never logged, and
 //! any provider text that quotes it back is scrubbed before it becomes a
 //! failure detail or a job error. The list's `next` link is never followed
-//! as given: only its query is reused on the configured base URL, so the
+//! as given: only its query is reused on the configured base URL, and a
+//! listed Files-API URL is read by its file id on that base URL too, so the
 //! token cannot be sent to another host.
 
 use std::time::Duration;
 
+use reqwest::multipart::{Form, Part};
 use reqwest::{RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
 
 use super::client::{
-    ensure_crypto_provider, path_segment, send, transport_failure, CancelOutcome, JobOrder,
-    JobStatus, JobView, Lookup, MaybeMade, RawAnswer,
+    ensure_crypto_provider, path_segment, send, transport_failure, CancelOutcome, InputPhoto,
+    JobOrder, JobStatus, JobView, Lookup, MaybeMade, RawAnswer,
 };
 use super::openai::ApiKey;
 use super::ModelNotice;
@@ -164,6 +207,14 @@ pub const CLOCK_SLACK_MS: i64 = 2_000;
 /// How long after a send the list may still not show the prediction that
 /// send made: until then, not finding it proves nothing.
 pub const LIST_SETTLE_MS: i64 = 5_000;
+/// The input field a photo goes in when the providers file names none
+/// (`photo_input`).
+pub const DEFAULT_PHOTO_INPUT: &str = "image";
+/// The largest photo sent as a data URI; a larger one goes through the
+/// Files API. Replicate's reference says to use a data URL for "a small
+/// file <= 256kb" and an HTTP URL above; read as 256,000 bytes, the smaller
+/// reading of "kb".
+pub const DATA_URI_MAX_BYTES: usize = 256_000;
 /// Every prediction status Replicate documents, and what it is here.
 pub const STATUSES: [(&str, JobStatus); 6] = [
     ("starting", JobStatus::Queued),
@@ -189,6 +240,9 @@ pub struct ReplicateSettings {
     /// Bound of one HTTP exchange (not of a prediction). Reaching it is an
     /// unclear outcome.
     pub request_timeout: Duration,
+    /// The model input field the participant's photo goes in (the
+    /// providers file's `photo_input`).
+    pub photo_input: String,
 }
 
 impl ReplicateSettings {
@@ -200,6 +254,7 @@ impl ReplicateSettings {
             model: None,
             version: None,
             request_timeout: Duration::from_secs(30),
+            photo_input: DEFAULT_PHOTO_INPUT.to_owned(),
         }
     }
 }
@@ -213,6 +268,7 @@ pub struct ReplicateClient {
     api_key: Option<ApiKey>,
     model: Option<String>,
     version: Option<String>,
+    photo_input: String,
 }
 
 /// A prediction as Replicate answers it (create, get, cancel, list items):
@@ -253,6 +309,137 @@ struct PredictionPage {
     results: Vec<Prediction>,
 }
 
+/// A file of Replicate's Files API (`schemas_file_response`): the fields
+/// the adapter reads.
+#[derive(Debug, Deserialize)]
+struct FileObject {
+    urls: FileUrls,
+    #[serde(default)]
+    checksums: Option<Checksums>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FileUrls {
+    get: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Checksums {
+    #[serde(default)]
+    sha256: Option<String>,
+}
+
+/// Where a create goes: the endpoint, and the version its body names.
+struct CreateTarget {
+    url: String,
+    version: Option<String>,
+}
+
+impl CreateTarget {
+    /// The create's URL and body for `input`.
+    fn request(self, input: Value) -> (String, Value) {
+        let body = match self.version {
+            Some(version) => json!({ "version": version, "input": input }),
+            None => json!({ "input": input }),
+        };
+        (self.url, body)
+    }
+}
+
+/// How an order's photo goes into the input (module doc, "The photo").
+enum PhotoValue<'a> {
+    /// As it is: the photo's own URL, or a data URI of its bytes.
+    Inline(String),
+    /// Uploaded with the Files API when the prediction is created; until
+    /// then known by the SHA-256 of its bytes.
+    Upload {
+        photo: &'a InputPhoto,
+        sha256: String,
+    },
+}
+
+impl PhotoValue<'_> {
+    fn of(photo: &InputPhoto) -> PhotoValue<'_> {
+        if let Some(url) = &photo.url {
+            PhotoValue::Inline(url.clone())
+        } else if photo.bytes.len() <= DATA_URI_MAX_BYTES {
+            PhotoValue::Inline(photo.data_url())
+        } else {
+            PhotoValue::Upload {
+                photo,
+                sha256: hex::encode(Sha256::digest(&photo.bytes)),
+            }
+        }
+    }
+}
+
+/// The input an earlier create of an order sent, as a listed prediction's
+/// `input` must be to be its (module doc, "Idempotency").
+struct Wanted {
+    /// The input but the photo's field.
+    text: Map<String, Value>,
+    /// The photo's field, and how its listed value is known as this photo.
+    photo: Option<(String, PhotoMatch)>,
+}
+
+enum PhotoMatch {
+    /// The same string: a URL or a data URI, compared as sent.
+    Same(String),
+    /// A Files-API URL whose file has this SHA-256 (hex): each upload
+    /// makes a new URL, the bytes stay the same.
+    Checksum(String),
+}
+
+/// Whether a listed input is an order's.
+#[derive(Debug, PartialEq)]
+enum Fit {
+    No,
+    Yes,
+    /// If the file of this Files-API URL has this SHA-256.
+    IfChecksum {
+        file_id: String,
+        sha256: String,
+    },
+}
+
+impl Wanted {
+    /// A listed input fits when it has exactly the wanted fields, equal
+    /// but for a Files-API photo, whose file is compared by checksum.
+    fn fit(&self, listed: Option<&Value>) -> Fit {
+        let Some(Value::Object(listed)) = listed else {
+            return Fit::No;
+        };
+        let fields = self.text.len() + usize::from(self.photo.is_some());
+        let text_same = self.text.iter().all(|(k, v)| listed.get(k) == Some(v));
+        if listed.len() != fields || !text_same {
+            return Fit::No;
+        }
+        let Some((field, known_by)) = &self.photo else {
+            return Fit::Yes;
+        };
+        let value = listed.get(field).and_then(Value::as_str);
+        match (known_by, value) {
+            (PhotoMatch::Same(sent), Some(value)) if value == sent => Fit::Yes,
+            (PhotoMatch::Checksum(sha256), Some(value)) => match file_id(value) {
+                Some(file_id) => Fit::IfChecksum {
+                    file_id,
+                    sha256: sha256.clone(),
+                },
+                None => Fit::No,
+            },
+            _ => Fit::No,
+        }
+    }
+}
+
+/// The file id of a Files-API URL (`…/v1/files/{id}`), whatever its host:
+/// it is only ever asked of the configured base URL.
+fn file_id(url: &str) -> Option<String> {
+    let path = url.split(['?', '#']).next()?;
+    let (_, id) = path.split_once("/v1/files/")?;
+    (!id.is_empty() && !id.contains('/')).then(|| id.to_owned())
+}
+
 /// What the list showed of an unclear create.
 enum Found {
     /// The predictions that fit, oldest first.
@@ -277,6 +464,10 @@ impl ReplicateClient {
             api_key: settings.api_key.clone(),
             model: settings.model.clone().filter(|m| !m.trim().is_empty()),
             version: settings.version.clone().filter(|v| !v.trim().is_empty()),
+            photo_input: match settings.photo_input.trim() {
+                "" => DEFAULT_PHOTO_INPUT.to_owned(),
+                field => field.to_owned(),
+            },
         }
     }
 
@@ -291,26 +482,16 @@ impl ReplicateClient {
 
     /// Creates the prediction of one attempt; when an earlier create of the
     /// same key may have made one, looks for it first (module doc,
-    /// "Idempotency").
+    /// "Idempotency"). A photo that goes through the Files API is uploaded
+    /// only once the prediction is to be created, never for a look.
     pub async fn submit(&self, order: &JobOrder) -> Result<JobView, AiFailure> {
-        let input = json!({ "prompt": order.prompt });
-        let (url, body) = self.create_request(&input)?;
+        let target = self.create_target()?;
+        let photo = order.input.as_ref().map(PhotoValue::of);
         let mut lookup = None;
         if let Some(earlier) = &order.maybe_made {
-            match self.find_made_settled(&input, earlier).await? {
-                Found::Some(mut found) => {
-                    let outcome = if found.len() == 1 {
-                        tracing::info!(idempotency_key = %order.idempotency_key, prediction = %found[0].id, "Replicate: found the prediction of an unclear create");
-                        Lookup::Adopted
-                    } else {
-                        let ids: Vec<&str> = found.iter().map(|p| p.id.as_str()).collect();
-                        tracing::warn!(idempotency_key = %order.idempotency_key, predictions = ?ids, "Replicate: several predictions fit an unclear create; the oldest is taken, the others are left alone");
-                        Lookup::Ambiguous
-                    };
-                    let mut view = self.view(found.swap_remove(0))?;
-                    view.lookup = Some(outcome);
-                    return Ok(view);
-                }
+            let wanted = self.wanted(order, photo.as_ref());
+            match self.find_made_settled(&wanted, earlier).await? {
+                Found::Some(found) => return self.adopt(order, found),
                 Found::None if earlier.look_only => {
                     return Err(AiFailure::RequestRejected(
                         "no prediction of this call is listed: the unclear create made none"
@@ -323,7 +504,9 @@ impl ReplicateClient {
                 }
             }
         }
-        tracing::debug!(kind = %order.kind, idempotency_key = %order.idempotency_key, "Replicate: create a prediction");
+        let input = self.input(order, photo).await?;
+        tracing::debug!(kind = %order.kind, idempotency_key = %order.idempotency_key, photo = order.input.is_some(), "Replicate: create a prediction");
+        let (url, body) = target.request(input);
         let request = self.authorized(self.http.post(url).json(&body));
         let mut view = self
             .classify::<Prediction>(send(request).await)
@@ -332,25 +515,109 @@ impl ReplicateClient {
         Ok(view)
     }
 
-    /// The create's URL and body for `input`: a version on
-    /// `/v1/predictions`, an official model on its own endpoint.
-    fn create_request(&self, input: &Value) -> Result<(String, Value), AiFailure> {
+    /// The found predictions of an unclear create (oldest first): the
+    /// oldest is this call's job.
+    fn adopt(&self, order: &JobOrder, mut found: Vec<Prediction>) -> Result<JobView, AiFailure> {
+        let outcome = if found.len() == 1 {
+            tracing::info!(idempotency_key = %order.idempotency_key, prediction = %found[0].id, "Replicate: found the prediction of an unclear create");
+            Lookup::Adopted
+        } else {
+            let ids: Vec<&str> = found.iter().map(|p| p.id.as_str()).collect();
+            tracing::warn!(idempotency_key = %order.idempotency_key, predictions = ?ids, "Replicate: several predictions fit an unclear create; the oldest is taken, the others are left alone");
+            Lookup::Ambiguous
+        };
+        let mut view = self.view(found.swap_remove(0))?;
+        view.lookup = Some(outcome);
+        Ok(view)
+    }
+
+    /// The model input of an order: `{"prompt": …}`, and the photo under
+    /// the configured field (module doc, "The photo"), uploaded first when
+    /// it goes through the Files API.
+    async fn input(
+        &self,
+        order: &JobOrder,
+        photo: Option<PhotoValue<'_>>,
+    ) -> Result<Value, AiFailure> {
+        let mut input = Map::new();
+        input.insert("prompt".to_owned(), json!(order.prompt));
+        if let Some(photo) = photo {
+            let value = match photo {
+                PhotoValue::Inline(value) => value,
+                PhotoValue::Upload { photo, .. } => self.upload(photo).await?,
+            };
+            input.insert(self.photo_input.clone(), Value::String(value));
+        }
+        Ok(Value::Object(input))
+    }
+
+    /// What an earlier create of this order sent, as the list shows it
+    /// (module doc, "Idempotency").
+    fn wanted(&self, order: &JobOrder, photo: Option<&PhotoValue<'_>>) -> Wanted {
+        let mut text = Map::new();
+        text.insert("prompt".to_owned(), json!(order.prompt));
+        let photo = photo.map(|photo| {
+            let known_by = match photo {
+                PhotoValue::Inline(value) => PhotoMatch::Same(value.clone()),
+                PhotoValue::Upload { sha256, .. } => PhotoMatch::Checksum(sha256.clone()),
+            };
+            (self.photo_input.clone(), known_by)
+        });
+        Wanted { text, photo }
+    }
+
+    /// `POST /v1/files` (Replicate's Files API): the photo as the
+    /// multipart `content` part, with its file name and media type (also
+    /// as the `filename` and `type` fields the reference lists); the
+    /// created file's `urls.get`. No prediction is made by it, so an
+    /// upload whose outcome is unclear is only `Unavailable`.
+    async fn upload(&self, photo: &InputPhoto) -> Result<String, AiFailure> {
+        let content = Part::bytes(photo.bytes.to_vec())
+            .file_name(photo.file_name())
+            .mime_str(photo.media_type())
+            .map_err(|_| {
+                AiFailure::RequestRejected(format!(
+                    "the photo's content type {:?} is not a media type",
+                    photo.media_type()
+                ))
+            })?;
+        let form = Form::new()
+            .part("content", content)
+            .text("filename", photo.file_name())
+            .text("type", photo.media_type().to_owned());
+        let url = format!("{}/v1/files", self.base_url);
+        let request = self.authorized(self.http.post(url).multipart(form));
+        match self.classify::<FileObject>(send(request).await) {
+            Ok(file) => {
+                tracing::debug!(bytes = photo.bytes.len(), file = %file.urls.get, "Replicate: photo uploaded with the Files API");
+                Ok(file.urls.get)
+            }
+            Err(AiFailure::Unclear(detail)) => Err(AiFailure::Unavailable(format!(
+                "the photo's upload to the Files API: {detail}"
+            ))),
+            Err(failure) => Err(failure),
+        }
+    }
+
+    /// Where a create goes: a version on `/v1/predictions`, an official
+    /// model on its own endpoint.
+    fn create_target(&self) -> Result<CreateTarget, AiFailure> {
         match (&self.version, &self.model) {
-            (Some(version), _) => Ok((
-                format!("{}/v1/predictions", self.base_url),
-                json!({ "version": version, "input": input }),
-            )),
+            (Some(version), _) => Ok(CreateTarget {
+                url: format!("{}/v1/predictions", self.base_url),
+                version: Some(version.clone()),
+            }),
             (None, Some(model)) => {
                 let (owner, name) = owner_and_name(model)?;
-                Ok((
-                    format!(
+                Ok(CreateTarget {
+                    url: format!(
                         "{}/v1/models/{}/{}/predictions",
                         self.base_url,
                         path_segment(owner),
                         path_segment(name)
                     ),
-                    json!({ "input": input }),
-                ))
+                    version: None,
+                })
             }
             (None, None) => Err(AiFailure::RequestRejected(
                 "no Replicate model or version is configured".to_owned(),
@@ -431,15 +698,15 @@ impl ReplicateClient {
     /// holds no connection and no lock, like any wait for the provider.
     async fn find_made_settled(
         &self,
-        input: &Value,
+        wanted: &Wanted,
         earlier: &MaybeMade,
     ) -> Result<Found, AiFailure> {
-        let found = self.find_made(input, earlier).await?;
+        let found = self.find_made(wanted, earlier).await?;
         let settled_in = LIST_SETTLE_MS - (earlier.now_ms - earlier.last_sent_ms);
         match found {
             Found::None if settled_in > 0 => {
                 tokio::time::sleep(Duration::from_millis(settled_in as u64)).await;
-                self.find_made(input, earlier).await
+                self.find_made(wanted, earlier).await
             }
             found => Ok(found),
         }
@@ -448,7 +715,7 @@ impl ReplicateClient {
     /// The predictions an earlier create of this call may have made: the
     /// list, newest first, down to `earlier.since_ms` (module doc,
     /// "Idempotency"), oldest first.
-    async fn find_made(&self, input: &Value, earlier: &MaybeMade) -> Result<Found, AiFailure> {
+    async fn find_made(&self, wanted: &Wanted, earlier: &MaybeMade) -> Result<Found, AiFailure> {
         let oldest = earlier.since_ms - CLOCK_SLACK_MS;
         let mut fits = Vec::new();
         let mut url = format!("{}/v1/predictions", self.base_url);
@@ -458,7 +725,12 @@ impl ReplicateClient {
             for p in page.results {
                 match p.created_at.as_deref().and_then(epoch_ms) {
                     Some(at) if at < oldest => older_seen = true,
-                    Some(at) if self.is_this_call(&p, input, earlier) => fits.push((at, p)),
+                    Some(at) if self.is_this_call(&p, earlier) => {
+                        match wanted.fit(p.input.as_ref()) {
+                            Fit::No => {}
+                            fit => fits.push((at, p, fit)),
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -470,6 +742,7 @@ impl ReplicateClient {
                 None => break,
             }
         }
+        let mut fits = self.keep_same_photo(fits).await?;
         if fits.is_empty() {
             return Ok(Found::None);
         }
@@ -480,16 +753,52 @@ impl ReplicateClient {
         Ok(Found::Some(fits.into_iter().map(|(_, p)| p).collect()))
     }
 
-    /// A listed prediction that can be the call's: its input, this
-    /// provider's model or version, and no other call holds it.
-    fn is_this_call(&self, p: &Prediction, input: &Value, earlier: &MaybeMade) -> bool {
+    /// A listed prediction that can be the call's, its input aside: this
+    /// provider's model or version, made through the API, and no other
+    /// call holds it.
+    fn is_this_call(&self, p: &Prediction, earlier: &MaybeMade) -> bool {
         let same_model = match (&self.version, &self.model) {
             (Some(version), _) => p.version.as_deref().is_none_or(|v| v == version),
             (None, Some(model)) => p.model.as_deref().is_none_or(|m| m == model),
             (None, None) => false,
         };
         let from_api = p.source.as_deref().is_none_or(|s| s == "api");
-        same_model && from_api && p.input.as_ref() == Some(input) && !earlier.taken.contains(&p.id)
+        same_model && from_api && !earlier.taken.contains(&p.id)
+    }
+
+    /// The fits whose photo is this order's: a Files-API photo is read
+    /// back (`GET /v1/files/{id}`, always on the configured base URL) and
+    /// kept when its SHA-256 is the photo's; a file that is gone (404) is
+    /// not ours to know.
+    async fn keep_same_photo(
+        &self,
+        fits: Vec<(i64, Prediction, Fit)>,
+    ) -> Result<Vec<(i64, Prediction)>, AiFailure> {
+        let mut kept = Vec::with_capacity(fits.len());
+        for (at, p, fit) in fits {
+            let same = match fit {
+                Fit::Yes => true,
+                Fit::No => false,
+                Fit::IfChecksum { file_id, sha256 } => {
+                    self.file_sha256(&file_id).await?.as_deref() == Some(sha256.as_str())
+                }
+            };
+            if same {
+                kept.push((at, p));
+            }
+        }
+        Ok(kept)
+    }
+
+    /// The SHA-256 Replicate keeps of an uploaded file; None when the file
+    /// is gone (expired, deleted) or says none.
+    async fn file_sha256(&self, file_id: &str) -> Result<Option<String>, AiFailure> {
+        let url = format!("{}/v1/files/{}", self.base_url, path_segment(file_id));
+        match self.read::<FileObject>(&url).await {
+            Ok(file) => Ok(file.checksums.and_then(|c| c.sha256)),
+            Err(AiFailure::RequestRejected(detail)) if detail.starts_with("HTTP 404") => Ok(None),
+            Err(failure) => Err(failure),
+        }
     }
 
     async fn fetch(&self, id: &str) -> Result<Prediction, AiFailure> {
@@ -1038,6 +1347,89 @@ mod tests {
         for bad in ["name", "/name", "owner/", "a/b/c"] {
             assert!(owner_and_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_listed_input_fits_by_its_words_and_its_photo() {
+        let text: Map<String, Value> = [("prompt".to_owned(), json!("p"))].into_iter().collect();
+        let data = "data:image/jpeg;base64,QUJD";
+        let inline = Wanted {
+            text: text.clone(),
+            photo: Some(("image".into(), PhotoMatch::Same(data.into()))),
+        };
+        assert_eq!(
+            inline.fit(Some(&json!({"prompt": "p", "image": data}))),
+            Fit::Yes
+        );
+        for other in [
+            json!({"prompt": "p", "image": "data:image/jpeg;base64,QUJE"}),
+            json!({"prompt": "p"}),
+            json!({"prompt": "q", "image": data}),
+            json!({"prompt": "p", "image": data, "seed": 1}),
+            json!({"prompt": "p", "input_image": data}),
+            json!("p"),
+        ] {
+            assert_eq!(inline.fit(Some(&other)), Fit::No, "{other}");
+        }
+        assert_eq!(inline.fit(None), Fit::No);
+        let upload = Wanted {
+            text: text.clone(),
+            photo: Some(("image".into(), PhotoMatch::Checksum("ab12".into()))),
+        };
+        assert_eq!(
+            upload.fit(Some(
+                &json!({"prompt": "p", "image": "https://api.replicate.com/v1/files/f1"})
+            )),
+            Fit::IfChecksum {
+                file_id: "f1".into(),
+                sha256: "ab12".into()
+            }
+        );
+        assert_eq!(
+            upload.fit(Some(
+                &json!({"prompt": "p", "image": "https://booth.example/p.jpg"})
+            )),
+            Fit::No
+        );
+        let words = Wanted { text, photo: None };
+        assert_eq!(words.fit(Some(&json!({"prompt": "p"}))), Fit::Yes);
+        assert_eq!(
+            words.fit(Some(&json!({"prompt": "p", "image": data}))),
+            Fit::No
+        );
+        assert_eq!(
+            file_id("https://api.replicate.com/v1/files/cneq?x=1"),
+            Some("cneq".into())
+        );
+        for not_a_file in [
+            "https://x/v1/files/",
+            "https://x/v1/files/a/b",
+            "data:x",
+            "https://x/y",
+        ] {
+            assert_eq!(file_id(not_a_file), None, "{not_a_file}");
+        }
+    }
+
+    #[test]
+    fn a_photo_goes_inline_up_to_the_data_uri_limit() {
+        let photo = |len: usize, url: Option<&str>| InputPhoto {
+            url: url.map(str::to_owned),
+            bytes: bytes::Bytes::from(vec![7u8; len]),
+            content_type: "image/jpeg".into(),
+        };
+        let small = photo(DATA_URI_MAX_BYTES, None);
+        assert!(
+            matches!(PhotoValue::of(&small), PhotoValue::Inline(v) if v.starts_with("data:image/jpeg;base64,"))
+        );
+        let large = photo(DATA_URI_MAX_BYTES + 1, None);
+        assert!(
+            matches!(PhotoValue::of(&large), PhotoValue::Upload { sha256, .. } if sha256.len() == 64)
+        );
+        let linked = photo(DATA_URI_MAX_BYTES + 1, Some("https://booth.example/p.jpg"));
+        assert!(
+            matches!(PhotoValue::of(&linked), PhotoValue::Inline(v) if v == "https://booth.example/p.jpg")
+        );
     }
 
     #[tokio::test]

@@ -27,6 +27,13 @@ pages the way people use them:
   language     a Korean experience shows Korean texts
   images       the result's picture, drawn by the built-in simulator and
                served from its own port, really loads on the booth display
+  photos       a photo+prompt booth: the phone's camera button, the preview
+               (upright) with Retake, the photo downscaled in the browser to
+               photo_max_px before its upload (with a progress bar), the
+               result on the phone and on the booth display; a reload keeps
+               the photo and never uploads it twice; a busy server is retried
+               with the same key; a text file as the photo reads 415 in plain
+               words and keeps the typed prompt
   layout       every page fits a 360 px phone; the booth display fills 1080p
   hostile      a nickname and a prompt made of markup show as text on the
                phone, the display and /ops and run nothing; the pages make
@@ -1505,6 +1512,7 @@ def test_photo_is_resized_uploaded_and_shown(env):
     key, sent = posts[0]
     assert key and re.fullmatch(r"[0-9a-f-]{36}", key), key
     original = PHOTO.stat().st_size
+    print(f"     upload: {len(sent) if sent is not None else 'no body seen'} B of {original} B")
     if sent is not None:
         assert jpeg_size(sent) == (384, 512), f"the upload is {jpeg_size(sent)}, not 384x512"
         assert len(sent) < original / 2, f"the upload ({len(sent)} B) is not far below the file ({original} B)"
@@ -1540,37 +1548,84 @@ def test_photo_is_resized_uploaded_and_shown(env):
 
 
 def test_photo_reload_does_not_upload_twice(env):
-    """The photo is uploaded, then the page is reloaded before the
-    submission is answered: the submission goes again with its key and the
-    same photo_id, and the photo is not uploaded a second time."""
+    """A reload keeps the chosen photo and what was typed (a phone may
+    reload the page behind its camera); and once the photo is uploaded, a
+    reload before the submission is answered sends the submission again
+    with its key and the same photo_id, and never uploads the photo a
+    second time."""
     slug, _ = photo_experience(env)
     phone = env.phone()
     posts = photo_posts(phone)
     submissions = []
     held = []
 
-    def hold(route):  # never answered: the reload comes first
+    def hold_the_first(route):  # the first is never answered: the reload comes first
         submissions.append(route.request.headers.get("idempotency-key"))
-        held.append(route)
+        if len(submissions) == 1:
+            held.append(route)
+        else:
+            route.continue_()
 
-    phone.route("**/api/sessions/*/submission", hold)
+    phone.route("**/api/sessions/*/submission", hold_the_first)
     phone.goto(f"/p/{slug}")
     expect(phone.locator("#view-form")).to_be_visible()
     phone.fill("#nickname", "reloader")
     phone.fill("#prompt", "a knight in shining armour")
-    phone.locator("#photo-input").set_input_files(str(PHOTO))
+    with phone.expect_file_chooser() as chooser:
+        phone.click("#photo-take")
+    chooser.value.set_files(str(PHOTO))
     expect(phone.locator("#photo-preview")).to_be_visible()
-    phone.click("#go")
-    wait_for("the submission to be sent", lambda: submissions, 15)
-    phone.unroute("**/api/sessions/*/submission")
-    phone.route("**/api/sessions/*/submission",
-                lambda route: (submissions.append(route.request.headers.get("idempotency-key")), route.continue_()))
+    phone.reload()
+    expect(phone.locator("#view-form")).to_be_visible()
+    expect(phone.locator("#nickname")).to_have_value("reloader")
+    expect(phone.locator("#prompt")).to_have_value("a knight in shining armour")
+    preview = phone.locator("#photo-img")
+    expect(preview).to_be_visible()
+    wait_for("the kept preview to load", lambda: preview.evaluate("i => i.complete && i.naturalWidth > 0"), 10)
+    assert posts == [], "nothing is uploaded before the submit"
+    with phone.expect_request(lambda r: r.url.endswith("/submission"), timeout=RESULT_WAIT):
+        phone.click("#go")
+    phone.wait_for_timeout(200)  # the route handler holds it
+    assert len(submissions) == 1 and len(posts) == 1, (submissions, posts)
+    expect(phone.locator("#go")).to_have_text(EN["p.sending"])
     phone.reload()
     expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
     assert len(posts) == 1, f"the photo was uploaded {len(posts)} times"
     assert len(submissions) == 2 and len(set(submissions)) == 1, f"the retry must reuse its key: {submissions}"
     sagas = [s for s in env.server.sagas(experience=slug) if s["nickname"] == "reloader"]
     assert len(sagas) == 1, sagas
+
+
+def test_photo_busy_is_retried_with_the_same_key(env):
+    """The photo pool is full (503 photo_pool_full, Retry-After: 1) twice:
+    the phone says it is trying again and sends the same bytes under the
+    same Idempotency-Key until the server takes them; one photo is stored."""
+    slug, _ = photo_experience(env)
+    phone = env.phone()
+    tries = []
+
+    def busy_twice(route):
+        tries.append((route.request.headers.get("idempotency-key"), route.request.post_data_buffer))
+        if len(tries) <= 2:
+            route.fulfill(status=503, headers={"Retry-After": "1"}, content_type="application/json",
+                          body=json.dumps({"error": "photo_pool_full", "message": "every photo worker is busy"}))
+        else:
+            route.continue_()
+
+    phone.route("**/api/sessions/*/photo", busy_twice)
+    phone.goto(f"/p/{slug}")
+    expect(phone.locator("#view-form")).to_be_visible()
+    phone.fill("#nickname", "patient")
+    phone.fill("#prompt", "a lighthouse in a storm")
+    phone.locator("#photo-input").set_input_files(str(PHOTO))
+    expect(phone.locator("#photo-img")).to_be_visible()
+    phone.click("#go")
+    expect(phone.locator("#form-note")).to_have_text(EN["p.photoBusyRetrying"].format(n=1))
+    expect(phone.locator("#view-waiting")).to_be_visible(timeout=RESULT_WAIT)
+    assert len(tries) == 3, f"two busy answers, then the upload: {len(tries)} tries"
+    assert len({k for k, _ in tries}) == 1, f"the retries must reuse the key: {[k for k, _ in tries]}"
+    assert len({b for _, b in tries}) == 1, "the retries must send the same bytes"
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
 
 
 def test_photo_refusal_keeps_the_prompt(env):
@@ -1636,6 +1691,7 @@ TESTS = [
     test_ops_cannot_be_framed,
     test_photo_is_resized_uploaded_and_shown,
     test_photo_reload_does_not_upload_twice,
+    test_photo_busy_is_retried_with_the_same_key,
     test_photo_refusal_keeps_the_prompt,
     test_docs_screenshots,
     test_no_page_errors,

@@ -35,6 +35,20 @@
 //!   `created`, `model`, `choices[].message.{role,content,refusal}`,
 //!   `choices[].finish_reason` one of stop, length, tool_calls,
 //!   content_filter, function_call; `usage`).
+//! - API reference, Create image edit:
+//!   <https://developers.openai.com/api/reference/resources/images/methods/edit>
+//!   (`POST /v1/images/edits`, "Creates an edited or extended image given
+//!   one or more source images and a prompt"; the answer is the same
+//!   ImagesResponse as a generation's), in its multipart form as the Python
+//!   SDK generated from OpenAI's spec lists it (openai/openai-python
+//!   `src/openai/types/image_edit_params.py`, commit e43b4224 of
+//!   2026-08-21: [`EDIT_FIELDS`]; `image` "a `png`, `webp`, or `jpg` file
+//!   less than 50MB", up to 16; `prompt` required; `user` and no
+//!   `safety_identifier`). The JSON shape (`images` as URLs or file ids)
+//!   is not faked.
+//! - Chat completions, message content parts: `text` (`text`),
+//!   `image_url` (`image_url.url`: a URL or a base64-encoded data URL;
+//!   `detail` auto, low or high), `input_audio`, `file`.
 //! - API reference, Models: `GET /v1/models` (`{"object":"list","data":[...]}`)
 //!   and `GET /v1/models/{model}` (`id`, `object`, `created`, `owned_by`).
 //! - Safety checks / safety best practices:
@@ -65,8 +79,9 @@
 //! It serves plain HTTP/1.1 on 127.0.0.1 from its own thread and actix
 //! system, so it keeps answering while a test's thread blocks (e.g. waiting
 //! for a `stagehand serve` child) and outlives nothing: dropping the handle
-//! stops it. It records every request: method, path, headers, body, when it
-//! arrived, when it was answered and with what status.
+//! stops it. It records every request: method, path, headers, body (a
+//! multipart form's parts too), when it arrived, when it was answered and
+//! with what status.
 //!
 //! Knobs ([`FakeOpenAi`]): a queue of scripted answers ([`Scripted`]) for
 //! the generation endpoints, a sticky answer (every generation request, until
@@ -87,6 +102,8 @@ use actix_web::http::StatusCode;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpResponseBuilder, HttpServer};
 use chrono::NaiveDate;
 use serde_json::{json, Map, Value};
+
+use crate::support::multipart::{self, Part};
 
 /// A 1×1 PNG, the image every generation answers (base64).
 pub const PNG_B64: &str =
@@ -221,6 +238,8 @@ pub struct Recorded {
     pub headers: Vec<(String, String)>,
     /// The JSON body (`Null` when there is none or it is not JSON).
     pub body: Value,
+    /// The parts of a `multipart/form-data` body (None for any other).
+    pub form: Option<Vec<Part>>,
     pub arrived: Instant,
     /// When its answer was made (None while it is being answered).
     pub answered: Option<Instant>,
@@ -236,14 +255,22 @@ impl Recorded {
             .map(|(_, v)| v.as_str())
     }
 
-    /// A chat completion or an image generation: what is billed.
+    /// A chat completion, an image generation or an image edit: what is
+    /// billed.
     pub fn is_generation(&self) -> bool {
-        self.method == "POST" && (self.path == CHAT_PATH || self.path == IMAGES_PATH)
+        self.method == "POST"
+            && (self.path == CHAT_PATH || self.path == IMAGES_PATH || self.path == EDITS_PATH)
+    }
+
+    /// The part of a multipart request named `name`.
+    pub fn part(&self, name: &str) -> Option<&Part> {
+        self.form.as_ref()?.iter().find(|p| p.name == name)
     }
 }
 
 pub const CHAT_PATH: &str = "/v1/chat/completions";
 pub const IMAGES_PATH: &str = "/v1/images/generations";
+pub const EDITS_PATH: &str = "/v1/images/edits";
 pub const MODELS_PATH: &str = "/v1/models";
 
 struct State {
@@ -585,6 +612,12 @@ async fn handle(state: web::Data<State>, req: HttpRequest, body: web::Bytes) -> 
         })
         .collect();
     let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+    let content_type = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok());
+    let form = multipart::is_form(content_type)
+        .then(|| multipart::parse(content_type.unwrap_or_default(), &body));
     let index = {
         let mut recorded = state.recorded.lock().unwrap();
         recorded.push(Recorded {
@@ -592,6 +625,7 @@ async fn handle(state: web::Data<State>, req: HttpRequest, body: web::Bytes) -> 
             path: req.path().to_owned(),
             headers,
             body: parsed.clone().unwrap_or(Value::Null),
+            form: form.clone().and_then(Result::ok),
             arrived,
             answered: None,
             status: None,
@@ -602,14 +636,20 @@ async fn handle(state: web::Data<State>, req: HttpRequest, body: web::Bytes) -> 
     if !latency.is_zero() {
         actix_web::rt::time::sleep(latency).await;
     }
-    let answer = answer(&state, &req, &body, parsed);
+    let answer = answer(&state, &req, &body, parsed, form);
     let mut recorded = state.recorded.lock().unwrap();
     recorded[index].answered = Some(Instant::now());
     recorded[index].status = Some(answer.status().as_u16());
     answer
 }
 
-fn answer(state: &State, req: &HttpRequest, body: &[u8], parsed: Option<Value>) -> HttpResponse {
+fn answer(
+    state: &State,
+    req: &HttpRequest,
+    body: &[u8],
+    parsed: Option<Value>,
+    form: Option<Result<Vec<Part>, String>>,
+) -> HttpResponse {
     if let Some(refusal) = authenticate(state, req) {
         return refusal;
     }
@@ -620,6 +660,7 @@ fn answer(state: &State, req: &HttpRequest, body: &[u8], parsed: Option<Value>) 
         ("GET", p) if p.starts_with("/v1/models/") => {
             retrieve_model(state, &p["/v1/models/".len()..])
         }
+        ("POST", EDITS_PATH) => edit(state, form),
         ("POST", CHAT_PATH) | ("POST", IMAGES_PATH) => {
             let Some(Value::Object(fields)) = parsed else {
                 let _ = body;
@@ -657,6 +698,43 @@ fn answer(state: &State, req: &HttpRequest, body: &[u8], parsed: Option<Value>) 
             None,
         )),
     }
+}
+
+/// `POST /v1/images/edits`: the multipart form checked, then a scripted
+/// answer or an edited image, answered like a generation. The JSON shape
+/// of the edit (`images` as URLs or file ids) is not faked: a body that is
+/// not a form is refused.
+fn edit(state: &State, form: Option<Result<Vec<Part>, String>>) -> HttpResponse {
+    let form = match form {
+        Some(Ok(form)) => form,
+        Some(Err(reason)) => {
+            return common(StatusCode::BAD_REQUEST).json(error_body(
+                &format!("Could not parse multipart form: {reason}"),
+                "invalid_request_error",
+                None,
+                None,
+            ))
+        }
+        None => {
+            return common(StatusCode::BAD_REQUEST).json(error_body(
+                "This fake takes the image edit as multipart/form-data only.",
+                "invalid_request_error",
+                None,
+                None,
+            ))
+        }
+    };
+    let fields = match check_edit(state, &form) {
+        Ok(fields) => fields,
+        Err(refusal) => return refusal,
+    };
+    let model = fields["model"].as_str().unwrap_or_default().to_owned();
+    let next = state.scripted.lock().unwrap().pop_front();
+    let next = next.or_else(|| state.sticky.lock().unwrap().clone());
+    if let Some(scripted) = next {
+        return scripted_answer(&scripted, &model);
+    }
+    image_answer(&fields)
 }
 
 /// `Authorization: Bearer <key>`, or the documented 401.
@@ -972,6 +1050,9 @@ fn check_chat(state: &State, fields: &Map<String, Value>) -> Result<Model, HttpR
         if message.get("content").is_none() && role != Some("assistant") {
             return Err(missing(&format!("messages[{i}].content")));
         }
+        if let Some(Value::Array(parts)) = message.get("content") {
+            check_content_parts(i, parts)?;
+        }
     }
     check_identifier(fields, "safety_identifier")?;
     check_identifier(fields, "user")?;
@@ -984,6 +1065,56 @@ fn check_chat(state: &State, fields: &Map<String, Value>) -> Result<Model, HttpR
         &["none", "minimal", "low", "medium", "high", "xhigh", "max"],
     )?;
     check_model(state, fields, Use::Chat)
+}
+
+/// A message's content parts: `text` with its `text`; `image_url` with
+/// `image_url.url` an http(s) URL or a base64 data URL of a png, jpeg,
+/// webp or gif image (`detail` optional: auto, low, high);
+/// `input_audio` and `file` are documented and not looked into.
+fn check_content_parts(i: usize, parts: &[Value]) -> Result<(), HttpResponse> {
+    use base64::Engine;
+    for (j, part) in parts.iter().enumerate() {
+        let at = format!("messages[{i}].content[{j}]");
+        match part["type"].as_str() {
+            Some("text") if part["text"].is_string() => {}
+            Some("text") => return Err(missing(&format!("{at}.text"))),
+            Some("image_url") => {
+                let Some(url) = part["image_url"]["url"].as_str() else {
+                    return Err(missing(&format!("{at}.image_url.url")));
+                };
+                check_enum(
+                    part["image_url"].as_object().unwrap_or(&Map::new()),
+                    "detail",
+                    &["auto", "low", "high"],
+                )?;
+                let data_ok = url
+                    .strip_prefix("data:")
+                    .and_then(|rest| rest.split_once(";base64,"))
+                    .is_some_and(|(media, data)| {
+                        ["image/png", "image/jpeg", "image/webp", "image/gif"].contains(&media)
+                            && base64::engine::general_purpose::STANDARD
+                                .decode(data)
+                                .is_ok()
+                    });
+                if !(data_ok || url.starts_with("https://") || url.starts_with("http://")) {
+                    return Err(invalid(
+                        format!("Invalid '{at}.image_url.url': expected a URL or a base64-encoded data URL of an image."),
+                        &format!("{at}.image_url.url"),
+                        "invalid_image_url",
+                    ));
+                }
+            }
+            Some("input_audio" | "file") => {}
+            _ => {
+                return Err(invalid_value(
+                    &format!("{at}.type"),
+                    &part["type"],
+                    &["text", "image_url", "input_audio", "file"],
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_image(state: &State, fields: &Map<String, Value>) -> Result<Model, HttpResponse> {
@@ -1042,18 +1173,156 @@ fn check_image(state: &State, fields: &Map<String, Value>) -> Result<Model, Http
     check_bool(fields, "stream")?;
     check_identifier(fields, "safety_identifier")?;
     check_identifier(fields, "user")?;
+    check_size(fields, gen2)?;
+    Ok(model)
+}
+
+/// `size`: the three fixed sizes or `auto`; gpt-image-2 and later also
+/// take a custom `WxH`.
+fn check_size(fields: &Map<String, Value>, gen2: bool) -> Result<(), HttpResponse> {
     match fields.get("size") {
-        None | Some(Value::Null) => {}
+        None | Some(Value::Null) => Ok(()),
         Some(Value::String(size)) => {
             let fixed = ["1024x1024", "1536x1024", "1024x1536", "auto"];
             let ok = fixed.contains(&size.as_str()) || (gen2 && custom_size_ok(size));
-            if !ok {
-                return Err(invalid_value("size", &fields["size"], &fixed));
+            if ok {
+                Ok(())
+            } else {
+                Err(invalid_value("size", &fields["size"], &fixed))
             }
         }
-        Some(_) => return Err(invalid_type("size", "a string")),
+        Some(_) => Err(invalid_type("size", "a string")),
     }
-    Ok(model)
+}
+
+/// The request fields of `POST /v1/images/edits` as a multipart form (the
+/// Python SDK's `ImageEditParams`, generated from OpenAI's spec: no
+/// `safety_identifier` there; the end-user field is `user`).
+pub const EDIT_FIELDS: &[&str] = &[
+    "image",
+    "image[]",
+    "prompt",
+    "background",
+    "input_fidelity",
+    "mask",
+    "model",
+    "n",
+    "output_compression",
+    "output_format",
+    "partial_images",
+    "quality",
+    "response_format",
+    "size",
+    "stream",
+    "user",
+];
+
+/// The first bytes of the file types an edit takes (png, webp, jpg).
+fn image_type_of(bytes: &[u8]) -> Option<&'static str> {
+    if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        Some("image/jpeg")
+    } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
+    }
+}
+
+/// An edit's images: 1 to 16 file parts, each a png, webp or jpg (its
+/// first bytes as its declared type) of less than 50MB.
+fn check_edit_images(form: &[Part]) -> Result<(), HttpResponse> {
+    let images: Vec<&Part> = form
+        .iter()
+        .filter(|p| p.name == "image" || p.name == "image[]")
+        .collect();
+    if images.is_empty() {
+        return Err(missing("image"));
+    }
+    if images.len() > 16 {
+        return Err(invalid(
+            "Invalid 'image': at most 16 images.".into(),
+            "image",
+            "invalid_value",
+        ));
+    }
+    for image in &images {
+        let declared = image.content_type.as_deref().unwrap_or_default();
+        let actual = image_type_of(&image.bytes);
+        if image.filename.is_none() || actual.is_none() || actual != Some(declared) {
+            return Err(invalid(
+                format!(
+                    "Invalid image file or mode for image 1, please check your image file. Supported file formats are png, webp and jpg (got {declared:?})."
+                ),
+                "image",
+                "invalid_image_file",
+            ));
+        }
+        if image.bytes.len() >= 50 << 20 {
+            return Err(invalid(
+                "Invalid 'image': the file must be less than 50MB.".into(),
+                "image",
+                "invalid_value",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An edit's form: its fields as JSON values (the numbers as numbers, so
+/// the generation's checks apply), after the image parts are checked.
+fn check_edit(state: &State, form: &[Part]) -> Result<Map<String, Value>, HttpResponse> {
+    if let Some(unknown) = form
+        .iter()
+        .find(|p| !EDIT_FIELDS.contains(&p.name.as_str()))
+    {
+        return Err(unknown_parameter(&unknown.name));
+    }
+    check_edit_images(form)?;
+    let mut fields = Map::new();
+    for p in form.iter().filter(|p| p.filename.is_none()) {
+        let text = p.text();
+        let value = match p.name.as_str() {
+            "n" | "output_compression" | "partial_images" => text
+                .trim()
+                .parse::<i64>()
+                .map(Value::from)
+                .unwrap_or(Value::String(text)),
+            "stream" => text
+                .parse::<bool>()
+                .map(Value::Bool)
+                .unwrap_or(Value::String(text)),
+            _ => Value::String(text),
+        };
+        fields.insert(p.name.clone(), value);
+    }
+    match fields.get("prompt") {
+        None => return Err(missing("prompt")),
+        Some(Value::String(p)) if p.chars().count() <= 32_000 => {}
+        Some(_) => {
+            return Err(invalid(
+                "Invalid 'prompt': string too long. Expected a string with maximum length 32000."
+                    .into(),
+                "prompt",
+                "string_above_max_length",
+            ))
+        }
+    }
+    let model = check_model(state, &fields, Use::Image)?;
+    if fields.contains_key("response_format") {
+        return Err(unknown_parameter("response_format"));
+    }
+    check_int(&fields, "n", 1, 10)?;
+    check_enum(&fields, "input_fidelity", &["high", "low"])?;
+    check_enum(&fields, "background", &["transparent", "opaque", "auto"])?;
+    check_enum(&fields, "output_format", &["png", "jpeg", "webp"])?;
+    check_int(&fields, "output_compression", 0, 100)?;
+    check_int(&fields, "partial_images", 0, 3)?;
+    check_bool(&fields, "stream")?;
+    check_identifier(&fields, "user")?;
+    check_size(&fields, model.id.starts_with("gpt-image-2"))?;
+    Ok(fields)
 }
 
 /// gpt-image-2 and later: any `WxH` with both edges multiples of 16, the
@@ -1084,7 +1353,15 @@ fn chat_answer(fields: &Map<String, Value>) -> HttpResponse {
         messages
             .iter()
             .filter(|m| m["role"] == role)
-            .filter_map(|m| m["content"].as_str())
+            .flat_map(|m| match &m["content"] {
+                Value::String(text) => vec![text.clone()],
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter(|p| p["type"] == "text")
+                    .filter_map(|p| p["text"].as_str().map(str::to_owned))
+                    .collect(),
+                _ => Vec::new(),
+            })
             .collect::<Vec<_>>()
             .join("\n")
     };

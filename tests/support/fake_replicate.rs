@@ -45,6 +45,17 @@
 //!     default_example, latest_version, is_official`);
 //!   - `securitySchemes.bearerAuth`: "The token must be prefixed by
 //!     "Bearer", followed by a space and the token value."
+//!   - the `input` of both creates: "Files should be passed as HTTP URLs or
+//!     data URLs. Use an HTTP URL when: you have a large file > 256kb ...
+//!     Use a data URL when: you have a small file <= 256kb";
+//!   - `files.create` (`POST /v1/files`, `multipart/form-data`: `content`
+//!     the file, required; `filename` at most 255 bytes; `type`, default
+//!     `application/octet-stream`; `metadata`, default `{}`; answers 201
+//!     with the file, 413 "Files must be less than 100MB in size") and
+//!     `files.get` (`GET /v1/files/{id}`); the file object
+//!     `schemas_file_response`: `id, checksums {sha256}, content_type,
+//!     created_at, expires_at, metadata, size, urls {get}`, `urls.get`
+//!     being `https://api.replicate.com/v1/files/{id}`.
 //! - Prediction lifecycle, <https://replicate.com/docs/topics/predictions/lifecycle>:
 //!   the six statuses; "aborted: the prediction exceeded its deadline before
 //!   it could start running".
@@ -88,6 +99,9 @@
 //!   prediction had when it came (so cancels of final ones can be counted);
 //!   [`FakeReplicate::cancel_all_running`] ends what still runs.
 //! - [`FakeReplicate::set_page_size`] (100 as documented).
+//! - File inputs: data URLs are decoded and refused past
+//!   [`DATA_URI_MAX_BYTES`]; a Files-API URL must name an uploaded file
+//!   ([`FakeReplicate::files`] lists them with their bytes).
 //! - [`FakeReplicate::quote_token_in_401`]: a hostile, undocumented 401
 //!   that quotes the token back (to check that stagehand scrubs it).
 //! - Records: [`FakeReplicate::requests`] (method, path, query, body,
@@ -108,6 +122,8 @@ use actix_web::http::StatusCode;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Map, Value};
+
+use crate::support::multipart::{self, Part};
 
 /// Every status the documentation lists, in its order.
 pub const DOCUMENTED_STATUSES: [&str; 6] = [
@@ -403,8 +419,44 @@ fn stamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
+/// A file of the Files API.
+#[derive(Debug, Clone)]
+pub struct StoredFile {
+    pub id: String,
+    pub bytes: Vec<u8>,
+    pub content_type: String,
+    pub filename: String,
+    pub metadata: Value,
+    pub created_at: DateTime<Utc>,
+}
+
+impl StoredFile {
+    /// The file object (`schemas_file_response`).
+    fn json(&self, base: &str) -> Value {
+        use sha2::Digest;
+        json!({
+            "id": self.id,
+            "checksums": {"sha256": hex::encode(sha2::Sha256::digest(&self.bytes))},
+            "content_type": self.content_type,
+            "created_at": stamp(self.created_at),
+            // The document's example expires an hour after creation.
+            "expires_at": stamp(self.created_at + chrono::Duration::hours(1)),
+            "metadata": self.metadata,
+            "size": self.bytes.len(),
+            "urls": {"get": format!("{base}/v1/files/{}", self.id)},
+        })
+    }
+}
+
+/// The largest file a data URI may carry here: the reference's "use a data
+/// URL when you have a small file <= 256kb", in its larger reading (KiB).
+/// The reference says when to use one, not that a larger one is refused;
+/// this fake refuses it so a test sees a data URI used past that.
+pub const DATA_URI_MAX_BYTES: usize = 256 * 1024;
+
 #[derive(Default)]
 struct Account {
+    files: Vec<StoredFile>,
     models: Vec<String>,
     /// version id -> model
     versions: HashMap<String, String>,
@@ -458,7 +510,7 @@ impl FakeReplicate {
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(data.clone())
-                .app_data(web::PayloadConfig::new(1 << 20))
+                .app_data(web::PayloadConfig::new(8 << 20))
                 .default_service(web::to(serve))
         })
         .on_connect(|conn: &dyn Any, ext: &mut Extensions| {
@@ -601,6 +653,16 @@ impl FakeReplicate {
             .collect()
     }
 
+    /// Every file uploaded with the Files API, oldest first.
+    pub fn files(&self) -> Vec<StoredFile> {
+        self.shared.account().files.clone()
+    }
+
+    /// The Files API's URL of a file (its `urls.get`).
+    pub fn file_url(&self, id: &str) -> String {
+        format!("{}/v1/files/{id}", self.url)
+    }
+
     /// Every prediction of the account, oldest first, as it stands now.
     pub fn predictions(&self) -> Vec<PredictionNow> {
         let now = Instant::now();
@@ -729,6 +791,8 @@ async fn route(
         ("GET", ["v1", "predictions"]) => Outcome::Answer(list(shared, req)),
         ("GET", ["v1", "predictions", id]) => Outcome::Answer(get(shared, id)),
         ("POST", ["v1", "predictions", id, "cancel"]) => cancel(shared, id),
+        ("POST", ["v1", "files"]) => Outcome::Answer(create_file(shared, req, raw)),
+        ("GET", ["v1", "files", id]) => Outcome::Answer(get_file(shared, id)),
         ("GET", ["v1", "models", owner, name]) => {
             Outcome::Answer(model(shared, &format!("{owner}/{name}")))
         }
@@ -790,6 +854,9 @@ async fn create(
             "Input validation failed",
             "- input: prompt is required",
         ));
+    }
+    if let Some(answer) = check_file_inputs(shared, &fields["input"]) {
+        return Outcome::Answer(answer);
     }
     let header = |name: &str| {
         req.headers()
@@ -940,6 +1007,141 @@ fn validate(fields: &Map<String, Value>, with_version: bool) -> Option<HttpRespo
         }
     }
     (!problems.is_empty()).then(|| invalid(problems))
+}
+
+/// File inputs as the reference has them: "Files should be passed as HTTP
+/// URLs or data URLs". A data URL must be `data:<type>;base64,<data>` and
+/// its file at most [`DATA_URI_MAX_BYTES`]; a URL of this account's Files
+/// API must name a file it has. Other URLs are taken as they are (the
+/// model fetches them).
+fn check_file_inputs(shared: &Shared, input: &Value) -> Option<HttpResponse> {
+    use base64::Engine;
+    let files_prefix = format!("{}/v1/files/", shared.base);
+    for (name, value) in input.as_object()? {
+        let Some(text) = value.as_str() else {
+            continue;
+        };
+        let refused = |detail: String| {
+            Some(problem(
+                422,
+                "Input validation failed",
+                &format!("- input.{name}: {detail}"),
+            ))
+        };
+        if let Some(rest) = text.strip_prefix("data:") {
+            let decoded = rest.split_once(";base64,").and_then(|(media, data)| {
+                let media_ok = media.contains('/') && !media.contains(';');
+                let bytes = base64::engine::general_purpose::STANDARD.decode(data).ok();
+                bytes.filter(|_| media_ok)
+            });
+            match decoded {
+                None => return refused("not a base64 data URL".into()),
+                Some(bytes) if bytes.len() > DATA_URI_MAX_BYTES => {
+                    return refused(format!(
+                        "a data URL of {} bytes: use an HTTP URL for a file over 256kb",
+                        bytes.len()
+                    ))
+                }
+                Some(_) => {}
+            }
+        } else if let Some(id) = text.strip_prefix(&files_prefix) {
+            if !shared.account().files.iter().any(|f| f.id == id) {
+                return refused(format!("no file {id}"));
+            }
+        }
+    }
+    None
+}
+
+/// `POST /v1/files` (`files.create`): a multipart form whose `content` is
+/// the file (required), with `filename` (required, at most 255 bytes; the
+/// field, else the content part's file name), `type` (the field, else the
+/// content part's type, else `application/octet-stream`) and `metadata`
+/// (JSON, default `{}`); no other field. 201 with the file; a file over
+/// 100 MB is the documented 413.
+fn create_file(shared: &Shared, req: &HttpRequest, raw: &[u8]) -> HttpResponse {
+    let content_type = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let form = match multipart::parse(content_type, raw) {
+        Ok(form) => form,
+        Err(reason) => {
+            return invalid(vec![(
+                "invalid_type",
+                format!("multipart/form-data: {reason}"),
+            )])
+        }
+    };
+    let field = |name: &str| form.iter().find(|p| p.name == name);
+    let mut problems: Vec<(&str, String)> = form
+        .iter()
+        .filter(|p| !["content", "filename", "type", "metadata"].contains(&p.name.as_str()))
+        .map(|p| {
+            (
+                "additional_property_not_allowed",
+                format!("Additional property {} is not allowed", p.name),
+            )
+        })
+        .collect();
+    let Some(content) = field("content") else {
+        problems.push(("required", "content is required".into()));
+        return invalid(problems);
+    };
+    let filename = field("filename")
+        .map(Part::text)
+        .or_else(|| content.filename.clone())
+        .unwrap_or_default();
+    if filename.is_empty() || filename.len() > 255 {
+        problems.push((
+            "required",
+            "filename is required (at most 255 bytes)".into(),
+        ));
+    }
+    let metadata = match field("metadata") {
+        None => json!({}),
+        Some(part) => match serde_json::from_slice::<Value>(&part.bytes) {
+            Ok(value @ Value::Object(_)) => value,
+            _ => {
+                problems.push((
+                    "invalid_type",
+                    "metadata: Invalid type. Expected: object".into(),
+                ));
+                Value::Null
+            }
+        },
+    };
+    if !problems.is_empty() {
+        return invalid(problems);
+    }
+    if content.bytes.len() >= 100 << 20 {
+        return HttpResponse::PayloadTooLarge()
+            .content_type("application/problem+json")
+            .body(json!({"detail": "Files must be less than 100MB in size"}).to_string());
+    }
+    let file = StoredFile {
+        id: prediction_id(),
+        bytes: content.bytes.clone(),
+        content_type: field("type")
+            .map(Part::text)
+            .or_else(|| content.content_type.clone())
+            .unwrap_or_else(|| "application/octet-stream".into()),
+        filename,
+        metadata,
+        created_at: Utc::now(),
+    };
+    let answer = file.json(&shared.base);
+    shared.account().files.push(file);
+    HttpResponse::Created().json(answer)
+}
+
+/// `GET /v1/files/{id}` (`files.get`).
+fn get_file(shared: &Shared, id: &str) -> HttpResponse {
+    match shared.account().files.iter().find(|f| f.id == id) {
+        Some(file) => HttpResponse::Ok().json(file.json(&shared.base)),
+        None => problem(404, "Not found", "Not found."),
+    }
 }
 
 /// `version` as documented: `owner/name` (official models), or

@@ -5,6 +5,8 @@
 //! condition with a deadline.
 #![allow(dead_code)]
 
+pub mod multipart;
+
 use std::fs::File;
 use std::future::Future;
 use std::net::TcpListener;
