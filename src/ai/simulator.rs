@@ -21,6 +21,10 @@
 //! PNG at `GET /v1/jobs/{id}/image.png`. A photo it cannot fetch or decode
 //! ends the job `failed`, with an error that says so.
 //!
+//! Outputs can be deleted a while after their job ended
+//! ([`SimConfig::delete_outputs_after`], as Replicate deletes them after an
+//! hour): the job still answers, with a URL that now answers 404.
+//!
 //! Job timing uses real monotonic time (`std::time::Instant`), not the app's
 //! injectable clock: the simulator stands for a provider outside the app.
 
@@ -70,6 +74,10 @@ pub struct SimConfig {
     /// Play a provider without cancel: `POST /v1/jobs/{id}/cancel` answers
     /// 405 `method_not_allowed` and leaves the job alone.
     pub refuse_cancel: bool,
+    /// Time after a job ended from which its output is deleted: its image
+    /// URL answers 404 `not_found` while the job still answers, with that
+    /// URL. None: outputs are kept as long as their job.
+    pub delete_outputs_after: Option<Duration>,
 }
 
 impl Default for SimConfig {
@@ -80,6 +88,7 @@ impl Default for SimConfig {
             fail_rate: 0.0,
             unavailable_rate: 0.0,
             refuse_cancel: false,
+            delete_outputs_after: None,
         }
     }
 }
@@ -416,6 +425,15 @@ impl SimState {
         }
     }
 
+    /// The output of a job that succeeded has been deleted by `now`
+    /// ([`SimConfig::delete_outputs_after`]).
+    fn is_output_deleted(&self, job: &SimJob, now: Instant) -> bool {
+        self.config
+            .delete_outputs_after
+            .and_then(|after| job.finished_at().checked_add(after))
+            .is_some_and(|deleted_at| deleted_at <= now)
+    }
+
     /// A new job of `body` made at `now` under `key` (not filed yet).
     fn new_job(&mut self, key: String, body: &Value, prompt: String, now: Instant) -> SimJob {
         let job_uuid = uuid::Uuid::new_v4();
@@ -627,6 +645,12 @@ impl SimControl {
         self.lock().config.fail_rate = rate;
     }
 
+    /// Outputs are deleted this long after their job ended (None: kept as
+    /// long as the job). Applies to every job, the ended ones included.
+    pub fn set_delete_outputs_after(&self, after: Option<Duration>) {
+        self.lock().config.delete_outputs_after = after;
+    }
+
     /// Number of created jobs whose prompt contains `needle` (tests prove no
     /// duplicate jobs with it).
     pub fn jobs_for_prompt(&self, needle: &str) -> usize {
@@ -759,8 +783,8 @@ impl SimControl {
     }
 
     /// A job's output in `format`: the image of a job that succeeded; not
-    /// found for an unknown job, one that did not (or not yet) succeed, or
-    /// one whose output is of the other format.
+    /// found for an unknown job, one that did not (or not yet) succeed, one
+    /// whose output is of the other format, or deleted.
     fn output(&self, job_id: &str, format: OutputFormat) -> OutputAnswer {
         let (kind, prompt) = {
             let state = self.lock();
@@ -768,7 +792,10 @@ impl SimControl {
             let Some(job) = state.jobs.get(job_id) else {
                 return OutputAnswer::NotFound;
             };
-            if !job.has_succeeded(now) || job.output_format() != format {
+            if !job.has_succeeded(now)
+                || job.output_format() != format
+                || state.is_output_deleted(job, now)
+            {
                 return OutputAnswer::NotFound;
             }
             if let Some(PhotoJob {
@@ -1358,6 +1385,44 @@ mod tests {
         }
         sim.stop().await;
         photos.handle.stop(false).await;
+    }
+
+    /// Once `delete_outputs_after` has passed since the job ended, its
+    /// image answers 404 while the job still answers with its URL.
+    #[actix_web::test]
+    async fn outputs_are_deleted_after_the_configured_time() {
+        let sim = start_sim().await;
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let job = client.submit(&order("fleeting")).await.expect("submit");
+        let url = content_url(&wait_final(&client, &job.job_id).await);
+        let http = plain_http();
+        let status = |url: String| {
+            let http = http.clone();
+            async move { http.get(url).send().await.expect("image answer").status() }
+        };
+        assert_eq!(status(url.clone()).await, reqwest::StatusCode::OK);
+        sim.control
+            .set_delete_outputs_after(Some(Duration::from_secs(3_600)));
+        assert_eq!(status(url.clone()).await, reqwest::StatusCode::OK);
+        sim.control
+            .set_delete_outputs_after(Some(Duration::from_millis(50)));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while status(url.clone()).await == reqwest::StatusCode::OK {
+            assert!(Instant::now() < deadline, "the output was never deleted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let answer = http.get(&url).send().await.expect("image answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::NOT_FOUND);
+        let body: Value = answer.json().await.expect("JSON error body");
+        assert_eq!(body, json!({ "error": "not_found" }));
+        let view = client
+            .poll(&job.job_id)
+            .await
+            .expect("the job still answers");
+        assert_eq!(view.status, JobStatus::Succeeded);
+        assert_eq!(content_url(&view), url);
+        sim.stop().await;
     }
 
     /// Memory is bounded: past `max_jobs`, the oldest finished jobs are
