@@ -23,7 +23,11 @@
 //!
 //! Outputs can be deleted a while after their job ended
 //! ([`SimConfig::delete_outputs_after`], as Replicate deletes them after an
-//! hour): the job still answers, with a URL that now answers 404.
+//! hour): the job still answers, with a URL that now answers 404. For tests
+//! of what stagehand fetches, a job's URL can point anywhere
+//! ([`SimControl::set_result_url_override`]), the images can answer with a
+//! redirect ([`SimControl::set_image_redirect`]), and every image request is
+//! counted ([`SimStats::output_fetches`]).
 //!
 //! Job timing uses real monotonic time (`std::time::Instant`), not the app's
 //! injectable clock: the simulator stands for a provider outside the app.
@@ -126,6 +130,11 @@ pub struct SimStats {
     /// (outage answers not counted).
     #[serde(default)]
     pub cancel_requests: u64,
+    /// Requests for a job's image (`image.svg` or `image.png`), whatever
+    /// they were answered (image, redirect or 404; outage answers not
+    /// counted): how many times outputs were downloaded.
+    #[serde(default)]
+    pub output_fetches: u64,
 }
 
 /// Faults tests switch on at run time ([`SimControl::set_faults`]), each
@@ -224,16 +233,22 @@ struct OutputLinks {
     /// ([`start`] sets it to the address it listens on); empty until then,
     /// which makes the image URLs relative.
     image_base: String,
+    /// Every succeeded job's URL instead of its image's
+    /// ([`SimControl::set_result_url_override`]).
+    url_override: Option<String>,
 }
 
 impl OutputLinks {
     fn url_of(&self, job: &SimJob) -> String {
-        format!(
-            "{}/v1/jobs/{}/image.{}",
-            self.image_base,
-            job.job_id,
-            job.output_format().extension()
-        )
+        match &self.url_override {
+            Some(url) => url.clone(),
+            None => format!(
+                "{}/v1/jobs/{}/image.{}",
+                self.image_base,
+                job.job_id,
+                job.output_format().extension()
+            ),
+        }
     }
 }
 
@@ -376,6 +391,10 @@ struct SimState {
     latency_p99: Option<Duration>,
     /// How succeeded jobs' URLs are written.
     links: OutputLinks,
+    /// Image requests answer 302 to this URL instead of the image
+    /// ([`SimControl::set_image_redirect`]).
+    image_redirect: Option<String>,
+    output_fetches: u64,
     /// `done_at` of the photo jobs still drawing their comic, by job id:
     /// those past their `done_at` still run (they left `unfinished`).
     drawing: HashMap<String, Instant>,
@@ -520,6 +539,8 @@ impl SimControl {
                 fail_next: 0,
                 latency_p99: None,
                 links: OutputLinks::default(),
+                image_redirect: None,
+                output_fetches: 0,
                 drawing: HashMap::new(),
             })),
             photo_http: Arc::new(OnceLock::new()),
@@ -546,6 +567,7 @@ impl SimControl {
             unclear_answers: state.unclear_answers,
             cancelled: state.cancelled,
             cancel_requests: state.cancel_requests,
+            output_fetches: state.output_fetches,
         }
     }
 
@@ -649,6 +671,20 @@ impl SimControl {
     /// long as the job). Applies to every job, the ended ones included.
     pub fn set_delete_outputs_after(&self, after: Option<Duration>) {
         self.lock().config.delete_outputs_after = after;
+    }
+
+    /// Every succeeded job's content URL is `url` instead of its image's
+    /// (e.g. `http://169.254.169.254/latest/meta-data`), for tests of what
+    /// stagehand agrees to fetch. None: the image's URL again.
+    pub fn set_result_url_override(&self, url: Option<String>) {
+        self.lock().links.url_override = url;
+    }
+
+    /// `GET /v1/jobs/{id}/image.*` answers 302 with `Location: url` where it
+    /// would answer the image (a redirect out of the provider's origin).
+    /// None: the image again.
+    pub fn set_image_redirect(&self, url: Option<String>) {
+        self.lock().image_redirect = url;
     }
 
     /// Number of created jobs whose prompt contains `needle` (tests prove no
@@ -782,12 +818,15 @@ impl SimControl {
         self.lock().links.image_base = base;
     }
 
-    /// A job's output in `format`: the image of a job that succeeded; not
-    /// found for an unknown job, one that did not (or not yet) succeed, one
-    /// whose output is of the other format, or deleted.
+    /// A job's output in `format`, counted as a fetch: the image of a job
+    /// that succeeded (or the redirect in its place); not found for an
+    /// unknown job, one that did not (or not yet) succeed, one whose output
+    /// is of the other format, or deleted.
     fn output(&self, job_id: &str, format: OutputFormat) -> OutputAnswer {
         let (kind, prompt) = {
-            let state = self.lock();
+            let mut guard = self.lock();
+            let state = &mut *guard;
+            state.output_fetches += 1;
             let now = Instant::now();
             let Some(job) = state.jobs.get(job_id) else {
                 return OutputAnswer::NotFound;
@@ -797,6 +836,9 @@ impl SimControl {
                 || state.is_output_deleted(job, now)
             {
                 return OutputAnswer::NotFound;
+            }
+            if let Some(location) = &state.image_redirect {
+                return OutputAnswer::Redirect(location.clone());
             }
             if let Some(PhotoJob {
                 comic: Comic::Drawn { png, .. },
@@ -868,6 +910,7 @@ impl SimControl {
 enum OutputAnswer {
     Svg(String),
     Png(web::Bytes),
+    Redirect(String),
     NotFound,
 }
 
@@ -1037,8 +1080,8 @@ async fn job_png(control: web::Data<SimControl>, job_id: web::Path<String>) -> H
     serve_output(&control, &job_id, OutputFormat::Png)
 }
 
-/// A job's image: the same bytes each time (cached a day), or 404
-/// `not_found`. The
+/// A job's image: the same bytes each time (cached a day), a redirect
+/// instead ([`SimControl::set_image_redirect`]), or 404 `not_found`. The
 /// SVG gets a CSP of its own that allows nothing but its inline drawing, in
 /// case it is opened as a page.
 fn serve_output(control: &SimControl, job_id: &str, format: OutputFormat) -> HttpResponse {
@@ -1061,6 +1104,9 @@ fn serve_output(control: &SimControl, job_id: &str, format: OutputFormat) -> Htt
             ))
             .body(svg),
         OutputAnswer::Png(png) => image("image/png").body(png),
+        OutputAnswer::Redirect(location) => HttpResponse::Found()
+            .insert_header((actix_web::http::header::LOCATION, location))
+            .finish(),
         OutputAnswer::NotFound => {
             json_answer(StatusCode::NOT_FOUND, json!({ "error": "not_found" }))
         }
@@ -1324,6 +1370,7 @@ mod tests {
             .await
             .expect("SVG answer");
         assert_eq!(svg.status(), reqwest::StatusCode::NOT_FOUND);
+        assert_eq!(sim.control.stats().output_fetches, 2);
         sim.stop().await;
         photos.handle.stop(false).await;
     }
@@ -1423,6 +1470,76 @@ mod tests {
         assert_eq!(view.status, JobStatus::Succeeded);
         assert_eq!(content_url(&view), url);
         sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn result_url_override_shows_in_the_job_view() {
+        let sim = start_sim().await;
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let metadata = "http://169.254.169.254/latest/meta-data";
+        sim.control
+            .set_result_url_override(Some(metadata.to_owned()));
+        let job = client
+            .submit(&order("aimed elsewhere"))
+            .await
+            .expect("submit");
+        let view = wait_final(&client, &job.job_id).await;
+        assert_eq!(content_url(&view), metadata);
+        sim.control.set_result_url_override(None);
+        let view = client.poll(&job.job_id).await.expect("poll");
+        assert_eq!(
+            content_url(&view),
+            format!("{}/v1/jobs/{}/image.svg", sim.url(), job.job_id)
+        );
+        sim.stop().await;
+    }
+
+    /// The redirect takes the image's place (an unknown job is still 404),
+    /// and every image request is counted, in `/v1/stats` too.
+    #[actix_web::test]
+    async fn image_redirect_answers_302_and_image_requests_are_counted() {
+        let sim = start_sim().await;
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let job = client.submit(&order("moved")).await.expect("submit");
+        let url = content_url(&wait_final(&client, &job.job_id).await);
+        let elsewhere = "http://127.0.0.1:9/x.png";
+        sim.control.set_image_redirect(Some(elsewhere.to_owned()));
+        let no_redirects = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("HTTP client");
+        let answer = no_redirects.get(&url).send().await.expect("answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::FOUND);
+        assert_eq!(answer.headers()["location"], elsewhere);
+        let unknown = format!("{}/v1/jobs/job-unknown/image.svg", sim.url());
+        let answer = no_redirects.get(&unknown).send().await.expect("answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::NOT_FOUND);
+        sim.control.set_image_redirect(None);
+        let answer = no_redirects.get(&url).send().await.expect("answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::OK);
+        let stats: SimStats = plain_http()
+            .get(format!("{}/v1/stats", sim.url()))
+            .send()
+            .await
+            .expect("stats answer")
+            .json()
+            .await
+            .expect("stats JSON");
+        assert_eq!(stats.output_fetches, 3);
+        sim.stop().await;
+    }
+
+    /// Stats from a simulator without `output_fetches` still read.
+    #[test]
+    fn stats_without_output_fetches_still_deserialize() {
+        let stats: SimStats = serde_json::from_value(json!({
+            "jobs_created": 1, "submits": 1, "polls": 0, "max_concurrent_jobs": 1,
+            "running": 0, "missing_key": 0,
+        }))
+        .expect("old stats");
+        assert_eq!(stats.output_fetches, 0);
     }
 
     /// Memory is bounded: past `max_jobs`, the oldest finished jobs are
