@@ -88,6 +88,11 @@ enum Command {
         /// answers 405.
         #[arg(long)]
         refuse_cancel: bool,
+        /// Delete each output this long after its job ended (e.g. `1h`, as
+        /// Replicate does): its image URL then answers 404 while the job
+        /// still answers. Default: kept as long as the job.
+        #[arg(long, value_parser = parse_duration)]
+        delete_outputs_after: Option<Duration>,
     },
     /// Measure the server as a user runs it (subprocesses on 127.0.0.1) and
     /// print one table.
@@ -171,6 +176,7 @@ fn main() -> ExitCode {
                 fail_rate,
                 unavailable_rate,
                 refuse_cancel,
+                delete_outputs_after,
             } => {
                 let config = SimConfig {
                     latency,
@@ -178,6 +184,7 @@ fn main() -> ExitCode {
                     fail_rate,
                     unavailable_rate,
                     refuse_cancel,
+                    delete_outputs_after,
                 };
                 let control = SimControl::new(config);
                 control.set_latency_p99(latency_p99);

@@ -1433,6 +1433,7 @@ async fn chaos_run() {
         fail_rate: 0.0,
         unavailable_rate: 0.0,
         refuse_cancel: false,
+        delete_outputs_after: None,
     })
     .await;
 

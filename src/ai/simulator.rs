@@ -14,13 +14,28 @@
 //! job's kind and prompt, see `picture`), so that the pages show a real
 //! picture with the built-in simulator too.
 //!
+//! A job whose `params.input_url` is a string is a photo job, as at an
+//! image-to-image provider: the simulator fetches that photo (a signed URL
+//! of the stagehand server) in a task of its own when the job is created,
+//! turns it into a comic (see `comic`) off the actix workers, and serves the
+//! PNG at `GET /v1/jobs/{id}/image.png`. A photo it cannot fetch or decode
+//! ends the job `failed`, with an error that says so.
+//!
+//! Outputs can be deleted a while after their job ended
+//! ([`SimConfig::delete_outputs_after`], as Replicate deletes them after an
+//! hour): the job still answers, with a URL that now answers 404. For tests
+//! of what stagehand fetches, a job's URL can point anywhere
+//! ([`SimControl::set_result_url_override`]), the images can answer with a
+//! redirect ([`SimControl::set_image_redirect`]), and every image request is
+//! counted ([`SimStats::output_fetches`]).
+//!
 //! Job timing uses real monotonic time (`std::time::Instant`), not the app's
 //! injectable clock: the simulator stands for a provider outside the app.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
@@ -29,6 +44,7 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+mod comic;
 mod picture;
 
 /// Largest request body the simulator reads.
@@ -40,6 +56,12 @@ const PROMPT_EXCERPT_CHARS: usize = 40;
 pub const MAX_JOBS: usize = 100_000;
 /// How long a finished job stays readable.
 pub const KEEP_FINISHED: Duration = Duration::from_secs(3_600);
+/// Largest input photo the simulator downloads.
+pub const MAX_PHOTO_BYTES: usize = 20 * 1024 * 1024;
+/// Longest a photo download may take, connection included.
+pub const PHOTO_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest the connection for a photo download may take.
+const PHOTO_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How the simulator behaves.
 #[derive(Debug, Clone)]
@@ -56,6 +78,10 @@ pub struct SimConfig {
     /// Play a provider without cancel: `POST /v1/jobs/{id}/cancel` answers
     /// 405 `method_not_allowed` and leaves the job alone.
     pub refuse_cancel: bool,
+    /// Time after a job ended from which its output is deleted: its image
+    /// URL answers 404 `not_found` while the job still answers, with that
+    /// URL. None: outputs are kept as long as their job.
+    pub delete_outputs_after: Option<Duration>,
 }
 
 impl Default for SimConfig {
@@ -66,6 +92,7 @@ impl Default for SimConfig {
             fail_rate: 0.0,
             unavailable_rate: 0.0,
             refuse_cancel: false,
+            delete_outputs_after: None,
         }
     }
 }
@@ -103,6 +130,11 @@ pub struct SimStats {
     /// (outage answers not counted).
     #[serde(default)]
     pub cancel_requests: u64,
+    /// Requests for a job's image (`image.svg` or `image.png`), whatever
+    /// they were answered (image, redirect or 404; outage answers not
+    /// counted): how many times outputs were downloaded.
+    #[serde(default)]
+    pub output_fetches: u64,
 }
 
 /// Faults tests switch on at run time ([`SimControl::set_faults`]), each
@@ -151,29 +183,142 @@ struct SimJob {
     cancelled: bool,
     /// The Idempotency-Key it was made under (forgotten with it).
     key: String,
+    /// A photo job's input and its comic; None for a picture drawn from
+    /// the prompt alone.
+    photo: Option<PhotoJob>,
+}
+
+/// The participant's photo a job was given (`params.input_url`) and what
+/// became of it.
+#[derive(Debug)]
+struct PhotoJob {
+    input_url: String,
+    comic: Comic,
+}
+
+/// A photo job's comic.
+#[derive(Debug)]
+enum Comic {
+    /// The photo is being fetched or drawn: the job runs on, past its
+    /// `done_at` if need be.
+    Drawing,
+    /// The comic's PNG, ready at `at`.
+    Drawn { png: web::Bytes, at: Instant },
+    /// No comic (the photo could not be fetched or decoded), known at `at`:
+    /// the job ends `failed` with this error.
+    Failed { error: String, at: Instant },
+}
+
+/// The kinds of output a job has: an SVG drawn from its prompt, or a PNG
+/// drawn from its photo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutputFormat {
+    Svg,
+    Png,
+}
+
+impl OutputFormat {
+    fn extension(self) -> &'static str {
+        match self {
+            Self::Svg => "svg",
+            Self::Png => "png",
+        }
+    }
+}
+
+/// How a succeeded job's URL is written.
+#[derive(Debug, Default)]
+struct OutputLinks {
+    /// Where results' images are served, e.g. `http://127.0.0.1:PORT`
+    /// ([`start`] sets it to the address it listens on); empty until then,
+    /// which makes the image URLs relative.
+    image_base: String,
+    /// Every succeeded job's URL instead of its image's
+    /// ([`SimControl::set_result_url_override`]).
+    url_override: Option<String>,
+}
+
+impl OutputLinks {
+    fn url_of(&self, job: &SimJob) -> String {
+        match &self.url_override {
+            Some(url) => url.clone(),
+            None => format!(
+                "{}/v1/jobs/{}/image.{}",
+                self.image_base,
+                job.job_id,
+                job.output_format().extension()
+            ),
+        }
+    }
 }
 
 impl SimJob {
-    /// Ended at `now`: cancelled, or its `done_at` has come.
-    fn is_done(&self, now: Instant) -> bool {
-        self.cancelled || self.done_at <= now
+    /// Still fetching or drawing its photo.
+    fn is_drawing(&self) -> bool {
+        matches!(
+            self.photo,
+            Some(PhotoJob {
+                comic: Comic::Drawing,
+                ..
+            })
+        )
     }
 
-    /// The job as `GET /v1/jobs/{id}` answers it at `now`; its image's URL
-    /// starts with `image_base` (see [`SimState::image_base`]).
-    fn view(&self, now: Instant, image_base: &str) -> Value {
+    /// Ended at `now`: cancelled, or its `done_at` has come and its photo
+    /// (if any) is drawn or failed.
+    fn is_done(&self, now: Instant) -> bool {
+        self.cancelled || (self.done_at <= now && !self.is_drawing())
+    }
+
+    /// When it ended, or will at the earliest: its `done_at`, or later for
+    /// a photo drawn after it.
+    fn finished_at(&self) -> Instant {
+        match &self.photo {
+            Some(PhotoJob {
+                comic: Comic::Drawn { at, .. } | Comic::Failed { at, .. },
+                ..
+            }) => self.done_at.max(*at),
+            _ => self.done_at,
+        }
+    }
+
+    /// Why it ends `failed`, if it does.
+    fn failure(&self) -> Option<&str> {
+        if self.will_fail {
+            return Some("generation failed");
+        }
+        match &self.photo {
+            Some(PhotoJob {
+                comic: Comic::Failed { error, .. },
+                ..
+            }) => Some(error),
+            _ => None,
+        }
+    }
+
+    /// Ended `succeeded` at `now`: it has an output.
+    fn has_succeeded(&self, now: Instant) -> bool {
+        !self.cancelled && self.is_done(now) && self.failure().is_none()
+    }
+
+    fn output_format(&self) -> OutputFormat {
+        match self.photo {
+            Some(_) => OutputFormat::Png,
+            None => OutputFormat::Svg,
+        }
+    }
+
+    /// The job as `GET /v1/jobs/{id}` answers it at `now`, its URL written
+    /// by `links`.
+    fn view(&self, now: Instant, links: &OutputLinks) -> Value {
         if self.cancelled {
             return json!({ "job_id": self.job_id, "status": "cancelled" });
         }
         if !self.is_done(now) {
             return json!({ "job_id": self.job_id, "status": "running" });
         }
-        if self.will_fail {
-            return json!({
-                "job_id": self.job_id,
-                "status": "failed",
-                "error": "generation failed",
-            });
+        if let Some(error) = self.failure() {
+            return json!({ "job_id": self.job_id, "status": "failed", "error": error });
         }
         let excerpt: String = self.prompt.chars().take(PROMPT_EXCERPT_CHARS).collect();
         json!({
@@ -182,7 +327,7 @@ impl SimJob {
             "result": {
                 "content": [{
                     "type": "image",
-                    "url": format!("{image_base}/v1/jobs/{}/image.svg", self.job_id),
+                    "url": links.url_of(self),
                     "text": format!("{} for {}", self.kind, excerpt),
                 }],
                 "score": self.score,
@@ -244,15 +389,20 @@ struct SimState {
     fail_next: u64,
     /// The 99th percentile of job times ([`SimControl::set_latency_p99`]).
     latency_p99: Option<Duration>,
-    /// Where results' images are served, e.g. `http://127.0.0.1:PORT`
-    /// ([`start`] sets it to the address it listens on); empty until then,
-    /// which makes the image URLs relative.
-    image_base: String,
+    /// How succeeded jobs' URLs are written.
+    links: OutputLinks,
+    /// Image requests answer 302 to this URL instead of the image
+    /// ([`SimControl::set_image_redirect`]).
+    image_redirect: Option<String>,
+    output_fetches: u64,
+    /// `done_at` of the photo jobs still drawing their comic, by job id:
+    /// those past their `done_at` still run (they left `unfinished`).
+    drawing: HashMap<String, Instant>,
 }
 
 impl SimState {
-    /// Jobs not done at `now` (not cancelled and `done_at > now`, as
-    /// [`SimJob::is_done`] says). Forgets the ones that are past their
+    /// Jobs not done at `now` (not cancelled, and `done_at > now` or still
+    /// drawing, as [`SimJob::is_done`] says). Forgets the ones that are past their
     /// `done_at`, so `now` must not go back in time between calls (it is
     /// always `Instant::now()`).
     fn running_jobs(&mut self, now: Instant) -> u64 {
@@ -261,10 +411,12 @@ impl SimState {
                 heap.pop();
             }
         }
+        let overdue_drawing = self.drawing.values().filter(|done_at| **done_at <= now);
         let running = self
             .unfinished
             .len()
-            .saturating_sub(self.cancelled_unfinished.len());
+            .saturating_sub(self.cancelled_unfinished.len())
+            + overdue_drawing.count();
         u64::try_from(running).unwrap_or(u64::MAX)
     }
 
@@ -280,7 +432,7 @@ impl SimState {
                 continue;
             };
             let ended = job.is_done(now);
-            let stale = ended && job.done_at + KEEP_FINISHED <= now;
+            let stale = ended && job.finished_at() + KEEP_FINISHED <= now;
             let over = ended && self.created.len() >= self.max_jobs;
             if !(stale || over) {
                 break;
@@ -290,6 +442,51 @@ impl SimState {
             }
             self.created.pop_front();
         }
+    }
+
+    /// The output of a job that succeeded has been deleted by `now`
+    /// ([`SimConfig::delete_outputs_after`]).
+    fn is_output_deleted(&self, job: &SimJob, now: Instant) -> bool {
+        self.config
+            .delete_outputs_after
+            .and_then(|after| job.finished_at().checked_add(after))
+            .is_some_and(|deleted_at| deleted_at <= now)
+    }
+
+    /// A new job of `body` made at `now` under `key` (not filed yet).
+    fn new_job(&mut self, key: String, body: &Value, prompt: String, now: Instant) -> SimJob {
+        let job_uuid = uuid::Uuid::new_v4();
+        let forced_failure = self.fail_next > 0;
+        self.fail_next = self.fail_next.saturating_sub(1);
+        let input_url = body
+            .get("params")
+            .and_then(|params| params.get("input_url"))
+            .and_then(Value::as_str);
+        let job = SimJob {
+            job_id: format!("job-{}", job_uuid.simple()),
+            kind: text_field(body, "kind").unwrap_or_else(|| "content".to_owned()),
+            prompt,
+            done_at: now + job_latency(self.config.latency, self.latency_p99),
+            will_fail: forced_failure || rand::random::<f64>() < self.config.fail_rate,
+            // The last six hex digits of the id, modulo 1000, like the contract fake.
+            score: u64::try_from((job_uuid.as_u128() & 0xFF_FFFF) % 1000).unwrap_or(0),
+            cancelled: false,
+            key,
+            photo: input_url.map(|url| PhotoJob {
+                input_url: url.to_owned(),
+                comic: Comic::Drawing,
+            }),
+        };
+        tracing::debug!(
+            job_id = %job.job_id,
+            idempotency_key = %job.key,
+            kind = %job.kind,
+            latency_ms = u64::try_from(self.config.latency.as_millis()).unwrap_or(u64::MAX),
+            will_fail = job.will_fail,
+            photo = job.photo.is_some(),
+            "simulator created a job"
+        );
+        job
     }
 
     fn is_rejected(&self, prompt: &str) -> bool {
@@ -304,6 +501,8 @@ impl SimState {
 #[derive(Clone)]
 pub struct SimControl {
     state: Arc<Mutex<SimState>>,
+    /// The client photos are fetched with, made at the first photo job.
+    photo_http: Arc<OnceLock<reqwest::Client>>,
 }
 
 impl std::fmt::Debug for SimControl {
@@ -339,8 +538,12 @@ impl SimControl {
                 cancel_requests: 0,
                 fail_next: 0,
                 latency_p99: None,
-                image_base: String::new(),
+                links: OutputLinks::default(),
+                image_redirect: None,
+                output_fetches: 0,
+                drawing: HashMap::new(),
             })),
+            photo_http: Arc::new(OnceLock::new()),
         }
     }
 
@@ -364,6 +567,7 @@ impl SimControl {
             unclear_answers: state.unclear_answers,
             cancelled: state.cancelled,
             cancel_requests: state.cancel_requests,
+            output_fetches: state.output_fetches,
         }
     }
 
@@ -442,8 +646,6 @@ impl SimControl {
         self.lock().latency_p99 = p99;
     }
 
-    /// Cancels answer 405 `method_not_allowed` and leave the job alone, as
-    /// from a provider without cancel (`false`: cancels work again).
     /// Keep at most `n` jobs (tests of the bound; default [`MAX_JOBS`]).
     pub fn set_max_jobs(&self, n: usize) {
         self.lock().max_jobs = n;
@@ -454,6 +656,8 @@ impl SimControl {
         self.lock().jobs.len()
     }
 
+    /// Cancels answer 405 `method_not_allowed` and leave the job alone, as
+    /// from a provider without cancel (`false`: cancels work again).
     pub fn set_refuse_cancel(&self, refuse: bool) {
         self.lock().config.refuse_cancel = refuse;
     }
@@ -461,6 +665,26 @@ impl SimControl {
     /// Applies to jobs created afterwards.
     pub fn set_fail_rate(&self, rate: f64) {
         self.lock().config.fail_rate = rate;
+    }
+
+    /// Outputs are deleted this long after their job ended (None: kept as
+    /// long as the job). Applies to every job, the ended ones included.
+    pub fn set_delete_outputs_after(&self, after: Option<Duration>) {
+        self.lock().config.delete_outputs_after = after;
+    }
+
+    /// Every succeeded job's content URL is `url` instead of its image's
+    /// (e.g. `http://169.254.169.254/latest/meta-data`), for tests of what
+    /// stagehand agrees to fetch. None: the image's URL again.
+    pub fn set_result_url_override(&self, url: Option<String>) {
+        self.lock().links.url_override = url;
+    }
+
+    /// `GET /v1/jobs/{id}/image.*` answers 302 with `Location: url` where it
+    /// would answer the image (a redirect out of the provider's origin).
+    /// None: the image again.
+    pub fn set_image_redirect(&self, url: Option<String>) {
+        self.lock().image_redirect = url;
     }
 
     /// Number of created jobs whose prompt contains `needle` (tests prove no
@@ -485,8 +709,23 @@ impl SimControl {
         refused
     }
 
-    /// `POST /v1/jobs` once the body is read: returns the status and the body.
+    /// `POST /v1/jobs` once the body is read: returns the status and the
+    /// body. A photo job's photo is fetched and drawn in a task of its own.
     fn submit(&self, idempotency_key: Option<&str>, body: &Value) -> (StatusCode, Value) {
+        let (status, view, input_url) = self.create_job(idempotency_key, body);
+        if let (Some(url), Some(job_id)) = (input_url, view["job_id"].as_str()) {
+            self.spawn_drawing(job_id.to_owned(), url);
+        }
+        (status, view)
+    }
+
+    /// The submit, under the lock: the status, the body, and the input URL
+    /// of a photo job it created.
+    fn create_job(
+        &self,
+        idempotency_key: Option<&str>,
+        body: &Value,
+    ) -> (StatusCode, Value, Option<String>) {
         let mut state = self.lock();
         state.submits += 1;
         let key = match idempotency_key {
@@ -502,48 +741,30 @@ impl SimControl {
             .get(&key)
             .and_then(|job_id| state.jobs.get(job_id))
         {
-            return (StatusCode::OK, job.view(now, &state.image_base));
+            return (StatusCode::OK, job.view(now, &state.links), None);
         }
         let prompt = text_field(body, "prompt").unwrap_or_default();
         if state.is_rejected(&prompt) {
-            return (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                json!({ "error": "content_rejected", "message": "input blocked by moderation" }),
-            );
+            let refusal =
+                json!({ "error": "content_rejected", "message": "input blocked by moderation" });
+            return (StatusCode::UNPROCESSABLE_ENTITY, refusal, None);
         }
-        let job_uuid = uuid::Uuid::new_v4();
-        let job = SimJob {
-            job_id: format!("job-{}", job_uuid.simple()),
-            kind: text_field(body, "kind").unwrap_or_else(|| "content".to_owned()),
-            prompt,
-            done_at: now + job_latency(state.config.latency, state.latency_p99),
-            will_fail: {
-                let forced = state.fail_next > 0;
-                state.fail_next = state.fail_next.saturating_sub(1);
-                forced || rand::random::<f64>() < state.config.fail_rate
-            },
-            // The last six hex digits of the id, modulo 1000, like the contract fake.
-            score: u64::try_from((job_uuid.as_u128() & 0xFF_FFFF) % 1000).unwrap_or(0),
-            cancelled: false,
-            key: key.clone(),
-        };
-        tracing::debug!(
-            job_id = %job.job_id,
-            idempotency_key = %key,
-            kind = %job.kind,
-            latency_ms = u64::try_from(state.config.latency.as_millis()).unwrap_or(u64::MAX),
-            will_fail = job.will_fail,
-            "simulator created a job"
-        );
-        let view = job.view(now, &state.image_base);
+        let job = state.new_job(key, body, prompt, now);
+        let view = job.view(now, &state.links);
+        let input_url = job.photo.as_ref().map(|photo| photo.input_url.clone());
+        if input_url.is_some() {
+            state.drawing.insert(job.job_id.clone(), job.done_at);
+        }
         state.forget_old_jobs(now);
-        state.job_id_by_key.insert(key, job.job_id.clone());
+        state
+            .job_id_by_key
+            .insert(job.key.clone(), job.job_id.clone());
         state.unfinished.push(Reverse(job.done_at));
         state.created.push_back(job.job_id.clone());
         state.jobs.insert(job.job_id.clone(), job);
         let running = state.running_jobs(now);
         state.max_concurrent_jobs = state.max_concurrent_jobs.max(running);
-        (StatusCode::ACCEPTED, view)
+        (StatusCode::ACCEPTED, view, input_url)
     }
 
     /// `GET /v1/jobs/{id}`: returns the status and the body.
@@ -551,7 +772,7 @@ impl SimControl {
         let mut state = self.lock();
         state.polls += 1;
         match state.jobs.get(job_id) {
-            Some(job) => (StatusCode::OK, job.view(Instant::now(), &state.image_base)),
+            Some(job) => (StatusCode::OK, job.view(Instant::now(), &state.links)),
             None => (StatusCode::NOT_FOUND, json!({ "error": "not_found" })),
         }
     }
@@ -575,12 +796,17 @@ impl SimControl {
             return (StatusCode::NOT_FOUND, json!({ "error": "not_found" }));
         };
         if job.is_done(now) {
-            return (StatusCode::OK, job.view(now, &state.image_base));
+            return (StatusCode::OK, job.view(now, &state.links));
         }
         job.cancelled = true;
-        let (done_at, view) = (job.done_at, job.view(now, &state.image_base));
+        let (done_at, view) = (job.done_at, job.view(now, &state.links));
         tracing::debug!(job_id, "simulator cancelled a job");
-        state.cancelled_unfinished.push(Reverse(done_at));
+        // Still in `unfinished` unless past its `done_at` (a photo still
+        // drawing): then it stops counting as running by leaving `drawing`.
+        if done_at > now {
+            state.cancelled_unfinished.push(Reverse(done_at));
+        }
+        state.drawing.remove(job_id);
         state.cancelled += 1;
         (StatusCode::OK, view)
     }
@@ -589,23 +815,156 @@ impl SimControl {
 impl SimControl {
     /// Where results' images are served from now on (`start` sets it).
     fn set_image_base(&self, base: String) {
-        self.lock().image_base = base;
+        self.lock().links.image_base = base;
     }
 
-    /// The SVG of a job that succeeded (`GET /v1/jobs/{id}/image.svg`);
-    /// None for an unknown job or one that did not (or not yet) succeed,
-    /// which has no image.
-    fn picture(&self, job_id: &str) -> Option<String> {
+    /// A job's output in `format`, counted as a fetch: the image of a job
+    /// that succeeded (or the redirect in its place); not found for an
+    /// unknown job, one that did not (or not yet) succeed, one whose output
+    /// is of the other format, or deleted.
+    fn output(&self, job_id: &str, format: OutputFormat) -> OutputAnswer {
         let (kind, prompt) = {
-            let state = self.lock();
-            let job = state.jobs.get(job_id)?;
-            if job.cancelled || job.will_fail || !job.is_done(Instant::now()) {
-                return None;
+            let mut guard = self.lock();
+            let state = &mut *guard;
+            state.output_fetches += 1;
+            let now = Instant::now();
+            let Some(job) = state.jobs.get(job_id) else {
+                return OutputAnswer::NotFound;
+            };
+            if !job.has_succeeded(now)
+                || job.output_format() != format
+                || state.is_output_deleted(job, now)
+            {
+                return OutputAnswer::NotFound;
+            }
+            if let Some(location) = &state.image_redirect {
+                return OutputAnswer::Redirect(location.clone());
+            }
+            if let Some(PhotoJob {
+                comic: Comic::Drawn { png, .. },
+                ..
+            }) = &job.photo
+            {
+                return OutputAnswer::Png(png.clone());
             }
             (job.kind.clone(), job.prompt.clone())
         };
-        Some(picture::draw(&kind, &prompt))
+        OutputAnswer::Svg(picture::draw(&kind, &prompt))
     }
+
+    /// Starts fetching and drawing a photo job's photo in a task of its own
+    /// on the runtime the submit runs on. Without one (a submit made outside
+    /// any runtime, in a unit test) nothing can fetch: the job fails.
+    fn spawn_drawing(&self, job_id: String, input_url: String) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(draw_comic(self.clone(), job_id, input_url));
+            }
+            Err(_) => {
+                let error = "input photo could not be fetched: no runtime to fetch it on";
+                self.file_comic(&job_id, Err(error.to_owned()));
+            }
+        }
+    }
+
+    /// Files a photo job's comic, or why there is none: the job ends once
+    /// its `done_at` has come too.
+    fn file_comic(&self, job_id: &str, outcome: Result<web::Bytes, String>) {
+        let mut state = self.lock();
+        state.drawing.remove(job_id);
+        let Some(photo) = state
+            .jobs
+            .get_mut(job_id)
+            .and_then(|job| job.photo.as_mut())
+        else {
+            return;
+        };
+        let at = Instant::now();
+        photo.comic = match outcome {
+            Ok(png) => Comic::Drawn { png, at },
+            Err(error) => {
+                tracing::debug!(job_id, %error, "simulator has no comic for a photo job");
+                Comic::Failed { error, at }
+            }
+        };
+    }
+
+    /// The client photos are fetched with (made once).
+    fn photo_http(&self) -> reqwest::Client {
+        self.photo_http
+            .get_or_init(|| {
+                crate::ai::client::ensure_crypto_provider();
+                reqwest::Client::builder()
+                    .connect_timeout(PHOTO_CONNECT_TIMEOUT)
+                    .timeout(PHOTO_FETCH_TIMEOUT)
+                    .redirect(reqwest::redirect::Policy::limited(3))
+                    .build()
+                    .expect("the photo HTTP client configuration is static and valid")
+            })
+            .clone()
+    }
+}
+
+/// What `GET /v1/jobs/{id}/image.{svg,png}` answers.
+#[derive(Debug)]
+enum OutputAnswer {
+    Svg(String),
+    Png(web::Bytes),
+    Redirect(String),
+    NotFound,
+}
+
+/// Fetches a photo job's photo and draws its comic (on the blocking pool:
+/// no actix worker waits on either), then files the outcome. The state lock
+/// is taken only to file it.
+async fn draw_comic(control: SimControl, job_id: String, input_url: String) {
+    let outcome = match fetch_photo(&control.photo_http(), &input_url).await {
+        Err(error) => Err(format!("input photo could not be fetched: {error}")),
+        Ok(photo) => match tokio::task::spawn_blocking(move || comic::comic(&photo)).await {
+            Ok(Ok(png)) => Ok(web::Bytes::from(png)),
+            Ok(Err(error)) => Err(format!("input photo could not be decoded: {error}")),
+            Err(error) => Err(format!("the comic could not be drawn: {error}")),
+        },
+    };
+    control.file_comic(&job_id, outcome);
+}
+
+/// The photo at `url`: a 2xx answer of at most [`MAX_PHOTO_BYTES`], read
+/// within [`PHOTO_FETCH_TIMEOUT`]. The errors never quote the URL (a signed
+/// one must not end up in a job's error).
+async fn fetch_photo(http: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
+    let too_large = || format!("larger than {} MiB", MAX_PHOTO_BYTES / (1024 * 1024));
+    let mut answer = http.get(url).send().await.map_err(fetch_failure)?;
+    let status = answer.status();
+    if !status.is_success() {
+        return Err(format!("HTTP {status}"));
+    }
+    let announced = answer.content_length().unwrap_or(0);
+    if usize::try_from(announced).map_or(true, |length| length > MAX_PHOTO_BYTES) {
+        return Err(too_large());
+    }
+    let mut photo = Vec::new();
+    while let Some(chunk) = answer.chunk().await.map_err(fetch_failure)? {
+        if photo.len() + chunk.len() > MAX_PHOTO_BYTES {
+            return Err(too_large());
+        }
+        photo.extend_from_slice(&chunk);
+    }
+    Ok(photo)
+}
+
+/// What went wrong with a photo download, in its innermost error's words
+/// (the outer one carries the URL).
+fn fetch_failure(error: reqwest::Error) -> String {
+    let error = error.without_url();
+    if error.is_timeout() {
+        return format!("no answer within {} s", PHOTO_FETCH_TIMEOUT.as_secs());
+    }
+    let mut cause: &(dyn std::error::Error + 'static) = &error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
 }
 
 /// A JSON field as text: strings as they are, other values in JSON notation.
@@ -710,24 +1069,47 @@ async fn cancel_job(control: web::Data<SimControl>, job_id: web::Path<String>) -
     json_answer(status, answer)
 }
 
-/// `GET /v1/jobs/{id}/image.svg`: the picture of a succeeded job, the same
-/// bytes each time (cached a day). The SVG gets a CSP of its own that allows
-/// nothing but its inline drawing, in case it is opened as a page.
-async fn job_image(control: web::Data<SimControl>, job_id: web::Path<String>) -> HttpResponse {
+/// `GET /v1/jobs/{id}/image.svg`: the picture of a job that succeeded
+/// without a photo.
+async fn job_svg(control: web::Data<SimControl>, job_id: web::Path<String>) -> HttpResponse {
+    serve_output(&control, &job_id, OutputFormat::Svg)
+}
+
+/// `GET /v1/jobs/{id}/image.png`: the comic of a photo job that succeeded.
+async fn job_png(control: web::Data<SimControl>, job_id: web::Path<String>) -> HttpResponse {
+    serve_output(&control, &job_id, OutputFormat::Png)
+}
+
+/// A job's image: the same bytes each time (cached a day), a redirect
+/// instead ([`SimControl::set_image_redirect`]), or 404 `not_found`. The
+/// SVG gets a CSP of its own that allows nothing but its inline drawing, in
+/// case it is opened as a page.
+fn serve_output(control: &SimControl, job_id: &str, format: OutputFormat) -> HttpResponse {
     if control.is_unavailable(false) {
         return unavailable_answer();
     }
-    match control.picture(&job_id) {
-        Some(svg) => HttpResponse::Ok()
-            .content_type("image/svg+xml")
+    let image = |content_type: &str| {
+        let mut answer = HttpResponse::Ok();
+        answer
+            .content_type(content_type)
             .insert_header(("Cache-Control", "public, max-age=86400, immutable"))
-            .insert_header(("X-Content-Type-Options", "nosniff"))
+            .insert_header(("X-Content-Type-Options", "nosniff"));
+        answer
+    };
+    match control.output(job_id, format) {
+        OutputAnswer::Svg(svg) => image("image/svg+xml")
             .insert_header((
                 "Content-Security-Policy",
                 "default-src 'none'; style-src 'unsafe-inline'",
             ))
             .body(svg),
-        None => json_answer(StatusCode::NOT_FOUND, json!({ "error": "not_found" })),
+        OutputAnswer::Png(png) => image("image/png").body(png),
+        OutputAnswer::Redirect(location) => HttpResponse::Found()
+            .insert_header((actix_web::http::header::LOCATION, location))
+            .finish(),
+        OutputAnswer::NotFound => {
+            json_answer(StatusCode::NOT_FOUND, json!({ "error": "not_found" }))
+        }
     }
 }
 
@@ -778,7 +1160,8 @@ pub async fn start(bind: &str, control: SimControl) -> std::io::Result<RunningSi
             .route("/v1/jobs", web::post().to(submit_job))
             .route("/v1/jobs/{job_id}", web::get().to(poll_job))
             .route("/v1/jobs/{job_id}/cancel", web::post().to(cancel_job))
-            .route("/v1/jobs/{job_id}/image.svg", web::get().to(job_image))
+            .route("/v1/jobs/{job_id}/image.svg", web::get().to(job_svg))
+            .route("/v1/jobs/{job_id}/image.png", web::get().to(job_png))
             .route("/v1/stats", web::get().to(serve_stats))
             .default_service(web::to(not_found))
     })
@@ -863,6 +1246,300 @@ mod tests {
             idempotency_key: uuid::Uuid::new_v4(),
             ..JobOrder::default()
         }
+    }
+
+    /// 640x480, served by [`start_photo_server`].
+    const SMALL_PNG: &[u8] = include_bytes!("../../tests/fixtures/photo-small.png");
+
+    /// A stand-in for stagehand's signed photo URLs: `/photo.png` (the
+    /// fixture), `/gated.png` (the fixture once `gate` is notified),
+    /// `/not-a-photo`, `/huge` (21 MiB, no Content-Length), 404 elsewhere.
+    struct PhotoServer {
+        url: String,
+        gate: Arc<tokio::sync::Notify>,
+        handle: ServerHandle,
+    }
+
+    async fn start_photo_server() -> PhotoServer {
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let app_gate = web::Data::new(gate.clone());
+        let png = || HttpResponse::Ok().content_type("image/png").body(SMALL_PNG);
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(app_gate.clone())
+                .route("/photo.png", web::get().to(move || async move { png() }))
+                .route(
+                    "/gated.png",
+                    web::get().to(
+                        move |gate: web::Data<Arc<tokio::sync::Notify>>| async move {
+                            gate.notified().await;
+                            png()
+                        },
+                    ),
+                )
+                .route(
+                    "/not-a-photo",
+                    web::get().to(|| async { HttpResponse::Ok().body("<html>hi</html>") }),
+                )
+                .route("/huge", web::get().to(|| async { huge_answer() }))
+        })
+        .workers(1)
+        .disable_signals()
+        .shutdown_timeout(1)
+        .bind("127.0.0.1:0")
+        .expect("the photo server binds");
+        let url = format!("http://{}", server.addrs()[0]);
+        let server = server.run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        PhotoServer { url, gate, handle }
+    }
+
+    /// 21 MiB of zeros, streamed without a Content-Length.
+    fn huge_answer() -> HttpResponse {
+        let chunk = web::Bytes::from(vec![0_u8; 1024 * 1024]);
+        let chunks = (0..21).map(move |_| Ok::<_, std::io::Error>(chunk.clone()));
+        HttpResponse::Ok()
+            .content_type("image/png")
+            .streaming(futures_util::stream::iter(chunks))
+    }
+
+    fn photo_order(input_url: &str) -> JobOrder {
+        JobOrder {
+            params: json!({ "style": "comic", "input_url": input_url }),
+            ..order("me as a comic")
+        }
+    }
+
+    /// Polls until the job is final, failing the test past a deadline.
+    async fn wait_final(client: &AiClient, job_id: &str) -> crate::ai::JobView {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let view = client.poll(job_id).await.expect("poll");
+            if view.status.is_final() {
+                return view;
+            }
+            assert!(Instant::now() < deadline, "{job_id} did not finish in time");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn content_url(view: &crate::ai::JobView) -> String {
+        let result = view.result.as_ref().expect("a result");
+        result.content[0].url.clone().expect("a URL")
+    }
+
+    /// A job with `params.input_url` answers the participant's photo as a
+    /// comic PNG, served at `image.png`; its `image.svg` does not exist.
+    #[actix_web::test]
+    async fn photo_job_result_is_a_comic_png_of_the_photo() {
+        let (sim, photos) = (start_sim().await, start_photo_server().await);
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let job = client
+            .submit(&photo_order(&format!("{}/photo.png", photos.url)))
+            .await
+            .expect("submit");
+        let view = wait_final(&client, &job.job_id).await;
+        assert_eq!(view.status, JobStatus::Succeeded, "{view:?}");
+        let url = content_url(&view);
+        assert_eq!(
+            url,
+            format!("{}/v1/jobs/{}/image.png", sim.url(), job.job_id)
+        );
+        let answer = plain_http().get(&url).send().await.expect("image answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::OK);
+        assert_eq!(answer.headers()["content-type"], "image/png");
+        let png = answer.bytes().await.expect("PNG bytes");
+        let comic = image::load_from_memory_with_format(&png, image::ImageFormat::Png)
+            .expect("a PNG")
+            .to_rgb8();
+        let photo = image::load_from_memory(SMALL_PNG)
+            .expect("fixture")
+            .to_rgb8();
+        assert_eq!(comic.dimensions(), photo.dimensions());
+        let changed = comic
+            .pixels()
+            .zip(photo.pixels())
+            .filter(|(drawn, original)| drawn != original)
+            .count();
+        assert!(changed > 640 * 480 / 2, "only {changed} pixels changed");
+        let svg = plain_http()
+            .get(url.replace("image.png", "image.svg"))
+            .send()
+            .await
+            .expect("SVG answer");
+        assert_eq!(svg.status(), reqwest::StatusCode::NOT_FOUND);
+        assert_eq!(sim.control.stats().output_fetches, 2);
+        sim.stop().await;
+        photos.handle.stop(false).await;
+    }
+
+    /// The job runs on while its photo is fetched, past its latency, and
+    /// counts as running meanwhile.
+    #[actix_web::test]
+    async fn photo_job_runs_until_its_comic_is_drawn() {
+        let (sim, photos) = (start_sim().await, start_photo_server().await);
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let gated = photo_order(&format!("{}/gated.png", photos.url));
+        let job = client.submit(&gated).await.expect("submit");
+        let view = client.poll(&job.job_id).await.expect("poll");
+        assert_eq!(view.status, JobStatus::Running);
+        assert_eq!(sim.control.stats().running, 1);
+        photos.gate.notify_one();
+        let view = wait_final(&client, &job.job_id).await;
+        assert_eq!(view.status, JobStatus::Succeeded, "{view:?}");
+        assert_eq!(sim.control.stats().running, 0);
+        sim.stop().await;
+        photos.handle.stop(false).await;
+    }
+
+    /// A photo that cannot be fetched or decoded ends the job `failed`,
+    /// saying why, without quoting the (signed) URL.
+    #[actix_web::test]
+    async fn unusable_photos_end_the_job_failed() {
+        let (sim, photos) = (start_sim().await, start_photo_server().await);
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port");
+        let cases = [
+            (format!("{}/missing.png", photos.url), "fetched: HTTP 404"),
+            (
+                format!("{}/not-a-photo", photos.url),
+                "decoded: not an image",
+            ),
+            (
+                format!("{}/huge", photos.url),
+                "fetched: larger than 20 MiB",
+            ),
+            (
+                format!("http://{closed_port}/p.png"),
+                "could not be fetched",
+            ),
+            ("not a URL".to_owned(), "could not be fetched"),
+        ];
+        for (url, expected) in cases {
+            let job = client.submit(&photo_order(&url)).await.expect("submit");
+            let view = wait_final(&client, &job.job_id).await;
+            assert_eq!(view.status, JobStatus::Failed, "{url}");
+            let error = view.error.expect("an error");
+            assert!(error.starts_with("input photo could not be"), "{error}");
+            assert!(error.contains(expected), "{url}: {error}");
+            assert!(!error.contains(&url), "{error}");
+        }
+        sim.stop().await;
+        photos.handle.stop(false).await;
+    }
+
+    /// Once `delete_outputs_after` has passed since the job ended, its
+    /// image answers 404 while the job still answers with its URL.
+    #[actix_web::test]
+    async fn outputs_are_deleted_after_the_configured_time() {
+        let sim = start_sim().await;
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let job = client.submit(&order("fleeting")).await.expect("submit");
+        let url = content_url(&wait_final(&client, &job.job_id).await);
+        let http = plain_http();
+        let status = |url: String| {
+            let http = http.clone();
+            async move { http.get(url).send().await.expect("image answer").status() }
+        };
+        assert_eq!(status(url.clone()).await, reqwest::StatusCode::OK);
+        sim.control
+            .set_delete_outputs_after(Some(Duration::from_secs(3_600)));
+        assert_eq!(status(url.clone()).await, reqwest::StatusCode::OK);
+        sim.control
+            .set_delete_outputs_after(Some(Duration::from_millis(50)));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while status(url.clone()).await == reqwest::StatusCode::OK {
+            assert!(Instant::now() < deadline, "the output was never deleted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let answer = http.get(&url).send().await.expect("image answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::NOT_FOUND);
+        let body: Value = answer.json().await.expect("JSON error body");
+        assert_eq!(body, json!({ "error": "not_found" }));
+        let view = client
+            .poll(&job.job_id)
+            .await
+            .expect("the job still answers");
+        assert_eq!(view.status, JobStatus::Succeeded);
+        assert_eq!(content_url(&view), url);
+        sim.stop().await;
+    }
+
+    #[actix_web::test]
+    async fn result_url_override_shows_in_the_job_view() {
+        let sim = start_sim().await;
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let metadata = "http://169.254.169.254/latest/meta-data";
+        sim.control
+            .set_result_url_override(Some(metadata.to_owned()));
+        let job = client
+            .submit(&order("aimed elsewhere"))
+            .await
+            .expect("submit");
+        let view = wait_final(&client, &job.job_id).await;
+        assert_eq!(content_url(&view), metadata);
+        sim.control.set_result_url_override(None);
+        let view = client.poll(&job.job_id).await.expect("poll");
+        assert_eq!(
+            content_url(&view),
+            format!("{}/v1/jobs/{}/image.svg", sim.url(), job.job_id)
+        );
+        sim.stop().await;
+    }
+
+    /// The redirect takes the image's place (an unknown job is still 404),
+    /// and every image request is counted, in `/v1/stats` too.
+    #[actix_web::test]
+    async fn image_redirect_answers_302_and_image_requests_are_counted() {
+        let sim = start_sim().await;
+        sim.control.set_latency(Duration::ZERO);
+        let client = client_for(&sim.url());
+        let job = client.submit(&order("moved")).await.expect("submit");
+        let url = content_url(&wait_final(&client, &job.job_id).await);
+        let elsewhere = "http://127.0.0.1:9/x.png";
+        sim.control.set_image_redirect(Some(elsewhere.to_owned()));
+        let no_redirects = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("HTTP client");
+        let answer = no_redirects.get(&url).send().await.expect("answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::FOUND);
+        assert_eq!(answer.headers()["location"], elsewhere);
+        let unknown = format!("{}/v1/jobs/job-unknown/image.svg", sim.url());
+        let answer = no_redirects.get(&unknown).send().await.expect("answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::NOT_FOUND);
+        sim.control.set_image_redirect(None);
+        let answer = no_redirects.get(&url).send().await.expect("answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::OK);
+        let stats: SimStats = plain_http()
+            .get(format!("{}/v1/stats", sim.url()))
+            .send()
+            .await
+            .expect("stats answer")
+            .json()
+            .await
+            .expect("stats JSON");
+        assert_eq!(stats.output_fetches, 3);
+        sim.stop().await;
+    }
+
+    /// Stats from a simulator without `output_fetches` still read.
+    #[test]
+    fn stats_without_output_fetches_still_deserialize() {
+        let stats: SimStats = serde_json::from_value(json!({
+            "jobs_created": 1, "submits": 1, "polls": 0, "max_concurrent_jobs": 1,
+            "running": 0, "missing_key": 0,
+        }))
+        .expect("old stats");
+        assert_eq!(stats.output_fetches, 0);
     }
 
     /// Memory is bounded: past `max_jobs`, the oldest finished jobs are

@@ -170,6 +170,7 @@ pub fn fast_sim() -> SimConfig {
         fail_rate: 0.0,
         unavailable_rate: 0.0,
         refuse_cancel: false,
+        delete_outputs_after: None,
     }
 }
 
