@@ -8,7 +8,9 @@ mod support;
 
 use std::time::Duration;
 
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde_json::{json, Value};
+use stagehand::store::entities::sagas;
 use support::{Backend, S3Server, TestApp};
 
 /// Runs one prompt session to its end.
@@ -191,3 +193,142 @@ async fn sagas_wait_for_the_media_store_and_complete(backend: Backend) {
     app.stop().await;
 }
 db_test!(sagas_wait_for_the_media_store_and_complete);
+
+/// An experience that takes a photo: its slug.
+async fn photo_experience(app: &TestApp) -> String {
+    let slug = format!("ph-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let resp = app
+        .http
+        .post(format!("{}/api/experiences", app.base))
+        .bearer_auth(support::OPERATOR)
+        .json(&json!({"slug": slug, "title": "Comic me", "kind": "comic", "input": "photo"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    slug
+}
+
+/// A photo goes to the provider (the simulator fetches it with the signed
+/// URL it got in `params.input_url`), comes back as a comic PNG, is kept
+/// with a thumbnail for the displays, and still shows after the provider
+/// deleted its output (one second after the job, as Replicate does after
+/// an hour).
+async fn a_photo_comes_back_transformed_and_stays_after_the_provider_deletes_it(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.sim.control.set_delete_outputs_after(Some(Duration::from_secs(1)));
+    let slug = photo_experience(&app).await;
+    let (terminal_id, terminal_token) = app.terminal(&slug).await;
+    let mut display = app.terminal_socket(&terminal_id, &terminal_token, 0).await;
+    let (sid, token) = app.session(&slug, Some(&terminal_id), "ana").await;
+    let photo = app
+        .http
+        .post(format!("{}/api/sessions/{sid}/photo", app.base))
+        .bearer_auth(&token)
+        .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+        .body(include_bytes!("fixtures/photo-gps-rotated.jpg").to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(photo.status(), 201);
+    let photo: Value = photo.json().await.unwrap();
+    let resp = app
+        .submit(&sid, &token, json!({"photo_id": photo["photo_id"]}), &uuid::Uuid::new_v4().to_string())
+        .await;
+    assert_eq!(resp.status(), 202);
+    let done = app.wait_final(&sid, &token, Duration::from_secs(30)).await;
+    let url = kept_url(&done);
+    assert!(url.ends_with(".png"), "the comic is a PNG: {done}");
+    let thumb = done["result"]["content"][0]["thumb_url"].as_str().expect("a thumbnail").to_owned();
+    assert!(thumb.ends_with(".t.jpg"), "{thumb}");
+    let shown = display.next_session_event(Duration::from_secs(10)).await.expect("the display's event");
+    assert_eq!(shown["result"]["content"][0]["thumb_url"], thumb.as_str(), "{shown}");
+    // The provider's copy is gone a second after the job.
+    assert_eq!(app.sim.control.stats().jobs_created, 1);
+    let saga = sagas::Entity::find()
+        .filter(sagas::Column::SessionId.eq(sid.as_str()))
+        .one(app.state.store.db())
+        .await
+        .unwrap()
+        .expect("the saga");
+    let job_id = saga.ai_job_id.expect("its job");
+    let provider_copy = format!("{}/v1/jobs/{job_id}/image.png", app.sim.url());
+    let gone = support::wait_for(Duration::from_secs(10), || async {
+        let status = reqwest::get(&provider_copy).await.ok()?.status();
+        (status == 404).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the provider deleted its output");
+    let full = get(&app.base, &url, &[]).await;
+    assert_eq!(full.status(), 200);
+    assert_eq!(full.headers()["content-type"], "image/png");
+    let full = full.bytes().await.unwrap();
+    let picture = image::load_from_memory(&full).expect("a real PNG");
+    // Upright (portrait), at most 1024 px: the simulator draws at that size.
+    assert_eq!((picture.width(), picture.height()), (768, 1024), "the upright photo, as a comic");
+    let small = get(&app.base, &thumb, &[]).await;
+    assert_eq!(small.status(), 200);
+    let small = small.bytes().await.unwrap();
+    let preview = image::load_from_memory(&small).expect("a real JPEG");
+    assert_eq!(preview.height(), 640, "display size");
+    assert!(small.len() < full.len(), "{} < {}", small.len(), full.len());
+    app.stop().await;
+}
+db_test!(a_photo_comes_back_transformed_and_stays_after_the_provider_deletes_it);
+
+/// A listener on another port of 127.0.0.1 that counts the connections it
+/// gets: a refused URL must never reach it.
+struct Trap {
+    port: u16,
+    hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Trap {
+    fn start() -> Trap {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().unwrap().port();
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = hits.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                drop(stream);
+            }
+        });
+        Trap { port, hits }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// No SSRF: a result URL on another port of 127.0.0.1, one on the cloud
+/// metadata address, and a redirect from the provider's own origin to
+/// them: nothing is fetched, and each attempt fails with a detail that
+/// says why (the saga ends `AI_FAILED` once its attempts are used).
+async fn result_urls_outside_the_providers_origins_are_never_fetched(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let trap = Trap::start();
+    let slug = app.experience(5).await;
+    let cases = [
+        ("another port", Some(format!("http://127.0.0.1:{}/x.png", trap.port)), None),
+        ("metadata", Some("http://169.254.169.254/latest/meta-data/".to_owned()), None),
+        ("redirect", None, Some(format!("http://127.0.0.1:{}/x.png", trap.port))),
+        ("redirect to metadata", None, Some("http://169.254.169.254/latest/meta-data/".to_owned())),
+    ];
+    for (what, url, redirect) in cases {
+        app.sim.control.set_result_url_override(url);
+        app.sim.control.set_image_redirect(redirect);
+        let done = completed(&app, &slug, &format!("ssrf {what}")).await;
+        assert_eq!(done["status"], "ABORTED", "{what}: {done}");
+        assert_eq!(done["abort_reason"], "AI_FAILED", "{what}: {done}");
+        let saga = app.saga_of(done["session_id"].as_str().unwrap()).await;
+        let detail = saga["abort_detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("could not be kept"), "{what}: {saga}");
+        assert!(detail.contains("nothing was fetched"), "{what}: says nothing was fetched: {saga}");
+    }
+    assert_eq!(trap.hits(), 0, "the trap was never reached");
+    app.stop().await;
+}
+db_test!(result_urls_outside_the_providers_origins_are_never_fetched);
