@@ -40,7 +40,7 @@ use crate::store::photos::NewPhoto;
     path = "/api/sessions/{id}/photo",
     tag = "participants",
     summary = "Upload the participant's photo (the image is the body); a submission then names its photo_id.",
-    security(("session" = [])),
+    security(("participant" = [])),
     params(
         ("id" = String, Path, description = "The session's id."),
         super::openapi::SubmissionKey,
@@ -166,40 +166,76 @@ pub struct Signed {
     sig: Option<String>,
 }
 
-/// `GET /media/{key}`
+/// `GET /media/r/{name}`: a kept result file (or its thumbnail).
 #[utoipa::path(
     get,
-    path = "/media/{key}",
+    path = "/media/r/{name}",
     tag = "participants",
-    summary = "A kept file: a result (public to whoever has its unguessable key) or a photo (its owner's token, the operator token, or a signed URL).",
+    summary = "A kept result file: public to whoever has its unguessable name, cached for a year.",
     params(
-        ("key" = String, Path, description = "`r/<hex>.<ext>` (a kept result; `.t.jpg`: its display thumbnail) or `p/<hex>.jpg` (a photo)."),
-        ("exp" = Option<i64>, Query, description = "A signed URL's expiry (epoch ms)."),
-        ("sig" = Option<String>, Query, description = "A signed URL's signature."),
-        ("Range" = Option<String>, Header, description = "One byte range (`bytes=0-1023`)."),
+        ("name" = String, Path, description = "`<32 hex>.<ext>`; `<32 hex>.t.jpg` is its display thumbnail."),
+        ("Range" = Option<String>, Header, description = "One byte range (`bytes=0-1023`); several, or one outside the file, get the whole file."),
     ),
     responses(
-        (status = 200, description = "The file, with its stored Content-Type, a strong ETag and `X-Content-Type-Options: nosniff`; results are `Cache-Control: public, max-age=31536000, immutable`.", content_type = "application/octet-stream"),
+        (status = 200, description = "The file, with its stored Content-Type, a strong ETag, `X-Content-Type-Options: nosniff` and `Cache-Control: public, max-age=31536000, immutable`.", content_type = "application/octet-stream"),
         (status = 206, description = "The requested range."),
         (status = 304, description = "Not modified (`If-None-Match`)."),
-        (status = 401, description = "`unauthorized`: a photo without its token or a valid signature.", body = super::openapi::ErrorBody),
         (status = 404, description = "`not_found`: no such file.", body = super::openapi::ErrorBody),
-        (status = 416, description = "The range is outside the file."),
         (status = 503, description = "`media_unavailable`.", body = super::openapi::ErrorBody),
     )
 )]
-pub async fn serve_media(
+pub async fn serve_result(
     state: web::Data<AppState>,
     req: HttpRequest,
-    key: web::Path<String>,
+    name: web::Path<String>,
     signed: web::Query<Signed>,
 ) -> Result<HttpResponse, ApiError> {
-    let key = key.into_inner();
+    serve_media(&state, &req, format!("r/{}", name.into_inner()), &signed).await
+}
+
+/// `GET /media/p/{name}`: a participant's photo.
+#[utoipa::path(
+    get,
+    path = "/media/p/{name}",
+    tag = "participants",
+    summary = "A participant's photo: its session's token, the operator token, or a signed URL (what a provider gets).",
+    security((), ("participant" = []), ("operator" = [])),
+    params(
+        ("name" = String, Path, description = "`<32 hex>.jpg`."),
+        ("exp" = Option<i64>, Query, description = "A signed URL's expiry (epoch ms)."),
+        ("sig" = Option<String>, Query, description = "A signed URL's signature."),
+        ("Range" = Option<String>, Header, description = "One byte range."),
+    ),
+    responses(
+        (status = 200, description = "The photo (`image/jpeg`, `Cache-Control: private, no-store`).", content_type = "image/jpeg"),
+        (status = 206, description = "The requested range."),
+        (status = 304, description = "Not modified (`If-None-Match`)."),
+        (status = 401, description = "`unauthorized`: no token of its session, and no valid signature.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such photo.", body = super::openapi::ErrorBody),
+        (status = 503, description = "`media_unavailable`.", body = super::openapi::ErrorBody),
+    )
+)]
+pub async fn serve_photo(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    name: web::Path<String>,
+    signed: web::Query<Signed>,
+) -> Result<HttpResponse, ApiError> {
+    serve_media(&state, &req, format!("p/{}", name.into_inner()), &signed).await
+}
+
+/// Serves the object at `key` (see the module doc).
+async fn serve_media(
+    state: &AppState,
+    req: &HttpRequest,
+    key: String,
+    signed: &Signed,
+) -> Result<HttpResponse, ApiError> {
     let kept = KeptType::of_key(&key)
         .filter(|_| valid_key(&key))
         .ok_or(ApiError::NotFound("media"))?;
     if is_photo_key(&key) {
-        allow_photo(&state, &req, &key, &signed).await?;
+        allow_photo(state, req, &key, signed).await?;
     }
     let etag = format!("\"{}\"", key.replace(['/', '.'], "-"));
     if req
@@ -213,14 +249,9 @@ pub async fn serve_media(
             .finish());
     }
     let size = state.media.size(&key).await?;
-    let range = match requested_range(&req, size) {
-        Ok(range) => range,
-        Err(()) => {
-            return Ok(HttpResponse::build(StatusCode::RANGE_NOT_SATISFIABLE)
-                .insert_header((header::CONTENT_RANGE, format!("bytes */{size}")))
-                .finish())
-        }
-    };
+    // A range outside the file is ignored (RFC 9110 allows it): the whole
+    // file comes.
+    let range = requested_range(req, size).unwrap_or(None);
     let bytes = match &range {
         Some((start, end)) => state.media.get_range(&key, *start..*end + 1).await?,
         None => state.media.get(&key).await?,

@@ -278,8 +278,13 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .build(),
     )
     .service(
-        Endpoint::new("/media/{key:.+}")
-            .get(web::to(media::serve_media))
+        Endpoint::new("/media/r/{name}")
+            .get(web::to(media::serve_result))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/media/p/{name}")
+            .get(web::to(media::serve_photo))
             .build(),
     )
     .service(
