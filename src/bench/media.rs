@@ -54,7 +54,11 @@ pub struct MediaFigures {
 }
 
 /// Runs the measurement; Err says what failed.
-pub(super) async fn run(builds: Builds<'_>, dir: &Path, server_args: &[String]) -> Result<MediaFigures, String> {
+pub(super) async fn run(
+    builds: Builds<'_>,
+    dir: &Path,
+    server_args: &[String],
+) -> Result<MediaFigures, String> {
     let logs = super::logs_dir(dir);
     let db_dir = dir.join("db-media");
     std::fs::create_dir_all(&db_dir).map_err(|e| format!("create {}: {e}", db_dir.display()))?;
@@ -77,16 +81,28 @@ pub(super) async fn run(builds: Builds<'_>, dir: &Path, server_args: &[String]) 
     };
     let pid = stack.server.child.id();
     let photo_booth = experience(&stack, "photo").await?;
-    eprintln!("  media: {SMALL_UPLOADS} uploads of a 1.5 MP JPEG ({} KB)", small.len() / 1024);
-    let (cpu_ms, per_s) = timed_uploads(&stack, &photo_booth, small.clone(), SMALL_UPLOADS, 4).await?;
+    eprintln!(
+        "  media: {SMALL_UPLOADS} uploads of a 1.5 MP JPEG ({} KB)",
+        small.len() / 1024
+    );
+    let (cpu_ms, per_s) =
+        timed_uploads(&stack, &photo_booth, small.clone(), SMALL_UPLOADS, 4).await?;
     (figures.cpu_ms_small, figures.small_per_s) = (cpu_ms, per_s);
-    eprintln!("  media: {LARGE_UPLOADS} uploads of a 12 MP JPEG ({} KB)", large.len() / 1024);
-    figures.cpu_ms_large = timed_uploads(&stack, &photo_booth, large.clone(), LARGE_UPLOADS, 2).await?.0;
+    eprintln!(
+        "  media: {LARGE_UPLOADS} uploads of a 12 MP JPEG ({} KB)",
+        large.len() / 1024
+    );
+    figures.cpu_ms_large = timed_uploads(&stack, &photo_booth, large.clone(), LARGE_UPLOADS, 2)
+        .await?
+        .0;
     figures.rss_before_kib = status_kib(pid, "VmRSS")?;
     let burst = uploads(&stack, &photo_booth, large.clone(), BURST, BURST).await?;
     figures.rss_peak_kib = status_kib(pid, "VmHWM")?;
     figures.burst_stored = burst.iter().filter(|s| **s == StatusCode::CREATED).count();
-    figures.burst_refused = burst.iter().filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE).count();
+    figures.burst_refused = burst
+        .iter()
+        .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
+        .count();
     display_bytes(&stack, &photo_booth, &small, &mut figures).await?;
     let prompt_booth = experience(&stack, "prompt").await?;
     figures.p99_alone_ms = prompt_p99(&stack, &prompt_booth, None).await?;
@@ -102,7 +118,11 @@ pub fn photo_jpeg(width: u32, height: u32) -> Vec<u8> {
         let r = (x * 255 / width) as u8;
         let g = (y * 255 / height) as u8;
         let b = (((x / 40 + y / 40) % 2) * 120) as u8;
-        image::Rgb([r.saturating_add(noise as u8), g.saturating_add(noise as u8 / 2), b.saturating_add(noise as u8)])
+        image::Rgb([
+            r.saturating_add(noise as u8),
+            g.saturating_add(noise as u8 / 2),
+            b.saturating_add(noise as u8),
+        ])
     });
     let mut out = Vec::new();
     let mut encoder = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90);
@@ -118,9 +138,15 @@ struct Booth {
 }
 
 async fn experience(stack: &Stack, input: &str) -> Result<Booth, String> {
-    let body = json!({"title": "Media bench", "kind": "image", "input": input, "max_in_flight": 1000});
-    let (slug, terminals) = load::create_terminals(&stack.client, &stack.base, &stack.operator, body, 1).await?;
-    let terminal = terminals.into_iter().next().map(|t| t.id).ok_or("no terminal was made")?;
+    let body =
+        json!({"title": "Media bench", "kind": "image", "input": input, "max_in_flight": 1000});
+    let (slug, terminals) =
+        load::create_terminals(&stack.client, &stack.base, &stack.operator, body, 1).await?;
+    let terminal = terminals
+        .into_iter()
+        .next()
+        .map(|t| t.id)
+        .ok_or("no terminal was made")?;
     Ok(Booth { slug, terminal })
 }
 
@@ -132,18 +158,38 @@ async fn sessions(stack: &Stack, booth: &Booth, n: usize) -> Result<Vec<Session>
 
 /// Uploads `photo` once for each of `n` fresh sessions, `concurrency` at a
 /// time: the status of each.
-async fn uploads(stack: &Stack, booth: &Booth, photo: Arc<Vec<u8>>, n: usize, concurrency: usize) -> Result<Vec<StatusCode>, String> {
+async fn uploads(
+    stack: &Stack,
+    booth: &Booth,
+    photo: Arc<Vec<u8>>,
+    n: usize,
+    concurrency: usize,
+) -> Result<Vec<StatusCode>, String> {
     let sessions = Arc::new(sessions(stack, booth, n).await?);
     let (client, base) = (stack.client.clone(), stack.base.clone());
     let answers = load::in_workers(n, concurrency, move |i| {
-        let (client, base, photo, sessions) = (client.clone(), base.clone(), photo.clone(), sessions.clone());
-        async move { upload(&client, &base, &sessions[i], photo.to_vec()).await.map(|(status, _)| status) }
+        let (client, base, photo, sessions) = (
+            client.clone(),
+            base.clone(),
+            photo.clone(),
+            sessions.clone(),
+        );
+        async move {
+            upload(&client, &base, &sessions[i], photo.to_vec())
+                .await
+                .map(|(status, _)| status)
+        }
     })
     .await;
     answers.into_iter().collect()
 }
 
-async fn upload(client: &reqwest::Client, base: &str, session: &Session, photo: Vec<u8>) -> Result<(StatusCode, Value), String> {
+async fn upload(
+    client: &reqwest::Client,
+    base: &str,
+    session: &Session,
+    photo: Vec<u8>,
+) -> Result<(StatusCode, Value), String> {
     let resp = client
         .post(format!("{base}/api/sessions/{}/photo", session.id))
         .bearer_auth(&session.token)
@@ -158,35 +204,60 @@ async fn upload(client: &reqwest::Client, base: &str, session: &Session, photo: 
 
 /// The server's CPU-ms per upload and uploads per second, for `n` uploads
 /// `concurrency` at a time (all must be stored).
-async fn timed_uploads(stack: &Stack, booth: &Booth, photo: Arc<Vec<u8>>, n: usize, concurrency: usize) -> Result<(f64, f64), String> {
+async fn timed_uploads(
+    stack: &Stack,
+    booth: &Booth,
+    photo: Arc<Vec<u8>>,
+    n: usize,
+    concurrency: usize,
+) -> Result<(f64, f64), String> {
     let pid = stack.server.child.id();
     let before = super::cpu::process_ticks(&pid.to_string());
     let started = Instant::now();
     let answers = uploads(stack, booth, photo, n, concurrency).await?;
     let took = started.elapsed();
     let ticks = super::cpu::process_ticks(&pid.to_string()) - before;
-    let refused = answers.iter().filter(|s| **s != StatusCode::CREATED).count();
+    let refused = answers
+        .iter()
+        .filter(|s| **s != StatusCode::CREATED)
+        .count();
     if refused > 0 {
-        return Err(format!("{refused} of {n} uploads were not stored: {:?}", answers.iter().find(|s| **s != StatusCode::CREATED)));
+        return Err(format!(
+            "{refused} of {n} uploads were not stored: {:?}",
+            answers.iter().find(|s| **s != StatusCode::CREATED)
+        ));
     }
     // The sessions were made inside the timed span too: a few ms each at
     // most, against tens per photo.
-    Ok((ticks as f64 * 10.0 / n as f64, n as f64 / took.as_secs_f64()))
+    Ok((
+        ticks as f64 * 10.0 / n as f64,
+        n as f64 / took.as_secs_f64(),
+    ))
 }
 
 /// Runs [`RESULTS`] photo sagas to their end and sums what a display
 /// downloads (each result's thumbnail, else its file) against the full
 /// files; reads the keep stage's mean from the server's metrics.
-async fn display_bytes(stack: &Stack, booth: &Booth, photo: &[u8], figures: &mut MediaFigures) -> Result<(), String> {
+async fn display_bytes(
+    stack: &Stack,
+    booth: &Booth,
+    photo: &[u8],
+    figures: &mut MediaFigures,
+) -> Result<(), String> {
     let sessions = sessions(stack, booth, RESULTS).await?;
     for session in &sessions {
         let (status, body) = upload(&stack.client, &stack.base, session, photo.to_vec()).await?;
         if status != StatusCode::CREATED {
             return Err(format!("upload for the results: {status} {body}"));
         }
-        load::submit(&stack.client, &stack.base, session, &json!({"photo_id": body["photo_id"]}))
-            .await
-            .map_err(|e| format!("submission: {e}"))?;
+        load::submit(
+            &stack.client,
+            &stack.base,
+            session,
+            &json!({"photo_id": body["photo_id"]}),
+        )
+        .await
+        .map_err(|e| format!("submission: {e}"))?;
     }
     let (mut shown, mut full) = (0u64, 0u64);
     for session in &sessions {
@@ -215,9 +286,16 @@ async fn display_bytes(stack: &Stack, booth: &Booth, photo: &[u8], figures: &mut
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .unwrap_or(0.0)
     };
-    let (sum, count) = (read("stagehand_keep_seconds_sum"), read("stagehand_keep_seconds_count"));
+    let (sum, count) = (
+        read("stagehand_keep_seconds_sum"),
+        read("stagehand_keep_seconds_count"),
+    );
     figures.keep_results = count as u64;
-    figures.keep_ms_mean = if count > 0.0 { sum * 1000.0 / count } else { f64::NAN };
+    figures.keep_ms_mean = if count > 0.0 {
+        sum * 1000.0 / count
+    } else {
+        f64::NAN
+    };
     Ok(())
 }
 
@@ -238,7 +316,9 @@ async fn completed_content(stack: &Stack, session: &Session) -> Result<Value, St
         match body["status"].as_str() {
             Some("COMPLETED") => return Ok(body["result"]["content"][0].clone()),
             Some("ABORTED") => return Err(format!("a photo saga aborted: {body}")),
-            _ if Instant::now() > deadline => return Err(format!("a photo saga did not complete: {body}")),
+            _ if Instant::now() > deadline => {
+                return Err(format!("a photo saga did not complete: {body}"))
+            }
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
@@ -259,7 +339,11 @@ async fn fetched_bytes(stack: &Stack, path: &str) -> Result<u64, String> {
 
 /// The 202's p99 (ms) of [`PROMPTS`] prompt-only submissions, 8 at a time;
 /// with `burst`, while 12 MP uploads to that experience run 8 at a time.
-async fn prompt_p99(stack: &Stack, booth: &Booth, burst: Option<(&Booth, Arc<Vec<u8>>)>) -> Result<f64, String> {
+async fn prompt_p99(
+    stack: &Stack,
+    booth: &Booth,
+    burst: Option<(&Booth, Arc<Vec<u8>>)>,
+) -> Result<f64, String> {
     let sessions = Arc::new(sessions(stack, booth, PROMPTS).await?);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let uploader = match burst {
@@ -270,7 +354,14 @@ async fn prompt_p99(stack: &Stack, booth: &Booth, burst: Option<(&Booth, Arc<Vec
                 let mut i = 0usize;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let round: Vec<_> = (0..8)
-                        .map(|k| upload(&client, &base, &upload_sessions[(i + k) % upload_sessions.len()], photo.to_vec()))
+                        .map(|k| {
+                            upload(
+                                &client,
+                                &base,
+                                &upload_sessions[(i + k) % upload_sessions.len()],
+                                photo.to_vec(),
+                            )
+                        })
                         .collect();
                     futures_util::future::join_all(round).await;
                     i += 8;
@@ -284,9 +375,14 @@ async fn prompt_p99(stack: &Stack, booth: &Booth, burst: Option<(&Booth, Arc<Vec
         let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
         async move {
             let started = Instant::now();
-            load::submit(&client, &base, &sessions[i], &json!({"prompt": format!("bench {i}")}))
-                .await
-                .map_err(|e| e.to_string())?;
+            load::submit(
+                &client,
+                &base,
+                &sessions[i],
+                &json!({"prompt": format!("bench {i}")}),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
             Ok::<f64, String>(load::ms(started.elapsed()))
         }
     })

@@ -16,7 +16,6 @@
 
 use std::io::Cursor;
 
-use image::codecs::jpeg::JpegEncoder;
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader, Rgb, RgbImage};
 
@@ -541,12 +540,17 @@ fn shrink_width(rgb: &RgbImage, width: u32) -> RgbImage {
     out
 }
 
-/// Encodes as baseline JPEG. `JpegEncoder` writes a JFIF header and the pixels,
-/// never EXIF, XMP or ICC, so nothing of the upload's metadata survives.
+/// Encodes as JPEG (`jpeg-encoder`, 4:2:0 chroma). It writes a JFIF header
+/// and the pixels, never EXIF, XMP or ICC, so nothing of the upload's
+/// metadata survives.
 fn encode_jpeg(rgb: &RgbImage, quality: u8) -> Result<Normalized, PhotoError> {
     let mut bytes = Vec::new();
-    JpegEncoder::new_with_quality(&mut bytes, quality)
-        .encode_image(rgb)
+    let too_wide =
+        || PhotoError::Corrupt("re-encoding as JPEG failed: wider than 65535 pixels".into());
+    let width = u16::try_from(rgb.width()).map_err(|_| too_wide())?;
+    let height = u16::try_from(rgb.height()).map_err(|_| too_wide())?;
+    jpeg_encoder::Encoder::new(&mut bytes, quality)
+        .encode(rgb.as_raw(), width, height, jpeg_encoder::ColorType::Rgb)
         .map_err(|err| PhotoError::Corrupt(format!("re-encoding as JPEG failed: {err}")))?;
     Ok(Normalized {
         bytes,

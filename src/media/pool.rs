@@ -89,7 +89,7 @@ mod tests {
     async fn past_the_workers_and_the_queue_a_job_is_refused_at_once() {
         let pool = PhotoPool::new(1, 1);
         let (release, held) = mpsc::channel::<()>();
-        let (started, running) = mpsc::channel::<()>();
+        let (started, running) = tokio::sync::oneshot::channel::<()>();
         let busy = {
             let pool = pool.clone();
             tokio::spawn(async move {
@@ -102,8 +102,9 @@ mod tests {
                 .await
             })
         };
-        running
-            .recv_timeout(Duration::from_secs(10))
+        tokio::time::timeout(Duration::from_secs(10), running)
+            .await
+            .expect("the first job runs in time")
             .expect("the first job runs");
         // One waits in the queue...
         let queued = {
