@@ -290,10 +290,18 @@ async fn kill9_while_keeping_results_then_restart(backend: Backend) {
         (stats.jobs_created == N as u64 && stats.running == 0).then_some(())
     })
     .await;
-    assert!(all_done.is_some(), "the jobs did not end: {:?}", sim.control.stats());
+    assert!(
+        all_done.is_some(),
+        "the jobs did not end: {:?}",
+        sim.control.stats()
+    );
     let store = Store::connect(&db.url, 2).await.expect("open the database");
     let at_kill = store.count_by_step().await.expect("count sagas");
-    assert_eq!(steps(&at_kill, "AI_PENDING"), N as i64, "every saga is keeping its result: {at_kill:?}");
+    assert_eq!(
+        steps(&at_kill, "AI_PENDING"),
+        N as i64,
+        "every saga is keeping its result: {at_kill:?}"
+    );
     first.kill9();
     drop(first);
     s3.resume().await;
@@ -307,9 +315,16 @@ async fn kill9_while_keeping_results_then_restart(backend: Backend) {
     assert_eq!(kept.len(), N, "one stored object per output: {kept:?}");
     for p in &participants {
         let done = support::session_status(&http, &second.base, &p.sid, &p.token).await;
-        let url = done["result"]["content"][0]["url"].as_str().unwrap_or_default().to_owned();
+        let url = done["result"]["content"][0]["url"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         assert!(url.starts_with("/media/r/"), "{done}");
-        let file = http.get(format!("{}{url}", second.base)).send().await.unwrap();
+        let file = http
+            .get(format!("{}{url}", second.base))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(file.status(), 200, "{url}");
     }
     drop(second);

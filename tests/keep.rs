@@ -22,7 +22,12 @@ async fn completed(app: &TestApp, slug: &str, prompt: &str) -> Value {
 async fn completed_at(app: &TestApp, slug: &str, terminal: Option<&str>, prompt: &str) -> Value {
     let (sid, token) = app.session(slug, terminal, "ana").await;
     let resp = app
-        .submit(&sid, &token, json!({"prompt": prompt}), &uuid::Uuid::new_v4().to_string())
+        .submit(
+            &sid,
+            &token,
+            json!({"prompt": prompt}),
+            &uuid::Uuid::new_v4().to_string(),
+        )
         .await;
     assert_eq!(resp.status(), 202);
     app.wait_final(&sid, &token, Duration::from_secs(30)).await
@@ -31,8 +36,14 @@ async fn completed_at(app: &TestApp, slug: &str, terminal: Option<&str>, prompt:
 /// The one kept file of a completed session: its `/media/…` path.
 fn kept_url(done: &Value) -> String {
     assert_eq!(done["status"], "COMPLETED", "{done}");
-    let url = done["result"]["content"][0]["url"].as_str().unwrap_or_default().to_owned();
-    assert!(url.starts_with("/media/r/"), "this server's URL, not the provider's: {done}");
+    let url = done["result"]["content"][0]["url"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        url.starts_with("/media/r/"),
+        "this server's URL, not the provider's: {done}"
+    );
     url
 }
 
@@ -59,7 +70,11 @@ async fn a_result_outlives_the_provider(backend: Backend) {
         .await
         .expect("the display's event");
     assert_eq!(shown["type"], "session.completed", "{shown}");
-    assert_eq!(shown["result"]["content"][0]["url"], url.as_str(), "the display shows the kept file: {shown}");
+    assert_eq!(
+        shown["result"]["content"][0]["url"],
+        url.as_str(),
+        "the display shows the kept file: {shown}"
+    );
     let provider_copy = app.sim.control.stats();
     assert!(provider_copy.jobs_created >= 1);
     // The provider goes away for good.
@@ -67,27 +82,45 @@ async fn a_result_outlives_the_provider(backend: Backend) {
     let TestApp { sim, .. } = &app;
     sim.control.set_down(true);
     assert!(
-        reqwest::get(format!("{sim_url}/v1/stats")).await.map(|r| r.status().as_u16()).unwrap_or(0) != 200,
+        reqwest::get(format!("{sim_url}/v1/stats"))
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0)
+            != 200,
         "the provider answers nothing"
     );
     let resp = get(&app.base, &url, &[]).await;
     assert_eq!(resp.status(), 200);
     let headers = resp.headers().clone();
-    assert_eq!(headers["cache-control"], "public, max-age=31536000, immutable");
+    assert_eq!(
+        headers["cache-control"],
+        "public, max-age=31536000, immutable"
+    );
     assert_eq!(headers["x-content-type-options"], "nosniff");
     assert_eq!(headers["content-type"], "image/svg+xml");
     let etag = headers["etag"].to_str().unwrap().to_owned();
     assert!(etag.starts_with('"'), "a strong ETag: {etag}");
     let body = resp.bytes().await.unwrap();
-    assert!(body.starts_with(b"<svg") || body.starts_with(b"<?xml"), "the picture");
+    assert!(
+        body.starts_with(b"<svg") || body.starts_with(b"<?xml"),
+        "the picture"
+    );
     let again = get(&app.base, &url, &[("if-none-match", &etag)]).await;
     assert_eq!(again.status(), 304);
     let part = get(&app.base, &url, &[("range", "bytes=0-9")]).await;
     assert_eq!(part.status(), 206);
-    assert_eq!(part.headers()["content-range"], format!("bytes 0-9/{}", body.len()).as_str());
+    assert_eq!(
+        part.headers()["content-range"],
+        format!("bytes 0-9/{}", body.len()).as_str()
+    );
     assert_eq!(part.bytes().await.unwrap(), body.slice(0..10));
     // A key nobody made is 404; a probe or a path outside is never served.
-    let unknown = get(&app.base, "/media/r/0123456789abcdef0123456789abcdef.png", &[]).await;
+    let unknown = get(
+        &app.base,
+        "/media/r/0123456789abcdef0123456789abcdef.png",
+        &[],
+    )
+    .await;
     assert_eq!(unknown.status(), 404);
     assert_eq!(get(&app.base, "/media/probe/x", &[]).await.status(), 404);
     app.stop().await;
@@ -117,7 +150,11 @@ async fn instance_b_serves_what_instance_a_kept_on_s3() {
     let from_a = get(&app.base, &kept, &[]).await.bytes().await.unwrap();
     let resp = get(&b.base, &kept, &[]).await;
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.bytes().await.unwrap(), from_a, "the same file from the other instance");
+    assert_eq!(
+        resp.bytes().await.unwrap(),
+        from_a,
+        "the same file from the other instance"
+    );
     b.stop().await;
     app.stop().await;
 }
@@ -139,7 +176,12 @@ async fn sagas_wait_for_the_media_store_and_complete(backend: Backend) {
     for i in 0..3 {
         let (sid, token) = app.session(&slug, None, &format!("guest {i}")).await;
         let resp = app
-            .submit(&sid, &token, json!({"prompt": format!("picture {i}")}), &uuid::Uuid::new_v4().to_string())
+            .submit(
+                &sid,
+                &token,
+                json!({"prompt": format!("picture {i}")}),
+                &uuid::Uuid::new_v4().to_string(),
+            )
             .await;
         assert_eq!(resp.status(), 202);
         sessions.push((sid, token));
@@ -153,7 +195,10 @@ async fn sagas_wait_for_the_media_store_and_complete(backend: Backend) {
     assert!(jobs_done.is_some(), "{:?}", app.sim.control.stats());
     for (sid, token) in &sessions {
         let now = app.status(sid, token).await;
-        assert_ne!(now["status"], "COMPLETED", "not completed while nothing could be kept: {now}");
+        assert_ne!(
+            now["status"], "COMPLETED",
+            "not completed while nothing could be kept: {now}"
+        );
         assert_ne!(now["status"], "ABORTED", "{now}");
     }
     let photo_slug = {
@@ -216,7 +261,9 @@ async fn photo_experience(app: &TestApp) -> String {
 /// an hour).
 async fn a_photo_comes_back_transformed_and_stays_after_the_provider_deletes_it(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    app.sim.control.set_delete_outputs_after(Some(Duration::from_secs(1)));
+    app.sim
+        .control
+        .set_delete_outputs_after(Some(Duration::from_secs(1)));
     let slug = photo_experience(&app).await;
     let (terminal_id, terminal_token) = app.terminal(&slug).await;
     let mut display = app.terminal_socket(&terminal_id, &terminal_token, 0).await;
@@ -233,16 +280,31 @@ async fn a_photo_comes_back_transformed_and_stays_after_the_provider_deletes_it(
     assert_eq!(photo.status(), 201);
     let photo: Value = photo.json().await.unwrap();
     let resp = app
-        .submit(&sid, &token, json!({"photo_id": photo["photo_id"]}), &uuid::Uuid::new_v4().to_string())
+        .submit(
+            &sid,
+            &token,
+            json!({"photo_id": photo["photo_id"]}),
+            &uuid::Uuid::new_v4().to_string(),
+        )
         .await;
     assert_eq!(resp.status(), 202);
     let done = app.wait_final(&sid, &token, Duration::from_secs(30)).await;
     let url = kept_url(&done);
     assert!(url.ends_with(".png"), "the comic is a PNG: {done}");
-    let thumb = done["result"]["content"][0]["thumb_url"].as_str().expect("a thumbnail").to_owned();
+    let thumb = done["result"]["content"][0]["thumb_url"]
+        .as_str()
+        .expect("a thumbnail")
+        .to_owned();
     assert!(thumb.ends_with(".t.jpg"), "{thumb}");
-    let shown = display.next_session_event(Duration::from_secs(10)).await.expect("the display's event");
-    assert_eq!(shown["result"]["content"][0]["thumb_url"], thumb.as_str(), "{shown}");
+    let shown = display
+        .next_session_event(Duration::from_secs(10))
+        .await
+        .expect("the display's event");
+    assert_eq!(
+        shown["result"]["content"][0]["thumb_url"],
+        thumb.as_str(),
+        "{shown}"
+    );
     // The provider's copy is gone a second after the job.
     assert_eq!(app.sim.control.stats().jobs_created, 1);
     let saga = sagas::Entity::find()
@@ -265,7 +327,11 @@ async fn a_photo_comes_back_transformed_and_stays_after_the_provider_deletes_it(
     let full = full.bytes().await.unwrap();
     let picture = image::load_from_memory(&full).expect("a real PNG");
     // Upright (portrait), at most 1024 px: the simulator draws at that size.
-    assert_eq!((picture.width(), picture.height()), (768, 1024), "the upright photo, as a comic");
+    assert_eq!(
+        (picture.width(), picture.height()),
+        (768, 1024),
+        "the upright photo, as a comic"
+    );
     let small = get(&app.base, &thumb, &[]).await;
     assert_eq!(small.status(), 200);
     let small = small.bytes().await.unwrap();
@@ -312,10 +378,26 @@ async fn result_urls_outside_the_providers_origins_are_never_fetched(backend: Ba
     let trap = Trap::start();
     let slug = app.experience(5).await;
     let cases = [
-        ("another port", Some(format!("http://127.0.0.1:{}/x.png", trap.port)), None),
-        ("metadata", Some("http://169.254.169.254/latest/meta-data/".to_owned()), None),
-        ("redirect", None, Some(format!("http://127.0.0.1:{}/x.png", trap.port))),
-        ("redirect to metadata", None, Some("http://169.254.169.254/latest/meta-data/".to_owned())),
+        (
+            "another port",
+            Some(format!("http://127.0.0.1:{}/x.png", trap.port)),
+            None,
+        ),
+        (
+            "metadata",
+            Some("http://169.254.169.254/latest/meta-data/".to_owned()),
+            None,
+        ),
+        (
+            "redirect",
+            None,
+            Some(format!("http://127.0.0.1:{}/x.png", trap.port)),
+        ),
+        (
+            "redirect to metadata",
+            None,
+            Some("http://169.254.169.254/latest/meta-data/".to_owned()),
+        ),
     ];
     for (what, url, redirect) in cases {
         app.sim.control.set_result_url_override(url);
@@ -326,7 +408,10 @@ async fn result_urls_outside_the_providers_origins_are_never_fetched(backend: Ba
         let saga = app.saga_of(done["session_id"].as_str().unwrap()).await;
         let detail = saga["abort_detail"].as_str().unwrap_or_default();
         assert!(detail.contains("could not be kept"), "{what}: {saga}");
-        assert!(detail.contains("nothing was fetched"), "{what}: says nothing was fetched: {saga}");
+        assert!(
+            detail.contains("nothing was fetched"),
+            "{what}: says nothing was fetched: {saga}"
+        );
     }
     assert_eq!(trap.hits(), 0, "the trap was never reached");
     app.stop().await;

@@ -932,6 +932,7 @@ fn serve_command(
     command
         .arg("serve")
         .env("STAGEHAND_DATABASE_URL", &db.url)
+        .env("STAGEHAND_MEDIA_URL", support::media_folder_of(&db.url))
         .env("STAGEHAND_BIND", "127.0.0.1:0")
         .env("STAGEHAND_OPERATOR_TOKEN", OPERATOR)
         .env("STAGEHAND_AI_PROVIDER", "openai")

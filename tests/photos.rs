@@ -34,7 +34,13 @@ async fn photo_experience(app: &TestApp, input: &str) -> String {
 }
 
 /// Uploads `body` with `content_type` as the session's photo.
-async fn upload(app: &TestApp, sid: &str, token: &str, body: Vec<u8>, content_type: &str) -> (u16, Value) {
+async fn upload(
+    app: &TestApp,
+    sid: &str,
+    token: &str,
+    body: Vec<u8>,
+    content_type: &str,
+) -> (u16, Value) {
     let resp = app
         .http
         .post(format!("{}/api/sessions/{sid}/photo", app.base))
@@ -52,7 +58,11 @@ async fn upload(app: &TestApp, sid: &str, token: &str, body: Vec<u8>, content_ty
 /// A JPEG of `width` × `height` with something like a photo in it.
 fn jpeg(width: u32, height: u32) -> Vec<u8> {
     let picture = image::RgbImage::from_fn(width, height, |x, y| {
-        image::Rgb([(x * 7 % 256) as u8, (y * 5 % 256) as u8, ((x ^ y) % 256) as u8])
+        image::Rgb([
+            (x * 7 % 256) as u8,
+            (y * 5 % 256) as u8,
+            ((x ^ y) % 256) as u8,
+        ])
     });
     let mut out = std::io::Cursor::new(Vec::new());
     picture
@@ -66,7 +76,11 @@ fn crc32(bytes: &[u8]) -> u32 {
     for &b in bytes {
         crc ^= u32::from(b);
         for _ in 0..8 {
-            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
@@ -100,7 +114,12 @@ async fn stored_copy(app: &TestApp, photo_id: &str) -> (String, Vec<u8>) {
         .await
         .expect("read")
         .expect("the photo's row");
-    let bytes = app.state.media.get(&photo.object_key).await.expect("the stored copy");
+    let bytes = app
+        .state
+        .media
+        .get(&photo.object_key)
+        .await
+        .expect("the stored copy");
     (photo.object_key, bytes.to_vec())
 }
 
@@ -115,7 +134,11 @@ async fn a_photo_is_stored_upright_with_no_metadata(backend: Backend) {
     // The bytes decide, not the header.
     let (status, body) = upload(&app, &sid, &token, GPS_ROTATED.to_vec(), "image/png").await;
     assert_eq!(status, 201, "{body}");
-    assert_eq!((body["width"].as_u64(), body["height"].as_u64()), (Some(768), Some(1024)), "upright and downscaled: {body}");
+    assert_eq!(
+        (body["width"].as_u64(), body["height"].as_u64()),
+        (Some(768), Some(1024)),
+        "upright and downscaled: {body}"
+    );
     let photo_id = body["photo_id"].as_str().expect("photo_id").to_owned();
     let (key, stored) = stored_copy(&app, &photo_id).await;
     assert_eq!(body["bytes"].as_u64(), Some(stored.len() as u64));
@@ -126,7 +149,10 @@ async fn a_photo_is_stored_upright_with_no_metadata(backend: Backend) {
         ),
         "no EXIF survives (no GPS, no serial)"
     );
-    assert!(GPS_ROTATED.windows(4).any(|w| w == b"Exif"), "the fixture itself has EXIF");
+    assert!(
+        GPS_ROTATED.windows(4).any(|w| w == b"Exif"),
+        "the fixture itself has EXIF"
+    );
     // A PNG with a JPEG header is taken as a PNG.
     let (status, body) = upload(&app, &sid, &token, SMALL_PNG.to_vec(), "image/jpeg").await;
     assert_eq!(status, 201, "{body}");
@@ -161,17 +187,55 @@ async fn bad_uploads_are_refused_clearly(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let slug = photo_experience(&app, "photo").await;
     let (sid, token) = app.session(&slug, None, "ana").await;
-    let (status, body) = upload(&app, &sid, &token, b"just some text, not a picture".to_vec(), "image/jpeg").await;
-    assert_eq!((status, body["error"].as_str()), (415, Some("unsupported_media_type")), "{body}");
-    assert!(body["message"].as_str().unwrap_or_default().contains("JPEG, PNG or WebP"), "{body}");
+    let (status, body) = upload(
+        &app,
+        &sid,
+        &token,
+        b"just some text, not a picture".to_vec(),
+        "image/jpeg",
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (415, Some("unsupported_media_type")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("JPEG, PNG or WebP"),
+        "{body}"
+    );
     let bomb = png_bomb(30_000);
     assert!(bomb.len() < 4096, "a few bytes: {}", bomb.len());
     let (status, body) = upload(&app, &sid, &token, bomb, "image/png").await;
-    assert_eq!((status, body["error"].as_str()), (422, Some("photo_unreadable")), "{body}");
-    assert!(body["message"].as_str().unwrap_or_default().contains("30000 × 30000"), "names the size: {body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (422, Some("photo_unreadable")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("30000 × 30000"),
+        "names the size: {body}"
+    );
     let whole = jpeg(600, 400);
-    let (status, body) = upload(&app, &sid, &token, whole[..whole.len() / 2].to_vec(), "image/jpeg").await;
-    assert_eq!((status, body["error"].as_str()), (422, Some("photo_unreadable")), "a truncated JPEG: {body}");
+    let (status, body) = upload(
+        &app,
+        &sid,
+        &token,
+        whole[..whole.len() / 2].to_vec(),
+        "image/jpeg",
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (422, Some("photo_unreadable")),
+        "a truncated JPEG: {body}"
+    );
     // No Idempotency-Key.
     let resp = app
         .http
@@ -188,7 +252,12 @@ async fn bad_uploads_are_refused_clearly(backend: Backend) {
     let (status, body) = upload(&app, &psid, &ptoken, SMALL_PNG.to_vec(), "image/png").await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(
-        app.state.store.photo_sessions(&[sid.clone()]).await.unwrap().len(),
+        app.state
+            .store
+            .photo_sessions(&[sid.clone()])
+            .await
+            .unwrap()
+            .len(),
         0,
         "nothing was stored"
     );
@@ -262,7 +331,10 @@ async fn fifty_parallel_uploads_with_a_pool_of_two() {
     let refused: Vec<_> = answers.iter().filter(|a| a.0 == 503).collect();
     assert_eq!(stored + refused.len(), 50, "only 201 or 503: {answers:?}");
     assert!(stored >= 2, "the pool took some: {stored}");
-    assert!(!refused.is_empty(), "the excess is refused, not queued without bound");
+    assert!(
+        !refused.is_empty(),
+        "the excess is refused, not queued without bound"
+    );
     for (_, retry_after, body) in &refused {
         assert!(*retry_after, "503 says when to retry");
         assert_eq!(body["error"], "photo_pool_full", "{body}");
@@ -277,30 +349,60 @@ async fn a_submission_names_its_own_photo(backend: Backend) {
     let slug = photo_experience(&app, "photo+prompt").await;
     let (sid, token) = app.session(&slug, None, "ana").await;
     let (other_sid, other_token) = app.session(&slug, None, "ben").await;
-    let (_, theirs) = upload(&app, &other_sid, &other_token, SMALL_PNG.to_vec(), "image/png").await;
+    let (_, theirs) = upload(
+        &app,
+        &other_sid,
+        &other_token,
+        SMALL_PNG.to_vec(),
+        "image/png",
+    )
+    .await;
     let key = || uuid::Uuid::new_v4().to_string();
     let refused = |resp: reqwest::Response| async move {
         let status = resp.status().as_u16();
         let body: Value = resp.json().await.unwrap();
-        (status, body["message"].as_str().unwrap_or_default().to_owned())
+        (
+            status,
+            body["message"].as_str().unwrap_or_default().to_owned(),
+        )
     };
-    let (status, message) = refused(app.submit(&sid, &token, json!({"prompt": "a comic"}), &key()).await).await;
-    assert_eq!(status, 422);
-    assert!(message.contains("photo_id is required"), "{message}");
     let (status, message) = refused(
-        app.submit(&sid, &token, json!({"prompt": "a comic", "photo_id": theirs["photo_id"]}), &key())
+        app.submit(&sid, &token, json!({"prompt": "a comic"}), &key())
             .await,
     )
     .await;
     assert_eq!(status, 422);
-    assert!(message.contains("not a photo uploaded to this session"), "{message}");
+    assert!(message.contains("photo_id is required"), "{message}");
+    let (status, message) = refused(
+        app.submit(
+            &sid,
+            &token,
+            json!({"prompt": "a comic", "photo_id": theirs["photo_id"]}),
+            &key(),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, 422);
+    assert!(
+        message.contains("not a photo uploaded to this session"),
+        "{message}"
+    );
     let (_, mine) = upload(&app, &sid, &token, SMALL_PNG.to_vec(), "image/png").await;
-    let (status, message) =
-        refused(app.submit(&sid, &token, json!({"photo_id": mine["photo_id"]}), &key()).await).await;
+    let (status, message) = refused(
+        app.submit(&sid, &token, json!({"photo_id": mine["photo_id"]}), &key())
+            .await,
+    )
+    .await;
     assert_eq!(status, 422, "photo+prompt needs the prompt too");
     assert!(message.contains("prompt"), "{message}");
     let accepted = app
-        .submit(&sid, &token, json!({"prompt": "a comic", "photo_id": mine["photo_id"]}), &key())
+        .submit(
+            &sid,
+            &token,
+            json!({"prompt": "a comic", "photo_id": mine["photo_id"]}),
+            &key(),
+        )
         .await;
     assert_eq!(accepted.status(), 202);
     let done = app.wait_final(&sid, &token, Duration::from_secs(30)).await;
@@ -308,8 +410,13 @@ async fn a_submission_names_its_own_photo(backend: Backend) {
     let prompt_only = photo_experience(&app, "prompt").await;
     let (psid, ptoken) = app.session(&prompt_only, None, "cy").await;
     let (status, message) = refused(
-        app.submit(&psid, &ptoken, json!({"prompt": "x", "photo_id": mine["photo_id"]}), &key())
-            .await,
+        app.submit(
+            &psid,
+            &ptoken,
+            json!({"prompt": "x", "photo_id": mine["photo_id"]}),
+            &key(),
+        )
+        .await,
     )
     .await;
     assert_eq!(status, 422);
@@ -328,16 +435,28 @@ async fn a_missing_photo_aborts_input_missing_without_an_ai_job(backend: Backend
     let (_, photo) = upload(&app, &sid, &token, SMALL_PNG.to_vec(), "image/png").await;
     let photo_id = photo["photo_id"].as_str().unwrap().to_owned();
     let (key, _) = stored_copy(&app, &photo_id).await;
-    app.state.media.delete(&key).await.expect("delete the object");
+    app.state
+        .media
+        .delete(&key)
+        .await
+        .expect("delete the object");
     let resp = app
-        .submit(&sid, &token, json!({"photo_id": photo_id}), &uuid::Uuid::new_v4().to_string())
+        .submit(
+            &sid,
+            &token,
+            json!({"photo_id": photo_id}),
+            &uuid::Uuid::new_v4().to_string(),
+        )
         .await;
     assert_eq!(resp.status(), 202);
     let done = app.wait_final(&sid, &token, Duration::from_secs(30)).await;
     assert_eq!(done["status"], "ABORTED", "{done}");
     assert_eq!(done["abort_reason"], "INPUT_MISSING", "{done}");
     assert!(
-        done["message"].as_str().unwrap_or_default().contains("photo"),
+        done["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("photo"),
         "a human message: {done}"
     );
     assert_eq!(app.sim.control.stats().jobs_created, 0, "no AI job");
@@ -354,12 +473,24 @@ async fn orphan_photos_are_swept_and_submitted_ones_stay(backend: Backend) {
     let slug = photo_experience(&app, "photo").await;
     let (sid, token) = app.session(&slug, None, "ana").await;
     let (orphan_sid, orphan_token) = app.session(&slug, None, "ben").await;
-    let (_, orphan) = upload(&app, &orphan_sid, &orphan_token, SMALL_PNG.to_vec(), "image/png").await;
+    let (_, orphan) = upload(
+        &app,
+        &orphan_sid,
+        &orphan_token,
+        SMALL_PNG.to_vec(),
+        "image/png",
+    )
+    .await;
     let (_, kept) = upload(&app, &sid, &token, SMALL_PNG.to_vec(), "image/png").await;
     let (orphan_key, _) = stored_copy(&app, orphan["photo_id"].as_str().unwrap()).await;
     let (kept_key, _) = stored_copy(&app, kept["photo_id"].as_str().unwrap()).await;
     let resp = app
-        .submit(&sid, &token, json!({"photo_id": kept["photo_id"]}), &uuid::Uuid::new_v4().to_string())
+        .submit(
+            &sid,
+            &token,
+            json!({"photo_id": kept["photo_id"]}),
+            &uuid::Uuid::new_v4().to_string(),
+        )
         .await;
     assert_eq!(resp.status(), 202);
     let run = || async {
@@ -372,10 +503,28 @@ async fn orphan_photos_are_swept_and_submitted_ones_stay(backend: Backend) {
     clock.advance_ms(3_600_000 + 1_000);
     let report = run().await;
     assert_eq!(report.orphan_photos, 1, "{report:?}");
-    assert!(app.state.store.photo(orphan["photo_id"].as_str().unwrap()).await.unwrap().is_none());
-    assert!(matches!(app.state.media.get(&orphan_key).await, Err(stagehand::media::MediaError::NotFound(_))));
-    assert!(app.state.store.photo(kept["photo_id"].as_str().unwrap()).await.unwrap().is_some());
-    assert!(app.state.media.get(&kept_key).await.is_ok(), "a submitted photo stays");
+    assert!(app
+        .state
+        .store
+        .photo(orphan["photo_id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .is_none());
+    assert!(matches!(
+        app.state.media.get(&orphan_key).await,
+        Err(stagehand::media::MediaError::NotFound(_))
+    ));
+    assert!(app
+        .state
+        .store
+        .photo(kept["photo_id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .is_some());
+    assert!(
+        app.state.media.get(&kept_key).await.is_ok(),
+        "a submitted photo stays"
+    );
     app.stop().await;
 }
 db_test!(orphan_photos_are_swept_and_submitted_ones_stay);

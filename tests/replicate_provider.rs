@@ -7,12 +7,14 @@
 //! - through stagehand's HTTP API (a providers file with `kind =
 //!   "replicate"`, on SQLite and PostgreSQL): an unclear create is adopted
 //!   (one prediction, the session completes with its output, metric
-//!   `adopted`); a create dropped before anything was made is created again
+//!   `adopted`, its output file kept by stagehand and served from
+//!   `/media/r/…`); a create dropped before anything was made is created again
 //!   (one prediction, metric `created_again`); an `aborted` prediction is a
 //!   failed attempt (no cancel, breaker closed, a new prediction, or
 //!   AI_FAILED at the last attempt); a 429 pauses the whole provider for
 //!   `Retry-After` (else the body's "resets in ~Ns"); a refused or
-//!   unreadable cancel never opens the breaker;
+//!   unreadable cancel never opens the breaker; an output Replicate
+//!   deletes after the session completed still shows (stagehand's copy);
 //! - `stagehand serve` (the binary) refuses to start with a model Replicate
 //!   does not know, naming it, and starts with one it knows;
 //! - through the adapter (`stagehand::ai::ReplicateClient`): every
@@ -170,16 +172,23 @@ async fn a_prediction_progresses_to_an_image_and_the_create_carries_only_input()
     let result = done.result.expect("a result");
     assert_eq!(result.content.len(), 1);
     assert_eq!(result.content[0].kind, "image");
+    let url = fake.output_url(&created.job_id);
+    assert_eq!(result.content[0].url.as_deref(), Some(url.as_str()));
+    // The fake serves it, with no token, as a real WebP image.
+    let file = support::http_client()
+        .get(&url)
+        .send()
+        .await
+        .expect("GET the output");
+    assert_eq!(file.status(), 200);
+    assert_eq!(file.headers()["content-type"], "image/webp");
+    let bytes = file.bytes().await.expect("the output's bytes");
+    assert_eq!(&bytes[..], &fake.output_bytes(&created.job_id)[..]);
     assert_eq!(
-        result.content[0].url.as_deref(),
-        Some(
-            format!(
-                "https://replicate.delivery/xezq/{}/out-0.webp",
-                created.job_id
-            )
-            .as_str()
-        )
+        image::guess_format(&bytes).ok(),
+        Some(image::ImageFormat::WebP)
     );
+    assert!(image::load_from_memory(&bytes).is_ok(), "a readable image");
     assert!(
         fake.requests_to("GET", "/v1/predictions")
             .iter()
@@ -972,6 +981,61 @@ fn predictions_for(fake: &FakeReplicate, prompt: &str) -> Vec<fake_replicate::Pr
         .collect()
 }
 
+/// The session `done`'s one result is prediction `id`'s output, kept by
+/// the stagehand at `base`: its URL is stagehand's own (`/media/r/…`), and
+/// stagehand serves exactly the bytes the fake made for that prediction.
+/// The URL.
+async fn assert_output_kept(
+    http: &reqwest::Client,
+    base: &str,
+    done: &Value,
+    fake: &FakeReplicate,
+    id: &str,
+) -> String {
+    let content = done["result"]["content"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no result content: {done}"));
+    assert_eq!(content.len(), 1, "one output: {done}");
+    let url = content[0]["url"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no url: {done}"))
+        .to_owned();
+    assert!(
+        url.starts_with("/media/r/") && url.ends_with(".webp"),
+        "stagehand's own URL of a kept WebP, not the provider's: {url}; {done}"
+    );
+    let answer = http
+        .get(format!("{base}{url}"))
+        .send()
+        .await
+        .expect("GET the kept file");
+    assert_eq!(answer.status(), 200, "GET {url}");
+    assert_eq!(answer.headers()["content-type"], "image/webp", "GET {url}");
+    let bytes = answer.bytes().await.expect("the kept file's bytes");
+    assert!(
+        bytes[..] == fake.output_bytes(id)[..],
+        "GET {url}: {} bytes, not prediction {id}'s output ({} bytes)",
+        bytes.len(),
+        fake.output_bytes(id).len()
+    );
+    url
+}
+
+impl Booth {
+    /// [`assert_output_kept`] of this booth's stagehand; and stagehand
+    /// fetched that output from the fake once.
+    async fn assert_kept(&self, done: &Value, id: &str) -> String {
+        let url = assert_output_kept(&self.app.http, &self.app.base, done, &self.fake, id).await;
+        assert_eq!(
+            self.fake.output_fetches_of(id),
+            1,
+            "prediction {id}'s output fetched once: {:?}",
+            self.fake.output_fetches()
+        );
+        url
+    }
+}
+
 /// The create is made at the fake, then the connection drops with no
 /// answer. stagehand finds that prediction (the list: same input, created
 /// after its slot was taken, held by no other call) and adopts it: one
@@ -1002,14 +1066,8 @@ async fn an_unclear_create_is_adopted_not_made_twice(backend: Backend) {
         creates.iter().map(|c| c.status).collect::<Vec<_>>()
     );
     assert_eq!(done["status"], "COMPLETED", "{done}");
-    assert_eq!(
-        done["result"]["content"][0]["url"],
-        json!(format!(
-            "https://replicate.delivery/xezq/{}/out-0.webp",
-            ours[0].id
-        )),
-        "its output: {done}"
-    );
+    // Its output: kept, and served by stagehand.
+    booth.assert_kept(&done, &ours[0].id).await;
     assert!(
         booth.fake.cancels().is_empty(),
         "{:?}",
@@ -1042,13 +1100,7 @@ async fn a_create_dropped_before_anything_was_made_is_created_again(backend: Bac
     let ours = predictions_for(&booth.fake, "a heron at dusk");
     assert_eq!(ours.len(), 1, "one prediction");
     assert_eq!(booth.fake.creates().len(), 2, "dropped, then created again");
-    assert_eq!(
-        done["result"]["content"][0]["url"],
-        json!(format!(
-            "https://replicate.delivery/xezq/{}/out-0.webp",
-            ours[0].id
-        ))
-    );
+    booth.assert_kept(&done, &ours[0].id).await;
     assert_eq!(
         booth.unclear_creates("created_again").await,
         1.0,
@@ -1097,13 +1149,9 @@ async fn an_aborted_prediction_is_a_failed_attempt(backend: Backend) {
         "a new prediction: {done}"
     );
     assert_eq!(done["status"], "COMPLETED", "{done}");
-    assert_eq!(
-        done["result"]["content"][0]["url"],
-        json!(format!(
-            "https://replicate.delivery/xezq/{}/out-0.webp",
-            ours[1].id
-        ))
-    );
+    // The second prediction's output, kept.
+    booth.assert_kept(&done, &ours[1].id).await;
+    assert_eq!(booth.fake.output_fetches_of(&ours[0].id), 0);
     let saga = booth.app.saga_of(&sid).await;
     assert_eq!(
         saga["attempts"], 1,
@@ -1192,6 +1240,11 @@ async fn a_429_pauses_the_whole_provider(backend: Backend, retry_after_s: Option
         assert_eq!(done["status"], "COMPLETED", "{done}");
     }
     assert_eq!(booth.fake.predictions().len(), 2);
+    for (prompt, done) in ["a gull", "a tern"].iter().zip(&finals) {
+        let ours = predictions_for(&booth.fake, prompt);
+        assert_eq!(ours.len(), 1, "{prompt}");
+        booth.assert_kept(done, &ours[0].id).await;
+    }
     assert_key_not_logged();
     booth.stop().await;
 }
@@ -1205,6 +1258,75 @@ async fn a_429_without_retry_after_pauses_for_the_body_s_wait(backend: Backend) 
     a_429_pauses_the_whole_provider(backend, None).await;
 }
 db_test!(a_429_without_retry_after_pauses_for_the_body_s_wait);
+
+/// Replicate removes an API prediction's output files an hour after it
+/// ran (its data retention page); stagehand kept its own copy when the job
+/// succeeded, so the session's picture still shows once the original is
+/// gone, and nothing is fetched from Replicate again.
+async fn an_output_replicate_deletes_after_success_still_shows(backend: Backend) {
+    let booth = booth(backend, |_| {}).await;
+    let slug = booth.experience().await;
+    let (sid, token) = booth.submit(&slug, "a lantern on a pier").await;
+    let done = booth
+        .final_or_last(&sid, &token, Duration::from_secs(20))
+        .await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    let ours = predictions_for(&booth.fake, "a lantern on a pier");
+    assert_eq!(ours.len(), 1, "one prediction");
+    let id = ours[0].id.clone();
+    let url = booth.assert_kept(&done, &id).await;
+
+    // An hour later at Replicate: the output is gone.
+    booth.fake.remove_data(&id);
+    let original = booth
+        .app
+        .http
+        .get(booth.fake.output_url(&id))
+        .send()
+        .await
+        .expect("GET the original");
+    assert_eq!(original.status(), 404, "the fake removed the file");
+    let removed = booth
+        .fake
+        .predictions()
+        .into_iter()
+        .find(|p| p.id == id)
+        .expect("the prediction");
+    assert_eq!(removed.json["data_removed"], true);
+    assert_eq!(removed.output, Value::Null);
+
+    // stagehand still shows it: the same URL, the same bytes.
+    let now = booth.app.status(&sid, &token).await;
+    assert_eq!(now["status"], "COMPLETED", "{now}");
+    assert_eq!(now["result"]["content"][0]["url"], json!(url), "{now}");
+    assert_output_kept(&booth.app.http, &booth.app.base, &now, &booth.fake, &id).await;
+    let thumb = now["result"]["content"][0]["thumb_url"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a thumbnail: {now}"))
+        .to_owned();
+    let answer = booth
+        .app
+        .http
+        .get(format!("{}{thumb}", booth.app.base))
+        .send()
+        .await
+        .expect("GET the thumbnail");
+    assert_eq!(answer.status(), 200, "GET {thumb}");
+    assert_eq!(
+        answer.headers()["content-type"],
+        "image/jpeg",
+        "GET {thumb}"
+    );
+    assert_eq!(
+        booth.fake.output_fetches_of(&id),
+        2,
+        "stagehand's one fetch and this test's: {:?}",
+        booth.fake.output_fetches()
+    );
+    assert_key_not_logged();
+    booth.stop().await;
+}
+db_test!(an_output_replicate_deletes_after_success_still_shows);
 
 /// Operators cancel (one bulk cancel) sagas whose predictions are running;
 /// Replicate refuses the cancels (a 4xx), then answers them unreadably
@@ -1320,6 +1442,9 @@ async fn a_refused_cancel_never_opens_the_breaker(backend: Backend) {
             .final_or_last(&sid, &token, Duration::from_secs(10))
             .await;
         assert_eq!(done["status"], "COMPLETED", "{answer:?}: {done}");
+        let ours = predictions_for(&booth.fake, &format!("after round {round}"));
+        assert_eq!(ours.len(), 1, "{answer:?}");
+        booth.assert_kept(&done, &ours[0].id).await;
         assert_eq!(booth.breaker().await["state"], "closed");
         // What still runs (refused cancels) ends, and its slots come back.
         booth.fake.cancel_all_running();
@@ -1359,6 +1484,7 @@ fn serve_until_exit_or_listening(
         .env("STAGEHAND_BIND", "127.0.0.1:0")
         .env("STAGEHAND_OPERATOR_TOKEN", OPERATOR)
         .env("STAGEHAND_PROVIDERS", providers)
+        .env("STAGEHAND_MEDIA_URL", dir.path().join("media"))
         .env(KEY_ENV, KEY)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -1458,8 +1584,11 @@ async fn serve_starts_with_a_model_that_exists() {
 
 /// `stagehand serve` of one Replicate provider on `db_url`, listening on
 /// `port` (its output in `log`): the lease is short so another worker may
-/// resume its sagas soon after it dies; every other setting is the
-/// default (the dispatcher's 10 s poll among them).
+/// resume its sagas soon after it dies; its media in a folder beside the
+/// providers file (shared by every process of one test; on PostgreSQL the
+/// default would be `stagehand-media` in the working directory, the
+/// checkout); every other setting is the default (the dispatcher's 10 s
+/// poll among them).
 fn serve_child(
     providers: &std::path::Path,
     db_url: &str,
@@ -1474,6 +1603,13 @@ fn serve_child(
         .env("STAGEHAND_OPERATOR_TOKEN", OPERATOR)
         .env("STAGEHAND_PROVIDERS", providers)
         .env("STAGEHAND_LEASE", "2s")
+        .env(
+            "STAGEHAND_MEDIA_URL",
+            providers
+                .parent()
+                .expect("the providers file's folder")
+                .join("media"),
+        )
         .env(KEY_ENV, KEY)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -1591,7 +1727,6 @@ async fn a_worker_killed_before_it_recorded_its_prediction_is_not_doubled(backen
         .text()
         .await
         .expect("the metrics");
-    second.kill();
     assert_eq!(
         done["status"],
         "COMPLETED",
@@ -1605,6 +1740,10 @@ async fn a_worker_killed_before_it_recorded_its_prediction_is_not_doubled(backen
         .map(|p| p.id)
         .collect();
     assert_eq!(ours.len(), 1, "one billed prediction, not two: {ours:?}");
+    // Its output, kept by the second process and served by it.
+    assert_output_kept(&http, &base, &done, &fake, &ours[0]).await;
+    assert_eq!(fake.output_fetches_of(&ours[0]), 1, "fetched once");
+    second.kill();
     assert!(
         metrics
             .lines()

@@ -202,6 +202,7 @@ async fn a_second_serve_on_one_sqlite_file_refuses_to_start() {
     let second = std::process::Command::new(env!("CARGO_BIN_EXE_stagehand"))
         .arg("serve")
         .env("STAGEHAND_DATABASE_URL", &db.url)
+        .env("STAGEHAND_MEDIA_URL", support::media_folder_of(&db.url))
         .env("STAGEHAND_BIND", format!("127.0.0.1:{port}"))
         .env("STAGEHAND_AI_URL", sim.url())
         .env("STAGEHAND_OPERATOR_TOKEN", support::OPERATOR)

@@ -523,6 +523,10 @@ pub(super) async fn start_server(
         sim_url.into(),
         "--operator-token".into(),
         operator.into(),
+        // Media beside the server's log, never the working directory (on
+        // PostgreSQL there is no database file to put it by).
+        "--media-url".into(),
+        log.with_extension("media").display().to_string(),
     ];
     args.extend(server_args.iter().cloned());
     let env: Vec<(&str, &str)> = server_env().collect();

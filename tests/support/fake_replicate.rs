@@ -73,12 +73,36 @@
 //!   "description"}`). The page shows no status; 422 is the status the
 //!   OpenAPI document's Prefer/validation answers and Replicate's clients
 //!   use for it.
+//! - Output files: a prediction's `output` holds the URLs of its files
+//!   (a model's output schema says `"format": "uri"`; the documentation's
+//!   examples are `https://replicate.delivery/...` URLs, fetched without
+//!   the API token, which is how this fake serves its own); data
+//!   retention, <https://replicate.com/docs/topics/predictions/data-retention>:
+//!   "For predictions created through the API, all input parameters, output
+//!   values, output files, and logs are automatically removed after an
+//!   hour", and `data_removed` says so.
 //! - Errors are problem details (RFC 7807: `type, title, status, detail,
 //!   instance`), as Replicate's own client documents its `ReplicateError`
 //!   (github.com/replicate/replicate-python `replicate/exceptions.py`); the
 //!   OpenAPI document's 404s are `application/problem+json` with `detail`.
 //!   The exact titles here ("Unauthenticated", "Not found", "Invalid version
 //!   or not permitted") are not quoted from a page: only their shape is.
+//!
+//! # Where output files come from
+//!
+//! Real Replicate serves output files from `https://replicate.delivery`
+//! (and its subdomains), a CDN apart from the API. The sandbox the tests
+//! run in cannot reach it, and stagehand keeps every output file (it
+//! downloads it before recording the result) from the provider's own
+//! origin or from listed origins, and a listed origin such as
+//! replicate.delivery only at a public address (never loopback). So this
+//! fake serves its outputs itself, on its own origin (which is the
+//! provider's: always allowed): a succeeded prediction's `output` is
+//! `["{base}/xezq/{id}/out-0.webp"]`, and `GET /xezq/{id}/out-0.webp`
+//! answers, with no token needed, a small real WebP image
+//! ([`output_bytes`]: the same bytes for the same prediction, other bytes
+//! for another), `Content-Type: image/webp`; 404 while the prediction has
+//! not succeeded, and once its data is removed.
 //!
 //! # Knobs (the Rust API of [`FakeReplicate`])
 //!
@@ -99,6 +123,13 @@
 //!   prediction had when it came (so cancels of final ones can be counted);
 //!   [`FakeReplicate::cancel_all_running`] ends what still runs.
 //! - [`FakeReplicate::set_page_size`] (100 as documented).
+//! - Outputs: [`FakeReplicate::output_url`], [`output_bytes`] (what the
+//!   URL answers), [`FakeReplicate::output_fetches`] and
+//!   [`FakeReplicate::output_fetches_of`] (every GET of an output file);
+//!   [`FakeReplicate::remove_data`] does what Replicate does an hour after
+//!   an API prediction: `data_removed: true`, the input, output and logs
+//!   gone from the object (their removed shape is not documented: here
+//!   `input` is `{}` and `output` null), and the files answer 404.
 //! - File inputs: data URLs are decoded and refused past
 //!   [`DATA_URI_MAX_BYTES`]; a Files-API URL must name an uploaded file
 //!   ([`FakeReplicate::files`] lists them with their bytes).
@@ -146,7 +177,8 @@ pub fn is_final(status: &str) -> bool {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Plan {
     /// `starting` for `starting`, `processing` for `processing`, then
-    /// `succeeded` with one image URL on replicate.delivery.
+    /// `succeeded` with one image URL, served by the fake itself (see the
+    /// module doc: real Replicate's are on replicate.delivery).
     Succeed {
         starting: Duration,
         processing: Duration,
@@ -325,6 +357,9 @@ struct Stored {
     canceled_after: Option<Duration>,
     /// Since creation: the `Cancel-After` deadline.
     deadline_after: Option<Duration>,
+    /// Input, output, logs and files removed (an hour after an API
+    /// prediction).
+    data_removed: bool,
 }
 
 impl Stored {
@@ -367,13 +402,7 @@ impl Stored {
         let at = |d: Duration| stamp(self.created_at + chrono::Duration::from_std(d).unwrap());
         let (output, error) = match (&self.forced, status) {
             (Some(forced), _) => (forced.output.clone(), forced.error.clone()),
-            (None, "succeeded") => (
-                json!([format!(
-                    "https://replicate.delivery/xezq/{}/out-0.webp",
-                    self.id
-                )]),
-                Value::Null,
-            ),
+            (None, "succeeded") => (json!([output_url(base, &self.id)]), Value::Null),
             (None, "failed") => match &self.plan {
                 Plan::Fail { error, .. } => (Value::Null, json!(error)),
                 _ => (Value::Null, json!("the prediction failed")),
@@ -411,8 +440,52 @@ impl Stored {
         if let Some(deadline) = self.deadline_after {
             v["deadline"] = json!(at(deadline));
         }
+        if self.data_removed {
+            v["data_removed"] = json!(true);
+            v["input"] = json!({});
+            v["output"] = Value::Null;
+        }
         v
     }
+}
+
+/// The path of a prediction's one output file (real Replicate's is on
+/// replicate.delivery: see the module doc).
+fn output_path(id: &str) -> String {
+    format!("/xezq/{id}/{OUTPUT_FILE}")
+}
+
+const OUTPUT_FILE: &str = "out-0.webp";
+
+fn output_url(base: &str, id: &str) -> String {
+    format!("{base}{}", output_path(id))
+}
+
+/// What prediction `id`'s output URL answers: a real 48 x 32 WebP
+/// (lossless), its colours drawn from the id, so the same prediction always
+/// has the same bytes and another has others.
+pub fn output_bytes(id: &str) -> Vec<u8> {
+    use sha2::Digest;
+    let seed = sha2::Sha256::digest(id.as_bytes());
+    let (width, height) = (48u32, 32u32);
+    let picture = image::RgbImage::from_fn(width, height, |x, y| {
+        let i = ((x / 8 + y / 8 * 6) as usize) % seed.len();
+        image::Rgb([
+            seed[i],
+            seed[(i + 11) % seed.len()] ^ (x as u8 * 5),
+            seed[(i + 23) % seed.len()] ^ (y as u8 * 7),
+        ])
+    });
+    let mut bytes = Vec::new();
+    image::codecs::webp::WebPEncoder::new_lossless(&mut bytes)
+        .encode(
+            picture.as_raw(),
+            width,
+            height,
+            image::ExtendedColorType::Rgb8,
+        )
+        .expect("encode the output WebP");
+    bytes
 }
 
 fn stamp(t: DateTime<Utc>) -> String {
@@ -616,6 +689,7 @@ impl FakeReplicate {
             }),
             canceled_after: None,
             deadline_after: None,
+            data_removed: false,
         });
         id
     }
@@ -661,6 +735,47 @@ impl FakeReplicate {
     /// The Files API's URL of a file (its `urls.get`).
     pub fn file_url(&self, id: &str) -> String {
         format!("{}/v1/files/{id}", self.url)
+    }
+
+    /// The URL of prediction `id`'s output file (on this fake's origin).
+    pub fn output_url(&self, id: &str) -> String {
+        output_url(&self.url, id)
+    }
+
+    /// What prediction `id`'s output URL answers once it succeeded.
+    pub fn output_bytes(&self, id: &str) -> Vec<u8> {
+        output_bytes(id)
+    }
+
+    /// Every GET of an output file so far (whatever it answered), in
+    /// arrival order.
+    pub fn output_fetches(&self) -> Vec<Seen> {
+        self.requests()
+            .into_iter()
+            .filter(|s| s.method == "GET" && s.path.starts_with("/xezq/"))
+            .collect()
+    }
+
+    /// The GETs of prediction `id`'s output file so far.
+    pub fn output_fetches_of(&self, id: &str) -> usize {
+        let path = output_path(id);
+        self.output_fetches()
+            .iter()
+            .filter(|s| s.path == path)
+            .count()
+    }
+
+    /// What Replicate does an hour after an API prediction: its input,
+    /// output and logs are removed (`data_removed: true`) and its output
+    /// files answer 404 from now on.
+    pub fn remove_data(&self, id: &str) {
+        let mut account = self.shared.account();
+        let p = account
+            .predictions
+            .iter_mut()
+            .find(|p| p.id == id)
+            .unwrap_or_else(|| panic!("no prediction {id}"));
+        p.data_removed = true;
     }
 
     /// Every prediction of the account, oldest first, as it stands now.
@@ -770,6 +885,14 @@ async fn route(
     body: &Value,
     authorization: Option<&str>,
 ) -> Outcome {
+    let path = req.path().trim_end_matches('/');
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    let method = req.method().as_str();
+    // Output files need no token (replicate.delivery serves them to
+    // anyone who has the URL).
+    if let ("GET", ["xezq", id, OUTPUT_FILE]) = (method, segments.as_slice()) {
+        return Outcome::Answer(output_file(shared, id));
+    }
     let expected = format!("Bearer {}", shared.token);
     if authorization != Some(expected.as_str()) {
         let quote = shared.account().quote_token;
@@ -783,9 +906,6 @@ async fn route(
         };
         return Outcome::Answer(problem(401, "Unauthenticated", &detail));
     }
-    let path = req.path().trim_end_matches('/');
-    let segments: Vec<&str> = path.split('/').skip(1).collect();
-    let method = req.method().as_str();
     match (method, segments.as_slice()) {
         ("POST", ["v1", "predictions"]) => create(shared, req, raw, body, None).await,
         ("GET", ["v1", "predictions"]) => Outcome::Answer(list(shared, req)),
@@ -802,6 +922,27 @@ async fn route(
         }
         _ => Outcome::Answer(problem(404, "Not found", "Not found.")),
     }
+}
+
+/// `GET /xezq/{id}/out-0.webp`: a succeeded prediction's output file, as
+/// long as its data is not removed; 404 otherwise (no such file yet, or no
+/// more).
+fn output_file(shared: &Shared, id: &str) -> HttpResponse {
+    let now = Instant::now();
+    let account = shared.account();
+    let there = account
+        .predictions
+        .iter()
+        .find(|p| p.id == id)
+        .is_some_and(|p| p.forced.is_none() && !p.data_removed && p.state(now).0 == "succeeded");
+    if !there {
+        return HttpResponse::NotFound()
+            .content_type("text/plain")
+            .body("Not Found");
+    }
+    HttpResponse::Ok()
+        .content_type("image/webp")
+        .body(output_bytes(id))
 }
 
 /// Both create endpoints; `official` is the model of the official-model
@@ -929,6 +1070,7 @@ async fn create(
             forced: None,
             canceled_after: None,
             deadline_after: deadline,
+            data_removed: false,
         });
     }
     match fault {

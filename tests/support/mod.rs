@@ -1052,6 +1052,17 @@ async fn listening_port(child: &mut Child, log: &Path) -> u16 {
 
 /// A `stagehand serve` child process; killed (SIGKILL) when dropped, so a
 /// failing test never leaves a server behind.
+/// A folder for the media of the servers on `db_url`.
+pub fn media_folder_of(db_url: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    db_url.hash(&mut hasher);
+    std::env::temp_dir()
+        .join(format!("stagehand-test-media-{:016x}", hasher.finish()))
+        .display()
+        .to_string()
+}
+
 pub struct Server {
     child: Child,
     pub base: String,
@@ -1094,6 +1105,10 @@ impl Server {
             .env("STAGEHAND_BACKOFF_MAX", "500ms")
             .env("STAGEHAND_MAX_RECOVERIES", "2")
             .env("RUST_LOG", "info")
+            // The media beside the database: the same folder for every
+            // server of one database (a restart finds what was kept), never
+            // the working directory (PostgreSQL has no file to put it by).
+            .env("STAGEHAND_MEDIA_URL", media_folder_of(db_url))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
