@@ -387,7 +387,10 @@ impl Node {
         let child = Command::new(env!("CARGO_BIN_EXE_stagehand"))
             .arg("serve")
             .env("STAGEHAND_DATABASE_URL", &self.db_url)
-            .env("STAGEHAND_MEDIA_URL", support::media_folder_of(&self.db_url))
+            .env(
+                "STAGEHAND_MEDIA_URL",
+                support::media_folder_of(&self.db_url),
+            )
             .env("STAGEHAND_BIND", format!("127.0.0.1:{}", self.port))
             .env("STAGEHAND_AI_URL", &self.ai_url)
             .env("STAGEHAND_OPERATOR_TOKEN", support::OPERATOR)

@@ -11,8 +11,10 @@ mod support;
 use std::io::{Read, Write};
 use std::time::Duration;
 
+use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::{json, Value};
 use stagehand::clock::ManualClock;
+use stagehand::store::entities::photos;
 use support::{Backend, TestApp, OPERATOR};
 
 const GPS_ROTATED: &[u8] = include_bytes!("fixtures/photo-gps-rotated.jpg");
@@ -251,16 +253,14 @@ async fn bad_uploads_are_refused_clearly(backend: Backend) {
     let (psid, ptoken) = app.session(&prompt_only, None, "cy").await;
     let (status, body) = upload(&app, &psid, &ptoken, SMALL_PNG.to_vec(), "image/png").await;
     assert_eq!(status, 422, "{body}");
-    assert_eq!(
-        app.state
-            .store
-            .photo_sessions(&[sid.clone()])
+    for session in [&sid, &psid] {
+        let stored = photos::Entity::find()
+            .filter(photos::Column::SessionId.eq(session.as_str()))
+            .count(app.state.store.db())
             .await
-            .unwrap()
-            .len(),
-        0,
-        "nothing was stored"
-    );
+            .unwrap();
+        assert_eq!(stored, 0, "nothing was stored");
+    }
     app.stop().await;
 }
 db_test!(bad_uploads_are_refused_clearly);

@@ -638,6 +638,35 @@ pub(super) fn millis(x: f64) -> String {
     }
 }
 
+/// The media figures, one line each.
+pub fn media(m: &super::media::MediaFigures) -> Vec<String> {
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    vec![
+        format!("Media (SQLite, {} photo workers; each figure is the server's):", m.photo_workers),
+        format!("  CPU per upload, 1.5 MP / 12 MP JPEG (ms)      {:>8.1} / {:.1}", m.cpu_ms_small, m.cpu_ms_large),
+        format!("  1.5 MP uploads per second (4 at a time)       {:>8.1}", m.small_per_s),
+        format!(
+            "  VmRSS before / peak during 50 x 12 MP (MiB)   {:>8.1} / {:.1} ({} stored, {} refused 503)",
+            mib(m.rss_before_kib),
+            mib(m.rss_peak_kib),
+            m.burst_stored,
+            m.burst_refused
+        ),
+        format!("  keep stage per result, mean (ms)              {:>8.2} ({} results)", m.keep_ms_mean, m.keep_results),
+        format!(
+            "  a display's bytes for 1,000 results (MB)      {:>8.1} (full files: {:.1})",
+            m.display_bytes_per_1000 as f64 / 1e6,
+            m.full_bytes_per_1000 as f64 / 1e6
+        ),
+        format!(
+            "  202 p99, prompt-only, alone / in a burst (ms) {:>8.1} / {:.1} ({:.2}x)",
+            m.p99_alone_ms,
+            m.p99_burst_ms,
+            m.p99_burst_ms / m.p99_alone_ms
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::load::{Backend, Figures, Load, ScenarioResult};
@@ -704,33 +733,4 @@ mod tests {
             "| figure | SQLite |\n|--------|-------:|\n| a      |     12 |"
         );
     }
-}
-
-/// The media figures, one line each.
-pub fn media(m: &super::media::MediaFigures) -> Vec<String> {
-    let mib = |kib: u64| kib as f64 / 1024.0;
-    vec![
-        format!("Media (SQLite, {} photo workers; each figure is the server's):", m.photo_workers),
-        format!("  CPU per upload, 1.5 MP / 12 MP JPEG (ms)      {:>8.1} / {:.1}", m.cpu_ms_small, m.cpu_ms_large),
-        format!("  1.5 MP uploads per second (4 at a time)       {:>8.1}", m.small_per_s),
-        format!(
-            "  VmRSS before / peak during 50 x 12 MP (MiB)   {:>8.1} / {:.1} ({} stored, {} refused 503)",
-            mib(m.rss_before_kib),
-            mib(m.rss_peak_kib),
-            m.burst_stored,
-            m.burst_refused
-        ),
-        format!("  keep stage per result, mean (ms)              {:>8.2} ({} results)", m.keep_ms_mean, m.keep_results),
-        format!(
-            "  a display's bytes for 1,000 results (MB)      {:>8.1} (full files: {:.1})",
-            m.display_bytes_per_1000 as f64 / 1e6,
-            m.full_bytes_per_1000 as f64 / 1e6
-        ),
-        format!(
-            "  202 p99, prompt-only, alone / in a burst (ms) {:>8.1} / {:.1} ({:.2}x)",
-            m.p99_alone_ms,
-            m.p99_burst_ms,
-            m.p99_burst_ms / m.p99_alone_ms
-        ),
-    ]
 }

@@ -131,11 +131,10 @@ impl Store {
     /// this instance when none is yet (the first instance to start wins a
     /// race; every instance reads the winner's).
     pub async fn server_key(&self, name: &str, fresh: &str) -> StoreResult<String> {
-        let insert = format!(
-            "INSERT INTO server_keys (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"
-        );
+        let insert =
+            "INSERT INTO server_keys (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
         let tx = self.write_tx().await?;
-        tx.execute_raw(self.sql(&insert, vec![name.into(), fresh.into()]))
+        tx.execute_raw(self.sql(insert, vec![name.into(), fresh.into()]))
             .await?;
         tx.commit().await?;
         let select = "SELECT value FROM server_keys WHERE name = $1";
