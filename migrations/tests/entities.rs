@@ -17,8 +17,8 @@ mod entities;
 
 use common::{err, on_postgres, on_sqlite, TestResult};
 use entities::{
-    experiences, idempotency_records, results, sagas, score_attempts, sessions, terminal_events,
-    terminal_presence, terminals,
+    experiences, idempotency_records, photos, results, sagas, score_attempts, sessions,
+    terminal_events, terminal_presence, terminals,
 };
 use migration::{Migrator, MigratorTrait};
 use sea_orm::entity::prelude::*;
@@ -102,6 +102,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
     same_column_count::<terminal_events::Entity>(db).await?;
     same_column_count::<idempotency_records::Entity>(db).await?;
     same_column_count::<terminal_presence::Entity>(db).await?;
+    same_column_count::<photos::Entity>(db).await?;
 
     // experiences
     let (exp_full, exp_min) = (uuid(1), uuid(2));
@@ -125,6 +126,8 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             review_timeout_ms: Some(300_000),
             review_timeout_action: Some("approve".into()),
             created_at_ms: T0,
+            input: "photo+prompt".into(),
+            photo_max_px: 1024,
         },
         exp_full.clone()
     );
@@ -148,6 +151,8 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             review_timeout_ms: None,
             review_timeout_action: None,
             created_at_ms: T0,
+            input: "prompt".into(),
+            photo_max_px: 1536,
         },
         exp_min.clone()
     );
@@ -243,6 +248,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             trace_context: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             created_at_ms: T0,
             updated_at_ms: T0 + 2,
+            photo_id: Some(uuid(60)),
         },
         saga_full.clone()
     );
@@ -283,6 +289,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             trace_context: None,
             created_at_ms: T0,
             updated_at_ms: T0,
+            photo_id: None,
         },
         saga_min.clone()
     );
@@ -322,6 +329,23 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
     {
         return Err("a second ranking entry for the same session was accepted".into());
     }
+
+    // photos (no nullable column: one row says it all)
+    round_trip!(
+        db,
+        photos,
+        photos::Model {
+            id: uuid(60),
+            session_id: session_full.clone(),
+            object_key: "p/0123456789abcdef0123456789abcdef.jpg".into(),
+            content_type: "image/jpeg".into(),
+            width: 1152,
+            height: 1536,
+            bytes: 250_000,
+            created_at_ms: T0,
+        },
+        uuid(60)
+    );
 
     // results
     let (result_full, result_min) = (uuid(50), uuid(51));
