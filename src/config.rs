@@ -212,7 +212,7 @@ pub struct Config {
     pub max_result_bytes: u64,
     /// Photos decoded at once (uploads, thumbnails), off the HTTP workers.
     /// Each holds at most one decoded photo (about 200 MB for the largest
-    /// taken); default: the machine's cores.
+    /// taken); default: one fewer than the machine's cores (at least 1).
     #[arg(long, env = "STAGEHAND_PHOTO_WORKERS")]
     pub photo_workers: Option<usize>,
     /// Uploads that may wait for a photo worker; past them an upload is

@@ -235,9 +235,7 @@ impl Application {
             })?
             .port();
         let photo_pool = crate::media::pool::PhotoPool::new(
-            config.photo_workers.unwrap_or_else(|| {
-                std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
-            }),
+            config.photo_workers.unwrap_or_else(default_photo_workers),
             config.photo_queue,
         );
         let media_secret = store
@@ -547,6 +545,16 @@ async fn start_providers(
         });
     }
     Ok((Providers::new(handles), provider_models, provider_media))
+}
+
+/// Photo workers unless configured: one fewer than the cores (at least
+/// one), so decoding never takes the last core from the HTTP workers and
+/// the database: a burst of uploads must not slow other people's 202s.
+fn default_photo_workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, std::num::NonZeroUsize::get)
+        .saturating_sub(1)
+        .max(1)
 }
 
 /// Where providers may reach this server: the public URL when one is set,

@@ -76,7 +76,12 @@ pub(super) async fn run(
     let small = Arc::new(photo_jpeg(1500, 1000));
     let large = Arc::new(photo_jpeg(4000, 3000));
     let mut figures = MediaFigures {
-        photo_workers: std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
+        // The server's default (`--photo-workers` unset): one fewer than
+        // the cores.
+        photo_workers: std::thread::available_parallelism()
+            .map_or(2, std::num::NonZeroUsize::get)
+            .saturating_sub(1)
+            .max(1),
         ..MediaFigures::default()
     };
     let pid = stack.server.child.id();

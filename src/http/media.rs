@@ -67,11 +67,16 @@ pub async fn upload_photo(
     refuse_declared_length(&req, max)?;
     let session = require_session(&state, &req, &session_id, false).await?;
     let key = key_of(&req)?.ok_or(ApiError::IdempotencyKeyRequired)?;
+    // A place in the pool before the body is read: past the queue, 503 at
+    // once, with nothing read.
+    let place = state.photos.pool.admit()?;
     let body = read_photo_body(payload, max).await?;
     let token = bearer(&req).unwrap_or_default().to_owned();
     let scope = format!("photo:{}", session.id);
+    let place = std::sync::Mutex::new(Some(place));
     let (reply, replayed) = run_idempotent(&state, &scope, &token, Some(key), &body, || {
-        store_photo(&state, &session, body.clone())
+        let place = place.lock().ok().and_then(|mut p| p.take());
+        store_photo(&state, &session, body.clone(), place)
     })
     .await?;
     Ok(respond(reply, replayed, None))
@@ -109,6 +114,7 @@ async fn store_photo(
     state: &AppState,
     session: &crate::store::entities::sessions::Model,
     body: web::Bytes,
+    place: Option<crate::media::pool::Admitted>,
 ) -> Result<Reply, ApiError> {
     let experience = state
         .store
@@ -122,9 +128,11 @@ async fn store_photo(
     }
     let max_px = experience.photo_max_px.max(1) as u32;
     let started = std::time::Instant::now();
-    let photo = state
-        .photos
-        .pool
+    let place = match place {
+        Some(place) => place,
+        None => state.photos.pool.admit()?,
+    };
+    let photo = place
         .run(move || normalize(&body, max_px, &PhotoLimits::default()))
         .await??;
     metrics::histogram!("stagehand_photo_decode_seconds").record(started.elapsed().as_secs_f64());

@@ -2,7 +2,8 @@
 //! here, on tokio's blocking threads, never on the HTTP workers, at most
 //! `workers` at a time. Past that, up to `queue` jobs wait for a worker;
 //! a job that finds the queue full is refused at once ([`PoolFull`]), and
-//! the upload answers 503 with `Retry-After`: a burst of uploads never
+//! the upload answers 503 with `Retry-After` (it takes its place with
+//! [`PhotoPool::admit`] before it reads its body): a burst of uploads never
 //! holds more than `workers` decoders' memory, and never slows the other
 //! requests' answers.
 
@@ -46,6 +47,25 @@ impl PhotoPool {
         self.workers
     }
 
+    /// A place in the pool (a worker or the queue), taken at once or
+    /// refused: an upload takes it before it reads its body, so a request
+    /// past the queue costs neither the body's memory nor its bandwidth.
+    pub fn admit(&self) -> Result<Admitted, PoolFull> {
+        match self.admitted.clone().try_acquire_owned() {
+            Ok(place) => Ok(Admitted {
+                pool: self.clone(),
+                _place: place,
+            }),
+            Err(_) => {
+                metrics::counter!("stagehand_photo_pool_refused_total").increment(1);
+                Err(PoolFull {
+                    workers: self.workers,
+                    queue: self.queue,
+                })
+            }
+        }
+    }
+
     /// Runs `job` on a blocking thread once a worker is free; refused at
     /// once when the queue is full.
     pub async fn run<T, F>(&self, job: F) -> Result<T, PoolFull>
@@ -53,15 +73,29 @@ impl PhotoPool {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
+        self.admit()?.run(job).await
+    }
+}
+
+/// A place taken in the pool; given back when dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    pool: PhotoPool,
+    _place: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Admitted {
+    /// Runs `job` on a blocking thread once a worker is free.
+    pub async fn run<T, F>(self, job: F) -> Result<T, PoolFull>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
         let full = PoolFull {
-            workers: self.workers,
-            queue: self.queue,
+            workers: self.pool.workers,
+            queue: self.pool.queue,
         };
-        let Ok(_admitted) = self.admitted.clone().try_acquire_owned() else {
-            metrics::counter!("stagehand_photo_pool_refused_total").increment(1);
-            return Err(full);
-        };
-        let Ok(running) = self.running.clone().acquire_owned().await else {
+        let Ok(running) = self.pool.running.clone().acquire_owned().await else {
             return Err(full);
         };
         // The permit goes with the job: a request that gives up waiting
