@@ -59,6 +59,12 @@ pub const SAGA_DURATION: &str = "stagehand_saga_duration_seconds";
 pub const AI_REQUEST_DURATION: &str = "stagehand_ai_request_duration_seconds";
 /// Histogram: an AI job, submit to final status.
 pub const AI_JOB_DURATION: &str = "stagehand_ai_job_duration_seconds";
+/// Keeping one call's result files (download, store, thumbnails).
+pub const KEEP_DURATION: &str = "stagehand_keep_seconds";
+/// Decoding, cleaning and re-encoding one uploaded photo in the pool.
+pub const PHOTO_DECODE_DURATION: &str = "stagehand_photo_decode_seconds";
+/// Uploads (and thumbnails) refused because the photo pool was full.
+pub const PHOTO_POOL_REFUSED: &str = "stagehand_photo_pool_refused_total";
 /// Counter: AI jobs seen reaching a final status.
 pub const AI_JOBS_FINISHED: &str = "stagehand_ai_jobs_finished_total";
 /// Counter: slots of the ledger freed, by the evidence that no job ran in
@@ -150,6 +156,20 @@ fn describe() {
         AI_REQUEST_DURATION,
         Unit::Seconds,
         "One request to the AI provider (request: submit or poll), by its outcome: the job status it answered, or the failure kind."
+    );
+    describe_histogram!(
+        KEEP_DURATION,
+        Unit::Seconds,
+        "Keeping the files of one AI call's result in the media store (download or decode, store, thumbnails), from its start to its last write."
+    );
+    describe_histogram!(
+        PHOTO_DECODE_DURATION,
+        Unit::Seconds,
+        "One uploaded photo in the photo pool: decoding, turning upright, downscaling and re-encoding, waiting for a worker included."
+    );
+    describe_counter!(
+        PHOTO_POOL_REFUSED,
+        "Photo uploads and thumbnails refused because every photo worker was busy and the queue full (answered 503 with Retry-After)."
     );
     describe_histogram!(
         AI_JOB_DURATION,

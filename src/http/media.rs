@@ -135,7 +135,8 @@ async fn store_photo(
     let photo = place
         .run(move || normalize(&body, max_px, &PhotoLimits::default()))
         .await??;
-    metrics::histogram!("stagehand_photo_decode_seconds").record(started.elapsed().as_secs_f64());
+    metrics::histogram!(crate::metrics::PHOTO_DECODE_DURATION)
+        .record(started.elapsed().as_secs_f64());
     let object_key = photo_object_key(rand::random());
     let stored = web::Bytes::from(photo.bytes);
     let bytes = stored.len() as u64;

@@ -57,7 +57,7 @@ impl PhotoPool {
                 _place: place,
             }),
             Err(_) => {
-                metrics::counter!("stagehand_photo_pool_refused_total").increment(1);
+                metrics::counter!(crate::metrics::PHOTO_POOL_REFUSED).increment(1);
                 Err(PoolFull {
                     workers: self.workers,
                     queue: self.queue,

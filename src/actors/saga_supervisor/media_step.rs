@@ -90,7 +90,7 @@ pub(super) async fn keep_result(
         .keeper
         .keep(origins, &saga.id, call.max(0) as u32, result.content)
         .await?;
-    metrics::histogram!("stagehand_keep_seconds").record(started.elapsed().as_secs_f64());
+    metrics::histogram!(crate::metrics::KEEP_DURATION).record(started.elapsed().as_secs_f64());
     tracing::info!(saga_id = %saga.id, call, files = content.iter().filter(|i| i.url.is_some()).count(), "result files kept");
     Ok(AiResult {
         content,
