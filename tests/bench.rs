@@ -46,7 +46,13 @@ fn the_servers_run_from_the_given_binary_and_the_simulator_from_this_one() {
     std::fs::set_permissions(&wrapper, mode).expect("make the wrapper executable");
 
     let wrapper_arg = wrapper.to_str().expect("utf-8 path");
-    let (code, output) = bench(&["--idle-sockets", "20", "--server-binary", wrapper_arg]);
+    let (code, output) = bench(&[
+        "--idle-sockets",
+        "20",
+        "--media-quick",
+        "--server-binary",
+        wrapper_arg,
+    ]);
     assert_eq!(code, Some(0), "bench failed:\n{output}");
     let started: Vec<String> = std::fs::read_to_string(&starts)
         .unwrap_or_default()
@@ -65,6 +71,11 @@ fn the_servers_run_from_the_given_binary_and_the_simulator_from_this_one() {
     assert!(
         output.contains("KiB"),
         "the socket measurement reports its figure:\n{output}"
+    );
+    assert!(
+        output.contains("CPU per upload, 1.5 MP / 12 MP JPEG (ms)")
+            && output.contains("keep stage per result"),
+        "the media figures are reported:\n{output}"
     );
 }
 

@@ -22,16 +22,40 @@ use serde_json::{json, Value};
 use super::load::{self, Builds, Session, Stack};
 use super::sockets::status_kib;
 
-/// Uploads of the 1.5 MP photo timed for CPU and rate.
-const SMALL_UPLOADS: usize = 200;
-/// Uploads of the 12 MP photo timed for CPU.
-const LARGE_UPLOADS: usize = 20;
-/// Concurrent uploads in the burst whose peak RSS is read.
-const BURST: usize = 50;
-/// Prompt-only submissions timed for the 202's p99, alone and in a burst.
-const PROMPTS: usize = 400;
-/// Results whose display bytes are summed.
-const RESULTS: usize = 40;
+/// How much the media figures do.
+#[derive(Debug, Clone, Copy)]
+pub struct MediaCounts {
+    /// Uploads of the 1.5 MP photo timed for CPU and rate.
+    pub small_uploads: usize,
+    /// Uploads of the 12 MP photo timed for CPU.
+    pub large_uploads: usize,
+    /// Concurrent 12 MP uploads in the burst whose peak RSS is read.
+    pub burst: usize,
+    /// Prompt-only submissions timed for the 202's p99, alone and in a
+    /// burst.
+    pub prompts: usize,
+    /// Photo results whose display bytes are summed.
+    pub results: usize,
+}
+
+impl MediaCounts {
+    /// What the figures are measured with.
+    pub const FULL: MediaCounts = MediaCounts {
+        small_uploads: 200,
+        large_uploads: 20,
+        burst: 50,
+        prompts: 400,
+        results: 40,
+    };
+    /// A tenth, to see that every figure works (`--media-quick`).
+    pub const QUICK: MediaCounts = MediaCounts {
+        small_uploads: 8,
+        large_uploads: 2,
+        burst: 6,
+        prompts: 40,
+        results: 4,
+    };
+}
 
 /// What the measurement gave.
 #[derive(Debug, Clone, Default)]
@@ -58,6 +82,7 @@ pub(super) async fn run(
     builds: Builds<'_>,
     dir: &Path,
     server_args: &[String],
+    counts: MediaCounts,
 ) -> Result<MediaFigures, String> {
     let logs = super::logs_dir(dir);
     let db_dir = dir.join("db-media");
@@ -87,31 +112,47 @@ pub(super) async fn run(
     let pid = stack.server.child.id();
     let photo_booth = experience(&stack, "photo").await?;
     eprintln!(
-        "  media: {SMALL_UPLOADS} uploads of a 1.5 MP JPEG ({} KB)",
+        "  media: {} uploads of a 1.5 MP JPEG ({} KB)",
+        counts.small_uploads,
         small.len() / 1024
     );
     let (cpu_ms, per_s) =
-        timed_uploads(&stack, &photo_booth, small.clone(), SMALL_UPLOADS, 4).await?;
+        timed_uploads(&stack, &photo_booth, small.clone(), counts.small_uploads, 4).await?;
     (figures.cpu_ms_small, figures.small_per_s) = (cpu_ms, per_s);
     eprintln!(
-        "  media: {LARGE_UPLOADS} uploads of a 12 MP JPEG ({} KB)",
+        "  media: {} uploads of a 12 MP JPEG ({} KB)",
+        counts.large_uploads,
         large.len() / 1024
     );
-    figures.cpu_ms_large = timed_uploads(&stack, &photo_booth, large.clone(), LARGE_UPLOADS, 2)
-        .await?
-        .0;
+    figures.cpu_ms_large =
+        timed_uploads(&stack, &photo_booth, large.clone(), counts.large_uploads, 2)
+            .await?
+            .0;
     figures.rss_before_kib = status_kib(pid, "VmRSS")?;
-    let burst = uploads(&stack, &photo_booth, large.clone(), BURST, BURST).await?;
+    let burst = uploads(
+        &stack,
+        &photo_booth,
+        large.clone(),
+        counts.burst,
+        counts.burst,
+    )
+    .await?;
     figures.rss_peak_kib = status_kib(pid, "VmHWM")?;
     figures.burst_stored = burst.iter().filter(|s| **s == StatusCode::CREATED).count();
     figures.burst_refused = burst
         .iter()
         .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
         .count();
-    display_bytes(&stack, &photo_booth, &small, &mut figures).await?;
+    display_bytes(&stack, &photo_booth, &small, counts.results, &mut figures).await?;
     let prompt_booth = experience(&stack, "prompt").await?;
-    figures.p99_alone_ms = prompt_p99(&stack, &prompt_booth, None).await?;
-    figures.p99_burst_ms = prompt_p99(&stack, &prompt_booth, Some((&photo_booth, large))).await?;
+    figures.p99_alone_ms = prompt_p99(&stack, &prompt_booth, counts.prompts, None).await?;
+    figures.p99_burst_ms = prompt_p99(
+        &stack,
+        &prompt_booth,
+        counts.prompts,
+        Some((&photo_booth, large)),
+    )
+    .await?;
     Ok(figures)
 }
 
@@ -240,16 +281,17 @@ async fn timed_uploads(
     ))
 }
 
-/// Runs [`RESULTS`] photo sagas to their end and sums what a display
+/// Runs `results` photo sagas to their end and sums what a display
 /// downloads (each result's thumbnail, else its file) against the full
 /// files; reads the keep stage's mean from the server's metrics.
 async fn display_bytes(
     stack: &Stack,
     booth: &Booth,
     photo: &[u8],
+    results: usize,
     figures: &mut MediaFigures,
 ) -> Result<(), String> {
-    let sessions = sessions(stack, booth, RESULTS).await?;
+    let sessions = sessions(stack, booth, results).await?;
     for session in &sessions {
         let (status, body) = upload(&stack.client, &stack.base, session, photo.to_vec()).await?;
         if status != StatusCode::CREATED {
@@ -272,8 +314,8 @@ async fn display_bytes(
         full += fetched_bytes(stack, url).await?;
         shown += fetched_bytes(stack, thumb).await?;
     }
-    figures.display_bytes_per_1000 = shown * 1000 / RESULTS as u64;
-    figures.full_bytes_per_1000 = full * 1000 / RESULTS as u64;
+    figures.display_bytes_per_1000 = shown * 1000 / results as u64;
+    figures.full_bytes_per_1000 = full * 1000 / results as u64;
     let metrics = stack
         .client
         .get(format!("{}/metrics", stack.base))
@@ -342,14 +384,15 @@ async fn fetched_bytes(stack: &Stack, path: &str) -> Result<u64, String> {
     Ok(bytes.len() as u64)
 }
 
-/// The 202's p99 (ms) of [`PROMPTS`] prompt-only submissions, 8 at a time;
+/// The 202's p99 (ms) of `prompts` prompt-only submissions, 8 at a time;
 /// with `burst`, while 12 MP uploads to that experience run 8 at a time.
 async fn prompt_p99(
     stack: &Stack,
     booth: &Booth,
+    prompts: usize,
     burst: Option<(&Booth, Arc<Vec<u8>>)>,
 ) -> Result<f64, String> {
-    let sessions = Arc::new(sessions(stack, booth, PROMPTS).await?);
+    let sessions = Arc::new(sessions(stack, booth, prompts).await?);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let uploader = match burst {
         Some((photo_booth, photo)) => {
@@ -376,7 +419,7 @@ async fn prompt_p99(
         None => None,
     };
     let (client, base) = (stack.client.clone(), stack.base.clone());
-    let timings = load::in_workers(PROMPTS, 8, move |i| {
+    let timings = load::in_workers(prompts, 8, move |i| {
         let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
         async move {
             let started = Instant::now();

@@ -115,6 +115,10 @@ pub struct BenchArgs {
     /// during an upload burst).
     #[arg(long)]
     pub no_media: bool,
+    /// The media figures on a tenth of the photos (to check they run, not
+    /// to read them).
+    #[arg(long)]
+    pub media_quick: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -317,6 +321,11 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             },
             &dir,
             &server_args,
+            if args.media_quick {
+                media::MediaCounts::QUICK
+            } else {
+                media::MediaCounts::FULL
+            },
         )
         .await;
         if let Err(e) = &m {
