@@ -190,6 +190,7 @@ pub struct Signed {
         (status = 206, description = "The requested range."),
         (status = 304, description = "Not modified (`If-None-Match`)."),
         (status = 404, description = "`not_found`: no such file.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: a malformed query parameter.", body = super::openapi::ErrorBody),
         (status = 503, description = "`media_unavailable`.", body = super::openapi::ErrorBody),
     )
 )]
@@ -221,6 +222,7 @@ pub async fn serve_result(
         (status = 304, description = "Not modified (`If-None-Match`)."),
         (status = 401, description = "`unauthorized`: no token of its session, and no valid signature.", body = super::openapi::ErrorBody),
         (status = 404, description = "`not_found`: no such photo.", body = super::openapi::ErrorBody),
+        (status = 422, description = "`validation_failed`: a malformed `exp` or `sig`.", body = super::openapi::ErrorBody),
         (status = 503, description = "`media_unavailable`.", body = super::openapi::ErrorBody),
     )
 )]
