@@ -234,20 +234,7 @@ impl Application {
                 source,
             })?
             .port();
-        let photo_pool = crate::media::pool::PhotoPool::new(
-            config.photo_workers.unwrap_or_else(default_photo_workers),
-            config.photo_queue,
-        );
-        let media_secret = store
-            .server_key(crate::store::photos::MEDIA_SIGNING, &new_secret())
-            .await?;
-        let bases = PhotoBases {
-            public: config
-                .public_url
-                .as_ref()
-                .map(|u| u.trim_end_matches('/').to_owned()),
-            local: format!("http://127.0.0.1:{port}"),
-        };
+        let bases = PhotoBases::of(&config, port);
         let (providers, provider_models, provider_media) = start_providers(
             &config,
             &specs,
@@ -258,19 +245,8 @@ impl Application {
             &bases,
         )
         .await?;
-        let saga_media = SagaMedia {
-            keeper: crate::media::keep::Keeper::new(
-                media.clone(),
-                photo_pool.clone(),
-                media_secret.as_bytes(),
-                crate::media::keep::KeepLimits {
-                    max_bytes: config.max_result_bytes,
-                    ..Default::default()
-                },
-            ),
-            secret: Arc::from(media_secret.as_bytes()),
-            providers: Arc::new(provider_media),
-        };
+        let (saga_media, photo_pool) =
+            media_for_sagas(&config, &store, &media, provider_media).await?;
         SlotAdopter::new(
             work.clone(),
             clock.clone(),
@@ -563,6 +539,51 @@ fn default_photo_workers() -> usize {
 struct PhotoBases {
     public: Option<String>,
     local: String,
+}
+
+impl PhotoBases {
+    fn of(config: &Config, port: u16) -> PhotoBases {
+        PhotoBases {
+            public: config
+                .public_url
+                .as_ref()
+                .map(|u| u.trim_end_matches('/').to_owned()),
+            local: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+/// What sagas need of media (the keeper of results, the shared secret,
+/// each provider's origins), and the photo pool the uploads share with
+/// the keeper's thumbnails.
+async fn media_for_sagas(
+    config: &Config,
+    store: &Store,
+    media: &crate::media::MediaStore,
+    provider_media: ProviderMediaMap,
+) -> Result<(SagaMedia, crate::media::pool::PhotoPool), StartupError> {
+    let photo_pool = crate::media::pool::PhotoPool::new(
+        config.photo_workers.unwrap_or_else(default_photo_workers),
+        config.photo_queue,
+    );
+    let secret = store
+        .server_key(crate::store::photos::MEDIA_SIGNING, &new_secret())
+        .await?;
+    let keeper = crate::media::keep::Keeper::new(
+        media.clone(),
+        photo_pool.clone(),
+        secret.as_bytes(),
+        crate::media::keep::KeepLimits {
+            max_bytes: config.max_result_bytes,
+            ..Default::default()
+        },
+    );
+    let saga_media = SagaMedia {
+        keeper,
+        secret: Arc::from(secret.as_bytes()),
+        providers: Arc::new(provider_media),
+    };
+    Ok((saga_media, photo_pool))
 }
 
 type ProviderMediaMap = std::collections::HashMap<String, crate::media::keep::ProviderMedia>;
