@@ -121,6 +121,29 @@ pub struct BenchArgs {
     pub media_quick: bool,
 }
 
+/// The media figures, unless `--no-media` (a tenth with `--media-quick`).
+async fn media_figures(
+    args: &BenchArgs,
+    builds: load::Builds<'_>,
+    dir: &Path,
+    server_args: &[String],
+) -> Option<Result<media::MediaFigures, String>> {
+    if args.no_media {
+        return None;
+    }
+    eprintln!("bench: media (SQLite, photo uploads and kept results) running");
+    let counts = if args.media_quick {
+        media::MediaCounts::QUICK
+    } else {
+        media::MediaCounts::FULL
+    };
+    let m = media::run(builds, dir, server_args, counts).await;
+    if let Err(e) = &m {
+        eprintln!("bench: media FAILED: {e}");
+    }
+    Some(m)
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration: {e}"))
 }
@@ -310,29 +333,16 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         None
     };
 
-    let media = if args.no_media {
-        None
-    } else {
-        eprintln!("bench: media (SQLite, photo uploads and kept results) running");
-        let m = media::run(
-            load::Builds {
-                sim: &exe,
-                server: &server_exe,
-            },
-            &dir,
-            &server_args,
-            if args.media_quick {
-                media::MediaCounts::QUICK
-            } else {
-                media::MediaCounts::FULL
-            },
-        )
-        .await;
-        if let Err(e) = &m {
-            eprintln!("bench: media FAILED: {e}");
-        }
-        Some(m)
-    };
+    let media = media_figures(
+        &args,
+        load::Builds {
+            sim: &exe,
+            server: &server_exe,
+        },
+        &dir,
+        &server_args,
+    )
+    .await;
 
     let header = table::header(&table::Header {
         started,
