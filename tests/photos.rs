@@ -159,7 +159,7 @@ async fn a_photo_is_stored_upright_with_no_metadata(backend: Backend) {
     let (status, body) = upload(&app, &sid, &token, SMALL_PNG.to_vec(), "image/jpeg").await;
     assert_eq!(status, 201, "{body}");
     // Read back: the owner, an operator; not another session, not anyone.
-    let (other_sid, other_token) = app.session(&slug, None, "ben").await;
+    let (_, other_token) = app.session(&slug, None, "ben").await;
     let read = |token: Option<String>| {
         let request = app.http.get(format!("{}/media/{key}", app.base));
         let request = match token {
@@ -179,7 +179,6 @@ async fn a_photo_is_stored_upright_with_no_metadata(backend: Backend) {
     // Another session's token cannot upload to this session.
     let (status, body) = upload(&app, &sid, &other_token, SMALL_PNG.to_vec(), "image/png").await;
     assert_eq!(status, 401, "{body}");
-    let _ = other_sid;
     app.stop().await;
 }
 db_test!(a_photo_is_stored_upright_with_no_metadata);
