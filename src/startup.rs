@@ -358,6 +358,8 @@ impl Application {
                 max_bytes: config.max_photo_bytes,
                 secret: saga_media.secret.clone(),
             },
+            gallery_pins: Arc::default(),
+            lease_ms: config.lease_ms(),
         };
         let data = web::Data::new(state.clone());
         let server = HttpServer::new(move || {

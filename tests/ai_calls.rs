@@ -230,6 +230,8 @@ async fn cleanup_says_ai_timeout_for_a_lost_worker_waiting_for_the_ai(backend: B
     let session = store.session(&sid).await.unwrap().unwrap();
     let submission = stagehand::store::submissions::Submission {
         photo_id: None,
+        in_gallery: true,
+        consent: false,
         prompt: "p".into(),
         score: None,
     };

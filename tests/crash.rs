@@ -11,7 +11,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use sea_orm::EntityTrait;
+use sea_orm::{ConnectionTrait, EntityTrait};
 use serde_json::json;
 use stagehand::ai::simulator::{RunningSim, SimConfig};
 use stagehand::store::entities::sagas;
@@ -331,3 +331,121 @@ async fn kill9_while_keeping_results_then_restart(backend: Backend) {
     sim.stop().await;
 }
 db_test!(kill9_while_keeping_results_then_restart);
+
+/// kill -9 while the retention purge runs: sessions of an experience
+/// kept 1 s are forgotten and their objects deleted by the cleanup (every
+/// 100 ms) when the process dies; a new process finishes the purge. After
+/// it, every session is forgotten, no kept object is left in the bucket,
+/// no session still waits for its objects, and every link answers 410:
+/// nothing half-done.
+async fn kill9_during_the_purge_then_restart(backend: Backend) {
+    const N: usize = 40;
+    let mut logs = Logs::new();
+    let http = http_client();
+    let db = TestDb::fresh(backend).await;
+    let sim = support::start_sim(support::fast_sim()).await;
+    support::S3Server::credentials_in_env();
+    let s3 = support::S3Server::start("media").await;
+    let media_url = s3.media_url("media");
+    let env = [
+        ("STAGEHAND_MEDIA_URL", media_url.as_str()),
+        ("STAGEHAND_CLEANUP_INTERVAL", "100ms"),
+    ];
+    let first = Server::start_with(&db.url, &sim.url(), &logs.next(), &http, &env).await;
+    let slug = format!("purge-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let resp = http
+        .post(format!("{}/api/experiences", first.base))
+        .bearer_auth(support::OPERATOR)
+        .json(
+            &json!({"slug": slug, "title": "Kept a second", "kind": "comic",
+                      "max_in_flight": 20, "retention": "1s"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let mut links = Vec::new();
+    for i in 0..N {
+        let (sid, token) =
+            support::create_session(&http, &first.base, &slug, None, &format!("p{i}")).await;
+        let resp = support::submit(
+            &http,
+            &first.base,
+            &sid,
+            &token,
+            json!({"prompt": format!("a comic {i}")}),
+            &format!("key-{i}"),
+        )
+        .await;
+        assert_eq!(resp.status(), 202);
+        links.push((sid, token));
+    }
+    let held = |base: String| {
+        let http = http.clone();
+        let slug = slug.clone();
+        async move {
+            let resp = http
+                .get(format!("{base}/api/admin/experiences/{slug}/held"))
+                .bearer_auth(support::OPERATOR)
+                .send()
+                .await
+                .ok()?;
+            resp.json::<serde_json::Value>().await.ok()
+        }
+    };
+    // The purge has begun: kill at once.
+    let at_kill = support::wait_for(Duration::from_secs(60), || async {
+        held(first.base.clone())
+            .await
+            .filter(|h| h["forgotten"].as_i64() > Some(0))
+    })
+    .await
+    .expect("the purge began");
+    let mut first = first;
+    first.kill9();
+    drop(first);
+    let objects = || {
+        files_under(&s3.root.path().join("media/r"))
+            .into_iter()
+            .filter(|p| !p.to_string_lossy().contains(".s3s"))
+            .count()
+    };
+    eprintln!(
+        "kill -9 during the purge: {} of {N} sessions forgotten, {} kept objects left",
+        at_kill["forgotten"],
+        objects()
+    );
+    let second = Server::start_with(&db.url, &sim.url(), &logs.next(), &http, &env).await;
+    let done = support::wait_for(Duration::from_secs(60), || async {
+        let h = held(second.base.clone()).await?;
+        (h["forgotten"].as_i64() == Some(N as i64) && objects() == 0).then_some(h)
+    })
+    .await;
+    assert!(
+        done.is_some(),
+        "the purge did not finish: {:?}, {} objects",
+        held(second.base.clone()).await,
+        objects()
+    );
+    let store = Store::connect(&db.url, 2).await.expect("open the database");
+    let waiting = store
+        .db()
+        .query_one_raw(store.sql(
+            "SELECT COUNT(*) FROM sessions WHERE objects_left = $1 OR forgotten_at_ms IS NULL",
+            vec![true.into()],
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get_by_index::<i64>(0)
+        .unwrap();
+    assert_eq!(waiting, 0, "no session half-forgotten");
+    for (sid, token) in &links {
+        let view = support::session_status(&http, &second.base, sid, token).await;
+        assert_eq!(view["erased"], true, "{view}");
+        assert_eq!(view["share_url"], serde_json::Value::Null);
+    }
+    drop(second);
+    sim.stop().await;
+}
+db_test!(kill9_during_the_purge_then_restart);

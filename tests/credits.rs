@@ -350,6 +350,7 @@ async fn fixture_on(store: &Store, max_in_flight: i32, credits: Option<i64>) -> 
                 review_timeout_action: None,
                 input: stagehand::domain::media::InputKind::Prompt,
                 photo_max_px: 1536,
+                guests: Default::default(),
             },
             T0,
         )
@@ -499,6 +500,8 @@ fn order(session: &sessions::Model) -> SubmissionOrder {
 fn submission() -> Submission {
     Submission {
         photo_id: None,
+        in_gallery: true,
+        consent: false,
         prompt: "a cat".into(),
         score: None,
     }

@@ -338,6 +338,7 @@ async fn claim_ground(
                 review_timeout_action: None,
                 input: stagehand::domain::media::InputKind::Prompt,
                 photo_max_px: 1536,
+                guests: Default::default(),
             },
             CLAIM_T0,
         )
@@ -357,6 +358,8 @@ async fn claim_ground(
             .unwrap();
         let prompt = Submission {
             photo_id: None,
+            in_gallery: true,
+            consent: false,
             prompt: "p".into(),
             score: None,
         };

@@ -252,6 +252,8 @@ async fn cleanup_aborts_orphans_and_stuck_sessions_and_tells_the_terminal(backen
     let session = store.session(&sid).await.unwrap().unwrap();
     let submission = stagehand::store::submissions::Submission {
         photo_id: None,
+        in_gallery: true,
+        consent: false,
         prompt: "p".into(),
         score: None,
     };

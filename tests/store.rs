@@ -60,6 +60,7 @@ async fn fixture(backend: Backend, max_in_flight: i32) -> Fixture {
                 review_timeout_action: None,
                 input: stagehand::domain::media::InputKind::Prompt,
                 photo_max_px: 1536,
+                guests: Default::default(),
             },
             T0,
         )
@@ -126,6 +127,8 @@ impl Fixture {
                 &session,
                 Submission {
                     photo_id: None,
+                    in_gallery: true,
+                    consent: false,
                     prompt: "a cat".into(),
                     score: None,
                 },
@@ -797,6 +800,8 @@ async fn an_aborted_sagas_entry_is_hidden_and_a_new_submission_replaces_it(backe
             &session,
             Submission {
                 photo_id: None,
+                in_gallery: true,
+                consent: false,
                 prompt: "again".into(),
                 score: None,
             },

@@ -128,6 +128,13 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             created_at_ms: T0,
             input: "photo+prompt".into(),
             photo_max_px: 1024,
+            gallery: "pin".into(),
+            gallery_pin_hash: Some("pbkdf2-sha256$100000$00$00".into()),
+            photo_retention_ms: 7_200_000,
+            retention_ms: 90 * 86_400_000,
+            notice: Some(r#"{"ko":"30일 보관합니다."}"#.into()),
+            consent_required: true,
+            share_qr_ms: 8_000,
         },
         exp_full.clone()
     );
@@ -153,6 +160,13 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             created_at_ms: T0,
             input: "prompt".into(),
             photo_max_px: 1536,
+            gallery: "off".into(),
+            gallery_pin_hash: None,
+            photo_retention_ms: 3_600_000,
+            retention_ms: 30 * 86_400_000,
+            notice: None,
+            consent_required: false,
+            share_qr_ms: 0,
         },
         exp_min.clone()
     );
@@ -189,6 +203,14 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             abort_reason: Some("AI_FAILED".into()),
             created_at_ms: T0,
             updated_at_ms: T0 + 1,
+            share_id: Some("0123456789abcdef0123456789abcdef".into()),
+            in_gallery: false,
+            hidden: true,
+            consented: true,
+            forgotten_at_ms: Some(T0 + 2),
+            forgotten_by: Some("participant".into()),
+            objects_left: true,
+            purge_claim_until_ms: Some(T0 + 60_000),
         },
         session_full.clone()
     );
@@ -205,6 +227,14 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             abort_reason: None,
             created_at_ms: T0,
             updated_at_ms: T0,
+            share_id: None,
+            in_gallery: true,
+            hidden: false,
+            consented: false,
+            forgotten_at_ms: None,
+            forgotten_by: None,
+            objects_left: false,
+            purge_claim_until_ms: None,
         },
         session_min.clone()
     );
@@ -330,7 +360,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
         return Err("a second ranking entry for the same session was accepted".into());
     }
 
-    // photos (no nullable column: one row says it all)
+    // photos
     round_trip!(
         db,
         photos,
@@ -343,8 +373,29 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             height: 1536,
             bytes: 250_000,
             created_at_ms: T0,
+            deleted_at_ms: Some(T0 + 5),
+            object_gone: true,
+            purge_claim_until_ms: Some(T0 + 60_000),
         },
         uuid(60)
+    );
+    round_trip!(
+        db,
+        photos,
+        photos::Model {
+            id: uuid(61),
+            session_id: session_min.clone(),
+            object_key: "p/1123456789abcdef0123456789abcdef.jpg".into(),
+            content_type: "image/jpeg".into(),
+            width: 1,
+            height: 1,
+            bytes: 1,
+            created_at_ms: T0,
+            deleted_at_ms: None,
+            object_gone: false,
+            purge_claim_until_ms: None,
+        },
+        uuid(61)
     );
 
     // results

@@ -8,7 +8,12 @@
 //! transaction; the presence rows of displays whose instance died, expired
 //! idempotency records and old outbox events are deleted, the last two in
 //! statements of at most [`PURGE_BATCH`] rows, at most [`PURGE_ROUNDS`]
-//! statements each a round (what is left waits for the next round). One
+//! statements each a round (what is left waits for the next round). With
+//! a media store it also keeps the organisers' retention: sessions whose
+//! `retention` ended are forgotten and photos whose `photo_retention`
+//! ended are given up (`store::guests`: fenced, each its own short
+//! transaction), and the objects they leave are deleted under a claim
+//! that another instance takes over once it runs out. One
 //! item that fails is logged with its id and counted in
 //! [`CleanupReport::failed`]; the round goes on with the rest.
 //!
@@ -34,9 +39,11 @@ use super::terminal_hub::PRESENCE_STALE_MS;
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::domain::breaker::Opener;
+use crate::domain::guests::ForgottenBy;
 use crate::domain::policy::{orphan_reason, ownership, recovery, Recovery, RecoveryLimits};
 use crate::domain::saga::{AbortReason, OUT_OF_CREDIT};
 use crate::media::MediaStore;
+use crate::store::guests::Forget;
 use crate::store::sagas::{ClaimRules, Fence};
 use crate::store::transitions::SagaWrite;
 use crate::store::{Store, StoreResult};
@@ -48,6 +55,11 @@ const OUTBOX_RETENTION_MS: i64 = 7 * 24 * 3_600_000;
 /// Orphans, and stuck sessions, handled per round at most, so a round
 /// stays short; the rest wait for the next round.
 const BATCH: u64 = 500;
+/// Purges (a forgotten session's objects, or a given-up photo) claimed
+/// per round at most. A claim lasts one saga lease (`--lease`), long
+/// enough to delete this many sessions' objects; past it another
+/// instance may take them again, which only repeats deletes.
+const PURGE_BATCH_ITEMS: u64 = 100;
 /// Purge statements (of [`PURGE_BATCH`] rows) per table and round at most.
 pub const PURGE_ROUNDS: u32 = 20;
 
@@ -74,6 +86,13 @@ pub struct CleanupReport {
     /// Photos uploaded but never submitted, deleted after
     /// `photo_orphan_ttl`.
     pub orphan_photos: u64,
+    /// Sessions whose retention ended: their personal data forgotten.
+    pub forgotten_sessions: u64,
+    /// Input photos given up after their `photo_retention`.
+    pub photos_given_up: u64,
+    /// Objects deleted from the media store by the purge (forgotten
+    /// sessions' results and photos, given-up photos).
+    pub purged_objects: u64,
     /// Items (a saga, a session, a purge statement) that failed; each is
     /// logged with its id, and the round went on with the rest.
     pub failed: u64,
@@ -268,6 +287,8 @@ impl CleanupActor {
             if let Some((media, ttl)) = &photos {
                 let before = now - ttl.as_millis() as i64;
                 delete_orphan_photos(&store, media, before, &mut report).await;
+                forget_what_is_due(&store, now, &mut report).await;
+                purge_objects(&store, media, now, rules.lease_ms, &mut report).await;
             }
             report
         }
@@ -308,6 +329,69 @@ async fn delete_orphan_photos(
             Err(e) => {
                 report.failed += 1;
                 tracing::error!(photo_id = %photo.id, key = %photo.object_key, error = %e, "cleanup: deleting an orphan photo's object failed; it stays in the store");
+            }
+        }
+    }
+}
+
+/// Retention: forgets up to [`BATCH`] sessions whose `retention` ended
+/// (each in its own fenced transaction: a session that runs again is
+/// left alone), and gives up the photos whose `photo_retention` ended.
+async fn forget_what_is_due(store: &Store, now: i64, report: &mut CleanupReport) {
+    match store.sessions_due(now, BATCH).await {
+        Ok(due) => {
+            for id in due {
+                match store.forget_session(&id, ForgottenBy::Retention, now).await {
+                    Ok(Forget::Forgotten { .. }) => {
+                        report.forgotten_sessions += 1;
+                        tracing::info!(session_id = %id, "retention ended: the session's personal data is forgotten");
+                    }
+                    Ok(Forget::Already | Forget::Running) => {}
+                    Err(e) => {
+                        report.failed += 1;
+                        tracing::error!(session_id = %id, error = %e, "cleanup: forgetting a session failed");
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            report.failed += 1;
+            tracing::error!(error = %e, "cleanup: reading the sessions due failed");
+        }
+    }
+    match store.give_up_photos(now, BATCH).await {
+        Ok(n) => report.photos_given_up = n,
+        Err(e) => {
+            report.failed += 1;
+            tracing::error!(error = %e, "cleanup: giving up photos failed");
+        }
+    }
+}
+
+/// Deletes the objects of up to [`PURGE_BATCH_ITEMS`] purges (forgotten
+/// sessions, given-up photos) this instance claims for `lease_ms`; a purge
+/// that fails keeps its claim until it runs out and is taken again then.
+async fn purge_objects(
+    store: &Store,
+    media: &MediaStore,
+    now: i64,
+    lease_ms: i64,
+    report: &mut CleanupReport,
+) {
+    let items = match store.claim_purges(now, lease_ms, PURGE_BATCH_ITEMS).await {
+        Ok(items) => items,
+        Err(e) => {
+            report.failed += 1;
+            tracing::error!(error = %e, "cleanup: claiming purges failed");
+            return;
+        }
+    };
+    for item in items {
+        match crate::media::purge::purge(store, media, &item).await {
+            Ok(objects) => report.purged_objects += objects as u64,
+            Err(e) => {
+                report.failed += 1;
+                tracing::error!(?item, error = %e, "cleanup: a purge failed; it is taken again once its claim runs out");
             }
         }
     }

@@ -158,6 +158,7 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                 review_timeout_action: None,
                 input: crate::domain::media::InputKind::Prompt,
                 photo_max_px: 1536,
+                guests: Default::default(),
             },
             now,
         )
@@ -182,6 +183,8 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
             &session,
             Submission {
                 photo_id: None,
+                in_gallery: true,
+                consent: false,
                 prompt: "claim cost".into(),
                 score: None,
             },

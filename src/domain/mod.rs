@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod breaker;
 pub mod failure;
+pub mod guests;
 pub mod keys;
 pub mod ledger;
 pub mod locale;

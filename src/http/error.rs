@@ -62,6 +62,16 @@ pub enum ApiError {
     /// The media store (folder or S3) does not answer.
     #[error("the media store is not reachable right now ({0}); try again in a moment")]
     MediaUnavailable(String),
+    /// A result whose data was erased (by its guest or an operator) or
+    /// whose retention ended.
+    #[error("{0}")]
+    Gone(&'static str),
+    /// A PIN gallery asked without `X-Gallery-Pin`.
+    #[error("this gallery needs its PIN in the X-Gallery-Pin header")]
+    GalleryPinRequired,
+    /// A PIN gallery asked with a wrong PIN.
+    #[error("that is not this gallery's PIN")]
+    GalleryPinWrong,
 }
 
 impl ApiError {
@@ -91,6 +101,9 @@ impl ApiError {
             ApiError::PhotoUnreadable(_) => "photo_unreadable",
             ApiError::PhotoPoolFull => "photo_pool_full",
             ApiError::MediaUnavailable(_) => "media_unavailable",
+            ApiError::Gone(_) => "gone",
+            ApiError::GalleryPinRequired => "gallery_pin_required",
+            ApiError::GalleryPinWrong => "gallery_pin_wrong",
         }
     }
 
@@ -141,7 +154,10 @@ impl ResponseError for ApiError {
             }
             ApiError::BudgetExhausted => StatusCode::PAYMENT_REQUIRED,
             ApiError::Closing => StatusCode::CONFLICT,
-            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized(_)
+            | ApiError::GalleryPinRequired
+            | ApiError::GalleryPinWrong => StatusCode::UNAUTHORIZED,
+            ApiError::Gone(_) => StatusCode::GONE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unavailable
             | ApiError::Busy

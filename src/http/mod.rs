@@ -6,6 +6,8 @@ pub mod admin;
 pub mod auth;
 pub mod body;
 pub mod error;
+pub mod export;
+pub mod guests;
 pub mod idempotency;
 pub mod media;
 pub mod metrics;
@@ -81,6 +83,10 @@ pub struct AppState {
     pub media: crate::media::MediaStore,
     /// The upload desk's pool, limit and signing secret.
     pub photos: PhotoDesk,
+    /// `--lease` in milliseconds: how long an erasure's purge claim lasts.
+    pub lease_ms: i64,
+    /// The PIN galleries' last opening PINs (digests).
+    pub gallery_pins: std::sync::Arc<guests::GalleryPins>,
 }
 
 /// What photo uploads and photo reads need.
@@ -295,6 +301,67 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(
         Endpoint::new("/api/sessions/{id}")
             .get(web::to(participants::get_session))
+            .delete(web::to(guests::erase_own))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/share/{share_id}")
+            .get(web::to(guests::share_json))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/r/{share_id}")
+            .get(web::to(guests::result_page))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/r/{share_id}/download")
+            .get(web::to(guests::download))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/r/{share_id}/qr.svg")
+            .get(web::to(guests::share_qr))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/experiences/{slug}/gallery")
+            .get(web::to(guests::gallery))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/g/{slug}")
+            .get(web::to(pages::gallery))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/sessions")
+            .get(web::to(guests::search_sessions).wrap(from_fn(operator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/sessions/{id}")
+            .delete(web::to(guests::erase_by_operator).wrap(from_fn(operator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/sessions/{id}/hide")
+            .post(web::to(guests::hide).wrap(from_fn(operator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/sessions/{id}/unhide")
+            .post(web::to(guests::unhide).wrap(from_fn(operator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/experiences/{slug}/held")
+            .get(web::to(guests::held).wrap(from_fn(operator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/experiences/{slug}/export")
+            .get(web::to(export::export).wrap(from_fn(operator_only)))
             .build(),
     )
     .service(
@@ -372,6 +439,10 @@ impl Endpoint {
 
     pub fn post(self, route: Route) -> Endpoint {
         self.methods(&[Method::POST], route)
+    }
+
+    pub fn delete(self, route: Route) -> Endpoint {
+        self.methods(&[Method::DELETE], route)
     }
 
     fn methods(mut self, methods: &[Method], route: Route) -> Endpoint {

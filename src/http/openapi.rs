@@ -27,7 +27,8 @@ use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr, ResponseBuilder
 use utoipa::{IntoParams, Modify, OpenApi, PartialSchema, ToSchema};
 
 use super::{
-    admin, media, metrics, operators, pages, participants, review, service, submissions, terminals,
+    admin, export, guests, media, metrics, operators, pages, participants, review, service,
+    submissions, terminals,
 };
 use crate::domain::locale::Locale;
 use crate::domain::saga::{AbortReason, Step};
@@ -48,6 +49,9 @@ pub const ERROR_CODES: &[&str] = &[
     "photo_unreadable",
     "photo_pool_full",
     "media_unavailable",
+    "gone",
+    "gallery_pin_required",
+    "gallery_pin_wrong",
     "idempotency_key_required",
     "idempotency_key_too_weak",
     "idempotency_key_reused",
@@ -95,6 +99,18 @@ pub const ERROR_CODES: &[&str] = &[
         participants::create_session,
         participants::ranking,
         participants::get_session,
+        guests::erase_own,
+        guests::share_json,
+        guests::result_page,
+        guests::download,
+        guests::share_qr,
+        guests::gallery,
+        guests::search_sessions,
+        guests::erase_by_operator,
+        guests::hide,
+        guests::unhide,
+        guests::held,
+        export::export,
         submissions::submit,
         media::upload_photo,
         media::serve_result,
@@ -105,6 +121,7 @@ pub const ERROR_CODES: &[&str] = &[
         pages::participant,
         pages::terminal,
         pages::ops,
+        pages::gallery,
         pages::static_file,
         pages::i18n,
     ),
@@ -443,6 +460,25 @@ pub struct Experience {
     input: String,
     #[schema(minimum = 256, maximum = 4096)]
     photo_max_px: i32,
+    /// `off`, `public` or `pin`: whether `/g/{slug}` shows its results.
+    #[schema(example = "public")]
+    gallery: String,
+    /// The organiser's notice, per locale (`{"en": "…"}`); null: none.
+    #[schema(value_type = Option<Object>, required = true)]
+    notice: Option<serde_json::Value>,
+    /// A submission must carry `"consent": true`.
+    consent_required: bool,
+    /// How long a display shows the newest result's QR code (`"8s"`;
+    /// `"0s"`: never).
+    #[schema(example = "8s")]
+    display_share_qr: String,
+    /// How long an input photo is kept after its saga ends (`"1h"`).
+    #[schema(example = "1h")]
+    photo_retention: String,
+    /// How long results and personal fields are kept after `closes_at`
+    /// (or after the session ended) (`"30days"`).
+    #[schema(example = "30days")]
+    retention: String,
     #[schema(format = DateTime)]
     created_at: String,
 }
@@ -466,6 +502,18 @@ pub struct PublicExperience {
     /// The long side the phone downscales a photo to before the upload.
     #[schema(minimum = 256, maximum = 4096)]
     photo_max_px: i32,
+    /// `off`, `public` or `pin`: whether `/g/{slug}` shows its results.
+    #[schema(example = "public")]
+    gallery: String,
+    /// The organiser's notice, per locale (`{"en": "…"}`); null: none.
+    #[schema(value_type = Option<Object>, required = true)]
+    notice: Option<serde_json::Value>,
+    /// A submission must carry `"consent": true`.
+    consent_required: bool,
+    /// How long a display shows the newest result's QR code (`"8s"`;
+    /// `"0s"`: never).
+    #[schema(example = "8s")]
+    display_share_qr: String,
 }
 
 /// With the operator token, every field; without it, the public ones.
@@ -634,6 +682,15 @@ pub struct SessionView {
     /// participant keeps their place. `message` then says why: a short
     /// pause, or the AI account out of credit (staff must act).
     ai_paused: bool,
+    /// The result link (`/r/{share_id}`) once COMPLETED and while its data
+    /// is kept; null otherwise.
+    #[schema(required = true, example = "/r/3f2a9c0d5e7b41a28c6f0e1d2b3a4c5d")]
+    share_url: Option<String>,
+    /// False when the guest opted out of the gallery.
+    in_gallery: bool,
+    /// Its data was erased (or its retention ended): nickname, prompt and
+    /// result are gone.
+    erased: bool,
     #[schema(format = DateTime)]
     updated_at: String,
 }
@@ -658,6 +715,114 @@ pub struct RankingEntry {
     score: f64,
     #[schema(format = Uuid)]
     session_id: String,
+}
+
+/// A result by its link.
+#[derive(ToSchema)]
+pub struct SharedResultView {
+    /// The link's id.
+    share_id: String,
+    #[schema(format = Uuid)]
+    session_id: String,
+    /// The experience's slug.
+    experience: String,
+    /// The experience's title.
+    title: String,
+    locale: Locale,
+    nickname: String,
+    content: Vec<ContentItem>,
+    #[schema(required = true)]
+    score: Option<f64>,
+    #[schema(format = DateTime)]
+    completed_at: String,
+    /// `/r/{share_id}/download` when the full file is kept here; null
+    /// otherwise.
+    #[schema(required = true)]
+    download_url: Option<String>,
+}
+
+/// One result in a gallery.
+#[derive(ToSchema)]
+pub struct GalleryItem {
+    #[schema(format = Uuid)]
+    session_id: String,
+    nickname: String,
+    content: Vec<ContentItem>,
+    #[schema(format = DateTime)]
+    completed_at: String,
+}
+
+/// A page of a gallery, newest first.
+#[derive(ToSchema)]
+pub struct GalleryPage {
+    items: Vec<GalleryItem>,
+    /// Pass it as `before` for the next page; null on the last one.
+    #[schema(required = true)]
+    next: Option<String>,
+}
+
+/// An erasure's answer (the same when repeated).
+#[derive(ToSchema)]
+pub struct Erased {
+    #[schema(format = Uuid)]
+    session_id: String,
+    erased: bool,
+}
+
+/// A hide's or unhide's answer.
+#[derive(ToSchema)]
+pub struct HiddenView {
+    #[schema(format = Uuid)]
+    session_id: String,
+    hidden: bool,
+}
+
+/// A session an operator's nickname search found.
+#[derive(ToSchema)]
+pub struct FoundSession {
+    #[schema(format = Uuid)]
+    session_id: String,
+    /// The experience's slug.
+    #[schema(required = true)]
+    experience: Option<String>,
+    nickname: String,
+    status: SessionStatus,
+    hidden: bool,
+    /// The result link, when COMPLETED.
+    #[schema(required = true)]
+    share_url: Option<String>,
+    #[schema(format = DateTime)]
+    created_at: String,
+}
+
+/// The sessions whose nickname matched, newest first (at most 50).
+#[derive(ToSchema)]
+pub struct SessionSearchResult {
+    sessions: Vec<FoundSession>,
+}
+
+/// What an experience holds of its guests' data.
+#[derive(ToSchema)]
+pub struct HeldView {
+    /// Input photos kept, and their bytes.
+    #[schema(minimum = 0)]
+    photos: i64,
+    #[schema(minimum = 0)]
+    photo_bytes: i64,
+    /// Completed results kept.
+    #[schema(minimum = 0)]
+    results: i64,
+    /// Sessions whose data was forgotten (retention or erasure).
+    #[schema(minimum = 0)]
+    forgotten: i64,
+    /// When the next session's data is due to be forgotten.
+    #[schema(format = DateTime, required = true)]
+    next_purge_at: Option<String>,
+    /// When the next input photo is due to be deleted.
+    #[schema(format = DateTime, required = true)]
+    next_photo_purge_at: Option<String>,
+    retention: String,
+    photo_retention: String,
 }
 
 /// Best first.
@@ -734,6 +899,9 @@ mod tests {
             ApiError::PhotoUnreadable(String::new()),
             ApiError::PhotoPoolFull,
             ApiError::MediaUnavailable(String::new()),
+            ApiError::Gone(""),
+            ApiError::GalleryPinRequired,
+            ApiError::GalleryPinWrong,
         ];
         for e in &all {
             match e {
@@ -760,7 +928,10 @@ mod tests {
                 | ApiError::UpgradeRequired(_)
                 | ApiError::PhotoUnreadable(_)
                 | ApiError::PhotoPoolFull
-                | ApiError::MediaUnavailable(_) => {}
+                | ApiError::MediaUnavailable(_)
+                | ApiError::Gone(_)
+                | ApiError::GalleryPinRequired
+                | ApiError::GalleryPinWrong => {}
             }
         }
         all

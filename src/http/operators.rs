@@ -13,11 +13,12 @@ use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
+use crate::domain::guests::{self, Gallery};
 use crate::domain::locale::Locale;
 use crate::domain::media::InputKind;
 use crate::domain::review::{Decision, ReviewMode};
 use crate::store::entities::experiences;
-use crate::store::experiences::NewExperience;
+use crate::store::experiences::{GuestSettings, NewExperience};
 
 const KINDS: [&str; 5] = ["comic", "image", "video", "music", "score"];
 /// The long side a photo is downscaled to unless the experience says.
@@ -98,6 +99,43 @@ struct ExperienceBody {
     #[serde(default)]
     #[schema(minimum = 256, maximum = 4096)]
     photo_max_px: Option<i32>,
+    /// Whether its completed results appear at `/g/{slug}`: `off`
+    /// (default), `public`, or `pin` (only with `gallery_pin`).
+    #[serde(default)]
+    #[schema(example = "public", pattern = "^(off|public|pin)$")]
+    gallery: Option<String>,
+    /// The gallery's PIN, 4 to 12 digits; required for `gallery: "pin"`.
+    /// Stored only as a slow hash, never returned.
+    #[serde(default)]
+    #[schema(example = "2468", pattern = "^[0-9]{4,12}$")]
+    gallery_pin: Option<String>,
+    /// How long an input photo is kept after its saga ends (`"1h"`,
+    /// `"30m"`), 1 s to 90 days; default `"1h"`.
+    #[serde(default)]
+    #[schema(example = "1h", max_length = 40)]
+    photo_retention: Option<String>,
+    /// How long results, nicknames and prompts are kept after
+    /// `closes_at` (or after the session ended, without one), 1 s to 3
+    /// years; default `"30d"`.
+    #[serde(default)]
+    #[schema(example = "30d", max_length = 40)]
+    retention: Option<String>,
+    /// What is kept, for how long and where it is shown, in the
+    /// organiser's words: a text, or one per locale (`{"en": "…", "ko":
+    /// "…"}`), each at most 2,000 characters. Shown on the phone page
+    /// before the camera opens.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>, example = json!({"en": "Your photo is deleted an hour after your comic is made; the comic is kept 30 days.", "ko": "사진은 만화가 완성되고 한 시간 뒤 삭제되며, 만화는 30일 동안 보관됩니다."}))]
+    notice: Option<serde_json::Value>,
+    /// A submission must carry `"consent": true` (the guest ticked the
+    /// box under the notice); default false.
+    #[serde(default)]
+    consent_required: Option<bool>,
+    /// How long a display shows the newest result's QR code (its result
+    /// link), 0 s to 60 s; default 0 (never).
+    #[serde(default)]
+    #[schema(example = "8s", max_length = 40)]
+    display_share_qr: Option<String>,
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -163,6 +201,7 @@ fn validate_experience(
         Some(text) => text.parse::<Locale>().map_err(ApiError::Validation)?,
         None => Locale::default(),
     };
+    let guests = guest_settings(&b, locale)?;
     let weight = b.weight.unwrap_or(1);
     if !(1..=100).contains(&weight) {
         return Err(ApiError::Validation("weight must be 1 to 100".into()));
@@ -224,6 +263,7 @@ fn validate_experience(
         ));
     }
     Ok(NewExperience {
+        guests,
         input,
         photo_max_px,
         review,
@@ -242,6 +282,126 @@ fn validate_experience(
         credits: b.credits,
         closes_at_ms,
     })
+}
+
+/// A duration setting between `min` and `max`, in ms; `default` without
+/// one.
+fn duration_setting(
+    name: &str,
+    text: Option<&str>,
+    default: i64,
+    (min, max): (std::time::Duration, std::time::Duration),
+) -> Result<i64, ApiError> {
+    let Some(text) = text else {
+        return Ok(default);
+    };
+    let range = || {
+        format!(
+            "{name} must be a duration from {} to {}, such as \"1h\" or \"30d\"",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        )
+    };
+    let value = crate::config::parse_duration(text).map_err(|_| ApiError::Validation(range()))?;
+    if value < min || value > max {
+        return Err(ApiError::Validation(range()));
+    }
+    Ok(value.as_millis() as i64)
+}
+
+/// The gallery, retention, notice and consent settings.
+fn guest_settings(b: &ExperienceBody, locale: Locale) -> Result<GuestSettings, ApiError> {
+    use std::time::Duration;
+    const DAY: u64 = 24 * 3600;
+    let gallery = match b.gallery.as_deref() {
+        Some(text) => text.parse::<Gallery>().map_err(ApiError::Validation)?,
+        None => Gallery::Off,
+    };
+    let gallery_pin_hash = match (gallery, b.gallery_pin.as_deref()) {
+        (Gallery::Pin, Some(pin)) if guests::pin_is_valid(pin) => {
+            Some(guests::hash_pin(pin, rand::random()))
+        }
+        (Gallery::Pin, _) => {
+            return Err(ApiError::Validation(
+                "gallery \"pin\" needs gallery_pin: 4 to 12 digits".into(),
+            ))
+        }
+        (_, Some(_)) => {
+            return Err(ApiError::Validation(
+                "gallery_pin is only for gallery \"pin\"".into(),
+            ))
+        }
+        (_, None) => None,
+    };
+    let photo_retention_ms = duration_setting(
+        "photo_retention",
+        b.photo_retention.as_deref(),
+        guests::DEFAULT_PHOTO_RETENTION_MS,
+        (Duration::from_secs(1), Duration::from_secs(90 * DAY)),
+    )?;
+    let retention_ms = duration_setting(
+        "retention",
+        b.retention.as_deref(),
+        guests::DEFAULT_RETENTION_MS,
+        (Duration::from_secs(1), Duration::from_secs(3 * 366 * DAY)),
+    )?;
+    let share_qr_ms = duration_setting(
+        "display_share_qr",
+        b.display_share_qr.as_deref(),
+        0,
+        (Duration::ZERO, Duration::from_secs(60)),
+    )?;
+    Ok(GuestSettings {
+        gallery,
+        gallery_pin_hash,
+        photo_retention_ms,
+        retention_ms,
+        notice: notice_texts(b.notice.as_ref(), locale)?,
+        consent_required: b.consent_required.unwrap_or(false),
+        share_qr_ms,
+    })
+}
+
+/// The notice as stored: a JSON object of locale to text (a plain text
+/// is the experience's own locale's).
+fn notice_texts(
+    notice: Option<&serde_json::Value>,
+    locale: Locale,
+) -> Result<Option<String>, ApiError> {
+    let bad = || {
+        ApiError::Validation(
+            "notice must be a text or {\"en\": text, \"ko\": text}, each 1 to 2000 characters"
+                .into(),
+        )
+    };
+    let texts = match notice {
+        None | Some(serde_json::Value::Null) => return Ok(None),
+        Some(serde_json::Value::String(text)) => json!({ locale.as_str(): text }),
+        Some(serde_json::Value::Object(map)) if !map.is_empty() => json!(map),
+        Some(_) => return Err(bad()),
+    };
+    for (code, text) in texts.as_object().into_iter().flatten() {
+        let ok = code.parse::<Locale>().is_ok()
+            && text
+                .as_str()
+                .is_some_and(|t| (1..=2000).contains(&t.trim().chars().count()));
+        if !ok {
+            return Err(bad());
+        }
+    }
+    Ok(Some(texts.to_string()))
+}
+
+/// The notice as the API shows it (an object of locale to text).
+fn notice_json(e: &experiences::Model) -> serde_json::Value {
+    e.notice
+        .as_deref()
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+fn ms_text(ms: i64) -> String {
+    humantime::format_duration(std::time::Duration::from_millis(ms.max(0) as u64)).to_string()
 }
 
 fn experience_json(e: &experiences::Model) -> serde_json::Value {
@@ -263,6 +423,12 @@ fn experience_json(e: &experiences::Model) -> serde_json::Value {
         "review_timeout_action": e.review_timeout_action,
         "input": e.input,
         "photo_max_px": e.photo_max_px,
+        "gallery": e.gallery,
+        "photo_retention": ms_text(e.photo_retention_ms),
+        "retention": ms_text(e.retention_ms),
+        "notice": notice_json(e),
+        "consent_required": e.consent_required,
+        "display_share_qr": ms_text(e.share_qr_ms),
         "created_at": rfc3339(e.created_at_ms),
     })
 }
@@ -326,6 +492,10 @@ fn public_experience_json(e: &experiences::Model) -> serde_json::Value {
         "closes_at": e.closes_at_ms.map(rfc3339),
         "input": e.input,
         "photo_max_px": e.photo_max_px,
+        "gallery": e.gallery,
+        "notice": notice_json(e),
+        "consent_required": e.consent_required,
+        "display_share_qr": ms_text(e.share_qr_ms),
     })
 }
 
@@ -434,6 +604,11 @@ pub async fn qr_svg(
         url.push_str("?terminal=");
         url.push_str(&terminal.id);
     }
+    qr_answer(&url)
+}
+
+/// A QR code of `url` as an SVG answer.
+pub(super) fn qr_answer(url: &str) -> Result<HttpResponse, ApiError> {
     let code = qrcode::QrCode::new(url.as_bytes())
         .map_err(|e| ApiError::Internal(format!("cannot encode {url} as a QR code: {e}")))?;
     let svg = code

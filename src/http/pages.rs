@@ -44,7 +44,7 @@ fn secured(mut answer: HttpResponseBuilder) -> HttpResponseBuilder {
 }
 
 /// Every embedded asset: its name under `/static/` or `/i18n/`, type, text.
-const ASSETS: [(&str, &str, &str); 8] = [
+const ASSETS: [(&str, &str, &str); 10] = [
     ("app.css", CSS, include_str!("../../static/app.css")),
     ("app.js", JS, include_str!("../../static/app.js")),
     ("index.js", JS, include_str!("../../static/index.js")),
@@ -55,6 +55,8 @@ const ASSETS: [(&str, &str, &str); 8] = [
     ),
     ("terminal.js", JS, include_str!("../../static/terminal.js")),
     ("ops.js", JS, include_str!("../../static/ops.js")),
+    ("result.js", JS, include_str!("../../static/result.js")),
+    ("gallery.js", JS, include_str!("../../static/gallery.js")),
     ("en.json", JSON, include_str!("../../static/i18n/en.json")),
     ("ko.json", JSON, include_str!("../../static/i18n/ko.json")),
 ];
@@ -113,6 +115,45 @@ pub async fn terminal() -> HttpResponse {
 )]
 pub async fn ops() -> HttpResponse {
     page(include_str!("../../static/ops.html"))
+}
+
+/// `/g/{slug}`: the page reads the gallery's API and says when it is off
+/// or needs the PIN.
+#[utoipa::path(
+    get,
+    path = "/g/{slug}",
+    tag = "pages",
+    summary = "An experience's gallery: its results, newest first (public or behind a PIN).",
+    params(("slug" = String, Path, description = "The experience's slug; the page says when it has no gallery.")),
+    responses((status = 200, description = "The page.", content_type = "text/html", body = String))
+)]
+pub async fn gallery() -> HttpResponse {
+    page(include_str!("../../static/gallery.html"))
+}
+
+/// The result link's page (`/r/{share_id}`, answered by
+/// `http::guests::result_page`).
+pub(super) fn result_page() -> HttpResponse {
+    page(include_str!("../../static/result.html"))
+}
+
+/// The plain page of a result link whose result is gone (410): erased by
+/// the guest or an operator, or past the organiser's retention.
+pub(super) fn gone_page(erased: bool) -> HttpResponse {
+    let why = if erased {
+        "This result was deleted at its owner's request. / 요청에 따라 삭제된 결과입니다."
+    } else {
+        "This result is no longer kept: the organiser's retention period has ended. / 보관 기간이 끝나 삭제된 결과입니다."
+    };
+    secured(HttpResponse::Gone())
+        .content_type(HTML)
+        .insert_header(("Cache-Control", "no-store"))
+        .body(format!(
+            "<!doctype html><html><head><meta charset=\"utf-8\">\
+             <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+             <title>Gone</title><link rel=\"stylesheet\" href=\"/static/app.css\"></head>\
+             <body><main class=\"gone\"><h1>410</h1><p>{why}</p></main></body></html>"
+        ))
 }
 
 fn asset(name: &str, dir_is_i18n: bool) -> Result<HttpResponse, ApiError> {

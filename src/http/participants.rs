@@ -52,6 +52,15 @@ pub(super) struct SubmissionBody {
     /// the AI result's score when given.
     #[serde(default)]
     score: Option<f64>,
+    /// False: the guest ticked "don't show mine in the gallery"; default
+    /// true.
+    #[serde(default)]
+    in_gallery: Option<bool>,
+    /// True: the guest ticked the consent box under the experience's
+    /// notice; required (422 without it) by an experience with
+    /// `consent_required`.
+    #[serde(default)]
+    consent: Option<bool>,
 }
 
 fn validate_nickname(nickname: &str) -> Result<String, ApiError> {
@@ -87,6 +96,8 @@ pub(super) fn validate_submission(body: SubmissionBody) -> Result<Submission, Ap
         prompt: body.prompt,
         score: body.score,
         photo_id: body.photo_id,
+        in_gallery: body.in_gallery.unwrap_or(true),
+        consent: body.consent.unwrap_or(false),
     })
 }
 
@@ -101,6 +112,7 @@ fn prompt_rule() -> ApiError {
 pub(super) fn check_input(
     submission: &Submission,
     input: InputKind,
+    consent_required: bool,
     session_id: &str,
     photo_session: Option<&str>,
 ) -> Result<(), ApiError> {
@@ -125,6 +137,11 @@ pub(super) fn check_input(
     }
     if input.needs_prompt() && submission.prompt.trim().is_empty() {
         return Err(prompt_rule());
+    }
+    if consent_required && !submission.consent {
+        return Err(ApiError::Validation(
+            "consent is required: this experience asks the guest to tick the box under its notice (\"consent\": true)".into(),
+        ));
     }
     Ok(())
 }
@@ -306,8 +323,24 @@ pub async fn get_session(
         "progress": progress,
         "queue_position": queue_position,
         "ai_paused": ai_paused,
+        "share_url": share_url(&session),
+        "in_gallery": session.in_gallery,
+        "erased": session.forgotten_at_ms.is_some(),
         "updated_at": rfc3339(session.updated_at_ms),
     })))
+}
+
+/// The result link of a completed session whose data is kept.
+fn share_url(session: &crate::store::entities::sessions::Model) -> Option<String> {
+    match &session.share_id {
+        Some(id)
+            if session.status == SessionStatus::Completed.as_str()
+                && session.forgotten_at_ms.is_none() =>
+        {
+            Some(crate::domain::guests::share_path(id))
+        }
+        _ => None,
+    }
 }
 
 #[derive(Deserialize)]
@@ -368,6 +401,8 @@ mod tests {
                 prompt: p.into(),
                 score: None,
                 photo_id: None,
+                in_gallery: None,
+                consent: None,
             })
             .is_ok()
         };
@@ -381,37 +416,64 @@ mod tests {
             prompt: p.into(),
             score: None,
             photo_id: Some("a-photo".into()),
+            in_gallery: None,
+            consent: None,
         };
         let photo_only = validate_submission(with_photo("")).expect("valid without a prompt");
-        assert!(check_input(&photo_only, InputKind::Photo, "s1", Some("s1")).is_ok());
-        assert!(check_input(&photo_only, InputKind::PhotoAndPrompt, "s1", Some("s1")).is_err());
+        assert!(check_input(&photo_only, InputKind::Photo, false, "s1", Some("s1")).is_ok());
+        assert!(check_input(
+            &photo_only,
+            InputKind::PhotoAndPrompt,
+            false,
+            "s1",
+            Some("s1")
+        )
+        .is_err());
         assert!(
-            check_input(&photo_only, InputKind::Photo, "s1", Some("s2")).is_err(),
+            check_input(&photo_only, InputKind::Photo, false, "s1", Some("s2")).is_err(),
             "another session's photo"
         );
         assert!(
-            check_input(&photo_only, InputKind::Photo, "s1", None).is_err(),
+            check_input(&photo_only, InputKind::Photo, false, "s1", None).is_err(),
             "no such photo"
         );
         assert!(
-            check_input(&photo_only, InputKind::Prompt, "s1", Some("s1")).is_err(),
+            check_input(&photo_only, InputKind::Prompt, false, "s1", Some("s1")).is_err(),
             "a prompt experience"
         );
         let prompt_only = validate_submission(SubmissionBody {
             prompt: "a cat".into(),
             score: None,
             photo_id: None,
+            in_gallery: None,
+            consent: None,
         })
         .expect("valid");
         assert!(
-            check_input(&prompt_only, InputKind::Photo, "s1", None).is_err(),
+            check_input(&prompt_only, InputKind::Photo, false, "s1", None).is_err(),
             "a photo experience needs one"
         );
-        assert!(check_input(&prompt_only, InputKind::Prompt, "s1", None).is_ok());
+        assert!(check_input(&prompt_only, InputKind::Prompt, false, "s1", None).is_ok());
+        assert!(
+            check_input(&prompt_only, InputKind::Prompt, true, "s1", None).is_err(),
+            "consent asked for and not given"
+        );
+        let consented = validate_submission(SubmissionBody {
+            prompt: "a cat".into(),
+            score: None,
+            photo_id: None,
+            in_gallery: Some(false),
+            consent: Some(true),
+        })
+        .expect("valid");
+        assert!(!consented.in_gallery);
+        assert!(check_input(&consented, InputKind::Prompt, true, "s1", None).is_ok());
         assert!(validate_submission(SubmissionBody {
             prompt: "a".into(),
             score: Some(f64::NAN),
             photo_id: None,
+            in_gallery: None,
+            consent: None,
         })
         .is_err());
     }

@@ -51,6 +51,11 @@ pub const SWEEP_WHEN_FULL: Duration = Duration::from_secs(1);
 pub struct RateLimits {
     sessions: Option<KeyedLimiter<IpAddr>>,
     submissions: Option<KeyedLimiter<u128>>,
+    /// Requests to a PIN gallery, one bucket per client and gallery
+    /// ([`GALLERY_PIN_LIMIT`]): a wrong guess costs as much as a right
+    /// one, so once the bucket is empty every answer is 429, the right
+    /// PIN's too, and guessing learns nothing faster than the limit.
+    gallery_pins: KeyedLimiter<(IpAddr, String)>,
     client: ClientAddress,
     /// Live instances sharing the database (PostgreSQL; 1 on SQLite): each
     /// allows its share of every limit (see `actors::liveness`).
@@ -77,6 +82,8 @@ impl RateLimits {
         RateLimits {
             sessions: KeyedLimiter::of(config.session_rate_limit, max_keys),
             submissions: KeyedLimiter::of(config.submission_rate_limit, max_keys),
+            gallery_pins: KeyedLimiter::of(GALLERY_PIN_LIMIT, max_keys)
+                .expect("the gallery PIN limit is on"),
             client: ClientAddress {
                 trusted_proxies: config.trusted_proxies,
             },
@@ -84,11 +91,28 @@ impl RateLimits {
         }
     }
 
+    /// The PIN gallery limit of the request's client for `slug`.
+    /// `Err(seconds)`: wait that long.
+    pub fn check_gallery_pin(&self, req: &HttpRequest, slug: &str) -> Result<(), u64> {
+        let key = (block(self.client.of(req)), slug.to_owned());
+        self.gallery_pins
+            .check_shared(&key, self.instances())
+            .map_err(retry_after_secs)
+    }
+
     /// Live instances (at least 1).
     pub fn instances(&self) -> usize {
         self.live_instances.load(Ordering::Relaxed).max(1)
     }
 }
+
+/// Requests with a PIN to one PIN gallery, per client: the gallery page
+/// polls every 5 s (12 a minute) with room to page; a guesser gets 30
+/// tries a minute, so a 6-digit PIN holds for weeks.
+pub const GALLERY_PIN_LIMIT: RateLimit = RateLimit::Every {
+    count: NonZeroU32::new(30).expect("nonzero"),
+    per: std::time::Duration::from_secs(60),
+};
 
 /// The governor quota of a limit; None when off (or when the limit allows
 /// more than one request per nanosecond, which is no limit).

@@ -215,7 +215,8 @@ async fn answer_batch(
 }
 
 /// Turns each submission that does not fit its experience's `input` (a
-/// photo missing, refused, or not its session's; a prompt missing) into a
+/// photo missing, refused, or not its session's; a prompt missing) or
+/// lacks the consent it asks for into a
 /// refusal stored with its key, like any invalid body. The photos named
 /// in the batch are read in one query, and only when some are named.
 async fn refuse_unfit_inputs(
@@ -236,16 +237,23 @@ async fn refuse_unfit_inputs(
         let SubmissionAction::Submit { submission, .. } = &order.action else {
             continue;
         };
-        let input = reads
-            .experience(&order.session.experience_id)
+        let experience = reads.experience(&order.session.experience_id);
+        let input = experience
             .map(|e| InputKind::of(&e.input))
             .unwrap_or_default();
+        let consent_required = experience.is_some_and(|e| e.consent_required);
         let photo_session = submission
             .photo_id
             .as_ref()
             .and_then(|id| photo_sessions.get(id))
             .map(String::as_str);
-        if let Err(e) = check_input(submission, input, &order.session.id, photo_session) {
+        if let Err(e) = check_input(
+            submission,
+            input,
+            consent_required,
+            &order.session.id,
+            photo_session,
+        ) {
             order.action = SubmissionAction::Refuse(e.stored());
             *invalid = Some(e);
         }

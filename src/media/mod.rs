@@ -19,6 +19,7 @@
 pub mod keep;
 pub mod photo;
 pub mod pool;
+pub mod purge;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -8,6 +8,7 @@ use sea_orm::{
 
 use super::entities::{experiences, terminals};
 use super::{new_id, DbFailure, Store, StoreError, StoreResult};
+use crate::domain::guests::{Gallery, DEFAULT_PHOTO_RETENTION_MS, DEFAULT_RETENTION_MS};
 use crate::domain::keys::token_hash;
 use crate::domain::locale::Locale;
 use crate::domain::media::InputKind;
@@ -39,6 +40,37 @@ pub struct NewExperience {
     pub input: InputKind,
     /// The long side a photo is downscaled to.
     pub photo_max_px: i32,
+    /// Its gallery, retention, notice and consent.
+    pub guests: GuestSettings,
+}
+
+/// What an experience promises its guests: where their results are
+/// shown, how long their data is kept, and what they are told first.
+#[derive(Debug, Clone)]
+pub struct GuestSettings {
+    pub gallery: Gallery,
+    /// PBKDF2 of the PIN (set exactly for `Gallery::Pin`).
+    pub gallery_pin_hash: Option<String>,
+    pub photo_retention_ms: i64,
+    pub retention_ms: i64,
+    /// JSON: locale to text.
+    pub notice: Option<String>,
+    pub consent_required: bool,
+    pub share_qr_ms: i64,
+}
+
+impl Default for GuestSettings {
+    fn default() -> Self {
+        GuestSettings {
+            gallery: Gallery::Off,
+            gallery_pin_hash: None,
+            photo_retention_ms: DEFAULT_PHOTO_RETENTION_MS,
+            retention_ms: DEFAULT_RETENTION_MS,
+            notice: None,
+            consent_required: false,
+            share_qr_ms: 0,
+        }
+    }
 }
 
 /// The language of an experience (English when it is gone).
@@ -81,6 +113,13 @@ impl Store {
             created_at_ms: Set(now),
             input: Set(new.input.as_str().to_owned()),
             photo_max_px: Set(new.photo_max_px),
+            gallery: Set(new.guests.gallery.as_str().to_owned()),
+            gallery_pin_hash: Set(new.guests.gallery_pin_hash),
+            photo_retention_ms: Set(new.guests.photo_retention_ms),
+            retention_ms: Set(new.guests.retention_ms),
+            notice: Set(new.guests.notice),
+            consent_required: Set(new.guests.consent_required),
+            share_qr_ms: Set(new.guests.share_qr_ms),
         }
         .insert(&*tx)
         .await

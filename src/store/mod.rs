@@ -12,6 +12,7 @@ pub mod breaker;
 pub mod cleanup;
 pub mod entities;
 pub mod experiences;
+pub mod guests;
 pub mod idempotency;
 pub mod ledger;
 pub mod notify;

@@ -569,7 +569,7 @@ impl Store {
         .await?;
         if moved == 0 {
             return Err(conflict(
-                "the session is no longer ABORTED (it took a new submission)",
+                "the session is no longer ABORTED (it took a new submission, or its data was erased)",
             ));
         }
         // After the saga and its session, like every transaction that

@@ -42,6 +42,9 @@ impl Store {
             height: Set(new.height as i32),
             bytes: Set(new.bytes as i64),
             created_at_ms: Set(now),
+            deleted_at_ms: Set(None),
+            object_gone: Set(false),
+            purge_claim_until_ms: Set(None),
         }
         .insert(&*tx)
         .await?;
@@ -49,20 +52,26 @@ impl Store {
         Ok(model)
     }
 
+    /// The photo `photo_id`, unless it was given up (retention or
+    /// erasure): no saga and no reader gets a given-up photo, even while
+    /// its object still waits for the purge.
     pub async fn photo(&self, photo_id: &str) -> StoreResult<Option<photos::Model>> {
         Ok(photos::Entity::find_by_id(photo_id.to_owned())
+            .filter(photos::Column::DeletedAtMs.is_null())
             .one(self.db())
             .await?)
     }
 
+    /// The photo stored at `object_key`, unless it was given up.
     pub async fn photo_by_key(&self, object_key: &str) -> StoreResult<Option<photos::Model>> {
         Ok(photos::Entity::find()
             .filter(photos::Column::ObjectKey.eq(object_key))
+            .filter(photos::Column::DeletedAtMs.is_null())
             .one(self.db())
             .await?)
     }
 
-    /// The session of each named photo that exists.
+    /// The session of each named photo that exists (and was not given up).
     pub async fn photo_sessions(
         &self,
         photo_ids: &[String],
@@ -75,6 +84,7 @@ impl Store {
             .column(photos::Column::Id)
             .column(photos::Column::SessionId)
             .filter(photos::Column::Id.is_in(photo_ids.iter().cloned()))
+            .filter(photos::Column::DeletedAtMs.is_null())
             .into_tuple()
             .all(self.db())
             .await?;

@@ -8,6 +8,7 @@ use sea_orm::{
 use super::entities::{sagas, sessions};
 use super::outbox::aborted_payload;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
+use crate::domain::guests::share_id;
 use crate::domain::keys::token_hash;
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::AbortReason;
@@ -34,6 +35,14 @@ impl Store {
             abort_reason: Set(None),
             created_at_ms: Set(now),
             updated_at_ms: Set(now),
+            share_id: Set(Some(share_id(rand::random()))),
+            in_gallery: Set(true),
+            hidden: Set(false),
+            consented: Set(false),
+            forgotten_at_ms: Set(None),
+            forgotten_by: Set(None),
+            objects_left: Set(false),
+            purge_claim_until_ms: Set(None),
         }
         .insert(&*tx)
         .await?;
@@ -132,7 +141,8 @@ impl Store {
 }
 
 /// Sets a session's status (and abort reason) inside the caller's
-/// transaction; with `only_from`, only while the session is in that status.
+/// transaction; with `only_from`, only while the session is in that status
+/// (and to SUBMITTING only while its data is not forgotten).
 /// Returns the rows changed (0 or 1).
 pub(crate) async fn set_session_status(
     tx: &WriteTx,
@@ -152,6 +162,10 @@ pub(crate) async fn set_session_status(
         .filter(sessions::Column::Id.eq(session_id));
     if let Some(from) = only_from {
         update = update.filter(sessions::Column::Status.eq(from.as_str()));
+    }
+    if status == SessionStatus::Submitting {
+        // An erased or expired session never runs again.
+        update = update.filter(sessions::Column::ForgottenAtMs.is_null());
     }
     Ok(update.exec(&**tx).await?.rows_affected)
 }

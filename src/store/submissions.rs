@@ -78,6 +78,10 @@ pub struct Submission {
     /// The uploaded photo it names (checked to be its session's by the
     /// caller).
     pub photo_id: Option<String>,
+    /// False when the guest opted out of the gallery.
+    pub in_gallery: bool,
+    /// The guest ticked the experience's consent box.
+    pub consent: bool,
 }
 
 /// One submission request, checked as far as it can be without the
@@ -441,9 +445,11 @@ impl Store {
             .iter()
             .map(|&i| &orders[i].session)
             .filter(|s| {
-                SessionStatus::ALL
-                    .into_iter()
-                    .any(|status| status.as_str() == s.status && status.accepts_submission())
+                // An erased or expired session takes nothing more.
+                s.forgotten_at_ms.is_none()
+                    && SessionStatus::ALL
+                        .into_iter()
+                        .any(|status| status.as_str() == s.status && status.accepts_submission())
             })
             .map(|s| s.id.clone())
             .collect();
@@ -536,6 +542,7 @@ impl Store {
                             .map(SessionStatus::as_str),
                     ),
                 )
+                .filter(sessions::Column::ForgottenAtMs.is_null())
                 .order_by_asc(sessions::Column::Id)
                 .lock_exclusive()
                 .into_tuple::<String>()
@@ -798,6 +805,7 @@ fn decide(
     admitted.sort();
     let mut new_sagas = Vec::new();
     let mut charges: HashMap<&str, i64> = HashMap::new();
+    let mut choices = GuestChoices::default();
     for &i in fresh {
         let Some(&cost) = charged.get(&i) else {
             continue;
@@ -810,6 +818,12 @@ fn decide(
             trace_context,
         } = &order.action
         {
+            if !submission.in_gallery {
+                choices.opted_out.push(order.session.id.clone());
+            }
+            if submission.consent {
+                choices.consented.push(order.session.id.clone());
+            }
             let mut saga = new_saga(&order.session, submission, saga_id, *deadline_ms, cost, now);
             saga.trace_context = Set(trace_context.clone());
             new_sagas.push(saga);
@@ -840,7 +854,7 @@ fn decide(
     let mut writes: Vec<(Statement, Option<(u64, String)>)> = Vec::new();
     if !admitted.is_empty() {
         writes.push((
-            start_sessions_statement(backend, &admitted, now),
+            start_sessions_statement(backend, &admitted, &choices, now),
             Some((admitted.len() as u64, "sessions started".to_owned())),
         ));
     }
@@ -886,16 +900,43 @@ fn decide(
     })
 }
 
-/// OPEN/ABORTED -> SUBMITTING for `ids`, in one conditional UPDATE.
-fn start_sessions_statement(backend: DbBackend, ids: &[String], now: EpochMs) -> Statement {
-    let mut values: Vec<Value> = vec![now.into()];
-    let ids = in_list(backend, 2, ids.iter().cloned(), &mut values);
+/// What the admitted guests chose with their submission: the sessions
+/// opted out of the gallery, and those whose guest gave consent.
+#[derive(Debug, Default)]
+struct GuestChoices {
+    opted_out: Vec<String>,
+    consented: Vec<String>,
+}
+
+/// OPEN/ABORTED -> SUBMITTING for `ids`, with the guests' choices, in one
+/// conditional UPDATE.
+fn start_sessions_statement(
+    backend: DbBackend,
+    ids: &[String],
+    choices: &GuestChoices,
+    now: EpochMs,
+) -> Statement {
+    let mut values: Vec<Value> = vec![now.into(), true.into(), false.into()];
+    // An empty list matches nothing (`IN (NULL)`).
+    let list_of = |list: &[String], values: &mut Vec<Value>| {
+        if list.is_empty() {
+            "IN (NULL)".to_owned()
+        } else {
+            in_list(backend, values.len() + 1, list.iter().cloned(), values)
+        }
+    };
+    let opted_out = list_of(&choices.opted_out, &mut values);
+    let consented = list_of(&choices.consented, &mut values);
+    let ids = in_list(backend, values.len() + 1, ids.iter().cloned(), &mut values);
     super::sql_for(
         backend,
         &format!(
             "UPDATE sessions SET status = '{submitting}', abort_reason = NULL, \
-             updated_at_ms = $1 WHERE id {ids} \
-             AND status IN ('{open}', '{aborted}')",
+             updated_at_ms = $1, \
+             in_gallery = CASE WHEN id {opted_out} THEN $3 ELSE $2 END, \
+             consented = CASE WHEN id {consented} THEN $2 ELSE consented END \
+             WHERE id {ids} \
+             AND status IN ('{open}', '{aborted}') AND forgotten_at_ms IS NULL",
             submitting = SessionStatus::Submitting.as_str(),
             open = SessionStatus::Open.as_str(),
             aborted = SessionStatus::Aborted.as_str(),

@@ -804,6 +804,8 @@ async fn finish_completed(
                 "result": {"content": content, "score": score, "rank": saga.rank},
                 "score": saga.score,
                 "rank": saga.rank,
+                // The result link, for a display that shows its QR code.
+                "share_url": session.share_id.as_deref().map(crate::domain::guests::share_path),
             });
             events.push(Store::event_row(
                 terminal_id,

@@ -38,6 +38,24 @@ pub struct Model {
     /// The long side a photo is downscaled to (on the phone and again on
     /// upload).
     pub photo_max_px: i32,
+    /// `off`, `public` or `pin`: whether `/g/{slug}` shows its results.
+    pub gallery: String,
+    /// PBKDF2 of the gallery's PIN (`domain::guests::hash_pin`); never
+    /// the PIN.
+    pub gallery_pin_hash: Option<String>,
+    /// How long an input photo is kept after its saga ends.
+    pub photo_retention_ms: i64,
+    /// How long results and personal fields are kept after `closes_at`
+    /// (or after the session ended, without one).
+    pub retention_ms: i64,
+    /// The organiser's notice (JSON: locale to text), shown before the
+    /// camera opens.
+    #[sea_orm(column_type = "Text")]
+    pub notice: Option<String>,
+    /// A submission must say the guest ticked the consent box.
+    pub consent_required: bool,
+    /// How long a display shows the newest result's QR code (0: never).
+    pub share_qr_ms: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -16,6 +16,12 @@ pub struct Model {
     pub height: i32,
     pub bytes: i64,
     pub created_at_ms: i64,
+    /// When it was given up (retention or erasure): no saga reads it after.
+    pub deleted_at_ms: Option<i64>,
+    /// Its object is deleted from the media store.
+    pub object_gone: bool,
+    /// The lease of the instance deleting it.
+    pub purge_claim_until_ms: Option<i64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

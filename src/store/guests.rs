@@ -1,0 +1,695 @@
+//! The guests' data in the database: the result link's lookup, the
+//! gallery's pages, hiding, forgetting a session (erasure and retention),
+//! giving up input photos, the purge queue of objects still to delete, the
+//! export's pages and what /ops shows as held.
+//!
+//! Forgetting is two steps, each its own short transaction, so a crash at
+//! any point leaves nothing half-done:
+//! 1. [`Store::forget_session`] blanks the nickname and prompts, takes
+//!    the ranking entry out, gives up the session's photos and marks the
+//!    session `objects_left`, fenced: only while no saga of the session
+//!    runs (status not SUBMITTING, every saga COMPLETED or ABORTED). A
+//!    forgotten session takes no submission and no retry after.
+//! 2. Whoever claims it ([`Store::claim_purges`], a lease like the
+//!    sagas') deletes its objects from the media store, then
+//!    [`Store::purged`] clears the contents that named them. Deleting an
+//!    object twice is harmless, so a crash between the two only repeats
+//!    the deletes.
+//!
+//! Photos (kept a shorter time) go the same way: [`Store::give_up_photos`]
+//! marks them `deleted_at_ms` once their saga ended (no saga reads a
+//! given-up photo), then the purge deletes the object and marks it gone.
+
+use sea_orm::{ConnectionTrait, QueryResult, Value};
+use serde_json::Value as Json;
+
+use super::entities::{experiences, sessions};
+use super::{new_id, Store, StoreError, StoreResult, WriteTx};
+use crate::domain::guests::{kept_keys, ForgottenBy};
+use crate::domain::policy::EpochMs;
+
+/// A completed result as its link, the gallery and the export show it.
+#[derive(Debug, Clone)]
+pub struct SharedResult {
+    pub session_id: String,
+    pub nickname: String,
+    pub content: Json,
+    pub score: Option<f64>,
+    pub rank: Option<i32>,
+    pub completed_at_ms: EpochMs,
+}
+
+/// What a result link leads to.
+#[derive(Debug)]
+pub enum ShareLookup {
+    Live {
+        result: SharedResult,
+        experience: Box<experiences::Model>,
+    },
+    /// Its data was forgotten (erased, or its retention ended).
+    Gone(ForgottenBy),
+    /// No such link, or its session has no result (yet).
+    Unknown,
+}
+
+/// Where a gallery page or an export page starts: after this result
+/// (newest first for the gallery, oldest first for the export).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResultCursor {
+    pub completed_at_ms: EpochMs,
+    pub session_id: String,
+}
+
+/// What [`Store::forget_session`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forget {
+    /// Forgotten now; `displays` terminals were told (`session.removed`).
+    Forgotten { displays: usize },
+    /// It was already (a repeated erasure).
+    Already,
+    /// A saga of the session still runs (cancel it first).
+    Running,
+}
+
+/// Objects one purge claim deletes, and what to mark after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeItem {
+    /// A forgotten session's kept results and photos.
+    Session { id: String, keys: Vec<String> },
+    /// A given-up photo.
+    Photo { id: String, key: String },
+}
+
+/// What an experience holds now, for /ops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Photos not given up, and their bytes.
+    pub photos: i64,
+    pub photo_bytes: i64,
+    /// Completed results not forgotten.
+    pub results: i64,
+    /// Sessions forgotten (by retention or erasure).
+    pub forgotten: i64,
+    /// When the next session's data is due (None: nothing due).
+    pub next_due_ms: Option<EpochMs>,
+    /// When the next photo is due.
+    pub next_photo_due_ms: Option<EpochMs>,
+}
+
+/// The sessions that are not running: no submission under way, and no
+/// saga of theirs between its start and its end.
+const AT_REST: &str = "s.status <> 'SUBMITTING' AND NOT EXISTS (SELECT 1 FROM sagas g \
+     WHERE g.session_id = s.id AND g.step NOT IN ('COMPLETED', 'ABORTED'))";
+
+/// When a session's data is due: `retention` after the event closes, or
+/// after the session last changed when that is later
+/// (`domain::guests::results_due_at` in SQL).
+const DUE_AT: &str = "(CASE WHEN e.closes_at_ms IS NOT NULL AND e.closes_at_ms > s.updated_at_ms \
+     THEN e.closes_at_ms ELSE s.updated_at_ms END) + e.retention_ms";
+
+/// When a photo is due: `photo_retention` after its saga ended.
+const PHOTO_DUE_AT: &str = "g.updated_at_ms + e.photo_retention_ms";
+
+/// The completed results shown anywhere public: not forgotten.
+const RESULT_FIELDS: &str = "s.id, s.nickname, r.content, r.score, r.rank, r.created_at_ms";
+
+fn result_of(row: &QueryResult) -> StoreResult<SharedResult> {
+    let content: String = row.try_get_by_index(2)?;
+    Ok(SharedResult {
+        session_id: row.try_get_by_index(0)?,
+        nickname: row.try_get_by_index(1)?,
+        content: serde_json::from_str(&content).unwrap_or(Json::Null),
+        score: row.try_get_by_index(3)?,
+        rank: row.try_get_by_index(4)?,
+        completed_at_ms: row.try_get_by_index(5)?,
+    })
+}
+
+impl Store {
+    /// What the result link `share_id` leads to.
+    pub async fn shared_result(&self, share_id: &str) -> StoreResult<ShareLookup> {
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+        let Some(session) = sessions::Entity::find()
+            .filter(sessions::Column::ShareId.eq(share_id))
+            .one(self.db())
+            .await?
+        else {
+            return Ok(ShareLookup::Unknown);
+        };
+        if let Some(by) = session.forgotten_by.as_deref().and_then(ForgottenBy::of) {
+            return Ok(ShareLookup::Gone(by));
+        }
+        let row = self
+            .db()
+            .query_one_raw(self.sql(
+                &format!(
+                    "SELECT {RESULT_FIELDS} FROM results r JOIN sessions s ON s.id = r.session_id \
+                     WHERE s.id = $1 AND s.status = 'COMPLETED' \
+                     ORDER BY r.created_at_ms DESC LIMIT 1"
+                ),
+                vec![session.id.clone().into()],
+            ))
+            .await?;
+        let Some(row) = row else {
+            return Ok(ShareLookup::Unknown);
+        };
+        let experience = experiences::Entity::find_by_id(session.experience_id.clone())
+            .one(self.db())
+            .await?
+            .ok_or(StoreError::NotFound("experience"))?;
+        Ok(ShareLookup::Live {
+            result: result_of(&row)?,
+            experience: Box::new(experience),
+        })
+    }
+
+    /// Up to `limit` results of the experience's gallery, newest first,
+    /// after `before`: completed, not opted out, not hidden, not
+    /// forgotten (a rejected one is ABORTED, one in review is not yet
+    /// COMPLETED).
+    pub async fn gallery_page(
+        &self,
+        experience_id: &str,
+        limit: u64,
+        before: Option<&ResultCursor>,
+    ) -> StoreResult<Vec<SharedResult>> {
+        let mut values: Vec<Value> = vec![
+            experience_id.into(),
+            true.into(),
+            false.into(),
+            (limit as i64).into(),
+        ];
+        let after = match before {
+            Some(cursor) => {
+                values.push(cursor.completed_at_ms.into());
+                values.push(cursor.session_id.clone().into());
+                " AND (r.created_at_ms < $5 OR (r.created_at_ms = $5 AND r.session_id < $6))"
+            }
+            None => "",
+        };
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                &format!(
+                    "SELECT {RESULT_FIELDS} FROM results r JOIN sessions s ON s.id = r.session_id \
+                     WHERE s.experience_id = $1 AND s.status = 'COMPLETED' AND s.in_gallery = $2 \
+                     AND s.hidden = $3 AND s.forgotten_at_ms IS NULL{after} \
+                     ORDER BY r.created_at_ms DESC, r.session_id DESC LIMIT $4"
+                ),
+                values,
+            ))
+            .await?;
+        rows.iter().map(result_of).collect()
+    }
+
+    /// Up to `limit` results of the experience for its export, oldest
+    /// first, after `after`: every completed result not forgotten (an
+    /// operator's export includes hidden and opted-out ones: they are the
+    /// organiser's to keep until the retention ends).
+    pub async fn export_page(
+        &self,
+        experience_id: &str,
+        limit: u64,
+        after: Option<&ResultCursor>,
+    ) -> StoreResult<Vec<SharedResult>> {
+        let mut values: Vec<Value> = vec![experience_id.into(), (limit as i64).into()];
+        let after = match after {
+            Some(cursor) => {
+                values.push(cursor.completed_at_ms.into());
+                values.push(cursor.session_id.clone().into());
+                " AND (r.created_at_ms > $3 OR (r.created_at_ms = $3 AND r.session_id > $4))"
+            }
+            None => "",
+        };
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                &format!(
+                    "SELECT {RESULT_FIELDS} FROM results r JOIN sessions s ON s.id = r.session_id \
+                     WHERE s.experience_id = $1 AND s.status = 'COMPLETED' \
+                     AND s.forgotten_at_ms IS NULL{after} \
+                     ORDER BY r.created_at_ms, r.session_id LIMIT $2"
+                ),
+                values,
+            ))
+            .await?;
+        rows.iter().map(result_of).collect()
+    }
+
+    /// Hides (or shows again) a session's result in the gallery and on the
+    /// displays. Hiding tells every display of the experience
+    /// (`session.removed`, through the outbox). None: no such session;
+    /// else the displays told.
+    pub async fn set_hidden(
+        &self,
+        session_id: &str,
+        hidden: bool,
+        now: EpochMs,
+    ) -> StoreResult<Option<usize>> {
+        let tx = self.write_tx().await?;
+        let Some(row) = tx
+            .query_one_raw(self.sql(
+                "SELECT experience_id FROM sessions WHERE id = $1",
+                vec![session_id.into()],
+            ))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let experience_id: String = row.try_get_by_index(0)?;
+        let changed = tx
+            .execute_raw(self.sql(
+                "UPDATE sessions SET hidden = $2 WHERE id = $1 AND hidden = $3",
+                vec![session_id.into(), hidden.into(), (!hidden).into()],
+            ))
+            .await?
+            .rows_affected()
+            > 0;
+        let displays = if hidden && changed {
+            tell_displays_removed(self, &tx, &experience_id, session_id, now).await?
+        } else {
+            0
+        };
+        tx.commit().await?;
+        Ok(Some(displays))
+    }
+
+    /// Forgets a session's personal data: nickname and prompts blanked,
+    /// the ranking entry taken out (an erasure) or made anonymous
+    /// (retention), its photos given up, its objects queued for deletion,
+    /// and, for an erasure, every display of the experience told
+    /// (`session.removed`). Fenced: nothing changes while a saga of the
+    /// session runs ([`Forget::Running`]).
+    pub async fn forget_session(
+        &self,
+        session_id: &str,
+        by: ForgottenBy,
+        now: EpochMs,
+    ) -> StoreResult<Forget> {
+        let tx = self.write_tx().await?;
+        let row = tx
+            .query_one_raw(self.sql(
+                &format!(
+                    "UPDATE sessions SET nickname = '', forgotten_at_ms = $2, forgotten_by = $3, \
+                     objects_left = $4, purge_claim_until_ms = NULL \
+                     WHERE id = $1 AND forgotten_at_ms IS NULL AND id IN \
+                     (SELECT s.id FROM sessions s WHERE s.id = $1 AND {AT_REST}) \
+                     RETURNING experience_id"
+                ),
+                vec![
+                    session_id.into(),
+                    now.into(),
+                    by.as_str().into(),
+                    true.into(),
+                ],
+            ))
+            .await?;
+        let Some(row) = row else {
+            let state = tx
+                .query_one_raw(self.sql(
+                    "SELECT forgotten_at_ms FROM sessions WHERE id = $1",
+                    vec![session_id.into()],
+                ))
+                .await?;
+            return match state {
+                None => Err(StoreError::NotFound("session")),
+                Some(r) if r.try_get_by_index::<Option<i64>>(0)?.is_some() => Ok(Forget::Already),
+                Some(_) => Ok(Forget::Running),
+            };
+        };
+        let experience_id: String = row.try_get_by_index(0)?;
+        tx.execute_raw(self.sql(
+            "UPDATE sagas SET prompt = '' WHERE session_id = $1",
+            vec![session_id.into()],
+        ))
+        .await?;
+        let ranking = if by.is_erasure() {
+            "DELETE FROM score_attempts WHERE session_id = $1"
+        } else {
+            "UPDATE score_attempts SET nickname = '' WHERE session_id = $1"
+        };
+        tx.execute_raw(self.sql(ranking, vec![session_id.into()]))
+            .await?;
+        tx.execute_raw(self.sql(
+            "UPDATE photos SET deleted_at_ms = $2 WHERE session_id = $1 AND deleted_at_ms IS NULL",
+            vec![session_id.into(), now.into()],
+        ))
+        .await?;
+        let displays = if by.is_erasure() {
+            tell_displays_removed(self, &tx, &experience_id, session_id, now).await?
+        } else {
+            0
+        };
+        tx.commit().await?;
+        // The ranking changed under the cache.
+        self.invalidate_ranks(Some(std::slice::from_ref(&experience_id)))
+            .await;
+        Ok(Forget::Forgotten { displays })
+    }
+
+    /// Up to `limit` sessions whose retention ended by `now` and that are
+    /// not running, oldest first.
+    pub async fn sessions_due(&self, now: EpochMs, limit: u64) -> StoreResult<Vec<String>> {
+        let rows = self
+            .db()
+            .query_all_raw(self.sql(
+                &format!(
+                    "SELECT s.id FROM sessions s JOIN experiences e ON e.id = s.experience_id \
+                     WHERE s.forgotten_at_ms IS NULL AND {DUE_AT} <= $1 AND {AT_REST} \
+                     ORDER BY s.updated_at_ms LIMIT $2"
+                ),
+                vec![now.into(), (limit as i64).into()],
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| Ok(r.try_get_by_index::<String>(0)?))
+            .collect()
+    }
+
+    /// Gives up to `limit` photos whose `photo_retention` ended by `now`
+    /// (counted from when the saga that read them ended), in one fenced
+    /// statement: a photo whose saga runs again (an operator's retry) is
+    /// kept. Returns how many were given up.
+    pub async fn give_up_photos(&self, now: EpochMs, limit: u64) -> StoreResult<u64> {
+        let tx = self.write_tx().await?;
+        let given = tx
+            .execute_raw(self.sql(
+                &format!(
+                    "UPDATE photos SET deleted_at_ms = $1 WHERE deleted_at_ms IS NULL AND id IN \
+                     (SELECT p.id FROM photos p JOIN sagas g ON g.photo_id = p.id \
+                      JOIN experiences e ON e.id = g.experience_id \
+                      WHERE p.deleted_at_ms IS NULL AND g.step IN ('COMPLETED', 'ABORTED') \
+                      AND {PHOTO_DUE_AT} <= $1 \
+                      AND NOT EXISTS (SELECT 1 FROM sagas h WHERE h.photo_id = p.id \
+                          AND h.step NOT IN ('COMPLETED', 'ABORTED')) \
+                      ORDER BY g.updated_at_ms LIMIT $2) \
+                     AND NOT EXISTS (SELECT 1 FROM sagas h WHERE h.photo_id = photos.id \
+                         AND h.step NOT IN ('COMPLETED', 'ABORTED'))"
+                ),
+                vec![now.into(), (limit as i64).into()],
+            ))
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(given)
+    }
+
+    /// Claims up to `limit` purges for `lease_ms` (another instance takes
+    /// none of them meanwhile; a claim of an instance that died runs out
+    /// and is taken again): forgotten sessions with objects left, then
+    /// given-up photos whose object is not yet gone.
+    pub async fn claim_purges(
+        &self,
+        now: EpochMs,
+        lease_ms: i64,
+        limit: u64,
+    ) -> StoreResult<Vec<PurgeItem>> {
+        let lock = if self.is_postgres() {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        let tx = self.write_tx().await?;
+        let session_ids: Vec<String> = tx
+            .query_all_raw(self.sql(
+                &format!(
+                    "UPDATE sessions SET purge_claim_until_ms = $1 WHERE id IN \
+                     (SELECT id FROM sessions WHERE objects_left = $2 \
+                      AND (purge_claim_until_ms IS NULL OR purge_claim_until_ms < $3) \
+                      ORDER BY forgotten_at_ms LIMIT $4{lock}) RETURNING id"
+                ),
+                vec![
+                    (now + lease_ms).into(),
+                    true.into(),
+                    now.into(),
+                    (limit as i64).into(),
+                ],
+            ))
+            .await?
+            .iter()
+            .map(|r| r.try_get_by_index::<String>(0))
+            .collect::<Result<_, _>>()?;
+        let mut items = Vec::new();
+        for id in session_ids {
+            let keys = session_object_keys(self, &tx, &id).await?;
+            items.push(PurgeItem::Session { id, keys });
+        }
+        let room = limit.saturating_sub(items.len() as u64);
+        if room > 0 {
+            let photos = tx
+                .query_all_raw(self.sql(
+                    &format!(
+                        "UPDATE photos SET purge_claim_until_ms = $1 WHERE id IN \
+                         (SELECT id FROM photos WHERE deleted_at_ms IS NOT NULL \
+                          AND object_gone = $2 \
+                          AND (purge_claim_until_ms IS NULL OR purge_claim_until_ms < $3) \
+                          ORDER BY deleted_at_ms LIMIT $4{lock}) RETURNING id, object_key"
+                    ),
+                    vec![
+                        (now + lease_ms).into(),
+                        false.into(),
+                        now.into(),
+                        (room as i64).into(),
+                    ],
+                ))
+                .await?;
+            for row in photos {
+                items.push(PurgeItem::Photo {
+                    id: row.try_get_by_index(0)?,
+                    key: row.try_get_by_index(1)?,
+                });
+            }
+        }
+        tx.commit().await?;
+        Ok(items)
+    }
+
+    /// Claims the purge of one forgotten session now (an erasure deletes
+    /// its objects at once); None when it has none left or another
+    /// instance holds it.
+    pub async fn claim_session_purge(
+        &self,
+        session_id: &str,
+        now: EpochMs,
+        lease_ms: i64,
+    ) -> StoreResult<Option<PurgeItem>> {
+        let tx = self.write_tx().await?;
+        let claimed = tx
+            .execute_raw(self.sql(
+                "UPDATE sessions SET purge_claim_until_ms = $1 WHERE id = $2 AND objects_left = $3 \
+                 AND (purge_claim_until_ms IS NULL OR purge_claim_until_ms < $4)",
+                vec![
+                    (now + lease_ms).into(),
+                    session_id.into(),
+                    true.into(),
+                    now.into(),
+                ],
+            ))
+            .await?
+            .rows_affected();
+        let item = if claimed > 0 {
+            Some(PurgeItem::Session {
+                id: session_id.to_owned(),
+                keys: session_object_keys(self, &tx, session_id).await?,
+            })
+        } else {
+            None
+        };
+        tx.commit().await?;
+        Ok(item)
+    }
+
+    /// Marks a purge done once its objects are deleted: a session's
+    /// contents no longer name them (`[]`) and its photos are gone; a
+    /// photo is gone.
+    pub async fn purged(&self, item: &PurgeItem) -> StoreResult<()> {
+        let tx = self.write_tx().await?;
+        match item {
+            PurgeItem::Session { id, .. } => {
+                for statement in [
+                    "UPDATE sagas SET content = '[]' WHERE session_id = $1 AND content IS NOT NULL",
+                    "UPDATE results SET content = '[]' WHERE session_id = $1",
+                ] {
+                    tx.execute_raw(self.sql(statement, vec![id.clone().into()]))
+                        .await?;
+                }
+                tx.execute_raw(self.sql(
+                    "UPDATE photos SET object_gone = $2, deleted_at_ms = COALESCE(deleted_at_ms, $3) \
+                     WHERE session_id = $1",
+                    vec![id.clone().into(), true.into(), 0i64.into()],
+                ))
+                .await?;
+                tx.execute_raw(self.sql(
+                    "UPDATE sessions SET objects_left = $2, purge_claim_until_ms = NULL \
+                     WHERE id = $1",
+                    vec![id.clone().into(), false.into()],
+                ))
+                .await?;
+            }
+            PurgeItem::Photo { id, .. } => {
+                tx.execute_raw(self.sql(
+                    "UPDATE photos SET object_gone = $2, purge_claim_until_ms = NULL WHERE id = $1",
+                    vec![id.clone().into(), true.into()],
+                ))
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// What the experience holds now, and when its next data is due.
+    pub async fn held(&self, experience_id: &str) -> StoreResult<Held> {
+        let row = self
+            .db()
+            .query_one_raw(self.sql(
+                "SELECT \
+                 (SELECT COUNT(*) FROM photos p JOIN sessions s ON s.id = p.session_id \
+                  WHERE s.experience_id = $1 AND p.deleted_at_ms IS NULL), \
+                 (SELECT CAST(COALESCE(SUM(p.bytes), 0) AS BIGINT) FROM photos p JOIN sessions s ON s.id = p.session_id \
+                  WHERE s.experience_id = $1 AND p.deleted_at_ms IS NULL), \
+                 (SELECT COUNT(*) FROM sessions s WHERE s.experience_id = $1 \
+                  AND s.status = 'COMPLETED' AND s.forgotten_at_ms IS NULL), \
+                 (SELECT COUNT(*) FROM sessions s WHERE s.experience_id = $1 \
+                  AND s.forgotten_at_ms IS NOT NULL)",
+                vec![experience_id.into()],
+            ))
+            .await?
+            .ok_or(StoreError::NotFound("experience"))?;
+        let next_due = self
+            .db()
+            .query_one_raw(self.sql(
+                &format!(
+                    "SELECT MIN({DUE_AT}) FROM sessions s JOIN experiences e \
+                     ON e.id = s.experience_id WHERE s.experience_id = $1 \
+                     AND s.forgotten_at_ms IS NULL"
+                ),
+                vec![experience_id.into()],
+            ))
+            .await?;
+        let next_photo_due = self
+            .db()
+            .query_one_raw(self.sql(
+                &format!(
+                    "SELECT MIN({PHOTO_DUE_AT}) FROM photos p JOIN sagas g ON g.photo_id = p.id \
+                     JOIN experiences e ON e.id = g.experience_id WHERE g.experience_id = $1 \
+                     AND p.deleted_at_ms IS NULL AND g.step IN ('COMPLETED', 'ABORTED')"
+                ),
+                vec![experience_id.into()],
+            ))
+            .await?;
+        let min_of = |row: Option<QueryResult>| -> StoreResult<Option<i64>> {
+            Ok(match row {
+                Some(r) => r.try_get_by_index::<Option<i64>>(0)?,
+                None => None,
+            })
+        };
+        Ok(Held {
+            photos: row.try_get_by_index(0)?,
+            photo_bytes: row.try_get_by_index(1)?,
+            results: row.try_get_by_index(2)?,
+            forgotten: row.try_get_by_index(3)?,
+            next_due_ms: min_of(next_due)?,
+            next_photo_due_ms: min_of(next_photo_due)?,
+        })
+    }
+
+    /// Sessions of the experience whose nickname contains `text` (any
+    /// case), newest first: how an operator finds the session an e-mailed
+    /// erasure request names.
+    pub async fn sessions_by_nickname(
+        &self,
+        experience_id: Option<&str>,
+        text: &str,
+        limit: u64,
+    ) -> StoreResult<Vec<sessions::Model>> {
+        use sea_orm::sea_query::{Expr, ExprTrait, Func};
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+        let pattern = format!(
+            "%{}%",
+            text.to_lowercase()
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_")
+        );
+        let mut query = sessions::Entity::find()
+            .filter(
+                Expr::expr(Func::lower(Expr::col(sessions::Column::Nickname)))
+                    .like(sea_orm::sea_query::LikeExpr::new(pattern).escape('\\')),
+            )
+            .filter(sessions::Column::ForgottenAtMs.is_null());
+        if let Some(id) = experience_id {
+            query = query.filter(sessions::Column::ExperienceId.eq(id));
+        }
+        Ok(query
+            .order_by_desc(sessions::Column::CreatedAtMs)
+            .limit(limit)
+            .all(self.db())
+            .await?)
+    }
+}
+
+/// The media-store keys a session's data names: its kept results (every
+/// saga's content and its result's) and its photos not yet gone.
+async fn session_object_keys(
+    store: &Store,
+    tx: &WriteTx,
+    session_id: &str,
+) -> StoreResult<Vec<String>> {
+    let mut keys = Vec::new();
+    for statement in [
+        "SELECT content FROM sagas WHERE session_id = $1 AND content IS NOT NULL",
+        "SELECT content FROM results WHERE session_id = $1",
+    ] {
+        for row in tx
+            .query_all_raw(store.sql(statement, vec![session_id.into()]))
+            .await?
+        {
+            let text: String = row.try_get_by_index(0)?;
+            if let Ok(content) = serde_json::from_str::<Json>(&text) {
+                keys.extend(kept_keys(&content));
+            }
+        }
+    }
+    for row in tx
+        .query_all_raw(store.sql(
+            "SELECT object_key FROM photos WHERE session_id = $1 AND object_gone = $2",
+            vec![session_id.into(), false.into()],
+        ))
+        .await?
+    {
+        keys.push(row.try_get_by_index(0)?);
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    Ok(keys)
+}
+
+/// Appends `session.removed` to the outbox of every display of the
+/// experience, inside the caller's transaction; returns how many.
+async fn tell_displays_removed(
+    store: &Store,
+    tx: &WriteTx,
+    experience_id: &str,
+    session_id: &str,
+    now: EpochMs,
+) -> StoreResult<usize> {
+    let terminals: Vec<String> = tx
+        .query_all_raw(store.sql(
+            "SELECT id FROM terminals WHERE experience_id = $1 ORDER BY id",
+            vec![experience_id.into()],
+        ))
+        .await?
+        .iter()
+        .map(|r| r.try_get_by_index::<String>(0))
+        .collect::<Result<_, _>>()?;
+    let payload = serde_json::json!({"type": "session.removed", "session_id": session_id});
+    let rows: Vec<_> = terminals
+        .iter()
+        // Each row its own id where the saga's would go: the event ends
+        // no saga, and may repeat (hidden, shown, hidden again).
+        .map(|terminal| Store::event_row(terminal, session_id, &new_id(), payload.clone(), now))
+        .collect();
+    Store::append_events(tx, rows).await?;
+    Ok(terminals.len())
+}
