@@ -36,14 +36,16 @@ const SH = (() => {
   class NetworkError extends Error {}
 
   // fetch() with JSON in and out. Options: method, body (an object, sent as
-  // JSON), token (a bearer token), key (an Idempotency-Key), timeoutMs.
-  // Resolves to {status, data, replayed}; rejects with ApiError or
-  // NetworkError.
+  // JSON), token (a bearer token), key (an Idempotency-Key), headers (any
+  // other request headers), timeoutMs. Resolves to {status, data,
+  // replayed}; rejects with ApiError (with `retryAfter`, in seconds, when
+  // the answer said Retry-After) or NetworkError.
   async function api(path, opts = {}) {
     const headers = { Accept: "application/json" };
     if (opts.body !== undefined) headers["Content-Type"] = "application/json";
     if (opts.token) headers.Authorization = `Bearer ${opts.token}`;
     if (opts.key) headers["Idempotency-Key"] = opts.key;
+    if (opts.headers) Object.assign(headers, opts.headers);
     const ctrl = new AbortController();
     const timer = setTimeout(() => ctrl.abort(), opts.timeoutMs || 20000);
     let res;
@@ -71,7 +73,10 @@ const SH = (() => {
       }
     }
     if (!res.ok) {
-      throw new ApiError(res.status, data && data.error, data && data.message, data);
+      const err = new ApiError(res.status, data && data.error, data && data.message, data);
+      const after = Number(res.headers.get("Retry-After"));
+      if (Number.isFinite(after) && after > 0) err.retryAfter = after;
+      throw err;
     }
     return {
       status: res.status,
@@ -256,6 +261,75 @@ const SH = (() => {
     return x.toLocaleString(current, { maximumFractionDigits: 2 });
   }
 
+  // A date and time, for what happens later than today (a purge).
+  function fmtDateTime(iso) {
+    if (!iso) return t("common.none");
+    const d = new Date(iso);
+    if (Number.isNaN(d.getTime())) return String(iso);
+    return d.toLocaleString(current, { dateStyle: "medium", timeStyle: "short" });
+  }
+
+  // A size in bytes as people read it: 512 B, 38 KB, 4.2 MB.
+  function fmtBytes(n) {
+    const x = Number(n);
+    if (!Number.isFinite(x) || x < 0) return t("common.none");
+    if (x < 1024) return `${x} B`;
+    if (x < 1024 * 1024) return `${(x / 1024).toLocaleString(current, { maximumFractionDigits: 0 })} KB`;
+    if (x < 1024 ** 3) return `${(x / 1024 ** 2).toLocaleString(current, { maximumFractionDigits: 1 })} MB`;
+    return `${(x / 1024 ** 3).toLocaleString(current, { maximumFractionDigits: 2 })} GB`;
+  }
+
+  // A duration as the server writes it ("8s", "1m 30s", "2h", "30days",
+  // "250ms") in milliseconds; null when it cannot be read.
+  const DURATION_UNITS = [
+    [/^(ms|msec|millis|milliseconds?)$/, 1],
+    [/^(s|sec|secs|seconds?)$/, 1000],
+    [/^(m|min|mins|minutes?)$/, 60000],
+    [/^(h|hr|hrs|hours?)$/, 3600000],
+    [/^(d|days?)$/, 86400000],
+    [/^(w|weeks?)$/, 7 * 86400000],
+  ];
+
+  function parseDuration(text) {
+    if (typeof text === "number") return Number.isFinite(text) && text >= 0 ? text * 1000 : null;
+    if (typeof text !== "string" || !text.trim()) return null;
+    const parts = text.trim().split(/\s+/);
+    let ms = 0;
+    for (const part of parts) {
+      const m = /^(\d+(?:\.\d+)?)([a-z]*)$/i.exec(part);
+      if (!m) return null;
+      const unit = DURATION_UNITS.find(([re]) => re.test(m[2] || "s"));
+      if (!unit) return null;
+      ms += Number(m[1]) * unit[1];
+    }
+    return ms;
+  }
+
+  // Copies `text` to the clipboard; true when it went there. Without the
+  // clipboard API (plain http on a phone), the old way: a selected,
+  // hidden text field and the copy command.
+  async function copyText(text) {
+    try {
+      if (navigator.clipboard && navigator.clipboard.writeText) {
+        await navigator.clipboard.writeText(text);
+        return true;
+      }
+    } catch (_) {
+      /* refused: try the old way */
+    }
+    try {
+      const field = el("textarea", { class: "visually-hidden", readonly: true });
+      field.value = text;
+      document.body.append(field);
+      field.select();
+      const ok = Boolean(document.execCommand && document.execCommand("copy"));
+      field.remove();
+      return ok;
+    } catch (_) {
+      return false;
+    }
+  }
+
   function fmtTime(iso) {
     if (!iso) return t("common.none");
     const d = new Date(iso);
@@ -264,6 +338,10 @@ const SH = (() => {
   }
 
   // ---- storage (never throws: private modes may refuse it) ---------------
+
+  // A session's participant token, kept by the device that made it (the
+  // phone page) so that its result page (/r/...) can offer to erase it.
+  const ownerKey = (sessionId) => `stagehand:owner:${sessionId}`;
 
   function load(store, key) {
     try {
@@ -301,8 +379,13 @@ const SH = (() => {
     $,
     showOnly,
     renderContent,
+    shownUrl,
     fmtNumber,
     fmtTime,
+    fmtDateTime,
+    fmtBytes,
+    parseDuration,
+    copyText,
     local: {
       get: (k) => load(() => localStorage, k),
       set: (k, v) => save(() => localStorage, k, v),
@@ -310,6 +393,10 @@ const SH = (() => {
     session: {
       get: (k) => load(() => sessionStorage, k),
       set: (k, v) => save(() => sessionStorage, k, v),
+    },
+    owner: {
+      get: (sessionId) => load(() => localStorage, ownerKey(sessionId)),
+      set: (sessionId, token) => save(() => localStorage, ownerKey(sessionId), token),
     },
   };
 })();

@@ -3,6 +3,13 @@
 // button; then progress, then the result or the reason it was refused, with
 // a way to try again.
 //
+// The guests' data: the organiser's notice shows above the form (read before
+// the camera opens); with consent_required the button stays disabled until
+// its box is ticked and the submission says "consent": true; with a gallery,
+// a box keeps one's result out of it ("in_gallery": false). A completed
+// result shows its link (/r/...) with a QR code for another phone, and a
+// button that erases the guest's photo and result (DELETE, with the token).
+//
 // Safe against double taps, flaky networks and reloads: every POST carries an
 // Idempotency-Key made here and kept (in localStorage, per slug) with its
 // body until the server answers, so a retry, automatic or after a reload,
@@ -75,6 +82,11 @@
   const inputKind = () => (experience && experience.input) || "prompt";
   const takesPhoto = () => inputKind() === "photo" || inputKind() === "photo+prompt";
   const needsPrompt = () => inputKind() !== "photo";
+  // The organiser's settings for the guests' data: a notice to read before
+  // the camera opens, a box to tick before sending (consent_required), and
+  // a box to keep one's result out of the gallery (gallery not "off").
+  const consentRequired = () => Boolean(experience && experience.consent_required === true);
+  const galleryOn = () => Boolean(experience && experience.gallery && experience.gallery !== "off");
 
   // ---- the form ------------------------------------------------------------
 
@@ -97,9 +109,12 @@
   // says Retry (it sends the same key again).
   function refreshButton() {
     const go = $("go");
-    go.disabled = busy;
+    // Without the box ticked there is nothing to send (a pending request
+    // carries its consent already).
+    const unconsented = consentRequired() && !$("consent").checked && !pending();
+    go.disabled = busy || unconsented;
     go.textContent = busy ? SH.t("p.sending") : pending() ? SH.t("p.retry") : buttonLabel();
-    for (const id of ["nickname", "prompt", "score", "photo-take", "photo-retake", "photo-input"]) {
+    for (const id of ["nickname", "prompt", "score", "photo-take", "photo-retake", "photo-input", "consent", "optout"]) {
       $(id).disabled = busy || pending();
     }
     $("start-over").disabled = busy;
@@ -117,6 +132,7 @@
     $("score").value = st.score == null ? "" : st.score;
     $("photo-field").hidden = !takesPhoto();
     $("prompt-field").hidden = !needsPrompt();
+    showNotice();
     showPhoto();
     refreshButton();
     show("view-form");
@@ -128,6 +144,11 @@
     const nickname = $("nickname").value.trim();
     const prompt = $("prompt").value;
     const scoreText = $("score").value.trim();
+    if (consentRequired() && !$("consent").checked) {
+      setError(SH.t("p.error.consent"));
+      $("consent").focus();
+      return null;
+    }
     if (!st.session && (!nickname || [...nickname].length > 40 || /[\u0000-\u001f\u007f]/.test(nickname))) {
       setError(SH.t("p.error.nickname"));
       $("nickname").focus();
@@ -174,10 +195,46 @@
       // once the photo is uploaded (run).
       const body = needsPrompt() || input.prompt.trim() ? { prompt: input.prompt } : {};
       if (input.score !== undefined) body.score = input.score;
+      if (consentRequired()) body.consent = true;
+      if (galleryOn() && $("optout").checked) body.in_gallery = false;
       st.submit = { key: SH.uuid(), body };
       persist();
     }
     await run();
+  }
+
+  // ---- the notice, the consent and the gallery ------------------------------
+
+  // The organiser's notice in the page's language, else English, else any.
+  function noticeText() {
+    const n = experience && experience.notice;
+    if (!n) return "";
+    if (typeof n === "string") return n;
+    if (typeof n !== "object") return "";
+    const pick = n[SH.locale()] || n.en || Object.values(n).find((v) => typeof v === "string" && v.trim());
+    return typeof pick === "string" ? pick.trim() : "";
+  }
+
+  function showNotice() {
+    const text = noticeText();
+    $("notice").hidden = !text;
+    $("notice-text").textContent = text;
+    $("consent-field").hidden = !consentRequired();
+    $("consent").checked = consentRequired() && st.consent === true;
+    $("optout-field").hidden = !galleryOn();
+    $("optout").checked = galleryOn() && st.optout === true;
+  }
+
+  function onConsentChange() {
+    st.consent = $("consent").checked;
+    persist();
+    if ($("consent").checked && $("form-error").textContent === SH.t("p.error.consent")) setError("");
+    refreshButton();
+  }
+
+  function onOptOutChange() {
+    st.optout = $("optout").checked;
+    persist();
   }
 
   // ---- the photo -----------------------------------------------------------
@@ -772,7 +829,71 @@
     }
     $("result-stats").replaceChildren(...stats);
     $("result-stats").hidden = !stats.length;
+    showShare(s);
+    if (s.erased === true) showErased();
     show("view-result");
+  }
+
+  // ---- the result link and erasing -------------------------------------------
+
+  // The result link (a completed session whose data is kept): the link,
+  // its QR code for another phone, and the button that erases it. The
+  // token is kept by its session id too, for the result page on this
+  // device (a new session here forgets st.session).
+  function showShare(s) {
+    const path = typeof s.share_url === "string" && /^\/r\/[0-9A-Za-z_-]+$/.test(s.share_url) ? s.share_url : null;
+    $("erased").hidden = true;
+    $("erase-error").hidden = true;
+    $("share-box").hidden = !path || s.erased === true;
+    if (!path || s.erased === true) return;
+    const link = location.origin + path;
+    $("share-link").href = link;
+    $("share-link").textContent = link;
+    const qr = `${path}/qr.svg`;
+    if ($("share-qr").getAttribute("src") !== qr) $("share-qr").src = qr;
+    if (st.session) SH.owner.set(st.session.id, st.session.token);
+  }
+
+  // The session's data is gone: no picture, no link; a plain word says so.
+  function showErased() {
+    $("result-content").replaceChildren();
+    $("result-stats").replaceChildren();
+    $("result-stats").hidden = true;
+    $("result-message").textContent = "";
+    $("share-box").hidden = true;
+    $("share-link").removeAttribute("href");
+    $("share-link").textContent = "";
+    $("share-qr").removeAttribute("src");
+    $("erased").hidden = false;
+  }
+
+  async function erase() {
+    if (!st.session || $("erase").disabled) return;
+    if (!window.confirm(SH.t("p.eraseConfirm"))) return;
+    const { id, token } = st.session;
+    $("erase").disabled = true;
+    $("erase").textContent = SH.t("p.erasing");
+    $("erase-error").hidden = true;
+    try {
+      // The same request again after no answer: erasing twice is fine.
+      for (let attempt = 0; ; attempt++) {
+        try {
+          await SH.api(`/api/sessions/${encodeURIComponent(id)}`, { method: "DELETE", token });
+          break;
+        } catch (err) {
+          if (!SH.retryable(err) || attempt >= 3) throw err;
+          await SH.sleep(SH.backoff(attempt, 4000));
+        }
+      }
+      SH.owner.set(id, null);
+      showErased();
+    } catch (err) {
+      $("erase-error").textContent = SH.errorText(err);
+      $("erase-error").hidden = false;
+    } finally {
+      $("erase").disabled = false;
+      $("erase").textContent = SH.t("p.erase");
+    }
   }
 
   // ---- buttons -------------------------------------------------------------
@@ -857,6 +978,9 @@
     $("photo-take").addEventListener("click", takePhoto);
     $("photo-retake").addEventListener("click", retake);
     $("photo-input").addEventListener("change", onPhotoChosen);
+    $("consent").addEventListener("change", onConsentChange);
+    $("optout").addEventListener("change", onOptOutChange);
+    $("erase").addEventListener("click", erase);
     restorePhoto();
     document.addEventListener("visibilitychange", () => {
       if (!document.hidden && pollTimer) poll();

@@ -2,6 +2,12 @@
 // live top 10, and rejections as they come. It follows the terminal socket,
 // reconnects by itself with backoff, resumes after the last `seq` it showed
 // (kept in localStorage) and acknowledges what it showed.
+//
+// A result its guest erased (or an operator erased or hid) comes as
+// `session.removed`: it leaves the screen at once, from the large area, the
+// feed and the ranking. After a result, the experience's display_share_qr
+// (e.g. "8s") long, a QR code of its result link shows for the guest to
+// keep their picture.
 "use strict";
 
 (() => {
@@ -39,6 +45,11 @@
   let aiPaused = false;
   let pausedSlug = null;
   let pausedTimer = null;
+  // How long the QR code of a new result's link shows (ms; 0: never), from
+  // the experience's display_share_qr; the result it shows, and until when.
+  let shareQrMs = 0;
+  let shareShown = null;
+  let shareTimer = null;
 
   const $ = (id) => document.getElementById(id);
   const persist = () => SH.local.set(STORE_KEY, { ...saved, seq: lastSeq });
@@ -118,6 +129,9 @@
       case "session.aborted":
         onEvent(msg);
         break;
+      case "session.removed":
+        onRemoved(msg);
+        break;
       default:
         break;
     }
@@ -170,6 +184,7 @@
     }
     if (ev.type === "session.completed") {
       latest = ev;
+      showShare(ev);
     } else {
       alertEvent = ev;
       clearTimeout(alertTimer);
@@ -183,6 +198,63 @@
     scheduleRender();
   }
 
+  // A session's data is gone: nothing of it stays on the screen. The large
+  // area falls back to the newest result still shown in the feed.
+  function onRemoved(ev) {
+    const seq = Number(ev.seq);
+    if (Number.isFinite(seq)) {
+      if (seq <= lastSeq) return;
+      lastSeq = seq;
+    }
+    const id = ev.session_id;
+    if (id) {
+      feed = feed.filter((f) => f.session_id !== id);
+      if (latest && latest.session_id === id) {
+        latest = feed.find((f) => f.type === "session.completed") || null;
+        delete $("latest").dataset.sessionId;
+        if (!latest) {
+          $("latest-content").replaceChildren();
+          $("latest-nickname").textContent = "";
+        }
+      }
+      if (alertEvent && alertEvent.session_id === id) {
+        alertEvent = null;
+        clearTimeout(alertTimer);
+      }
+      if (ranking) ranking = ranking.filter((e) => e.session_id !== id);
+      if (shareShown === id) hideShare();
+    }
+    // At once: the removal is drawn now, not with the next burst.
+    clearTimeout(renderTimer);
+    render();
+  }
+
+  // ---- the result link's QR code -------------------------------------------
+
+  function showShare(ev) {
+    const path = typeof ev.share_url === "string" && /^\/r\/[0-9A-Za-z_-]+$/.test(ev.share_url) ? ev.share_url : null;
+    if (!path || !(shareQrMs > 0)) {
+      hideShare();
+      return;
+    }
+    const qr = `${path}/qr.svg`;
+    if ($("share-qr").getAttribute("src") !== qr) $("share-qr").src = qr;
+    shareShown = ev.session_id;
+    $("share").dataset.sessionId = ev.session_id || "";
+    $("share").hidden = false;
+    clearTimeout(shareTimer);
+    shareTimer = setTimeout(hideShare, shareQrMs);
+  }
+
+  function hideShare() {
+    clearTimeout(shareTimer);
+    shareTimer = null;
+    shareShown = null;
+    $("share").hidden = true;
+    delete $("share").dataset.sessionId;
+    $("share-qr").removeAttribute("src");
+  }
+
   // A backlog arrives as a burst of frames: draw once for the burst, then
   // keep the position and acknowledge everything drawn.
   function scheduleRender() {
@@ -190,6 +262,7 @@
   }
 
   function render() {
+    clearTimeout(renderTimer);
     renderTimer = null;
     renderLatest();
     renderPaused();
@@ -242,6 +315,9 @@
     try {
       const { data } = await SH.api(`/api/experiences/${encodeURIComponent(slug)}`, { timeoutMs: 8000 });
       if (slug !== pausedSlug) return;
+      const qrMs = SH.parseDuration(data && data.display_share_qr);
+      shareQrMs = qrMs && qrMs > 0 ? qrMs : 0;
+      if (!shareQrMs && shareShown) hideShare();
       const now = Boolean(data && data.ai_paused === true);
       if (now !== aiPaused) {
         aiPaused = now;
@@ -291,7 +367,7 @@
         } else {
           detail = eventMessage(ev);
         }
-        return SH.el("li", { class: `feed-${type}`, dataset: { seq: ev.seq } },
+        return SH.el("li", { class: `feed-${type}`, dataset: { seq: ev.seq, sessionId: ev.session_id || "" } },
           SH.el("span", { class: "f-name", text: ev.nickname || "" }),
           SH.el("span", { class: "f-detail", text: detail }));
       }));

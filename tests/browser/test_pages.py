@@ -41,6 +41,13 @@ pages the way people use them:
                fake job API that answers javascript: URLs shows none on
                /ops; /ops cannot be framed; a Content-Security-Policy
                refusal on any page's console is a page error
+  guests       a result link (/r/...): the phone shows it with its QR code,
+               another device downloads the kept bytes and shares it, the
+               owner erases it and the display drops it within 1 s, the link
+               then answers 410; the organiser's notice and the consent box
+               before the camera; a PIN gallery (/g/...) without the opted
+               out; the display's QR code of a new result; /ops's held
+               figures, export, and finding, hiding and erasing a guest
   screenshots  of every page, in target/screenshots/; and the two the README
                shows, docs/booth-display.png and docs/ops.png (1280x800),
                rewritten with STAGEHAND_DOCS_SCREENSHOTS=1 (a read-only docs/
@@ -291,6 +298,10 @@ def serve_from_disk(route, path):
         name = "participant.html"
     if name is None and re.fullmatch(r"/terminal/[^/]+", path):
         name = "terminal.html"
+    if name is None and re.fullmatch(r"/g/[^/]+", path):
+        name = "gallery.html"
+    if name is None and re.fullmatch(r"/r/[^/]+", path):
+        name = "result.html"
     if name is None and path.startswith("/static/"):
         name = path[len("/static/"):]
     if name is None and path.startswith("/i18n/"):
@@ -298,9 +309,14 @@ def serve_from_disk(route, path):
     if name is None or not (STATIC / name).is_file():
         return False
     ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    answer = route.fetch()
+    if name == "result.html" and answer.status != 200:
+        # A result link that is gone: the server's own page (410).
+        route.fulfill(response=answer)
+        return True
     # With the server's own security headers (its Content-Security-Policy
     # above all), so that the pages from disk are held to what ships.
-    secured = {k: v for k, v in route.fetch().headers.items() if k.lower() in SECURITY_HEADERS}
+    secured = {k: v for k, v in answer.headers.items() if k.lower() in SECURITY_HEADERS}
     route.fulfill(status=200, content_type=ctype, headers=secured, body=(STATIC / name).read_bytes())
     return True
 
@@ -330,7 +346,10 @@ class Env:
 
     def page_of(self, server, **kw):
         """A page of `server` (a test's own; None: the shared one)."""
-        page = self.context(base=server.base if server else None, **kw).new_page()
+        return self.watch(self.context(base=server.base if server else None, **kw).new_page())
+
+    def watch(self, page):
+        """Counts `page`'s uncaught errors and policy refusals as failures."""
         page.on("pageerror", lambda e: self.console_errors.append(f"{page.url}: {e}"))
         # What the pages' Content-Security-Policy refuses is a bug of the
         # page (an inline script or style): Chromium says it on the console.
@@ -1664,6 +1683,466 @@ def test_photo_refusal_keeps_the_prompt(env):
     assert statuses == [415, 201], statuses
 
 
+# ---- the guests' data: the result link, erasing, the gallery, consent ------
+
+
+def guest_experience(env, slug, title, **settings):
+    """An experience with the guests' data settings, and a terminal for it."""
+    env.server.operator("POST", "/api/experiences", {
+        "slug": slug, "title": title, "kind": "image", "locale": "en", **settings})
+    return env.server.terminal(slug, f"{slug} booth")
+
+
+def wait_completed(env, session_id, token):
+    return wait_for(f"session {session_id} to complete", lambda: (lambda v: v if v["status"] == "COMPLETED" else None)(
+        env.server.ok("GET", f"/api/sessions/{session_id}", token=token)), 30)
+
+
+def phone_session(page, slug):
+    """The session the phone page keeps: {id, token}."""
+    return page.evaluate(f"() => JSON.parse(localStorage.getItem('stagehand:p:{slug}')).session")
+
+
+def submission_bodies(page):
+    """The bodies of the page's submissions, as they go."""
+    bodies = []
+    page.on("request", lambda r: bodies.append(r.post_data_json)
+            if r.method == "POST" and r.url.endswith("/submission") else None)
+    return bodies
+
+
+def fetch_bytes(env, path):
+    with urllib.request.urlopen(env.base + path, timeout=10) as r:
+        return r.read()
+
+
+# Gone from the display: no element of the session, and not its nickname.
+GONE_FROM_DISPLAY = """([id, nickname]) => !document.querySelector(`[data-session-id="${id}"]`)
+    && !document.body.innerText.includes(nickname)"""
+
+# A phone with a share sheet that takes files: what it was given is kept.
+SHARE_SHEET = """(() => {
+    window.__shared = [];
+    Navigator.prototype.canShare = function (data) { return Boolean(data); };
+    Navigator.prototype.share = async function (data) {
+        const files = [];
+        for (const f of (data && data.files) || []) files.push({name: f.name, type: f.type, size: f.size});
+        window.__shared.push({title: data.title || null, url: data.url || null, files});
+    };
+})()"""
+# A browser without one (as Chromium on a Linux desktop).
+NO_SHARE_SHEET = "delete Navigator.prototype.share; delete Navigator.prototype.canShare;"
+
+
+def test_share_and_erase(env):
+    """(acceptance) A guest's result link: the phone shows it with its QR
+    code; on another device the link shows the title and the picture, its
+    Download button saves the very bytes stagehand kept, and Share hands
+    over the file (or copies the link); erasing it on the owner's device
+    (after a confirm) takes the result off the booth display within 1 s of
+    the DELETE's answer, the link then answers 410 with a page, and the
+    session view says erased."""
+    term = guest_experience(env, "keepsake", "Keepsake booth", gallery="public")
+    display = open_terminal(env, term)
+    phone = env.phone()
+    phone.goto(f"/p/keepsake?terminal={term['terminal_id']}")
+    participant_submit(phone, "sharer", "a paper boat on a pond")
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    expect(display.locator("#latest-nickname")).to_have_text("sharer", timeout=RESULT_WAIT)
+
+    # The phone: the result link, absolute, and its QR code.
+    mine = phone_session(phone, "keepsake")
+    session_id, token = mine["id"], mine["token"]
+    view = env.server.ok("GET", f"/api/sessions/{session_id}", token=token)
+    assert re.fullmatch(r"/r/[0-9a-f]{32}", view.get("share_url") or ""), view
+    assert view["erased"] is False and view["in_gallery"] is True, view
+    share_path = view["share_url"]
+    share_id = share_path.rsplit("/", 1)[1]
+    link = env.base + share_path
+    box = phone.locator("#share-box")
+    expect(box).to_be_visible()
+    expect(box.locator("h3")).to_have_text(EN["p.shareTitle"])
+    expect(phone.locator("#share-link")).to_have_text(link)
+    expect(phone.locator("#share-link")).to_have_attribute("href", link)
+    qr = phone.locator("#share-qr")
+    expect(qr).to_have_attribute("src", f"{share_path}/qr.svg")
+    wait_for("the link's QR code to load", lambda: qr.evaluate("i => i.complete && i.naturalWidth > 0"), 10)
+    expect(phone.locator("#erase")).to_have_text(EN["p.erase"])
+    assert_fits(phone, "the result link on the phone at 360 px")
+    shot(phone, "participant-share")
+    assert display.locator(f"#latest[data-session-id='{session_id}']").count() == 1
+
+    # Another device: the link shows the title and the full picture.
+    shared = env.server.ok("GET", f"/api/share/{share_id}")
+    assert shared["session_id"] == session_id and shared["experience"] == "keepsake", shared
+    assert shared["download_url"] == f"{share_path}/download", shared
+    full = next(c for c in shared["content"] if c["type"] == "image")
+    friend = env.page(**PHONE, permissions=["clipboard-read", "clipboard-write"])
+    friend.add_init_script(NO_SHARE_SHEET)
+    friend.goto(share_path)
+    expect(friend.locator("#view-result")).to_be_visible()
+    expect(friend.locator("#title")).to_have_text("Keepsake booth")
+    assert friend.title() == "Keepsake booth", friend.title()
+    expect(friend.locator("#byline")).to_have_text(EN["r.by"].format(nickname="sharer"))
+    img = friend.locator("#result-content img")
+    expect(img).to_have_count(1)
+    assert img.get_attribute("src") == full["url"], (img.get_attribute("src"), full)
+    wait_for("the picture to load on the other device", lambda: images_loaded(friend, "#result-content img"), 10)
+    wait_for("the link's QR code to load there", lambda: images_loaded(friend, "#qr"), 10)
+    expect(friend.locator("#qr")).to_have_attribute("src", f"/r/{share_id}/qr.svg")
+    expect(friend.locator("#owner")).to_be_hidden()  # only the owner's device can erase
+    assert_fits(friend, "the result page at 360 px")
+    shot(friend, "result")
+
+    # Download: byte for byte the object stagehand kept.
+    expect(friend.locator("#download")).to_have_text(EN["r.download"])
+    with friend.expect_download() as dl:
+        friend.click("#download")
+    saved = pathlib.Path(dl.value.path()).read_bytes()
+    kept = fetch_bytes(env, full["url"])
+    assert saved == kept, f"the download ({len(saved)} B) differs from the kept object ({len(kept)} B)"
+    print(f"     download: {dl.value.suggested_filename}, {len(saved)} B")
+
+    # Share without a share sheet: the link is copied, and said so.
+    friend.click("#share")
+    note = friend.locator("#share-note")
+    expect(note).to_be_visible()
+    expect(note).to_have_text(re.compile("^(" + re.escape(EN["r.copied"].format(url=link)) + "|"
+                                         + re.escape(EN["r.copyThis"].format(url=link)) + ")$"))
+    # With a share sheet that takes files: the picture itself goes.
+    sheet = env.page(**PHONE)
+    sheet.add_init_script(SHARE_SHEET)
+    sheet.goto(share_path)
+    expect(sheet.locator("#view-result")).to_be_visible()
+    sheet.click("#share")
+    given = wait_for("the share sheet", lambda: sheet.evaluate("() => window.__shared"), 10)
+    assert len(given) == 1 and len(given[0]["files"]) == 1, given
+    assert given[0]["files"][0]["size"] == len(kept), (given, len(kept))
+    expect(sheet.locator("#share-note")).to_be_hidden()
+
+    # The owner's device opens its link: it may erase (after a confirm).
+    owner = env.watch(phone.context.new_page())
+    owner.goto(share_path)
+    expect(owner.locator("#owner")).to_be_visible()
+    expect(owner.locator("#erase")).to_have_text(EN["r.erase"])
+    dialogs = []
+
+    def confirm(d):
+        dialogs.append((d.type, d.message))
+        d.accept()
+    owner.once("dialog", confirm)
+    with owner.expect_response(lambda r: r.request.method == "DELETE"
+                               and r.url.endswith(f"/api/sessions/{session_id}")) as answer:
+        owner.click("#erase")
+    answered = time.monotonic()
+    assert answer.value.status == 200, f"DELETE /api/sessions/{session_id} -> {answer.value.status} {answer.value.text()}"
+    # The display drops it within 1 s of the answer.
+    display.wait_for_function(GONE_FROM_DISPLAY, arg=[session_id, "sharer"], timeout=1 * SECOND)
+    took = time.monotonic() - answered
+    print(f"     the display dropped the result {took * 1000:.0f} ms after the DELETE's answer")
+    assert took <= 1.0, took
+    body = answer.value.json()
+    assert body.get("session_id") == session_id and body.get("erased") is True, body
+    assert dialogs == [("confirm", EN["r.eraseConfirm"])], dialogs
+    expect(owner.locator("#view-erased")).to_be_visible()
+    expect(display.locator("#empty")).to_be_visible()
+    shot(owner, "result-erased")
+
+    # The link now answers 410 with a page; its API says gone.
+    req = urllib.request.Request(link, headers={"Accept": "text/html"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            raise AssertionError(f"{share_path} still answers {r.status}")
+    except urllib.error.HTTPError as e:
+        assert e.code == 410, e.code
+        assert (e.headers.get("Content-Type") or "").startswith("text/html"), dict(e.headers)
+        assert "<html" in e.read().decode(errors="replace").lower()
+    again = friend.goto(share_path)
+    assert again.status == 410, again.status
+    assert friend.locator("body").inner_text().strip(), "the 410 page is empty"
+    status, gone, _ = env.server.api("GET", f"/api/share/{share_id}")
+    assert status == 410 and gone.get("error") == "gone", (status, gone)
+    # The session view says erased; a second DELETE answers 200 again.
+    view = env.server.ok("GET", f"/api/sessions/{session_id}", token=token)
+    assert view["erased"] is True and view["share_url"] is None, view
+    status, repeated, _ = env.server.api("DELETE", f"/api/sessions/{session_id}", token=token)
+    assert status == 200 and repeated.get("erased") is True, (status, repeated)
+    # The phone page, opened again, says it is deleted.
+    phone.reload()
+    expect(phone.locator("#erased")).to_be_visible(timeout=RESULT_WAIT)
+    expect(phone.locator("#erased")).to_have_text(EN["p.erased"])
+    expect(phone.locator("#share-box")).to_be_hidden()
+    expect(phone.locator("#result-content img")).to_have_count(0)
+
+
+NOTICE = {
+    "en": "Your photo is deleted an hour after your picture is made; the picture is kept for 30 days.",
+    "ko": "사진은 그림이 완성되고 한 시간 뒤 삭제되며, 그림은 30일 동안 보관됩니다.",
+}
+
+
+def test_notice_and_consent(env):
+    """The organiser's notice shows on the phone before the camera button
+    and the prompt, in the page's language; with consent_required the
+    button stays disabled until "I have read this and agree" is ticked, and
+    the submission says "consent": true (the server refuses one without)."""
+    guest_experience(env, "consent", "Consent booth", input="photo+prompt", photo_max_px=512,
+                     notice=NOTICE, consent_required=True)
+    phone = env.phone()
+    bodies = submission_bodies(phone)
+    phone.goto("/p/consent")
+    expect(phone.locator("#view-form")).to_be_visible()
+    notice = phone.locator("#notice")
+    expect(notice).to_be_visible()
+    assert phone.locator("#notice-text").text_content() == NOTICE["en"]
+    # Read before the camera opens and before the prompt: above both, on
+    # the first screen.
+    order = phone.evaluate("""() => ['#photo-take', '#prompt', '#go'].map(s =>
+        Boolean(document.querySelector('#notice').compareDocumentPosition(document.querySelector(s))
+                & Node.DOCUMENT_POSITION_FOLLOWING))""")
+    assert order == [True, True, True], order
+    top = notice.bounding_box()
+    assert top and top["y"] < PHONE["viewport"]["height"] / 2, f"the notice is not on the first screen: {top}"
+    consent = phone.locator("#consent")
+    expect(phone.locator("#consent-field")).to_have_text(EN["p.consent"])
+    expect(consent).not_to_be_checked()
+    expect(phone.locator("#optout-field")).to_be_hidden()  # no gallery here
+    go = phone.locator("#go")
+    expect(go).to_be_disabled()
+    phone.fill("#nickname", "careful")
+    phone.fill("#prompt", "me as an astronaut")
+    phone.locator("#photo-input").set_input_files(str(PHOTO))
+    expect(phone.locator("#photo-img")).to_be_visible()
+    expect(go).to_be_disabled()
+    consent.check()
+    expect(go).to_be_enabled()
+    consent.uncheck()
+    expect(go).to_be_disabled()
+    consent.check()
+    assert_fits(phone, "the notice and the consent at 360 px")
+    shot(phone, "participant-consent")
+    go.click()
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    assert len(bodies) == 1 and bodies[0].get("consent") is True, bodies
+    assert "in_gallery" not in bodies[0], bodies
+
+    # Without the tick the server refuses it (a prompt-only booth, so that
+    # nothing else is missing).
+    guest_experience(env, "consent-words", "Consent words", notice=NOTICE["en"], consent_required=True)
+    s = env.server.ok("POST", "/api/experiences/consent-words/sessions", {"nickname": "hasty"}, key=str(uuid.uuid4()))
+    path = f"/api/sessions/{s['session_id']}/submission"
+    status, refused, _ = env.server.api("POST", path, {"prompt": "no consent"}, token=s["participant_token"],
+                                        key=str(uuid.uuid4()))
+    assert status == 422 and refused.get("error") == "validation_failed", (status, refused)
+    env.server.ok("POST", path, {"prompt": "with consent", "consent": True}, token=s["participant_token"],
+                  key=str(uuid.uuid4()))
+
+    # In Korean, the Korean notice.
+    ko = env.phone()
+    ko.goto("/p/consent?lang=ko")
+    expect(ko.locator("#notice")).to_be_visible()
+    assert ko.locator("#notice-text").text_content() == NOTICE["ko"]
+    expect(ko.locator("#consent-field")).to_have_text(KO["p.consent"])
+    expect(ko.locator("#go")).to_be_disabled()
+    shot(ko, "participant-consent-ko")
+
+
+def test_gallery_with_a_pin(env):
+    """A PIN gallery asks for its PIN; a wrong one reads as wrong, the right
+    one shows the grid with the completed result (kept for the tab); a
+    guest who ticked "Don't show mine in the gallery" is not in it; a
+    result opens in a lightbox (Esc closes it); a new result comes in at the
+    top by itself, and one an operator hides leaves."""
+    term = guest_experience(env, "party", "Party wall", gallery="pin", gallery_pin="2468")
+    shown_id, shown_token = env.server.submit_as("party", "shown-guest", "a disco ball made of fruit",
+                                                 terminal_id=term["terminal_id"])
+    shy = env.phone()
+    bodies = submission_bodies(shy)
+    shy.goto(f"/p/party?terminal={term['terminal_id']}")
+    expect(shy.locator("#view-form")).to_be_visible()
+    optout = shy.locator("#optout-field")
+    expect(optout).to_be_visible()
+    expect(optout).to_have_text(EN["p.galleryOptOut"])
+    shy.locator("#optout").check()
+    participant_submit(shy, "shy-guest", "a quiet corner of the party")
+    expect(shy.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    assert len(bodies) == 1 and bodies[0].get("in_gallery") is False, bodies
+    shy_id = phone_session(shy, "party")["id"]
+    wait_completed(env, shown_id, shown_token)
+    assert env.server.ok("GET", f"/api/sessions/{shy_id}", token=phone_session(shy, "party")["token"])["in_gallery"] is False
+
+    status, body, _ = env.server.api("GET", "/api/experiences/party/gallery?limit=24")
+    assert status == 401 and body.get("error") == "gallery_pin_required", (status, body)
+
+    page = env.phone()
+    page.goto("/g/party")
+    expect(page.locator("#title")).to_have_text("Party wall")
+    expect(page.locator("#view-pin")).to_be_visible()
+    expect(page.locator("#pin-error")).to_be_hidden()
+    page.fill("#pin", "1111")
+    page.click("#pin-go")
+    expect(page.locator("#pin-error")).to_have_text(EN["g.pinWrong"])
+    expect(page.locator("#view-grid")).to_be_hidden()
+    assert_fits(page, "the gallery's PIN form at 360 px")
+    shot(page, "gallery-pin")
+    sent = []
+    page.on("request", lambda r: sent.append(r.headers.get("x-gallery-pin")) if "/gallery?" in r.url else None)
+    page.fill("#pin", "2468")
+    page.click("#pin-go")
+    grid = page.locator("#grid")
+    expect(page.locator("#view-grid")).to_be_visible()
+    expect(grid.locator("li.g-item")).to_have_count(1)
+    tile = grid.locator(f"li.g-item[data-session-id='{shown_id}']")
+    expect(tile.locator(".g-name")).to_have_text("shown-guest")
+    wait_for("the thumbnail to load", lambda: images_loaded(page, "#grid img"), 10)
+    assert "shy-guest" not in grid.inner_text()
+    assert sent and all(p == "2468" for p in sent), sent
+    assert_fits(page, "the gallery at 360 px")
+    shot(page, "gallery")
+
+    # The lightbox: the full picture and the nickname; Esc closes it.
+    tile.locator("button.g-open").click()
+    box = page.locator("#lightbox")
+    expect(box).to_be_visible()
+    expect(page.locator("#lightbox-name")).to_have_text("shown-guest")
+    wait_for("the full picture to load", lambda: images_loaded(page, "#lightbox-content img"), 10)
+    page.keyboard.press("Escape")
+    expect(box).to_be_hidden()
+
+    # The PIN is kept for this tab: a reload shows the grid at once.
+    page.reload()
+    expect(grid.locator("li.g-item")).to_have_count(1)
+    expect(page.locator("#view-pin")).to_be_hidden()
+
+    # Live: a new result comes in at the top; one an operator hides leaves.
+    late_id, late_token = env.server.submit_as("party", "late-guest", "the last dance",
+                                               terminal_id=term["terminal_id"])
+    wait_completed(env, late_id, late_token)
+    expect(grid.locator("li.g-item")).to_have_count(2, timeout=12 * SECOND)
+    expect(grid.locator("li.g-item").first).to_have_attribute("data-session-id", late_id)
+    hidden = env.server.operator("POST", f"/api/admin/sessions/{shown_id}/hide", {})
+    assert hidden.get("hidden") is True, hidden
+    expect(tile).to_have_count(0, timeout=12 * SECOND)
+    expect(grid.locator("li.g-item")).to_have_count(1)
+
+
+def test_gallery_pages_and_more(env):
+    """A public gallery needs no PIN: 24 results first, newest first, then
+    More loads the older ones (the server's cursor, no result twice); an
+    experience without a gallery says so."""
+    guest_experience(env, "wall", "Public wall", gallery="public", max_in_flight=30)
+    sessions = [env.server.submit_as("wall", f"wall-{i:02d}", f"picture number {i}") for i in range(26)]
+    for sid, token in sessions:
+        wait_completed(env, sid, token)
+    page = env.phone()
+    page.goto("/g/wall")
+    grid = page.locator("#grid li.g-item")
+    expect(page.locator("#view-grid")).to_be_visible()
+    expect(page.locator("#view-pin")).to_be_hidden()
+    expect(grid).to_have_count(24)
+    more = page.locator("#more")
+    expect(more).to_have_text(EN["g.more"])
+    more.click()
+    expect(grid).to_have_count(26)
+    expect(more).to_be_hidden()
+    ids = grid.evaluate_all("lis => lis.map(li => li.dataset.sessionId)")
+    assert sorted(ids) == sorted(sid for sid, _ in sessions), ids
+    assert len(set(ids)) == 26, ids
+    first = env.server.ok("GET", "/api/experiences/wall/gallery?limit=24")
+    assert [i["session_id"] for i in first["items"]] == ids[:24], "the page keeps the server's order"
+    assert_fits(page, "a full gallery at 360 px")
+
+    none = env.phone()
+    none.goto("/g/comics")
+    expect(none.locator("#view-missing")).to_be_visible()
+    expect(none.locator("#view-missing")).to_have_text(EN["g.none"])
+    status, body, _ = env.server.api("GET", "/api/experiences/comics/gallery?limit=24")
+    assert status == 404 and body.get("error") == "not_found", (status, body)
+
+
+def test_display_shows_the_result_link_qr(env):
+    """With display_share_qr "5s", the booth display shows the QR code of a
+    new result's link with "Scan to keep your picture" for about 5 s, then
+    hides it; a result erased while its QR code shows takes it away at
+    once."""
+    term = guest_experience(env, "qrbooth", "QR booth", display_share_qr="5s")
+    assert env.server.ok("GET", "/api/experiences/qrbooth")["display_share_qr"] == "5s"
+    display = open_terminal(env, term)
+    card = display.locator("#share")
+    expect(card).to_be_hidden()
+    sid, token = env.server.submit_as("qrbooth", "scanner", "a treasure map", terminal_id=term["terminal_id"])
+    expect(display.locator("#latest-nickname")).to_have_text("scanner", timeout=RESULT_WAIT)
+    expect(card).to_be_visible()
+    seen = time.monotonic()
+    view = env.server.ok("GET", f"/api/sessions/{sid}", token=token)
+    expect(display.locator("#share-qr")).to_have_attribute("src", f"{view['share_url']}/qr.svg")
+    expect(card.locator("figcaption")).to_have_text(EN["t.shareScan"])
+    wait_for("the QR code to load", lambda: images_loaded(display, "#share-qr"), 10)
+    size = display.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+    assert size == [1920, 1080], f"the QR code keeps the display on one screen: {size}"
+    shot(display, "terminal-share-qr")
+    expect(card).to_be_hidden(timeout=10 * SECOND)
+    shown_for = time.monotonic() - seen
+    assert 3.5 <= shown_for <= 7.5, f"the QR code showed {shown_for:.1f} s, not about 5 s"
+
+    # Erased while its QR code shows: it goes at once.
+    sid2, token2 = env.server.submit_as("qrbooth", "quick-eraser", "a paper plane",
+                                        terminal_id=term["terminal_id"])
+    expect(display.locator("#latest-nickname")).to_have_text("quick-eraser", timeout=RESULT_WAIT)
+    expect(card).to_have_attribute("data-session-id", sid2)
+    status, body, _ = env.server.api("DELETE", f"/api/sessions/{sid2}", token=token2)
+    assert status == 200, (status, body)
+    answered = time.monotonic()
+    display.wait_for_function(GONE_FROM_DISPLAY, arg=[sid2, "quick-eraser"], timeout=1 * SECOND)
+    assert time.monotonic() - answered <= 1.0
+    expect(card).to_be_hidden()
+    # The earlier result is the one shown again.
+    expect(display.locator("#latest-nickname")).to_have_text("scanner")
+
+
+def test_ops_guests_data(env):
+    """/ops shows what each experience holds, exports a ZIP of its results
+    (fetched with the token), finds a guest by nickname, hides and unhides
+    their result (the gallery) and erases their data after a confirm."""
+    import io
+    import zipfile
+    guest_experience(env, "keeper", "Keeper booth", gallery="public")
+    sid, token = env.server.submit_as("keeper", "findme", "a lantern festival")
+    wait_completed(env, sid, token)
+    ops = ops_page(env)
+    item = ops.locator("#experience-list li[data-slug=keeper]")
+    held = item.locator(".held")
+    expect(held).to_contain_text(re.compile(r"Held: \d+ photos \(.+\), 1 results"))
+    expect(held).to_contain_text(re.compile(r"\d+ forgotten"))
+
+    with ops.expect_download() as dl:
+        item.locator("button.export").click()
+    assert dl.value.suggested_filename == "keeper-export.zip", dl.value.suggested_filename
+    data = pathlib.Path(dl.value.path()).read_bytes()
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    assert "results.csv" in names and len(names) >= 2, names
+    expect(item.locator(".export-result")).to_contain_text("keeper-export.zip")
+
+    ops.fill("#g-nickname", "findme")
+    ops.locator("#g-experience").select_option("keeper")
+    ops.click("#guest-find")
+    row = ops.locator(f"#guests tbody tr[data-session-id='{sid}']")
+    expect(row).to_be_visible()
+    expect(row.locator("td.nickname")).to_have_text("findme")
+    row.locator("button.action-hide").click()
+    expect(ops.locator("#flash")).to_have_text(EN["ops.done.hide"].format(name="findme"))
+    expect(row).to_have_attribute("data-hidden", "true")
+    row.locator("button.action-unhide").click()
+    expect(row).to_have_attribute("data-hidden", "false")
+    shot(ops, "ops-guests", full_page=True)
+    ops.once("dialog", lambda d: d.accept())
+    row.locator("button.action-erase").click()
+    expect(ops.locator("#flash")).to_have_text(EN["ops.done.erase"].format(name="findme"))
+    expect(row).to_have_count(0)
+    assert env.server.ok("GET", f"/api/sessions/{sid}", token=token)["erased"] is True
+    expect(held).to_contain_text(re.compile(r"\b1 forgotten"), timeout=10 * SECOND)
+
+
 def test_no_page_errors(env):
     """No page threw an uncaught JavaScript error in any of the tests."""
     assert not env.console_errors, "\n".join(env.console_errors)
@@ -1693,6 +2172,12 @@ TESTS = [
     test_photo_reload_does_not_upload_twice,
     test_photo_busy_is_retried_with_the_same_key,
     test_photo_refusal_keeps_the_prompt,
+    test_share_and_erase,
+    test_notice_and_consent,
+    test_gallery_with_a_pin,
+    test_gallery_pages_and_more,
+    test_display_shows_the_result_link_qr,
+    test_ops_guests_data,
     test_docs_screenshots,
     test_no_page_errors,
 ]
