@@ -319,7 +319,9 @@
         SH.el("li", { dataset: { sagaId: r.saga_id } },
           SH.el("span", { class: "muted time", text: SH.fmtTime(r.updated_at) }),
           SH.el("span", { class: "who", text: `${r.nickname || "?"} · ${r.experience || ""}` }),
-          SH.el("span", { class: `step-badge step-${r.step}`, text: r.abort_reason ? SH.t(`reason.${r.abort_reason}`) : SH.t(`step.${r.step}`) }))));
+          r.forgotten
+            ? SH.el("span", { class: "step-badge step-forgotten", text: SH.t(`forgotten.${r.forgotten}`) })
+            : SH.el("span", { class: `step-badge step-${r.step}`, text: r.abort_reason ? SH.t(`reason.${r.abort_reason}`) : SH.t(`step.${r.step}`) }))));
   }
 
   function qrUrl(t) {

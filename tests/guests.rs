@@ -236,9 +236,11 @@ async fn a_result_link_lives_until_its_guest_erases_it(backend: Backend) {
         )
         .await;
     assert_eq!(resp.status(), 409);
-    // The statistics still count its saga.
+    // The statistics still count its saga; the activity says why it is
+    // blank.
     let saga = app.saga_of(&sid).await;
     assert_eq!(saga["step"], "COMPLETED");
+    assert_eq!(saga["forgotten"], "participant", "{saga}");
     app.stop().await;
 }
 db_test!(a_result_link_lives_until_its_guest_erases_it);
@@ -827,3 +829,136 @@ async fn the_export_holds_every_kept_file_and_the_csv_names_them(backend: Backen
     app.stop().await;
 }
 db_test!(the_export_holds_every_kept_file_and_the_csv_names_them);
+
+/// Retention on PostgreSQL with two instances sharing the S3 server, both
+/// running the purge (every 200 ms): every object of the expired sessions
+/// goes from the bucket (listed), their fields are blank, their sagas are
+/// still counted, and the session still running keeps its photo and its
+/// nickname.
+#[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
+async fn two_instances_purge_the_bucket_and_leave_a_running_session_alone() {
+    const N: usize = 6;
+    support::S3Server::credentials_in_env();
+    let s3 = support::S3Server::start("guests").await;
+    let url = s3.media_url("guests");
+    let url_b = url.clone();
+    let app = TestApp::spawn_with(Backend::Postgres, support::fast_sim(), move |c| {
+        c.media_url = Some(url);
+        c.cleanup_interval = Duration::from_millis(200);
+    })
+    .await;
+    let b = support::Instance::start(&app.db, &app.sim.url(), move |c| {
+        c.media_url = Some(url_b);
+        c.cleanup_interval = Duration::from_millis(200);
+    })
+    .await;
+    let slug = experience_with(
+        &app,
+        json!({"input": "photo", "photo_retention": "1s", "retention": "3s"}),
+    )
+    .await;
+    let bucket = || -> BTreeSet<String> {
+        files_under(&s3.root.path().join("guests"))
+            .into_iter()
+            .filter(|k| !k.contains(".s3s"))
+            .collect()
+    };
+    let photo_session = |base: String, nickname: &'static str| {
+        let http = app.http.clone();
+        let slug = slug.clone();
+        async move {
+            let (sid, token) = support::create_session(&http, &base, &slug, None, nickname).await;
+            let resp = http
+                .post(format!("{base}/api/sessions/{sid}/photo"))
+                .bearer_auth(&token)
+                .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+                .header("content-type", "image/png")
+                .body(PHOTO.to_vec())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 201);
+            let photo: Value = resp.json().await.unwrap();
+            let resp = support::submit(
+                &http,
+                &base,
+                &sid,
+                &token,
+                json!({"photo_id": photo["photo_id"]}),
+                &uuid::Uuid::new_v4().to_string(),
+            )
+            .await;
+            assert_eq!(resp.status(), 202);
+            (sid, token)
+        }
+    };
+    let mut done = Vec::new();
+    for i in 0..N {
+        let base = if i % 2 == 0 {
+            app.base.clone()
+        } else {
+            b.base.clone()
+        };
+        done.push(photo_session(base, "guest").await);
+    }
+    let finals = support::wait_all_final(&app.http, &app.base, &done, WITHIN)
+        .await
+        .expect("all final");
+    assert!(
+        finals.iter().all(|f| f["status"] == "COMPLETED"),
+        "{finals:?}"
+    );
+    app.sim.control.set_latency(Duration::from_secs(3600));
+    let (running_sid, running_token) = photo_session(b.base.clone(), "still-here").await;
+    support::wait_for(WITHIN, || async {
+        (app.status(&running_sid, &running_token).await["step"] == "AI_PENDING").then_some(())
+    })
+    .await
+    .expect("running");
+    let running_photo: BTreeSet<String> = {
+        let store = &app.state.store;
+        let saga = store
+            .latest_saga_of_session(&running_sid)
+            .await
+            .unwrap()
+            .unwrap();
+        let photo = store
+            .photo(saga.photo_id.as_deref().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        [photo.object_key].into()
+    };
+    let held_path = format!("/api/admin/experiences/{slug}/held");
+    let purged = support::wait_for(WITHIN, || async {
+        let held = app.operator_get(&held_path).await.1;
+        (held["forgotten"] == N && bucket() == running_photo).then_some(held)
+    })
+    .await;
+    assert!(
+        purged.is_some(),
+        "the bucket still holds {:?} (the running photo is {running_photo:?}): {}",
+        bucket(),
+        app.operator_get(&held_path).await.1
+    );
+    for ((sid, token), before) in done.iter().zip(&finals) {
+        let view = app.status(sid, token).await;
+        assert_eq!(
+            (&view["nickname"], &view["erased"]),
+            (&json!(""), &json!(true)),
+            "{view}"
+        );
+        let share = before["share_url"].as_str().unwrap();
+        assert_eq!(get(&app, share).await.status(), 410);
+        assert_eq!(app.saga_of(sid).await["step"], "COMPLETED", "still counted");
+    }
+    let running = app.status(&running_sid, &running_token).await;
+    assert_eq!(
+        (&running["nickname"], &running["step"]),
+        (&json!("still-here"), &json!("AI_PENDING")),
+        "{running}"
+    );
+    b.stop().await;
+    app.stop().await;
+}

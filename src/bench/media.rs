@@ -36,6 +36,8 @@ pub struct MediaCounts {
     pub prompts: usize,
     /// Photo results whose display bytes are summed.
     pub results: usize,
+    /// Results in the export measured (`bench::export`).
+    pub export_results: usize,
 }
 
 impl MediaCounts {
@@ -46,6 +48,7 @@ impl MediaCounts {
         burst: 50,
         prompts: 400,
         results: 40,
+        export_results: 10_000,
     };
     /// A tenth, to see that every figure works (`--media-quick`).
     pub const QUICK: MediaCounts = MediaCounts {
@@ -54,6 +57,7 @@ impl MediaCounts {
         burst: 6,
         prompts: 40,
         results: 4,
+        export_results: 500,
     };
 }
 
@@ -75,6 +79,8 @@ pub struct MediaFigures {
     pub full_bytes_per_1000: u64,
     pub p99_alone_ms: f64,
     pub p99_burst_ms: f64,
+    /// The export's figures (measured on a server of its own).
+    pub export: Option<super::export::ExportFigures>,
 }
 
 /// Runs the measurement; Err says what failed.

@@ -8,6 +8,7 @@
 
 pub mod claim;
 pub mod cpu;
+pub mod export;
 pub mod load;
 pub mod media;
 pub mod pgbench;
@@ -112,7 +113,8 @@ pub struct BenchArgs {
     pub instances: usize,
     /// Skip the media figures (photo uploads of 1.5 and 12 MP: CPU, rate,
     /// peak memory; the keep stage; a display's bytes; the 202's p99
-    /// during an upload burst).
+    /// during an upload burst; the export of 10,000 results and its peak
+    /// memory).
     #[arg(long)]
     pub no_media: bool,
     /// The media figures on a tenth of the photos (to check they run, not
@@ -137,7 +139,17 @@ async fn media_figures(
     } else {
         media::MediaCounts::FULL
     };
-    let m = media::run(builds, dir, server_args, counts).await;
+    let mut m = media::run(builds, dir, server_args, counts).await;
+    if let Ok(figures) = &mut m {
+        eprintln!(
+            "bench: the export (SQLite, {} results) running",
+            counts.export_results
+        );
+        match export::run(builds, dir, server_args, counts.export_results).await {
+            Ok(export) => figures.export = Some(export),
+            Err(e) => m = Err(format!("the export: {e}")),
+        }
+    }
     if let Err(e) = &m {
         eprintln!("bench: media FAILED: {e}");
     }

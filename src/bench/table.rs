@@ -641,7 +641,7 @@ pub(super) fn millis(x: f64) -> String {
 /// The media figures, one line each.
 pub fn media(m: &super::media::MediaFigures) -> Vec<String> {
     let mib = |kib: u64| kib as f64 / 1024.0;
-    vec![
+    let mut lines = vec![
         format!("Media (SQLite, {} photo workers; each figure is the server's):", m.photo_workers),
         format!("  CPU per upload, 1.5 MP / 12 MP JPEG (ms)      {:>8.1} / {:.1}", m.cpu_ms_small, m.cpu_ms_large),
         format!("  1.5 MP uploads per second (4 at a time)       {:>8.1}", m.small_per_s),
@@ -664,7 +664,24 @@ pub fn media(m: &super::media::MediaFigures) -> Vec<String> {
             m.p99_burst_ms,
             m.p99_burst_ms / m.p99_alone_ms
         ),
-    ]
+    ];
+    if let Some(e) = &m.export {
+        lines.push(format!(
+            "  export of {} results: {:.1} MB in {:.1} s; VmRSS at its start -> peak (MiB):",
+            e.results,
+            e.zip_bytes as f64 / 1e6,
+            e.seconds
+        ));
+        for (n, start, peak) in &e.runs {
+            lines.push(format!(
+                "    {n:>6} results                                {:>8.1} -> {:.1} (+{:.1})",
+                mib(*start),
+                mib(*peak),
+                mib(peak.saturating_sub(*start))
+            ));
+        }
+    }
+    lines
 }
 
 #[cfg(test)]

@@ -318,9 +318,11 @@ impl Store {
             };
         };
         let experience_id: String = row.try_get_by_index(0)?;
+        // The saga moves to the top of the operators' recent activity,
+        // marked forgotten (its row stays for the statistics).
         tx.execute_raw(self.sql(
-            "UPDATE sagas SET prompt = '' WHERE session_id = $1",
-            vec![session_id.into()],
+            "UPDATE sagas SET prompt = '', updated_at_ms = $2 WHERE session_id = $1",
+            vec![session_id.into(), now.into()],
         ))
         .await?;
         let ranking = if by.is_erasure() {

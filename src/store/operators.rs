@@ -75,6 +75,10 @@ pub struct SagaView {
     )]
     #[schema(value_type = String, format = DateTime)]
     pub updated_at_ms: EpochMs,
+    /// Who forgot its session's data: `retention`, `participant` or
+    /// `operator` (the saga row stays for the statistics); null while kept.
+    #[schema(required = true, example = "participant")]
+    pub forgotten: Option<String>,
 }
 
 /// Everything the operators' `stats` frame counts.
@@ -202,7 +206,8 @@ pub struct Retried {
 /// The columns of [`SagaView`], in the order [`saga_view_of`] reads them.
 const SAGA_VIEW_COLUMNS: &str = "s.id, s.session_id, e.slug, se.nickname, s.step, \
      s.abort_reason, s.abort_detail, s.attempts, s.recoveries, s.lock_token, \
-     s.locked_until_ms, s.deadline_at_ms, s.created_at_ms, s.updated_at_ms, s.handed_over";
+     s.locked_until_ms, s.deadline_at_ms, s.created_at_ms, s.updated_at_ms, s.handed_over, \
+     se.forgotten_by";
 const SAGA_VIEW_FROM: &str = "FROM sagas s JOIN experiences e ON e.id = s.experience_id \
      JOIN sessions se ON se.id = s.session_id";
 
@@ -238,6 +243,7 @@ fn saga_view_of(row: &QueryResult, now: EpochMs) -> StoreResult<SagaView> {
         recoveries: row.try_get_by_index(8)?,
         created_at_ms: row.try_get_by_index(12)?,
         updated_at_ms: row.try_get_by_index(13)?,
+        forgotten: row.try_get_by_index(15)?,
     })
 }
 
