@@ -52,6 +52,39 @@ async fn submitted(
     (sid, token)
 }
 
+/// A session of `nickname` at `base` that uploads the test photo and
+/// submits it.
+async fn photo_submitted(
+    http: &reqwest::Client,
+    base: &str,
+    slug: &str,
+    nickname: &str,
+) -> (String, String) {
+    let (sid, token) = support::create_session(http, base, slug, None, nickname).await;
+    let resp = http
+        .post(format!("{base}/api/sessions/{sid}/photo"))
+        .bearer_auth(&token)
+        .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+        .header("content-type", "image/png")
+        .body(PHOTO.to_vec())
+        .send()
+        .await
+        .expect("POST photo");
+    assert_eq!(resp.status(), 201);
+    let photo: Value = resp.json().await.unwrap();
+    let resp = support::submit(
+        http,
+        base,
+        &sid,
+        &token,
+        json!({"photo_id": photo["photo_id"]}),
+        &uuid::Uuid::new_v4().to_string(),
+    )
+    .await;
+    assert_eq!(resp.status(), 202);
+    (sid, token)
+}
+
 /// The same, run to its end: (session id, token, its final view).
 async fn completed(
     app: &TestApp,
@@ -599,34 +632,7 @@ async fn retention_forgets_on_time_and_never_a_running_session(backend: Backend)
         json!({"input": "photo", "photo_retention": "2s", "retention": "5s"}),
     )
     .await;
-    let with_photo = |sid: String, token: String| {
-        let app = &app;
-        async move {
-            let resp = app
-                .http
-                .post(format!("{}/api/sessions/{sid}/photo", app.base))
-                .bearer_auth(&token)
-                .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
-                .header("content-type", "image/png")
-                .body(PHOTO.to_vec())
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 201);
-            let body: Value = resp.json().await.unwrap();
-            let resp = app
-                .submit(
-                    &sid,
-                    &token,
-                    json!({"photo_id": body["photo_id"]}),
-                    &uuid::Uuid::new_v4().to_string(),
-                )
-                .await;
-            assert_eq!(resp.status(), 202);
-        }
-    };
-    let (done_sid, done_token) = app.session(&slug, None, "ana").await;
-    with_photo(done_sid.clone(), done_token.clone()).await;
+    let (done_sid, done_token) = photo_submitted(&app.http, &app.base, &slug, "ana").await;
     let done = app.wait_final(&done_sid, &done_token, WITHIN).await;
     assert_eq!(done["status"], "COMPLETED", "{done}");
     let share_url = done["share_url"].as_str().unwrap().to_owned();
@@ -639,8 +645,7 @@ async fn retention_forgets_on_time_and_never_a_running_session(backend: Backend)
 
     // A second guest's job runs long.
     app.sim.control.set_latency(Duration::from_secs(3600));
-    let (running_sid, running_token) = app.session(&slug, None, "bo").await;
-    with_photo(running_sid.clone(), running_token.clone()).await;
+    let (running_sid, running_token) = photo_submitted(&app.http, &app.base, &slug, "bo").await;
     support::wait_for(WITHIN, || async {
         (app.status(&running_sid, &running_token).await["step"] == "AI_PENDING").then_some(())
     })
@@ -864,35 +869,6 @@ async fn two_instances_purge_the_bucket_and_leave_a_running_session_alone() {
             .filter(|k| !k.contains(".s3s"))
             .collect()
     };
-    let photo_session = |base: String, nickname: &'static str| {
-        let http = app.http.clone();
-        let slug = slug.clone();
-        async move {
-            let (sid, token) = support::create_session(&http, &base, &slug, None, nickname).await;
-            let resp = http
-                .post(format!("{base}/api/sessions/{sid}/photo"))
-                .bearer_auth(&token)
-                .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
-                .header("content-type", "image/png")
-                .body(PHOTO.to_vec())
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 201);
-            let photo: Value = resp.json().await.unwrap();
-            let resp = support::submit(
-                &http,
-                &base,
-                &sid,
-                &token,
-                json!({"photo_id": photo["photo_id"]}),
-                &uuid::Uuid::new_v4().to_string(),
-            )
-            .await;
-            assert_eq!(resp.status(), 202);
-            (sid, token)
-        }
-    };
     let mut done = Vec::new();
     for i in 0..N {
         let base = if i % 2 == 0 {
@@ -900,7 +876,7 @@ async fn two_instances_purge_the_bucket_and_leave_a_running_session_alone() {
         } else {
             b.base.clone()
         };
-        done.push(photo_session(base, "guest").await);
+        done.push(photo_submitted(&app.http, &base, &slug, "guest").await);
     }
     let finals = support::wait_all_final(&app.http, &app.base, &done, WITHIN)
         .await
@@ -910,7 +886,8 @@ async fn two_instances_purge_the_bucket_and_leave_a_running_session_alone() {
         "{finals:?}"
     );
     app.sim.control.set_latency(Duration::from_secs(3600));
-    let (running_sid, running_token) = photo_session(b.base.clone(), "still-here").await;
+    let (running_sid, running_token) =
+        photo_submitted(&app.http, &b.base, &slug, "still-here").await;
     support::wait_for(WITHIN, || async {
         (app.status(&running_sid, &running_token).await["step"] == "AI_PENDING").then_some(())
     })

@@ -40,20 +40,7 @@ pub(super) async fn run(
     server_args: &[String],
     results: usize,
 ) -> Result<ExportFigures, String> {
-    let logs = super::logs_dir(dir);
-    let db_dir = dir.join("db-export");
-    std::fs::create_dir_all(&db_dir).map_err(|e| format!("create {}: {e}", db_dir.display()))?;
-    let database_url = format!("sqlite://{}/bench.db?mode=rwc", db_dir.display());
-    let stack = load::start_stack(
-        builds,
-        &database_url,
-        &load::instant_ai(),
-        server_args,
-        &logs.join("export-sim.log"),
-        &logs.join("export-server.log"),
-        64,
-    )
-    .await?;
+    let stack = super::media::sqlite_stack(builds, dir, server_args, "export").await?;
     let small_results = (results / 10).max(1);
     eprintln!("  export: making {small_results} + {results} results");
     let small = booth_with_results(&stack, small_results).await?;

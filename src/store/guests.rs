@@ -60,6 +60,15 @@ pub struct ResultCursor {
     pub session_id: String,
 }
 
+/// Which results a page holds, and in which order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ResultOrder {
+    /// Opted in and not hidden, newest first.
+    GalleryNewestFirst,
+    /// Every one, oldest first.
+    ExportOldestFirst,
+}
+
 /// What [`Store::forget_session`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Forget {
@@ -173,33 +182,13 @@ impl Store {
         limit: u64,
         before: Option<&ResultCursor>,
     ) -> StoreResult<Vec<SharedResult>> {
-        let mut values: Vec<Value> = vec![
-            experience_id.into(),
-            true.into(),
-            false.into(),
-            (limit as i64).into(),
-        ];
-        let after = match before {
-            Some(cursor) => {
-                values.push(cursor.completed_at_ms.into());
-                values.push(cursor.session_id.clone().into());
-                " AND (r.created_at_ms < $5 OR (r.created_at_ms = $5 AND r.session_id < $6))"
-            }
-            None => "",
-        };
-        let rows = self
-            .db()
-            .query_all_raw(self.sql(
-                &format!(
-                    "SELECT {RESULT_FIELDS} FROM results r JOIN sessions s ON s.id = r.session_id \
-                     WHERE s.experience_id = $1 AND s.status = 'COMPLETED' AND s.in_gallery = $2 \
-                     AND s.hidden = $3 AND s.forgotten_at_ms IS NULL{after} \
-                     ORDER BY r.created_at_ms DESC, r.session_id DESC LIMIT $4"
-                ),
-                values,
-            ))
-            .await?;
-        rows.iter().map(result_of).collect()
+        self.results_page(
+            experience_id,
+            limit,
+            before,
+            ResultOrder::GalleryNewestFirst,
+        )
+        .await
     }
 
     /// Up to `limit` results of the experience for its export, oldest
@@ -212,14 +201,39 @@ impl Store {
         limit: u64,
         after: Option<&ResultCursor>,
     ) -> StoreResult<Vec<SharedResult>> {
+        self.results_page(experience_id, limit, after, ResultOrder::ExportOldestFirst)
+            .await
+    }
+
+    /// One keyset page of the experience's completed, not forgotten
+    /// results, in `order`, past `cursor`.
+    async fn results_page(
+        &self,
+        experience_id: &str,
+        limit: u64,
+        cursor: Option<&ResultCursor>,
+        order: ResultOrder,
+    ) -> StoreResult<Vec<SharedResult>> {
         let mut values: Vec<Value> = vec![experience_id.into(), (limit as i64).into()];
-        let after = match after {
+        let (visible, past, direction) = match order {
+            ResultOrder::GalleryNewestFirst => {
+                values.extend([true.into(), false.into()]);
+                (" AND s.in_gallery = $3 AND s.hidden = $4", "<", "DESC")
+            }
+            ResultOrder::ExportOldestFirst => ("", ">", "ASC"),
+        };
+        let past = match cursor {
             Some(cursor) => {
+                let at = values.len() + 1;
                 values.push(cursor.completed_at_ms.into());
                 values.push(cursor.session_id.clone().into());
-                " AND (r.created_at_ms > $3 OR (r.created_at_ms = $3 AND r.session_id > $4))"
+                format!(
+                    " AND (r.created_at_ms {past} ${at} OR (r.created_at_ms = ${at} \
+                     AND r.session_id {past} ${}))",
+                    at + 1
+                )
             }
-            None => "",
+            None => String::new(),
         };
         let rows = self
             .db()
@@ -227,8 +241,8 @@ impl Store {
                 &format!(
                     "SELECT {RESULT_FIELDS} FROM results r JOIN sessions s ON s.id = r.session_id \
                      WHERE s.experience_id = $1 AND s.status = 'COMPLETED' \
-                     AND s.forgotten_at_ms IS NULL{after} \
-                     ORDER BY r.created_at_ms, r.session_id LIMIT $2"
+                     AND s.forgotten_at_ms IS NULL{visible}{past} \
+                     ORDER BY r.created_at_ms {direction}, r.session_id {direction} LIMIT $2"
                 ),
                 values,
             ))
