@@ -61,8 +61,8 @@ fn the_servers_run_from_the_given_binary_and_the_simulator_from_this_one() {
         .collect();
     assert_eq!(
         started,
-        vec!["serve".to_owned(), "serve".to_owned()],
-        "the servers of the socket measurement and of the media figures, and nothing else, run from --server-binary:\n{output}"
+        vec!["serve".to_owned(), "serve".to_owned(), "serve".to_owned()],
+        "the servers of the socket measurement, the media figures and the export, and nothing else, run from --server-binary:\n{output}"
     );
     assert!(
         output.contains(&format!("servers run by: {wrapper_arg}")),

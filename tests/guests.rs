@@ -237,7 +237,23 @@ async fn a_result_link_lives_until_its_guest_erases_it(backend: Backend) {
 
     let gone = get(&app, &share_url).await;
     assert_eq!(gone.status(), 410);
-    assert!(gone.text().await.unwrap().contains("deleted"));
+    assert_eq!(gone.json::<Value>().await.unwrap()["error"], "gone");
+    let page = app
+        .http
+        .get(format!("{}{share_url}", app.base))
+        .header("Accept", "text/html,application/xhtml+xml")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 410);
+    assert!(page.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(
+        page.text().await.unwrap().contains("deleted"),
+        "a plain page for a browser"
+    );
     let gone = get(&app, &format!("/api/share/{share_id}")).await;
     assert_eq!(gone.status(), 410);
     assert_eq!(gone.json::<Value>().await.unwrap()["error"], "gone");

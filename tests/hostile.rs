@@ -510,12 +510,12 @@ fn table(f: &Fixture) -> Vec<Case> {
             .bearer(&f.token)
             .json("{}")
             .expect(405, "method_not_allowed")
-            .allow("GET, HEAD"),
+            .allow("GET, HEAD, DELETE"),
         case("PATCH on a session", M::PATCH, &session)
             .bearer(&f.token)
             .json("{}")
             .expect(405, "method_not_allowed")
-            .allow("GET, HEAD"),
+            .allow("GET, HEAD, DELETE"),
         // Query parameters.
         case("ranking limit=-1", M::GET, format!("{ranking}?limit=-1"))
             .expect(422, "validation_failed"),

@@ -280,6 +280,7 @@ async fn openapi_documents_every_route(backend: Backend) {
             path.replace("{slug}", "nope")
                 .replace("{id}", "nope")
                 .replace("{name}", "nope")
+                .replace("{share_id}", "nope")
         );
         let resp = match method.as_str() {
             "get" => app.http.get(&url),
@@ -288,6 +289,7 @@ async fn openapi_documents_every_route(backend: Backend) {
                 .post(&url)
                 .header("content-type", "application/json")
                 .body("{}"),
+            "delete" => app.http.delete(&url),
             other => panic!("no probe for {other}"),
         }
         .send()

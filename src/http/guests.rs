@@ -60,6 +60,10 @@ impl GalleryPins {
     }
 }
 
+/// Why a link answers 410.
+const ERASED: &str = "this result was deleted at its owner's request";
+const EXPIRED: &str = "this result is no longer kept: the organiser's retention period has ended";
+
 /// A result item as the link, the gallery and the export show it.
 fn result_json(result: &SharedResult) -> serde_json::Value {
     json!({
@@ -81,12 +85,8 @@ async fn live_share(
     }
     match state.store.shared_result(share_id).await? {
         ShareLookup::Live { result, experience } => Ok((result, *experience)),
-        ShareLookup::Gone(by) if by.is_erasure() => Err(ApiError::Gone(
-            "this result was deleted at its owner's request",
-        )),
-        ShareLookup::Gone(_) => Err(ApiError::Gone(
-            "this result is no longer kept: the organiser's retention period has ended",
-        )),
+        ShareLookup::Gone(by) if by.is_erasure() => Err(ApiError::Gone(ERASED)),
+        ShareLookup::Gone(_) => Err(ApiError::Gone(EXPIRED)),
         ShareLookup::Unknown => Err(ApiError::NotFound("result")),
     }
 }
@@ -103,8 +103,9 @@ fn download_key(result: &SharedResult) -> Option<String> {
     })
 }
 
-/// `GET /r/{share_id}`: the result page, or a plain 410 page once the
-/// result is erased or expired.
+/// `GET /r/{share_id}`: the result page, or, once the result is erased or
+/// expired, 410: a plain page for a browser (`Accept: text/html`), the
+/// JSON error otherwise.
 #[utoipa::path(
     get,
     path = "/r/{share_id}",
@@ -114,18 +115,30 @@ fn download_key(result: &SharedResult) -> Option<String> {
     responses(
         (status = 200, description = "The page.", content_type = "text/html", body = String),
         (status = 404, description = "`not_found`: no such result.", body = super::openapi::ErrorBody),
-        (status = 410, description = "A plain page: the result was erased or its retention ended.", content_type = "text/html", body = String),
+        (status = 410, description = "`gone`: the result was erased or its retention ended; a browser gets a plain page saying which.", content(
+            (super::openapi::ErrorBody = "application/json"),
+            (String = "text/html"),
+        )),
     )
 )]
 pub async fn result_page(
     state: web::Data<AppState>,
+    req: HttpRequest,
     share_id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     match live_share(&state, &share_id).await {
         Ok(_) => Ok(super::pages::result_page()),
-        Err(ApiError::Gone(why)) => Ok(super::pages::gone_page(why.contains("owner"))),
+        Err(ApiError::Gone(why)) if wants_html(&req) => Ok(super::pages::gone_page(why == ERASED)),
         Err(e) => Err(e),
     }
+}
+
+/// Whether the client asked for a page (a browser's navigation).
+fn wants_html(req: &HttpRequest) -> bool {
+    req.headers()
+        .get(actix_web::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/html"))
 }
 
 /// `GET /api/share/{share_id}`: what the result page shows.

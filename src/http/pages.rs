@@ -123,6 +123,7 @@ pub async fn ops() -> HttpResponse {
     get,
     path = "/g/{slug}",
     tag = "pages",
+    operation_id = "gallery_page",
     summary = "An experience's gallery: its results, newest first (public or behind a PIN).",
     params(("slug" = String, Path, description = "The experience's slug; the page says when it has no gallery.")),
     responses((status = 200, description = "The page.", content_type = "text/html", body = String))
