@@ -234,6 +234,15 @@ async fn a_result_link_lives_until_its_guest_erases_it(backend: Backend) {
     assert!(removed["seq"].as_i64().unwrap() > shown["seq"].as_i64().unwrap());
     let (status, _) = delete(&app, &format!("/api/sessions/{sid}"), &token).await;
     assert_eq!(status, 200, "repeated");
+    // A display that reads its frames again from the start never sees
+    // the erased nickname or result.
+    let mut replay = app.terminal_socket(&terminal_id, &terminal_token, 0).await;
+    // Its two frames: the completion (seq 1) and the removal (seq 2).
+    for _ in 0..2 {
+        let frame = replay.next_session_event(WITHIN).await.expect("a frame");
+        assert_eq!(frame["type"], "session.removed", "{frame}");
+        assert!(!frame.to_string().contains("ana"), "{frame}");
+    }
 
     let gone = get(&app, &share_url).await;
     assert_eq!(gone.status(), 410);

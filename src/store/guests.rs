@@ -351,6 +351,18 @@ impl Store {
             vec![session_id.into(), now.into()],
         ))
         .await?;
+        // The outbox keeps a display's past frames for a week: those of
+        // this session say only that it was removed from now on (a display
+        // that reads them again drops it; `seq` stays, so nothing skips).
+        tx.execute_raw(self.sql(
+            "UPDATE terminal_events SET payload = $2, event_type = 'session.removed' \
+             WHERE session_id = $1 AND event_type <> 'session.removed'",
+            vec![
+                session_id.into(),
+                removed_payload(session_id).to_string().into(),
+            ],
+        ))
+        .await?;
         let displays = if by.is_erasure() {
             tell_displays_removed(self, &tx, &experience_id, session_id, now).await?
         } else {
@@ -681,6 +693,11 @@ async fn session_object_keys(
     Ok(keys)
 }
 
+/// The `session.removed` frame of a session.
+fn removed_payload(session_id: &str) -> Json {
+    serde_json::json!({"type": "session.removed", "session_id": session_id})
+}
+
 /// Appends `session.removed` to the outbox of every display of the
 /// experience, inside the caller's transaction; returns how many.
 async fn tell_displays_removed(
@@ -699,7 +716,7 @@ async fn tell_displays_removed(
         .iter()
         .map(|r| r.try_get_by_index::<String>(0))
         .collect::<Result<_, _>>()?;
-    let payload = serde_json::json!({"type": "session.removed", "session_id": session_id});
+    let payload = removed_payload(session_id);
     let rows: Vec<_> = terminals
         .iter()
         // Each row its own id where the saga's would go: the event ends
