@@ -223,6 +223,10 @@ pub struct Config {
     /// this long.
     #[arg(long, env = "STAGEHAND_PHOTO_ORPHAN_TTL", default_value = "1h", value_parser = parse_duration)]
     pub photo_orphan_ttl: Duration,
+    /// How long the operators' audit trail is kept (longer than the
+    /// guests' data, so the organiser can say who did what to it).
+    #[arg(long, env = "STAGEHAND_AUDIT_RETENTION", default_value = "400d", value_parser = parse_duration)]
+    pub audit_retention: Duration,
     /// Sagas this instance drives at once at most. When it is full, its
     /// dispatcher claims nothing more and other instances take the work.
     #[arg(long, env = "STAGEHAND_MAX_RUNNING", default_value_t = 1000)]

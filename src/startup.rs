@@ -308,6 +308,7 @@ impl Application {
             config.cleanup_interval,
         )
         .with_photo_orphans(media.clone(), config.photo_orphan_ttl)
+        .with_audit_retention(config.audit_retention)
         .start();
 
         let limits = Arc::new(RateLimits::from_config(&config));

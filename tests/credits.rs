@@ -352,6 +352,7 @@ async fn fixture_on(store: &Store, max_in_flight: i32, credits: Option<i64>) -> 
                 photo_max_px: 1536,
                 guests: Default::default(),
             },
+            None,
             T0,
         )
         .await
@@ -626,6 +627,7 @@ async fn refunds_follow_the_reason_and_a_batch_of_aborts(backend: Backend) {
         },
         detail: "attempts used up".into(),
         free_calls: Vec::new(),
+        audit: None,
     });
     let outcome = f
         .store
@@ -651,13 +653,13 @@ async fn refunds_follow_the_reason_and_a_batch_of_aborts(backend: Backend) {
     // A retried INPUT_REJECTED saga still holds its credit: no new charge;
     // a retried refunded one is charged again.
     f.store
-        .retry_saga(&rejected.id, T0 + 6, 900_000)
+        .retry_saga(&rejected.id, None, T0 + 6, 900_000)
         .await
         .unwrap();
     assert_eq!(f.credits().await, Some(8));
     assert_eq!(f.charged(&rejected.id).await, 1);
     f.store
-        .retry_saga(&failed.id, T0 + 6, 900_000)
+        .retry_saga(&failed.id, None, T0 + 6, 900_000)
         .await
         .unwrap();
     assert_eq!(f.credits().await, Some(7));
@@ -685,7 +687,7 @@ async fn retry_without_credits_is_refused_and_changes_nothing(backend: Backend) 
     assert_eq!(f.credits().await, Some(1));
     let second = f.submit(T0 + 2).await.unwrap();
     assert_eq!(f.credits().await, Some(0));
-    let refused = f.store.retry_saga(&first.id, T0 + 3, 900_000).await;
+    let refused = f.store.retry_saga(&first.id, None, T0 + 3, 900_000).await;
     assert!(
         matches!(refused, Err(StoreError::BudgetExhausted)),
         "{refused:?}"

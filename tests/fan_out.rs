@@ -340,6 +340,7 @@ async fn claim_ground(
                 photo_max_px: 1536,
                 guests: Default::default(),
             },
+            None,
             CLAIM_T0,
         )
         .await

@@ -773,7 +773,12 @@ async fn a_purge_cut_short_is_finished_by_the_next_round(backend: Backend) {
         let forgot = app
             .state
             .store
-            .forget_session(sid, stagehand::domain::guests::ForgottenBy::Operator, now)
+            .forget_session(
+                sid,
+                stagehand::domain::guests::ForgottenBy::Operator,
+                None,
+                now,
+            )
             .await
             .unwrap();
         assert!(matches!(

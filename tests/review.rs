@@ -343,7 +343,7 @@ async fn an_approved_saga_whose_adopter_died_is_adopted_again(backend: Backend) 
     // never runs it, before this instance's review actor sees it.
     let store = app.db.store().await;
     let now = chrono::Utc::now().timestamp_millis();
-    store.approve(&saga_id, now).await.unwrap();
+    store.approve(&saga_id, None, now).await.unwrap();
     let taken = store.adopt_approved(now, 1_000, 60_000, 10).await.unwrap();
     assert_eq!(taken.len(), 1, "the dead adopter took it");
     assert!(
@@ -390,7 +390,7 @@ async fn an_approved_result_reaches_the_screen_after_a_late_approval_and_a_crash
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let store = app.db.store().await;
     let now = chrono::Utc::now().timestamp_millis();
-    store.approve(&saga_id, now).await.unwrap();
+    store.approve(&saga_id, None, now).await.unwrap();
     // The adopter: it takes the saga, renews its lease while it ranks,
     // writes RANKING_DONE, and dies before completing.
     let taken = store

@@ -62,12 +62,13 @@ async fn fixture(backend: Backend, max_in_flight: i32) -> Fixture {
                 photo_max_px: 1536,
                 guests: Default::default(),
             },
+            None,
             T0,
         )
         .await
         .unwrap();
     let terminal = store
-        .create_terminal(&exp.id, "booth", "secret", T0)
+        .create_terminal(&exp.id, "booth", "secret", None, T0)
         .await
         .unwrap();
     Fixture {
@@ -457,7 +458,8 @@ async fn an_operator_cancel_beats_the_worker_and_a_retry_runs_it_again(backend: 
         ("ABORTED", Some("CANCELLED"))
     );
 
-    let retries = join_all((0..2).map(|_| f.store.retry_saga(&held.id, T0 + 3, 900_000))).await;
+    let retries =
+        join_all((0..2).map(|_| f.store.retry_saga(&held.id, None, T0 + 3, 900_000))).await;
     assert_eq!(
         retries.iter().filter(|r| r.is_ok()).count(),
         1,
@@ -479,7 +481,7 @@ async fn an_operator_cancel_beats_the_worker_and_a_retry_runs_it_again(backend: 
         .await
         .expect("the new owner writes");
     // A saga that is not ABORTED cannot be retried.
-    let refused = f.store.retry_saga(&held.id, T0 + 7, 900_000).await;
+    let refused = f.store.retry_saga(&held.id, None, T0 + 7, 900_000).await;
     assert!(
         matches!(
             refused,
@@ -901,7 +903,7 @@ async fn numbering_keeps_commit_order_under_concurrent_writers_and_relays(backen
     let f = fixture(backend, 1000).await;
     let second = f
         .store
-        .create_terminal(&f.experience_id, "booth 2", "secret2", T0)
+        .create_terminal(&f.experience_id, "booth 2", "secret2", None, T0)
         .await
         .unwrap()
         .id;
@@ -1308,6 +1310,7 @@ async fn a_batch_applies_each_write_on_its_own_terms(backend: Backend) {
                     reason: AbortReason::AiFailed,
                     detail: "gave up".into(),
                     free_calls: Vec::new(),
+                    audit: None,
                 },
                 // c is at AI_DONE: the same result again is a repeat.
                 done(c, &token(c), "c"),
@@ -1466,6 +1469,7 @@ async fn a_failing_abort_fails_alone_in_its_batch(backend: Backend) {
             reason: AbortReason::AiFailed,
             detail: "gave up".into(),
             free_calls: Vec::new(),
+            audit: None,
         },
         SagaWrite::AiDone {
             saga_id: good.id.clone(),

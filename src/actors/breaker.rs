@@ -132,7 +132,7 @@ impl ProviderBreaker {
             let until = now + OUT_OF_QUOTA_MS;
             match me
                 .store
-                .open_breaker(&me.provider, until, Opener::OutOfQuota, &reason, now)
+                .open_breaker(&me.provider, until, Opener::OutOfQuota, &reason, None, now)
                 .await
             {
                 Ok(()) => tracing::error!(
@@ -198,7 +198,7 @@ impl ProviderBreaker {
                 let until = now + me.cool_down_ms;
                 let written = if opens {
                     me.store
-                        .open_breaker(&me.provider, until, Opener::Unavailable, &reason, now)
+                        .open_breaker(&me.provider, until, Opener::Unavailable, &reason, None, now)
                         .await
                         .map(|()| 1)
                 } else {

@@ -93,6 +93,8 @@ pub struct CleanupReport {
     /// Objects deleted from the media store by the purge (forgotten
     /// sessions' results and photos, given-up photos).
     pub purged_objects: u64,
+    /// Audit records older than `audit_retention`, deleted.
+    pub old_audit: u64,
     /// Items (a saga, a session, a purge statement) that failed; each is
     /// logged with its id, and the round went on with the rest.
     pub failed: u64,
@@ -178,6 +180,9 @@ impl<W> Rounds<W> {
     }
 }
 
+/// `AUDIT_RETENTION`'s default: 400 days.
+pub const DEFAULT_AUDIT_RETENTION_MS: i64 = 400 * 24 * 3_600_000;
+
 pub struct CleanupActor {
     store: Store,
     clock: SharedClock,
@@ -190,6 +195,8 @@ pub struct CleanupActor {
     rounds: Rounds<oneshot::Sender<CleanupReport>>,
     /// Where photos live, and how long one no submission names is kept.
     photos: Option<(MediaStore, Duration)>,
+    /// How long audit records are kept.
+    audit_retention_ms: i64,
 }
 
 impl CleanupActor {
@@ -211,7 +218,14 @@ impl CleanupActor {
             stuck_after_ms: rules.lease_ms,
             rounds: Rounds::default(),
             photos: None,
+            audit_retention_ms: DEFAULT_AUDIT_RETENTION_MS,
         }
+    }
+
+    /// Keeps audit records this long (default 400 days).
+    pub fn with_audit_retention(mut self, retention: Duration) -> Self {
+        self.audit_retention_ms = retention.as_millis().min(i64::MAX as u128) as i64;
+        self
     }
 
     /// Also deletes photos no submission named within `ttl`, from `media`.
@@ -261,6 +275,7 @@ impl CleanupActor {
         );
         let stuck_after_ms = self.stuck_after_ms;
         let photos = self.photos.clone();
+        let audit_retention_ms = self.audit_retention_ms;
         async move {
             let mut report = CleanupReport::default();
             let now = clock.now_ms();
@@ -282,6 +297,10 @@ impl CleanupActor {
                 .await;
             report.old_events = purge_in_batches("outbox events", &mut report.failed, |n| {
                 store.purge_events_before(now - OUTBOX_RETENTION_MS, n)
+            })
+            .await;
+            report.old_audit = purge_in_batches("audit records", &mut report.failed, |n| {
+                store.drop_old_audit(now.saturating_sub(audit_retention_ms), n)
             })
             .await;
             if let Some((media, ttl)) = &photos {
@@ -341,7 +360,10 @@ async fn forget_what_is_due(store: &Store, now: i64, report: &mut CleanupReport)
     match store.sessions_due(now, BATCH).await {
         Ok(due) => {
             for id in due {
-                match store.forget_session(&id, ForgottenBy::Retention, now).await {
+                match store
+                    .forget_session(&id, ForgottenBy::Retention, None, now)
+                    .await
+                {
                     Ok(Forget::Forgotten { .. }) => {
                         report.forgotten_sessions += 1;
                         tracing::info!(session_id = %id, "retention ended: the session's personal data is forgotten");
@@ -500,6 +522,7 @@ async fn abort_orphans(
                 reason,
                 detail: detail.clone(),
                 free_calls: Vec::new(),
+                audit: None,
             }))
             .await;
         match aborted {

@@ -10,7 +10,8 @@
 //!
 //! In: one LISTEN connection of its own (`application_name`
 //! `stagehand-listener`). A notification from another instance rings this
-//! instance's dispatcher, its review actor, the hub for the terminals named,
+//! instance's dispatcher, its review actor, its operator hub (an operator
+//! was revoked), the hub for the terminals named,
 //! or the ranking board for the experiences named, each only for its own
 //! channel (and always the operator hub). Whenever the
 //! listener (re)connects, notifications may have been missed meanwhile, so
@@ -25,8 +26,8 @@ use super::run_on_runtime;
 use super::terminal_hub::{Ring, RingAll, TerminalHub};
 use super::wakeups::{ClusterMailbox, ClusterNews, Wakeups};
 use crate::store::notify::{
-    names_payload, parse_names_payload, DISPATCH_CHANNEL, OUTBOX_CHANNEL, RANKING_CHANNEL,
-    REVIEW_CHANNEL,
+    names_payload, parse_names_payload, DISPATCH_CHANNEL, OPERATORS_CHANNEL, OUTBOX_CHANNEL,
+    RANKING_CHANNEL, REVIEW_CHANNEL,
 };
 use crate::store::Store;
 
@@ -74,6 +75,7 @@ async fn send_news(store: Store, instance_id: String, mailbox: ClusterMailbox) {
         for (sent, channel) in [
             (news.dispatch, DISPATCH_CHANNEL),
             (news.review, REVIEW_CHANNEL),
+            (news.operators, OPERATORS_CHANNEL),
         ] {
             if sent {
                 notices.push((channel, instance_id.clone()));
@@ -108,6 +110,7 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
             REVIEW_CHANNEL,
             OUTBOX_CHANNEL,
             RANKING_CHANNEL,
+            OPERATORS_CHANNEL,
         ];
         let mut listener = match store.listen(&channels).await {
             Ok(listener) => listener,
@@ -128,6 +131,7 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
         wakeups.relay.ring();
         wakeups.stats.ring();
         wakeups.review.ring();
+        wakeups.operators.ring();
         wakeups.rankings.update(|names| names.all = true);
         store.invalidate_ranks(None).await;
         let _ = hub.send(RingAll).await;
@@ -144,7 +148,9 @@ async fn listen(store: Store, instance_id: String, wakeups: Wakeups, hub: Addr<T
                 }
             };
             let (sender, names) = match notification.channel() {
-                DISPATCH_CHANNEL | REVIEW_CHANNEL => (notification.payload(), None),
+                DISPATCH_CHANNEL | REVIEW_CHANNEL | OPERATORS_CHANNEL => {
+                    (notification.payload(), None)
+                }
                 _ => parse_names_payload(notification.payload()),
             };
             if sender == instance_id {
@@ -191,6 +197,7 @@ fn ring_doorbells(wakeups: &Wakeups, channel: &str) {
     match channel {
         DISPATCH_CHANNEL => wakeups.dispatcher.ring(),
         REVIEW_CHANNEL => wakeups.review.ring(),
+        OPERATORS_CHANNEL => wakeups.operators.ring(),
         _ => {}
     }
 }

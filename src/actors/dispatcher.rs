@@ -342,7 +342,41 @@ async fn claim_round(
             }
         }
     }
+    let claimed = on_the_account_of_their_jobs(&store, &providers, claimed).await;
     (claimed, failed)
+}
+
+/// Resumed sagas whose jobs run on another provider than their
+/// experience's (an operator moved the experience while they ran) go on
+/// with the provider their slots are on: their job is polled where it
+/// runs, and counted there. Only resumed sagas (their holds are read)
+/// can have one; a saga whose slots' provider is not configured here goes
+/// on with its experience's, as before the move.
+async fn on_the_account_of_their_jobs(
+    store: &Store,
+    providers: &Providers,
+    claimed: Vec<(sagas::Model, ExperienceOf, Holds)>,
+) -> Vec<(sagas::Model, ExperienceOf, Holds)> {
+    let mut out = Vec::with_capacity(claimed.len());
+    for (saga, mut experience, holds) in claimed {
+        if holds == Holds::Read {
+            match store.provider_of_slots(&saga.id).await {
+                Ok(Some(provider)) if provider != experience.provider => {
+                    if let Some(handle) = providers.get(&provider) {
+                        tracing::info!(saga_id = %saga.id, %provider, moved_to = %experience.provider, "a resumed saga's job runs on the provider its experience moved from: it goes on there");
+                        experience.ai = handle.ai.clone();
+                        experience.provider = provider;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(saga_id = %saga.id, error = %e, "could not read the provider of a resumed saga's slots; it goes on with its experience's")
+                }
+            }
+        }
+        out.push((saga, experience, holds));
+    }
+    out
 }
 
 impl Actor for Dispatcher {

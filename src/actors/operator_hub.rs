@@ -5,7 +5,9 @@
 //! [`REFRESH`] (the last hour's window and presence age with time alone).
 //! Rounds are at least [`THROTTLE`] apart, so a busy event makes a few
 //! frames a second, and the last frame always reflects the last change.
-//! Nothing is read while no operator watches.
+//! Nothing is read while no operator watches. It also passes on the news
+//! that an operator was revoked ([`WatchRevocations`]), so that
+//! operator's dashboards close on every instance.
 //!
 //! The frame is a snapshot in a `watch` channel: an operator socket that is
 //! slow skips to the newest frame, never a queue. Nothing is lost by that:
@@ -55,12 +57,22 @@ pub type StatsFrame = Option<Arc<Snapshot>>;
 #[rtype(result = "watch::Receiver<StatsFrame>")]
 pub struct Subscribe;
 
+/// An operator socket of an operator account wants to learn of
+/// revocations: answered with a channel whose value changes whenever an
+/// operator was revoked, here or on another instance (the socket then
+/// checks its own operator).
+#[derive(Message)]
+#[rtype(result = "watch::Receiver<u64>")]
+pub struct WatchRevocations;
+
 pub struct OperatorHub {
     store: Store,
     clock: SharedClock,
     wakeups: Wakeups,
     frames: watch::Sender<StatsFrame>,
-    running: Option<tokio::task::AbortHandle>,
+    /// Counts the revocations heard (see [`WatchRevocations`]).
+    revocations: watch::Sender<u64>,
+    running: Vec<tokio::task::AbortHandle>,
 }
 
 impl OperatorHub {
@@ -70,7 +82,8 @@ impl OperatorHub {
             clock,
             wakeups,
             frames: watch::Sender::new(None),
-            running: None,
+            revocations: watch::Sender::new(0),
+            running: Vec::new(),
         }
     }
 }
@@ -165,13 +178,28 @@ impl Actor for OperatorHub {
             self.wakeups.clone(),
             self.frames.clone(),
         );
-        self.running = Some(run_on_runtime(ctx, work));
+        let (bell, revocations) = (self.wakeups.operators.clone(), self.revocations.clone());
+        let revoked = async move {
+            loop {
+                bell.rung().await;
+                revocations.send_modify(|heard| *heard += 1);
+            }
+        };
+        self.running = vec![run_on_runtime(ctx, work), run_on_runtime(ctx, revoked)];
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        if let Some(running) = self.running.take() {
+        for running in self.running.drain(..) {
             running.abort();
         }
+    }
+}
+
+impl Handler<WatchRevocations> for OperatorHub {
+    type Result = MessageResult<WatchRevocations>;
+    fn handle(&mut self, _: WatchRevocations, _: &mut Context<Self>) -> Self::Result {
+        crate::metrics::actor_message("OperatorHub");
+        MessageResult(self.revocations.subscribe())
     }
 }
 

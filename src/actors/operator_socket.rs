@@ -6,7 +6,8 @@
 //! needs is lost. The review queue comes as `review.added` (with the item)
 //! for each item it does not hold yet and `review.removed` for each it
 //! holds that left (decided, or cancelled). Operators send nothing but pings and pongs; the heartbeat
-//! closes a dashboard that went away.
+//! closes a dashboard that went away, and a revocation of its operator
+//! closes it with 4401.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -15,11 +16,18 @@ use actix::prelude::*;
 use actix_ws::{Message, ProtocolError, Session};
 
 use super::heartbeat::Heartbeat;
-use super::operator_hub::{OperatorHub, Subscribe};
+use super::operator_hub::{OperatorHub, Subscribe, WatchRevocations};
 use super::shutdown::{GoesAway, ShutdownSignal};
+
+/// The close code of a dashboard whose operator was revoked.
+pub const REVOKED_CLOSE_CODE: u16 = 4401;
 
 pub struct OperatorSocket {
     hub: Addr<OperatorHub>,
+    /// The operator account it was opened with (None: the bootstrap
+    /// token), and the store to check it is still valid.
+    operator_id: Option<String>,
+    store: crate::store::Store,
     session: Session,
     heartbeat: Heartbeat,
     streaming: Option<tokio::task::AbortHandle>,
@@ -34,12 +42,16 @@ pub struct OperatorSocket {
 impl OperatorSocket {
     pub fn new(
         hub: Addr<OperatorHub>,
+        operator_id: Option<String>,
+        store: crate::store::Store,
         session: Session,
         heartbeat: Duration,
         shutdown: ShutdownSignal,
     ) -> Self {
         OperatorSocket {
             hub,
+            operator_id,
+            store,
             session,
             heartbeat: Heartbeat::new(heartbeat),
             streaming: None,
@@ -110,6 +122,25 @@ async fn stream(mut session: Session, hub: Addr<OperatorHub>) {
     }
 }
 
+/// Completes once operator `id` is revoked: checked whenever the hub hears
+/// of a revocation (here or on another instance). A check that fails is
+/// tried again at the next news.
+async fn until_revoked(hub: Addr<OperatorHub>, store: crate::store::Store, id: String) {
+    let Ok(mut revocations) = hub.send(WatchRevocations).await else {
+        return std::future::pending().await;
+    };
+    while revocations.changed().await.is_ok() {
+        match store.operator_active(&id).await {
+            Ok(false) => return,
+            Ok(true) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "could not check an operator dashboard's operator; checking again at the next revocation")
+            }
+        }
+    }
+    std::future::pending().await
+}
+
 impl Actor for OperatorSocket {
     type Context = Context<Self>;
 
@@ -125,6 +156,17 @@ impl Actor for OperatorSocket {
             }
         });
         self.shutdown.clone().stop_on_shutdown(self, ctx);
+        if let Some(id) = self.operator_id.clone() {
+            let revoked = until_revoked(self.hub.clone(), self.store.clone(), id);
+            ctx.spawn(revoked.into_actor(self).map(|(), act, ctx| {
+                tracing::info!("operator revoked: closing its dashboard");
+                act.close_reason = Some(actix_ws::CloseReason {
+                    code: actix_ws::CloseCode::Other(REVOKED_CLOSE_CODE),
+                    description: Some("this operator was revoked".into()),
+                });
+                ctx.stop();
+            }));
+        }
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {

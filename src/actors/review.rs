@@ -23,6 +23,7 @@ use super::dispatcher::{Adopt, Dispatcher};
 use super::persistence::{PersistenceActor, WriteAlone};
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
+use crate::domain::audit::AuditEntry;
 use crate::domain::review::Decision;
 use crate::store::transitions::SagaWrite;
 use crate::store::{Store, StoreError};
@@ -161,6 +162,7 @@ async fn apply_timeouts(
             *decision,
             now,
             "the review timed out",
+            None,
         )
         .await
         {
@@ -193,7 +195,9 @@ pub enum DecideError {
 /// `REVIEW_REJECTED` with its credits refunded and a neutral message to
 /// the display. The one piece of code every path of a decision goes
 /// through: the operators' endpoints, the bulk action and the timeout.
-/// A decision taken wakes the review actors and the operators' hubs.
+/// A decision taken wakes the review actors and the operators' hubs. An
+/// operator's decision carries its audit record, written with it.
+#[allow(clippy::too_many_arguments)]
 pub async fn decide(
     store: &Store,
     persistence: &Addr<PersistenceActor>,
@@ -202,11 +206,12 @@ pub async fn decide(
     decision: Decision,
     now: i64,
     detail: &str,
+    audit: Option<AuditEntry>,
 ) -> Result<(), DecideError> {
     match decision {
-        Decision::Approve => store.approve(saga_id, now).await?,
+        Decision::Approve => store.approve(saga_id, audit.as_ref(), now).await?,
         Decision::Reject => {
-            let write = SagaWrite::review_reject(saga_id, detail);
+            let write = SagaWrite::review_reject(saga_id, detail, audit);
             persistence.send(WriteAlone(write)).await??;
         }
     }

@@ -526,6 +526,7 @@ async fn abort_with(
         reason,
         detail,
         free_calls,
+        audit: None,
     };
     write(deps, aborted).await??;
     metrics::saga_ended(Some(reason), age(saga, deps));

@@ -106,6 +106,8 @@ pub struct ClusterNews {
     pub dispatch: bool,
     /// The review queue changed.
     pub review: bool,
+    /// An operator was revoked.
+    pub operators: bool,
     /// Terminals with newly numbered events.
     pub terminals: Names,
     /// Experiences whose visible ranking changed.
@@ -114,7 +116,11 @@ pub struct ClusterNews {
 
 impl ClusterNews {
     pub fn is_empty(&self) -> bool {
-        !self.dispatch && !self.review && self.terminals.is_empty() && self.rankings.is_empty()
+        !self.dispatch
+            && !self.review
+            && !self.operators
+            && self.terminals.is_empty()
+            && self.rankings.is_empty()
     }
 }
 
@@ -170,6 +176,9 @@ pub struct Wakeups {
     /// The review queue changed (an item arrived, or was decided), for
     /// this instance's review actor (it adopts approved sagas at once).
     pub review: Doorbell,
+    /// An operator was revoked, for this instance's operator hub (it
+    /// closes that operator's dashboards).
+    pub operators: Doorbell,
     /// The other instances (PostgreSQL only).
     pub cluster: Option<ClusterMailbox>,
 }
@@ -197,6 +206,15 @@ impl Wakeups {
         self.stats.ring();
         if let Some(cluster) = &self.cluster {
             cluster.update(|news| news.review = true);
+        }
+    }
+
+    /// An operator was revoked: every instance's operator hub closes that
+    /// operator's dashboards.
+    pub fn operators_changed(&self) {
+        self.operators.ring();
+        if let Some(cluster) = &self.cluster {
+            cluster.update(|news| news.operators = true);
         }
     }
 

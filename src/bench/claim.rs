@@ -160,12 +160,13 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                 photo_max_px: 1536,
                 guests: Default::default(),
             },
+            None,
             now,
         )
         .await
         .map_err(|e| format!("create the experience: {e}"))?;
     let terminal = store
-        .create_terminal(&experience.id, "booth", "claim-cost", now)
+        .create_terminal(&experience.id, "booth", "claim-cost", None, now)
         .await
         .map_err(|e| format!("create a terminal: {e}"))?;
     let session = store

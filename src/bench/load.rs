@@ -581,12 +581,24 @@ pub(super) async fn create_terminals(
         StatusCode::CREATED,
     )
     .await?;
+    let terminals = terminals_of(client, base, operator, &slug, n).await?;
+    Ok((slug, terminals))
+}
+
+/// Creates `n` terminals (displays) of the experience `slug`.
+pub(super) async fn terminals_of(
+    client: &reqwest::Client,
+    base: &str,
+    operator: &str,
+    slug: &str,
+    n: usize,
+) -> Result<Vec<Terminal>, String> {
     let created = {
         let (client, base, operator, slug) = (
             client.clone(),
             base.to_owned(),
             operator.to_owned(),
-            slug.clone(),
+            slug.to_owned(),
         );
         in_workers(n, CREATING, move |t| {
             let (client, base, operator, slug) =
@@ -608,8 +620,7 @@ pub(super) async fn create_terminals(
         })
         .await
     };
-    let terminals = created.into_iter().collect::<Result<Vec<_>, _>>()?;
-    Ok((slug, terminals))
+    created.into_iter().collect()
 }
 
 /// Creates `n` participant sessions of `slug`, session `i` on terminal

@@ -50,6 +50,13 @@ pub struct RehearseArgs {
     /// and the AI simulator are started (subprocesses on 127.0.0.1).
     #[arg(long)]
     pub url: Option<String>,
+    /// Rehearse an experience that exists on the --url server (its slug)
+    /// with its own max_in_flight and ai_calls, as an event would run it
+    /// (--max-in-flight and --ai-calls are then not used): the way to
+    /// check a change made with `PATCH /api/experiences/{slug}`. Its
+    /// sessions count in its ranking and credits like any other.
+    #[arg(long, requires = "url")]
+    pub experience: Option<String>,
     /// The server's operator token (needed with --url; the embedded server
     /// gets a fresh one).
     #[arg(long, env = "STAGEHAND_OPERATOR_TOKEN", hide_env_values = true)]
@@ -383,6 +390,10 @@ pub async fn run(args: RehearseArgs) -> Result<Verdict, String> {
         }
     };
 
+    let args = match &args.experience {
+        Some(slug) => as_the_experience_stands(args.clone(), &target, slug).await?,
+        None => args,
+    };
     let outcome = day(&args, &mut target, &schedule, postgres.as_deref()).await;
     let keep = args.keep_logs || outcome.as_ref().map_or(true, |d| !d.violations.is_empty());
     let logs_note = match &target {
@@ -539,6 +550,42 @@ struct Live {
     depth_samples: Mutex<Vec<(Instant, i64)>>,
 }
 
+/// `args` with the cap and calls of experience `slug` as it stands on the
+/// server (`--experience`).
+async fn as_the_experience_stands(
+    mut args: RehearseArgs,
+    target: &Target,
+    slug: &str,
+) -> Result<RehearseArgs, String> {
+    let url = format!("{}/api/experiences/{slug}", target.base());
+    let answer = target
+        .client()
+        .get(&url)
+        .bearer_auth(target.operator())
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    if !answer.status().is_success() {
+        return Err(format!(
+            "--experience {slug}: GET {url} answered {}",
+            answer.status()
+        ));
+    }
+    let experience: Value = answer.json().await.map_err(|e| format!("GET {url}: {e}"))?;
+    let number = |name: &str| {
+        experience[name].as_u64().map(|n| n as u32).ok_or_else(|| {
+            format!("--experience {slug}: no {name} in its settings (is the token an operator's?)")
+        })
+    };
+    args.max_in_flight = number("max_in_flight")?;
+    args.ai_calls = number("ai_calls")?;
+    eprintln!(
+        "rehearse: experience {slug} as it stands: max_in_flight {}, ai_calls {}",
+        args.max_in_flight, args.ai_calls
+    );
+    Ok(args)
+}
+
 async fn day(
     args: &RehearseArgs,
     target: &mut Target,
@@ -557,14 +604,22 @@ async fn day(
          session(s)",
         args.max_in_flight, args.ai_calls, args.terminals
     );
-    let experience = json!({
-        "title": "Rehearsal",
-        "kind": "image",
-        "max_in_flight": args.max_in_flight,
-        "ai_calls": args.ai_calls,
-    });
-    let (slug, terminals) =
-        load::create_terminals(&client, &base, &operator, experience, args.terminals).await?;
+    let (slug, terminals) = match &args.experience {
+        Some(slug) => {
+            let terminals =
+                load::terminals_of(&client, &base, &operator, slug, args.terminals).await?;
+            (slug.clone(), terminals)
+        }
+        None => {
+            let experience = json!({
+                "title": "Rehearsal",
+                "kind": "image",
+                "max_in_flight": args.max_in_flight,
+                "ai_calls": args.ai_calls,
+            });
+            load::create_terminals(&client, &base, &operator, experience, args.terminals).await?
+        }
+    };
     let sessions = load::create_sessions(
         &client,
         &base,

@@ -3,9 +3,10 @@
 //! derivation, the locale tables, and the admission of a submission
 //! (credits, queue estimate, closing time), and how a provider's slots are
 //! shared among its experiences, when a slot of the ledger may be freed,
-//! and the operators' review decisions. No I/O, no clock: every
+//! and the operators' review decisions, roles and audit records. No I/O, no clock: every
 //! function is given `now`.
 pub mod admission;
+pub mod audit;
 pub mod breaker;
 pub mod failure;
 pub mod guests;
@@ -15,6 +16,7 @@ pub mod locale;
 pub mod media;
 pub mod policy;
 pub mod review;
+pub mod roles;
 pub mod saga;
 pub mod session;
 pub mod sharing;

@@ -14,7 +14,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::auth::{require_operator, same_secret};
+use super::auth::{caller_token, operator_by_token, signed_in};
 use super::body::{parse_json, read_body};
 use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
@@ -23,6 +23,7 @@ use crate::actors::operator_socket::OperatorSocket;
 use crate::actors::persistence::WriteAlone;
 use crate::actors::terminal_hub::PRESENCE_STALE_MS;
 use crate::clock::rfc3339;
+use crate::domain::audit::{AuditAction, AuditEntry};
 use crate::domain::breaker::{Opener, COOL_DOWN_MS};
 use crate::domain::saga::{AbortReason, Step};
 use crate::store::breaker::DEFAULT_PROVIDER;
@@ -140,7 +141,7 @@ pub async fn list_sagas(
     req: HttpRequest,
     query: web::Query<SagaListQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    signed_in(&req)?;
     let (filter, limit) = saga_filter(&query)?;
     let (sagas, next) = state
         .store
@@ -172,7 +173,7 @@ pub async fn get_saga(
     req: HttpRequest,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    signed_in(&req)?;
     let view = saga_or_404(&state, &id).await?;
     Ok(HttpResponse::Ok().json(json!({"saga": view})))
 }
@@ -188,25 +189,28 @@ async fn saga_or_404(state: &AppState, id: &str) -> Result<SagaView, ApiError> {
 
 /// An operator's action on saga `id` under the Idempotency-Key rules
 /// (scoped to the operator and the endpoint), answered with the saga as it
-/// stands after the action.
+/// stands after the action. `action` gets the audit record to write with
+/// its change.
 pub(super) async fn saga_action<F, Fut>(
     state: &AppState,
     req: &HttpRequest,
     id: &str,
     payload: web::Payload,
+    kind: AuditAction,
     action: F,
 ) -> Result<HttpResponse, ApiError>
 where
-    F: Fn() -> Fut,
+    F: Fn(AuditEntry) -> Fut,
     Fut: std::future::Future<Output = Result<(), ApiError>>,
 {
-    require_operator(state, req)?;
+    let operator = signed_in(req)?;
     let key = key_of(req)?;
     let body = read_body(payload).await?;
     let scope = operator_scope(req);
+    let audit = AuditEntry::new(&operator, kind, format!("saga:{id}"));
     let (reply, replayed) =
-        run_idempotent(state, &scope, &state.operator_token, key, &body, || async {
-            action().await?;
+        run_idempotent(state, &scope, caller_token(req), key, &body, || async {
+            action(audit.clone()).await?;
             let view = saga_or_404(state, id).await?;
             Ok(Reply {
                 status: StatusCode::OK,
@@ -247,15 +251,36 @@ pub async fn retry_saga(
     id: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    saga_action(&state, &req, &id, payload, || retry_one(&state, &id)).await
+    saga_action(
+        &state,
+        &req,
+        &id,
+        payload,
+        AuditAction::SagaRetry,
+        |audit| {
+            let state = state.clone();
+            let id = id.clone();
+            async move { retry_one(&state, &id, &audit).await }
+        },
+    )
+    .await
 }
 
 /// The operator's retry of one saga (the endpoint's, and each of a bulk
-/// retry's).
-pub(super) async fn retry_one(state: &AppState, id: &str) -> Result<(), ApiError> {
+/// retry's), recorded with `audit`.
+pub(super) async fn retry_one(
+    state: &AppState,
+    id: &str,
+    audit: &AuditEntry,
+) -> Result<(), ApiError> {
     let retried = state
         .store
-        .retry_saga(id, state.clock.now_ms(), state.saga_deadline_ms)
+        .retry_saga(
+            id,
+            Some(audit),
+            state.clock.now_ms(),
+            state.saga_deadline_ms,
+        )
         .await?;
     state.wakeups.saga_work();
     if retried.back_in_review {
@@ -297,17 +322,32 @@ pub async fn cancel_saga(
     id: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    saga_action(&state, &req, &id, payload, || async {
-        saga_or_404(&state, &id).await?;
-        cancel_one(&state, &id).await
-    })
+    saga_action(
+        &state,
+        &req,
+        &id,
+        payload,
+        AuditAction::SagaCancel,
+        |audit| {
+            let state = state.clone();
+            let id = id.clone();
+            async move {
+                saga_or_404(&state, &id).await?;
+                cancel_one(&state, &id, Some(audit)).await
+            }
+        },
+    )
     .await
 }
 
-/// The operator's cancel of one saga (the endpoint's, and each of a bulk
-/// cancel's).
-pub(super) async fn cancel_one(state: &AppState, id: &str) -> Result<(), ApiError> {
-    let write = SagaWrite::operator_cancel(id);
+/// The operator's cancel of one saga (the endpoint's, each of a bulk
+/// cancel's, and an erasure's), recorded with `audit`.
+pub(super) async fn cancel_one(
+    state: &AppState,
+    id: &str,
+    audit: Option<AuditEntry>,
+) -> Result<(), ApiError> {
+    let write = SagaWrite::operator_cancel(id, audit);
     // Its wake-ups (the dispatchers, the operators' hubs: a saga
     // cancelled in review leaves the queue) follow the write.
     state
@@ -346,7 +386,7 @@ pub async fn list_terminals(
     req: HttpRequest,
     query: web::Query<TerminalsQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    signed_in(&req)?;
     let now = state.clock.now_ms();
     let slug = query.experience.as_deref().filter(|s| !s.is_empty());
     if let Some(slug) = slug {
@@ -385,17 +425,19 @@ pub async fn operator_socket(
     req: HttpRequest,
     body: web::Payload,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let token_ok = query
-        .token
-        .as_deref()
-        .is_some_and(|t| same_secret(t, &state.operator_token));
-    if !token_ok {
+    let operator = match query.token.as_deref() {
+        Some(token) => operator_by_token(&state, token).await?,
+        None => None,
+    };
+    let Some(operator) = operator else {
         return Err(ApiError::Unauthorized("an operator token is required").into());
-    }
+    };
     let (response, session, stream) =
         actix_ws::handle(&req, body).map_err(ApiError::not_a_handshake)?;
     let socket = OperatorSocket::new(
         state.operators.clone(),
+        operator.id,
+        state.store.clone(),
         session,
         state.display_heartbeat,
         state.shutdown.clone(),
@@ -532,9 +574,11 @@ pub async fn get_breaker(
 )]
 pub async fn open_breaker(
     state: web::Data<AppState>,
+    req: HttpRequest,
     q: web::Query<ProviderQuery>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    let operator = signed_in(&req)?;
     let provider = named_provider(&state, &q).await?;
     let body = read_body(payload).await?;
     let seconds = if body.iter().all(u8::is_ascii_whitespace) {
@@ -559,6 +603,14 @@ pub async fn open_breaker(
             now + ms,
             Opener::Operator,
             Opener::Operator.headline(),
+            Some(
+                &AuditEntry::new(
+                    &operator,
+                    AuditAction::BreakerOpen,
+                    format!("provider:{provider}"),
+                )
+                .detail(format!("for {} s", ms / 1_000)),
+            ),
             now,
         )
         .await?;
@@ -586,11 +638,21 @@ pub async fn open_breaker(
 )]
 pub async fn close_breaker(
     state: web::Data<AppState>,
+    req: HttpRequest,
     q: web::Query<ProviderQuery>,
 ) -> Result<HttpResponse, ApiError> {
+    let operator = signed_in(&req)?;
     let provider = named_provider(&state, &q).await?;
     let now = state.clock.now_ms();
-    state.store.close_breaker(&provider, now).await?;
+    let audit = AuditEntry::new(
+        &operator,
+        AuditAction::BreakerClose,
+        format!("provider:{provider}"),
+    );
+    state
+        .store
+        .close_breaker(&provider, Some(&audit), now)
+        .await?;
     tracing::info!(%provider, "operator closed the AI provider's circuit breaker");
     state.wakeups.saga_work();
     Ok(HttpResponse::Ok().json(breaker_view(&state, &provider).await?))
@@ -653,7 +715,11 @@ pub struct ProviderView {
         (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
     )
 )]
-pub async fn list_providers(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn list_providers(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    signed_in(&req)?;
     let now = state.clock.now_ms();
     let mut providers = Vec::new();
     for p in state.store.providers().await? {

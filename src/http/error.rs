@@ -32,6 +32,13 @@ pub enum ApiError {
     Closing,
     #[error("{0}")]
     Unauthorized(&'static str),
+    /// An operator whose role may not take this action (the message
+    /// names the role it needs and the one held).
+    #[error("{message}")]
+    Forbidden {
+        needs: crate::domain::roles::Role,
+        message: String,
+    },
     #[error("{0} not found")]
     NotFound(&'static str),
     #[error("{0}")]
@@ -88,6 +95,7 @@ impl ApiError {
             ApiError::BudgetExhausted => "budget_exhausted",
             ApiError::Closing => "closing",
             ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden { .. } => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict(_) => "conflict",
             ApiError::Unsupported(_) => "unsupported",
@@ -134,7 +142,12 @@ impl ApiError {
 
     /// The JSON body of this error.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": self.code(), "message": self.to_string()})
+        match self {
+            ApiError::Forbidden { needs, .. } => {
+                json!({"error": self.code(), "message": self.to_string(), "needs": needs.as_str()})
+            }
+            _ => json!({"error": self.code(), "message": self.to_string()}),
+        }
     }
 }
 
@@ -157,6 +170,7 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized(_)
             | ApiError::GalleryPinRequired
             | ApiError::GalleryPinWrong => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::Gone(_) => StatusCode::GONE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unavailable

@@ -1,5 +1,6 @@
 //! `GET /api/admin/experiences/{slug}/export`: a ZIP of every kept result
-//! file of the experience and `results.csv`, written as it streams.
+//! file of the experience, `results.csv` and `audit.csv` (what operators
+//! did to it, newest first), written as it streams.
 //!
 //! Memory stays flat whatever the size: the ZIP is written on a blocking
 //! thread (`zip`'s stream writer never seeks back) into a bounded channel
@@ -17,12 +18,14 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::auth::require_operator;
+use super::auth::signed_in;
 use super::error::ApiError;
 use super::AppState;
 use crate::clock::rfc3339;
+use crate::domain::audit::{AuditAction, AuditEntry};
 use crate::domain::guests::{export_name, kept_keys};
 use crate::media::MediaStore;
+use crate::store::audit::{AuditCursor, AuditFilter};
 use crate::store::guests::{ResultCursor, SharedResult};
 use crate::store::Store;
 
@@ -132,6 +135,46 @@ impl ExportJob {
         }
     }
 
+    /// The experience's audit records, newest first, as CSV, a page at a
+    /// time.
+    fn write_audit(&self, out: impl Write) -> Result<(), ExportError> {
+        let mut csv = csv::Writer::from_writer(out);
+        csv.write_record([
+            "at",
+            "operator",
+            "operator_id",
+            "action",
+            "target",
+            "detail",
+        ])?;
+        let filter = AuditFilter {
+            experience_id: Some(self.experience_id.clone()),
+            ..AuditFilter::default()
+        };
+        let mut after: Option<AuditCursor> = None;
+        loop {
+            let (records, next) =
+                self.runtime
+                    .block_on(self.store.audit_page(&filter, after.as_ref(), PAGE))?;
+            for r in &records {
+                csv.write_record([
+                    rfc3339(r.at_ms).as_str(),
+                    &spreadsheet_safe(&r.operator_name),
+                    r.operator_id.as_deref().unwrap_or(""),
+                    &r.action,
+                    &r.target,
+                    &spreadsheet_safe(&r.detail),
+                ])?;
+            }
+            match next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        csv.flush()?;
+        Ok(())
+    }
+
     /// Writes the whole ZIP; returns the files written and those missing
     /// from the media store.
     fn write(&self, out: ChunkSender) -> Result<(usize, usize), ExportError> {
@@ -169,6 +212,8 @@ impl ExportJob {
             })?;
             csv.flush()?;
         }
+        zip.start_file("audit.csv", options)?;
+        self.write_audit(&mut zip)?;
         let (mut written, mut missing) = (0, 0);
         self.for_each_page(|page| {
             for result in page {
@@ -223,14 +268,27 @@ pub async fn export(
     req: HttpRequest,
     slug: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    let operator = signed_in(&req)?;
     let experience = state.experience(&slug).await?;
     let client = req
         .connection_info()
         .realip_remote_addr()
         .unwrap_or("unknown")
         .to_owned();
-    tracing::info!(experience = %experience.slug, asked_by = "operator token", %client, "export started");
+    // Recorded before the first byte goes out: an export that breaks part
+    // way has still handed out what it sent.
+    let audit = AuditEntry::new(
+        &operator,
+        AuditAction::ExperienceExport,
+        format!("experience:{}", experience.slug),
+    )
+    .of_experience(Some(experience.id.clone()))
+    .detail(format!("from {client}"));
+    state
+        .store
+        .record_audit(&audit, state.clock.now_ms())
+        .await?;
+    tracing::info!(experience = %experience.slug, operator = %operator.name, %client, "export started");
     let (to_client, from_writer) = mpsc::channel(QUEUED_CHUNKS);
     let job = ExportJob {
         store: state.store.clone(),

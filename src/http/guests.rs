@@ -15,14 +15,16 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::admin::operator_scope;
-use super::auth::{require_operator, require_session};
+use super::auth::{caller_token, require_session, signed_in};
 use super::body::read_body;
 use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
+use crate::domain::audit::{AuditAction, AuditEntry};
 use crate::domain::guests::{self, ForgottenBy, Gallery};
 use crate::domain::media::KeptType;
+use crate::domain::roles::Operator;
 use crate::domain::saga::Step;
 use crate::store::entities::experiences;
 use crate::store::guests::{Forget, ResultCursor, ShareLookup, SharedResult};
@@ -334,15 +336,23 @@ pub async fn gallery(
 
 /// Erases a session: a running saga is cancelled first, then its data
 /// is forgotten and its objects deleted at once (what a crash leaves, the
-/// cleanup's purge deletes).
+/// cleanup's purge deletes). An operator's erasure (`operator`) is
+/// recorded in the audit trail, with the cancel it needed.
 pub(super) async fn erase(
     state: &AppState,
     session_id: &str,
     by: ForgottenBy,
+    operator: Option<&Operator>,
 ) -> Result<(), ApiError> {
+    let target = format!("session:{session_id}");
+    let audit = operator.map(|o| AuditEntry::new(o, AuditAction::SessionErase, target));
     for _ in 0..3 {
         let now = state.clock.now_ms();
-        match state.store.forget_session(session_id, by, now).await? {
+        let forgotten = state
+            .store
+            .forget_session(session_id, by, audit.as_ref(), now)
+            .await?;
+        match forgotten {
             Forget::Already => return Ok(()),
             Forget::Forgotten { displays } => {
                 if displays > 0 {
@@ -357,7 +367,11 @@ pub(super) async fn erase(
                 if let Some(saga) = saga.filter(|s| {
                     s.step != Step::Completed.as_str() && s.step != Step::Aborted.as_str()
                 }) {
-                    match super::admin::cancel_one(state, &saga.id).await {
+                    let cancel = operator.map(|o| {
+                        AuditEntry::new(o, AuditAction::SagaCancel, format!("saga:{}", saga.id))
+                            .detail("to erase its session")
+                    });
+                    match super::admin::cancel_one(state, &saga.id, cancel).await {
                         Ok(()) | Err(ApiError::Conflict(_)) => {}
                         Err(e) => return Err(e),
                     }
@@ -420,7 +434,7 @@ pub async fn erase_own(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let session = require_session(&state, &req, &id, false).await?;
-    erase(&state, &session.id, ForgottenBy::Participant).await?;
+    erase(&state, &session.id, ForgottenBy::Participant, None).await?;
     Ok(erased_answer(&session.id))
 }
 
@@ -446,9 +460,9 @@ pub async fn erase_by_operator(
     req: HttpRequest,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
-    erase(&state, &id, ForgottenBy::Operator).await?;
-    tracing::info!(session_id = %id, asked_by = "operator token", "operator erasure");
+    let operator = signed_in(&req)?;
+    erase(&state, &id, ForgottenBy::Operator, Some(&operator)).await?;
+    tracing::info!(session_id = %id, operator = %operator.name, "operator erasure");
     Ok(erased_answer(&id))
 }
 
@@ -460,19 +474,25 @@ async fn set_hidden(
     payload: web::Payload,
     hidden: bool,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    let operator = signed_in(&req)?;
     let key = key_of(&req)?;
     let body = read_body(payload).await?;
+    let kind = if hidden {
+        AuditAction::SessionHide
+    } else {
+        AuditAction::SessionUnhide
+    };
+    let audit = AuditEntry::new(&operator, kind, format!("session:{id}"));
     let (reply, replayed) = run_idempotent(
         &state,
         &operator_scope(&req),
-        &state.operator_token,
+        caller_token(&req),
         key,
         &body,
         || async {
             let displays = state
                 .store
-                .set_hidden(&id, hidden, state.clock.now_ms())
+                .set_hidden(&id, hidden, Some(&audit), state.clock.now_ms())
                 .await?
                 .ok_or(ApiError::NotFound("session"))?;
             if displays > 0 {
@@ -570,7 +590,7 @@ pub async fn search_sessions(
     req: HttpRequest,
     query: web::Query<SessionSearch>,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    signed_in(&req)?;
     let text = query.nickname.trim();
     if text.is_empty() || text.chars().count() > 40 {
         return Err(ApiError::Validation(
@@ -631,7 +651,7 @@ pub async fn held(
     req: HttpRequest,
     slug: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    signed_in(&req)?;
     let experience = state.experience(&slug).await?;
     let held = state.store.held(&experience.id).await?;
     let text = |ms: i64| {

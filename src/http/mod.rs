@@ -19,6 +19,8 @@ pub mod rate_limit;
 pub mod request_log;
 pub mod review;
 pub mod service;
+pub mod settings;
+pub mod staff;
 pub mod submissions;
 pub mod terminals;
 
@@ -127,11 +129,12 @@ impl AppState {
 
 /// Every route. Each path is one [`Endpoint`]: a method it does not
 /// answer gets 405 `method_not_allowed` with `Allow`; an unknown path gets
-/// the JSON 404. Operator endpoints check the operator token before
-/// anything else; endpoints with a JSON body refuse other media types
+/// the JSON 404. Operator endpoints check the operator's token and role
+/// before anything else (the role each needs is the middleware named here:
+/// `admin_only`, `moderator_only`, `viewer_only`); endpoints with a JSON body refuse other media types
 /// (415); session creation and submission are rate limited (429).
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    use auth::operator_only;
+    use auth::{admin_only, moderator_only, viewer_only};
     use body::json_only;
     use rate_limit::per_client;
     // Malformed query strings and paths answer in the same JSON shape.
@@ -168,13 +171,18 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .post(
                 web::to(operators::create_experience)
                     .wrap(from_fn(json_only))
-                    .wrap(from_fn(operator_only)),
+                    .wrap(from_fn(admin_only)),
             )
             .build(),
     )
     .service(
         Endpoint::new("/api/experiences/{slug}")
             .get(web::to(operators::get_experience))
+            .patch(
+                web::to(settings::update_experience)
+                    .wrap(from_fn(json_only))
+                    .wrap(from_fn(admin_only)),
+            )
             .build(),
     )
     .service(
@@ -184,17 +192,17 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     )
     .service(
         Endpoint::new("/api/terminals")
-            .get(web::to(admin::list_terminals).wrap(from_fn(operator_only)))
+            .get(web::to(admin::list_terminals).wrap(from_fn(viewer_only)))
             .post(
                 web::to(operators::create_terminal)
                     .wrap(from_fn(json_only))
-                    .wrap(from_fn(operator_only)),
+                    .wrap(from_fn(admin_only)),
             )
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/sagas")
-            .get(web::to(admin::list_sagas).wrap(from_fn(operator_only)))
+            .get(web::to(admin::list_sagas).wrap(from_fn(viewer_only)))
             .build(),
     )
     // Before `/api/admin/sagas/{id}`, which would take "bulk" for an id.
@@ -203,58 +211,83 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .post(
                 web::to(review::bulk_sagas)
                     .wrap(from_fn(json_only))
-                    .wrap(from_fn(operator_only)),
+                    .wrap(from_fn(moderator_only)),
             )
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/sagas/{id}")
-            .get(web::to(admin::get_saga).wrap(from_fn(operator_only)))
+            .get(web::to(admin::get_saga).wrap(from_fn(viewer_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/sagas/{id}/approve")
-            .post(web::to(review::approve_saga).wrap(from_fn(operator_only)))
+            .post(web::to(review::approve_saga).wrap(from_fn(moderator_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/sagas/{id}/reject")
-            .post(web::to(review::reject_saga).wrap(from_fn(operator_only)))
+            .post(web::to(review::reject_saga).wrap(from_fn(moderator_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/review")
-            .get(web::to(review::list_review).wrap(from_fn(operator_only)))
+            .get(web::to(review::list_review).wrap(from_fn(viewer_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/sagas/{id}/retry")
-            .post(web::to(admin::retry_saga).wrap(from_fn(operator_only)))
+            .post(web::to(admin::retry_saga).wrap(from_fn(admin_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/sagas/{id}/cancel")
-            .post(web::to(admin::cancel_saga).wrap(from_fn(operator_only)))
+            .post(web::to(admin::cancel_saga).wrap(from_fn(admin_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/providers")
-            .get(web::to(admin::list_providers).wrap(from_fn(operator_only)))
+            .get(web::to(admin::list_providers).wrap(from_fn(viewer_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/breaker")
-            .get(web::to(admin::get_breaker).wrap(from_fn(operator_only)))
+            .get(web::to(admin::get_breaker).wrap(from_fn(viewer_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/breaker/open")
-            .post(web::to(admin::open_breaker).wrap(from_fn(operator_only)))
+            .post(web::to(admin::open_breaker).wrap(from_fn(admin_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/breaker/close")
-            .post(web::to(admin::close_breaker).wrap(from_fn(operator_only)))
+            .post(web::to(admin::close_breaker).wrap(from_fn(admin_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/me")
+            .get(web::to(staff::me).wrap(from_fn(viewer_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/operators")
+            .get(web::to(staff::list_operators).wrap(from_fn(admin_only)))
+            .post(
+                web::to(staff::create_operator)
+                    .wrap(from_fn(json_only))
+                    .wrap(from_fn(admin_only)),
+            )
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/operators/{id}")
+            .delete(web::to(staff::revoke_operator).wrap(from_fn(admin_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/audit")
+            .get(web::to(staff::audit).wrap(from_fn(admin_only)))
             .build(),
     )
     // The token comes in the query (browsers' WebSocket API sends no
@@ -336,32 +369,32 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     )
     .service(
         Endpoint::new("/api/admin/sessions")
-            .get(web::to(guests::search_sessions).wrap(from_fn(operator_only)))
+            .get(web::to(guests::search_sessions).wrap(from_fn(viewer_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/sessions/{id}")
-            .delete(web::to(guests::erase_by_operator).wrap(from_fn(operator_only)))
+            .delete(web::to(guests::erase_by_operator).wrap(from_fn(admin_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/sessions/{id}/hide")
-            .post(web::to(guests::hide).wrap(from_fn(operator_only)))
+            .post(web::to(guests::hide).wrap(from_fn(moderator_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/sessions/{id}/unhide")
-            .post(web::to(guests::unhide).wrap(from_fn(operator_only)))
+            .post(web::to(guests::unhide).wrap(from_fn(moderator_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/experiences/{slug}/held")
-            .get(web::to(guests::held).wrap(from_fn(operator_only)))
+            .get(web::to(guests::held).wrap(from_fn(viewer_only)))
             .build(),
     )
     .service(
         Endpoint::new("/api/admin/experiences/{slug}/export")
-            .get(web::to(export::export).wrap(from_fn(operator_only)))
+            .get(web::to(export::export).wrap(from_fn(admin_only)))
             .build(),
     )
     .service(
@@ -443,6 +476,10 @@ impl Endpoint {
 
     pub fn delete(self, route: Route) -> Endpoint {
         self.methods(&[Method::DELETE], route)
+    }
+
+    pub fn patch(self, route: Route) -> Endpoint {
+        self.methods(&[Method::PATCH], route)
     }
 
     fn methods(mut self, methods: &[Method], route: Route) -> Endpoint {

@@ -28,7 +28,7 @@ use utoipa::{IntoParams, Modify, OpenApi, PartialSchema, ToSchema};
 
 use super::{
     admin, export, guests, media, metrics, operators, pages, participants, review, service,
-    submissions, terminals,
+    settings, staff, submissions, terminals,
 };
 use crate::domain::locale::Locale;
 use crate::domain::saga::{AbortReason, Step};
@@ -61,6 +61,7 @@ pub const ERROR_CODES: &[&str] = &[
     "budget_exhausted",
     "rate_limited",
     "unauthorized",
+    "forbidden",
     "not_found",
     "conflict",
     "unsupported",
@@ -81,6 +82,7 @@ pub const ERROR_CODES: &[&str] = &[
         operators::create_experience,
         operators::list_experiences,
         operators::get_experience,
+        settings::update_experience,
         operators::qr_svg,
         operators::create_terminal,
         admin::list_terminals,
@@ -96,6 +98,11 @@ pub const ERROR_CODES: &[&str] = &[
         admin::list_providers,
         admin::open_breaker,
         admin::close_breaker,
+        staff::me,
+        staff::list_operators,
+        staff::create_operator,
+        staff::revoke_operator,
+        staff::audit,
         participants::create_session,
         participants::ranking,
         participants::get_session,
@@ -180,7 +187,7 @@ impl Modify for SecuritySchemes {
         };
         components.add_security_scheme(
             "operator",
-            bearer("The operator token (`STAGEHAND_OPERATOR_TOKEN`)."),
+            bearer("An operator token: the bootstrap admin's (`STAGEHAND_OPERATOR_TOKEN`), or one made by `POST /api/admin/operators` with a role (`admin`, `moderator`, `viewer`). A role that may not take the action is 403 `forbidden`."),
         );
         components.add_security_scheme(
             "participant",
@@ -418,6 +425,140 @@ pub enum ReviewMode {
 pub enum ReviewAction {
     Approve,
     Reject,
+}
+
+/// An operator's role.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+pub enum RoleName {
+    /// Everything: settings, cancel and retry, the breaker, operators,
+    /// erasure, export and the audit trail.
+    Admin,
+    /// Reads, and decides what the public sees: approve, reject, hide.
+    Moderator,
+    /// Reads only.
+    Viewer,
+}
+
+/// `GET /api/admin/me`.
+#[derive(ToSchema)]
+pub struct OperatorMe {
+    /// Null for the bootstrap token.
+    #[schema(format = Uuid, required = true)]
+    operator_id: Option<String>,
+    /// `bootstrap` for the bootstrap token.
+    name: String,
+    role: RoleName,
+}
+
+/// An operator account (never its token).
+#[derive(ToSchema)]
+pub struct OperatorAccount {
+    #[schema(format = Uuid)]
+    operator_id: String,
+    name: String,
+    role: RoleName,
+    #[schema(format = DateTime)]
+    created_at: String,
+    /// The name of who created it.
+    created_by: String,
+    #[schema(format = DateTime, required = true)]
+    revoked_at: Option<String>,
+}
+
+/// A new operator, with its token (shown this once).
+#[derive(ToSchema)]
+pub struct OperatorCreated {
+    #[schema(format = Uuid)]
+    operator_id: String,
+    name: String,
+    role: RoleName,
+    #[schema(format = DateTime)]
+    created_at: String,
+    created_by: String,
+    #[schema(required = true)]
+    revoked_at: Option<String>,
+    /// The bearer token; the server keeps only its digest.
+    token: String,
+}
+
+/// `GET /api/admin/operators`.
+#[derive(ToSchema)]
+pub struct OperatorList {
+    operators: Vec<OperatorAccount>,
+}
+
+/// One record of the audit trail.
+#[derive(ToSchema)]
+pub struct AuditItem {
+    id: String,
+    #[schema(format = DateTime)]
+    at: String,
+    /// The operator's name (`bootstrap` for the bootstrap token).
+    operator: String,
+    #[schema(format = Uuid, required = true)]
+    operator_id: Option<String>,
+    /// `experience.update`, `saga.approve`, `operator.revoke`, ...
+    #[schema(example = "experience.update")]
+    action: String,
+    /// `kind:id`, e.g. `saga:<uuid>`, `experience:<slug>`.
+    #[schema(example = "experience:comic-booth")]
+    target: String,
+    #[schema(example = "max_in_flight: 1 -> 4")]
+    detail: String,
+}
+
+/// `GET /api/admin/audit`.
+#[derive(ToSchema)]
+pub struct AuditPage {
+    items: Vec<AuditItem>,
+    /// The `after` of the next page; null on the last.
+    #[schema(required = true)]
+    next: Option<String>,
+}
+
+/// `PATCH /api/experiences/{slug}`: any subset of these.
+#[derive(ToSchema)]
+pub struct ExperiencePatch {
+    #[schema(min_length = 1, max_length = 200)]
+    title: Option<String>,
+    #[schema(minimum = 1, maximum = 10000)]
+    max_in_flight: Option<i32>,
+    /// A provider from the providers file.
+    provider: Option<String>,
+    #[schema(minimum = 1, maximum = 100)]
+    weight: Option<i32>,
+    /// Sets the credits left (null: unlimited).
+    #[schema(minimum = 0)]
+    credits: Option<i64>,
+    /// Adds to the credits left when the change commits (a top-up).
+    #[schema(minimum = 1, maximum = 1000000000)]
+    credits_add: Option<i64>,
+    /// RFC 3339; in the past closes it now; null reopens it.
+    #[schema(format = DateTime)]
+    closes_at: Option<String>,
+    locale: Option<Locale>,
+    review: Option<ReviewMode>,
+    #[schema(example = "90s")]
+    review_timeout: Option<String>,
+    review_timeout_action: Option<ReviewAction>,
+    #[schema(example = "photo+prompt")]
+    input: Option<String>,
+    #[schema(minimum = 256, maximum = 4096)]
+    photo_max_px: Option<i32>,
+    #[schema(example = "public")]
+    gallery: Option<String>,
+    #[schema(example = "2468")]
+    gallery_pin: Option<String>,
+    #[schema(example = "1h")]
+    photo_retention: Option<String>,
+    #[schema(example = "30d")]
+    retention: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    notice: Option<serde_json::Value>,
+    consent_required: Option<bool>,
+    #[schema(example = "8s")]
+    display_share_qr: Option<String>,
 }
 
 /// An experience as operators see it (with the operator token).

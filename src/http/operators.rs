@@ -7,12 +7,13 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::admin::operator_scope;
-use super::auth::{is_operator, new_secret, require_operator};
+use super::auth::{caller_token, new_secret, operator_of, signed_in};
 use super::body::{parse_json, read_body, rfc3339_ms};
 use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
+use crate::domain::audit::{AuditAction, AuditEntry};
 use crate::domain::guests::{self, Gallery};
 use crate::domain::locale::Locale;
 use crate::domain::media::InputKind;
@@ -26,7 +27,7 @@ pub const DEFAULT_PHOTO_MAX_PX: i32 = 1536;
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ExperienceBody {
+pub(super) struct ExperienceBody {
     /// 1 to 64 of `a-z`, `0-9` and `-`; unique.
     #[schema(pattern = "^[a-z0-9-]{1,64}$")]
     slug: String,
@@ -149,7 +150,7 @@ struct TerminalBody {
     name: String,
 }
 
-fn validate_experience(
+pub(super) fn validate_experience(
     b: ExperienceBody,
     providers: &[crate::store::providers::ProviderRow],
 ) -> Result<NewExperience, ApiError> {
@@ -404,7 +405,7 @@ fn ms_text(ms: i64) -> String {
     humantime::format_duration(std::time::Duration::from_millis(ms.max(0) as u64)).to_string()
 }
 
-fn experience_json(e: &experiences::Model) -> serde_json::Value {
+pub(super) fn experience_json(e: &experiences::Model) -> serde_json::Value {
     json!({
         "id": e.id,
         "slug": e.slug,
@@ -455,21 +456,30 @@ pub async fn create_experience(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    let operator = signed_in(&req)?;
     let key = key_of(&req)?;
     let body = read_body(payload).await?;
     let (reply, replayed) = run_idempotent(
         &state,
         &operator_scope(&req),
-        &state.operator_token,
+        caller_token(&req),
         key,
         &body,
         || async {
             let providers = state.store.providers().await?;
             let new = validate_experience(parse_json(&body)?, &providers)?;
+            let audit = AuditEntry::new(
+                &operator,
+                AuditAction::ExperienceCreate,
+                format!("experience:{}", new.slug),
+            )
+            .detail(format!(
+                "kind {}, max_in_flight {}, provider {}",
+                new.kind, new.max_in_flight, new.provider
+            ));
             let created = state
                 .store
-                .create_experience(new, state.clock.now_ms())
+                .create_experience(new, Some(&audit), state.clock.now_ms())
                 .await?;
             tracing::info!(slug = %created.slug, "experience created");
             Ok(Reply {
@@ -516,7 +526,7 @@ pub async fn list_experiences(
     state: web::Data<AppState>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let render = if is_operator(&state, &req) {
+    let render = if operator_of(&state, &req).await?.is_some() {
         experience_json
     } else {
         public_experience_json
@@ -551,7 +561,7 @@ pub async fn get_experience(
     slug: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let experience = state.experience(&slug).await?;
-    let mut body = if is_operator(&state, &req) {
+    let mut body = if operator_of(&state, &req).await?.is_some() {
         experience_json(&experience)
     } else {
         public_experience_json(&experience)
@@ -645,13 +655,13 @@ pub async fn create_terminal(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    let operator = signed_in(&req)?;
     let key = key_of(&req)?;
     let body = read_body(payload).await?;
     let (reply, replayed) = run_idempotent(
         &state,
         &operator_scope(&req),
-        &state.operator_token,
+        caller_token(&req),
         key,
         &body,
         || async {
@@ -664,9 +674,17 @@ pub async fn create_terminal(
             }
             let experience = state.experience(&b.experience).await?;
             let token = new_secret();
+            let audit = AuditEntry::new(&operator, AuditAction::TerminalCreate, "terminal")
+                .detail(format!("{:?} of {}", b.name.trim(), experience.slug));
             let terminal = state
                 .store
-                .create_terminal(&experience.id, b.name.trim(), &token, state.clock.now_ms())
+                .create_terminal(
+                    &experience.id,
+                    b.name.trim(),
+                    &token,
+                    Some(&audit),
+                    state.clock.now_ms(),
+                )
                 .await?;
             Ok(Reply {
                 status: StatusCode::CREATED,

@@ -22,14 +22,16 @@ use serde_json::json;
 use super::admin::{
     cancel_one, operator_scope, reason_named, retry_one, saga_action, search_text, step_named,
 };
-use super::auth::require_operator;
+use super::auth::{caller_token, require_role, signed_in};
 use super::body::{parse_json, read_body, rfc3339_ms};
 use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::actors::persistence::WritePageAlone;
 use crate::actors::review::decide;
+use crate::domain::audit::{AuditAction, AuditEntry};
 use crate::domain::review::Decision;
+use crate::domain::roles::Role;
 use crate::store::operators::SagaFilter;
 use crate::store::transitions::SagaWrite;
 use crate::store::StoreError;
@@ -72,7 +74,7 @@ pub async fn list_review(
     req: HttpRequest,
     query: web::Query<ReviewQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    signed_in(&req)?;
     let limit = query.limit.unwrap_or(DEFAULT_REVIEW_PAGE);
     if !(1..=MAX_REVIEW_PAGE).contains(&limit) {
         return Err(ApiError::Validation(format!(
@@ -87,7 +89,12 @@ pub async fn list_review(
 /// The `abort_detail` of an operator's rejection.
 const REJECTED_BY_OPERATOR: &str = "rejected by an operator";
 
-async fn decide_one(state: &AppState, id: &str, decision: Decision) -> Result<(), ApiError> {
+async fn decide_one(
+    state: &AppState,
+    id: &str,
+    decision: Decision,
+    audit: AuditEntry,
+) -> Result<(), ApiError> {
     decide(
         &state.store,
         &state.persistence,
@@ -96,6 +103,7 @@ async fn decide_one(state: &AppState, id: &str, decision: Decision) -> Result<()
         decision,
         state.clock.now_ms(),
         REJECTED_BY_OPERATOR,
+        Some(audit),
     )
     .await?;
     tracing::info!(saga_id = %id, %decision, "operator review decision");
@@ -129,9 +137,14 @@ pub async fn approve_saga(
     id: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    saga_action(&state, &req, &id, payload, || {
-        decide_one(&state, &id, Decision::Approve)
-    })
+    saga_action(
+        &state,
+        &req,
+        &id,
+        payload,
+        AuditAction::SagaApprove,
+        |audit| decide_one(&state, &id, Decision::Approve, audit),
+    )
     .await
 }
 
@@ -162,9 +175,14 @@ pub async fn reject_saga(
     id: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    saga_action(&state, &req, &id, payload, || {
-        decide_one(&state, &id, Decision::Reject)
-    })
+    saga_action(
+        &state,
+        &req,
+        &id,
+        payload,
+        AuditAction::SagaReject,
+        |audit| decide_one(&state, &id, Decision::Reject, audit),
+    )
     .await
 }
 
@@ -238,19 +256,93 @@ impl BulkFilter {
             after: None,
         })
     }
+
+    /// The filter as an audit record says it (`experience=x
+    /// step=ABORTED`); a search text is said to be there, not what it is
+    /// (it may be part of a guest's nickname).
+    fn describe(&self) -> String {
+        let terms: Vec<String> = [
+            ("experience", &self.experience),
+            ("step", &self.step),
+            ("reason", &self.reason),
+            ("updated_after", &self.updated_after),
+            ("updated_before", &self.updated_before),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let value = value.as_deref().filter(|v| !v.is_empty())?;
+            Some(format!(
+                "{name}={}",
+                value.chars().take(80).collect::<String>()
+            ))
+        })
+        .chain(
+            self.q
+                .as_deref()
+                .filter(|q| !q.is_empty())
+                .map(|_| "q=(a search text)".to_owned()),
+        )
+        .collect();
+        if terms.is_empty() {
+            "(every saga)".to_owned()
+        } else {
+            terms.join(" ")
+        }
+    }
 }
 
 /// Acts on one saga; whether the action applied (a saga the action's
 /// fence refuses, such as a retry of a saga that is not ABORTED, is
 /// counted as matched but not done).
-async fn act_on(state: &AppState, action: BulkAction, id: &str) -> Result<bool, ApiError> {
-    let done = match action {
-        BulkAction::Retry => retry_one(state, id).await,
-        BulkAction::Cancel => cancel_one(state, id).await,
-        BulkAction::Approve => decide_one(state, id, Decision::Approve).await,
-        BulkAction::Reject => decide_one(state, id, Decision::Reject).await,
+async fn act_on(state: &AppState, bulk: &Bulk, id: &str) -> Result<bool, ApiError> {
+    let audit = bulk.item(id);
+    let done = match bulk.action {
+        BulkAction::Retry => retry_one(state, id, &audit).await,
+        BulkAction::Cancel => cancel_one(state, id, Some(audit)).await,
+        BulkAction::Approve => decide_one(state, id, Decision::Approve, audit).await,
+        BulkAction::Reject => decide_one(state, id, Decision::Reject, audit).await,
     };
     counted(done)
+}
+
+/// A bulk action under way: what it does, and who asked (each saga it
+/// acts on is recorded like the single action, with `bulk` as detail).
+struct Bulk {
+    action: BulkAction,
+    operator: crate::domain::roles::Operator,
+}
+
+impl Bulk {
+    /// The audit record of the single action on saga `id`.
+    fn item(&self, id: &str) -> AuditEntry {
+        let kind = match self.action {
+            BulkAction::Retry => AuditAction::SagaRetry,
+            BulkAction::Cancel => AuditAction::SagaCancel,
+            BulkAction::Approve => AuditAction::SagaApprove,
+            BulkAction::Reject => AuditAction::SagaReject,
+        };
+        AuditEntry::new(&self.operator, kind, format!("saga:{id}")).detail("bulk")
+    }
+}
+
+impl BulkAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            BulkAction::Retry => "retry",
+            BulkAction::Cancel => "cancel",
+            BulkAction::Approve => "approve",
+            BulkAction::Reject => "reject",
+        }
+    }
+
+    /// The role it needs: a moderator decides what the public sees
+    /// (approve, reject); retry and cancel are an admin's.
+    fn needs(self) -> Role {
+        match self {
+            BulkAction::Approve | BulkAction::Reject => Role::Moderator,
+            BulkAction::Retry | BulkAction::Cancel => Role::Admin,
+        }
+    }
 }
 
 /// `POST /api/admin/sagas/bulk` -> `{"matched", "done"}`.
@@ -276,31 +368,41 @@ pub async fn bulk_sagas(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    require_operator(&state, &req)?;
+    let operator = signed_in(&req)?;
     let key = key_of(&req)?;
     let body = read_body(payload).await?;
     let bulk: BulkBody = parse_json(&body)?;
+    require_role(&operator, bulk.action.needs())?;
     let filter = bulk.filter.to_filter()?;
     let scope = operator_scope(&req);
-    let (reply, replayed) = run_idempotent(
-        &state,
-        &scope,
-        &state.operator_token,
-        key,
-        &body,
-        || async {
+    let run = Bulk {
+        action: bulk.action,
+        operator: operator.clone(),
+    };
+    let (reply, replayed) =
+        run_idempotent(&state, &scope, caller_token(&req), key, &body, || async {
             let (matched, done) = if bulk.dry_run {
                 (state.store.count_sagas(&filter).await?, 0)
             } else {
-                run_bulk(&state, bulk.action, &filter).await?
+                let (matched, done) = run_bulk(&state, &run, &filter).await?;
+                let summary =
+                    AuditEntry::new(&operator, AuditAction::SagasBulk, "sagas").detail(format!(
+                        "{} {}: matched {matched}, done {done}",
+                        bulk.action.as_str(),
+                        bulk.filter.describe()
+                    ));
+                state
+                    .store
+                    .record_audit(&summary, state.clock.now_ms())
+                    .await?;
+                (matched, done)
             };
             Ok(Reply {
                 status: StatusCode::OK,
                 body: json!({"matched": matched, "done": done, "dry_run": bulk.dry_run}),
             })
-        },
-    )
-    .await?;
+        })
+        .await?;
     Ok(respond(reply, replayed, None))
 }
 
@@ -312,9 +414,10 @@ pub async fn bulk_sagas(
 /// (matched, done).
 async fn run_bulk(
     state: &AppState,
-    action: BulkAction,
+    bulk: &Bulk,
     filter: &SagaFilter,
 ) -> Result<(i64, i64), ApiError> {
+    let action = bulk.action;
     let (mut matched, mut done) = (0i64, 0i64);
     let mut after: Option<String> = None;
     loop {
@@ -326,7 +429,7 @@ async fn run_bulk(
             break;
         };
         matched += ids.len() as i64;
-        done += act_on_page(state, action, &ids).await?;
+        done += act_on_page(state, bulk, &ids).await?;
         tracing::info!(?action, matched, done, "bulk action: a page done");
         if (ids.len() as u64) < BULK_PAGE {
             break;
@@ -349,26 +452,28 @@ fn counted(outcome: Result<(), ApiError>) -> Result<bool, ApiError> {
 }
 
 /// One page of a bulk action; how many it was done on.
-async fn act_on_page(
-    state: &AppState,
-    action: BulkAction,
-    ids: &[String],
-) -> Result<i64, ApiError> {
+async fn act_on_page(state: &AppState, bulk: &Bulk, ids: &[String]) -> Result<i64, ApiError> {
+    let action = bulk.action;
     // The single actions' own writes, a page at a time.
     let page = match action {
         BulkAction::Retry => None,
         BulkAction::Cancel => Some(
             ids.iter()
-                .map(|id| SagaWrite::operator_cancel(id))
+                .map(|id| SagaWrite::operator_cancel(id, Some(bulk.item(id))))
                 .collect(),
         ),
         BulkAction::Reject => Some(
             ids.iter()
-                .map(|id| SagaWrite::review_reject(id, REJECTED_BY_OPERATOR))
+                .map(|id| SagaWrite::review_reject(id, REJECTED_BY_OPERATOR, Some(bulk.item(id))))
                 .collect(),
         ),
         BulkAction::Approve => {
-            let outcomes = state.store.approve_page(ids, state.clock.now_ms()).await?;
+            // approve_page sets each record's target to its saga.
+            let audit = bulk.item("");
+            let outcomes = state
+                .store
+                .approve_page(ids, Some(&audit), state.clock.now_ms())
+                .await?;
             let mut done = 0;
             for outcome in outcomes {
                 done += counted(outcome.map_err(ApiError::from))? as i64;
@@ -407,7 +512,7 @@ async fn act_on_page(
         );
     }
     let outcomes: Vec<Result<bool, ApiError>> = futures_util::stream::iter(ids.iter())
-        .map(|id| act_on(state, action, id))
+        .map(|id| act_on(state, bulk, id))
         .buffer_unordered(BULK_CONCURRENCY)
         .collect()
         .await;

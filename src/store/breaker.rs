@@ -7,6 +7,7 @@
 use sea_orm::ConnectionTrait;
 
 use super::{Store, StoreResult};
+use crate::domain::audit::AuditEntry;
 use crate::domain::breaker::{Breaker, Opener, Probe};
 use crate::domain::policy::EpochMs;
 
@@ -72,6 +73,7 @@ impl Store {
         until: EpochMs,
         by: Opener,
         reason: &str,
+        audit: Option<&AuditEntry>,
         now: EpochMs,
     ) -> StoreResult<()> {
         let kept = |column: &str| {
@@ -86,7 +88,7 @@ impl Store {
         };
         let (open_until, opened_by, why) =
             (kept("open_until_ms"), kept("opened_by"), kept("reason"));
-        self.write_one(self.sql(
+        let stmt = self.sql(
             &format!(
                 "INSERT INTO provider_breakers (provider, open_until_ms, probe_until_ms, opened_by, \
                  reason, updated_at_ms) VALUES ($1, $2, NULL, $3, $5, $4) \
@@ -101,8 +103,8 @@ impl Store {
                 now.into(),
                 reason.into(),
             ],
-        ))
-        .await?;
+        );
+        self.write_one_audited(stmt, audit, now).await?;
         Ok(())
     }
 
@@ -154,14 +156,19 @@ impl Store {
     /// An operator closes the breaker, whoever opened it, and lifts a wait
     /// the provider named (the instances that learnt it from the row lift
     /// it at their next claim).
-    pub async fn close_breaker(&self, provider: &str, now: EpochMs) -> StoreResult<u64> {
-        self.write_one(self.sql(
+    pub async fn close_breaker(
+        &self,
+        provider: &str,
+        audit: Option<&AuditEntry>,
+        now: EpochMs,
+    ) -> StoreResult<u64> {
+        let stmt = self.sql(
             "UPDATE provider_breakers SET open_until_ms = NULL, probe_until_ms = NULL, \
              opened_by = NULL, reason = NULL, paused_until_ms = NULL, updated_at_ms = $2 \
              WHERE provider = $1 AND (open_until_ms IS NOT NULL OR paused_until_ms IS NOT NULL)",
             vec![provider.into(), now.into()],
-        ))
-        .await
+        );
+        self.write_one_audited(stmt, audit, now).await
     }
 
     /// The provider answered a request sent at `sent_ms`: closes the

@@ -6,8 +6,10 @@ use sea_orm::{
     QueryOrder,
 };
 
+use super::audit::record;
 use super::entities::{experiences, terminals};
 use super::{new_id, DbFailure, Store, StoreError, StoreResult};
+use crate::domain::audit::AuditEntry;
 use crate::domain::guests::{Gallery, DEFAULT_PHOTO_RETENTION_MS, DEFAULT_RETENTION_MS};
 use crate::domain::keys::token_hash;
 use crate::domain::locale::Locale;
@@ -90,6 +92,7 @@ impl Store {
     pub async fn create_experience(
         &self,
         new: NewExperience,
+        audit: Option<&AuditEntry>,
         now: EpochMs,
     ) -> StoreResult<experiences::Model> {
         let taken = StoreError::Conflict(format!("slug {:?} is taken", new.slug));
@@ -128,8 +131,62 @@ impl Store {
             e if e.failure() == DbFailure::Duplicate => taken,
             e => e,
         })?;
+        if let Some(audit) = audit {
+            let audit = audit.clone().of_experience(Some(model.id.clone()));
+            record(&*tx, &audit, now).await?;
+        }
         tx.commit().await?;
         Ok(model)
+    }
+
+    /// An operator's change of experience `id`'s settings, in one
+    /// transaction with its audit record: the columns set in `change`
+    /// (the others stay, so two operators changing different settings at
+    /// once both keep theirs), then `credits_add` added to what is left
+    /// now (a top-up never overwrites what submissions took meanwhile).
+    /// The record's detail is `describe(before, after)`. `Conflict` when
+    /// credits are unlimited and a top-up was asked.
+    pub async fn update_experience(
+        &self,
+        id: &str,
+        change: experiences::ActiveModel,
+        credits_add: Option<i64>,
+        audit: &AuditEntry,
+        describe: impl Fn(&experiences::Model, &experiences::Model) -> String,
+        now: EpochMs,
+    ) -> StoreResult<experiences::Model> {
+        let tx = self.write_tx().await?;
+        let find = || experiences::Entity::find_by_id(id.to_owned()).one(&*tx);
+        let before = find().await?.ok_or(StoreError::NotFound("experience"))?;
+        if change.is_changed() {
+            let mut change = change;
+            change.id = sea_orm::ActiveValue::Unchanged(id.to_owned());
+            change.update(&*tx).await?;
+        }
+        if let Some(add) = credits_add {
+            let topped = tx
+                .execute_raw(self.sql(
+                    "UPDATE experiences SET credits = credits + $1 \
+                     WHERE id = $2 AND credits IS NOT NULL",
+                    vec![add.into(), id.into()],
+                ))
+                .await?
+                .rows_affected();
+            if topped == 0 {
+                return Err(StoreError::Conflict(
+                    "this experience's credits are unlimited: set credits to a number to count them"
+                        .into(),
+                ));
+            }
+        }
+        let after = find().await?.ok_or(StoreError::NotFound("experience"))?;
+        let audit = audit
+            .clone()
+            .of_experience(Some(id.to_owned()))
+            .detail(describe(&before, &after));
+        record(&*tx, &audit, now).await?;
+        tx.commit().await?;
+        Ok(after)
     }
 
     pub async fn experience_by_slug(&self, slug: &str) -> StoreResult<Option<experiences::Model>> {
@@ -157,6 +214,7 @@ impl Store {
         experience_id: &str,
         name: &str,
         token: &str,
+        audit: Option<&AuditEntry>,
         now: EpochMs,
     ) -> StoreResult<terminals::Model> {
         let tx = self.write_tx().await?;
@@ -171,6 +229,13 @@ impl Store {
         }
         .insert(&*tx)
         .await?;
+        if let Some(audit) = audit {
+            let audit = AuditEntry {
+                target: format!("terminal:{}", model.id),
+                ..audit.clone().of_experience(Some(experience_id.to_owned()))
+            };
+            record(&*tx, &audit, now).await?;
+        }
         tx.commit().await?;
         Ok(model)
     }

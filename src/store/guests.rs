@@ -25,6 +25,7 @@ use serde_json::Value as Json;
 
 use super::entities::{experiences, sessions};
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
+use crate::domain::audit::AuditEntry;
 use crate::domain::guests::{kept_keys, ForgottenBy};
 use crate::domain::policy::EpochMs;
 
@@ -258,6 +259,7 @@ impl Store {
         &self,
         session_id: &str,
         hidden: bool,
+        audit: Option<&AuditEntry>,
         now: EpochMs,
     ) -> StoreResult<Option<usize>> {
         let tx = self.write_tx().await?;
@@ -284,6 +286,10 @@ impl Store {
         } else {
             0
         };
+        if let (true, Some(audit)) = (changed, audit) {
+            let audit = audit.clone().of_experience(Some(experience_id.clone()));
+            super::audit::record(&*tx, &audit, now).await?;
+        }
         tx.commit().await?;
         Ok(Some(displays))
     }
@@ -298,6 +304,7 @@ impl Store {
         &self,
         session_id: &str,
         by: ForgottenBy,
+        audit: Option<&AuditEntry>,
         now: EpochMs,
     ) -> StoreResult<Forget> {
         let tx = self.write_tx().await?;
@@ -368,6 +375,10 @@ impl Store {
         } else {
             0
         };
+        if let Some(audit) = audit {
+            let audit = audit.clone().of_experience(Some(experience_id.clone()));
+            super::audit::record(&*tx, &audit, now).await?;
+        }
         tx.commit().await?;
         // The ranking changed under the cache.
         self.invalidate_ranks(Some(std::slice::from_ref(&experience_id)))

@@ -85,6 +85,16 @@ impl SlotCounts {
             .sum()
     }
 
+    /// An experience's slots, on every provider, of AI_PENDING sagas that
+    /// nobody holds now (see [`SlotUse::awaiting_resume`]).
+    pub fn experience_awaiting_resume(&self, experience_id: &str) -> i64 {
+        self.by
+            .iter()
+            .filter(|((_, e), _)| e == experience_id)
+            .map(|(_, u)| u.awaiting_resume)
+            .sum()
+    }
+
     /// Every slot of an experience, whatever provider its jobs run on.
     pub fn experience_total(&self, experience_id: &str) -> i64 {
         self.by
@@ -95,8 +105,12 @@ impl SlotCounts {
     }
 }
 
-/// The slots in use now, of `provider` (or of every provider). The one
-/// count of "in flight": read inside the claim's transaction, it is exact.
+/// The slots in use now, of `provider` (or of every provider), and, with
+/// a provider, those its experiences hold on other providers (jobs still
+/// running where an operator moved an experience from: they count against
+/// the experience's own ceiling, never against this provider's cap). The
+/// one count of "in flight": read inside the claim's transaction, it is
+/// exact.
 pub async fn slots_in_use<C: ConnectionTrait>(
     conn: &C,
     provider: Option<&str>,
@@ -106,7 +120,8 @@ pub async fn slots_in_use<C: ConnectionTrait>(
     let filter = match provider {
         Some(p) => {
             values.push(p.into());
-            "WHERE l.provider = $2"
+            "WHERE l.provider = $2 \
+             OR l.experience_id IN (SELECT id FROM experiences WHERE provider = $2)"
         }
         None => "",
     };
@@ -230,7 +245,10 @@ pub(super) async fn reserve_calls<C: ConnectionTrait>(
 /// Inside a transaction fenced on the saga's lock token: takes free slots
 /// of the saga's experience and provider for the calls in `want` (`(call
 /// index, key attempt)`, in the order they should start), as many as the
-/// experience's ceiling and the provider's cap leave free. On PostgreSQL
+/// experience's ceiling (its slots on every provider) and the provider's
+/// cap leave free. The provider is the one the saga's slots are on (its
+/// jobs run there, even after an operator moved the experience), else its
+/// experience's. On PostgreSQL
 /// the count and the rows are under the provider's advisory lock, as the
 /// claim's, so the cap stays exact across instances. Returns the calls
 /// that got a slot.
@@ -246,9 +264,13 @@ pub(super) async fn take_free_slots(
     }
     let Some(row) = tx
         .query_one_raw(store.sql(
-            "SELECT s.experience_id, e.max_in_flight, e.provider, p.max_in_flight, s.ai_base_key \
+            "SELECT s.experience_id, e.max_in_flight, x.provider, p.max_in_flight, s.ai_base_key \
              FROM sagas s JOIN experiences e ON e.id = s.experience_id \
-             LEFT JOIN providers p ON p.name = e.provider WHERE s.id = $1",
+             CROSS JOIN (SELECT COALESCE((SELECT l.provider FROM ai_slots l \
+                 WHERE l.saga_id = $1 LIMIT 1), \
+                 (SELECT e2.provider FROM sagas s2 JOIN experiences e2 ON e2.id = s2.experience_id \
+                 WHERE s2.id = $1)) AS provider) x \
+             LEFT JOIN providers p ON p.name = x.provider WHERE s.id = $1",
             vec![saga_id.into()],
         ))
         .await?
@@ -264,7 +286,7 @@ pub(super) async fn take_free_slots(
         super::sagas::lock_provider(store, tx, &provider).await?;
     }
     let counts = slots_in_use(&**tx, Some(&provider), now).await?;
-    let mine = counts.of(&provider, &experience_id).in_use;
+    let mine = counts.experience_total(&experience_id);
     let mut free = i64::from(ceiling) - mine;
     if let Some(cap) = cap {
         free = free.min(i64::from(cap) - counts.provider_total(&provider));
@@ -547,6 +569,18 @@ impl Store {
             })
             .collect::<Result<_, sea_orm::DbErr>>()
             .map_err(Into::into)
+    }
+
+    /// The provider the saga's attached slots are on (None: it holds none).
+    pub async fn provider_of_slots(&self, saga_id: &str) -> StoreResult<Option<String>> {
+        let row = self
+            .db()
+            .query_one_raw(self.sql(
+                "SELECT provider FROM ai_slots WHERE saga_id = $1 AND NOT detached LIMIT 1",
+                vec![saga_id.into()],
+            ))
+            .await?;
+        Ok(row.map(|r| r.try_get_by_index(0)).transpose()?)
     }
 
     /// The job ids the ledger holds for `provider`: jobs of other calls,

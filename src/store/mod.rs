@@ -8,6 +8,7 @@
 //! ([`write_gate`]). PostgreSQL needs no gate.
 
 pub mod ai_calls;
+pub mod audit;
 pub mod breaker;
 pub mod cleanup;
 pub mod entities;
@@ -26,6 +27,7 @@ pub mod review;
 pub(crate) mod rows;
 pub mod sagas;
 pub mod sessions;
+pub mod staff;
 pub mod submissions;
 pub mod transitions;
 mod write_gate;

@@ -19,6 +19,9 @@ pub const DISPATCH_CHANNEL: &str = "stagehand_dispatch";
 /// decided one. Payload: the sender's instance id. Its own channel, so the
 /// steady stream of dispatch news does not wake every review actor.
 pub const REVIEW_CHANNEL: &str = "stagehand_review";
+/// An operator was revoked: each instance closes that operator's
+/// dashboards. Payload: the sender's instance id.
+pub const OPERATORS_CHANNEL: &str = "stagehand_operators";
 /// The relay numbered new outbox events. Payload: [`names_payload`] of the
 /// terminals.
 pub const OUTBOX_CHANNEL: &str = "stagehand_outbox";

@@ -17,6 +17,7 @@ use super::submissions::take_credits;
 use super::transitions::load;
 use super::{Store, StoreError, StoreResult};
 use crate::domain::admission::submission_cost;
+use crate::domain::audit::AuditEntry;
 use crate::domain::policy::{is_stuck, ownership, EpochMs};
 use crate::domain::saga::{retry_from, AbortReason, Step, TransitionError};
 use crate::domain::session::SessionStatus;
@@ -475,6 +476,7 @@ impl Store {
     pub async fn retry_saga(
         &self,
         saga_id: &str,
+        audit: Option<&AuditEntry>,
         now: EpochMs,
         deadline_ms: i64,
     ) -> StoreResult<Retried> {
@@ -611,6 +613,12 @@ impl Store {
             .await?
             .rows_affected();
         let saga = load(&*tx, saga_id).await?;
+        if let Some(audit) = audit {
+            let audit = audit
+                .clone()
+                .of_experience(Some(saga.experience_id.clone()));
+            super::audit::record(&*tx, &audit, now).await?;
+        }
         tx.commit().await?;
         if shown > 0 {
             self.invalidate_ranks(Some(std::slice::from_ref(&saga.experience_id)))

@@ -9,6 +9,7 @@ use sea_orm::{ConnectionTrait, FromQueryResult, QueryResult};
 use super::entities::sagas;
 use super::transitions::load;
 use super::{new_id, Store, StoreError, StoreResult};
+use crate::domain::audit::AuditEntry;
 use crate::domain::policy::{lease_until, EpochMs};
 use crate::domain::review::{judge_decision, Decision, ReviewRow};
 
@@ -127,8 +128,13 @@ impl Store {
     /// marked approved and waits for a worker to adopt it
     /// ([`Store::adopt_approved`]). Approving again is success; after a
     /// rejection, or for a saga not in review, it is refused.
-    pub async fn approve(&self, saga_id: &str, now: EpochMs) -> StoreResult<()> {
-        self.approve_page(&[saga_id.to_owned()], now)
+    pub async fn approve(
+        &self,
+        saga_id: &str,
+        audit: Option<&AuditEntry>,
+        now: EpochMs,
+    ) -> StoreResult<()> {
+        self.approve_page(&[saga_id.to_owned()], audit, now)
             .await?
             .pop()
             .unwrap_or_else(|| Err(StoreError::Corrupt("no outcome".into())))
@@ -137,9 +143,12 @@ impl Store {
     /// [`Store::approve`] for a page of sagas in one short transaction
     /// (a bulk approve): one fenced UPDATE for them all, then each that it
     /// did not change is judged alone. One outcome per saga, in order.
+    /// `audit` (its target set to each saga) is recorded for each saga
+    /// approved now.
     pub async fn approve_page(
         &self,
         saga_ids: &[String],
+        audit: Option<&AuditEntry>,
         now: EpochMs,
     ) -> StoreResult<Vec<StoreResult<()>>> {
         if saga_ids.is_empty() {
@@ -149,23 +158,30 @@ impl Store {
         let marks: Vec<String> = (3..saga_ids.len() + 3).map(|i| format!("${i}")).collect();
         let mut values: Vec<sea_orm::Value> = vec![Decision::APPROVED.into(), now.into()];
         values.extend(saga_ids.iter().map(|id| id.clone().into()));
-        let applied: std::collections::HashSet<String> = tx
+        let applied: std::collections::HashMap<String, String> = tx
             .query_all_raw(self.sql(
                 &format!(
                     "UPDATE sagas SET review_decision = $1, updated_at_ms = $2 \
                      WHERE id IN ({}) AND step = 'IN_REVIEW' AND review_decision IS NULL \
-                     RETURNING id",
+                     RETURNING id, experience_id",
                     marks.join(", ")
                 ),
                 values,
             ))
             .await?
             .iter()
-            .map(|r| r.try_get_by_index::<String>(0))
-            .collect::<Result<_, _>>()?;
+            .map(|r| Ok((r.try_get_by_index(0)?, r.try_get_by_index(1)?)))
+            .collect::<Result<_, sea_orm::DbErr>>()?;
         let mut outcomes = Vec::with_capacity(saga_ids.len());
         for id in saga_ids {
-            if applied.contains(id) {
+            if let Some(experience_id) = applied.get(id) {
+                if let Some(audit) = audit {
+                    let audit = AuditEntry {
+                        target: format!("saga:{id}"),
+                        ..audit.clone().of_experience(Some(experience_id.clone()))
+                    };
+                    super::audit::record(&*tx, &audit, now).await?;
+                }
                 outcomes.push(Ok(()));
                 continue;
             }

@@ -696,10 +696,7 @@ impl ClaimRound<'_> {
         slots: &ledger::SlotCounts,
     ) -> StoreResult<()> {
         for (i, experience) in experiences.iter().enumerate() {
-            let awaiting = slots
-                .of(&experience.provider, &experience.id)
-                .awaiting_resume
-                > 0;
+            let awaiting = slots.experience_awaiting_resume(&experience.id) > 0;
             let sources = [
                 (experience.has_expired_ai || awaiting, ClaimSource::Expired),
                 (awaiting, ClaimSource::Holding),
@@ -723,7 +720,10 @@ impl ClaimRound<'_> {
         slots: &ledger::SlotCounts,
     ) -> StoreResult<()> {
         let first = &experiences[0];
-        let of = |e: &ClaimableExperience| slots.of(&e.provider, &e.id).in_use;
+        // An experience's ceiling counts its slots on every provider (jobs
+        // still running where it was moved from); the provider's cap only
+        // its own.
+        let of = |e: &ClaimableExperience| slots.experience_total(&e.id);
         let mut free = first
             .provider_max_in_flight
             .map(|cap| i64::from(cap) - slots.provider_total(&first.provider));

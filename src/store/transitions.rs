@@ -37,6 +37,7 @@ use super::sagas::{Fence, RankedEntry};
 use super::sessions::set_session_status;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::admission::refunds_credits;
+use crate::domain::audit::AuditEntry;
 use crate::domain::failure::AiResult;
 use crate::domain::ledger::Evidence;
 use crate::domain::policy::{lease_until, AttemptState, EpochMs};
@@ -111,6 +112,9 @@ pub enum SagaWrite {
         /// count until an instance that adopts them sees their jobs end
         /// (see [`super::ledger`]).
         free_calls: Vec<(i32, Evidence)>,
+        /// An operator's action: its audit record, written with the abort
+        /// when the abort applies.
+        audit: Option<Box<AuditEntry>>,
     },
 }
 
@@ -130,25 +134,31 @@ impl SagaWrite {
 
     /// An operator's cancel: ABORTED `CANCELLED` whoever holds the saga;
     /// a job it ran may still run, so its slots are detached, not freed.
-    pub fn operator_cancel(saga_id: &str) -> SagaWrite {
+    /// An operator's carries its audit record; a guest's erasure cancels
+    /// with none.
+    pub fn operator_cancel(saga_id: &str, audit: Option<AuditEntry>) -> SagaWrite {
         SagaWrite::Abort {
             saga_id: saga_id.to_owned(),
             fence: Fence::Operator,
             reason: AbortReason::Cancelled,
             detail: "cancelled by an operator".into(),
             free_calls: Vec::new(),
+            audit: audit.map(Box::new),
         }
     }
 
     /// A rejection in review (an operator's, or the review timeout's):
     /// ABORTED `REVIEW_REJECTED`, only while in review with no decision.
-    pub fn review_reject(saga_id: &str, detail: &str) -> SagaWrite {
+    /// An operator's rejection carries its audit record; the timeout's
+    /// none.
+    pub fn review_reject(saga_id: &str, detail: &str, audit: Option<AuditEntry>) -> SagaWrite {
         SagaWrite::Abort {
             saga_id: saga_id.to_owned(),
             fence: Fence::Review,
             reason: AbortReason::ReviewRejected,
             detail: detail.to_owned(),
             free_calls: Vec::new(),
+            audit: audit.map(Box::new),
         }
     }
 
@@ -320,6 +330,7 @@ impl Store {
                     reason,
                     detail,
                     free_calls,
+                    audit,
                 } => {
                     // Each abort in a savepoint of its own: one that fails
                     // (a bad row, a lock timeout) fails alone, and the
@@ -333,6 +344,7 @@ impl Store {
                         *reason,
                         detail,
                         free_calls,
+                        audit.as_deref(),
                         now,
                         &mut its_refunds,
                     )
@@ -670,6 +682,7 @@ impl Store {
             reason,
             detail: detail.to_owned(),
             free_calls,
+            audit: None,
         };
         self.apply_one(write, now, 0).await
     }
@@ -916,6 +929,7 @@ async fn abort_one(
     reason: AbortReason,
     detail: &str,
     free_calls: &[(i32, Evidence)],
+    audit: Option<&AuditEntry>,
     now: EpochMs,
     refunds: &mut Vec<Refund>,
 ) -> StoreResult<StoreResult<Written>> {
@@ -981,6 +995,9 @@ async fn abort_one(
             }
             .into()),
         });
+    }
+    if let Some(audit) = audit {
+        super::audit::record(&**tx, audit, now).await?;
     }
     let saga = load(&**tx, saga_id).await?;
     if refunds_credits(reason) && saga.charged_credits > 0 {

@@ -229,8 +229,9 @@ impl Capacity {
         };
         Some(format!(
             "capacity: at {:.0}/min with a {:.2} s mean AI job{per_participant}, {:.1} jobs are \
-             in flight on average (Little's law); {state}: you need max_in_flight >= {} (or a \
-             second provider account, if one account cannot run that many jobs at once)",
+             in flight on average (Little's law); {state}: you need max_in_flight >= {} (PATCH \
+             /api/experiences/{{slug}} changes it while the event runs, with the same QR codes; \
+             or a second provider account, if one account cannot run that many jobs at once)",
             self.arrival_per_s * 60.0,
             self.mean_job_s,
             self.needed,
