@@ -129,6 +129,9 @@ async fn until_revoked(hub: Addr<OperatorHub>, store: crate::store::Store, id: S
     let Ok(mut revocations) = hub.send(WatchRevocations).await else {
         return std::future::pending().await;
     };
+    // A revocation between the token's check and this subscription is
+    // seen by this first look.
+    revocations.mark_changed();
     while revocations.changed().await.is_ok() {
         match store.operator_active(&id).await {
             Ok(false) => return,

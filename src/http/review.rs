@@ -385,8 +385,14 @@ pub async fn bulk_sagas(
                 (state.store.count_sagas(&filter).await?, 0)
             } else {
                 let (matched, done) = run_bulk(&state, &run, &filter).await?;
-                let summary =
-                    AuditEntry::new(&operator, AuditAction::SagasBulk, "sagas").detail(format!(
+                // Exported with its experience when the filter names one.
+                let experience = match filter.experience.as_deref() {
+                    Some(slug) => state.store.experience_by_slug(slug).await?,
+                    None => None,
+                };
+                let summary = AuditEntry::new(&operator, AuditAction::SagasBulk, "sagas")
+                    .of_experience(experience.map(|e| e.id))
+                    .detail(format!(
                         "{} {}: matched {matched}, done {done}",
                         bulk.action.as_str(),
                         bulk.filter.describe()

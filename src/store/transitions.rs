@@ -996,10 +996,13 @@ async fn abort_one(
             .into()),
         });
     }
-    if let Some(audit) = audit {
-        super::audit::record(&**tx, audit, now).await?;
-    }
     let saga = load(&**tx, saga_id).await?;
+    if let Some(audit) = audit {
+        let audit = audit
+            .clone()
+            .of_experience(Some(saga.experience_id.clone()));
+        super::audit::record(&**tx, &audit, now).await?;
+    }
     if refunds_credits(reason) && saga.charged_credits > 0 {
         refunds.push(Refund {
             saga_id: saga.id.clone(),
