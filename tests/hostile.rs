@@ -776,6 +776,30 @@ fn table(f: &Fixture) -> Vec<Case> {
         case("OPTIONS on experiences", M::OPTIONS, "/api/experiences")
             .expect(405, "method_not_allowed")
             .allow("GET, HEAD, POST"),
+        case("PUT on an experience", M::PUT, "/api/experiences/nope")
+            .bearer(OPERATOR)
+            .json("{}")
+            .expect(405, "method_not_allowed")
+            .allow("GET, HEAD, PATCH"),
+        case("PATCH an experience without a token", M::PATCH, "/api/experiences/nope")
+            .json(r#"{"title": "x"}"#)
+            .expect(401, "unauthorized"),
+        case("PATCH an experience as text", M::PATCH, "/api/experiences/nope")
+            .bearer(OPERATOR)
+            .raw(r#"{"title": "x"}"#)
+            .header("content-type", b"text/plain")
+            .expect(415, "unsupported_media_type"),
+        case("PATCH an unknown experience", M::PATCH, "/api/experiences/nope")
+            .bearer(OPERATOR)
+            .json(r#"{"title": "x"}"#)
+            .expect(404, "not_found"),
+        case("PATCH an experience with a list", M::PATCH, "/api/experiences/nope")
+            .bearer(OPERATOR)
+            .json("[1, 2]")
+            .expect(400, "invalid_json"),
+        case("a revoked-looking operator token", M::GET, "/api/admin/me")
+            .bearer("not-an-operator")
+            .expect(401, "unauthorized"),
         case("GET on a saga retry", M::GET, "/api/admin/sagas/x/retry")
             .bearer(OPERATOR)
             .expect(405, "method_not_allowed")

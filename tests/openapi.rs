@@ -22,6 +22,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/experiences"),
     ("post", "/api/experiences"),
     ("get", "/api/experiences/{slug}"),
+    ("patch", "/api/experiences/{slug}"),
     ("get", "/api/experiences/{slug}/qr.svg"),
     ("get", "/api/terminals"),
     ("post", "/api/terminals"),
@@ -37,6 +38,11 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/admin/providers"),
     ("post", "/api/admin/breaker/open"),
     ("post", "/api/admin/breaker/close"),
+    ("get", "/api/admin/me"),
+    ("get", "/api/admin/operators"),
+    ("post", "/api/admin/operators"),
+    ("delete", "/api/admin/operators/{id}"),
+    ("get", "/api/admin/audit"),
     ("get", "/ws/operators"),
     ("post", "/api/experiences/{slug}/sessions"),
     ("get", "/api/experiences/{slug}/ranking"),
@@ -290,6 +296,11 @@ async fn openapi_documents_every_route(backend: Backend) {
                 .header("content-type", "application/json")
                 .body("{}"),
             "delete" => app.http.delete(&url),
+            "patch" => app
+                .http
+                .patch(&url)
+                .header("content-type", "application/json")
+                .body("{}"),
             other => panic!("no probe for {other}"),
         }
         .send()

@@ -1043,6 +1043,10 @@ mod tests {
             ApiError::Gone(""),
             ApiError::GalleryPinRequired,
             ApiError::GalleryPinWrong,
+            ApiError::Forbidden {
+                needs: crate::domain::roles::Role::Admin,
+                message: String::new(),
+            },
         ];
         for e in &all {
             match e {
@@ -1072,7 +1076,8 @@ mod tests {
                 | ApiError::MediaUnavailable(_)
                 | ApiError::Gone(_)
                 | ApiError::GalleryPinRequired
-                | ApiError::GalleryPinWrong => {}
+                | ApiError::GalleryPinWrong
+                | ApiError::Forbidden { .. } => {}
             }
         }
         all
