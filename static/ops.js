@@ -9,6 +9,16 @@
 // the next purge) and an Export button (a ZIP of every kept result, fetched
 // with the token and saved); "Find a guest" searches sessions by nickname,
 // with Hide / Unhide (the gallery) and Erase (on a guest's request).
+//
+// Operators and roles: the header says who is signed in (GET
+// /api/admin/me); what the role may not do is not shown at all (a viewer
+// reads, a moderator also approves, rejects, hides and unhides, an admin
+// does everything). An admin edits each experience's live settings in
+// place (PATCH, only the changed fields, a confirm before what stops
+// people), creates and revokes operators (a new token is shown once) and
+// reads the audit log (refreshed every 2 s, filtered by operator and
+// action). A revoked token (401, or the socket's 4401) returns to the
+// sign-in form and says so.
 "use strict";
 
 (() => {
@@ -66,19 +76,70 @@
   const HELD_MS = 30000;
   let heldTimer = null;
 
+  // Who is signed in ({operator_id, name, role}) and what each role may do.
+  const ME_KEY = "stagehand:ops:me";
+  const ROLES = ["viewer", "moderator", "admin"];
+  let me = null;
+  let meTimer = null;
+  let meAttempt = 0;
+  // The experiences' editors, by slug, kept across redraws of the list.
+  const editors = new Map();
+  // AI jobs running now per experience (the socket's stats and the
+  // providers' list), for the confirm before lowering max_in_flight.
+  const running = new Map();
+  // Operators (admin).
+  let operators = [];
+  // The audit log (admin): newest first, the first page read every 2 s.
+  const AUDIT_MS = 2000;
+  const AUDIT_PAGE = 50;
+  const AUDIT_ACTIONS = [
+    "experience.create", "experience.update", "terminal.create", "saga.approve", "saga.reject", "saga.cancel",
+    "saga.retry", "sagas.bulk", "session.hide", "session.unhide", "session.erase", "breaker.open", "breaker.close",
+    "operator.create", "operator.revoke", "experience.export",
+  ];
+  let auditItems = [];
+  let auditNext = null;
+  let auditPaged = false;
+  let auditGen = 0;
+  let auditLoop = 0;
+  let auditTimer = null;
+  let auditChain = Promise.resolve();
+  let auditShown = "";
+
   const $ = (id) => document.getElementById(id);
   const enc = encodeURIComponent;
 
   // ---- requests ------------------------------------------------------------
 
-  // An operator request; a 401 signs out.
+  // An operator request; a 401 signs out (the token was revoked, or the
+  // server no longer takes it).
   async function call(path, opts = {}) {
+    const used = token;
     try {
-      return await SH.api(path, { ...opts, token });
+      return await SH.api(path, { ...opts, token: used });
     } catch (err) {
-      if (err instanceof SH.ApiError && err.status === 401) signOut(SH.t("ops.tokenWrong"));
+      if (err instanceof SH.ApiError && err.status === 401 && used && used === token) signOut(SH.t("ops.tokenRevoked"));
       throw err;
     }
+  }
+
+  // A request that changes something, with an Idempotency-Key: sent again
+  // with the same key when no answer came (or the server was busy).
+  async function send(method, path, body, key) {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await call(path, { method, body, key });
+      } catch (err) {
+        if (!SH.retryable(err) || attempt >= 4 || !token) throw err;
+        await SH.sleep(SH.backoff(attempt, 5000));
+      }
+    }
+  }
+
+  // A fresh Idempotency-Key (crypto.randomUUID where the page is a secure
+  // context; the shared helper elsewhere).
+  function newKey() {
+    return typeof crypto !== "undefined" && crypto.randomUUID ? crypto.randomUUID() : SH.uuid();
   }
 
   // A POST that creates or changes something: one Idempotency-Key per
@@ -111,6 +172,7 @@
     $("dashboard").hidden = true;
     $("sign-out").hidden = true;
     $("conn").hidden = true;
+    $("whoami").hidden = true;
     $("login").hidden = false;
     $("login-error").textContent = error || "";
     $("login-error").hidden = !error;
@@ -120,24 +182,61 @@
 
   function signOut(error) {
     token = null;
+    me = null;
     SH.session.set(TOKEN_KEY, null);
+    SH.session.set(ME_KEY, null);
     closeSocket();
     clearInterval(refreshTimer);
     clearInterval(providersTimer);
     providersTimer = null;
     clearInterval(heldTimer);
     heldTimer = null;
+    clearTimeout(meTimer);
+    meTimer = null;
+    stopAudit();
+    forgetSignedIn();
     showLogin(error);
   }
 
-  // True when the server takes the token (a 401 says it does not; anything
-  // else, even an endpoint that is not there, lets the dashboard start).
-  async function tokenWorks(candidate) {
+  // What the last operator saw goes with them: the next one (perhaps of
+  // another role) starts from a clean page.
+  function forgetSignedIn() {
+    delete document.body.dataset.role;
+    experiences = [];
+    running.clear();
+    editors.clear();
+    $("experience-list").replaceChildren();
+    $("guests").tBodies[0].replaceChildren();
+    $("guests").hidden = true;
+    guestsNote("");
+    $("sagas").tBodies[0].replaceChildren();
+    sagasShown = "";
+    reviewItems.clear();
+    $("review-queue").replaceChildren();
+    for (const card of providerCards.values()) card.root.remove();
+    providerCards.clear();
+    operators = [];
+    $("operators").tBodies[0].replaceChildren();
+    closeOperatorResult();
+    closeTerminalResult();
+    auditItems = [];
+    auditNext = null;
+    auditPaged = false;
+    auditShown = "";
+    $("audit").tBodies[0].replaceChildren();
+    $("audit-more").hidden = true;
+  }
+
+  // Who the token is: {ok: true, me} when the server takes it, {ok:
+  // false} on a 401; anything else (no answer, a server without
+  // /api/admin/me) lets the dashboard start, {ok: true, me: null}.
+  async function whoIs(candidate) {
     try {
-      await SH.api("/api/admin/sagas?limit=1", { token: candidate });
-      return true;
+      const { data } = await SH.api("/api/admin/me", { token: candidate });
+      return { ok: true, me: data && ROLES.includes(data.role) ? data : null };
     } catch (err) {
-      return !(err instanceof SH.ApiError && err.status === 401);
+      if (err instanceof SH.ApiError && err.status === 401) return { ok: false };
+      return { ok: true, me: null };
     }
   }
 
@@ -146,15 +245,92 @@
     const candidate = $("token").value.trim();
     if (!candidate) return;
     $("sign-in").disabled = true;
-    const ok = await tokenWorks(candidate);
+    const who = await whoIs(candidate);
     $("sign-in").disabled = false;
-    if (!ok) {
+    if (!who.ok) {
       showLogin(SH.t("ops.tokenWrong"));
       return;
     }
     token = candidate;
     SH.session.set(TOKEN_KEY, token);
+    setMe(who.me);
     start();
+  }
+
+  // ---- roles -----------------------------------------------------------------
+
+  // `me` as the server said it; unknown (no answer yet): the last one this
+  // tab knew, else asked again shortly, the page meanwhile a viewer's.
+  function setMe(who) {
+    clearTimeout(meTimer);
+    meTimer = null;
+    if (who) {
+      me = who;
+      meAttempt = 0;
+      SH.session.set(ME_KEY, who);
+      return;
+    }
+    const kept = SH.session.get(ME_KEY);
+    me = kept && ROLES.includes(kept.role) ? kept : null;
+    meTimer = setTimeout(askMeAgain, 2000 + SH.backoff(meAttempt, 60000));
+    meAttempt += 1;
+  }
+
+  async function askMeAgain() {
+    meTimer = null;
+    if (!token) return;
+    const used = token;
+    const who = await whoIs(used);
+    if (used !== token) return;
+    if (!who.ok) {
+      signOut(SH.t("ops.tokenRevoked"));
+      return;
+    }
+    const before = role();
+    setMe(who.me);
+    if (role() !== before || who.me) {
+      applyRole();
+      redrawForRole();
+    }
+  }
+
+  function role() {
+    return me && ROLES.includes(me.role) ? me.role : "viewer";
+  }
+
+  // True when the signed-in role may do what needs `need` (a role name).
+  function may(need) {
+    return ROLES.indexOf(role()) >= ROLES.indexOf(need);
+  }
+
+  // The header's "name (role)", and what the role may not use hidden.
+  function applyRole() {
+    document.body.dataset.role = role();
+    const who = $("whoami");
+    who.textContent = me ? SH.t("ops.whoami", { name: me.name || "?", role: SH.t(`ops.role.${role()}`) }) : "";
+    who.title = me && me.operator_id ? me.operator_id : "";
+    who.hidden = !me;
+    document.querySelectorAll("[data-needs]").forEach((n) => {
+      n.hidden = !may(n.dataset.needs);
+    });
+  }
+
+  // The parts drawn with buttons, drawn again for a role that changed.
+  function redrawForRole() {
+    sagasShown = "";
+    renderSagas();
+    renderReview();
+    renderExperienceList();
+    loadAllHeld();
+    for (const card of providerCards.values()) {
+      if (card.root.dataset.breaker) showBreaker(card, card.root.dataset.breaker);
+    }
+    if (may("admin")) {
+      loadOperators();
+      startAudit();
+    } else {
+      stopAudit();
+    }
   }
 
   // ---- the live socket -----------------------------------------------------
@@ -209,7 +385,8 @@
       if (ws !== socket) return;
       ws = null;
       if (ev.code === 4401) {
-        signOut(SH.t("ops.tokenWrong"));
+        // The token was revoked (on this instance or another).
+        signOut(SH.t("ops.tokenRevoked"));
         return;
       }
       reconnectLater();
@@ -220,8 +397,8 @@
     if (wsHeard) wsAttempt = 0;
     const delay = SH.backoff(wsAttempt, 30000);
     wsAttempt += 1;
-    if (wsAttempt === 3 && !(await tokenWorks(token))) {
-      signOut(SH.t("ops.tokenWrong"));
+    if (wsAttempt === 3 && token && !(await whoIs(token)).ok) {
+      signOut(SH.t("ops.tokenRevoked"));
       return;
     }
     if (!token) return;
@@ -236,6 +413,9 @@
   // ---- live figures --------------------------------------------------------
 
   function onStats(s) {
+    for (const e of s.experiences || []) {
+      if (e && e.slug) running.set(e.slug, Number(e.in_flight) || 0);
+    }
     renderSteps(s.steps || {}, s.queue_depth);
     if (s.review) {
       reviewWaiting = Number(s.review.waiting) || 0;
@@ -400,10 +580,16 @@
 
   function renderProviders(list) {
     $("providers-section").hidden = false;
+    for (const p of list) {
+      for (const e of p.experiences || []) {
+        if (e && e.slug) running.set(e.slug, Number(e.in_flight) || 0);
+      }
+    }
     const names = list.map((p) => p.name);
     if (names.join("\n") !== providerNames.join("\n")) {
       providerNames = names;
       fillProviderSelect();
+      for (const ed of editors.values()) fillEditorProviders(ed);
     }
     for (const name of [...providerCards.keys()]) {
       if (!names.includes(name)) {
@@ -461,7 +647,7 @@
         SH.el("div", { class: "tile queued" }, c.queued, SH.el("span", { class: "label", text: SH.t("ops.provider.queued") })),
         SH.el("div", { class: "tile rate-limit" }, c.rate, SH.el("span", { class: "label", text: SH.t("ops.provider.rateLimit") }))),
       c.barBox,
-      SH.el("div", { class: "provider-actions" }, c.open, c.pauseFor, c.close),
+      (c.actions = SH.el("div", { class: "provider-actions" }, c.open, c.pauseFor, c.close)),
       SH.el("div", { class: "table-wrap" },
         SH.el("table", { class: "provider-experiences" },
           SH.el("thead", {}, SH.el("tr", {},
@@ -519,10 +705,13 @@
     card.breaker.dataset.state = known;
     card.breaker.textContent = SH.t(`ops.breaker.${known}`);
     card.breaker.title = SH.t(`ops.breaker.${known}.help`);
-    // Closed: it can be paused; open or probing: it can be resumed.
-    card.open.hidden = known !== "closed";
-    card.pauseFor.hidden = known !== "closed";
-    card.close.hidden = known === "closed";
+    // Closed: it can be paused; open or probing: it can be resumed (by an
+    // admin: others see no buttons).
+    const admin = may("admin");
+    card.open.hidden = !admin || known !== "closed";
+    card.pauseFor.hidden = !admin || known !== "closed";
+    card.close.hidden = !admin || known === "closed";
+    card.actions.hidden = !admin;
   }
 
   function updateProviderCard(c, p) {
@@ -587,22 +776,46 @@
       flash(SH.errorText(err), true);
       return;
     }
+    renderExperienceList();
+    loadAllHeld();
+  }
+
+  // When it closes: "closed" once its closes_at has passed, "closes at"
+  // before.
+  function closingBadge(e) {
+    const at = e.closes_at ? Date.parse(e.closes_at) : NaN;
+    if (!Number.isFinite(at)) return null;
+    const closed = at <= Date.now();
+    return SH.el("span", {
+      class: `badge ${closed ? "closed-badge" : "closing-badge"}`,
+      title: e.closes_at,
+      text: closed ? SH.t("ops.edit.closed") : SH.t("ops.edit.closesAt", { time: SH.fmtDateTime(e.closes_at) }),
+    });
+  }
+
+  function renderExperienceList() {
+    if (!token) return;
     // The review queue shows when any experience reviews its results.
     renderReviewHead();
+    for (const slug of [...editors.keys()]) {
+      if (!may("admin") || !experiences.some((e) => e.slug === slug)) editors.delete(slug);
+    }
     $("experience-list").replaceChildren(
       ...(experiences.length
         ? experiences.map((e) =>
           SH.el("li", { dataset: { slug: e.slug } },
-            SH.el("strong", { text: e.title }), " ",
+            SH.el("strong", { class: "experience-title", text: e.title }), " ",
             SH.el("span", { class: `badge kind-${e.kind}`, text: SH.t(`kind.${e.kind}`) }), " ",
-            SH.el("span", { class: "muted small", text: `${e.locale || "en"} · ${SH.t("ops.maxShort", { n: e.max_in_flight })}` }), " ",
+            closingBadge(e), " ",
+            SH.el("span", { class: "muted small experience-summary", text: `${e.locale || "en"} · ${SH.t("ops.maxShort", { n: e.max_in_flight })}` }), " ",
             SH.el("a", { href: `/p/${enc(e.slug)}`, target: "_blank", rel: "noopener", text: `/p/${e.slug}` }),
             e.gallery && e.gallery !== "off"
               ? [" ", SH.el("a", { href: `/g/${enc(e.slug)}`, target: "_blank", rel: "noopener", class: "gallery-link", text: `/g/${e.slug}` })]
               : null,
-            guestsBlock(e)))
+            may("admin") ? [" ", editButton(e)] : null,
+            guestsBlock(e),
+            editors.has(e.slug) ? editors.get(e.slug).root : null))
         : [SH.el("li", { class: "muted", text: SH.t("ops.noExperiences") })]));
-    loadAllHeld();
     const fill = (select, withAny) => {
       const was = select.value;
       select.replaceChildren(
@@ -615,6 +828,554 @@
     fill($("g-experience"), true);
   }
 
+  // ---- experiences: live settings (admin) ------------------------------------
+
+  // The fields the editor shows, as the PATCH names them.
+  const EDIT_FIELDS = ["title", "max_in_flight", "provider", "weight", "credits", "credits_add", "closes_at",
+    "review", "review_timeout", "locale", "gallery", "gallery_pin", "photo_retention", "retention"];
+  const NUMBER_FIELDS = ["max_in_flight", "weight", "credits", "credits_add"];
+  // A closing time this close (or past) stops people now: it asks first.
+  const CLOSE_NOW_MS = 60000;
+
+  function editButton(e) {
+    const open = editors.has(e.slug) && !editors.get(e.slug).root.hidden;
+    const b = SH.el("button", {
+      type: "button",
+      class: "btn btn-small edit-experience",
+      "aria-expanded": String(open),
+      text: SH.t(open ? "ops.edit.hide" : "ops.edit.open"),
+    });
+    b.addEventListener("click", () => toggleEditor(e.slug));
+    return b;
+  }
+
+  function toggleEditor(slug) {
+    const e = experiences.find((x) => x.slug === slug);
+    if (!e) return;
+    let ed = editors.get(slug);
+    if (ed && !ed.root.hidden) {
+      ed.root.hidden = true;
+    } else {
+      if (!ed) {
+        ed = experienceEditor(slug);
+        editors.set(slug, ed);
+      }
+      ed.root.hidden = false;
+      editorMessage(ed, "", false);
+      fillEditor(ed, e, false);
+      // What the server has now (another operator may have changed it).
+      refreshEditor(ed);
+    }
+    // In place: the rest of the item (what it holds) stays as it is.
+    const li = [...$("experience-list").children].find((n) => n.dataset.slug === slug);
+    if (li) {
+      if (ed.root.parentNode !== li) li.append(ed.root);
+      const b = li.querySelector("button.edit-experience");
+      if (b) {
+        b.textContent = SH.t(ed.root.hidden ? "ops.edit.open" : "ops.edit.hide");
+        b.setAttribute("aria-expanded", String(!ed.root.hidden));
+      }
+    }
+    if (!ed.root.hidden) ed.form.elements.title.focus();
+  }
+
+  async function refreshEditor(ed) {
+    try {
+      const { data } = await call(`/api/experiences/${enc(ed.slug)}`);
+      if (data && data.slug === ed.slug && editors.get(ed.slug) === ed) {
+        fillEditor(ed, data, true);
+        replaceExperience(data, false);
+      }
+    } catch (_) {
+      /* the list's values stay */
+    }
+  }
+
+  function experienceEditor(slug) {
+    const ed = { slug, shown: {}, exp: null, saving: false };
+    const field = (label, input, extra) =>
+      SH.el("label", { class: `field field-${input.name}${extra ? ` ${extra}` : ""}` }, SH.el("span", { text: SH.t(label) }), input);
+    const input = (name, props) => SH.el("input", { name, ...props });
+    const select = (name, options) =>
+      SH.el("select", { name }, ...options.map(([value, label]) => SH.el("option", { value, text: label })));
+    const hint = (key) => SH.el("p", { class: "muted small field-hint", text: SH.t(key) });
+    ed.closeNow = SH.el("button", { type: "button", class: "btn btn-small btn-danger close-now", text: SH.t("ops.edit.closeNow") });
+    ed.reopen = SH.el("button", { type: "button", class: "btn btn-small reopen", text: SH.t("ops.edit.reopen") });
+    ed.closesState = SH.el("p", { class: "closes-state small", role: "status" });
+    ed.error = SH.el("p", { class: "error edit-error", role: "alert", hidden: true });
+    ed.status = SH.el("p", { class: "muted small edit-status", role: "status", hidden: true });
+    ed.save = SH.el("button", { type: "submit", class: "btn btn-primary btn-small save-experience", text: SH.t("ops.edit.save") });
+    ed.pinField = field("ops.edit.galleryPin",
+      input("gallery_pin", { inputmode: "numeric", pattern: "[0-9]{4,12}", maxlength: "12", autocomplete: "off", placeholder: SH.t("ops.edit.galleryPinKeep") }),
+      "pin-field");
+    ed.form = SH.el("form", { class: "form experience-edit", dataset: { slug }, "aria-label": SH.t("ops.edit.label", { slug }) },
+      field("ops.field.title", input("title", { required: true, maxlength: "200" })),
+      SH.el("div", { class: "row" },
+        field("ops.field.maxInFlight", input("max_in_flight", { type: "number", min: "1", max: "10000", step: "1", required: true })),
+        field("ops.field.weight", input("weight", { type: "number", min: "1", max: "100", step: "1", required: true }))),
+      field("ops.field.provider", select("provider", [])),
+      SH.el("div", { class: "row" },
+        field("ops.edit.credits", input("credits", { type: "number", min: "0", step: "1", placeholder: SH.t("ops.edit.unlimited") })),
+        field("ops.edit.creditsAdd", input("credits_add", { type: "number", min: "1", step: "1", placeholder: "0" }))),
+      SH.el("div", { class: "closing" },
+        field("ops.edit.closesAtField", input("closes_at", { type: "datetime-local", step: "1" })),
+        ed.closesState,
+        SH.el("div", { class: "row closing-actions" }, ed.closeNow, ed.reopen)),
+      SH.el("div", { class: "row" },
+        field("ops.field.review", select("review", [["off", SH.t("ops.field.reviewOff")], ["before_display", SH.t("ops.field.reviewOn")]])),
+        field("ops.edit.reviewTimeout", input("review_timeout", { maxlength: "40", placeholder: SH.t("ops.edit.none") }))),
+      SH.el("div", { class: "row" },
+        field("ops.field.locale", select("locale", [["en", "English"], ["ko", "한국어"]])),
+        field("ops.edit.gallery", select("gallery", [
+          ["off", SH.t("ops.edit.galleryOff")],
+          ["public", SH.t("ops.edit.galleryPublic")],
+          ["pin", SH.t("ops.edit.galleryPinOption")],
+        ]))),
+      ed.pinField,
+      SH.el("div", { class: "row" },
+        field("ops.edit.photoRetention", input("photo_retention", { maxlength: "40", placeholder: "1h" })),
+        field("ops.edit.retention", input("retention", { maxlength: "40", placeholder: "30d" }))),
+      hint("ops.edit.help"),
+      ed.error,
+      ed.status,
+      SH.el("div", { class: "row edit-actions" }, ed.save));
+    ed.root = SH.el("div", { class: "experience-editor", dataset: { slug }, hidden: true }, ed.form);
+    ed.form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      saveEditor(ed, null);
+    });
+    ed.form.elements.gallery.addEventListener("change", () => showPinField(ed));
+    ed.form.addEventListener("input", () => showClosesState(ed));
+    ed.closeNow.addEventListener("click", () => saveEditor(ed, { closes_at: new Date().toISOString() }));
+    ed.reopen.addEventListener("click", () => saveEditor(ed, { closes_at: null }));
+    return ed;
+  }
+
+  // "2026-12-05T14:30:00" in this browser's time zone, as a
+  // datetime-local field takes it.
+  function localInput(iso) {
+    const d = new Date(iso);
+    if (Number.isNaN(d.getTime())) return "";
+    const p = (n) => String(n).padStart(2, "0");
+    return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())}T${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+  }
+
+  // The editor's value of each field for an experience, as text.
+  function editorValues(e) {
+    return {
+      title: e.title || "",
+      max_in_flight: e.max_in_flight == null ? "" : String(e.max_in_flight),
+      provider: e.provider || "",
+      weight: e.weight == null ? "1" : String(e.weight),
+      credits: e.credits == null ? "" : String(e.credits),
+      credits_add: "",
+      closes_at: e.closes_at ? localInput(e.closes_at) : "",
+      review: e.review || "off",
+      review_timeout: e.review_timeout || "",
+      locale: e.locale || "en",
+      gallery: e.gallery || "off",
+      gallery_pin: "",
+      photo_retention: e.photo_retention || "",
+      retention: e.retention || "",
+    };
+  }
+
+  // A field's text as compared: trimmed, a number as a number, a time as
+  // its instant (the field may drop ":00" seconds).
+  function normal(name, text) {
+    const v = String(text == null ? "" : text).trim();
+    if (!v) return "";
+    if (NUMBER_FIELDS.includes(name)) return Number.isFinite(Number(v)) ? String(Number(v)) : v;
+    if (name === "closes_at") {
+      const ms = new Date(v).getTime();
+      return Number.isFinite(ms) ? String(Math.floor(ms / 1000)) : v;
+    }
+    return v;
+  }
+
+  function setSelect(select, value) {
+    if (![...select.options].some((o) => o.value === value)) {
+      select.append(SH.el("option", { value, text: value }));
+    }
+    select.value = value;
+  }
+
+  function fillEditorProviders(ed) {
+    const select = ed.form.elements.provider;
+    const was = select.value || (ed.shown.provider ?? "");
+    const names = [...providerNames];
+    if (was && !names.includes(was)) names.push(was);
+    select.replaceChildren(...names.map((n) => SH.el("option", { value: n, text: n })));
+    if (was) select.value = was;
+  }
+
+  // Shows `e`'s values; with `keepEdits`, a field the operator changed
+  // keeps what they typed.
+  function fillEditor(ed, e, keepEdits) {
+    const values = editorValues(e);
+    const edited = keepEdits ? new Set(changedFields(ed)) : new Set();
+    fillEditorProviders(ed);
+    for (const name of EDIT_FIELDS) {
+      if (edited.has(name)) continue;
+      const el = ed.form.elements[name];
+      if (el.tagName === "SELECT") setSelect(el, values[name]);
+      else el.value = values[name];
+    }
+    ed.shown = values;
+    ed.exp = e;
+    showPinField(ed);
+    showClosesState(ed);
+  }
+
+  function showPinField(ed) {
+    ed.pinField.hidden = ed.form.elements.gallery.value !== "pin";
+  }
+
+  function showClosesState(ed) {
+    const e = ed.exp || {};
+    const at = e.closes_at ? Date.parse(e.closes_at) : NaN;
+    let text;
+    if (!Number.isFinite(at)) text = SH.t("ops.edit.openNow");
+    else if (at <= Date.now()) text = SH.t("ops.edit.closedSince", { time: SH.fmtDateTime(e.closes_at) });
+    else text = SH.t("ops.edit.closesAt", { time: SH.fmtDateTime(e.closes_at) });
+    ed.closesState.textContent = text;
+    ed.closesState.classList.toggle("closed", Number.isFinite(at) && at <= Date.now());
+    ed.reopen.hidden = !Number.isFinite(at);
+  }
+
+  // The fields whose value differs from what the server said.
+  function changedFields(ed) {
+    return EDIT_FIELDS.filter((name) => {
+      const el = ed.form.elements[name];
+      if (!el) return false;
+      if (name === "credits_add" || name === "gallery_pin") return el.value.trim() !== "";
+      return normal(name, el.value) !== normal(name, ed.shown[name]);
+    });
+  }
+
+  // The PATCH body: only the changed fields, each as the API takes it.
+  function changedBody(ed) {
+    const body = {};
+    for (const name of changedFields(ed)) {
+      const v = ed.form.elements[name].value.trim();
+      if (NUMBER_FIELDS.includes(name)) body[name] = v === "" ? null : Number(v);
+      else if (name === "closes_at") body[name] = v === "" ? null : new Date(v).toISOString();
+      else if (name === "review_timeout") body[name] = v === "" ? null : v;
+      else body[name] = v;
+    }
+    return body;
+  }
+
+  function editorMessage(ed, text, isError) {
+    ed.error.textContent = isError ? text : "";
+    ed.error.hidden = !isError || !text;
+    ed.status.textContent = isError ? "" : text;
+    ed.status.hidden = isError || !text;
+  }
+
+  function runningOf(slug) {
+    return running.has(slug) ? running.get(slug) : 0;
+  }
+
+  // What stops people asks first: closing now, and a max_in_flight below
+  // the jobs running now (they finish; nothing new starts until fewer
+  // run). True when the operator went on.
+  function confirmStops(ed, body) {
+    const title = (ed.exp && ed.exp.title) || ed.slug;
+    if (body.closes_at) {
+      const at = Date.parse(body.closes_at);
+      if (Number.isFinite(at) && at <= Date.now() + CLOSE_NOW_MS
+          && !window.confirm(SH.t("ops.edit.confirmClose", { title }))) return false;
+    }
+    if (body.max_in_flight != null) {
+      const now = runningOf(ed.slug);
+      if (body.max_in_flight < now
+          && !window.confirm(SH.t("ops.edit.confirmLower", { title, n: now, max: body.max_in_flight }))) return false;
+    }
+    return true;
+  }
+
+  // Saves the changed fields (or `only`, for Close now and Reopen, which
+  // leave any other edit in the form as typed).
+  async function saveEditor(ed, only) {
+    if (ed.saving) return;
+    if (!only && !ed.form.reportValidity()) return;
+    const body = only || changedBody(ed);
+    if (!Object.keys(body).length) {
+      editorMessage(ed, SH.t("ops.edit.nothing"), false);
+      return;
+    }
+    if (!confirmStops(ed, body)) {
+      editorMessage(ed, SH.t("ops.edit.notSaved"), false);
+      return;
+    }
+    ed.saving = true;
+    for (const b of ed.form.querySelectorAll("button")) b.disabled = true;
+    editorMessage(ed, SH.t("ops.edit.saving"), false);
+    try {
+      const { data } = await send("PATCH", `/api/experiences/${enc(ed.slug)}`, body, newKey());
+      const saved = data && data.slug ? data : { ...(ed.exp || {}), ...body };
+      fillEditor(ed, saved, Boolean(only));
+      replaceExperience(saved, true);
+      editorMessage(ed, SH.t("ops.edit.saved", { fields: Object.keys(body).join(", ") }), false);
+      flash(SH.t("ops.edit.savedFlash", { slug: ed.slug }));
+    } catch (err) {
+      editorMessage(ed, SH.errorText(err), true);
+    } finally {
+      ed.saving = false;
+      for (const b of ed.form.querySelectorAll("button")) b.disabled = false;
+    }
+  }
+
+  // An experience as the server now has it, in the list (and, with
+  // `redraw`, drawn again).
+  function replaceExperience(e, redraw) {
+    const i = experiences.findIndex((x) => x.slug === e.slug);
+    if (i < 0) return;
+    const before = JSON.stringify(experiences[i]);
+    experiences[i] = e;
+    if (redraw || before !== JSON.stringify(e)) {
+      renderExperienceList();
+      loadAllHeld();
+    }
+  }
+
+  // ---- operators (admin) ------------------------------------------------------
+
+  async function loadOperators() {
+    if (!token || !may("admin")) return;
+    try {
+      const { data } = await call("/api/admin/operators");
+      operators = (data && data.operators) || [];
+      $("operators-note").hidden = true;
+      renderOperators();
+    } catch (err) {
+      $("operators-note").textContent = SH.errorText(err);
+      $("operators-note").hidden = false;
+    }
+  }
+
+  function renderOperators() {
+    const body = $("operators").tBodies[0];
+    fillAuditOperators();
+    if (!operators.length) {
+      body.replaceChildren(SH.el("tr", {}, SH.el("td", { colspan: 5, class: "muted", text: SH.t("ops.operators.none") })));
+      return;
+    }
+    body.replaceChildren(...operators.map(operatorRow));
+  }
+
+  function operatorRow(o) {
+    const revoked = Boolean(o.revoked_at);
+    const self = me && me.operator_id && me.operator_id === o.operator_id;
+    const actions = SH.el("td", { class: "actions" });
+    if (!revoked) {
+      const b = SH.el("button", { type: "button", class: "btn btn-small btn-danger action-revoke", text: SH.t("ops.operators.revoke") });
+      b.addEventListener("click", () => revokeOperator(o, b));
+      actions.append(b);
+    }
+    return SH.el("tr", { class: revoked ? "revoked" : null, dataset: { operatorId: o.operator_id, role: o.role, revoked: String(revoked) } },
+      SH.el("td", { class: "name" }, SH.el("span", { text: o.name || "" }),
+        self ? SH.el("span", { class: "muted small", text: ` ${SH.t("ops.operators.you")}` }) : null),
+      SH.el("td", { class: "role", text: ROLES.includes(o.role) ? SH.t(`ops.role.${o.role}`) : String(o.role || "") }),
+      SH.el("td", { class: "time", title: o.created_at || "", text: SH.fmtDateTime(o.created_at) }),
+      SH.el("td", { class: "revoked-at", title: o.revoked_at || "", text: revoked ? SH.fmtDateTime(o.revoked_at) : SH.t("common.none") }),
+      actions);
+  }
+
+  async function onNewOperator(ev) {
+    ev.preventDefault();
+    const f = ev.target;
+    if (!f.reportValidity()) return;
+    const body = { name: f.elements.name.value.trim(), role: f.elements.role.value };
+    const created = await submitForm(f, "/api/admin/operators", body);
+    if (!created) return;
+    f.elements.name.value = "";
+    // The token is shown now and never again (the server keeps a digest).
+    $("new-operator-text").textContent = SH.t("ops.operators.created", {
+      name: created.name || body.name,
+      role: SH.t(`ops.role.${ROLES.includes(created.role) ? created.role : body.role}`),
+    });
+    $("new-operator-token").textContent = created.token || "";
+    $("new-operator-copy").textContent = SH.t("ops.copy");
+    $("new-operator-result").hidden = false;
+    loadOperators();
+  }
+
+  async function copyOperatorToken() {
+    const ok = await SH.copyText($("new-operator-token").textContent);
+    $("new-operator-copy").textContent = SH.t(ok ? "ops.copied" : "ops.copy");
+    if (!ok) {
+      const range = document.createRange();
+      range.selectNodeContents($("new-operator-token"));
+      const sel = getSelection();
+      sel.removeAllRanges();
+      sel.addRange(range);
+    }
+  }
+
+  function closeOperatorResult() {
+    $("new-operator-result").hidden = true;
+    $("new-operator-token").textContent = "";
+    $("new-operator-text").textContent = "";
+  }
+
+  async function revokeOperator(o, button) {
+    const self = me && me.operator_id && me.operator_id === o.operator_id;
+    if (!window.confirm(SH.t(self ? "ops.operators.confirmRevokeSelf" : "ops.operators.confirmRevoke", { name: o.name || o.operator_id }))) return;
+    button.disabled = true;
+    try {
+      // Revoking is idempotent by itself (again: the same answer).
+      const { data } = await send("DELETE", `/api/admin/operators/${enc(o.operator_id)}`, undefined, undefined);
+      const i = operators.findIndex((x) => x.operator_id === o.operator_id);
+      if (i >= 0) operators[i] = data && data.operator_id ? data : { ...o, revoked_at: new Date().toISOString() };
+      renderOperators();
+      flash(SH.t("ops.operators.revokedDone", { name: o.name || o.operator_id }));
+    } catch (err) {
+      button.disabled = false;
+      flash(SH.errorText(err), true);
+    }
+  }
+
+  // ---- the audit log (admin) ------------------------------------------------
+
+  function fillAuditOperators() {
+    const select = $("a-operator");
+    const was = select.value;
+    const seen = new Set();
+    const opts = [SH.el("option", { value: "", text: SH.t("ops.filter.any") }),
+      SH.el("option", { value: "bootstrap", text: "bootstrap" })];
+    for (const o of operators) {
+      if (!o.operator_id || seen.has(o.operator_id)) continue;
+      seen.add(o.operator_id);
+      opts.push(SH.el("option", { value: o.operator_id, text: `${o.name} (${ROLES.includes(o.role) ? SH.t(`ops.role.${o.role}`) : o.role})` }));
+    }
+    select.replaceChildren(...opts);
+    if ([...select.options].some((x) => x.value === was)) select.value = was;
+  }
+
+  // One audit request at a time: each waits for the one before.
+  function auditRun(fn) {
+    const p = auditChain.then(fn, fn);
+    auditChain = p.catch(() => {});
+    return p;
+  }
+
+  function startAudit() {
+    if (!may("admin")) return;
+    const loop = ++auditLoop;
+    clearTimeout(auditTimer);
+    const tick = async () => {
+      auditTimer = null;
+      if (loop !== auditLoop || !token || !may("admin")) return;
+      await auditRun(refreshAudit);
+      if (loop === auditLoop) auditTimer = setTimeout(tick, AUDIT_MS);
+    };
+    tick();
+  }
+
+  function stopAudit() {
+    auditLoop += 1;
+    clearTimeout(auditTimer);
+    auditTimer = null;
+  }
+
+  function auditQuery(after) {
+    const q = new URLSearchParams({ limit: String(AUDIT_PAGE) });
+    if ($("a-operator").value) q.set("operator", $("a-operator").value);
+    if ($("a-action").value) q.set("action", $("a-action").value);
+    if (after) q.set("after", after);
+    return `/api/admin/audit?${q}`;
+  }
+
+  function auditNote(text) {
+    $("audit-note").textContent = text || "";
+    $("audit-note").hidden = !text;
+  }
+
+  // The newest page: new entries go on top of what is shown (a gap, when
+  // more came than a page holds, starts the list again).
+  async function refreshAudit() {
+    if (!token || !may("admin")) return;
+    const gen = auditGen;
+    let data;
+    try {
+      ({ data } = await call(auditQuery(null)));
+    } catch (err) {
+      if (gen === auditGen) auditNote(SH.errorText(err));
+      return;
+    }
+    if (gen !== auditGen || !token) return;
+    const page = (data && data.items) || [];
+    if (!auditPaged || !auditItems.length) {
+      auditItems = page;
+      auditNext = (data && data.next) || null;
+      auditPaged = false;
+    } else {
+      const known = new Set(auditItems.map((i) => i.id));
+      if (page.length && !page.some((i) => known.has(i.id)) && page.length >= AUDIT_PAGE) {
+        auditItems = page;
+        auditNext = (data && data.next) || null;
+        auditPaged = false;
+      } else {
+        auditItems = page.filter((i) => !known.has(i.id)).concat(auditItems);
+      }
+    }
+    auditNote("");
+    renderAudit();
+  }
+
+  async function moreAudit() {
+    if (!token || !auditNext) return;
+    const gen = auditGen;
+    $("audit-more").disabled = true;
+    try {
+      const { data } = await call(auditQuery(auditNext));
+      if (gen !== auditGen) return;
+      const known = new Set(auditItems.map((i) => i.id));
+      auditItems = auditItems.concat(((data && data.items) || []).filter((i) => !known.has(i.id)));
+      auditNext = (data && data.next) || null;
+      auditPaged = true;
+      auditNote("");
+      renderAudit();
+    } catch (err) {
+      auditNote(SH.errorText(err));
+    } finally {
+      $("audit-more").disabled = false;
+    }
+  }
+
+  function resetAudit() {
+    auditGen += 1;
+    auditItems = [];
+    auditNext = null;
+    auditPaged = false;
+    auditShown = "";
+    $("audit").tBodies[0].replaceChildren();
+    $("audit-more").hidden = true;
+    auditRun(refreshAudit);
+  }
+
+  function renderAudit() {
+    $("audit-more").hidden = !auditNext;
+    const shown = JSON.stringify(auditItems.map((i) => i.id));
+    if (shown === auditShown) return;
+    auditShown = shown;
+    const body = $("audit").tBodies[0];
+    if (!auditItems.length) {
+      body.replaceChildren(SH.el("tr", {}, SH.el("td", { colspan: 5, class: "muted", text: SH.t("ops.audit.none") })));
+      return;
+    }
+    // Every server string as text.
+    body.replaceChildren(...auditItems.map((i) =>
+      SH.el("tr", { dataset: { id: String(i.id), action: String(i.action || "") } },
+        SH.el("td", { class: "time", title: String(i.at || ""), text: SH.fmtDateTime(i.at) }),
+        SH.el("td", { class: "operator", title: i.operator_id ? String(i.operator_id) : "", text: String(i.operator || "") }),
+        SH.el("td", { class: "action" }, SH.el("code", { text: String(i.action || "") })),
+        SH.el("td", { class: "target", text: String(i.target || "") }),
+        SH.el("td", { class: "detail", text: String(i.detail || "") }))));
+  }
+
   // ---- the guests' data: held, export ----------------------------------------
 
   // Under an experience: what it holds, and its Export button.
@@ -622,10 +1383,10 @@
     const held = SH.el("p", { class: "held small", dataset: { slug: e.slug } });
     const kept = SH.el("p", { class: "held-retention muted small" });
     const result = SH.el("span", { class: "export-result muted small", role: "status" });
-    const button = SH.el("button", { type: "button", class: "btn btn-small export", text: SH.t("ops.export") });
-    button.addEventListener("click", () => exportZip(e.slug, button, result));
+    const button = may("admin") ? SH.el("button", { type: "button", class: "btn btn-small export", text: SH.t("ops.export") }) : null;
+    if (button) button.addEventListener("click", () => exportZip(e.slug, button, result));
     return SH.el("div", { class: "guests-data", dataset: { slug: e.slug } },
-      held, kept, SH.el("div", { class: "export-line" }, button, " ", result));
+      held, kept, button ? SH.el("div", { class: "export-line" }, button, " ", result) : null);
   }
 
   function loadAllHeld() {
@@ -696,7 +1457,7 @@
           /* not JSON */
         }
         const err = new SH.ApiError(res.status, body && body.error, body && body.message, body);
-        if (res.status === 401) signOut(SH.t("ops.tokenWrong"));
+        if (res.status === 401) signOut(SH.t("ops.tokenRevoked"));
         throw err;
       }
       const blob = await res.blob();
@@ -765,15 +1526,21 @@
       SH.el("td", { class: "link" }, own ? SH.el("a", { href: own, target: "_blank", rel: "noopener", text: own }) : SH.t("common.none")),
       SH.el("td", { class: "actions" }));
     const actions = row.lastChild;
-    const toggle = SH.el("button", {
-      type: "button",
-      class: `btn btn-small action-${g.hidden ? "unhide" : "hide"}`,
-      text: SH.t(g.hidden ? "ops.unhide" : "ops.hide"),
-    });
-    toggle.addEventListener("click", () => hideGuest(g, toggle));
-    const erase = SH.el("button", { type: "button", class: "btn btn-small btn-danger action-erase", text: SH.t("ops.erase") });
-    erase.addEventListener("click", () => eraseGuest(g, erase));
-    actions.append(toggle, " ", erase);
+    // Hide / Unhide: a moderator's; Erase: an admin's.
+    if (may("moderator")) {
+      const toggle = SH.el("button", {
+        type: "button",
+        class: `btn btn-small action-${g.hidden ? "unhide" : "hide"}`,
+        text: SH.t(g.hidden ? "ops.unhide" : "ops.hide"),
+      });
+      toggle.addEventListener("click", () => hideGuest(g, toggle));
+      actions.append(toggle);
+    }
+    if (may("admin")) {
+      const erase = SH.el("button", { type: "button", class: "btn btn-small btn-danger action-erase", text: SH.t("ops.erase") });
+      erase.addEventListener("click", () => eraseGuest(g, erase));
+      actions.append(" ", erase);
+    }
     return row;
   }
 
@@ -865,10 +1632,14 @@
 
   function reviewCard(item) {
     const selected = item.saga_id === reviewSelected;
-    const approve = SH.el("button", { type: "button", class: "btn btn-primary action-approve", text: SH.t("ops.review.approve") });
-    const reject = SH.el("button", { type: "button", class: "btn action-reject", text: SH.t("ops.review.reject") });
-    approve.addEventListener("click", () => decide(item.saga_id, "approve"));
-    reject.addEventListener("click", () => decide(item.saga_id, "reject"));
+    // A viewer sees the queue without the buttons.
+    const decides = may("moderator");
+    const approve = decides ? SH.el("button", { type: "button", class: "btn btn-primary action-approve", text: SH.t("ops.review.approve") }) : null;
+    const reject = decides ? SH.el("button", { type: "button", class: "btn action-reject", text: SH.t("ops.review.reject") }) : null;
+    if (decides) {
+      approve.addEventListener("click", () => decide(item.saga_id, "approve"));
+      reject.addEventListener("click", () => decide(item.saga_id, "reject"));
+    }
     const content = Array.isArray(item.content) ? item.content : item.content ? [item.content] : [];
     const card = SH.el("li", {
       class: `review-card${selected ? " selected" : ""}`,
@@ -881,7 +1652,7 @@
         SH.el("span", { class: "muted", text: ` · ${item.experience || ""}` }),
         item.score != null ? SH.el("span", { class: "score", text: ` · ${SH.fmtNumber(item.score)}` }) : null,
         SH.el("span", { class: "waited muted", dataset: { since: item.waiting_since }, text: SH.t("ops.review.waited", { s: secondsSince(Date.parse(item.waiting_since)) }) })),
-      SH.el("div", { class: "review-actions" }, approve, reject));
+      decides ? SH.el("div", { class: "review-actions" }, approve, reject) : null);
     card.addEventListener("click", (ev) => {
       if (ev.target.closest("button")) return;
       reviewSelected = item.saga_id;
@@ -922,6 +1693,8 @@
     if (["INPUT", "SELECT", "TEXTAREA"].includes(tag) || $("dashboard").hidden) return;
     if (!reviewItems.size) return;
     const key = ev.key.toLowerCase();
+    // Deciding is a moderator's (a viewer only moves through the queue).
+    if ((key === "a" || key === "r") && !may("moderator")) return;
     if (key === "a" && reviewSelected) decide(reviewSelected, "approve");
     else if (key === "r" && reviewSelected) decide(reviewSelected, "reject");
     else if (key === "j" || key === "arrowdown") moveSelection(1);
@@ -1061,10 +1834,11 @@
   }
 
   function sagaRow(s) {
-    const canCancel = !FINAL.includes(s.step);
+    // Retry and Cancel are an admin's.
+    const canCancel = may("admin") && !FINAL.includes(s.step);
     // The server retries only an ABORTED saga (a stuck one is cancelled
     // first, or left to the cleanup, which aborts it as ORPHANED).
-    const canRetry = s.step === "ABORTED";
+    const canRetry = may("admin") && s.step === "ABORTED";
     const actions = SH.el("td", { class: "actions" },
       canRetry ? actionButton(s, "retry") : null,
       canCancel ? actionButton(s, "cancel") : null);
@@ -1237,15 +2011,25 @@
     $("f-step").replaceChildren(...opts(STEPS, "step"));
     $("f-reason").replaceChildren(...opts(REASONS, "reason"));
     $("f-experience").replaceChildren(SH.el("option", { value: "", text: SH.t("ops.filter.any") }));
+    $("a-action").replaceChildren(
+      SH.el("option", { value: "", text: SH.t("ops.filter.any") }),
+      ...AUDIT_ACTIONS.map((a) => SH.el("option", { value: a, text: a })));
+    fillAuditOperators();
   }
 
   async function start() {
     $("login").hidden = true;
     $("dashboard").hidden = false;
     $("sign-out").hidden = false;
+    applyRole();
+    sagasShown = "";
     renderSteps({}, null);
     renderReasons({});
     connect();
+    if (may("admin")) {
+      loadOperators();
+      startAudit();
+    }
     loadProviders();
     clearInterval(providersTimer);
     providersTimer = setInterval(loadProviders, PROVIDERS_MS);
@@ -1292,14 +2076,26 @@
     $("new-terminal-copy").addEventListener("click", copyLink);
     $("new-terminal-close").addEventListener("click", closeTerminalResult);
     $("guest-search").addEventListener("submit", findGuests);
+    $("new-operator").addEventListener("submit", onNewOperator);
+    $("new-operator-copy").addEventListener("click", copyOperatorToken);
+    $("new-operator-close").addEventListener("click", closeOperatorResult);
+    $("a-operator").addEventListener("change", resetAudit);
+    $("a-action").addEventListener("change", resetAudit);
+    $("audit-filters").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      resetAudit();
+    });
+    $("audit-more").addEventListener("click", () => auditRun(moreAudit));
     if (!token) {
       showLogin();
       return;
     }
-    if (!(await tokenWorks(token))) {
+    const who = await whoIs(token);
+    if (!who.ok) {
       signOut(SH.t("ops.tokenWrong"));
       return;
     }
+    setMe(who.me);
     start();
   }
 

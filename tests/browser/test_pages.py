@@ -48,6 +48,14 @@ pages the way people use them:
                before the camera; a PIN gallery (/g/...) without the opted
                out; the display's QR code of a new result; /ops's held
                figures, export, and finding, hiding and erasing a guest
+  operators    /ops says who is signed in and shows only what the role may
+               do (viewer, moderator, admin); an admin edits an
+               experience's live settings in place (only the changed
+               fields, a confirm before closing now or lowering
+               max_in_flight below what runs), creates an operator (its
+               token shown once) and revokes it (its open page returns to
+               the sign-in form), and reads the audit log by action and
+               operator
   screenshots  of every page, in target/screenshots/; and the two the README
                shows, docs/booth-display.png and docs/ops.png (1280x800),
                rewritten with STAGEHAND_DOCS_SCREENSHOTS=1 (a read-only docs/
@@ -2143,6 +2151,452 @@ def test_ops_guests_data(env):
     expect(held).to_contain_text(re.compile(r"\b1 forgotten"), timeout=10 * SECOND)
 
 
+# ---- operators and roles, live settings, the audit log (issue 35) ----------
+
+
+def ops_sign_in(env, token, refused=None):
+    """/ops signed in with `token` (an operator's own), the socket live;
+    with a list `refused`, every answer of 401 or 403 the page gets is
+    added to it: (status, method, url)."""
+    page = env.screen()
+    if refused is not None:
+        page.on("response", lambda r: refused.append((r.status, r.request.method, r.url))
+                if r.status in (401, 403) else None)
+    page.goto("/ops")
+    expect(page.locator("#login")).to_be_visible()
+    page.fill("#token", token)
+    page.click("#sign-in")
+    expect(page.locator("#dashboard")).to_be_visible()
+    expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+    return page
+
+
+def new_operator(env, name, role):
+    """An operator made through the API with the bootstrap token."""
+    made = env.server.operator("POST", "/api/admin/operators", {"name": name, "role": role})
+    assert made["role"] == role and made["token"] and made["operator_id"], made
+    return made
+
+
+# Every button a person can see on the dashboard: its id, or its classes.
+VISIBLE_BUTTONS = """() => [...document.querySelectorAll('#dashboard button')]
+    .filter(b => b.checkVisibility())
+    .map(b => b.id || b.className)"""
+
+
+def api_experience(env, slug):
+    return env.server.ok("GET", f"/api/experiences/{slug}", token=OPERATOR_TOKEN)
+
+
+def test_ops_settings_edit_in_place(env):
+    """(issue 35) An admin edits an experience's live settings in /ops: the
+    form shows the current values, Save sends only the changed fields (one
+    PATCH with an Idempotency-Key) and shows what the server answered; a
+    refused value shows the server's message beside the form; lowering
+    max_in_flight below the jobs running now and closing now each ask
+    first; a closed experience refuses the phone's submission, and Reopen
+    takes them again."""
+    env.server.experience("tunable", "Tunable booth", kind="image", max_in_flight=2)
+    before = api_experience(env, "tunable")
+    ops = ops_page(env)
+    expect(ops.locator("#whoami")).to_have_text(f"bootstrap ({EN['ops.role.admin']})")
+    item = ops.locator("#experience-list li[data-slug=tunable]")
+    edit = item.locator("button.edit-experience")
+    expect(edit).to_have_text(EN["ops.edit.open"])
+    edit.click()
+    form = item.locator("form.experience-edit")
+    expect(form).to_be_visible()
+    expect(edit).to_have_text(EN["ops.edit.hide"])
+    # The current values.
+    expect(form.locator("[name=title]")).to_have_value("Tunable booth")
+    expect(form.locator("[name=max_in_flight]")).to_have_value("2")
+    expect(form.locator("[name=provider]")).to_have_value(before["provider"])
+    provider_names = [p["name"] for p in env.server.ok("GET", "/api/admin/providers", token=OPERATOR_TOKEN)["providers"]]
+    offered = form.locator("[name=provider] option").evaluate_all("os => os.map(o => o.value)")
+    assert set(provider_names) <= set(offered), (provider_names, offered)
+    expect(form.locator("[name=weight]")).to_have_value(str(before["weight"]))
+    expect(form.locator("[name=credits]")).to_have_value("" if before["credits"] is None else str(before["credits"]))
+    expect(form.locator("[name=credits_add]")).to_have_value("")
+    expect(form.locator("[name=closes_at]")).to_have_value("")
+    expect(form.locator("[name=review]")).to_have_value("off")
+    expect(form.locator("[name=review_timeout]")).to_have_value(before["review_timeout"] or "")
+    expect(form.locator("[name=locale]")).to_have_value("en")
+    expect(form.locator("[name=gallery]")).to_have_value(before["gallery"])
+    expect(form.locator("[name=photo_retention]")).to_have_value(before["photo_retention"])
+    expect(form.locator("[name=retention]")).to_have_value(before["retention"])
+    expect(form.locator(".closes-state")).to_have_text(EN["ops.edit.openNow"])
+    expect(form.locator("button.reopen")).to_be_hidden()
+    assert_fits(ops, "the experience editor")
+
+    patches = []
+    ops.on("request", lambda r: patches.append((r.url, r.post_data_json, r.headers.get("idempotency-key")))
+           if r.method == "PATCH" else None)
+    # Nothing changed: nothing sent.
+    form.locator("button.save-experience").click()
+    expect(form.locator(".edit-status")).to_have_text(EN["ops.edit.nothing"])
+    assert patches == [], patches
+
+    form.locator("[name=title]").fill("Tuned booth")
+    form.locator("[name=max_in_flight]").fill("4")
+    form.locator("button.save-experience").click()
+    expect(form.locator(".edit-status")).to_have_text(EN["ops.edit.saved"].format(fields="title, max_in_flight"))
+    expect(ops.locator("#flash")).to_have_text(EN["ops.edit.savedFlash"].format(slug="tunable"))
+    expect(item.locator(".experience-title")).to_have_text("Tuned booth")
+    expect(item.locator(".experience-summary")).to_contain_text(EN["ops.maxShort"].format(n=4))
+    expect(form.locator("[name=title]")).to_have_value("Tuned booth")
+    expect(form.locator("[name=max_in_flight]")).to_have_value("4")
+    assert len(patches) == 1, patches
+    url, body, key = patches[0]
+    assert url.endswith("/api/experiences/tunable"), url
+    assert body == {"title": "Tuned booth", "max_in_flight": 4}, body
+    assert key and re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", key), key
+    now = api_experience(env, "tunable")
+    assert (now["title"], now["max_in_flight"]) == ("Tuned booth", 4), now
+
+    # A refused value: the server's message beside the form, nothing saved.
+    patches.clear()
+    form.locator("[name=retention]").fill("forever and a day")
+    form.locator("button.save-experience").click()
+    error = form.locator(".edit-error")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("retention")
+    assert patches and patches[-1][1] == {"retention": "forever and a day"}, patches
+    assert api_experience(env, "tunable")["retention"] == before["retention"]
+    form.locator("[name=retention]").fill(before["retention"])
+
+    # Lowering max_in_flight below the jobs running now asks first. Twelve
+    # 2 s jobs, three at a time: three run for several seconds.
+    form.locator("[name=max_in_flight]").fill("3")
+    form.locator("button.save-experience").click()
+    expect(form.locator(".edit-status")).to_have_text(EN["ops.edit.saved"].format(fields="max_in_flight"))
+    for i in range(12):
+        env.server.submit_as("tunable", f"busy-{i}", f"a busy picture {i}")
+    capacity = ops.locator("#capacity li[data-slug=tunable] .in-flight")
+    expect(capacity).to_have_text(EN["ops.inFlight"].format(n=3, max=3), timeout=RESULT_WAIT)
+    asked = []
+
+    def answer(accept):
+        def handler(dialog):
+            asked.append(dialog.message)
+            dialog.accept() if accept else dialog.dismiss()
+        return handler
+
+    patches.clear()
+    ops.once("dialog", answer(False))
+    form.locator("[name=max_in_flight]").fill("1")
+    form.locator("button.save-experience").click()
+    expect(form.locator(".edit-status")).to_have_text(EN["ops.edit.notSaved"])
+    assert len(asked) == 1 and "Tuned booth" in asked[0], asked
+    assert patches == [], f"a dismissed confirm sends nothing: {patches}"
+    # (Asked again while more than one still runs: yes.)
+    accept = answer(True)
+    ops.on("dialog", accept)
+    form.locator("button.save-experience").click()
+    expect(form.locator(".edit-status")).to_have_text(EN["ops.edit.saved"].format(fields="max_in_flight"))
+    ops.remove_listener("dialog", accept)
+    del asked[1:]
+    assert api_experience(env, "tunable")["max_in_flight"] == 1
+    # Nothing running was cancelled.
+    cancelled = [s for s in env.server.sagas(experience="tunable") if s.get("abort_reason") == "CANCELLED"]
+    assert not cancelled, cancelled
+    # Raising it again (no question) lets the queue go at once.
+    form.locator("[name=max_in_flight]").fill("12")
+    form.locator("button.save-experience").click()
+    expect(form.locator(".edit-status")).to_have_text(EN["ops.edit.saved"].format(fields="max_in_flight"))
+    assert len(asked) == 1, f"raising asks nothing: {asked}"
+    wait_for("the twelve sagas to complete", lambda: (lambda ss: len(ss) == 12 and all(
+        s["step"] == "COMPLETED" for s in ss))(env.server.sagas(experience="tunable")), 40)
+
+    # Close now: a dismissed confirm leaves it open.
+    ops.once("dialog", answer(False))
+    form.locator("button.close-now").click()
+    expect(form.locator(".edit-status")).to_have_text(EN["ops.edit.notSaved"])
+    assert len(asked) == 2 and "Tuned booth" in asked[1], asked
+    assert api_experience(env, "tunable")["closes_at"] is None
+    ops.once("dialog", answer(True))
+    form.locator("button.close-now").click()
+    expect(item.locator(".closed-badge")).to_have_text(EN["ops.edit.closed"])
+    expect(form.locator(".closes-state")).to_have_class(re.compile(r"\bclosed\b"))
+    expect(form.locator("[name=closes_at]")).not_to_have_value("")
+    expect(form.locator("button.reopen")).to_be_visible()
+    closes_at = api_experience(env, "tunable")["closes_at"]
+    assert closes_at, "closed now"
+    assert patches[-1][1].keys() == {"closes_at"}, patches[-1]
+    shot(ops, "ops-experience-editor", full_page=True)
+
+    # The phone is told the experience is closed.
+    phone = env.phone()
+    phone.goto("/p/tunable")
+    participant_submit(phone, "latecomer", "a door that just closed")
+    expect(phone.locator("#form-error")).to_have_text(EN["p.error.closing"], timeout=RESULT_WAIT)
+    expect(phone.locator("#view-form")).to_be_visible()
+    shot(phone, "participant-closed")
+
+    # Reopen: no question, and the phone's next try goes through.
+    patches.clear()
+    form.locator("button.reopen").click()
+    expect(item.locator(".closed-badge")).to_have_count(0)
+    expect(form.locator(".closes-state")).to_have_text(EN["ops.edit.openNow"])
+    expect(form.locator("[name=closes_at]")).to_have_value("")
+    assert patches and patches[-1][1] == {"closes_at": None}, patches
+    assert len(asked) == 3, asked
+    assert api_experience(env, "tunable")["closes_at"] is None
+    participant_submit(phone, "latecomer", "a door open again")
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+
+    # Closed from the editor's field (a past time) asks too.
+    ops.once("dialog", answer(False))
+    form.locator("[name=closes_at]").fill("2020-01-01T10:00")
+    form.locator("button.save-experience").click()
+    expect(form.locator(".edit-status")).to_have_text(EN["ops.edit.notSaved"])
+    assert len(asked) == 4, asked
+    form.locator("[name=closes_at]").fill("")
+    # The editor closes and opens again with the server's values.
+    edit.click()
+    expect(form).to_be_hidden()
+    edit.click()
+    expect(form.locator("[name=title]")).to_have_value("Tuned booth")
+    expect(form.locator("[name=max_in_flight]")).to_have_value("12")
+
+
+def test_ops_roles_show_only_what_they_may(env):
+    """(issue 35) A viewer's /ops reads everything and shows no button that
+    changes anything; a moderator's shows approve / reject (one and all)
+    and hide / unhide, and no settings, operators, audit, cancel, retry,
+    erase, export or breaker; the header says who is signed in. Neither
+    page asks the server for what its role may not do."""
+    env.server.operator("POST", "/api/experiences", {
+        "slug": "roles", "title": "Roles booth", "kind": "image", "review": "before_display"})
+    sid, _ = env.server.submit_as("roles", "waits-for-review", "a quiet harbour")
+    viewer_op = new_operator(env, "Vera Viewer", "viewer")
+    moderator_op = new_operator(env, "Moe Moderator", "moderator")
+
+    # The viewer.
+    refused = []
+    viewer = ops_sign_in(env, viewer_op["token"], refused)
+    expect(viewer.locator("#whoami")).to_have_text(f"Vera Viewer ({EN['ops.role.viewer']})")
+    assert viewer.evaluate("() => document.body.dataset.role") == "viewer"
+    card = viewer.locator("#review-queue .review-card")
+    expect(card).to_have_count(1, timeout=RESULT_WAIT)
+    expect(card.locator(".nickname")).to_have_text("waits-for-review")
+    expect(card.locator("button")).to_have_count(0)
+    row = viewer.locator("#sagas tbody tr", has=viewer.locator("td.nickname", has_text="waits-for-review"))
+    expect(row).to_have_attribute("data-step", "IN_REVIEW")
+    expect(row.locator("button")).to_have_count(0)
+    expect(provider_card(viewer, "default")).to_be_visible()
+    expect(provider_card(viewer, "default").locator(".provider-actions")).to_be_hidden()
+    item = viewer.locator("#experience-list li[data-slug=roles]")
+    expect(item).to_be_visible()
+    expect(item.locator(".held")).to_contain_text("Held:")
+    expect(item.locator("button")).to_have_count(0)
+    viewer.fill("#g-nickname", "waits-for-review")
+    viewer.click("#guest-find")
+    guest = viewer.locator(f"#guests tbody tr[data-session-id='{sid}']")
+    expect(guest).to_be_visible()
+    expect(guest.locator("button")).to_have_count(0)
+    for hidden in ["#new-experience-section", "#new-terminal-section", "#operators-section", "#audit-section",
+                   "#retry-failed", "#review-approve-all"]:
+        expect(viewer.locator(hidden)).to_be_hidden()
+    buttons = viewer.evaluate(VISIBLE_BUTTONS)
+    assert set(buttons) <= {"saga-refresh", "guest-find", "sagas-more"}, f"a viewer sees write buttons: {buttons}"
+    # The decision keys do nothing for a viewer.
+    viewer.locator("#review-queue").click()
+    viewer.keyboard.press("a")
+    viewer.wait_for_timeout(1000)
+    assert env.server.sagas(experience="roles")[0]["step"] == "IN_REVIEW"
+    assert_fits(viewer, "a viewer's dashboard")
+    shot(viewer, "ops-viewer", full_page=True)
+    assert not refused, f"the viewer's page asked for what a viewer may not do: {refused}"
+
+    # The moderator.
+    refused = []
+    mod = ops_sign_in(env, moderator_op["token"], refused)
+    expect(mod.locator("#whoami")).to_have_text(f"Moe Moderator ({EN['ops.role.moderator']})")
+    card = mod.locator("#review-queue .review-card")
+    expect(card).to_have_count(1, timeout=RESULT_WAIT)
+    expect(card.locator("button.action-approve")).to_be_visible()
+    expect(card.locator("button.action-reject")).to_be_visible()
+    expect(mod.locator("#review-approve-all")).to_be_visible()
+    row = mod.locator("#sagas tbody tr", has=mod.locator("td.nickname", has_text="waits-for-review"))
+    expect(row).to_be_visible()
+    expect(row.locator("button")).to_have_count(0)
+    expect(provider_card(mod, "default").locator(".provider-actions")).to_be_hidden()
+    item = mod.locator("#experience-list li[data-slug=roles]")
+    expect(item).to_be_visible()
+    expect(item.locator("button.edit-experience")).to_have_count(0)
+    expect(item.locator("button.export")).to_have_count(0)
+    for hidden in ["#new-experience-section", "#new-terminal-section", "#operators-section", "#audit-section",
+                   "#retry-failed"]:
+        expect(mod.locator(hidden)).to_be_hidden()
+    mod.fill("#g-nickname", "waits-for-review")
+    mod.click("#guest-find")
+    guest = mod.locator(f"#guests tbody tr[data-session-id='{sid}']")
+    expect(guest.locator("button.action-hide")).to_be_visible()
+    expect(guest.locator("button.action-erase")).to_have_count(0)
+    buttons = mod.evaluate(VISIBLE_BUTTONS)
+    allowed = {"saga-refresh", "guest-find", "sagas-more", "review-approve-all"}
+    for b in buttons:
+        assert b in allowed or re.search(r"\baction-(approve|reject|hide|unhide)\b", b), \
+            f"a moderator sees a button beyond their role: {b} (all: {buttons})"
+    shot(mod, "ops-moderator", full_page=True)
+    # What a moderator may do works.
+    guest.locator("button.action-hide").click()
+    expect(mod.locator("#flash")).to_have_text(EN["ops.done.hide"].format(name="waits-for-review"))
+    expect(guest).to_have_attribute("data-hidden", "true")
+    guest.locator("button.action-unhide").click()
+    expect(guest).to_have_attribute("data-hidden", "false")
+    card.locator("button.action-approve").click()
+    expect(card).to_have_count(0)
+    wait_for("the approved saga to complete", lambda: env.server.sagas(experience="roles")[0]["step"] == "COMPLETED", 15)
+    assert not refused, f"the moderator's page asked for what a moderator may not do: {refused}"
+
+    # The server holds the same line: a moderator's token may not change
+    # settings (403, saying what it needs).
+    status, body, _ = env.server.api("PATCH", "/api/experiences/roles", {"title": "nope"},
+                                     token=moderator_op["token"], key=str(uuid.uuid4()))
+    assert status == 403 and body.get("error") == "forbidden" and body.get("needs") == "admin", (status, body)
+
+    # The admin sees it all.
+    admin = ops_page(env)
+    expect(admin.locator("#whoami")).to_have_text(f"bootstrap ({EN['ops.role.admin']})")
+    for shown in ["#new-experience-section", "#new-terminal-section", "#operators-section", "#audit-section",
+                  "#retry-failed"]:
+        expect(admin.locator(shown)).to_be_visible()
+    expect(admin.locator("#experience-list li[data-slug=roles] button.edit-experience")).to_be_visible()
+    expect(admin.locator("#experience-list li[data-slug=roles] button.export")).to_be_visible()
+
+
+def test_ops_operators_and_audit(env):
+    """(issue 35) An admin creates an operator in /ops and sees its token
+    once, the new operator signs in with it, the admin revokes it (after a
+    confirm) and the operator's open page returns to the sign-in form
+    saying the token was revoked; the audit panel lists operator.create
+    and operator.revoke under the admin's name, follows new entries by
+    itself, narrows by action and by operator, pages with More, and shows
+    every server string as text."""
+    admin_op = new_operator(env, "Ada Admin", "admin")
+    ops = ops_sign_in(env, admin_op["token"])
+    expect(ops.locator("#whoami")).to_have_text(f"Ada Admin ({EN['ops.role.admin']})")
+    section = ops.locator("#operators-section")
+    expect(section).to_be_visible()
+    me_row = ops.locator(f"#operators tbody tr[data-operator-id='{admin_op['operator_id']}']")
+    expect(me_row.locator("td.name")).to_contain_text("Ada Admin")
+    expect(me_row.locator("td.name")).to_contain_text(EN["ops.operators.you"])
+    expect(me_row.locator("td.role")).to_have_text(EN["ops.role.admin"])
+
+    # Create: the token is shown once.
+    form = ops.locator("#new-operator")
+    form.locator("[name=name]").fill("Temp Helper")
+    form.locator("[name=role]").select_option("viewer")
+    form.locator("button[type=submit]").click()
+    result = ops.locator("#new-operator-result")
+    expect(result).to_be_visible()
+    expect(ops.locator("#new-operator-text")).to_contain_text("Temp Helper")
+    expect(result).to_contain_text(EN["ops.operators.tokenOnce"])
+    token = ops.locator("#new-operator-token").inner_text().strip()
+    assert len(token) >= 16, token
+    row = ops.locator("#operators tbody tr", has=ops.locator("td.name", has_text="Temp Helper"))
+    expect(row).to_have_count(1)
+    expect(row).to_have_attribute("data-revoked", "false")
+    expect(row.locator("td.role")).to_have_text(EN["ops.role.viewer"])
+    helper_id = row.get_attribute("data-operator-id")
+    listed = env.server.ok("GET", "/api/admin/operators", token=OPERATOR_TOKEN)["operators"]
+    assert all("token" not in o for o in listed), listed
+    assert any(o["operator_id"] == helper_id and o["revoked_at"] is None for o in listed), listed
+    assert token not in json.dumps(listed)
+    shot(ops, "ops-operators", full_page=True)
+    ops.click("#new-operator-close")
+    expect(result).to_be_hidden()
+    assert token not in ops.content(), "the token is shown once"
+
+    # The new operator signs in with it.
+    helper = ops_sign_in(env, token)
+    expect(helper.locator("#whoami")).to_have_text(f"Temp Helper ({EN['ops.role.viewer']})")
+
+    # Revoke: a dismissed confirm keeps it.
+    asked = []
+    ops.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    row.locator("button.action-revoke").click()
+    ops.wait_for_timeout(500)
+    assert len(asked) == 1 and "Temp Helper" in asked[0], asked
+    expect(row).to_have_attribute("data-revoked", "false")
+    ops.once("dialog", lambda d: (asked.append(d.message), d.accept()))
+    row.locator("button.action-revoke").click()
+    expect(row).to_have_attribute("data-revoked", "true")
+    expect(row.locator("button.action-revoke")).to_have_count(0)
+    expect(ops.locator("#flash")).to_have_text(EN["ops.operators.revokedDone"].format(name="Temp Helper"))
+    listed = env.server.ok("GET", "/api/admin/operators", token=OPERATOR_TOKEN)["operators"]
+    assert next(o for o in listed if o["operator_id"] == helper_id)["revoked_at"], listed
+
+    # The revoked operator's open page: back to the sign-in form, told why.
+    expect(helper.locator("#login")).to_be_visible(timeout=10 * SECOND)
+    expect(helper.locator("#login-error")).to_have_text(EN["ops.tokenRevoked"])
+    expect(helper.locator("#dashboard")).to_be_hidden()
+    helper.fill("#token", token)
+    helper.click("#sign-in")
+    expect(helper.locator("#login-error")).to_have_text(EN["ops.tokenWrong"])
+
+    # The audit log: both, under the admin's name, newest first.
+    audit = ops.locator("#audit tbody")
+    mine = lambda action: audit.locator(f"tr[data-action='{action}']").filter(  # noqa: E731
+        has=ops.locator("td.operator", has_text=re.compile(r"^Ada Admin$"))).filter(
+        has=ops.locator("td.target", has_text=helper_id))
+    expect(mine("operator.create")).to_have_count(1, timeout=10 * SECOND)
+    expect(mine("operator.revoke")).to_have_count(1, timeout=10 * SECOND)
+    actions = audit.locator("tr").evaluate_all("rs => rs.map(r => r.dataset.action)")
+    assert actions.index("operator.revoke") < actions.index("operator.create"), f"newest first: {actions}"
+    # Ada's own creation, by the bootstrap token.
+    expect(audit.locator("tr[data-action='operator.create']").filter(
+        has=ops.locator("td.operator", has_text=re.compile(r"^bootstrap$"))).filter(
+        has=ops.locator("td.target", has_text=admin_op["operator_id"]))).to_have_count(1)
+
+    # It follows by itself (every 2 s): a change made elsewhere shows.
+    env.server.experience("audited", "<b>Audited</b> booth", kind="image")
+    env.server.operator("PATCH", "/api/experiences/audited", {"max_in_flight": 3})
+    update = audit.locator("tr[data-action='experience.update']").filter(has=ops.locator("td.target", has_text="audited"))
+    expect(update.first).to_be_visible(timeout=10 * SECOND)
+    expect(update.first.locator("td.detail")).to_contain_text("max_in_flight")
+    expect(update.first.locator("td.operator")).to_have_text("bootstrap")
+
+    # Narrowed by action.
+    total = audit.locator("tr").count()
+    ops.locator("#a-action").select_option("operator.revoke")
+    wait_for("only operator.revoke rows", lambda: (lambda acts: acts and set(acts) == {"operator.revoke"})(
+        audit.locator("tr").evaluate_all("rs => rs.map(r => r.dataset.action)")), 10)
+    assert audit.locator("tr").count() < total
+    expect(mine("operator.revoke")).to_have_count(1)
+    # And by operator.
+    ops.locator("#a-action").select_option("")
+    ops.locator("#a-operator").select_option(admin_op["operator_id"])
+    wait_for("only Ada's rows", lambda: (lambda who: who and set(who) == {"Ada Admin"})(
+        audit.locator("tr td.operator").evaluate_all("ts => ts.map(t => t.textContent)")), 10)
+    expect(mine("operator.create")).to_have_count(1)
+    ops.locator("#a-operator").select_option("")
+
+    # More: a page holds 50; 55 updates need a second one.
+    for i in range(55):
+        env.server.operator("PATCH", "/api/experiences/audited", {"weight": 1 + i % 2 + 1})
+    ops.locator("#a-action").select_option("experience.update")
+    rows = audit.locator("tr[data-action='experience.update']")
+    expect(rows).to_have_count(50, timeout=10 * SECOND)
+    more = ops.locator("#audit-more")
+    expect(more).to_be_visible()
+    more.click()
+    wait_for("the second page", lambda: rows.count() >= 56, 10)
+    ids = rows.evaluate_all("rs => rs.map(r => r.dataset.id)")
+    assert len(ids) == len(set(ids)), "no entry twice"
+    # The refresh goes on without losing the older page.
+    env.server.operator("PATCH", "/api/experiences/audited", {"weight": 5})
+    wait_for("the newest on top, the older page kept", lambda: rows.count() == len(ids) + 1, 10)
+    expect(rows.first.locator("td.detail")).to_contain_text("weight")
+    assert rows.evaluate_all("rs => rs.map(r => r.dataset.id)")[1:] == ids
+    # Every server string is text.
+    assert ops.evaluate("() => window.__pwned") is None
+    assert audit.locator("img, script, b").count() == 0
+    ops.locator("#a-action").select_option("")
+    shot(ops, "ops-audit", full_page=True)
+
+
 def test_no_page_errors(env):
     """No page threw an uncaught JavaScript error in any of the tests."""
     assert not env.console_errors, "\n".join(env.console_errors)
@@ -2178,6 +2632,9 @@ TESTS = [
     test_gallery_pages_and_more,
     test_display_shows_the_result_link_qr,
     test_ops_guests_data,
+    test_ops_settings_edit_in_place,
+    test_ops_roles_show_only_what_they_may,
+    test_ops_operators_and_audit,
     test_docs_screenshots,
     test_no_page_errors,
 ]
