@@ -298,3 +298,98 @@ fn failures_to_run_exit_2() {
     assert_eq!(code, Some(2), "{output}");
     assert!(!output.contains("GO"), "{output}");
 }
+
+/// The rehearsal's advice followed end to end, as docs/OPERATIONS.md
+/// tells an event team: rehearse the experience as it stands (cap 1,
+/// 300 ms AI jobs, 20 participants a second): NO-GO with the cap that
+/// would hold; PATCH the cap to it; rehearse the same experience again:
+/// GO. The slug, and so every printed QR code, stays the same.
+async fn the_advice_is_followed_with_a_patch(backend: Backend) {
+    let app = support::TestApp::spawn_with(
+        backend,
+        stagehand::ai::simulator::SimConfig {
+            latency: Duration::from_millis(300),
+            ..support::fast_sim()
+        },
+        |_| {},
+    )
+    .await;
+    let slug = app.experience(1).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let run = |name: &str| {
+        let json_path = dir.path().join(name);
+        let args: Vec<String> = [
+            "rehearse",
+            "--url",
+            &app.base,
+            "--operator-token",
+            support::OPERATOR,
+            "--experience",
+            &slug,
+            "--rate",
+            "20/s",
+            "--duration",
+            "1s",
+            "--terminals",
+            "2",
+            "--target-p95",
+            "2s",
+            "--json",
+            &json_path.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        async move {
+            let (code, output) = tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                support::run_stagehand(&args, RUN_DEADLINE)
+            })
+            .await
+            .expect("rehearse ran");
+            let report: Value = serde_json::from_str(
+                &std::fs::read_to_string(&json_path)
+                    .unwrap_or_else(|e| panic!("no JSON ({e}):\n{output}")),
+            )
+            .expect("JSON");
+            (code, output, report)
+        }
+    };
+
+    let (code, output, report) = run("before.json").await;
+    assert_eq!(code, Some(1), "cap 1 should be NO-GO:\n{output}");
+    assert_eq!(report["capacity"]["max_in_flight"], 1, "{report:#}");
+    let recommended = report["capacity"]["recommended_max_in_flight"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no advice: {report:#}"));
+    assert!(recommended > 1, "{report:#}");
+    assert!(
+        output.contains(&format!("you need max_in_flight >= {recommended}"))
+            && output.contains("PATCH /api/experiences/{slug}"),
+        "{output}"
+    );
+
+    let resp = app
+        .http
+        .patch(format!("{}/api/experiences/{slug}", app.base))
+        .bearer_auth(support::OPERATOR)
+        .json(&serde_json::json!({"max_in_flight": recommended}))
+        .send()
+        .await
+        .expect("PATCH");
+    assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
+
+    let (code, output, report) = run("after.json").await;
+    assert_eq!(code, Some(0), "with the advised cap it should be GO:\n{output}");
+    assert_eq!(
+        report["capacity"]["max_in_flight"].as_u64(),
+        Some(recommended),
+        "the second run rehearsed the patched experience: {report:#}"
+    );
+    assert!(verdict_line(&output).starts_with("GO: "), "{output}");
+    eprintln!(
+        "rehearse NO-GO at cap 1, PATCH to {recommended}, rehearse GO: {}",
+        verdict_line(&output)
+    );
+}
+
+db_test!(the_advice_is_followed_with_a_patch);
