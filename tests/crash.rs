@@ -449,3 +449,101 @@ async fn kill9_during_the_purge_then_restart(backend: Backend) {
     sim.stop().await;
 }
 db_test!(kill9_during_the_purge_then_restart);
+
+/// An experience moved from account A to account B while A's jobs run,
+/// then kill -9: the restarted server resumes the sagas whose jobs run on
+/// A (their slots say so), polls them there and completes them. No job is
+/// created on B for them, and none on A again.
+async fn kill9_after_a_provider_move_resumes_on_the_jobs_account(backend: Backend) {
+    const N: usize = 2;
+    let mut logs = Logs::new();
+    let http = http_client();
+    let db = TestDb::fresh(backend).await;
+    let (sim_a, sim_b) = (
+        support::start_sim(SimConfig {
+            latency: Duration::from_secs(4),
+            ..support::fast_sim()
+        })
+        .await,
+        support::start_sim(crash_sim()).await,
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let providers = dir.path().join("providers.toml");
+    std::fs::write(
+        &providers,
+        format!(
+            "[providers.a]\nkind = \"jobs\"\nurl = \"{}\"\nmax_in_flight = 5\n\n\
+             [providers.b]\nkind = \"jobs\"\nurl = \"{}\"\nmax_in_flight = 5\n",
+            sim_a.url(),
+            sim_b.url()
+        ),
+    )
+    .expect("providers file");
+    let env = [("STAGEHAND_PROVIDERS", providers.to_str().expect("path"))];
+    let mut first = Server::start_with(&db.url, &sim_a.url(), &logs.next(), &http, &env).await;
+    let slug = format!("moved-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let created = http
+        .post(format!("{}/api/experiences", first.base))
+        .bearer_auth(support::OPERATOR)
+        .json(&json!({"slug": slug, "title": "Moved", "kind": "image", "provider": "a"}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
+    let mut participants = Vec::new();
+    for i in 0..N {
+        let (sid, token) =
+            support::create_session(&http, &first.base, &slug, None, &format!("p{i}")).await;
+        let resp = support::submit(
+            &http,
+            &first.base,
+            &sid,
+            &token,
+            json!({"prompt": "a moved cat"}),
+            &uuid::Uuid::new_v4().to_string(),
+        )
+        .await;
+        assert_eq!(resp.status(), 202);
+        participants.push(Participant {
+            sid,
+            token,
+            marker: "a moved cat".into(),
+        });
+    }
+    let running = support::wait_for(Duration::from_secs(10), || async {
+        (sim_a.control.stats().running == N as u64).then_some(())
+    })
+    .await;
+    assert!(
+        running.is_some(),
+        "A never ran the jobs: {:?}",
+        sim_a.control.stats()
+    );
+
+    let moved = http
+        .patch(format!("{}/api/experiences/{slug}", first.base))
+        .bearer_auth(support::OPERATOR)
+        .json(&json!({"provider": "b"}))
+        .send()
+        .await
+        .expect("PATCH");
+    assert_eq!(moved.status(), 200);
+    first.kill9();
+    drop(first);
+
+    let second = Server::start_with(&db.url, &sim_a.url(), &logs.next(), &http, &env).await;
+    assert_all_completed(&http, &second.base, &participants, Duration::from_secs(40)).await;
+    let (a, b) = (sim_a.control.stats(), sim_b.control.stats());
+    assert_eq!(
+        b.jobs_created, 0,
+        "a resumed saga sent its job to B: A {a:?}, B {b:?}"
+    );
+    assert_eq!(
+        a.jobs_created, N as u64,
+        "a job was created twice on A: {a:?}"
+    );
+    drop(second);
+    sim_a.stop().await;
+    sim_b.stop().await;
+}
+db_test!(kill9_after_a_provider_move_resumes_on_the_jobs_account);
