@@ -379,7 +379,11 @@ async fn the_advice_is_followed_with_a_patch(backend: Backend) {
     assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
 
     let (code, output, report) = run("after.json").await;
-    assert_eq!(code, Some(0), "with the advised cap it should be GO:\n{output}");
+    assert_eq!(
+        code,
+        Some(0),
+        "with the advised cap it should be GO:\n{output}"
+    );
     assert_eq!(
         report["capacity"]["max_in_flight"].as_u64(),
         Some(recommended),
