@@ -14,10 +14,10 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::auth::{caller_token, operator_by_token, signed_in};
+use super::auth::{operator_by_token, signed_in};
 use super::body::{parse_json, read_body};
 use super::error::ApiError;
-use super::idempotency::{key_of, respond, run_idempotent, Reply};
+use super::idempotency::{operator_write, Reply};
 use super::AppState;
 use crate::actors::operator_socket::OperatorSocket;
 use crate::actors::persistence::WriteAlone;
@@ -204,21 +204,17 @@ where
     Fut: std::future::Future<Output = Result<(), ApiError>>,
 {
     let operator = signed_in(req)?;
-    let key = key_of(req)?;
-    let body = read_body(payload).await?;
-    let scope = operator_scope(req);
     let audit = AuditEntry::new(&operator, kind, format!("saga:{id}"));
-    let (reply, replayed) =
-        run_idempotent(state, &scope, caller_token(req), key, &body, || async {
-            action(audit.clone()).await?;
-            let view = saga_or_404(state, id).await?;
-            Ok(Reply {
-                status: StatusCode::OK,
-                body: json!({"saga": view}),
-            })
+    let (action, audit) = (&action, &audit);
+    operator_write(state, req, payload, |_| async move {
+        action(audit.clone()).await?;
+        let view = saga_or_404(state, id).await?;
+        Ok(Reply {
+            status: StatusCode::OK,
+            body: json!({"saga": view}),
         })
-        .await?;
-    Ok(respond(reply, replayed, None))
+    })
+    .await
 }
 
 /// `POST /api/admin/sagas/{id}/retry`: an ABORTED saga runs again from the

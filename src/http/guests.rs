@@ -14,11 +14,9 @@ use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::admin::operator_scope;
-use super::auth::{caller_token, require_session, signed_in};
-use super::body::read_body;
+use super::auth::{require_session, signed_in};
 use super::error::ApiError;
-use super::idempotency::{key_of, respond, run_idempotent, Reply};
+use super::idempotency::{operator_write, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::domain::audit::{AuditAction, AuditEntry};
@@ -475,38 +473,29 @@ async fn set_hidden(
     hidden: bool,
 ) -> Result<HttpResponse, ApiError> {
     let operator = signed_in(&req)?;
-    let key = key_of(&req)?;
-    let body = read_body(payload).await?;
     let kind = if hidden {
         AuditAction::SessionHide
     } else {
         AuditAction::SessionUnhide
     };
     let audit = AuditEntry::new(&operator, kind, format!("session:{id}"));
-    let (reply, replayed) = run_idempotent(
-        &state,
-        &operator_scope(&req),
-        caller_token(&req),
-        key,
-        &body,
-        || async {
-            let displays = state
-                .store
-                .set_hidden(&id, hidden, Some(&audit), state.clock.now_ms())
-                .await?
-                .ok_or(ApiError::NotFound("session"))?;
-            if displays > 0 {
-                state.wakeups.event_appended();
-            }
-            tracing::info!(session_id = %id, hidden, displays, "operator hid or showed a result");
-            Ok(Reply {
-                status: StatusCode::OK,
-                body: json!({"session_id": id.as_str(), "hidden": hidden}),
-            })
-        },
-    )
-    .await?;
-    Ok(respond(reply, replayed, None))
+    let (state, audit, id) = (&state, &audit, id.as_str());
+    operator_write(state, &req, payload, |_| async move {
+        let displays = state
+            .store
+            .set_hidden(id, hidden, Some(audit), state.clock.now_ms())
+            .await?
+            .ok_or(ApiError::NotFound("session"))?;
+        if displays > 0 {
+            state.wakeups.event_appended();
+        }
+        tracing::info!(session_id = %id, hidden, displays, "operator hid or showed a result");
+        Ok(Reply {
+            status: StatusCode::OK,
+            body: json!({"session_id": id, "hidden": hidden}),
+        })
+    })
+    .await
 }
 
 #[utoipa::path(

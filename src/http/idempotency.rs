@@ -221,6 +221,29 @@ async fn keeping_the_key<T>(
     }
 }
 
+/// An operator's write under the Idempotency-Key rules, scoped to the
+/// operator's token and the path: the body is read, then `handler` runs
+/// with it (or the stored answer of the same request is replayed), and
+/// its reply is the answer.
+pub async fn operator_write<F, Fut>(
+    state: &AppState,
+    req: &HttpRequest,
+    payload: actix_web::web::Payload,
+    mut handler: F,
+) -> Result<HttpResponse, ApiError>
+where
+    F: FnMut(actix_web::web::Bytes) -> Fut,
+    Fut: Future<Output = Result<Reply, ApiError>>,
+{
+    let key = key_of(req)?;
+    let body = super::body::read_body(payload).await?;
+    let scope = super::admin::operator_scope(req);
+    let caller = super::auth::caller_token(req);
+    let (reply, replayed) =
+        run_idempotent(state, &scope, caller, key, &body, || handler(body.clone())).await?;
+    Ok(respond(reply, replayed, None))
+}
+
 /// Builds the HTTP answer for a reply, marking replays; `location` is added
 /// to successful answers.
 pub fn respond(reply: Reply, replayed: bool, location: Option<String>) -> HttpResponse {

@@ -6,11 +6,10 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admin::operator_scope;
-use super::auth::{caller_token, new_secret, operator_of, signed_in};
-use super::body::{parse_json, read_body, rfc3339_ms};
+use super::auth::{new_secret, operator_of, signed_in};
+use super::body::{parse_json, rfc3339_ms};
 use super::error::ApiError;
-use super::idempotency::{key_of, respond, run_idempotent, Reply};
+use super::idempotency::{operator_write, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::domain::audit::{AuditAction, AuditEntry};
@@ -457,39 +456,30 @@ pub async fn create_experience(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let operator = signed_in(&req)?;
-    let key = key_of(&req)?;
-    let body = read_body(payload).await?;
-    let (reply, replayed) = run_idempotent(
-        &state,
-        &operator_scope(&req),
-        caller_token(&req),
-        key,
-        &body,
-        || async {
-            let providers = state.store.providers().await?;
-            let new = validate_experience(parse_json(&body)?, &providers)?;
-            let audit = AuditEntry::new(
-                &operator,
-                AuditAction::ExperienceCreate,
-                format!("experience:{}", new.slug),
-            )
-            .detail(format!(
-                "kind {}, max_in_flight {}, provider {}",
-                new.kind, new.max_in_flight, new.provider
-            ));
-            let created = state
-                .store
-                .create_experience(new, Some(&audit), state.clock.now_ms())
-                .await?;
-            tracing::info!(slug = %created.slug, "experience created");
-            Ok(Reply {
-                status: StatusCode::CREATED,
-                body: experience_json(&created),
-            })
-        },
-    )
-    .await?;
-    Ok(respond(reply, replayed, None))
+    let (state, operator) = (&state, &operator);
+    operator_write(state, &req, payload, |body| async move {
+        let providers = state.store.providers().await?;
+        let new = validate_experience(parse_json(&body)?, &providers)?;
+        let audit = AuditEntry::new(
+            operator,
+            AuditAction::ExperienceCreate,
+            format!("experience:{}", new.slug),
+        )
+        .detail(format!(
+            "kind {}, max_in_flight {}, provider {}",
+            new.kind, new.max_in_flight, new.provider
+        ));
+        let created = state
+            .store
+            .create_experience(new, Some(&audit), state.clock.now_ms())
+            .await?;
+        tracing::info!(slug = %created.slug, "experience created");
+        Ok(Reply {
+            status: StatusCode::CREATED,
+            body: experience_json(&created),
+        })
+    })
+    .await
 }
 
 /// What anyone may read of an experience: what the pages show.
@@ -656,47 +646,38 @@ pub async fn create_terminal(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let operator = signed_in(&req)?;
-    let key = key_of(&req)?;
-    let body = read_body(payload).await?;
-    let (reply, replayed) = run_idempotent(
-        &state,
-        &operator_scope(&req),
-        caller_token(&req),
-        key,
-        &body,
-        || async {
-            let b: TerminalBody = parse_json(&body)?;
-            let name_len = b.name.trim().chars().count();
-            if name_len == 0 || name_len > 80 {
-                return Err(ApiError::Validation(
-                    "name must be 1 to 80 characters".into(),
-                ));
-            }
-            let experience = state.experience(&b.experience).await?;
-            let token = new_secret();
-            let audit = AuditEntry::new(&operator, AuditAction::TerminalCreate, "terminal")
-                .detail(format!("{:?} of {}", b.name.trim(), experience.slug));
-            let terminal = state
-                .store
-                .create_terminal(
-                    &experience.id,
-                    b.name.trim(),
-                    &token,
-                    Some(&audit),
-                    state.clock.now_ms(),
-                )
-                .await?;
-            Ok(Reply {
-                status: StatusCode::CREATED,
-                body: json!({
-                    "terminal_id": terminal.id,
-                    "token": token,
-                    "experience": experience.slug,
-                    "name": terminal.name,
-                }),
-            })
-        },
-    )
-    .await?;
-    Ok(respond(reply, replayed, None))
+    let (state, operator) = (&state, &operator);
+    operator_write(state, &req, payload, |body| async move {
+        let b: TerminalBody = parse_json(&body)?;
+        let name_len = b.name.trim().chars().count();
+        if name_len == 0 || name_len > 80 {
+            return Err(ApiError::Validation(
+                "name must be 1 to 80 characters".into(),
+            ));
+        }
+        let experience = state.experience(&b.experience).await?;
+        let token = new_secret();
+        let audit = AuditEntry::new(operator, AuditAction::TerminalCreate, "terminal")
+            .detail(format!("{:?} of {}", b.name.trim(), experience.slug));
+        let terminal = state
+            .store
+            .create_terminal(
+                &experience.id,
+                b.name.trim(),
+                &token,
+                Some(&audit),
+                state.clock.now_ms(),
+            )
+            .await?;
+        Ok(Reply {
+            status: StatusCode::CREATED,
+            body: json!({
+                "terminal_id": terminal.id,
+                "token": token,
+                "experience": experience.slug,
+                "name": terminal.name,
+            }),
+        })
+    })
+    .await
 }

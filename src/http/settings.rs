@@ -19,11 +19,10 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Map, Value};
 
-use super::admin::operator_scope;
-use super::auth::{caller_token, signed_in};
-use super::body::{parse_json, read_body};
+use super::auth::signed_in;
+use super::body::parse_json;
 use super::error::ApiError;
-use super::idempotency::{key_of, respond, run_idempotent, Reply};
+use super::idempotency::{operator_write, Reply};
 use super::operators::{experience_json, validate_experience, ExperienceBody};
 use super::AppState;
 use crate::domain::audit::{changes_detail, AuditAction, AuditEntry};
@@ -286,50 +285,41 @@ pub async fn update_experience(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let operator = signed_in(&req)?;
-    let key = key_of(&req)?;
-    let body = read_body(payload).await?;
-    let (reply, replayed) = run_idempotent(
-        &state,
-        &operator_scope(&req),
-        caller_token(&req),
-        key,
-        &body,
-        || async {
-            let patch = patch_fields(&body)?;
-            let current = state.experience(&slug).await?;
-            let providers = state.store.providers().await?;
-            let change = change_of(&current, &patch, &providers)?;
-            let audit = AuditEntry::new(
-                &operator,
-                AuditAction::ExperienceUpdate,
-                format!("experience:{}", current.slug),
-            );
-            let updated = state
-                .store
-                .update_experience(
-                    &current.id,
-                    change.columns,
-                    change.credits_add,
-                    &audit,
-                    describe,
-                    state.clock.now_ms(),
-                )
-                .await?;
-            // Every instance's dispatcher claims with the new settings now;
-            // the review actors re-read their timeouts.
-            state.wakeups.saga_work();
-            state.wakeups.review_changed();
-            tracing::info!(
-                experience = %updated.slug, operator = %operator.name,
-                detail = %describe(&current, &updated),
-                "experience settings changed"
-            );
-            Ok(Reply {
-                status: actix_web::http::StatusCode::OK,
-                body: experience_json(&updated),
-            })
-        },
-    )
-    .await?;
-    Ok(respond(reply, replayed, None))
+    let (state, operator, slug) = (&state, &operator, slug.as_str());
+    operator_write(state, &req, payload, |body| async move {
+        let patch = patch_fields(&body)?;
+        let current = state.experience(slug).await?;
+        let providers = state.store.providers().await?;
+        let change = change_of(&current, &patch, &providers)?;
+        let audit = AuditEntry::new(
+            &operator,
+            AuditAction::ExperienceUpdate,
+            format!("experience:{}", current.slug),
+        );
+        let updated = state
+            .store
+            .update_experience(
+                &current.id,
+                change.columns,
+                change.credits_add,
+                &audit,
+                describe,
+                state.clock.now_ms(),
+            )
+            .await?;
+        // Every instance's dispatcher claims with the new settings now;
+        // the review actors re-read their timeouts.
+        state.wakeups.saga_work();
+        state.wakeups.review_changed();
+        tracing::info!(
+            experience = %updated.slug, operator = %operator.name,
+            detail = %describe(&current, &updated),
+            "experience settings changed"
+        );
+        Ok(Reply {
+            status: actix_web::http::StatusCode::OK,
+            body: experience_json(&updated),
+        })
+    })
+    .await
 }

@@ -8,11 +8,10 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admin::operator_scope;
-use super::auth::{caller_token, new_secret, signed_in};
-use super::body::{parse_json, read_body};
+use super::auth::{new_secret, signed_in};
+use super::body::parse_json;
 use super::error::ApiError;
-use super::idempotency::{key_of, respond, run_idempotent, Reply};
+use super::idempotency::{operator_write, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::domain::audit::{AuditAction, AuditEntry};
@@ -115,41 +114,32 @@ pub async fn create_operator(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let operator = signed_in(&req)?;
-    let key = key_of(&req)?;
-    let body = read_body(payload).await?;
-    let (reply, replayed) = run_idempotent(
-        &state,
-        &operator_scope(&req),
-        caller_token(&req),
-        key,
-        &body,
-        || async {
-            let b: OperatorBody = parse_json(&body)?;
-            let name = operator_name(&b.name).map_err(ApiError::Validation)?;
-            if name == BOOTSTRAP_NAME {
-                return Err(ApiError::Validation(format!(
-                    "{BOOTSTRAP_NAME:?} names the bootstrap token; pick another name"
-                )));
-            }
-            let role: Role = b.role.parse().map_err(ApiError::Validation)?;
-            let token = new_secret();
-            let audit = AuditEntry::new(&operator, AuditAction::OperatorCreate, "operator")
-                .detail(format!("{name} ({role})"));
-            let created = state
-                .store
-                .create_operator(&name, role, &token, audit, state.clock.now_ms())
-                .await?;
-            tracing::info!(operator = %created.name, %role, by = %operator.name, "operator created");
-            let mut answer = account_json(&created);
-            answer["token"] = json!(token);
-            Ok(Reply {
-                status: StatusCode::CREATED,
-                body: answer,
-            })
-        },
-    )
-    .await?;
-    Ok(respond(reply, replayed, None))
+    let (state, operator) = (&state, &operator);
+    operator_write(state, &req, payload, |body| async move {
+        let b: OperatorBody = parse_json(&body)?;
+        let name = operator_name(&b.name).map_err(ApiError::Validation)?;
+        if name == BOOTSTRAP_NAME {
+            return Err(ApiError::Validation(format!(
+                "{BOOTSTRAP_NAME:?} names the bootstrap token; pick another name"
+            )));
+        }
+        let role: Role = b.role.parse().map_err(ApiError::Validation)?;
+        let token = new_secret();
+        let audit = AuditEntry::new(operator, AuditAction::OperatorCreate, "operator")
+            .detail(format!("{name} ({role})"));
+        let created = state
+            .store
+            .create_operator(&name, role, &token, audit, state.clock.now_ms())
+            .await?;
+        tracing::info!(operator = %created.name, %role, by = %operator.name, "operator created");
+        let mut answer = account_json(&created);
+        answer["token"] = json!(token);
+        Ok(Reply {
+            status: StatusCode::CREATED,
+            body: answer,
+        })
+    })
+    .await
 }
 
 /// `DELETE /api/admin/operators/{id}`
