@@ -860,7 +860,30 @@ async fn the_export_holds_every_kept_file_and_the_csv_names_them(backend: Backen
         let served = get(&app, url).await.bytes().await.unwrap();
         assert_eq!(inside, served.to_vec(), "{url}");
     }
-    assert_eq!(zip.len(), 3, "the CSV and two files");
+    assert_eq!(zip.len(), 4, "the two CSVs and two files");
+    // What operators did to the experience comes with it, newest first
+    // (a guest's own erasure is no operator's action).
+    let mut audit = String::new();
+    std::io::Read::read_to_string(
+        &mut zip.by_name("audit.csv").expect("audit.csv"),
+        &mut audit,
+    )
+    .unwrap();
+    let actions: Vec<String> = csv::Reader::from_reader(audit.as_bytes())
+        .records()
+        .map(|r| r.unwrap()[3].to_owned())
+        .collect();
+    assert_eq!(
+        actions.first().map(String::as_str),
+        Some("experience.export"),
+        "{audit}"
+    );
+    assert!(!actions.iter().any(|a| a == "session.erase"), "{audit}");
+    assert_eq!(
+        actions.last().map(String::as_str),
+        Some("experience.create"),
+        "{audit}"
+    );
     app.stop().await;
 }
 db_test!(the_export_holds_every_kept_file_and_the_csv_names_them);
