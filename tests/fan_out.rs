@@ -417,7 +417,7 @@ fn fresh_calls(holds: &stagehand::store::sagas::Holds) -> Vec<i32> {
 /// as its calls end are claimed by the next one.
 async fn claim_counts_calls_not_sagas(backend: Backend) {
     use stagehand::domain::ledger::Evidence;
-    use stagehand::store::ai_calls::{CallRow, CallSlot, SUCCEEDED};
+    use stagehand::store::ai_calls::{CallRow, CallSlot, Wanted, SUCCEEDED};
 
     let ClaimGround {
         _db,
@@ -473,7 +473,7 @@ async fn claim_counts_calls_not_sagas(backend: Backend) {
                 &token,
                 &row,
                 CallSlot::Free(Evidence::JobFinal),
-                &[],
+                &Wanted::default(),
                 now,
                 60_000,
             )
@@ -506,7 +506,7 @@ async fn claim_counts_calls_not_sagas(backend: Backend) {
                 error: None,
             },
             CallSlot::Free(Evidence::JobFinal),
-            &[],
+            &Wanted::default(),
             now,
             60_000,
         )
@@ -594,7 +594,7 @@ db_test!(a_second_fan_out_grows_into_freed_slots);
 /// experience capped at 4 right after a hand-over).
 async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
     use stagehand::domain::ledger::Evidence;
-    use stagehand::store::ai_calls::{CallRow, CallSlot, RUNNING, SUCCEEDED};
+    use stagehand::store::ai_calls::{CallRow, CallSlot, Wanted, RUNNING, SUCCEEDED};
     use stagehand::store::sagas::Holds;
 
     let ClaimGround {
@@ -633,12 +633,28 @@ async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
     let (a, a_token) = (a.saga.clone(), a.saga.lock_token.clone().unwrap());
     let bind = CallSlot::BindJob("job-0".into());
     store
-        .write_ai_call(&a.id, &a_token, &call(0, RUNNING), bind, &[], now, 60_000)
+        .write_ai_call(
+            &a.id,
+            &a_token,
+            &call(0, RUNNING),
+            bind,
+            &Wanted::default(),
+            now,
+            60_000,
+        )
         .await
         .unwrap();
     let done = CallSlot::Free(Evidence::JobFinal);
     store
-        .write_ai_call(&a.id, &a_token, &call(1, SUCCEEDED), done, &[], now, 60_000)
+        .write_ai_call(
+            &a.id,
+            &a_token,
+            &call(1, SUCCEEDED),
+            done,
+            &Wanted::default(),
+            now,
+            60_000,
+        )
         .await
         .unwrap();
     let b = claim(1).await.remove(0);
@@ -671,7 +687,10 @@ async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
             &b_token,
             &call(0, RUNNING),
             CallSlot::BindJob("job-0".into()),
-            &[(1, 0)],
+            &Wanted {
+                provider: "default".into(),
+                calls: vec![(1, 0)],
+            },
             later,
             60_000,
         )
@@ -707,3 +726,74 @@ async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
     assert_eq!(slots_in_use(&store, &exp_id, later).await, 2);
 }
 db_test!(a_handed_over_saga_keeps_its_slots_until_it_resumes);
+
+/// A fan-out saga whose experience an operator moved to another provider
+/// takes its next slot on the provider its worker submits to, not on the
+/// one the experience names now: its jobs run there, so they count there.
+/// The hard case: its only slot is freed in the same write that asks for
+/// the next one, so it holds none at that moment.
+async fn a_moved_fan_out_takes_its_next_slot_where_its_jobs_run(backend: Backend) {
+    use sea_orm::ConnectionTrait;
+    use stagehand::domain::ledger::Evidence;
+    use stagehand::store::ai_calls::{CallRow, CallSlot, Wanted, SUCCEEDED};
+
+    let ClaimGround {
+        _db,
+        store,
+        experience_id,
+        claimable,
+        ..
+    } = claim_ground(backend, "moved", 2, 1, 1).await;
+    let now = CLAIM_T0 + 10;
+    let a = store
+        .claim_for_provider(std::slice::from_ref(&claimable), 1, now, CLAIM_RULES)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(fresh_calls(&a.holds), vec![0], "a ceiling of 1: one slot");
+    let token = a.saga.lock_token.clone().unwrap();
+    store
+        .db()
+        .execute_unprepared(&format!(
+            "UPDATE experiences SET provider = 'b' WHERE id = '{experience_id}'"
+        ))
+        .await
+        .unwrap();
+    let done = CallRow {
+        call_index: 0,
+        attempts: 0,
+        status: SUCCEEDED,
+        job_id: Some("job-0".into()),
+        submitted_at_ms: Some(now),
+        content: Some("[]".into()),
+        score: None,
+        error: None,
+    };
+    let next = Wanted {
+        provider: "default".into(),
+        calls: vec![(1, 0)],
+    };
+    let granted = store
+        .write_ai_call(
+            &a.saga.id,
+            &token,
+            &done,
+            CallSlot::Free(Evidence::JobFinal),
+            &next,
+            now,
+            60_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(granted, vec![1]);
+    assert_eq!(
+        store
+            .provider_of_slots(&a.saga.id)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("default"),
+        "the next call's slot counts on the account its job runs on"
+    );
+}
+db_test!(a_moved_fan_out_takes_its_next_slot_where_its_jobs_run);

@@ -16,7 +16,7 @@ use actix::prelude::*;
 use super::batching::{batch_failed, BatchLimits, BatchQueue};
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
-use crate::store::ai_calls::{CallRow, CallSlot};
+use crate::store::ai_calls::{CallRow, CallSlot, Wanted};
 use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{Store, StoreResult};
 
@@ -63,7 +63,7 @@ pub struct WriteCall {
     pub token: String,
     pub row: CallRow,
     pub slot: CallSlot,
-    pub want: Vec<(i32, i32)>,
+    pub want: Wanted,
 }
 
 /// Take free slots for calls of a saga that holds none for them (see
@@ -73,7 +73,7 @@ pub struct WriteCall {
 pub struct TakeSlots {
     pub saga_id: String,
     pub token: String,
-    pub want: Vec<(i32, i32)>,
+    pub want: Wanted,
 }
 
 /// Copy the session's earlier successful calls into a fan-out saga that

@@ -22,6 +22,16 @@ pub const SUCCEEDED: &str = "SUCCEEDED";
 pub const FAILED: &str = "FAILED";
 
 /// What one call's row holds after a write.
+/// Calls of a fan-out saga waiting for a slot (`(call index, key
+/// attempt)`, in the order they should start), on the provider the
+/// saga's worker submits to: its slots are taken there, whatever provider
+/// the experience names now (an operator may have moved it meanwhile).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wanted {
+    pub provider: String,
+    pub calls: Vec<(i32, i32)>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallRow {
     pub call_index: i32,
@@ -101,7 +111,7 @@ impl Store {
         token: &str,
         row: &CallRow,
         slot: CallSlot,
-        want: &[(i32, i32)],
+        want: &Wanted,
         now: EpochMs,
         lease_ms: i64,
     ) -> StoreResult<Vec<i32>> {
@@ -158,7 +168,7 @@ impl Store {
         &self,
         saga_id: &str,
         token: &str,
-        want: &[(i32, i32)],
+        want: &Wanted,
         now: EpochMs,
         lease_ms: i64,
     ) -> StoreResult<Vec<i32>> {

@@ -246,9 +246,9 @@ pub(super) async fn reserve_calls<C: ConnectionTrait>(
 /// of the saga's experience and provider for the calls in `want` (`(call
 /// index, key attempt)`, in the order they should start), as many as the
 /// experience's ceiling (its slots on every provider) and the provider's
-/// cap leave free. The provider is the one the saga's slots are on (its
-/// jobs run there, even after an operator moved the experience), else its
-/// experience's. On PostgreSQL
+/// cap leave free, on the provider the saga's worker submits to
+/// ([`super::ai_calls::Wanted`]): its jobs run there, even after an
+/// operator moved the experience. On PostgreSQL
 /// the count and the rows are under the provider's advisory lock, as the
 /// claim's, so the cap stays exact across instances. Returns the calls
 /// that got a slot.
@@ -256,22 +256,19 @@ pub(super) async fn take_free_slots(
     store: &Store,
     tx: &WriteTx,
     saga_id: &str,
-    want: &[(i32, i32)],
+    want: &super::ai_calls::Wanted,
     now: EpochMs,
 ) -> StoreResult<Vec<i32>> {
-    if want.is_empty() {
+    if want.calls.is_empty() {
         return Ok(Vec::new());
     }
+    let provider = want.provider.as_str();
     let Some(row) = tx
         .query_one_raw(store.sql(
-            "SELECT s.experience_id, e.max_in_flight, x.provider, p.max_in_flight, s.ai_base_key \
+            "SELECT s.experience_id, e.max_in_flight, p.max_in_flight, s.ai_base_key \
              FROM sagas s JOIN experiences e ON e.id = s.experience_id \
-             CROSS JOIN (SELECT COALESCE((SELECT l.provider FROM ai_slots l \
-                 WHERE l.saga_id = $1 LIMIT 1), \
-                 (SELECT e2.provider FROM sagas s2 JOIN experiences e2 ON e2.id = s2.experience_id \
-                 WHERE s2.id = $1)) AS provider) x \
-             LEFT JOIN providers p ON p.name = x.provider WHERE s.id = $1",
-            vec![saga_id.into()],
+             LEFT JOIN providers p ON p.name = $2 WHERE s.id = $1",
+            vec![saga_id.into(), provider.into()],
         ))
         .await?
     else {
@@ -279,21 +276,20 @@ pub(super) async fn take_free_slots(
     };
     let experience_id: String = row.try_get_by_index(0)?;
     let ceiling: i32 = row.try_get_by_index(1)?;
-    let provider: String = row.try_get_by_index(2)?;
-    let cap: Option<i32> = row.try_get_by_index(3)?;
-    let base_key: String = row.try_get_by_index(4)?;
+    let cap: Option<i32> = row.try_get_by_index(2)?;
+    let base_key: String = row.try_get_by_index(3)?;
     if store.is_postgres() {
-        super::sagas::lock_provider(store, tx, &provider).await?;
+        super::sagas::lock_provider(store, tx, provider).await?;
     }
-    let counts = slots_in_use(&**tx, Some(&provider), now).await?;
+    let counts = slots_in_use(&**tx, Some(provider), now).await?;
     let mine = counts.experience_total(&experience_id);
     let mut free = i64::from(ceiling) - mine;
     if let Some(cap) = cap {
-        free = free.min(i64::from(cap) - counts.provider_total(&provider));
+        free = free.min(i64::from(cap) - counts.provider_total(provider));
     }
-    let n = free.clamp(0, want.len() as i64) as usize;
+    let n = free.clamp(0, want.calls.len() as i64) as usize;
     let saga = (saga_id, base_key.as_str());
-    reserve_calls(&**tx, &provider, &experience_id, saga, &want[..n], now).await
+    reserve_calls(&**tx, provider, &experience_id, saga, &want.calls[..n], now).await
 }
 
 /// The jobs of single-call sagas are known (`(saga id, job id)`): each

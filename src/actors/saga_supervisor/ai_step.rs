@@ -68,7 +68,7 @@ use crate::domain::ledger::{evidence_of_refusal, Evidence};
 use crate::domain::policy::{poll_wait_ms, AfterFailure, AttemptState, EpochMs};
 use crate::domain::saga::AbortReason;
 use crate::media::keep::KeepError;
-use crate::store::ai_calls::{CallRow, CallSlot, FAILED, RUNNING, SUCCEEDED};
+use crate::store::ai_calls::{CallRow, CallSlot, Wanted, FAILED, RUNNING, SUCCEEDED};
 use crate::store::entities::{ai_calls, sagas};
 use crate::store::sagas::Holds;
 use crate::store::transitions::SagaWrite;
@@ -403,7 +403,10 @@ async fn run_calls(
                 attempts: ctx.saga.attempts.max(0) as u32,
                 unavailable_streak: ctx.saga.unavailable_streak.max(0) as u32,
             };
-            let want = lock(&ctx.shared.wanted).clone();
+            let want = Wanted {
+                provider: ctx.experience.provider.clone(),
+                calls: lock(&ctx.shared.wanted).clone(),
+            };
             let granted = ctx
                 .deps
                 .persistence
@@ -646,7 +649,10 @@ impl Ctx<'_> {
             score,
             error,
         };
-        let want = lock(&self.shared.wanted).clone();
+        let want = Wanted {
+            provider: self.experience.provider.clone(),
+            calls: lock(&self.shared.wanted).clone(),
+        };
         let granted = self
             .deps
             .persistence
