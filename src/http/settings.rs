@@ -292,7 +292,7 @@ pub async fn update_experience(
         let providers = state.store.providers().await?;
         let change = change_of(&current, &patch, &providers)?;
         let audit = AuditEntry::new(
-            &operator,
+            operator,
             AuditAction::ExperienceUpdate,
             format!("experience:{}", current.slug),
         );
