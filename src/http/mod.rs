@@ -130,13 +130,12 @@ impl AppState {
 /// Every route. Each path is one [`Endpoint`]: a method it does not
 /// answer gets 405 `method_not_allowed` with `Allow`; an unknown path gets
 /// the JSON 404. Operator endpoints check the operator's token and role
-/// before anything else (the role each needs is the middleware named here:
-/// `admin_only`, `moderator_only`, `viewer_only`); endpoints with a JSON body refuse other media types
-/// (415); session creation and submission are rate limited (429).
+/// before anything else (the role each needs is the middleware named where
+/// it is listed: `admin_only`, `moderator_only`, `viewer_only`); endpoints
+/// with a JSON body refuse other media types (415); session creation and
+/// submission are rate limited (429). The routes are listed in four groups,
+/// in this order (a literal path before the pattern that would take it).
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    use auth::{admin_only, moderator_only, viewer_only};
-    use body::json_only;
-    use rate_limit::per_client;
     // Malformed query strings and paths answer in the same JSON shape.
     cfg.app_data(
         web::QueryConfig::default()
@@ -145,7 +144,18 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .app_data(
         web::PathConfig::default().error_handler(|e, _| ApiError::Validation(e.to_string()).into()),
     )
-    .service(
+    .configure(service_and_experience_routes)
+    .configure(admin_routes)
+    .configure(participant_and_guest_routes)
+    .configure(page_routes)
+    .default_service(web::to(service::not_found));
+}
+
+/// Service routes, experiences and terminals.
+fn service_and_experience_routes(cfg: &mut web::ServiceConfig) {
+    use auth::{admin_only, viewer_only};
+    use body::json_only;
+    cfg.service(
         Endpoint::new("/healthz")
             .get(web::to(service::healthz))
             .build(),
@@ -199,8 +209,14 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                     .wrap(from_fn(admin_only)),
             )
             .build(),
-    )
-    .service(
+    );
+}
+
+/// The operators' console: sagas, review, providers, the breaker, operators and the audit trail.
+fn admin_routes(cfg: &mut web::ServiceConfig) {
+    use auth::{admin_only, moderator_only, viewer_only};
+    use body::json_only;
+    cfg.service(
         Endpoint::new("/api/admin/sagas")
             .get(web::to(admin::list_sagas).wrap(from_fn(viewer_only)))
             .build(),
@@ -296,8 +312,15 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         Endpoint::new("/ws/operators")
             .get(web::to(admin::operator_socket))
             .build(),
-    )
-    .service(
+    );
+}
+
+/// The participants' routes, media, result links, galleries and the guests' data.
+fn participant_and_guest_routes(cfg: &mut web::ServiceConfig) {
+    use auth::{admin_only, moderator_only, viewer_only};
+    use body::json_only;
+    use rate_limit::per_client;
+    cfg.service(
         Endpoint::new("/api/experiences/{slug}/sessions")
             .post(
                 web::to(participants::create_session)
@@ -401,30 +424,33 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         Endpoint::new("/ws/terminals/{id}")
             .get(web::to(terminals::terminal_socket))
             .build(),
-    )
-    .service(Endpoint::new("/").get(web::to(pages::index)).build())
-    .service(
-        Endpoint::new("/p/{slug}")
-            .get(web::to(pages::participant))
-            .build(),
-    )
-    .service(
-        Endpoint::new("/terminal/{id}")
-            .get(web::to(pages::terminal))
-            .build(),
-    )
-    .service(Endpoint::new("/ops").get(web::to(pages::ops)).build())
-    .service(
-        Endpoint::new("/static/{name}")
-            .get(web::to(pages::static_file))
-            .build(),
-    )
-    .service(
-        Endpoint::new("/i18n/{name}")
-            .get(web::to(pages::i18n))
-            .build(),
-    )
-    .default_service(web::to(service::not_found));
+    );
+}
+
+/// The embedded pages and their assets.
+fn page_routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(Endpoint::new("/").get(web::to(pages::index)).build())
+        .service(
+            Endpoint::new("/p/{slug}")
+                .get(web::to(pages::participant))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/terminal/{id}")
+                .get(web::to(pages::terminal))
+                .build(),
+        )
+        .service(Endpoint::new("/ops").get(web::to(pages::ops)).build())
+        .service(
+            Endpoint::new("/static/{name}")
+                .get(web::to(pages::static_file))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/i18n/{name}")
+                .get(web::to(pages::i18n))
+                .build(),
+        );
 }
 
 /// Middleware of every route, outermost: an encoded NUL (`%00`) in the
