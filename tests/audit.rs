@@ -105,26 +105,6 @@ async fn next_millisecond() {
     .expect("the clock moves on");
 }
 
-/// Waits until each session's saga waits in review; their saga ids.
-async fn in_review(app: &TestApp, sessions: &[(String, String)]) -> Vec<String> {
-    support::wait_for(WITHIN, || async {
-        let (status, body) = app.operator_get("/api/admin/review?limit=500").await;
-        assert_eq!(status, 200, "{body}");
-        let items = body["items"].as_array().unwrap();
-        sessions
-            .iter()
-            .map(|(sid, _)| {
-                items
-                    .iter()
-                    .find(|i| i["session_id"] == sid.as_str())
-                    .map(|i| i["saga_id"].as_str().unwrap().to_owned())
-            })
-            .collect::<Option<Vec<String>>>()
-    })
-    .await
-    .unwrap_or_else(|| panic!("{} sessions never all waited in review", sessions.len()))
-}
-
 /// The whole trail (or a filtered one), newest first, read with `token`
 /// a page of `limit` at a time following `next` until it is null.
 async fn audit_all(app: &TestApp, token: &str, filter: &str, limit: u64) -> Vec<Value> {
@@ -151,16 +131,11 @@ async fn audit_all(app: &TestApp, token: &str, filter: &str, limit: u64) -> Vec<
     panic!("the trail's pages never ended");
 }
 
-/// Enough of percent-encoding for a cursor in a query string.
+/// `text` encoded as a query string value (the URL crate's encoder).
 fn urlencoding(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    let mut url = reqwest::Url::parse("http://query.invalid/").expect("a URL");
+    url.query_pairs_mut().append_pair("v", text);
+    url.query().unwrap_or_default()["v=".len()..].to_owned()
 }
 
 fn as_entry(item: &Value) -> Entry {
@@ -304,7 +279,7 @@ async fn scripted_hour(app: &TestApp) -> Script {
         assert_eq!(resp.status(), 202);
         sessions.push((sid, token));
     }
-    let mut sagas = in_review(app, &sessions).await;
+    let mut sagas = app.in_review(&sessions).await;
     next_millisecond().await;
 
     // Mo approves ann's, rejects bob's.

@@ -116,27 +116,6 @@ async fn submitted(app: &TestApp, slug: &str, nicknames: &[&str]) -> Vec<(String
     sessions
 }
 
-/// Waits until each session's saga waits in review; their saga ids, in
-/// the order of `sessions`.
-async fn in_review(app: &TestApp, sessions: &[(String, String)]) -> Vec<String> {
-    support::wait_for(WITHIN, || async {
-        let (status, body) = app.operator_get("/api/admin/review?limit=500").await;
-        assert_eq!(status, 200, "{body}");
-        let items = body["items"].as_array().unwrap();
-        sessions
-            .iter()
-            .map(|(sid, _)| {
-                items
-                    .iter()
-                    .find(|i| i["session_id"] == sid.as_str())
-                    .map(|i| i["saga_id"].as_str().unwrap().to_owned())
-            })
-            .collect::<Option<Vec<String>>>()
-    })
-    .await
-    .unwrap_or_else(|| panic!("{} sessions never all waited in review", sessions.len()))
-}
-
 /// The saga's step as the admin view shows it.
 async fn saga_step(app: &TestApp, saga_id: &str) -> Value {
     let (status, body) = app
@@ -184,7 +163,7 @@ async fn a_moderator_decides_but_changes_no_settings(backend: Backend) {
     }
 
     let sessions = submitted(&app, &slug, &["ann", "bob", "cyd", "dan"]).await;
-    let sagas = in_review(&app, &sessions).await;
+    let sagas = app.in_review(&sessions).await;
     let (status, body) = app_call(&app, "GET", "/api/admin/review", t, None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["items"].as_array().unwrap().len(), 4, "{body}");
@@ -377,7 +356,7 @@ async fn a_viewer_reads_everything_and_writes_nothing(backend: Backend) {
     let other = create_operator(&app.http, &app.base, "Otto", "moderator").await;
     let t = vi.token.as_str();
     let sessions = submitted(&app, &slug, &["eve"]).await;
-    let saga = in_review(&app, &sessions).await.remove(0);
+    let saga = app.in_review(&sessions).await.remove(0);
     let sid = sessions[0].0.clone();
 
     // Writes, with the role each needs.

@@ -335,6 +335,27 @@ impl TestApp {
     }
 
     /// The saga of a session, as the admin list shows it.
+    /// Waits (20 s at most) until each session's saga waits in review;
+    /// their saga ids, in the order of `sessions`.
+    pub async fn in_review(&self, sessions: &[(String, String)]) -> Vec<String> {
+        wait_for(Duration::from_secs(20), || async {
+            let (status, body) = self.operator_get("/api/admin/review?limit=500").await;
+            assert_eq!(status, 200, "{body}");
+            let items = body["items"].as_array()?.clone();
+            sessions
+                .iter()
+                .map(|(sid, _)| {
+                    items
+                        .iter()
+                        .find(|i| i["session_id"] == sid.as_str())
+                        .map(|i| i["saga_id"].as_str().unwrap().to_owned())
+                })
+                .collect::<Option<Vec<String>>>()
+        })
+        .await
+        .unwrap_or_else(|| panic!("{} sessions never all waited in review", sessions.len()))
+    }
+
     pub async fn saga_of(&self, session_id: &str) -> Value {
         let (status, body) = self.operator_get("/api/admin/sagas?limit=500").await;
         assert_eq!(status, 200, "{body}");
