@@ -37,10 +37,13 @@
 //! - [`media`]: the media store (a folder or S3, over `object_store`).
 //! - [`config`], [`clock`], [`startup`]: flags, the injectable clock, wiring.
 //! - [`telemetry`]: traces over OTLP (off unless configured).
+//!
+//! The load tools (`stagehand bench`, `stagehand rehearse`) are a crate of
+//! their own, `bench/` (`stagehand-bench`), that drives the server only
+//! through its command line, HTTP and WebSocket API and metrics.
 
 pub mod actors;
 pub mod ai;
-pub mod bench;
 pub mod clock;
 pub mod config;
 pub mod domain;

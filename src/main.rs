@@ -12,7 +12,7 @@ use tracing_subscriber::{fmt, EnvFilter, Layer};
 use stagehand::ai::simulator::{self, SimConfig, SimControl};
 use stagehand::config::{parse_duration, Config};
 use stagehand::startup::Application;
-use stagehand::store::Store;
+use stagehand::store::{claim_cost, Store};
 use stagehand::telemetry::Tracing;
 
 /// mimalloc instead of glibc's malloc: flat out, glibc's malloc and free
@@ -94,13 +94,31 @@ enum Command {
         #[arg(long, value_parser = parse_duration)]
         delete_outputs_after: Option<Duration>,
     },
+    /// The store's own claim cost against queue length on the database at
+    /// `--database-url` (what `stagehand bench` runs for its claim-cost
+    /// table): prints the timed rounds as JSON on stdout, the plans on
+    /// stderr. Fills the database with test sagas: give it a scratch one.
+    #[command(hide = true)]
+    ClaimCost {
+        #[arg(long)]
+        database_url: String,
+        /// Timed rounds per queue length.
+        #[arg(long, default_value_t = 30)]
+        rounds: usize,
+        /// Queue lengths, ascending.
+        #[arg(long, value_delimiter = ',', default_values_t = [1_000i64, 100_000])]
+        sizes: Vec<i64>,
+        /// Ranking entries ranked at once in the rank cost.
+        #[arg(long, default_value_t = 32)]
+        rank_batch: u64,
+    },
     /// Measure the server as a user runs it (subprocesses on 127.0.0.1) and
     /// print one table.
-    Bench(stagehand::bench::BenchArgs),
+    Bench(stagehand_bench::BenchArgs),
     /// Replay a synthetic event day against a server (a given URL, or an
     /// embedded one with the simulator) and print what an event team needs
     /// to know before doors open.
-    Rehearse(stagehand::bench::rehearse::RehearseArgs),
+    Rehearse(stagehand_bench::rehearse::RehearseArgs),
 }
 
 fn main() -> ExitCode {
@@ -145,7 +163,7 @@ fn main() -> ExitCode {
     let command = match cli.command {
         Command::Rehearse(args) => {
             return actix_web::rt::System::new().block_on(async move {
-                match stagehand::bench::rehearse::run(args).await {
+                match stagehand_bench::rehearse::run(args).await {
                     Ok(verdict) if verdict.go() => ExitCode::SUCCESS,
                     Ok(_) => ExitCode::from(REHEARSAL_NO_GO),
                     Err(e) => {
@@ -196,7 +214,19 @@ fn main() -> ExitCode {
                 sim.stop().await;
                 Ok(())
             }
-            Command::Bench(args) => stagehand::bench::run(args).await,
+            Command::ClaimCost {
+                database_url,
+                rounds,
+                sizes,
+                rank_batch,
+            } => {
+                let timings =
+                    claim_cost::measure(&database_url, &sizes, rank_batch, rounds).await?;
+                let json = serde_json::to_string(&timings).map_err(|e| e.to_string())?;
+                println!("{json}");
+                Ok(())
+            }
+            Command::Bench(args) => stagehand_bench::run(args).await,
             Command::Rehearse(_) => unreachable!("run above"),
         }
     });

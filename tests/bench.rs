@@ -98,3 +98,66 @@ fn a_server_binary_that_is_not_a_file_is_refused_before_anything_runs() {
         "nothing was measured:\n{output}"
     );
 }
+
+/// The claim cost of `stagehand bench` is the store's own measurement,
+/// run as `stagehand claim-cost` (the load tools cannot reach the store):
+/// on a scratch SQLite file it prints, as one JSON line, every queue length
+/// asked for with one time per round for each figure the table shows.
+#[test]
+fn the_claim_cost_command_times_each_queue_length() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}/claim.db?mode=rwc", dir.path().display());
+    let (code, output) = support::run_stagehand(
+        &[
+            "claim-cost",
+            "--database-url",
+            &url,
+            "--rounds",
+            "3",
+            "--sizes",
+            "20,200",
+            "--rank-batch",
+            "4",
+        ],
+        RUN_DEADLINE,
+    );
+    assert_eq!(code, Some(0), "claim-cost failed:\n{output}");
+    let line = output
+        .lines()
+        .find(|l| l.starts_with('['))
+        .unwrap_or_else(|| panic!("no JSON figures:\n{output}"));
+    let sizes: Vec<serde_json::Value> = serde_json::from_str(line).expect("JSON figures");
+    let queued: Vec<i64> = sizes.iter().filter_map(|s| s["queued"].as_i64()).collect();
+    assert_eq!(queued, vec![20, 200], "{line}");
+    for size in &sizes {
+        for figure in [
+            "rounds_ms",
+            "list_ms",
+            "rank_ms",
+            "rank_after_news_ms",
+            "rank_reread_ms",
+        ] {
+            let times = size[figure].as_array().expect(figure);
+            assert_eq!(times.len(), 3, "{figure}: {line}");
+            assert!(
+                times.iter().all(|t| t.as_f64().is_some_and(|t| t > 0.0)),
+                "{figure}: {line}"
+            );
+        }
+    }
+    assert!(
+        output.contains("plan of the claim of the AI queue"),
+        "the plans go to stderr:\n{output}"
+    );
+}
+
+/// The metrics the load tools read are named as the server serves them.
+#[test]
+fn the_load_tools_read_the_metrics_by_the_servers_names() {
+    use stagehand::metrics;
+    use stagehand_bench::metric_names;
+    assert_eq!(metric_names::AI_JOB_DURATION, metrics::AI_JOB_DURATION);
+    assert_eq!(metric_names::ACTOR_MESSAGES, metrics::ACTOR_MESSAGES);
+    assert_eq!(metric_names::TASKS_SPAWNED, metrics::TASKS_SPAWNED);
+    assert_eq!(metric_names::FRAMES_ENCODED, metrics::FRAMES_ENCODED);
+}

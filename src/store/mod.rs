@@ -10,6 +10,7 @@
 pub mod ai_calls;
 pub mod audit;
 pub mod breaker;
+pub mod claim_cost;
 pub mod cleanup;
 pub mod entities;
 pub mod experiences;

@@ -1,143 +1,73 @@
-//! Claim cost against queue length: on a fresh database per backend, the
-//! time of one dispatcher claim round (which experiences have work, then
-//! the claim of 5 sagas for the one that has) with 1,000 and with 100,000
-//! sagas queued (and a tenth as many finished beside them), each size
-//! timed over many rounds, so the table can give the ratio of the medians
-//! side by side. The slots a round takes are given back (the 5 sagas are
-//! cancelled, untimed) before the next. PostgreSQL is analyzed after each
-//! load (as autovacuum would); SQLite is not (the server never analyzes
-//! its file). The plan of the claim of the AI queue is shown at each size.
-//! The rank cost is measured beside it: with as many visible ranking
-//! entries as sagas queued, the time to rank a batch of [`RANK_BATCH`]
-//! entries (the ranking walk a busy ranking batch does after its commit).
+//! `stagehand claim-cost`: the store's own cost of a dispatcher claim round
+//! against queue length, measured on a database given by URL (what
+//! `stagehand bench` prints as the claim cost; the load tools cannot reach
+//! the store, so they run this command and read its JSON).
+//!
+//! For each queue length: that many sagas queued (and a tenth as many
+//! finished beside them), then rounds of one claim round (which experiences
+//! have work, then the claim of [`CAP`] sagas for the one that has), timed;
+//! the slots a round takes are given back (untimed) before the next.
+//! PostgreSQL is analyzed after each load (as autovacuum would); SQLite is
+//! not (the server never analyzes its file). The plan of the claim of the
+//! AI queue is printed on stderr at each size. With as many visible ranking
+//! entries as sagas queued, the time to rank a batch of entries is measured
+//! beside it.
 
-use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sea_orm::ConnectionTrait;
+use serde::Serialize;
 
-use super::load::{self, Backend};
 use crate::domain::ledger::Evidence;
-use crate::domain::saga::AbortReason;
-use crate::domain::saga::Step;
+use crate::domain::media::InputKind;
+use crate::domain::saga::{AbortReason, Step};
 use crate::store::experiences::NewExperience;
 use crate::store::sagas::{ClaimRules, ClaimSource, Fence};
 use crate::store::submissions::Submission;
 use crate::store::Store;
 
-/// The queue lengths timed, shortest first.
-pub const SIZES: [i64; 2] = [1_000, 100_000];
 /// The experience's AI cap: each round claims this many.
-const CAP: i32 = 5;
+pub const CAP: i32 = 5;
 const RULES: ClaimRules = ClaimRules {
     lease_ms: 60_000,
     max_recoveries: 2,
 };
 
-/// The rounds of one queue length.
-#[derive(Debug, Clone)]
+/// The rounds of one queue length, each list in round order, in ms.
+#[derive(Debug, Clone, Serialize)]
 pub struct SizeTiming {
     pub queued: i64,
-    /// Each round's time, ms, in order.
+    /// Each round's time.
     pub rounds_ms: Vec<f64>,
     /// Of each round, the part that lists the experiences with work.
     pub list_ms: Vec<f64>,
     /// With as many visible ranking entries as sagas queued: the time to
-    /// rank a batch of [`RANK_BATCH`] of them (what a ranking batch does
-    /// after its commit), one per round.
+    /// rank a batch of them (what a ranking batch does after its commit).
     pub rank_ms: Vec<f64>,
-    /// The same with another instance's ranking news before each batch,
-    /// as when two instances rank all the time: the default bound (its
-    /// scores are read again at most once a second), and no bound (read
-    /// again at each batch, as every piece of news did before the bound).
+    /// The same with another instance's ranking news before each batch:
+    /// the default bound (scores read again at most once a second), and no
+    /// bound (read again at each batch).
     pub rank_after_news_ms: Vec<f64>,
     pub rank_reread_ms: Vec<f64>,
 }
 
-/// Entries ranked at once in the rank cost (a busy ranking batch).
-pub const RANK_BATCH: u64 = 32;
-
-impl SizeTiming {
-    pub fn median_ms(&self) -> f64 {
-        load::percentile(&mut self.rounds_ms.clone(), 0.50)
-    }
-    pub fn p90_ms(&self) -> f64 {
-        load::percentile(&mut self.rounds_ms.clone(), 0.90)
-    }
-    pub fn list_median_ms(&self) -> f64 {
-        load::percentile(&mut self.list_ms.clone(), 0.50)
-    }
-    pub fn rank_median_ms(&self) -> f64 {
-        load::percentile(&mut self.rank_ms.clone(), 0.50)
-    }
-    pub fn rank_p90_ms(&self) -> f64 {
-        load::percentile(&mut self.rank_ms.clone(), 0.90)
-    }
-    pub fn rank_after_news_median_ms(&self) -> f64 {
-        load::percentile(&mut self.rank_after_news_ms.clone(), 0.50)
-    }
-    pub fn rank_reread_median_ms(&self) -> f64 {
-        load::percentile(&mut self.rank_reread_ms.clone(), 0.50)
-    }
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
-pub struct ClaimCostResult {
-    pub backend: Backend,
-    pub outcome: Result<Vec<SizeTiming>, String>,
-}
-
-impl ClaimCostResult {
-    /// Median at the longest queue / median at the shortest.
-    pub fn ratio(&self) -> Option<f64> {
-        let sizes = self.outcome.as_ref().ok()?;
-        Some(sizes.last()?.median_ms() / sizes.first()?.median_ms())
-    }
-
-    /// The same for the rank of a batch (most entries / fewest).
-    pub fn rank_ratio(&self) -> Option<f64> {
-        let sizes = self.outcome.as_ref().ok()?;
-        Some(sizes.last()?.rank_median_ms() / sizes.first()?.rank_median_ms())
-    }
-}
-
-/// Times `rounds` claim rounds at each of [`SIZES`] on `backend` (a fresh
-/// SQLite file under `dir`, or a fresh database through `admin_url`).
-pub async fn run(
-    backend: Backend,
-    admin_url: Option<&str>,
-    dir: &Path,
+/// Times `rounds` claim rounds at each of `sizes` (ascending) on the
+/// database at `url` (migrated first), and `rounds` ranks of `rank_batch`
+/// entries.
+pub async fn measure(
+    url: &str,
+    sizes: &[i64],
+    rank_batch: u64,
     rounds: usize,
-) -> ClaimCostResult {
-    let mut pg_name = None;
-    let outcome = async {
-        let url = match backend {
-            Backend::Sqlite => {
-                let db_dir = dir.join("db-claim");
-                std::fs::create_dir_all(&db_dir)
-                    .map_err(|e| format!("create {}: {e}", db_dir.display()))?;
-                format!("sqlite://{}/claim.db?mode=rwc", db_dir.display())
-            }
-            Backend::Postgres => {
-                let admin = admin_url.ok_or("no PostgreSQL admin URL")?;
-                let (url, name) = super::create_database(admin).await?;
-                pg_name = Some(name);
-                url
-            }
-        };
-        measure(&url, dir, rounds).await
-    }
-    .await;
-    if let (Some(admin), Some(name)) = (admin_url, &pg_name) {
-        super::drop_database(admin, name).await;
-    }
-    ClaimCostResult { backend, outcome }
-}
-
-async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>, String> {
-    migrate(url, dir)?;
+) -> Result<Vec<SizeTiming>, String> {
     let store = Store::connect(url, 4)
         .await
         .map_err(|e| format!("connect: {e}"))?;
+    store.migrate().await.map_err(|e| format!("migrate: {e}"))?;
     let now = chrono::Utc::now().timestamp_millis();
     let experience = store
         .create_experience(
@@ -156,7 +86,7 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                 review: Default::default(),
                 review_timeout_ms: None,
                 review_timeout_action: None,
-                input: crate::domain::media::InputKind::Prompt,
+                input: InputKind::Prompt,
                 photo_max_px: 1536,
                 guests: Default::default(),
             },
@@ -198,7 +128,7 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
     let mut have = 1i64;
     let mut have_scores = 0i64;
     let mut out = Vec::new();
-    for queued in SIZES {
+    for &queued in sizes {
         store
             .insert_bulk_sagas(&template, have, queued - have, "AI_PENDING", now)
             .await
@@ -240,7 +170,7 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                 .experiences_with_claimable(at, RULES)
                 .await
                 .map_err(|e| format!("list claimable: {e}"))?;
-            list_ms.push(load::ms(start.elapsed()));
+            list_ms.push(ms(start.elapsed()));
             let mut claimed = Vec::new();
             for e in &listed {
                 claimed.extend(
@@ -250,7 +180,7 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                         .map_err(|e| format!("claim: {e}"))?,
                 );
             }
-            rounds_ms.push(load::ms(start.elapsed()));
+            rounds_ms.push(ms(start.elapsed()));
             if claimed.len() != CAP as usize {
                 return Err(format!(
                     "a claim round with {queued} queued claimed {} sagas, not {CAP}",
@@ -294,10 +224,10 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
                 .await
                 .map_err(|e| format!("ANALYZE: {e}"))?;
         }
-        let rank_ms = rank_rounds(&store, &experience.id, rounds, false).await?;
-        let rank_after_news_ms = rank_rounds(&store, &experience.id, rounds, true).await?;
+        let rank_ms = rank_rounds(&store, &experience.id, rank_batch, rounds, false).await?;
+        let rank_after_news_ms = rank_rounds(&store, &experience.id, rank_batch, rounds, true).await?;
         let rereading = store.clone().with_rank_refresh(std::time::Duration::ZERO);
-        let rank_reread_ms = rank_rounds(&rereading, &experience.id, rounds, true).await?;
+        let rank_reread_ms = rank_rounds(&rereading, &experience.id, rank_batch, rounds, true).await?;
         let shown: Vec<String> = rounds_ms.iter().map(|x| format!("{x:.1}")).collect();
         eprintln!(
             "  claim cost: {queued} queued, rounds (ms): {}",
@@ -316,18 +246,19 @@ async fn measure(url: &str, dir: &Path, rounds: usize) -> Result<Vec<SizeTiming>
     Ok(out)
 }
 
-/// Times `rounds` ranks of a batch of [`RANK_BATCH`] entries of
-/// `experience`, each after news from another instance when `news`.
+/// Times `rounds` ranks of a batch of `batch` entries of `experience`,
+/// each after news from another instance when `news`.
 async fn rank_rounds(
     store: &Store,
     experience: &str,
+    batch_size: u64,
     rounds: usize,
     news: bool,
 ) -> Result<Vec<f64>, String> {
     let mut rank_ms = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let batch = store
-            .some_entries(experience, RANK_BATCH)
+            .some_entries(experience, batch_size)
             .await
             .map_err(|e| format!("pick entries: {e}"))?;
         let refs: Vec<_> = batch.iter().collect();
@@ -341,7 +272,7 @@ async fn rank_rounds(
             .ranks_of(experience, &refs)
             .await
             .map_err(|e| format!("rank a batch: {e}"))?;
-        rank_ms.push(load::ms(start.elapsed()));
+        rank_ms.push(ms(start.elapsed()));
         if ranks.len() != batch.len() {
             return Err(format!(
                 "ranked {} of a batch of {} entries",
@@ -353,26 +284,3 @@ async fn rank_rounds(
     Ok(rank_ms)
 }
 
-/// `stagehand migrate` on `url`, its output in the logs dir (this process's
-/// own log lines would land in the middle of the table).
-fn migrate(url: &str, dir: &Path) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| format!("current executable: {e}"))?;
-    let log = super::logs_dir(dir).join("claim-migrate.log");
-    let out = std::process::Command::new(exe)
-        .args(["migrate", "--database-url", url])
-        .output()
-        .map_err(|e| format!("run stagehand migrate: {e}"))?;
-    let _ = std::fs::write(
-        &log,
-        [out.stdout.as_slice(), out.stderr.as_slice()].concat(),
-    );
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "stagehand migrate exited with {}; see {}",
-            out.status,
-            log.display()
-        ))
-    }
-}

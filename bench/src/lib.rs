@@ -1,10 +1,25 @@
-//! `stagehand bench`: the flags, the order of the run (pgbench, then per
-//! backend one flat-out scenario per terminal count and the paced push
-//! latency scenario, then the claim cost against queue length, then the
-//! memory per idle socket), the temp dir of logs and SQLite files, and the
-//! exit status. The load itself is in [`load`], pgbench in [`pgbench`], the
-//! claim rounds in [`claim`], the idle sockets in [`sockets`], the printed
-//! table in [`table`]. `stagehand rehearse` is [`rehearse`].
+//! stagehand's load tools, a crate of their own: `stagehand bench` (the
+//! server measured as a user runs it, one table) and `stagehand rehearse`
+//! (a synthetic event day and a GO / NO-GO verdict).
+//!
+//! They drive the server only through what a user has: its command line
+//! (`stagehand serve`, `stagehand sim-ai`, `stagehand migrate`, and the
+//! store's own claim-cost measurement, `stagehand claim-cost`), its HTTP and
+//! WebSocket API and its metrics. This crate does not depend on the server
+//! crate; the server binary links it for the two commands, so the tools run
+//! `std::env::current_exe()` as the server they measure (or
+//! `--server-binary`).
+//!
+//! # Layout
+//!
+//! This module: the flags of `stagehand bench`, the order of the run
+//! (pgbench, then per backend one flat-out scenario per terminal count and
+//! the paced push latency scenario, then the claim cost against queue
+//! length, then the memory per idle socket), the temp dir of logs and
+//! SQLite files, and the exit status. The load itself is in [`load`],
+//! pgbench in [`pgbench`], the claim rounds in [`claim`], the idle sockets
+//! in [`sockets`], the printed table in [`table`]. `stagehand rehearse` is
+//! [`rehearse`].
 
 pub mod claim;
 pub mod cpu;
@@ -15,6 +30,26 @@ pub mod pgbench;
 pub mod rehearse;
 pub mod sockets;
 pub mod table;
+
+/// The server's metrics these tools read, by the names `GET /metrics`
+/// serves them (a public contract, as for any scraper; the server's tests
+/// check that these are its names).
+pub mod metric_names {
+    /// Histogram: an AI job, submit to final status.
+    pub const AI_JOB_DURATION: &str = "stagehand_ai_job_duration_seconds";
+    /// Counter: messages handled by the server's actors, by actor.
+    pub const ACTOR_MESSAGES: &str = "stagehand_actor_messages_total";
+    /// Counter: tasks and actor futures the server started, by where.
+    pub const TASKS_SPAWNED: &str = "stagehand_tasks_spawned_total";
+    /// Counter: frames encoded to JSON text for the sockets, by kind.
+    pub const FRAMES_ENCODED: &str = "stagehand_frames_encoded_total";
+}
+
+/// A flag's duration: `250ms`, `10s`, `7m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{s:?} is not a duration like 250ms, 10s or 7m: {e}"))
+}
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -154,10 +189,6 @@ async fn media_figures(
         eprintln!("bench: media FAILED: {e}");
     }
     Some(m)
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration: {e}"))
 }
 
 /// Runs the whole benchmark and prints the table. Err when pgbench or any
@@ -455,7 +486,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
 }
 
 /// The 1-minute load average of `/proc/loadavg`, if there is one.
-pub(super) fn load_average() -> Option<f64> {
+pub(crate) fn load_average() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg")
         .ok()?
         .split_whitespace()
@@ -465,7 +496,7 @@ pub(super) fn load_average() -> Option<f64> {
 }
 
 /// Deletes the SQLite files always, and the logs unless `keep`.
-pub(super) fn cleanup(dir: &Path, keep: bool) {
+pub(crate) fn cleanup(dir: &Path, keep: bool) {
     if keep {
         if let Ok(entries) = std::fs::read_dir(dir) {
             for entry in entries.flatten() {
@@ -482,7 +513,7 @@ pub(super) fn cleanup(dir: &Path, keep: bool) {
 
 /// A connection through the admin URL, without sqlx's statement logs (they
 /// would land in the middle of the table).
-pub(super) async fn admin_connect(admin: &str) -> Result<DatabaseConnection, sea_orm::DbErr> {
+pub(crate) async fn admin_connect(admin: &str) -> Result<DatabaseConnection, sea_orm::DbErr> {
     let mut options = ConnectOptions::new(admin);
     options.sqlx_logging(false).max_connections(1);
     Database::connect(options).await

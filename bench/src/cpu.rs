@@ -260,16 +260,16 @@ fn sums_of(text: &str) -> (HashMap<String, f64>, f64, f64) {
         let Ok(value) = value.parse::<f64>() else {
             continue;
         };
-        if series.starts_with(crate::metrics::ACTOR_MESSAGES) {
+        if series.starts_with(crate::metric_names::ACTOR_MESSAGES) {
             let actor = series
                 .split("actor=\"")
                 .nth(1)
                 .and_then(|rest| rest.split('"').next())
                 .unwrap_or("?");
             *by_actor.entry(actor.to_owned()).or_default() += value;
-        } else if series.starts_with(crate::metrics::TASKS_SPAWNED) {
+        } else if series.starts_with(crate::metric_names::TASKS_SPAWNED) {
             tasks += value;
-        } else if series.starts_with(crate::metrics::FRAMES_ENCODED) {
+        } else if series.starts_with(crate::metric_names::FRAMES_ENCODED) {
             frames += value;
         }
     }

@@ -29,7 +29,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use super::load::{self, DisplayLog, Session, Stack};
 use super::sockets;
-use crate::config::{parse_duration, parse_rate_limit, RateLimit};
+use crate::parse_duration;
 pub use report::Report;
 use report::{Latency, Memory, Outcomes, PgActivity, Reads};
 use verdict::{BurstCapacity, Capacity, Targets, Verdict};
@@ -153,14 +153,24 @@ impl RehearseArgs {
     }
 }
 
-/// `600/min` -> 10.0 participants per second.
+/// `600/min` -> 10.0 participants per second (a count, `/`, and a
+/// period: `s`, `min`, `h` or a duration like `90s`).
 fn parse_arrivals(s: &str) -> Result<f64, String> {
-    match parse_rate_limit(s)? {
-        RateLimit::Off => Err(format!(
-            "{s:?}: a rate of participants like 600/min or 10/s"
-        )),
-        RateLimit::Every { count, per } => Ok(f64::from(count.get()) / per.as_secs_f64()),
+    let bad = || format!("{s:?}: a rate of participants like 600/min or 10/s");
+    let (count, per) = s.trim().split_once('/').ok_or_else(bad)?;
+    let count: u32 = count.trim().parse().map_err(|_| bad())?;
+    let per = per.trim();
+    // `min` means `1min`.
+    let per = if per.starts_with(|c: char| c.is_ascii_digit()) {
+        per.to_owned()
+    } else {
+        format!("1{per}")
+    };
+    let per = humantime::parse_duration(&per).map_err(|_| bad())?;
+    if count == 0 || per.is_zero() {
+        return Err(bad());
     }
+    Ok(f64::from(count) / per.as_secs_f64())
 }
 
 /// When the participants arrive.
@@ -1075,7 +1085,7 @@ async fn ai_job_totals(
 fn job_totals_of(text: &str) -> JobTotals {
     let mut t = JobTotals::default();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix(crate::metrics::AI_JOB_DURATION) else {
+        let Some(rest) = line.strip_prefix(crate::metric_names::AI_JOB_DURATION) else {
             continue;
         };
         let (field, value) = match rest.split_once(['{', ' ']) {

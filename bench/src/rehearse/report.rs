@@ -694,7 +694,7 @@ mod tests {
     fn a_short_cap_gets_advice_before_the_verdict() {
         let mut r = report();
         r.submit_to_frame_ms = Latency::of(&mut [100.0]);
-        r.capacity = crate::bench::rehearse::verdict::capacity(10.0, 1.0, 3.0, 5);
+        r.capacity = crate::rehearse::verdict::capacity(10.0, 1.0, 3.0, 5);
         r.queue_depth_growth_per_s = Some(8.04);
         let table = r.render();
         let lines: Vec<&str> = table.lines().collect();
@@ -725,7 +725,7 @@ mod tests {
     fn a_burst_gets_its_own_advice() {
         let mut r = report();
         r.submit_to_frame_ms = Latency::of(&mut [100.0]);
-        r.burst_capacity = crate::bench::rehearse::verdict::burst_capacity(
+        r.burst_capacity = crate::rehearse::verdict::burst_capacity(
             40,
             1.0,
             8.0,
