@@ -149,209 +149,82 @@ impl Application {
         config: Config,
         clock: SharedClock,
     ) -> Result<Application, StartupError> {
-        if let Some(url) = &config.public_url {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(StartupError::PublicUrl(url.clone()));
-            }
-        }
-        let sqlite_lock = lock_sqlite_file(&config.database_url)?;
-        let store = Store::connect_with(
-            &config.database_url,
-            config.db_pool,
-            Some(config.db_lock_timeout),
-        )
-        .await?;
-        store.migrate().await?;
-        // Saga work and display streams get their own connections.
-        let work = store.with_own_pool(config.worker_db_pool).await?;
-        tracing::info!(database = %redact(&config.database_url), "database ready (migrations applied)");
-        let media = open_media(&config, store.is_postgres())?;
-
+        check_public_url(&config)?;
+        let db = open_database(&config).await?;
+        let media = open_media(&config, db.store.is_postgres())?;
         let specs = config.provider_specs()?;
-        // A job API without a URL is the built-in simulator (one, shared by
-        // every such provider).
-        let simulator = if specs
-            .iter()
-            .any(|p| p.kind == ProviderKind::Jobs && p.url.is_none())
-        {
-            let sim = simulator::start("127.0.0.1:0", SimControl::new(SimConfig::default()))
-                .await
-                .map_err(StartupError::Simulator)?;
-            tracing::info!(url = %sim.url(), "no STAGEHAND_AI_URL set: started the built-in AI simulator in-process");
-            Some(sim)
-        } else {
-            None
-        };
-        store.register_providers(&specs, clock.now_ms()).await?;
-        let operator_token = match &config.operator_token {
-            Some(token) => token.clone(),
-            None => {
-                let token = new_secret();
-                println!(
-                    "No STAGEHAND_OPERATOR_TOKEN set; generated operator token (shown once): {token}"
-                );
-                token
-            }
-        };
-
+        let simulator = start_simulator(&specs).await?;
+        db.store.register_providers(&specs, clock.now_ms()).await?;
+        let operator_token = operator_token(&config);
         let rules = ClaimRules {
             lease_ms: config.lease_ms(),
             max_recoveries: config.max_recoveries,
         };
         let instance_id = crate::store::new_id();
-        let hub = TerminalHub::new(work.clone(), clock.clone(), instance_id.clone()).start();
-        // On PostgreSQL other instances may share the database: wake-ups
-        // cross over with LISTEN/NOTIFY. SQLite is one process.
-        let cluster = work.is_postgres().then(ClusterMailbox::default);
-        let wakeups = Wakeups {
-            cluster: cluster.clone(),
-            ..Wakeups::default()
-        };
-        if let Some(mailbox) = cluster {
-            tracing::info!(%instance_id, "PostgreSQL: wake-ups cross instances with LISTEN/NOTIFY");
-            ClusterBridge::new(
-                work.clone(),
-                instance_id.clone(),
-                mailbox,
-                wakeups.clone(),
-                hub.clone(),
-            )
-            .start();
-        }
-        OutboxRelay::new(work.clone(), hub.clone(), wakeups.clone()).start();
-        RankingBoard::new(work.clone(), hub.clone(), wakeups.clone()).start();
-        let persistence =
-            PersistenceActor::new(work.clone(), clock.clone(), rules.lease_ms, wakeups.clone())
-                .start();
-        let listener = TcpListener::bind(&config.bind).map_err(|source| StartupError::Bind {
-            addr: config.bind.clone(),
-            source,
-        })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| StartupError::Bind {
-                addr: config.bind.clone(),
-                source,
-            })?
-            .port();
+        let core = start_core_actors(&db.work, &clock, &instance_id, rules.lease_ms);
+        let (listener, port) = bind_listener(&config.bind)?;
         let bases = PhotoBases::of(&config, port);
         let (providers, provider_models, provider_media) = start_providers(
             &config,
             &specs,
-            &work,
+            &db.work,
             &clock,
-            &wakeups,
+            &core.wakeups,
             simulator.as_ref(),
             &bases,
         )
         .await?;
         let (saga_media, photo_pool) =
-            media_for_sagas(&config, &store, &media, provider_media).await?;
-        SlotAdopter::new(
-            work.clone(),
-            clock.clone(),
-            providers.clone(),
-            wakeups.clone(),
-            config.ai_poll_interval,
-            config.max_recoveries,
-        )
-        .start();
-        let deps = SagaDeps {
-            store: work.clone(),
-            clock: clock.clone(),
-            ranking: RankingActor::new(work.clone(), clock.clone(), wakeups.clone()).start(),
-            persistence: persistence.clone(),
-            wakeups: wakeups.clone(),
-            settings: Arc::new(SagaSettings {
-                lease: config.lease,
-                ai_timeout: config.ai_timeout,
-                ai_poll_interval: config.ai_poll_interval,
-                retry: config.retry_policy(),
-            }),
-            media: saga_media.clone(),
-        };
-        let dispatcher = Dispatcher::new(
-            deps,
-            providers.clone(),
+            media_for_sagas(&config, &db.store, &media, provider_media).await?;
+        let dispatcher = start_saga_actors(
+            &config,
+            &db.work,
+            &clock,
+            &core,
+            &providers,
             rules,
-            config.poll_interval,
-            wakeups.dispatcher.clone(),
-            config.max_running as usize,
-        )
-        .start();
-        ReviewActor::new(
-            work.clone(),
-            clock.clone(),
-            wakeups.clone(),
-            dispatcher.clone(),
-            persistence.clone(),
-            rules.lease_ms,
-            config.saga_deadline.as_millis() as i64,
-        )
-        .start();
+            saga_media.clone(),
+        );
         let shutdown = Shutdown {
             signal: ShutdownSignal::default(),
             dispatcher,
             grace: config.shutdown_grace,
             metrics_server: None,
-            liveness: work
+            liveness: db
+                .work
                 .is_postgres()
-                .then(|| (work.clone(), instance_id.clone())),
+                .then(|| (db.work.clone(), instance_id.clone())),
         };
-        let operators = OperatorHub::new(work.clone(), clock.clone(), wakeups.clone()).start();
-        let cleanup = CleanupActor::new(
-            work.clone(),
-            clock.clone(),
-            persistence.clone(),
-            wakeups.clone(),
-            rules,
-            config.cleanup_interval,
-        )
-        .with_photo_orphans(media.clone(), config.photo_orphan_ttl)
-        .with_audit_retention(config.audit_retention)
-        .start();
-
+        let operators =
+            OperatorHub::new(db.work.clone(), clock.clone(), core.wakeups.clone()).start();
+        let cleanup = start_cleanup(&config, &db.work, &clock, &core, rules, &media);
         let limits = Arc::new(RateLimits::from_config(&config));
-        if work.is_postgres() {
-            // Alive before the first request, so keys it takes are never
-            // taken for a dead instance's.
-            let live = work.instance_alive(&instance_id, clock.now_ms()).await?;
-            limits
-                .live_instances
-                .store(live, std::sync::atomic::Ordering::Relaxed);
-            LivenessActor::new(
-                work.clone(),
-                clock.clone(),
-                instance_id.clone(),
-                limits.live_instances.clone(),
-            )
-            .start();
-        }
+        start_liveness(&db.work, &clock, &instance_id, &limits).await?;
         let state = AppState {
             submissions: crate::http::submissions::submission_queue(
-                store.clone(),
+                db.store.clone(),
                 clock.clone(),
                 config.saga_deadline.as_millis() as i64,
                 limits.clone(),
-                store.is_postgres().then(|| instance_id.clone()),
+                db.store.is_postgres().then(|| instance_id.clone()),
             ),
-            store,
-            work_store: work,
+            store: db.store,
+            work_store: db.work,
             clock,
-            wakeups,
-            hub,
+            wakeups: core.wakeups,
+            hub: core.hub,
             operator_token,
             saga_deadline_ms: config.saga_deadline.as_millis() as i64,
             instance_id,
             display_heartbeat: config.display_heartbeat,
-            persistence,
+            persistence: core.persistence,
             operators,
             public_url: config.public_base_url(port),
             limits,
             shutdown: shutdown.signal.clone(),
             metrics_token: config.metrics_token.clone(),
             scrape_cache: Arc::default(),
-            sqlite_lock: sqlite_lock.map(Arc::new),
+            sqlite_lock: db.sqlite_lock.map(Arc::new),
             provider_models: Arc::new(provider_models),
             media,
             photos: crate::http::PhotoDesk {
@@ -362,70 +235,12 @@ impl Application {
             gallery_pins: Arc::default(),
             lease_ms: config.lease_ms(),
         };
-        let data = web::Data::new(state.clone());
-        let server = HttpServer::new(move || {
-            App::new()
-                .wrap(tracing_actix_web::TracingLogger::<
-                    crate::http::request_log::RedactedRootSpan,
-                >::new())
-                .app_data(data.clone())
-                .configure(routes)
-        })
-        .listen(listener)
-        .map_err(|source| StartupError::Bind {
-            addr: config.bind.clone(),
-            source,
-        })?
-        .disable_signals()
-        .shutdown_timeout(5)
-        .run();
-        let metrics_server = match &config.metrics_bind {
-            None => None,
-            Some(addr) => {
-                let listener = TcpListener::bind(addr).map_err(|source| StartupError::Bind {
-                    addr: addr.clone(),
-                    source,
-                })?;
-                let shown = listener
-                    .local_addr()
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|_| addr.clone());
-                let data = web::Data::new(state.clone());
-                let server = HttpServer::new(move || {
-                    App::new().app_data(data.clone()).route(
-                        "/metrics",
-                        web::get().to(crate::http::metrics::metrics_only),
-                    )
-                })
-                .listen(listener)
-                .map_err(|source| StartupError::Bind {
-                    addr: addr.clone(),
-                    source,
-                })?
-                .disable_signals()
-                .workers(1)
-                .run();
-                let handle = server.handle();
-                actix_web::rt::spawn(server);
-                tracing::info!(address = %shown, "GET /metrics served without a token on its own address");
-                Some(handle)
-            }
-        };
+        let server = serve_http(listener, &state, &config.bind)?;
         let shutdown = Shutdown {
-            metrics_server,
+            metrics_server: serve_metrics(&config, &state)?,
             ..shutdown
         };
-        tracing::info!(
-            sessions = ?config.session_rate_limit,
-            submissions = ?config.submission_rate_limit,
-            trusted_proxies = config.trusted_proxies,
-            "rate limits (per client address; per session and token)"
-        );
-        tracing::info!(
-            port,
-            "stagehand listening on http://{}",
-            config.bind.replace(":0", &format!(":{port}"))
-        );
+        log_listening(&config, port);
         Ok(Application {
             port,
             server,
@@ -462,6 +277,310 @@ impl Application {
     pub fn into_server(self) -> (Server, Option<RunningSim>) {
         (self.server, self.simulator)
     }
+}
+
+/// Refuses a `STAGEHAND_PUBLIC_URL` that is not an http:// or https:// URL.
+fn check_public_url(config: &Config) -> Result<(), StartupError> {
+    if let Some(url) = &config.public_url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(StartupError::PublicUrl(url.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// The database, migrated: the lock of a SQLite file, the pool of request
+/// handlers and the pool of saga work and display streams.
+struct Database {
+    sqlite_lock: Option<File>,
+    store: Store,
+    work: Store,
+}
+
+/// Locks a SQLite file, connects, migrates, and opens the work pool.
+async fn open_database(config: &Config) -> Result<Database, StartupError> {
+    let sqlite_lock = lock_sqlite_file(&config.database_url)?;
+    let store = Store::connect_with(
+        &config.database_url,
+        config.db_pool,
+        Some(config.db_lock_timeout),
+    )
+    .await?;
+    store.migrate().await?;
+    // Saga work and display streams get their own connections.
+    let work = store.with_own_pool(config.worker_db_pool).await?;
+    tracing::info!(database = %redact(&config.database_url), "database ready (migrations applied)");
+    Ok(Database {
+        sqlite_lock,
+        store,
+        work,
+    })
+}
+
+/// Starts the built-in simulator when a job API has no URL (one, shared
+/// by every such provider).
+async fn start_simulator(specs: &[ProviderSpec]) -> Result<Option<RunningSim>, StartupError> {
+    if !specs
+        .iter()
+        .any(|p| p.kind == ProviderKind::Jobs && p.url.is_none())
+    {
+        return Ok(None);
+    }
+    let sim = simulator::start("127.0.0.1:0", SimControl::new(SimConfig::default()))
+        .await
+        .map_err(StartupError::Simulator)?;
+    tracing::info!(url = %sim.url(), "no STAGEHAND_AI_URL set: started the built-in AI simulator in-process");
+    Ok(Some(sim))
+}
+
+/// The configured operator token, or a new one printed once.
+fn operator_token(config: &Config) -> String {
+    match &config.operator_token {
+        Some(token) => token.clone(),
+        None => {
+            let token = new_secret();
+            println!(
+                "No STAGEHAND_OPERATOR_TOKEN set; generated operator token (shown once): {token}"
+            );
+            token
+        }
+    }
+}
+
+/// The actors the saga machinery and the HTTP state share.
+struct CoreActors {
+    hub: Addr<TerminalHub>,
+    wakeups: Wakeups,
+    persistence: Addr<PersistenceActor>,
+}
+
+/// Starts the terminal hub, the cluster bridge (PostgreSQL), the outbox
+/// relay, the ranking board and the persistence actor, in that order.
+fn start_core_actors(
+    work: &Store,
+    clock: &SharedClock,
+    instance_id: &str,
+    lease_ms: i64,
+) -> CoreActors {
+    let hub = TerminalHub::new(work.clone(), clock.clone(), instance_id.to_owned()).start();
+    // On PostgreSQL other instances may share the database: wake-ups
+    // cross over with LISTEN/NOTIFY. SQLite is one process.
+    let cluster = work.is_postgres().then(ClusterMailbox::default);
+    let wakeups = Wakeups {
+        cluster: cluster.clone(),
+        ..Wakeups::default()
+    };
+    if let Some(mailbox) = cluster {
+        tracing::info!(%instance_id, "PostgreSQL: wake-ups cross instances with LISTEN/NOTIFY");
+        ClusterBridge::new(
+            work.clone(),
+            instance_id.to_owned(),
+            mailbox,
+            wakeups.clone(),
+            hub.clone(),
+        )
+        .start();
+    }
+    OutboxRelay::new(work.clone(), hub.clone(), wakeups.clone()).start();
+    RankingBoard::new(work.clone(), hub.clone(), wakeups.clone()).start();
+    let persistence =
+        PersistenceActor::new(work.clone(), clock.clone(), lease_ms, wakeups.clone()).start();
+    CoreActors {
+        hub,
+        wakeups,
+        persistence,
+    }
+}
+
+/// Binds the HTTP address; the port it got (for `:0`).
+fn bind_listener(addr: &str) -> Result<(TcpListener, u16), StartupError> {
+    let listener = TcpListener::bind(addr).map_err(|source| StartupError::Bind {
+        addr: addr.to_owned(),
+        source,
+    })?;
+    let port = listener
+        .local_addr()
+        .map_err(|source| StartupError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })?
+        .port();
+    Ok((listener, port))
+}
+
+/// Starts the slot adopter, the ranking actor, the dispatcher and the
+/// review actor, in that order; the dispatcher.
+fn start_saga_actors(
+    config: &Config,
+    work: &Store,
+    clock: &SharedClock,
+    core: &CoreActors,
+    providers: &Providers,
+    rules: ClaimRules,
+    saga_media: SagaMedia,
+) -> Addr<Dispatcher> {
+    SlotAdopter::new(
+        work.clone(),
+        clock.clone(),
+        providers.clone(),
+        core.wakeups.clone(),
+        config.ai_poll_interval,
+        config.max_recoveries,
+    )
+    .start();
+    let deps = SagaDeps {
+        store: work.clone(),
+        clock: clock.clone(),
+        ranking: RankingActor::new(work.clone(), clock.clone(), core.wakeups.clone()).start(),
+        persistence: core.persistence.clone(),
+        wakeups: core.wakeups.clone(),
+        settings: Arc::new(SagaSettings {
+            lease: config.lease,
+            ai_timeout: config.ai_timeout,
+            ai_poll_interval: config.ai_poll_interval,
+            retry: config.retry_policy(),
+        }),
+        media: saga_media,
+    };
+    let dispatcher = Dispatcher::new(
+        deps,
+        providers.clone(),
+        rules,
+        config.poll_interval,
+        core.wakeups.dispatcher.clone(),
+        config.max_running as usize,
+    )
+    .start();
+    ReviewActor::new(
+        work.clone(),
+        clock.clone(),
+        core.wakeups.clone(),
+        dispatcher.clone(),
+        core.persistence.clone(),
+        rules.lease_ms,
+        config.saga_deadline.as_millis() as i64,
+    )
+    .start();
+    dispatcher
+}
+
+/// Starts the cleanup actor, with photo orphans and audit retention.
+fn start_cleanup(
+    config: &Config,
+    work: &Store,
+    clock: &SharedClock,
+    core: &CoreActors,
+    rules: ClaimRules,
+    media: &crate::media::MediaStore,
+) -> Addr<CleanupActor> {
+    CleanupActor::new(
+        work.clone(),
+        clock.clone(),
+        core.persistence.clone(),
+        core.wakeups.clone(),
+        rules,
+        config.cleanup_interval,
+    )
+    .with_photo_orphans(media.clone(), config.photo_orphan_ttl)
+    .with_audit_retention(config.audit_retention)
+    .start()
+}
+
+/// On PostgreSQL: says this instance is alive, counts the live instances
+/// into `limits`, and starts the liveness actor. Nothing on SQLite.
+async fn start_liveness(
+    work: &Store,
+    clock: &SharedClock,
+    instance_id: &str,
+    limits: &RateLimits,
+) -> Result<(), StartupError> {
+    if work.is_postgres() {
+        // Alive before the first request, so keys it takes are never
+        // taken for a dead instance's.
+        let live = work.instance_alive(instance_id, clock.now_ms()).await?;
+        limits
+            .live_instances
+            .store(live, std::sync::atomic::Ordering::Relaxed);
+        LivenessActor::new(
+            work.clone(),
+            clock.clone(),
+            instance_id.to_owned(),
+            limits.live_instances.clone(),
+        )
+        .start();
+    }
+    Ok(())
+}
+
+/// The HTTP server on `listener`, not yet awaited.
+fn serve_http(listener: TcpListener, state: &AppState, addr: &str) -> Result<Server, StartupError> {
+    let data = web::Data::new(state.clone());
+    let server = HttpServer::new(move || {
+        App::new()
+            .wrap(tracing_actix_web::TracingLogger::<
+                crate::http::request_log::RedactedRootSpan,
+            >::new())
+            .app_data(data.clone())
+            .configure(routes)
+    })
+    .listen(listener)
+    .map_err(|source| StartupError::Bind {
+        addr: addr.to_owned(),
+        source,
+    })?
+    .disable_signals()
+    .shutdown_timeout(5)
+    .run();
+    Ok(server)
+}
+
+/// The `--metrics-bind` server, running, when one is configured.
+fn serve_metrics(config: &Config, state: &AppState) -> Result<Option<ServerHandle>, StartupError> {
+    let Some(addr) = &config.metrics_bind else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr).map_err(|source| StartupError::Bind {
+        addr: addr.clone(),
+        source,
+    })?;
+    let shown = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| addr.clone());
+    let data = web::Data::new(state.clone());
+    let server = HttpServer::new(move || {
+        App::new().app_data(data.clone()).route(
+            "/metrics",
+            web::get().to(crate::http::metrics::metrics_only),
+        )
+    })
+    .listen(listener)
+    .map_err(|source| StartupError::Bind {
+        addr: addr.clone(),
+        source,
+    })?
+    .disable_signals()
+    .workers(1)
+    .run();
+    let handle = server.handle();
+    actix_web::rt::spawn(server);
+    tracing::info!(address = %shown, "GET /metrics served without a token on its own address");
+    Ok(Some(handle))
+}
+
+/// Says the rate limits and where the server listens.
+fn log_listening(config: &Config, port: u16) {
+    tracing::info!(
+        sessions = ?config.session_rate_limit,
+        submissions = ?config.submission_rate_limit,
+        trusted_proxies = config.trusted_proxies,
+        "rate limits (per client address; per session and token)"
+    );
+    tracing::info!(
+        port,
+        "stagehand listening on http://{}",
+        config.bind.replace(":0", &format!(":{port}"))
+    );
 }
 
 /// Each provider of the providers file (or the one `default`): its client,

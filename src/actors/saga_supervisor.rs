@@ -9,6 +9,7 @@
 //! meanwhile is refused. Everything it logs is inside a `saga` span with
 //! `saga_id`, `session_id` and `experience`.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -320,6 +321,8 @@ async fn drive(
     .await
 }
 
+/// Runs the saga's steps in turn until one ends this worker's part: the
+/// saga ended, waits (for a slot, a retry or a review), or must stop.
 async fn run(
     saga: &mut sagas::Model,
     experience: &ExperienceOf,
@@ -332,150 +335,201 @@ async fn run(
         let step_started = Instant::now();
         let step = step_of(saga)?;
         let step_span = crate::telemetry::step_span(saga, step, &experience.provider);
-        match step {
-            Step::AiPending => match ai_step::run_ai_step(saga, experience, token, deps, holds)
-                .instrument(step_span.clone())
-                .await?
-            {
-                ai_step::StepOutcome::Done { result, job_id } => {
-                    let done = SagaWrite::AiDone {
-                        saga_id: saga.id.clone(),
-                        token: token.to_owned(),
-                        result: result.clone(),
-                        job_id,
-                    };
-                    write(deps, done).await??;
-                    metrics::step_finished(Step::AiPending, step_started.elapsed());
-                    tracing::info!(saga_id = %saga.id, attempt = saga.attempts, "AI result recorded");
-                    saga.content = Some(serde_json::to_string(&result.content).unwrap_or_default());
-                    saga.ai_score = result.score;
-                    saga.step = Step::AiDone.as_str().to_owned();
-                }
-                ai_step::StepOutcome::Abort {
-                    reason,
-                    detail,
-                    free_calls,
-                } => {
-                    return abort_with(saga, token, reason, detail, free_calls, deps).await;
-                }
-                ai_step::StepOutcome::WaitForSlot { state } => {
-                    let now = deps.clock.now_ms();
-                    tracing::info!(
-                        saga_id = %saga.id,
-                        "no AI slot held and none free; back to the queue until one frees"
-                    );
-                    let release = SagaWrite::ReleaseForRetry {
-                        saga_id: saga.id.clone(),
-                        token: token.to_owned(),
-                        state,
-                        next_attempt_at: now,
-                        attempt_counted: false,
-                        free_calls: Vec::new(),
-                    };
-                    write(deps, release).await??;
-                    return Ok(());
-                }
-                ai_step::StepOutcome::Release {
-                    state,
-                    next_attempt_at,
-                    attempt_counted,
-                    failure,
-                    free_calls,
-                } => {
-                    let now = deps.clock.now_ms();
-                    tracing::warn!(
-                        saga_id = %saga.id, %failure, attempts = state.attempts, in_ms = next_attempt_at - now,
-                        "AI attempt failed; retrying later (the saga's AI slots are free meanwhile)"
-                    );
-                    let release = SagaWrite::ReleaseForRetry {
-                        saga_id: saga.id.clone(),
-                        token: token.to_owned(),
-                        state,
-                        next_attempt_at,
-                        attempt_counted,
-                        free_calls,
-                    };
-                    write(deps, release).await??;
-                    dispatcher.do_send(WakeAt(next_attempt_at));
-                    return Ok(());
-                }
-            },
+        let next = match step {
+            Step::AiPending => {
+                let outcome = ai_step::run_ai_step(saga, experience, token, deps, holds)
+                    .instrument(step_span.clone())
+                    .await?;
+                record_ai_outcome(saga, outcome, token, deps, dispatcher, step_started).await?
+            }
             Step::AiDone if experience.review => {
-                // The result waits for a person, holding no lease and no AI
-                // slot; the review actor hands it back to a worker once it
-                // is approved.
-                let enter = SagaWrite::EnterReview {
-                    saga_id: saga.id.clone(),
-                    token: token.to_owned(),
-                };
-                write(deps, enter).await??;
-                deps.wakeups.review_changed();
-                metrics::step_finished(Step::AiDone, step_started.elapsed());
-                tracing::info!(saga_id = %saga.id, "AI result waits in the operators' review (IN_REVIEW)");
-                return Ok(());
+                enter_review(saga, token, deps, step_started).await?;
+                ControlFlow::Break(())
             }
             Step::AiDone | Step::InReview => {
-                // IN_REVIEW here: approved, and adopted by this worker.
-                let after_review = step == Step::InReview;
-                let entry = match saga.participant_score.or(saga.ai_score) {
-                    Some(score) => {
-                        let registered = deps
-                            .ranking
-                            .send(RegisterScore {
-                                experience_id: saga.experience_id.clone(),
-                                session_id: saga.session_id.clone(),
-                                saga_id: saga.id.clone(),
-                                token: token.to_owned(),
-                                score,
-                            })
-                            .await?;
-                        match registered {
-                            Ok(entry) => Some(entry),
-                            Err(StoreError::Conflict(detail)) => {
-                                return abort(
-                                    saga,
-                                    token,
-                                    AbortReason::RankingFailed,
-                                    detail,
-                                    deps,
-                                )
-                                .await;
-                            }
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                    None => None,
-                };
-                let ranked = SagaWrite::RankingDone {
-                    saga_id: saga.id.clone(),
-                    token: token.to_owned(),
-                    entry,
-                    after_review,
-                };
-                write(deps, ranked).await??;
-                metrics::step_finished(step, step_started.elapsed());
-                saga.step = Step::RankingDone.as_str().to_owned();
+                register_ranking(saga, step, token, deps, step_started).await?
             }
             Step::RankingDone => {
-                let complete = SagaWrite::Complete {
+                complete(saga, token, deps, step_started).await?;
+                ControlFlow::Break(())
+            }
+            Step::Completed | Step::Aborted => ControlFlow::Break(()),
+        };
+        if next.is_break() {
+            return Ok(());
+        }
+    }
+}
+
+/// Writes how the AI step ended: its result (the saga goes on to AI_DONE),
+/// an abort, or a release of the lease (back to the queue for a slot, or
+/// until a retry is due).
+async fn record_ai_outcome(
+    saga: &mut sagas::Model,
+    outcome: ai_step::StepOutcome,
+    token: &str,
+    deps: &SagaDeps,
+    dispatcher: &Addr<Dispatcher>,
+    step_started: Instant,
+) -> Result<ControlFlow<()>, Stop> {
+    match outcome {
+        ai_step::StepOutcome::Done { result, job_id } => {
+            let done = SagaWrite::AiDone {
+                saga_id: saga.id.clone(),
+                token: token.to_owned(),
+                result: result.clone(),
+                job_id,
+            };
+            write(deps, done).await??;
+            metrics::step_finished(Step::AiPending, step_started.elapsed());
+            tracing::info!(saga_id = %saga.id, attempt = saga.attempts, "AI result recorded");
+            saga.content = Some(serde_json::to_string(&result.content).unwrap_or_default());
+            saga.ai_score = result.score;
+            saga.step = Step::AiDone.as_str().to_owned();
+            Ok(ControlFlow::Continue(()))
+        }
+        ai_step::StepOutcome::Abort {
+            reason,
+            detail,
+            free_calls,
+        } => {
+            abort_with(saga, token, reason, detail, free_calls, deps).await?;
+            Ok(ControlFlow::Break(()))
+        }
+        ai_step::StepOutcome::WaitForSlot { state } => {
+            let now = deps.clock.now_ms();
+            tracing::info!(
+                saga_id = %saga.id,
+                "no AI slot held and none free; back to the queue until one frees"
+            );
+            let release = SagaWrite::ReleaseForRetry {
+                saga_id: saga.id.clone(),
+                token: token.to_owned(),
+                state,
+                next_attempt_at: now,
+                attempt_counted: false,
+                free_calls: Vec::new(),
+            };
+            write(deps, release).await??;
+            Ok(ControlFlow::Break(()))
+        }
+        ai_step::StepOutcome::Release {
+            state,
+            next_attempt_at,
+            attempt_counted,
+            failure,
+            free_calls,
+        } => {
+            let now = deps.clock.now_ms();
+            tracing::warn!(
+                saga_id = %saga.id, %failure, attempts = state.attempts, in_ms = next_attempt_at - now,
+                "AI attempt failed; retrying later (the saga's AI slots are free meanwhile)"
+            );
+            let release = SagaWrite::ReleaseForRetry {
+                saga_id: saga.id.clone(),
+                token: token.to_owned(),
+                state,
+                next_attempt_at,
+                attempt_counted,
+                free_calls,
+            };
+            write(deps, release).await??;
+            dispatcher.do_send(WakeAt(next_attempt_at));
+            Ok(ControlFlow::Break(()))
+        }
+    }
+}
+
+/// Puts the AI result in the operators' review (IN_REVIEW).
+async fn enter_review(
+    saga: &sagas::Model,
+    token: &str,
+    deps: &SagaDeps,
+    step_started: Instant,
+) -> Result<(), Stop> {
+    // The result waits for a person, holding no lease and no AI
+    // slot; the review actor hands it back to a worker once it
+    // is approved.
+    let enter = SagaWrite::EnterReview {
+        saga_id: saga.id.clone(),
+        token: token.to_owned(),
+    };
+    write(deps, enter).await??;
+    deps.wakeups.review_changed();
+    metrics::step_finished(Step::AiDone, step_started.elapsed());
+    tracing::info!(saga_id = %saga.id, "AI result waits in the operators' review (IN_REVIEW)");
+    Ok(())
+}
+
+/// Registers the saga's score in the ranking (the saga goes on to
+/// RANKING_DONE), or aborts it when the ranking refuses it.
+async fn register_ranking(
+    saga: &mut sagas::Model,
+    step: Step,
+    token: &str,
+    deps: &SagaDeps,
+    step_started: Instant,
+) -> Result<ControlFlow<()>, Stop> {
+    // IN_REVIEW here: approved, and adopted by this worker.
+    let after_review = step == Step::InReview;
+    let entry = match saga.participant_score.or(saga.ai_score) {
+        Some(score) => {
+            let registered = deps
+                .ranking
+                .send(RegisterScore {
+                    experience_id: saga.experience_id.clone(),
+                    session_id: saga.session_id.clone(),
                     saga_id: saga.id.clone(),
                     token: token.to_owned(),
-                };
-                return match write(deps, complete).await? {
-                    Ok(_) => {
-                        metrics::step_finished(Step::RankingDone, step_started.elapsed());
-                        metrics::saga_ended(None, age(saga, deps));
-                        tracing::info!(saga_id = %saga.id, "saga COMPLETED");
-                        Ok(())
-                    }
-                    Err(StoreError::Transition(
-                        crate::domain::saga::TransitionError::Conflict { detail, .. },
-                    )) => abort(saga, token, AbortReason::PersistFailed, detail, deps).await,
-                    Err(e) => Err(e.into()),
-                };
+                    score,
+                })
+                .await?;
+            match registered {
+                Ok(entry) => Some(entry),
+                Err(StoreError::Conflict(detail)) => {
+                    abort(saga, token, AbortReason::RankingFailed, detail, deps).await?;
+                    return Ok(ControlFlow::Break(()));
+                }
+                Err(e) => return Err(e.into()),
             }
-            Step::Completed | Step::Aborted => return Ok(()),
         }
+        None => None,
+    };
+    let ranked = SagaWrite::RankingDone {
+        saga_id: saga.id.clone(),
+        token: token.to_owned(),
+        entry,
+        after_review,
+    };
+    write(deps, ranked).await??;
+    metrics::step_finished(step, step_started.elapsed());
+    saga.step = Step::RankingDone.as_str().to_owned();
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Completes the saga, or aborts it when the completion is refused.
+async fn complete(
+    saga: &sagas::Model,
+    token: &str,
+    deps: &SagaDeps,
+    step_started: Instant,
+) -> Result<(), Stop> {
+    let complete = SagaWrite::Complete {
+        saga_id: saga.id.clone(),
+        token: token.to_owned(),
+    };
+    match write(deps, complete).await? {
+        Ok(_) => {
+            metrics::step_finished(Step::RankingDone, step_started.elapsed());
+            metrics::saga_ended(None, age(saga, deps));
+            tracing::info!(saga_id = %saga.id, "saga COMPLETED");
+            Ok(())
+        }
+        Err(StoreError::Transition(crate::domain::saga::TransitionError::Conflict {
+            detail,
+            ..
+        })) => abort(saga, token, AbortReason::PersistFailed, detail, deps).await,
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -153,6 +153,50 @@ pub(super) fn validate_experience(
     b: ExperienceBody,
     providers: &[crate::store::providers::ProviderRow],
 ) -> Result<NewExperience, ApiError> {
+    check_identity(&b)?;
+    let Capacity {
+        ai_calls,
+        max_in_flight,
+    } = capacity_settings(&b)?;
+    let closes_at_ms = match &b.closes_at {
+        Some(text) => Some(rfc3339_ms("closes_at", text)?),
+        None => None,
+    };
+    let locale = match b.locale.as_deref() {
+        Some(text) => text.parse::<Locale>().map_err(ApiError::Validation)?,
+        None => Locale::default(),
+    };
+    let guests = guest_settings(&b, locale)?;
+    let (weight, provider) = provider_settings(&b, providers)?;
+    let Review {
+        review,
+        review_timeout_ms,
+        review_timeout_action,
+    } = review_settings(&b)?;
+    let (input, photo_max_px) = media_settings(&b)?;
+    Ok(NewExperience {
+        guests,
+        input,
+        photo_max_px,
+        review,
+        review_timeout_ms,
+        review_timeout_action,
+        provider,
+        weight,
+        locale: locale.as_str().to_owned(),
+        slug: b.slug,
+        title: b.title.trim().to_owned(),
+        kind: b.kind,
+        ai_calls,
+        min_success: b.min_success,
+        max_in_flight,
+        credits: b.credits,
+        closes_at_ms,
+    })
+}
+
+/// Checks the slug, the title and the kind.
+fn check_identity(b: &ExperienceBody) -> Result<(), ApiError> {
     let slug_ok = !b.slug.is_empty()
         && b.slug.len() <= 64
         && b.slug
@@ -175,6 +219,18 @@ pub(super) fn validate_experience(
             KINDS.join(", ")
         )));
     }
+    Ok(())
+}
+
+/// The AI calls and jobs in flight of an experience, with its defaults.
+struct Capacity {
+    ai_calls: i32,
+    max_in_flight: i32,
+}
+
+/// The capacity settings: `ai_calls`, `max_in_flight`, `min_success`,
+/// `credits`.
+fn capacity_settings(b: &ExperienceBody) -> Result<Capacity, ApiError> {
     let ai_calls = b.ai_calls.unwrap_or(1);
     if !(1..=1_000).contains(&ai_calls) {
         return Err(ApiError::Validation("ai_calls must be 1 to 1000".into()));
@@ -193,21 +249,24 @@ pub(super) fn validate_experience(
     if b.credits.is_some_and(|c| c < 0) {
         return Err(ApiError::Validation("credits must not be negative".into()));
     }
-    let closes_at_ms = match &b.closes_at {
-        Some(text) => Some(rfc3339_ms("closes_at", text)?),
-        None => None,
-    };
-    let locale = match b.locale.as_deref() {
-        Some(text) => text.parse::<Locale>().map_err(ApiError::Validation)?,
-        None => Locale::default(),
-    };
-    let guests = guest_settings(&b, locale)?;
+    Ok(Capacity {
+        ai_calls,
+        max_in_flight,
+    })
+}
+
+/// The weight and the provider, which must be one of `providers`.
+fn provider_settings(
+    b: &ExperienceBody,
+    providers: &[crate::store::providers::ProviderRow],
+) -> Result<(i32, String), ApiError> {
     let weight = b.weight.unwrap_or(1);
     if !(1..=100).contains(&weight) {
         return Err(ApiError::Validation("weight must be 1 to 100".into()));
     }
     let provider = b
         .provider
+        .clone()
         .unwrap_or_else(|| crate::ai::providers::DEFAULT_PROVIDER.to_owned());
     if !providers.iter().any(|p| p.name == provider) {
         let mut names: Vec<&str> = providers.iter().map(|p| p.name.as_str()).collect();
@@ -218,28 +277,27 @@ pub(super) fn validate_experience(
             names.join(", ")
         )));
     }
+    Ok((weight, provider))
+}
+
+/// The review settings as stored: the action defaults to reject when a
+/// timeout is set, and is none without one.
+struct Review {
+    review: ReviewMode,
+    review_timeout_ms: Option<i64>,
+    review_timeout_action: Option<Decision>,
+}
+
+/// The review settings: `review`, `review_timeout`,
+/// `review_timeout_action` (the last two only with review).
+fn review_settings(b: &ExperienceBody) -> Result<Review, ApiError> {
     let review = match b.review.as_deref() {
         Some(text) => text.parse::<ReviewMode>().map_err(|_| {
             ApiError::Validation("review must be \"off\" or \"before_display\"".into())
         })?,
         None => ReviewMode::Off,
     };
-    let review_timeout_ms = match b.review_timeout.as_deref() {
-        Some(text) => {
-            let timeout = crate::config::parse_duration(text).map_err(|_| {
-                ApiError::Validation(
-                    "review_timeout must be a duration such as \"90s\" or \"2m\"".into(),
-                )
-            })?;
-            if timeout.is_zero() || timeout > std::time::Duration::from_secs(7 * 24 * 3600) {
-                return Err(ApiError::Validation(
-                    "review_timeout must be more than 0 and at most 7 days".into(),
-                ));
-            }
-            Some(timeout.as_millis() as i64)
-        }
-        None => None,
-    };
+    let review_timeout_ms = review_timeout_ms(b.review_timeout.as_deref())?;
     let review_timeout_action = match b.review_timeout_action.as_deref() {
         Some(text) => Some(text.parse::<Decision>().map_err(|_| {
             ApiError::Validation("review_timeout_action must be \"approve\" or \"reject\"".into())
@@ -252,6 +310,33 @@ pub(super) fn validate_experience(
             "review_timeout and review_timeout_action need review \"before_display\"".into(),
         ));
     }
+    Ok(Review {
+        review,
+        review_timeout_ms,
+        review_timeout_action: review_timeout_ms
+            .map(|_| review_timeout_action.unwrap_or(Decision::Reject)),
+    })
+}
+
+/// `review_timeout` in ms: more than 0 and at most 7 days.
+fn review_timeout_ms(text: Option<&str>) -> Result<Option<i64>, ApiError> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let timeout = crate::config::parse_duration(text).map_err(|_| {
+        ApiError::Validation("review_timeout must be a duration such as \"90s\" or \"2m\"".into())
+    })?;
+    if timeout.is_zero() || timeout > std::time::Duration::from_secs(7 * 24 * 3600) {
+        return Err(ApiError::Validation(
+            "review_timeout must be more than 0 and at most 7 days".into(),
+        ));
+    }
+    Ok(Some(timeout.as_millis() as i64))
+}
+
+/// The media settings: what a participant sends (`input`) and
+/// `photo_max_px`.
+fn media_settings(b: &ExperienceBody) -> Result<(InputKind, i32), ApiError> {
     let input = match b.input.as_deref() {
         Some(text) => text.parse::<InputKind>().map_err(ApiError::Validation)?,
         None => InputKind::Prompt,
@@ -262,26 +347,7 @@ pub(super) fn validate_experience(
             "photo_max_px must be 256 to 4096".into(),
         ));
     }
-    Ok(NewExperience {
-        guests,
-        input,
-        photo_max_px,
-        review,
-        review_timeout_ms,
-        review_timeout_action: review_timeout_ms
-            .map(|_| review_timeout_action.unwrap_or(Decision::Reject)),
-        provider,
-        weight,
-        locale: locale.as_str().to_owned(),
-        slug: b.slug,
-        title: b.title.trim().to_owned(),
-        kind: b.kind,
-        ai_calls,
-        min_success: b.min_success,
-        max_in_flight,
-        credits: b.credits,
-        closes_at_ms,
-    })
+    Ok((input, photo_max_px))
 }
 
 /// A duration setting between `min` and `max`, in ms; `default` without
