@@ -15,7 +15,7 @@ use super::review::{ReviewItem, ReviewQueue};
 use super::sessions::set_session_status;
 use super::submissions::take_credits;
 use super::transitions::load;
-use super::{Store, StoreError, StoreResult};
+use super::{Store, StoreError, StoreResult, WriteTx};
 use crate::domain::admission::submission_cost;
 use crate::domain::audit::AuditEntry;
 use crate::domain::policy::{is_stuck, ownership, EpochMs};
@@ -482,14 +482,45 @@ impl Store {
     ) -> StoreResult<Retried> {
         let tx = self.write_tx().await?;
         let saga = load(&*tx, saga_id).await?;
-        let step = super::sagas::step_of(&saga)?;
-        let aborted_at = saga
-            .aborted_at_step
-            .as_deref()
-            .map(str::parse::<Step>)
-            .transpose()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let resume = retry_from(step, aborted_at)?;
+        let resume = resume_step(&saga)?;
+        self.refuse_unless_latest(&tx, &saga).await?;
+        let (experience, restart) = plan_restart(&tx, &saga, resume, now).await?;
+        self.restart_saga(&tx, &saga, &restart, now, deadline_ms)
+            .await?;
+        restart_session(&tx, &saga, now).await?;
+        // After the saga and its session, like every transaction that
+        // touches credits; dropping the transaction undoes the rest.
+        let charge = restart.charge;
+        if charge > 0 && !take_credits(&*tx, &experience.id, charge).await? {
+            return Err(StoreError::BudgetExhausted);
+        }
+        if resume == Step::AiPending {
+            self.reset_ai_calls(&tx, &saga).await?;
+        }
+        let shown = self.show_score_attempts(&tx, &saga.id).await?;
+        let saga = load(&*tx, saga_id).await?;
+        if let Some(audit) = audit {
+            let audit = audit
+                .clone()
+                .of_experience(Some(saga.experience_id.clone()));
+            super::audit::record(&*tx, &audit, now).await?;
+        }
+        tx.commit().await?;
+        if shown > 0 {
+            self.invalidate_ranks(Some(std::slice::from_ref(&saga.experience_id)))
+                .await;
+        }
+        tracing::info!(saga_id, step = %resume, "operator retry: saga runs again");
+        Ok(Retried {
+            ranking_changed: (shown > 0).then(|| saga.experience_id.clone()),
+            back_in_review: resume == Step::InReview,
+            saga,
+        })
+    }
+
+    /// Refuses (conflict) the retry of a saga that is not its session's
+    /// latest.
+    async fn refuse_unless_latest(&self, tx: &WriteTx, saga: &sagas::Model) -> StoreResult<()> {
         let newer = tx
             .query_one_raw(self.sql(
                 "SELECT COUNT(*) FROM sagas WHERE session_id = $1 AND id <> $2 \
@@ -509,26 +540,27 @@ impl Store {
                 "the session has a newer submission; retry that one instead",
             ));
         }
-        let experience = experiences::Entity::find_by_id(saga.experience_id.clone())
-            .one(&*tx)
-            .await?
-            .ok_or(StoreError::NotFound("experience"))?;
-        let charge = if saga.charged_credits > 0 {
-            0
-        } else {
-            submission_cost(experience.ai_calls, experience.credits.is_some())
-        };
-        let single = experience.ai_calls <= 1;
-        let taken_back = if resume == Step::AiPending {
-            ledger::take_back_calls(&*tx, &saga.id, now).await?
-        } else {
-            Vec::new()
-        };
-        // A single call's slot taken back: its key and job go on.
-        let (key_attempt, job_id) = match taken_back.iter().find(|(call, ..)| *call == 0) {
-            Some((_, key_attempt, job_id)) if single => (Some(*key_attempt), job_id.clone()),
-            _ => (None, None),
-        };
+        Ok(())
+    }
+
+    /// The fenced update that makes the ABORTED saga run again from
+    /// `restart.resume` (conflict when it is no longer ABORTED or its
+    /// charged credits moved).
+    async fn restart_saga(
+        &self,
+        tx: &WriteTx,
+        saga: &sagas::Model,
+        restart: &Restart,
+        now: EpochMs,
+        deadline_ms: i64,
+    ) -> StoreResult<()> {
+        let Restart {
+            resume,
+            charge,
+            single,
+            key_attempt,
+            job_id,
+        } = restart;
         let updated = tx
             .execute_raw(self.sql(
                 &format!(
@@ -554,11 +586,11 @@ impl Store {
                     now.into(),
                     (now + deadline_ms).into(),
                     uuid::Uuid::new_v4().to_string().into(),
-                    charge.into(),
+                    (*charge).into(),
                     saga.charged_credits.into(),
-                    single.into(),
+                    (*single).into(),
                     key_attempt.unwrap_or(-1).into(),
-                    job_id.into(),
+                    job_id.clone().into(),
                 ],
             ))
             .await?
@@ -566,71 +598,126 @@ impl Store {
         if updated == 0 {
             return Err(conflict("the saga changed meanwhile; reload it"));
         }
-        let moved = set_session_status(
-            &tx,
-            &saga.session_id,
-            SessionStatus::Submitting,
-            None,
-            Some(SessionStatus::Aborted),
-            now,
-        )
+        Ok(())
+    }
+
+    /// A fan-out saga runs again the calls that have no result: its
+    /// failed ones, and those whose job failed or timed out (like
+    /// `ai_job_id` in [`Self::restart_saga`]); a job it was waiting on is
+    /// polled again. Every call it runs has fresh attempts.
+    async fn reset_ai_calls(&self, tx: &WriteTx, saga: &sagas::Model) -> StoreResult<()> {
+        tx.execute_raw(self.sql(
+            "DELETE FROM ai_calls WHERE saga_id = $1 AND (status = 'FAILED' \
+             OR (status = 'RUNNING' AND $2 IN ('AI_FAILED', 'AI_TIMEOUT')))",
+            vec![
+                saga.id.clone().into(),
+                saga.abort_reason.clone().unwrap_or_default().into(),
+            ],
+        ))
         .await?;
-        if moved == 0 {
-            return Err(conflict(
-                "the session is no longer ABORTED (it took a new submission, or its data was erased)",
-            ));
-        }
-        // After the saga and its session, like every transaction that
-        // touches credits; dropping the transaction undoes the rest.
-        if charge > 0 && !take_credits(&*tx, &experience.id, charge).await? {
-            return Err(StoreError::BudgetExhausted);
-        }
-        if resume == Step::AiPending {
-            // A fan-out saga runs again the calls that have no result: its
-            // failed ones, and those whose job failed or timed out (like
-            // `ai_job_id` above); a job it was waiting on is polled again.
-            // Every call it runs has fresh attempts.
-            tx.execute_raw(self.sql(
-                "DELETE FROM ai_calls WHERE saga_id = $1 AND (status = 'FAILED' \
-                 OR (status = 'RUNNING' AND $2 IN ('AI_FAILED', 'AI_TIMEOUT')))",
-                vec![
-                    saga.id.clone().into(),
-                    saga.abort_reason.clone().unwrap_or_default().into(),
-                ],
-            ))
-            .await?;
-            tx.execute_raw(self.sql(
-                "UPDATE ai_calls SET attempts = 0 WHERE saga_id = $1 AND status = 'RUNNING'",
-                vec![saga.id.clone().into()],
-            ))
-            .await?;
-        }
-        let shown = tx
+        tx.execute_raw(self.sql(
+            "UPDATE ai_calls SET attempts = 0 WHERE saga_id = $1 AND status = 'RUNNING'",
+            vec![saga.id.clone().into()],
+        ))
+        .await?;
+        Ok(())
+    }
+
+    /// Shows the saga's ranking entry again (its score attempts hidden by
+    /// the abort); how many were shown.
+    async fn show_score_attempts(&self, tx: &WriteTx, saga_id: &str) -> StoreResult<u64> {
+        Ok(tx
             .execute_raw(self.sql(
                 "UPDATE score_attempts SET hidden = $2 WHERE saga_id = $1 AND hidden = $3",
-                vec![saga.id.clone().into(), false.into(), true.into()],
+                vec![saga_id.into(), false.into(), true.into()],
             ))
             .await?
-            .rows_affected();
-        let saga = load(&*tx, saga_id).await?;
-        if let Some(audit) = audit {
-            let audit = audit
-                .clone()
-                .of_experience(Some(saga.experience_id.clone()));
-            super::audit::record(&*tx, &audit, now).await?;
-        }
-        tx.commit().await?;
-        if shown > 0 {
-            self.invalidate_ranks(Some(std::slice::from_ref(&saga.experience_id)))
-                .await;
-        }
-        tracing::info!(saga_id, step = %resume, "operator retry: saga runs again");
-        Ok(Retried {
-            ranking_changed: (shown > 0).then(|| saga.experience_id.clone()),
-            back_in_review: resume == Step::InReview,
-            saga,
-        })
+            .rows_affected())
     }
+}
+
+/// How a retried saga runs again: the step it resumes at, the credits it
+/// is charged again, whether it makes a single AI call, and that call's
+/// key attempt and job when its slot was taken back.
+struct Restart {
+    resume: Step,
+    charge: i64,
+    single: bool,
+    key_attempt: Option<i32>,
+    job_id: Option<String>,
+}
+
+/// How the saga runs again, read in its transaction: its experience
+/// (what a charge costs, whether it makes a single call) and, when it
+/// resumes at AI_PENDING, the slots its abort detached, taken back
+/// ([`ledger::take_back_calls`]).
+async fn plan_restart(
+    tx: &WriteTx,
+    saga: &sagas::Model,
+    resume: Step,
+    now: EpochMs,
+) -> StoreResult<(experiences::Model, Restart)> {
+    let experience = experiences::Entity::find_by_id(saga.experience_id.clone())
+        .one(&**tx)
+        .await?
+        .ok_or(StoreError::NotFound("experience"))?;
+    let charge = if saga.charged_credits > 0 {
+        0
+    } else {
+        submission_cost(experience.ai_calls, experience.credits.is_some())
+    };
+    let single = experience.ai_calls <= 1;
+    let taken_back = if resume == Step::AiPending {
+        ledger::take_back_calls(&**tx, &saga.id, now).await?
+    } else {
+        Vec::new()
+    };
+    // A single call's slot taken back: its key and job go on.
+    let (key_attempt, job_id) = match taken_back.iter().find(|(call, ..)| *call == 0) {
+        Some((_, key_attempt, job_id)) if single => (Some(*key_attempt), job_id.clone()),
+        _ => (None, None),
+    };
+    let restart = Restart {
+        resume,
+        charge,
+        single,
+        key_attempt,
+        job_id,
+    };
+    Ok((experience, restart))
+}
+
+/// The step an ABORTED saga's retry resumes at ([`retry_from`] the step
+/// it aborted at).
+fn resume_step(saga: &sagas::Model) -> StoreResult<Step> {
+    let step = super::sagas::step_of(saga)?;
+    let aborted_at = saga
+        .aborted_at_step
+        .as_deref()
+        .map(str::parse::<Step>)
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok(retry_from(step, aborted_at)?)
+}
+
+/// Its session goes ABORTED -> SUBMITTING (conflict when it is no longer
+/// ABORTED).
+async fn restart_session(tx: &WriteTx, saga: &sagas::Model, now: EpochMs) -> StoreResult<()> {
+    let moved = set_session_status(
+        tx,
+        &saga.session_id,
+        SessionStatus::Submitting,
+        None,
+        Some(SessionStatus::Aborted),
+        now,
+    )
+    .await?;
+    if moved == 0 {
+        return Err(conflict(
+            "the session is no longer ABORTED (it took a new submission, or its data was erased)",
+        ));
+    }
+    Ok(())
 }
 
 fn conflict(detail: &str) -> StoreError {

@@ -52,8 +52,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, IdenStatic, Iterable,
-    QueryFilter, QueryOrder, QuerySelect, Statement, Value,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, DbBackend, EntityTrait,
+    IdenStatic, Iterable, QueryFilter, QueryOrder, QuerySelect, Statement, Value,
 };
 use uuid::Uuid;
 
@@ -519,11 +519,46 @@ impl Store {
             .filter(|&i| matches!(orders[i].action, SubmissionAction::Submit { .. }))
             .collect();
         let tx = self.write_tx().await?;
+        let accepting = self.lock_accepting_sessions(&tx, orders, &submits).await?;
+        let credits_left = self
+            .lock_credits_left(&tx, orders, &submits, &accepting, reads)
+            .await?;
+        let plan = decide(
+            self.backend(),
+            orders,
+            fresh,
+            reads,
+            &accepting,
+            credits_left,
+            now,
+            answer,
+            keys,
+        )?;
+        if plan.needs_claims(keys) {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        if !execute_checked(&tx, plan.writes, keys).await? {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        tx.commit().await?;
+        Ok(Some(plan.decided))
+    }
+
+    /// Locks the sessions of the `submits` (indexes into `orders`) that
+    /// take a submission, in id order, and returns their ids.
+    async fn lock_accepting_sessions(
+        &self,
+        tx: &DatabaseTransaction,
+        orders: &[SubmissionOrder],
+        submits: &[usize],
+    ) -> StoreResult<HashSet<String>> {
         let session_ids: BTreeSet<String> = submits
             .iter()
             .map(|&i| orders[i].session.id.clone())
             .collect();
-        let accepting: HashSet<String> = if session_ids.is_empty() {
+        Ok(if session_ids.is_empty() {
             HashSet::new()
         } else {
             sessions::Entity::find()
@@ -546,18 +581,29 @@ impl Store {
                 .order_by_asc(sessions::Column::Id)
                 .lock_exclusive()
                 .into_tuple::<String>()
-                .all(&*tx)
+                .all(tx)
                 .await?
                 .into_iter()
                 .collect()
-        };
+        })
+    }
+
+    /// Credits left, for the experiences that count them, read under
+    /// their row lock (in id order): those of the `submits` whose session
+    /// is `accepting`.
+    async fn lock_credits_left(
+        &self,
+        tx: &DatabaseTransaction,
+        orders: &[SubmissionOrder],
+        submits: &[usize],
+        accepting: &HashSet<String>,
+        reads: &AdmissionReads,
+    ) -> StoreResult<HashMap<String, i64>> {
         let involved: BTreeSet<String> = submits
             .iter()
             .filter(|&&i| accepting.contains(&orders[i].session.id))
             .map(|&i| orders[i].session.experience_id.clone())
             .collect();
-        // Credits left, for the experiences that count them, read under
-        // their row lock.
         let limited: Vec<String> = involved
             .iter()
             .filter(|id| {
@@ -568,7 +614,7 @@ impl Store {
             })
             .cloned()
             .collect();
-        let credits_left: HashMap<String, i64> = if limited.is_empty() {
+        Ok(if limited.is_empty() {
             HashMap::new()
         } else {
             experiences::Entity::find()
@@ -579,51 +625,12 @@ impl Store {
                 .order_by_asc(experiences::Column::Id)
                 .lock_exclusive()
                 .into_tuple::<(String, Option<i64>)>()
-                .all(&*tx)
+                .all(tx)
                 .await?
                 .into_iter()
                 .filter_map(|(id, credits)| credits.map(|c| (id, c)))
                 .collect()
-        };
-        let plan = decide(
-            self.backend(),
-            orders,
-            fresh,
-            reads,
-            &accepting,
-            credits_left,
-            now,
-            answer,
-            keys,
-        )?;
-        if plan.needs_claims(keys) {
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        // Every write of the batch at once (one round trip on PostgreSQL).
-        // None depends on another's effect: the sessions and the counted
-        // credits are locked, so the update moves every admitted session
-        // and each experience has the credits counted under its lock; a
-        // write that touched fewer rows than that (it cannot happen) fails
-        // the batch; unclaimed keys of which one already had a record
-        // make the batch claim its keys instead.
-        let (statements, expected): (Vec<Statement>, Vec<_>) = plan.writes.into_iter().unzip();
-        let touched = execute_together(&*tx, statements).await?;
-        for (rows, expected) in touched.into_iter().zip(expected) {
-            if let Some((wanted, what)) = expected {
-                if rows != wanted {
-                    if let KeyWrites::Unclaimed { .. } = keys {
-                        tx.rollback().await?;
-                        return Ok(None);
-                    }
-                    return Err(StoreError::Corrupt(format!(
-                        "{what}: {rows} rows written of {wanted}"
-                    )));
-                }
-            }
-        }
-        tx.commit().await?;
-        Ok(Some(plan.decided))
+        })
     }
 
     /// One submission without an Idempotency-Key (a batch of one): the
@@ -708,12 +715,15 @@ fn durations(recent: Option<String>) -> StoreResult<Vec<i64>> {
         .collect()
 }
 
+/// One of a batch's writes ([`Plan::writes`]).
+type Write = (Statement, Option<(u64, String)>);
+
 /// A batch decided, and the writes that make it so.
 struct Plan {
     decided: Decided,
     /// Each write, with the rows it must touch and what they are (None:
     /// any number).
-    writes: Vec<(Statement, Option<(u64, String)>)>,
+    writes: Vec<Write>,
 }
 
 impl Plan {
@@ -738,11 +748,47 @@ fn decide(
     fresh: &[usize],
     reads: &AdmissionReads,
     accepting: &HashSet<String>,
-    mut credits_left: HashMap<String, i64>,
+    credits_left: HashMap<String, i64>,
     now: EpochMs,
     answer: &AnswerFn,
     keys: KeyWrites,
 ) -> StoreResult<Plan> {
+    let admitted = admit_in_order(orders, fresh, reads, accepting, credits_left, now)?;
+    let started = started_sagas(orders, fresh, &admitted, now);
+    let (answers, release) = stored_answers(orders, fresh, &admitted.outcomes, answer);
+    let answers: Vec<(&KeyRequest, &StoredAnswer)> = answers.iter().map(|(k, a)| (*k, a)).collect();
+    let mut writes = started_writes(backend, started, now);
+    writes.extend(answers_write(backend, &answers, keys, now));
+    Ok(Plan {
+        decided: Decided {
+            outcomes: admitted.outcomes,
+            release,
+        },
+        writes,
+    })
+}
+
+/// What [`admit_in_order`] decided: an outcome per fresh request, the
+/// sessions admitted, and what each admitted request (by index into the
+/// orders) is charged.
+struct Admitted<'a> {
+    outcomes: Vec<SubmissionOutcome>,
+    sessions: HashSet<&'a str>,
+    charged: HashMap<usize, i64>,
+}
+
+/// Each fresh request in arrival order: refused, already submitted (its
+/// session does not take one, or an earlier request took it), closing,
+/// out of credits, or admitted (its credits and a place in the queue
+/// taken).
+fn admit_in_order<'a>(
+    orders: &'a [SubmissionOrder],
+    fresh: &[usize],
+    reads: &AdmissionReads,
+    accepting: &HashSet<String>,
+    mut credits_left: HashMap<String, i64>,
+    now: EpochMs,
+) -> StoreResult<Admitted<'a>> {
     let AdmissionReads {
         experiences,
         shares,
@@ -750,7 +796,6 @@ fn decide(
         loads,
     } = reads;
     let mut loads = loads.clone();
-    // Each request in arrival order.
     let mut decided: Vec<SubmissionOutcome> = Vec::with_capacity(fresh.len());
     let mut taken: HashSet<&str> = HashSet::new();
     let mut charged: HashMap<usize, i64> = HashMap::new();
@@ -797,17 +842,39 @@ fn decide(
         };
         decided.push(outcome);
     }
+    Ok(Admitted {
+        outcomes: decided,
+        sessions: taken,
+        charged,
+    })
+}
 
-    // The admitted sessions' sagas, and the credits they take.
+/// What the admitted requests start: their sessions (in id order), their
+/// sagas, the credits taken per experience (in id order, none of zero)
+/// and the guests' choices.
+struct Started<'a> {
+    sessions: Vec<String>,
+    sagas: Vec<sagas::ActiveModel>,
+    charges: Vec<(&'a str, i64)>,
+    choices: GuestChoices,
+}
+
+/// The admitted sessions' sagas, and the credits they take.
+fn started_sagas<'a>(
+    orders: &'a [SubmissionOrder],
+    fresh: &[usize],
+    admitted: &Admitted<'a>,
+    now: EpochMs,
+) -> Started<'a> {
     // In id order: the order the locked transaction locks them in, which
     // the update written without it keeps (no deadlock between the two).
-    let mut admitted: Vec<String> = taken.iter().map(|s| (*s).to_owned()).collect();
-    admitted.sort();
+    let mut sessions: Vec<String> = admitted.sessions.iter().map(|s| (*s).to_owned()).collect();
+    sessions.sort();
     let mut new_sagas = Vec::new();
     let mut charges: HashMap<&str, i64> = HashMap::new();
     let mut choices = GuestChoices::default();
     for &i in fresh {
-        let Some(&cost) = charged.get(&i) else {
+        let Some(&cost) = admitted.charged.get(&i) else {
             continue;
         };
         let order = &orders[i];
@@ -834,13 +901,29 @@ fn decide(
     }
     let mut charges: Vec<(&str, i64)> = charges.into_iter().filter(|(_, n)| *n > 0).collect();
     charges.sort();
+    Started {
+        sessions,
+        sagas: new_sagas,
+        charges,
+        choices,
+    }
+}
 
+/// The answer each keyed request stores with its key, and the requests
+/// (indexes into `orders`) whose answer is about the moment, so their
+/// keys are released instead.
+fn stored_answers<'a>(
+    orders: &'a [SubmissionOrder],
+    fresh: &[usize],
+    outcomes: &[SubmissionOutcome],
+    answer: &AnswerFn,
+) -> (Vec<(&'a KeyRequest, StoredAnswer)>, Vec<usize>) {
     let mut answers: Vec<(&KeyRequest, StoredAnswer)> = Vec::new();
     let mut release = Vec::new();
     for (k, &i) in fresh.iter().enumerate() {
         let order = &orders[i];
         let Some(key) = &order.key else { continue };
-        let stored = match (&order.action, &decided[k]) {
+        let stored = match (&order.action, &outcomes[k]) {
             (SubmissionAction::Refuse(stored), _) => Some(stored.clone()),
             (SubmissionAction::Submit { .. }, outcome) => answer(order, outcome),
         };
@@ -849,9 +932,19 @@ fn decide(
             None => release.push(i),
         }
     }
-    let answers: Vec<(&KeyRequest, &StoredAnswer)> = answers.iter().map(|(k, a)| (*k, a)).collect();
+    (answers, release)
+}
 
-    let mut writes: Vec<(Statement, Option<(u64, String)>)> = Vec::new();
+/// The writes of what the admitted requests start: the sessions'
+/// update, one credits' update per experience, and the sagas' insert.
+fn started_writes(backend: DbBackend, started: Started, now: EpochMs) -> Vec<Write> {
+    let Started {
+        sessions: admitted,
+        sagas: new_sagas,
+        charges,
+        choices,
+    } = started;
+    let mut writes: Vec<Write> = Vec::new();
     if !admitted.is_empty() {
         writes.push((
             start_sessions_statement(backend, &admitted, &choices, now),
@@ -871,33 +964,62 @@ fn decide(
     if let Some(insert) = insert_statement(backend, new_sagas) {
         writes.push((insert, Some((sagas_started, "sagas inserted".to_owned()))));
     }
+    writes
+}
+
+/// The write that stores the answers with their keys: finishing the
+/// claimed keys, or recording the unclaimed ones (None: no answer).
+fn answers_write(
+    backend: DbBackend,
+    answers: &[(&KeyRequest, &StoredAnswer)],
+    keys: KeyWrites,
+    now: EpochMs,
+) -> Option<Write> {
     match keys {
         // Answers whose key was taken over (its lease ran out) are not
         // stored: that is not an error.
         KeyWrites::Claimed => {
-            if let Some(finish) = Store::finish_keys_statement(backend, &answers) {
-                writes.push((finish, None));
-            }
+            Store::finish_keys_statement(backend, answers).map(|finish| (finish, None))
         }
         KeyWrites::Unclaimed { key_ttl_ms } => {
             let recorded = answers.len() as u64;
-            if let Some(record) =
-                Store::record_answers_statement(backend, &answers, now, key_ttl_ms)
-            {
-                writes.push((
+            Store::record_answers_statement(backend, answers, now, key_ttl_ms).map(|record| {
+                (
                     record,
                     Some((recorded, "answers recorded with their keys".to_owned())),
-                ));
+                )
+            })
+        }
+    }
+}
+
+/// Every write of a locked batch at once (one round trip on PostgreSQL).
+/// None depends on another's effect: the sessions and the counted credits
+/// are locked, so the update moves every admitted session and each
+/// experience has the credits counted under its lock; a write that
+/// touched fewer rows than that (it cannot happen) fails the batch. False:
+/// with unclaimed keys, one already had a record, so the batch must be
+/// rolled back and claim its keys instead.
+async fn execute_checked(
+    tx: &DatabaseTransaction,
+    writes: Vec<Write>,
+    keys: KeyWrites,
+) -> StoreResult<bool> {
+    let (statements, expected): (Vec<Statement>, Vec<_>) = writes.into_iter().unzip();
+    let touched = execute_together(tx, statements).await?;
+    for (rows, expected) in touched.into_iter().zip(expected) {
+        if let Some((wanted, what)) = expected {
+            if rows != wanted {
+                if let KeyWrites::Unclaimed { .. } = keys {
+                    return Ok(false);
+                }
+                return Err(StoreError::Corrupt(format!(
+                    "{what}: {rows} rows written of {wanted}"
+                )));
             }
         }
     }
-    Ok(Plan {
-        decided: Decided {
-            outcomes: decided,
-            release,
-        },
-        writes,
-    })
+    Ok(true)
 }
 
 /// What the admitted guests chose with their submission: the sessions
