@@ -37,6 +37,7 @@
 //! - [`media`]: the media store (a folder or S3, over `object_store`).
 //! - [`config`], [`clock`], [`startup`]: flags, the injectable clock, wiring.
 //! - [`telemetry`]: traces over OTLP (off unless configured).
+//! - [`units`]: durations and rate limits as people type them.
 //!
 //! The load tools (`stagehand bench`, `stagehand rehearse`) are a crate of
 //! their own, `bench/` (`stagehand-bench`), that drives the server only
@@ -53,3 +54,4 @@ pub mod metrics;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod units;

@@ -10,7 +10,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
 
 use stagehand::ai::simulator::{self, SimConfig, SimControl};
-use stagehand::config::{parse_duration, Config};
+use stagehand::config::Config;
+use stagehand::units::parse_duration;
 use stagehand::startup::Application;
 use stagehand::store::{claim_cost, Store};
 use stagehand::telemetry::Tracing;

@@ -40,7 +40,7 @@ use crate::ai::simulator::{self, RunningSim, SimConfig, SimControl};
 use crate::ai::{AiClient, AiProvider, ApiKey, OpenAiClient, OpenAiSettings, ProviderKind};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
-use crate::config::RateLimit;
+use crate::units::RateLimit;
 use crate::http::auth::new_secret;
 use crate::http::rate_limit::RateLimits;
 use crate::http::{routes, AppState};

@@ -27,7 +27,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::ProviderKind;
-use crate::config::{parse_rate_limit, RateLimit};
+use crate::units::{parse_rate_limit, RateLimit};
 
 /// The name of the provider an experience uses when it names none, and the
 /// one made from `AI_URL` / `AI_PROVIDER` when there is no providers file.
