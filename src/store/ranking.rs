@@ -14,7 +14,7 @@ use sea_orm::{
 use super::entities::score_attempts;
 use super::rows::{column_in, in_list, SqlType, ValueRows};
 use super::sagas::RankedEntry;
-use super::{new_id, Store, StoreError, StoreResult};
+use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::TransitionError;
 
@@ -156,159 +156,11 @@ impl Store {
         now: EpochMs,
     ) -> StoreResult<Vec<StoreResult<RankedEntry>>> {
         let valid: Vec<&ScoreEntry> = entries.iter().filter(|e| e.score.is_finite()).collect();
-        let mut ranked: HashMap<String, RankedEntry> = HashMap::new();
-        if !valid.is_empty() {
-            // Held from before the transaction to the ranks: the commit and
-            // the cache's update are one step for every reader of it.
-            let mut cache = self.rank_cache.0.lock().await;
-            let tx = self.write_tx().await?;
-            if self.is_postgres() {
-                // The fence holds until the commit: the sagas' rows are
-                // taken FOR SHARE first (in id order), so an abort that
-                // holds one (an operator's cancel) is waited for, and the
-                // insert below, a new statement, sees it committed. Without
-                // it the insert's snapshot could still see AI_DONE after
-                // the abort had hidden the saga's entries, leaving an
-                // ABORTED session ranked. (SQLite has one writer.)
-                let mut ids: Vec<&str> = valid.iter().map(|e| e.saga_id.as_str()).collect();
-                ids.sort_unstable();
-                ids.dedup();
-                let mut values = Vec::new();
-                let ids = in_list(
-                    self.backend(),
-                    1,
-                    ids.into_iter().map(str::to_owned),
-                    &mut values,
-                );
-                tx.execute_raw(self.sql(
-                    &format!("SELECT id FROM sagas WHERE id {ids} ORDER BY id FOR SHARE"),
-                    values,
-                ))
-                .await?;
-            }
-            // What the entries of these sessions were before (a replaced
-            // or shown-again entry leaves its old score), for the cached
-            // experiences only: one not cached is read whole after the
-            // commit, under the same lock.
-            let cached: Vec<String> = valid
-                .iter()
-                .filter(|e| cache.contains_key(&e.experience_id))
-                .map(|e| e.session_id.clone())
-                .collect();
-            let before: HashMap<String, score_attempts::Model> = if cached.is_empty() {
-                HashMap::new()
-            } else {
-                score_attempts::Entity::find()
-                    .filter(column_in(
-                        self.backend(),
-                        score_attempts::Column::SessionId,
-                        cached,
-                    ))
-                    .all(&*tx)
-                    .await?
-                    .into_iter()
-                    .map(|row| (row.session_id.clone(), row))
-                    .collect()
-            };
-            let mut entries = ValueRows::new(&[
-                SqlType::Text,
-                SqlType::Text,
-                SqlType::Text,
-                SqlType::Text,
-                SqlType::Text,
-                SqlType::Double,
-            ]);
-            for e in &valid {
-                entries.push([
-                    new_id().into(),
-                    e.experience_id.clone().into(),
-                    e.session_id.clone().into(),
-                    e.saga_id.clone().into(),
-                    e.token.clone().into(),
-                    e.score.into(),
-                ]);
-            }
-            let mut values: Vec<Value> = vec![now.into()];
-            let entries = entries.source(self.backend(), 2, &mut values);
-            // `WHERE true`: without a WHERE, PostgreSQL's parser could take
-            // `ON CONFLICT` for one more join condition.
-            tx.execute_raw(self.sql(
-                &format!(
-                    "WITH v(id, experience_id, session_id, saga_id, token, score) AS ({entries}) \
-                     INSERT INTO score_attempts \
-                     (id, experience_id, session_id, saga_id, nickname, score, hidden, created_at_ms) \
-                     SELECT v.id, v.experience_id, v.session_id, v.saga_id, s.nickname, v.score, \
-                     FALSE, $1 FROM v JOIN sessions s ON s.id = v.session_id \
-                     JOIN sagas g ON g.id = v.saga_id AND g.lock_token = v.token \
-                     AND g.step IN ('AI_DONE', 'IN_REVIEW') WHERE true \
-                     ON CONFLICT (session_id) DO UPDATE SET saga_id = excluded.saga_id, \
-                     score = excluded.score, nickname = excluded.nickname, hidden = FALSE, \
-                     created_at_ms = excluded.created_at_ms \
-                     WHERE score_attempts.saga_id <> excluded.saga_id OR score_attempts.hidden",
-                ),
-                values,
-            ))
-            .await?;
-            let sessions: Vec<String> = valid.iter().map(|e| e.session_id.clone()).collect();
-            let ours: std::collections::HashSet<&str> =
-                valid.iter().map(|e| e.saga_id.as_str()).collect();
-            let rows: Vec<score_attempts::Model> = score_attempts::Entity::find()
-                .filter(column_in(
-                    self.backend(),
-                    score_attempts::Column::SessionId,
-                    sessions,
-                ))
-                .all(&*tx)
-                .await?
-                .into_iter()
-                .filter(|row| ours.contains(row.saga_id.as_str()))
-                .collect();
-            tx.commit().await?;
-
-            // The cache learns what changed: a new visible entry, less the
-            // visible one it replaced (a repeat by the same saga changes
-            // nothing). An experience not cached is read whole below.
-            let idle = std::time::Instant::now() - RANK_CACHE_IDLE;
-            cache.retain(|_, c| c.used > idle);
-            for row in &rows {
-                let Some(scores) = cache.get_mut(&row.experience_id) else {
-                    continue;
-                };
-                match before.get(&row.session_id) {
-                    Some(old) if old.saga_id == row.saga_id && !old.hidden => {}
-                    Some(old) => {
-                        if !old.hidden {
-                            scores.remove(old.score);
-                        }
-                        scores.insert(row.score);
-                    }
-                    None => scores.insert(row.score),
-                }
-            }
-            let mut ranks: HashMap<String, i64> = HashMap::new();
-            let mut experiences: HashMap<&str, Vec<&score_attempts::Model>> = HashMap::new();
-            for row in &rows {
-                experiences.entry(&row.experience_id).or_default().push(row);
-            }
-            for (experience_id, entries) in experiences {
-                ranks.extend(
-                    self.cached_ranks(&mut cache, experience_id, &entries)
-                        .await?,
-                );
-            }
-            drop(cache);
-            for row in rows {
-                let rank = ranks.get(&row.session_id).copied().unwrap_or(1);
-                ranked.insert(
-                    row.saga_id.clone(),
-                    RankedEntry {
-                        score_attempt_id: row.id,
-                        score: row.score,
-                        rank: rank as i32,
-                    },
-                );
-            }
-        }
+        let ranked: HashMap<String, RankedEntry> = if valid.is_empty() {
+            HashMap::new()
+        } else {
+            self.write_and_rank(&valid, now).await?
+        };
         Ok(entries
             .iter()
             .map(|e| {
@@ -326,6 +178,198 @@ impl Store {
                     .ok_or(TransitionError::LeaseLost.into())
             })
             .collect())
+    }
+
+    /// Writes the (finite) scores in one transaction, then ranks the
+    /// entries written from the kept scores. Returns them by saga.
+    async fn write_and_rank(
+        &self,
+        valid: &[&ScoreEntry],
+        now: EpochMs,
+    ) -> StoreResult<HashMap<String, RankedEntry>> {
+        // Held from before the transaction to the ranks: the commit and
+        // the cache's update are one step for every reader of it.
+        let mut cache = self.rank_cache.0.lock().await;
+        let tx = self.write_tx().await?;
+        if self.is_postgres() {
+            self.share_lock_sagas(&tx, valid).await?;
+        }
+        let before = self.entries_before(&tx, &cache, valid).await?;
+        self.insert_entries(&tx, valid, now).await?;
+        let rows = self.read_back_entries(&tx, valid).await?;
+        tx.commit().await?;
+
+        // An experience unused for a while leaves the cache.
+        let idle = std::time::Instant::now() - RANK_CACHE_IDLE;
+        cache.retain(|_, c| c.used > idle);
+        learn_changes(&mut cache, &before, &rows);
+        let ranks = self.ranks_of_rows(&mut cache, &rows).await?;
+        drop(cache);
+        let mut ranked = HashMap::new();
+        for row in rows {
+            let rank = ranks.get(&row.session_id).copied().unwrap_or(1);
+            ranked.insert(
+                row.saga_id.clone(),
+                RankedEntry {
+                    score_attempt_id: row.id,
+                    score: row.score,
+                    rank: rank as i32,
+                },
+            );
+        }
+        Ok(ranked)
+    }
+
+    /// PostgreSQL: takes the entries' sagas' rows FOR SHARE, in id order.
+    async fn share_lock_sagas(&self, tx: &WriteTx, valid: &[&ScoreEntry]) -> StoreResult<()> {
+        // The fence holds until the commit: the sagas' rows are
+        // taken FOR SHARE first (in id order), so an abort that
+        // holds one (an operator's cancel) is waited for, and the
+        // insert below, a new statement, sees it committed. Without
+        // it the insert's snapshot could still see AI_DONE after
+        // the abort had hidden the saga's entries, leaving an
+        // ABORTED session ranked. (SQLite has one writer.)
+        let mut ids: Vec<&str> = valid.iter().map(|e| e.saga_id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut values = Vec::new();
+        let ids = in_list(
+            self.backend(),
+            1,
+            ids.into_iter().map(str::to_owned),
+            &mut values,
+        );
+        tx.execute_raw(self.sql(
+            &format!("SELECT id FROM sagas WHERE id {ids} ORDER BY id FOR SHARE"),
+            values,
+        ))
+        .await?;
+        Ok(())
+    }
+
+    /// The entries of the entries' sessions before the write, by session,
+    /// for the cached experiences only.
+    async fn entries_before(
+        &self,
+        tx: &WriteTx,
+        cache: &HashMap<String, CachedScores>,
+        valid: &[&ScoreEntry],
+    ) -> StoreResult<HashMap<String, score_attempts::Model>> {
+        // What the entries of these sessions were before (a replaced
+        // or shown-again entry leaves its old score), for the cached
+        // experiences only: one not cached is read whole after the
+        // commit, under the same lock.
+        let cached: Vec<String> = valid
+            .iter()
+            .filter(|e| cache.contains_key(&e.experience_id))
+            .map(|e| e.session_id.clone())
+            .collect();
+        Ok(if cached.is_empty() {
+            HashMap::new()
+        } else {
+            score_attempts::Entity::find()
+                .filter(column_in(
+                    self.backend(),
+                    score_attempts::Column::SessionId,
+                    cached,
+                ))
+                .all(&**tx)
+                .await?
+                .into_iter()
+                .map(|row| (row.session_id.clone(), row))
+                .collect()
+        })
+    }
+
+    /// Inserts (or replaces) the sessions' entries, one statement, each
+    /// fenced on its saga's step and lock token.
+    async fn insert_entries(
+        &self,
+        tx: &WriteTx,
+        valid: &[&ScoreEntry],
+        now: EpochMs,
+    ) -> StoreResult<()> {
+        let mut entries = ValueRows::new(&[
+            SqlType::Text,
+            SqlType::Text,
+            SqlType::Text,
+            SqlType::Text,
+            SqlType::Text,
+            SqlType::Double,
+        ]);
+        for e in valid {
+            entries.push([
+                new_id().into(),
+                e.experience_id.clone().into(),
+                e.session_id.clone().into(),
+                e.saga_id.clone().into(),
+                e.token.clone().into(),
+                e.score.into(),
+            ]);
+        }
+        let mut values: Vec<Value> = vec![now.into()];
+        let entries = entries.source(self.backend(), 2, &mut values);
+        // `WHERE true`: without a WHERE, PostgreSQL's parser could take
+        // `ON CONFLICT` for one more join condition.
+        tx.execute_raw(self.sql(
+            &format!(
+                "WITH v(id, experience_id, session_id, saga_id, token, score) AS ({entries}) \
+                 INSERT INTO score_attempts \
+                 (id, experience_id, session_id, saga_id, nickname, score, hidden, created_at_ms) \
+                 SELECT v.id, v.experience_id, v.session_id, v.saga_id, s.nickname, v.score, \
+                 FALSE, $1 FROM v JOIN sessions s ON s.id = v.session_id \
+                 JOIN sagas g ON g.id = v.saga_id AND g.lock_token = v.token \
+                 AND g.step IN ('AI_DONE', 'IN_REVIEW') WHERE true \
+                 ON CONFLICT (session_id) DO UPDATE SET saga_id = excluded.saga_id, \
+                 score = excluded.score, nickname = excluded.nickname, hidden = FALSE, \
+                 created_at_ms = excluded.created_at_ms \
+                 WHERE score_attempts.saga_id <> excluded.saga_id OR score_attempts.hidden",
+            ),
+            values,
+        ))
+        .await?;
+        Ok(())
+    }
+
+    /// The entries of the sessions as they now are, those of the writing
+    /// sagas only (a saga with none found its fence gone).
+    async fn read_back_entries(
+        &self,
+        tx: &WriteTx,
+        valid: &[&ScoreEntry],
+    ) -> StoreResult<Vec<score_attempts::Model>> {
+        let sessions: Vec<String> = valid.iter().map(|e| e.session_id.clone()).collect();
+        let ours: std::collections::HashSet<&str> =
+            valid.iter().map(|e| e.saga_id.as_str()).collect();
+        Ok(score_attempts::Entity::find()
+            .filter(column_in(
+                self.backend(),
+                score_attempts::Column::SessionId,
+                sessions,
+            ))
+            .all(&**tx)
+            .await?
+            .into_iter()
+            .filter(|row| ours.contains(row.saga_id.as_str()))
+            .collect())
+    }
+
+    /// The ranks of the entries written, by session, an experience at a
+    /// time ([`Self::cached_ranks`]).
+    async fn ranks_of_rows(
+        &self,
+        cache: &mut HashMap<String, CachedScores>,
+        rows: &[score_attempts::Model],
+    ) -> StoreResult<HashMap<String, i64>> {
+        let mut ranks: HashMap<String, i64> = HashMap::new();
+        let mut experiences: HashMap<&str, Vec<&score_attempts::Model>> = HashMap::new();
+        for row in rows {
+            experiences.entry(&row.experience_id).or_default().push(row);
+        }
+        for (experience_id, entries) in experiences {
+            ranks.extend(self.cached_ranks(cache, experience_id, &entries).await?);
+        }
+        Ok(ranks)
     }
 
     /// The ranks of some entries of one experience, by session (1 + the
@@ -516,6 +560,31 @@ impl Store {
             });
         }
         Ok(out)
+    }
+}
+
+/// The cache learns what the registration changed: a new visible entry,
+/// less the visible one it replaced (a repeat by the same saga changes
+/// nothing). An experience not cached is read whole when ranked.
+fn learn_changes(
+    cache: &mut HashMap<String, CachedScores>,
+    before: &HashMap<String, score_attempts::Model>,
+    rows: &[score_attempts::Model],
+) {
+    for row in rows {
+        let Some(scores) = cache.get_mut(&row.experience_id) else {
+            continue;
+        };
+        match before.get(&row.session_id) {
+            Some(old) if old.saga_id == row.saga_id && !old.hidden => {}
+            Some(old) => {
+                if !old.hidden {
+                    scores.remove(old.score);
+                }
+                scores.insert(row.score);
+            }
+            None => scores.insert(row.score),
+        }
     }
 }
 

@@ -24,7 +24,8 @@ use std::collections::HashSet;
 
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, EntityTrait, ExprTrait, QueryFilter, QueryTrait, Value,
+    ColumnTrait, ConnectionTrait, EntityTrait, ExprTrait, QueryFilter, QueryTrait, UpdateMany,
+    Value,
 };
 use serde_json::json;
 
@@ -230,6 +231,128 @@ impl Rows {
         self.rows
             .push((saga_id.to_owned(), token.to_owned(), values));
     }
+
+    /// Each row's outcome where only a lost lease can leave it unapplied.
+    fn record_lease_kept(&self, applied: &HashSet<String>, outcome: &mut Outcomes) {
+        for (k, &i) in self.index.iter().enumerate() {
+            outcome[i] = Some(lease_kept(applied.contains(&self.rows[k].0)));
+        }
+    }
+}
+
+/// The outcome of each write of a batch as it is written (None: not yet).
+type Outcomes = [Option<StoreResult<Written>>];
+
+/// The writes of a batch sorted by kind, the rows of one statement each,
+/// and the credits its applied aborts give back.
+struct BatchRows {
+    submitted: Rows,
+    timed_out: Rows,
+    ai_done: Rows,
+    reviewed: Rows,
+    ranked: Rows,
+    ranked_after_review: Rows,
+    released: Rows,
+    completed: Rows,
+    refunds: Vec<Refund>,
+}
+
+impl BatchRows {
+    fn new() -> BatchRows {
+        BatchRows {
+            submitted: Rows::new(),
+            timed_out: Rows::new(),
+            ai_done: Rows::new(),
+            reviewed: Rows::new(),
+            ranked: Rows::new(),
+            ranked_after_review: Rows::new(),
+            released: Rows::new(),
+            completed: Rows::new(),
+            refunds: Vec::new(),
+        }
+    }
+
+    /// Adds write `i` to the rows of its kind. An abort has none: it is
+    /// written at once ([`sort_writes`]).
+    fn push(&mut self, i: usize, write: &SagaWrite) -> StoreResult<()> {
+        match write {
+            SagaWrite::AiSubmitted {
+                saga_id,
+                token,
+                job_id,
+            } => self
+                .submitted
+                .push(i, saga_id, token, vec![job_id.clone().into()]),
+            SagaWrite::AiAttemptTimedOut {
+                saga_id,
+                token,
+                attempts,
+            } => self
+                .timed_out
+                .push(i, saga_id, token, vec![(*attempts as i32).into()]),
+            SagaWrite::AiDone {
+                saga_id,
+                token,
+                result,
+                job_id,
+            } => self.ai_done.push(
+                i,
+                saga_id,
+                token,
+                vec![
+                    content_text(result)?.into(),
+                    result.score.into(),
+                    job_id.clone().into(),
+                ],
+            ),
+            SagaWrite::EnterReview { saga_id, token } => {
+                self.reviewed.push(i, saga_id, token, vec![])
+            }
+            SagaWrite::RankingDone {
+                saga_id,
+                token,
+                entry,
+                after_review,
+            } => if *after_review {
+                &mut self.ranked_after_review
+            } else {
+                &mut self.ranked
+            }
+            .push(
+                i,
+                saga_id,
+                token,
+                vec![
+                    entry.as_ref().map(|e| e.score).into(),
+                    entry.as_ref().map(|e| e.score_attempt_id.clone()).into(),
+                    entry.as_ref().map(|e| e.rank).into(),
+                ],
+            ),
+            SagaWrite::ReleaseForRetry {
+                saga_id,
+                token,
+                state,
+                next_attempt_at,
+                attempt_counted,
+                ..
+            } => self.released.push(
+                i,
+                saga_id,
+                token,
+                vec![
+                    (state.attempts as i32).into(),
+                    (state.unavailable_streak as i32).into(),
+                    (*next_attempt_at).into(),
+                    (*attempt_counted).into(),
+                ],
+            ),
+            SagaWrite::Complete { saga_id, token } => {
+                self.completed.push(i, saga_id, token, vec![])
+            }
+            SagaWrite::Abort { .. } => {}
+        }
+        Ok(())
+    }
 }
 
 impl Store {
@@ -246,296 +369,33 @@ impl Store {
         let tx = self.write_tx().await?;
         let lease = lease_until(now, lease_ms);
 
-        let mut submitted = Rows::new();
-        let mut timed_out = Rows::new();
-        let mut ai_done = Rows::new();
-        let mut reviewed = Rows::new();
-        let mut ranked = Rows::new();
-        let mut ranked_after_review = Rows::new();
-        let mut released = Rows::new();
-        let mut completed = Rows::new();
-        let mut refunds: Vec<Refund> = Vec::new();
-        for (i, write) in writes.iter().enumerate() {
-            match write {
-                SagaWrite::AiSubmitted {
-                    saga_id,
-                    token,
-                    job_id,
-                } => submitted.push(i, saga_id, token, vec![job_id.clone().into()]),
-                SagaWrite::AiAttemptTimedOut {
-                    saga_id,
-                    token,
-                    attempts,
-                } => timed_out.push(i, saga_id, token, vec![(*attempts as i32).into()]),
-                SagaWrite::AiDone {
-                    saga_id,
-                    token,
-                    result,
-                    job_id,
-                } => ai_done.push(
-                    i,
-                    saga_id,
-                    token,
-                    vec![
-                        content_text(result)?.into(),
-                        result.score.into(),
-                        job_id.clone().into(),
-                    ],
-                ),
-                SagaWrite::EnterReview { saga_id, token } => {
-                    reviewed.push(i, saga_id, token, vec![])
-                }
-                SagaWrite::RankingDone {
-                    saga_id,
-                    token,
-                    entry,
-                    after_review,
-                } => if *after_review {
-                    &mut ranked_after_review
-                } else {
-                    &mut ranked
-                }
-                .push(
-                    i,
-                    saga_id,
-                    token,
-                    vec![
-                        entry.as_ref().map(|e| e.score).into(),
-                        entry.as_ref().map(|e| e.score_attempt_id.clone()).into(),
-                        entry.as_ref().map(|e| e.rank).into(),
-                    ],
-                ),
-                SagaWrite::ReleaseForRetry {
-                    saga_id,
-                    token,
-                    state,
-                    next_attempt_at,
-                    attempt_counted,
-                    ..
-                } => released.push(
-                    i,
-                    saga_id,
-                    token,
-                    vec![
-                        (state.attempts as i32).into(),
-                        (state.unavailable_streak as i32).into(),
-                        (*next_attempt_at).into(),
-                        (*attempt_counted).into(),
-                    ],
-                ),
-                SagaWrite::Complete { saga_id, token } => completed.push(i, saga_id, token, vec![]),
-                SagaWrite::Abort {
-                    saga_id,
-                    fence,
-                    reason,
-                    detail,
-                    free_calls,
-                    audit,
-                } => {
-                    // Each abort in a savepoint of its own: one that fails
-                    // (a bad row, a lock timeout) fails alone, and the
-                    // batch's other writes go on.
-                    let item = tx.savepoint().await?;
-                    let mut its_refunds = Vec::new();
-                    let done = abort_one(
-                        &item,
-                        saga_id,
-                        fence,
-                        *reason,
-                        detail,
-                        free_calls,
-                        audit.as_deref(),
-                        now,
-                        &mut its_refunds,
-                    )
-                    .await;
-                    outcome[i] = Some(match done {
-                        Ok(result) => {
-                            item.commit().await?;
-                            refunds.extend(its_refunds);
-                            result
-                        }
-                        Err(e) => {
-                            item.rollback().await?;
-                            tracing::warn!(%saga_id, error = %e, "an abort failed; the batch's other writes go on");
-                            Err(e)
-                        }
-                    });
-                }
-            }
-        }
-
-        // AI_PENDING stays: touching no row can only mean the lease is gone.
-        let applied = fenced_update_many(
-            &tx,
-            Step::AiPending,
-            Some(lease),
-            "ai_job_id = v.c1, ai_submitted_at_ms = COALESCE(ai_submitted_at_ms, $1), \
-             unavailable_streak = 0",
-            &submitted.rows,
-            now,
-        )
-        .await?;
-        let jobs: Vec<(String, String)> = submitted
-            .applied(&applied)
-            .filter_map(|(saga_id, _, values)| Some((saga_id.clone(), text_of(&values[0])?)))
-            .collect();
-        ledger::bind_first_jobs(&tx, &jobs, now).await?;
-        for (k, &i) in submitted.index.iter().enumerate() {
-            outcome[i] = Some(lease_kept(applied.contains(&submitted.rows[k].0)));
-        }
-
-        // The same job, a new attempt: its timeout counts from now.
-        let applied = fenced_update_many(
-            &tx,
-            Step::AiPending,
-            Some(lease),
-            "attempts = v.c1, unavailable_streak = 0, ai_submitted_at_ms = $1",
-            &timed_out.rows,
-            now,
-        )
-        .await?;
-        for (k, &i) in timed_out.index.iter().enumerate() {
-            outcome[i] = Some(lease_kept(applied.contains(&timed_out.rows[k].0)));
-        }
-
-        let applied = fenced_update_many(
-            &tx,
-            Step::AiPending,
-            Some(lease),
-            "step = 'AI_DONE', content = v.c1, ai_score = v.c2, \
-             ai_job_id = COALESCE(v.c3, ai_job_id), \
-             ai_duration_ms = $1 - COALESCE(ai_submitted_at_ms, $1)",
-            &ai_done.rows,
-            now,
-        )
-        .await?;
-        // A single call's job is final: its slot is free. (A fan-out's
-        // calls freed or detached theirs as each ended: none is attached.)
-        let done: Vec<String> = ai_done.applied(&applied).map(|r| r.0.clone()).collect();
-        ledger::free_first_calls(&tx, &done, Evidence::JobFinal).await?;
-        for (k, &i) in ai_done.index.iter().enumerate() {
-            let (saga_id, token, values) = &ai_done.rows[k];
-            outcome[i] = Some(if applied.contains(saga_id) {
-                Ok(Written::default())
-            } else {
-                let offered = (text_of(&values[0]), double_of(&values[1]));
-                judge(
-                    &tx,
-                    saga_id,
-                    (Step::AiPending, Step::AiDone),
-                    token,
-                    &offered,
-                    |s| (s.content.clone(), s.ai_score),
-                )
-                .await
-            });
-        }
-
-        // The lease is given up with the step: nobody holds a saga in
-        // review, so a write that touched no row can only mean the lease
-        // was lost (or an earlier try of this write committed, and the
-        // worker stops all the same).
-        let applied = fenced_update_many(
-            &tx,
-            Step::AiDone,
-            None,
-            "step = 'IN_REVIEW', lock_token = NULL, locked_until_ms = NULL, \
-             review_since_ms = $1, review_decision = NULL",
-            &reviewed.rows,
-            now,
-        )
-        .await?;
-        for (k, &i) in reviewed.index.iter().enumerate() {
-            outcome[i] = Some(lease_kept(applied.contains(&reviewed.rows[k].0)));
-        }
-
-        for (from, rows) in [
-            (Step::AiDone, &ranked),
-            (Step::InReview, &ranked_after_review),
+        let rows = sort_writes(&tx, writes, now, &mut outcome).await?;
+        write_ai_submitted(&tx, &rows.submitted, lease, now, &mut outcome).await?;
+        write_attempt_timeouts(&tx, &rows.timed_out, lease, now, &mut outcome).await?;
+        write_ai_done(&tx, &rows.ai_done, lease, now, &mut outcome).await?;
+        write_review_entries(&tx, &rows.reviewed, now, &mut outcome).await?;
+        for (from, ranked) in [
+            (Step::AiDone, &rows.ranked),
+            (Step::InReview, &rows.ranked_after_review),
         ] {
-            let applied = fenced_update_many(
-                &tx,
-                from,
-                Some(lease),
-                "step = 'RANKING_DONE', score = v.c1, score_attempt_id = v.c2, rank = v.c3",
-                &rows.rows,
-                now,
-            )
-            .await?;
-            for (k, &i) in rows.index.iter().enumerate() {
-                let (saga_id, token, values) = &rows.rows[k];
-                outcome[i] = Some(if applied.contains(saga_id) {
-                    Ok(Written::default())
-                } else {
-                    // The rank is a snapshot and may differ on a replay; the
-                    // entry is what identifies the step's data.
-                    let offered = (double_of(&values[0]), text_of(&values[1]));
-                    judge(
-                        &tx,
-                        saga_id,
-                        (from, Step::RankingDone),
-                        token,
-                        &offered,
-                        |s| (s.score, s.score_attempt_id.clone()),
-                    )
-                    .await
-                });
-            }
+            write_rankings(&tx, from, ranked, lease, now, &mut outcome).await?;
         }
-
-        let applied = fenced_update_many(
-            &tx,
-            Step::AiPending,
-            None,
-            "attempts = v.c1, unavailable_streak = v.c2, next_attempt_at_ms = v.c3, \
-             lock_token = NULL, locked_until_ms = NULL, \
-             ai_job_id = CASE WHEN v.c4 THEN NULL ELSE ai_job_id END, \
-             ai_submitted_at_ms = CASE WHEN v.c4 THEN NULL ELSE ai_submitted_at_ms END",
-            &released.rows,
-            now,
-        )
-        .await?;
-        free_released_slots(&tx, writes, &applied).await?;
-        for (k, &i) in released.index.iter().enumerate() {
-            outcome[i] = Some(lease_kept(applied.contains(&released.rows[k].0)));
-        }
-
-        let applied = fenced_update_many(
-            &tx,
-            Step::RankingDone,
-            None,
-            "step = 'COMPLETED'",
-            &completed.rows,
-            now,
-        )
-        .await?;
-        let appended = finish_completed(&tx, &applied, now).await?;
-        for (k, &i) in completed.index.iter().enumerate() {
-            let (saga_id, token, _) = &completed.rows[k];
-            outcome[i] = Some(if applied.contains(saga_id) {
-                Ok(Written {
-                    event_appended: appended.contains(saga_id),
-                    ..Written::default()
-                })
-            } else {
-                judge(
-                    &tx,
-                    saga_id,
-                    (Step::RankingDone, Step::Completed),
-                    token,
-                    &(),
-                    |_| (),
-                )
-                .await
-            });
-        }
+        write_releases(&tx, writes, &rows.released, now, &mut outcome).await?;
+        write_completions(&tx, &rows.completed, now, &mut outcome).await?;
 
         // Last, so the experiences' rows are locked only until the commit.
-        refund_credits(&tx, &refunds).await?;
+        refund_credits(&tx, &rows.refunds).await?;
         tx.commit().await?;
-        // Aborts that hid ranking entries: the cached scores of their
-        // experiences are read again (after the commit, never under it).
+        self.invalidate_hidden_ranks(&outcome).await;
+        Ok(outcome
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(StoreError::Corrupt("write left unapplied".into()))))
+            .collect())
+    }
+
+    /// Aborts that hid ranking entries: the cached scores of their
+    /// experiences are read again (after the commit, never under it).
+    async fn invalidate_hidden_ranks(&self, outcome: &Outcomes) {
         let hid: Vec<String> = outcome
             .iter()
             .flatten()
@@ -544,10 +404,6 @@ impl Store {
         if !hid.is_empty() {
             self.invalidate_ranks(Some(&hid)).await;
         }
-        Ok(outcome
-            .into_iter()
-            .map(|o| o.unwrap_or_else(|| Err(StoreError::Corrupt("write left unapplied".into()))))
-            .collect())
     }
 
     /// Applies one write (a batch of one).
@@ -686,6 +542,288 @@ impl Store {
         };
         self.apply_one(write, now, 0).await
     }
+}
+
+/// Sorts a batch's writes into the rows of their kinds; each abort is
+/// written at once, its outcome set in `outcome`.
+async fn sort_writes(
+    tx: &WriteTx,
+    writes: &[SagaWrite],
+    now: EpochMs,
+    outcome: &mut Outcomes,
+) -> StoreResult<BatchRows> {
+    let mut rows = BatchRows::new();
+    for (i, write) in writes.iter().enumerate() {
+        let SagaWrite::Abort {
+            saga_id,
+            fence,
+            reason,
+            detail,
+            free_calls,
+            audit,
+        } = write
+        else {
+            rows.push(i, write)?;
+            continue;
+        };
+        // Each abort in a savepoint of its own: one that fails
+        // (a bad row, a lock timeout) fails alone, and the
+        // batch's other writes go on.
+        let item = tx.savepoint().await?;
+        let mut its_refunds = Vec::new();
+        let done = abort_one(
+            &item,
+            saga_id,
+            fence,
+            *reason,
+            detail,
+            free_calls,
+            audit.as_deref(),
+            now,
+            &mut its_refunds,
+        )
+        .await;
+        outcome[i] = Some(match done {
+            Ok(result) => {
+                item.commit().await?;
+                rows.refunds.extend(its_refunds);
+                result
+            }
+            Err(e) => {
+                item.rollback().await?;
+                tracing::warn!(%saga_id, error = %e, "an abort failed; the batch's other writes go on");
+                Err(e)
+            }
+        });
+    }
+    Ok(rows)
+}
+
+/// The provider accepted these jobs (AI_PENDING stays): each saga records
+/// its job, and the job binds to the saga's first slot.
+async fn write_ai_submitted(
+    tx: &WriteTx,
+    submitted: &Rows,
+    lease: EpochMs,
+    now: EpochMs,
+    outcome: &mut Outcomes,
+) -> StoreResult<()> {
+    // AI_PENDING stays: touching no row can only mean the lease is gone.
+    let applied = fenced_update_many(
+        tx,
+        Step::AiPending,
+        Some(lease),
+        "ai_job_id = v.c1, ai_submitted_at_ms = COALESCE(ai_submitted_at_ms, $1), \
+         unavailable_streak = 0",
+        &submitted.rows,
+        now,
+    )
+    .await?;
+    let jobs: Vec<(String, String)> = submitted
+        .applied(&applied)
+        .filter_map(|(saga_id, _, values)| Some((saga_id.clone(), text_of(&values[0])?)))
+        .collect();
+    ledger::bind_first_jobs(tx, &jobs, now).await?;
+    submitted.record_lease_kept(&applied, outcome);
+    Ok(())
+}
+
+/// Attempts that ran out of time: AI_PENDING stays, with the attempt
+/// counted.
+async fn write_attempt_timeouts(
+    tx: &WriteTx,
+    timed_out: &Rows,
+    lease: EpochMs,
+    now: EpochMs,
+    outcome: &mut Outcomes,
+) -> StoreResult<()> {
+    // The same job, a new attempt: its timeout counts from now.
+    let applied = fenced_update_many(
+        tx,
+        Step::AiPending,
+        Some(lease),
+        "attempts = v.c1, unavailable_streak = 0, ai_submitted_at_ms = $1",
+        &timed_out.rows,
+        now,
+    )
+    .await?;
+    timed_out.record_lease_kept(&applied, outcome);
+    Ok(())
+}
+
+/// AI_PENDING -> AI_DONE with the results; the single calls' slots are
+/// freed.
+async fn write_ai_done(
+    tx: &WriteTx,
+    ai_done: &Rows,
+    lease: EpochMs,
+    now: EpochMs,
+    outcome: &mut Outcomes,
+) -> StoreResult<()> {
+    let applied = fenced_update_many(
+        tx,
+        Step::AiPending,
+        Some(lease),
+        "step = 'AI_DONE', content = v.c1, ai_score = v.c2, \
+         ai_job_id = COALESCE(v.c3, ai_job_id), \
+         ai_duration_ms = $1 - COALESCE(ai_submitted_at_ms, $1)",
+        &ai_done.rows,
+        now,
+    )
+    .await?;
+    // A single call's job is final: its slot is free. (A fan-out's
+    // calls freed or detached theirs as each ended: none is attached.)
+    let done: Vec<String> = ai_done.applied(&applied).map(|r| r.0.clone()).collect();
+    ledger::free_first_calls(tx, &done, Evidence::JobFinal).await?;
+    for (k, &i) in ai_done.index.iter().enumerate() {
+        let (saga_id, token, values) = &ai_done.rows[k];
+        outcome[i] = Some(if applied.contains(saga_id) {
+            Ok(Written::default())
+        } else {
+            let offered = (text_of(&values[0]), double_of(&values[1]));
+            judge(
+                tx,
+                saga_id,
+                (Step::AiPending, Step::AiDone),
+                token,
+                &offered,
+                |s| (s.content.clone(), s.ai_score),
+            )
+            .await
+        });
+    }
+    Ok(())
+}
+
+/// AI_DONE -> IN_REVIEW, giving up the lease.
+async fn write_review_entries(
+    tx: &WriteTx,
+    reviewed: &Rows,
+    now: EpochMs,
+    outcome: &mut Outcomes,
+) -> StoreResult<()> {
+    // The lease is given up with the step: nobody holds a saga in
+    // review, so a write that touched no row can only mean the lease
+    // was lost (or an earlier try of this write committed, and the
+    // worker stops all the same).
+    let applied = fenced_update_many(
+        tx,
+        Step::AiDone,
+        None,
+        "step = 'IN_REVIEW', lock_token = NULL, locked_until_ms = NULL, \
+         review_since_ms = $1, review_decision = NULL",
+        &reviewed.rows,
+        now,
+    )
+    .await?;
+    reviewed.record_lease_kept(&applied, outcome);
+    Ok(())
+}
+
+/// `from` (AI_DONE or IN_REVIEW) -> RANKING_DONE with the ranked entries.
+async fn write_rankings(
+    tx: &WriteTx,
+    from: Step,
+    ranked: &Rows,
+    lease: EpochMs,
+    now: EpochMs,
+    outcome: &mut Outcomes,
+) -> StoreResult<()> {
+    let applied = fenced_update_many(
+        tx,
+        from,
+        Some(lease),
+        "step = 'RANKING_DONE', score = v.c1, score_attempt_id = v.c2, rank = v.c3",
+        &ranked.rows,
+        now,
+    )
+    .await?;
+    for (k, &i) in ranked.index.iter().enumerate() {
+        let (saga_id, token, values) = &ranked.rows[k];
+        outcome[i] = Some(if applied.contains(saga_id) {
+            Ok(Written::default())
+        } else {
+            // The rank is a snapshot and may differ on a replay; the
+            // entry is what identifies the step's data.
+            let offered = (double_of(&values[0]), text_of(&values[1]));
+            judge(
+                tx,
+                saga_id,
+                (from, Step::RankingDone),
+                token,
+                &offered,
+                |s| (s.score, s.score_attempt_id.clone()),
+            )
+            .await
+        });
+    }
+    Ok(())
+}
+
+/// AI_PENDING stays for a later try: the lease is released and the named
+/// slots freed.
+async fn write_releases(
+    tx: &WriteTx,
+    writes: &[SagaWrite],
+    released: &Rows,
+    now: EpochMs,
+    outcome: &mut Outcomes,
+) -> StoreResult<()> {
+    let applied = fenced_update_many(
+        tx,
+        Step::AiPending,
+        None,
+        "attempts = v.c1, unavailable_streak = v.c2, next_attempt_at_ms = v.c3, \
+         lock_token = NULL, locked_until_ms = NULL, \
+         ai_job_id = CASE WHEN v.c4 THEN NULL ELSE ai_job_id END, \
+         ai_submitted_at_ms = CASE WHEN v.c4 THEN NULL ELSE ai_submitted_at_ms END",
+        &released.rows,
+        now,
+    )
+    .await?;
+    free_released_slots(tx, writes, &applied).await?;
+    released.record_lease_kept(&applied, outcome);
+    Ok(())
+}
+
+/// RANKING_DONE -> COMPLETED with the results, the sessions' status and
+/// the outbox events ([`finish_completed`]).
+async fn write_completions(
+    tx: &WriteTx,
+    completed: &Rows,
+    now: EpochMs,
+    outcome: &mut Outcomes,
+) -> StoreResult<()> {
+    let applied = fenced_update_many(
+        tx,
+        Step::RankingDone,
+        None,
+        "step = 'COMPLETED'",
+        &completed.rows,
+        now,
+    )
+    .await?;
+    let appended = finish_completed(tx, &applied, now).await?;
+    for (k, &i) in completed.index.iter().enumerate() {
+        let (saga_id, token, _) = &completed.rows[k];
+        outcome[i] = Some(if applied.contains(saga_id) {
+            Ok(Written {
+                event_appended: appended.contains(saga_id),
+                ..Written::default()
+            })
+        } else {
+            judge(
+                tx,
+                saga_id,
+                (Step::RankingDone, Step::Completed),
+                token,
+                &(),
+                |_| (),
+            )
+            .await
+        });
+    }
+    Ok(())
 }
 
 /// The slots the applied releases of a batch name (each with its evidence)
@@ -933,68 +1071,9 @@ async fn abort_one(
     now: EpochMs,
     refunds: &mut Vec<Refund>,
 ) -> StoreResult<StoreResult<Written>> {
-    let mut update = sagas::Entity::update_many()
-        // Where it stood, read before the row changes: a retry resumes there.
-        .col_expr(sagas::Column::AbortedAtStep, Expr::col(sagas::Column::Step))
-        .col_expr(sagas::Column::Step, Expr::value(Step::Aborted.as_str()))
-        .col_expr(sagas::Column::AbortReason, Expr::value(reason.as_str()))
-        .col_expr(
-            sagas::Column::AbortDetail,
-            Expr::value(truncate(detail, 2_000)),
-        )
-        .col_expr(sagas::Column::UpdatedAtMs, Expr::value(now))
-        .filter(sagas::Column::Id.eq(saga_id))
-        .filter(sagas::Column::Step.is_in(Step::unfinished().map(Step::as_str)));
-    update = match fence {
-        Fence::Token(token) => update.filter(sagas::Column::LockToken.eq(token.clone())),
-        Fence::Unowned => update.filter(
-            sagas::Column::LockToken
-                .is_null()
-                .or(sagas::Column::LockedUntilMs.lt(now)),
-        ),
-        Fence::Operator => update,
-        Fence::Review => update
-            .filter(sagas::Column::Step.eq(Step::InReview.as_str()))
-            .filter(sagas::Column::ReviewDecision.is_null()),
-    };
+    let update = fenced_abort(saga_id, fence, reason, detail, now);
     if update.exec(&**tx).await?.rows_affected == 0 {
-        let saga = load(&**tx, saga_id).await?;
-        let recorded = saga.abort_reason.clone();
-        return Ok(match fence {
-            Fence::Token(token) => {
-                // Any runnable step may abort; only legality is checked here.
-                judge_unapplied(
-                    Step::AiPending,
-                    Step::Aborted,
-                    token,
-                    &Some(reason.as_str().to_owned()),
-                    row_now(&saga, &recorded)?,
-                )
-                .map(|()| Written::default())
-                .map_err(Into::into)
-            }
-            Fence::Unowned => Err(TransitionError::LeaseLost.into()),
-            // Rejected twice is success; after an approval, or for a saga
-            // not in review, it is refused.
-            Fence::Review => {
-                super::review::judge_on_row(Decision::Reject, &saga).map(|()| Written::default())
-            }
-            // Asked twice: the saga already ended that way.
-            Fence::Operator
-                if saga.step == Step::Aborted.as_str()
-                    && recorded.as_deref() == Some(reason.as_str()) =>
-            {
-                Ok(Written::default())
-            }
-            Fence::Operator => Err(TransitionError::Conflict {
-                step: Step::Aborted,
-                detail: match recorded {
-                    Some(r) => format!("the saga already ended {} ({r})", saga.step),
-                    None => format!("the saga already ended {}", saga.step),
-                },
-            }
-            .into()),
-        });
+        return judge_unapplied_abort(tx, saga_id, fence, reason).await;
     }
     let saga = load(&**tx, saga_id).await?;
     if let Some(audit) = audit {
@@ -1010,6 +1089,106 @@ async fn abort_one(
             credits: saga.charged_credits,
         });
     }
+    let appended = end_session_aborted(tx, &saga, reason, now).await?;
+    let hidden = hide_ranking_entries(tx, saga_id).await?;
+    let detached = release_slots_of(tx, saga_id, free_calls, now).await?;
+    Ok(Ok(Written {
+        event_appended: appended,
+        ranking_changed: (hidden > 0).then(|| saga.experience_id.clone()),
+        detached,
+    }))
+}
+
+/// The UPDATE that moves a saga to ABORTED, fenced as `fence` says.
+fn fenced_abort(
+    saga_id: &str,
+    fence: &Fence,
+    reason: AbortReason,
+    detail: &str,
+    now: EpochMs,
+) -> UpdateMany<sagas::Entity> {
+    let update = sagas::Entity::update_many()
+        // Where it stood, read before the row changes: a retry resumes there.
+        .col_expr(sagas::Column::AbortedAtStep, Expr::col(sagas::Column::Step))
+        .col_expr(sagas::Column::Step, Expr::value(Step::Aborted.as_str()))
+        .col_expr(sagas::Column::AbortReason, Expr::value(reason.as_str()))
+        .col_expr(
+            sagas::Column::AbortDetail,
+            Expr::value(truncate(detail, 2_000)),
+        )
+        .col_expr(sagas::Column::UpdatedAtMs, Expr::value(now))
+        .filter(sagas::Column::Id.eq(saga_id))
+        .filter(sagas::Column::Step.is_in(Step::unfinished().map(Step::as_str)));
+    match fence {
+        Fence::Token(token) => update.filter(sagas::Column::LockToken.eq(token.clone())),
+        Fence::Unowned => update.filter(
+            sagas::Column::LockToken
+                .is_null()
+                .or(sagas::Column::LockedUntilMs.lt(now)),
+        ),
+        Fence::Operator => update,
+        Fence::Review => update
+            .filter(sagas::Column::Step.eq(Step::InReview.as_str()))
+            .filter(sagas::Column::ReviewDecision.is_null()),
+    }
+}
+
+/// Judges an abort that touched no row against the saga as it is (rule
+/// 3), as its fence says. Outer error: the transaction must fail; inner:
+/// the abort's own outcome.
+async fn judge_unapplied_abort(
+    tx: &WriteTx,
+    saga_id: &str,
+    fence: &Fence,
+    reason: AbortReason,
+) -> StoreResult<StoreResult<Written>> {
+    let saga = load(&**tx, saga_id).await?;
+    let recorded = saga.abort_reason.clone();
+    Ok(match fence {
+        Fence::Token(token) => {
+            // Any runnable step may abort; only legality is checked here.
+            judge_unapplied(
+                Step::AiPending,
+                Step::Aborted,
+                token,
+                &Some(reason.as_str().to_owned()),
+                row_now(&saga, &recorded)?,
+            )
+            .map(|()| Written::default())
+            .map_err(Into::into)
+        }
+        Fence::Unowned => Err(TransitionError::LeaseLost.into()),
+        // Rejected twice is success; after an approval, or for a saga
+        // not in review, it is refused.
+        Fence::Review => {
+            super::review::judge_on_row(Decision::Reject, &saga).map(|()| Written::default())
+        }
+        // Asked twice: the saga already ended that way.
+        Fence::Operator
+            if saga.step == Step::Aborted.as_str()
+                && recorded.as_deref() == Some(reason.as_str()) =>
+        {
+            Ok(Written::default())
+        }
+        Fence::Operator => Err(TransitionError::Conflict {
+            step: Step::Aborted,
+            detail: match recorded {
+                Some(r) => format!("the saga already ended {} ({r})", saga.step),
+                None => format!("the saga already ended {}", saga.step),
+            },
+        }
+        .into()),
+    })
+}
+
+/// The aborted saga's session is ABORTED, and its terminal (if any) is
+/// told. True when an outbox event was appended.
+async fn end_session_aborted(
+    tx: &WriteTx,
+    saga: &sagas::Model,
+    reason: AbortReason,
+    now: EpochMs,
+) -> StoreResult<bool> {
     let session = sessions::Entity::find_by_id(saga.session_id.clone())
         .one(&**tx)
         .await?
@@ -1023,7 +1202,7 @@ async fn abort_one(
         now,
     )
     .await?;
-    let appended = Store::announce(
+    Store::announce(
         tx,
         &session,
         &saga.id,
@@ -1035,25 +1214,34 @@ async fn abort_one(
         ),
         now,
     )
-    .await?;
-    let hidden = score_attempts::Entity::update_many()
+    .await
+}
+
+/// Hides the saga's visible ranking entries; returns how many it hid.
+async fn hide_ranking_entries(tx: &WriteTx, saga_id: &str) -> StoreResult<u64> {
+    Ok(score_attempts::Entity::update_many()
         .col_expr(score_attempts::Column::Hidden, Expr::value(true))
         .filter(score_attempts::Column::SagaId.eq(saga_id))
         .filter(score_attempts::Column::Hidden.eq(false))
         .exec(&**tx)
         .await?
-        .rows_affected;
+        .rows_affected)
+}
+
+/// Frees the aborted saga's slots of `free_calls` and detaches the others;
+/// true when some were detached.
+async fn release_slots_of(
+    tx: &WriteTx,
+    saga_id: &str,
+    free_calls: &[(i32, Evidence)],
+    now: EpochMs,
+) -> StoreResult<bool> {
     // Slots with evidence are free; the others keep counting, detached,
     // until an instance that adopts them sees their jobs end (rule 10).
     for (call, evidence) in free_calls {
         ledger::free_calls(&**tx, saga_id, &[*call], *evidence).await?;
     }
-    let detached = ledger::detach_calls(&**tx, saga_id, None, now).await? > 0;
-    Ok(Ok(Written {
-        event_appended: appended,
-        ranking_changed: (hidden > 0).then(|| saga.experience_id.clone()),
-        detached,
-    }))
+    Ok(ledger::detach_calls(&**tx, saga_id, None, now).await? > 0)
 }
 
 /// Judges a write (`expected` -> `target`) that touched no row (rule 3)
