@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sea_orm::DbBackend;
 
-use crate::actors::terminal_hub::PRESENCE_STALE_MS;
+use crate::domain::presence::PRESENCE_STALE_MS;
 use crate::ai::{JobStatus, JobView};
 use crate::clock::SharedClock;
 use crate::domain::failure::AiFailure;

@@ -35,7 +35,7 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use super::persistence::{PersistenceActor, WriteAlone};
-use super::terminal_hub::PRESENCE_STALE_MS;
+use crate::domain::presence::PRESENCE_STALE_MS;
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::domain::breaker::Opener;

@@ -25,7 +25,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::run_on_runtime;
-use super::terminal_hub::PRESENCE_STALE_MS;
+use crate::domain::presence::PRESENCE_STALE_MS;
 use super::wakeups::Wakeups;
 use crate::clock::{rfc3339, SharedClock};
 use crate::store::operators::OperatorStats;

@@ -7,7 +7,7 @@
 //! experience: a socket that is slow gets the newest one, never a queue.
 //!
 //! It also keeps this instance's display presence alive: every
-//! [`PRESENCE_REFRESH`] it marks all of this instance's presence rows seen,
+//! [`PRESENCE_REFRESH`](crate::domain::presence::PRESENCE_REFRESH) it marks all of this instance's presence rows seen,
 //! in one statement.
 //!
 //! Mailbox: rings and rankings come from the outbox relay, the ranking board
@@ -25,14 +25,8 @@ use tokio::sync::watch;
 
 use super::wakeups::Doorbell;
 use crate::clock::SharedClock;
+use crate::domain::presence::PRESENCE_REFRESH;
 use crate::store::Store;
-
-/// How often this instance tells the database its displays are still
-/// connected. A presence row not seen for three times this is offline.
-pub const PRESENCE_REFRESH: Duration = Duration::from_secs(10);
-/// A presence row not refreshed for this long belongs to an instance that
-/// died: operators see the display offline and cleanup deletes the row.
-pub const PRESENCE_STALE_MS: i64 = 3 * PRESENCE_REFRESH.as_millis() as i64;
 
 /// How often the hub compares its terminals' newest `seq` with what it saw
 /// last: a wake-up that never came (a NOTIFY from another instance that

@@ -15,6 +15,7 @@ pub mod ledger;
 pub mod locale;
 pub mod media;
 pub mod policy;
+pub mod presence;
 pub mod review;
 pub mod roles;
 pub mod saga;

@@ -21,7 +21,7 @@ use super::idempotency::{operator_write, Reply};
 use super::AppState;
 use crate::actors::operator_socket::OperatorSocket;
 use crate::actors::persistence::WriteAlone;
-use crate::actors::terminal_hub::PRESENCE_STALE_MS;
+use crate::domain::presence::PRESENCE_STALE_MS;
 use crate::clock::rfc3339;
 use crate::domain::audit::{AuditAction, AuditEntry};
 use crate::domain::breaker::{Opener, COOL_DOWN_MS};
