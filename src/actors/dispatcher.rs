@@ -37,7 +37,7 @@ use actix::prelude::*;
 use tokio::sync::watch;
 
 use super::providers::Providers;
-use super::saga_supervisor::{ExperienceOf, SagaDeps, SagaSupervisor, StopSupervisor};
+use super::saga_supervisor::{ExperienceOf, SagaDeps, SagaSupervisor, StopSupervisor, SagaStopped, Starter, WakeAt};
 use super::wakeups::Doorbell;
 use crate::domain::breaker::Admission;
 use crate::domain::policy::EpochMs;
@@ -59,18 +59,6 @@ const RETRY_FAILED_ROUND: Duration = Duration::from_secs(1);
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Wake;
-
-/// Claim again at this time (a backoff ends then).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct WakeAt(pub EpochMs);
-
-/// One of this instance's supervisors stopped: its place is free.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct SagaStopped {
-    pub saga_id: String,
-}
 
 /// Shut down: claim nothing more, give running sagas up to `grace` to
 /// end, then stop and hand over the rest. Answered when done.
@@ -165,7 +153,7 @@ impl Dispatcher {
             );
             let (saga_id, token) = (saga.id.clone(), saga.lock_token.clone());
             if let (Some(supervisor), Some(token)) = (
-                SagaSupervisor::new(saga, experience, holds, self.deps.clone(), ctx.address()),
+                SagaSupervisor::new(saga, experience, holds, self.deps.clone(), starter(ctx)),
                 token,
             ) {
                 let supervisor = supervisor.start();
@@ -394,6 +382,16 @@ impl Handler<Wake> for Dispatcher {
     fn handle(&mut self, _: Wake, ctx: &mut Context<Self>) {
         crate::metrics::actor_message("Dispatcher");
         self.round(ctx);
+    }
+}
+
+/// Where this dispatcher's supervisors report: a backoff's end and their
+/// stop.
+fn starter(ctx: &Context<Dispatcher>) -> Starter {
+    let me = ctx.address();
+    Starter {
+        wake_at: me.clone().recipient(),
+        stopped: me.recipient(),
     }
 }
 

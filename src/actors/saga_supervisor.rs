@@ -17,14 +17,13 @@ use actix::prelude::*;
 use tracing::Instrument;
 
 use super::ai::AiActor;
-use super::dispatcher::{Dispatcher, SagaStopped, WakeAt};
 use super::persistence::{PersistenceActor, RenewLease, Write};
 use super::ranking::{RankingActor, RegisterScore};
 use super::wakeups::Wakeups;
 use crate::ai::{JobStatus, JobView};
 use crate::clock::SharedClock;
 use crate::domain::failure::{AiFailure, AiResult};
-use crate::domain::policy::RetryPolicy;
+use crate::domain::policy::{EpochMs, RetryPolicy};
 use crate::domain::review::ReviewMode;
 use crate::domain::saga::{AbortReason, Step, TransitionError};
 use crate::metrics;
@@ -35,6 +34,27 @@ use crate::store::{transient_backoff, DbFailure, Store, StoreError};
 
 mod ai_step;
 mod media_step;
+
+/// Sent to the supervisor's starter: claim again at this time (a backoff
+/// ends then).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WakeAt(pub EpochMs);
+
+/// Sent to the supervisor's starter when it stops: its place is free.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SagaStopped {
+    pub saga_id: String,
+}
+
+/// Who started a supervisor (the dispatcher), as the two messages it
+/// hears from it; the supervisor knows nothing else of it.
+#[derive(Clone)]
+pub struct Starter {
+    pub wake_at: Recipient<WakeAt>,
+    pub stopped: Recipient<SagaStopped>,
+}
 
 /// What every supervisor needs; cloned into each.
 #[derive(Clone)]
@@ -144,7 +164,7 @@ pub struct SagaSupervisor {
     holds: Holds,
     token: String,
     deps: SagaDeps,
-    dispatcher: Addr<Dispatcher>,
+    starter: Starter,
 }
 
 impl SagaSupervisor {
@@ -154,7 +174,7 @@ impl SagaSupervisor {
         experience: ExperienceOf,
         holds: Holds,
         deps: SagaDeps,
-        dispatcher: Addr<Dispatcher>,
+        starter: Starter,
     ) -> Option<Self> {
         let token = saga.lock_token.clone()?;
         Some(SagaSupervisor {
@@ -164,7 +184,7 @@ impl SagaSupervisor {
             holds,
             token,
             deps,
-            dispatcher,
+            starter,
         })
     }
 }
@@ -206,14 +226,14 @@ impl Actor for SagaSupervisor {
             std::mem::replace(&mut self.holds, Holds::Read),
             self.token.clone(),
             self.deps.clone(),
-            self.dispatcher.clone(),
+            self.starter.wake_at.clone(),
         );
         crate::metrics::task_spawned("saga_supervisor.drive");
         ctx.spawn(drive.into_actor(self).map(|_, _, ctx| ctx.stop()));
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        self.dispatcher.do_send(SagaStopped {
+        self.starter.stopped.do_send(SagaStopped {
             saga_id: self.saga_id.clone(),
         });
     }
@@ -262,7 +282,7 @@ async fn drive(
     mut holds: Holds,
     token: String,
     deps: SagaDeps,
-    dispatcher: Addr<Dispatcher>,
+    wake_at: Recipient<WakeAt>,
 ) {
     let span = tracing::info_span!(
         parent: None,
@@ -282,7 +302,7 @@ async fn drive(
         let mut failing: Option<(Instant, String)> = None;
         let mut retry = 0;
         loop {
-            match run(&mut saga, &experience, &mut holds, &token, &deps, &dispatcher).await {
+            match run(&mut saga, &experience, &mut holds, &token, &deps, &wake_at).await {
                 Ok(()) => {}
                 Err(Stop::Store(e)) if e.is_lease_lost() => {
                     tracing::info!("lease lost; another worker owns this saga now");
@@ -329,7 +349,7 @@ async fn run(
     holds: &mut Holds,
     token: &str,
     deps: &SagaDeps,
-    dispatcher: &Addr<Dispatcher>,
+    wake_at: &Recipient<WakeAt>,
 ) -> Result<(), Stop> {
     loop {
         let step_started = Instant::now();
@@ -340,7 +360,7 @@ async fn run(
                 let outcome = ai_step::run_ai_step(saga, experience, token, deps, holds)
                     .instrument(step_span.clone())
                     .await?;
-                record_ai_outcome(saga, outcome, token, deps, dispatcher, step_started).await?
+                record_ai_outcome(saga, outcome, token, deps, wake_at, step_started).await?
             }
             Step::AiDone if experience.review => {
                 enter_review(saga, token, deps, step_started).await?;
@@ -369,7 +389,7 @@ async fn record_ai_outcome(
     outcome: ai_step::StepOutcome,
     token: &str,
     deps: &SagaDeps,
-    dispatcher: &Addr<Dispatcher>,
+    wake_at: &Recipient<WakeAt>,
     step_started: Instant,
 ) -> Result<ControlFlow<()>, Stop> {
     match outcome {
@@ -434,7 +454,7 @@ async fn record_ai_outcome(
                 free_calls,
             };
             write(deps, release).await??;
-            dispatcher.do_send(WakeAt(next_attempt_at));
+            wake_at.do_send(WakeAt(next_attempt_at));
             Ok(ControlFlow::Break(()))
         }
     }
