@@ -50,11 +50,8 @@ use crate::ai::JobView;
 use crate::domain::failure::AiFailure;
 use crate::domain::saga::Step;
 use crate::store::entities::sagas;
+use crate::store::sagas::TRACE_LINK;
 use crate::store::Store;
-
-/// The prefix of a stored trace context whose next run starts a new trace
-/// linked to it (see migration 17).
-pub const LINK: &str = "link:";
 
 /// Bound of one export (connect, send, retries), and of the flush at
 /// shutdown.
@@ -252,7 +249,7 @@ pub fn join_saga_trace(span: &Span, saga: &sagas::Model) -> Option<String> {
         return None;
     }
     let stored = saga.trace_context.as_deref();
-    let linked = match stored.and_then(|s| s.strip_prefix(LINK)) {
+    let linked = match stored.and_then(|s| s.strip_prefix(TRACE_LINK)) {
         Some(earlier) => {
             if let Some(cx) = context_of(earlier) {
                 span.add_link_with_attributes(

@@ -417,7 +417,8 @@ fn fresh_calls(holds: &stagehand::store::sagas::Holds) -> Vec<i32> {
 /// as its calls end are claimed by the next one.
 async fn claim_counts_calls_not_sagas(backend: Backend) {
     use stagehand::domain::ledger::Evidence;
-    use stagehand::store::ai_calls::{CallRow, CallSlot, Wanted, SUCCEEDED};
+    use stagehand::store::ai_calls::{CallRow, CallSlot, SUCCEEDED};
+    use stagehand::store::ledger::Wanted;
 
     let ClaimGround {
         _db,
@@ -594,7 +595,8 @@ db_test!(a_second_fan_out_grows_into_freed_slots);
 /// experience capped at 4 right after a hand-over).
 async fn a_handed_over_saga_keeps_its_slots_until_it_resumes(backend: Backend) {
     use stagehand::domain::ledger::Evidence;
-    use stagehand::store::ai_calls::{CallRow, CallSlot, Wanted, RUNNING, SUCCEEDED};
+    use stagehand::store::ai_calls::{CallRow, CallSlot, RUNNING, SUCCEEDED};
+    use stagehand::store::ledger::Wanted;
     use stagehand::store::sagas::Holds;
 
     let ClaimGround {
@@ -735,7 +737,8 @@ db_test!(a_handed_over_saga_keeps_its_slots_until_it_resumes);
 async fn a_moved_fan_out_takes_its_next_slot_where_its_jobs_run(backend: Backend) {
     use sea_orm::ConnectionTrait;
     use stagehand::domain::ledger::Evidence;
-    use stagehand::store::ai_calls::{CallRow, CallSlot, Wanted, SUCCEEDED};
+    use stagehand::store::ai_calls::{CallRow, CallSlot, SUCCEEDED};
+    use stagehand::store::ledger::Wanted;
 
     let ClaimGround {
         _db,

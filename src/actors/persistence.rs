@@ -16,7 +16,8 @@ use actix::prelude::*;
 use super::batching::{batch_failed, BatchLimits, BatchQueue};
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
-use crate::store::ai_calls::{CallRow, CallSlot, Wanted};
+use crate::store::ai_calls::{CallRow, CallSlot};
+use crate::store::ledger::Wanted;
 use crate::store::transitions::{SagaWrite, Written};
 use crate::store::{Store, StoreResult};
 

@@ -10,7 +10,7 @@
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
 
 use super::entities::{ai_calls, sagas};
-use super::ledger;
+use super::ledger::{self, Wanted};
 use super::{Store, StoreResult, WriteTx};
 use crate::domain::ledger::Evidence;
 use crate::domain::policy::{lease_until, EpochMs};
@@ -22,16 +22,6 @@ pub const SUCCEEDED: &str = "SUCCEEDED";
 pub const FAILED: &str = "FAILED";
 
 /// What one call's row holds after a write.
-/// Calls of a fan-out saga waiting for a slot (`(call index, key
-/// attempt)`, in the order they should start), on the provider the
-/// saga's worker submits to: its slots are taken there, whatever provider
-/// the experience names now (an operator may have moved it meanwhile).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Wanted {
-    pub provider: String,
-    pub calls: Vec<(i32, i32)>,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallRow {
     pub call_index: i32,

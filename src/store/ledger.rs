@@ -36,6 +36,28 @@ use super::{sql_for, Store, StoreResult, WriteTx};
 use crate::domain::ledger::Evidence;
 use crate::domain::policy::EpochMs;
 
+/// Calls of a fan-out saga waiting for a slot (`(call index, key
+/// attempt)`, in the order they should start), on the provider the
+/// saga's worker submits to: its slots are taken there, whatever provider
+/// the experience names now (an operator may have moved it meanwhile).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wanted {
+    pub provider: String,
+    pub calls: Vec<(i32, i32)>,
+}
+
+/// Takes the transaction-scoped advisory lock of `provider` (PostgreSQL):
+/// everything that counts its slots and takes some (the claim, a fan-out
+/// saga growing) runs under it, so its cap is exact across instances.
+pub(super) async fn lock_provider(store: &Store, tx: &WriteTx, provider: &str) -> StoreResult<()> {
+    tx.execute_raw(store.sql(
+        "SELECT pg_advisory_xact_lock(hashtext($1))",
+        vec![format!("provider:{provider}").into()],
+    ))
+    .await?;
+    Ok(())
+}
+
 /// The SQL that counts the rows of the ledger matching `condition` on
 /// `ai_slots l` (a scalar subquery), for statements that must count slots
 /// in place (the 202's admission read).
@@ -247,7 +269,7 @@ pub(super) async fn reserve_calls<C: ConnectionTrait>(
 /// index, key attempt)`, in the order they should start), as many as the
 /// experience's ceiling (its slots on every provider) and the provider's
 /// cap leave free, on the provider the saga's worker submits to
-/// ([`super::ai_calls::Wanted`]): its jobs run there, even after an
+/// ([`Wanted`]): its jobs run there, even after an
 /// operator moved the experience. On PostgreSQL
 /// the count and the rows are under the provider's advisory lock, as the
 /// claim's, so the cap stays exact across instances. Returns the calls
@@ -256,7 +278,7 @@ pub(super) async fn take_free_slots(
     store: &Store,
     tx: &WriteTx,
     saga_id: &str,
-    want: &super::ai_calls::Wanted,
+    want: &Wanted,
     now: EpochMs,
 ) -> StoreResult<Vec<i32>> {
     if want.calls.is_empty() {
@@ -279,7 +301,7 @@ pub(super) async fn take_free_slots(
     let cap: Option<i32> = row.try_get_by_index(2)?;
     let base_key: String = row.try_get_by_index(3)?;
     if store.is_postgres() {
-        super::sagas::lock_provider(store, tx, provider).await?;
+        lock_provider(store, tx, provider).await?;
     }
     let counts = slots_in_use(&**tx, Some(provider), now).await?;
     let mine = counts.experience_total(&experience_id);

@@ -14,7 +14,7 @@ use super::presence::TerminalView;
 use super::review::{ReviewItem, ReviewQueue};
 use super::sessions::set_session_status;
 use super::submissions::take_credits;
-use super::transitions::load;
+use super::sagas::load;
 use super::{Store, StoreError, StoreResult, WriteTx};
 use crate::domain::admission::submission_cost;
 use crate::domain::audit::AuditEntry;

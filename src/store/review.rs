@@ -7,7 +7,7 @@
 use sea_orm::{ConnectionTrait, FromQueryResult, QueryResult};
 
 use super::entities::sagas;
-use super::transitions::load;
+use super::sagas::load;
 use super::{new_id, Store, StoreError, StoreResult};
 use crate::domain::audit::AuditEntry;
 use crate::domain::policy::{lease_until, EpochMs};

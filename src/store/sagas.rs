@@ -118,6 +118,10 @@ fn claimable(now: usize, max: usize) -> String {
     )
 }
 
+/// The prefix of a stored trace context whose next run starts a new trace
+/// linked to it (see migration 17; `crate::telemetry` reads it).
+pub const TRACE_LINK: &str = "link:";
+
 /// The SET term that marks a saga's stored trace context `link:` when
 /// `condition` holds (a claim that resumes a lease that ran out or was
 /// handed over, an operator's retry): its next run starts a new trace
@@ -127,7 +131,7 @@ pub(super) fn link_trace(condition: &str) -> String {
     format!(
         "trace_context = CASE WHEN {condition} AND trace_context NOT LIKE '{link}%' \
          THEN '{link}' || trace_context ELSE trace_context END",
-        link = crate::telemetry::LINK
+        link = TRACE_LINK
     )
 }
 
@@ -350,7 +354,7 @@ impl Store {
         }
         let tx = self.write_tx().await?;
         if self.is_postgres() {
-            lock_provider(self, &tx, &first.provider).await?;
+            super::ledger::lock_provider(self, &tx, &first.provider).await?;
         }
         let mut round = ClaimRound {
             store: self,
@@ -863,16 +867,13 @@ pub struct RankedEntry {
     pub rank: i32,
 }
 
-/// Takes the transaction-scoped advisory lock of `provider` (PostgreSQL):
-/// everything that counts its slots and takes some (the claim, a fan-out
-/// saga growing) runs under it, so its cap is exact across instances.
-pub(super) async fn lock_provider(store: &Store, tx: &WriteTx, provider: &str) -> StoreResult<()> {
-    tx.execute_raw(store.sql(
-        "SELECT pg_advisory_xact_lock(hashtext($1))",
-        vec![format!("provider:{provider}").into()],
-    ))
-    .await?;
-    Ok(())
+/// The saga row `saga_id`, read on `conn` (inside a write's transaction
+/// or not).
+pub(crate) async fn load<C: ConnectionTrait>(conn: &C, saga_id: &str) -> StoreResult<sagas::Model> {
+    sagas::Entity::find_by_id(saga_id.to_owned())
+        .one(conn)
+        .await?
+        .ok_or(StoreError::NotFound("saga"))
 }
 
 pub(crate) fn step_of(saga: &sagas::Model) -> StoreResult<Step> {

@@ -34,7 +34,7 @@ use super::experiences::locale_of;
 use super::ledger;
 use super::outbox::aborted_payload;
 use super::rows::{column_in, execute_together, in_list, insert_statement, SqlType, ValueRows};
-use super::sagas::{Fence, RankedEntry};
+use super::sagas::{load, Fence, RankedEntry};
 use super::sessions::set_session_status;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::admission::refunds_credits;
@@ -1285,13 +1285,6 @@ fn double_of(value: &Value) -> Option<f64> {
         Value::Double(d) => *d,
         _ => None,
     }
-}
-
-pub(crate) async fn load<C: ConnectionTrait>(conn: &C, saga_id: &str) -> StoreResult<sagas::Model> {
-    sagas::Entity::find_by_id(saga_id.to_owned())
-        .one(conn)
-        .await?
-        .ok_or(StoreError::NotFound("saga"))
 }
 
 fn row_now<'a, D: PartialEq>(saga: &'a sagas::Model, data: &'a D) -> StoreResult<RowNow<'a, D>> {
