@@ -20,7 +20,9 @@ use serde::Serialize;
 
 use crate::domain::ledger::Evidence;
 use crate::domain::media::InputKind;
+use crate::domain::policy::EpochMs;
 use crate::domain::saga::{AbortReason, Step};
+use crate::store::entities::sagas;
 use crate::store::experiences::NewExperience;
 use crate::store::sagas::{ClaimRules, ClaimSource, Fence};
 use crate::store::submissions::Submission;
@@ -69,6 +71,56 @@ pub async fn measure(
         .map_err(|e| format!("connect: {e}"))?;
     store.migrate().await.map_err(|e| format!("migrate: {e}"))?;
     let now = chrono::Utc::now().timestamp_millis();
+    let (experience, template) = one_waiting_saga(&store, now).await?;
+    let mut have = 1i64;
+    let mut have_scores = 0i64;
+    let mut out = Vec::new();
+    for &queued in sizes {
+        queue_sagas(&store, &template, have, queued, now).await?;
+        have = queued + queued / 10;
+        analyze(&store, "ANALYZE").await?;
+        print_plan(&store, &experience, queued, now).await?;
+        let (rounds_ms, list_ms) = claim_rounds(&store, queued, rounds, now).await?;
+        // The ranking at the same size: as many visible entries as sagas
+        // queued, and a batch of them ranked per round.
+        store
+            .insert_bulk_scores(
+                &experience,
+                &template.id,
+                have_scores,
+                queued - have_scores,
+                now,
+            )
+            .await
+            .map_err(|e| format!("insert {} ranking entries: {e}", queued - have_scores))?;
+        have_scores = queued;
+        analyze(&store, "ANALYZE score_attempts").await?;
+        let rank_ms = rank_rounds(&store, &experience, rank_batch, rounds, false).await?;
+        let rank_after_news_ms = rank_rounds(&store, &experience, rank_batch, rounds, true).await?;
+        let rereading = store.clone().with_rank_refresh(std::time::Duration::ZERO);
+        let rank_reread_ms = rank_rounds(&rereading, &experience, rank_batch, rounds, true).await?;
+        let shown: Vec<String> = rounds_ms.iter().map(|x| format!("{x:.1}")).collect();
+        eprintln!(
+            "  claim cost: {queued} queued, rounds (ms): {}",
+            shown.join(" ")
+        );
+        out.push(SizeTiming {
+            queued,
+            rounds_ms,
+            list_ms,
+            rank_ms,
+            rank_after_news_ms,
+            rank_reread_ms,
+        });
+    }
+    store.db().clone().close().await.ok();
+    Ok(out)
+}
+
+/// An experience of cap [`CAP`] with one terminal, one session and its
+/// submitted saga, the template of the sagas queued: the experience's id
+/// and the saga.
+async fn one_waiting_saga(store: &Store, now: EpochMs) -> Result<(String, sagas::Model), String> {
     let experience = store
         .create_experience(
             NewExperience {
@@ -124,126 +176,118 @@ pub async fn measure(
         )
         .await
         .map_err(|e| format!("submit: {e}"))?;
+    Ok((experience.id, template))
+}
 
-    let mut have = 1i64;
-    let mut have_scores = 0i64;
-    let mut out = Vec::new();
-    for &queued in sizes {
+/// Queues sagas up to `queued` AI_PENDING (there are `have` rows), and a
+/// tenth as many COMPLETED beside them.
+async fn queue_sagas(
+    store: &Store,
+    template: &sagas::Model,
+    have: i64,
+    queued: i64,
+    now: EpochMs,
+) -> Result<(), String> {
+    store
+        .insert_bulk_sagas(template, have, queued - have, "AI_PENDING", now)
+        .await
+        .map_err(|e| format!("insert {} AI_PENDING sagas: {e}", queued - have))?;
+    store
+        .insert_bulk_sagas(template, queued, queued / 10, "COMPLETED", now)
+        .await
+        .map_err(|e| format!("insert {} COMPLETED sagas: {e}", queued / 10))?;
+    Ok(())
+}
+
+/// What autovacuum does after such a load, on PostgreSQL; the server never
+/// analyzes a SQLite file, so neither does the measurement.
+async fn analyze(store: &Store, statement: &str) -> Result<(), String> {
+    if store.is_postgres() {
         store
-            .insert_bulk_sagas(&template, have, queued - have, "AI_PENDING", now)
+            .db()
+            .execute_unprepared(statement)
             .await
-            .map_err(|e| format!("insert {} AI_PENDING sagas: {e}", queued - have))?;
-        store
-            .insert_bulk_sagas(&template, queued, queued / 10, "COMPLETED", now)
-            .await
-            .map_err(|e| format!("insert {} COMPLETED sagas: {e}", queued / 10))?;
-        have = queued + queued / 10;
-        if store.is_postgres() {
-            // What autovacuum does after such a load; the server never
-            // analyzes a SQLite file, so neither does the bench.
-            store
-                .db()
-                .execute_unprepared("ANALYZE")
-                .await
-                .map_err(|e| format!("ANALYZE: {e}"))?;
-        }
-        let plan = store
-            .claim_plan(
-                &experience.id,
-                Step::AiPending,
-                ClaimSource::Unowned,
-                now + 1,
-                RULES,
-            )
-            .await
-            .map_err(|e| format!("plan of the claim: {e}"))?;
-        eprintln!(
-            "  claim cost: {queued} queued, plan of the claim of the AI queue:\n    {}",
-            plan.replace('\n', "\n    ")
-        );
-        let mut rounds_ms = Vec::with_capacity(rounds);
-        let mut list_ms = Vec::with_capacity(rounds);
-        for round in 0..rounds {
-            let at = now + 1 + round as i64;
-            let start = Instant::now();
-            let listed = store
-                .experiences_with_claimable(at, RULES)
-                .await
-                .map_err(|e| format!("list claimable: {e}"))?;
-            list_ms.push(ms(start.elapsed()));
-            let mut claimed = Vec::new();
-            for e in &listed {
-                claimed.extend(
-                    store
-                        .claim_runnable(e, 100, at, RULES)
-                        .await
-                        .map_err(|e| format!("claim: {e}"))?,
-                );
-            }
-            rounds_ms.push(ms(start.elapsed()));
-            if claimed.len() != CAP as usize {
-                return Err(format!(
-                    "a claim round with {queued} queued claimed {} sagas, not {CAP}",
-                    claimed.len()
-                ));
-            }
-            // Give the slots back for the next round (no submit was sent
-            // in them).
-            for s in claimed {
-                let token = s.lock_token.clone().unwrap_or_default();
-                store
-                    .abort_freeing(
-                        &s.id,
-                        Fence::Token(token),
-                        AbortReason::Cancelled,
-                        "bench",
-                        vec![(0, Evidence::NeverSubmitted)],
-                        at,
-                    )
-                    .await
-                    .map_err(|e| format!("give a slot back: {e}"))?;
-            }
-        }
-        // The ranking at the same size: as many visible entries as sagas
-        // queued, and a batch of them ranked per round.
-        store
-            .insert_bulk_scores(
-                &experience.id,
-                &template.id,
-                have_scores,
-                queued - have_scores,
-                now,
-            )
-            .await
-            .map_err(|e| format!("insert {} ranking entries: {e}", queued - have_scores))?;
-        have_scores = queued;
-        if store.is_postgres() {
-            store
-                .db()
-                .execute_unprepared("ANALYZE score_attempts")
-                .await
-                .map_err(|e| format!("ANALYZE: {e}"))?;
-        }
-        let rank_ms = rank_rounds(&store, &experience.id, rank_batch, rounds, false).await?;
-        let rank_after_news_ms = rank_rounds(&store, &experience.id, rank_batch, rounds, true).await?;
-        let rereading = store.clone().with_rank_refresh(std::time::Duration::ZERO);
-        let rank_reread_ms = rank_rounds(&rereading, &experience.id, rank_batch, rounds, true).await?;
-        let shown: Vec<String> = rounds_ms.iter().map(|x| format!("{x:.1}")).collect();
-        eprintln!(
-            "  claim cost: {queued} queued, rounds (ms): {}",
-            shown.join(" ")
-        );
-        out.push(SizeTiming {
-            queued,
-            rounds_ms,
-            list_ms,
-            rank_ms,
-            rank_after_news_ms,
-            rank_reread_ms,
-        });
+            .map_err(|e| format!("{statement}: {e}"))?;
     }
-    store.db().clone().close().await.ok();
-    Ok(out)
+    Ok(())
+}
+
+/// Prints the plan of the claim of the AI queue at this size.
+async fn print_plan(
+    store: &Store,
+    experience: &str,
+    queued: i64,
+    now: EpochMs,
+) -> Result<(), String> {
+    let plan = store
+        .claim_plan(
+            experience,
+            Step::AiPending,
+            ClaimSource::Unowned,
+            now + 1,
+            RULES,
+        )
+        .await
+        .map_err(|e| format!("plan of the claim: {e}"))?;
+    eprintln!(
+        "  claim cost: {queued} queued, plan of the claim of the AI queue:\n    {}",
+        plan.replace('\n', "\n    ")
+    );
+    Ok(())
+}
+
+/// Times `rounds` claim rounds, each giving its slots back (untimed)
+/// before the next: each round's time and its listing part.
+async fn claim_rounds(
+    store: &Store,
+    queued: i64,
+    rounds: usize,
+    now: EpochMs,
+) -> Result<(Vec<f64>, Vec<f64>), String> {
+    let mut rounds_ms = Vec::with_capacity(rounds);
+    let mut list_ms = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let at = now + 1 + round as i64;
+        let start = Instant::now();
+        let listed = store
+            .experiences_with_claimable(at, RULES)
+            .await
+            .map_err(|e| format!("list claimable: {e}"))?;
+        list_ms.push(ms(start.elapsed()));
+        let mut claimed = Vec::new();
+        for e in &listed {
+            claimed.extend(
+                store
+                    .claim_runnable(e, 100, at, RULES)
+                    .await
+                    .map_err(|e| format!("claim: {e}"))?,
+            );
+        }
+        rounds_ms.push(ms(start.elapsed()));
+        if claimed.len() != CAP as usize {
+            return Err(format!(
+                "a claim round with {queued} queued claimed {} sagas, not {CAP}",
+                claimed.len()
+            ));
+        }
+        // Give the slots back for the next round (no submit was sent
+        // in them).
+        for s in claimed {
+            let token = s.lock_token.clone().unwrap_or_default();
+            store
+                .abort_freeing(
+                    &s.id,
+                    Fence::Token(token),
+                    AbortReason::Cancelled,
+                    "bench",
+                    vec![(0, Evidence::NeverSubmitted)],
+                    at,
+                )
+                .await
+                .map_err(|e| format!("give a slot back: {e}"))?;
+        }
+    }
+    Ok((rounds_ms, list_ms))
 }
 
 /// Times `rounds` ranks of a batch of `batch` entries of `experience`,
@@ -283,4 +327,3 @@ async fn rank_rounds(
     }
     Ok(rank_ms)
 }
-
