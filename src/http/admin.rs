@@ -21,10 +21,10 @@ use super::idempotency::{operator_write, Reply};
 use super::AppState;
 use crate::actors::operator_socket::OperatorSocket;
 use crate::actors::persistence::WriteAlone;
-use crate::domain::presence::PRESENCE_STALE_MS;
 use crate::clock::rfc3339;
 use crate::domain::audit::{AuditAction, AuditEntry};
 use crate::domain::breaker::{Opener, COOL_DOWN_MS};
+use crate::domain::presence::PRESENCE_STALE_MS;
 use crate::domain::saga::{AbortReason, Step};
 use crate::store::breaker::DEFAULT_PROVIDER;
 use crate::store::operators::{SagaCursor, SagaFilter, SagaView, MAX_PAGE, MAX_QUERY_CHARS};
@@ -32,13 +32,6 @@ use crate::store::transitions::SagaWrite;
 
 /// Sagas per page when `limit` is not given.
 const DEFAULT_PAGE: u64 = 50;
-
-/// The Idempotency-Key scope of an operator's POST: one per endpoint (the
-/// path, which names the saga), so a key reused on another endpoint is a
-/// new request there.
-pub fn operator_scope(req: &HttpRequest) -> String {
-    format!("operator {}", req.path())
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -131,9 +124,9 @@ fn saga_filter(q: &SagaListQuery) -> Result<(SagaFilter, u64), ApiError> {
         ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous page."),
     ),
     responses(
-        (status = 200, description = "One page of sagas.", body = super::openapi::SagaList),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: an unknown step, reason, cursor or query parameter, or a limit out of range.", body = super::openapi::ErrorBody),
+        (status = 200, description = "One page of sagas.", body = super::schema::SagaList),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: an unknown step, reason, cursor or query parameter, or a limit out of range.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn list_sagas(
@@ -162,10 +155,10 @@ pub async fn list_sagas(
     security(("operator" = [])),
     params(("id" = String, Path, description = "The saga's id.")),
     responses(
-        (status = 200, description = "The saga.", body = super::openapi::SagaOne),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such saga.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path could not be read.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The saga.", body = super::schema::SagaOne),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such saga.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn get_saga(
@@ -229,16 +222,16 @@ where
     security(("operator" = [])),
     params(
         ("id" = String, Path, description = "The saga's id."),
-        super::openapi::OperatorKey,
+        super::schema::OperatorKey,
     ),
     responses(
-        (status = 200, description = "The saga after the action (or the replay of an earlier answer).", body = super::openapi::SagaOne, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
-        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 402, description = "`budget_exhausted`: the saga gave its credits back when it aborted, and the experience has not enough left to charge it again.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such saga.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`conflict`: the saga is not ABORTED, or not its session's latest, or the session took a new submission; `request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path could not be read; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The saga after the action (or the replay of an earlier answer).", body = super::schema::SagaOne, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 402, description = "`budget_exhausted`: the saga gave its credits back when it aborted, and the experience has not enough left to charge it again.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such saga.", body = super::schema::ErrorBody),
+        (status = 409, description = "`conflict`: the saga is not ABORTED, or not its session's latest, or the session took a new submission; `request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read; `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn retry_saga(
@@ -301,15 +294,15 @@ pub(super) async fn retry_one(
     security(("operator" = [])),
     params(
         ("id" = String, Path, description = "The saga's id."),
-        super::openapi::OperatorKey,
+        super::schema::OperatorKey,
     ),
     responses(
-        (status = 200, description = "The saga after the action (or the replay of an earlier answer).", body = super::openapi::SagaOne, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
-        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such saga.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`conflict`: the saga already ended otherwise; `request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path could not be read; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The saga after the action (or the replay of an earlier answer).", body = super::schema::SagaOne, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such saga.", body = super::schema::ErrorBody),
+        (status = 409, description = "`conflict`: the saga already ended otherwise; `request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read; `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn cancel_saga(
@@ -371,10 +364,10 @@ pub struct TerminalsQuery {
     security(("operator" = [])),
     params(("experience" = Option<String>, Query, description = "Only the terminals of this experience (slug).")),
     responses(
-        (status = 200, description = "The terminals.", body = super::openapi::TerminalList),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the query could not be read.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The terminals.", body = super::schema::TerminalList),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the query could not be read.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn list_terminals(
@@ -410,9 +403,9 @@ pub struct OperatorSocketQuery {
     params(("token" = String, Query, description = "The operator token (browsers' WebSocket API sends no header).")),
     responses(
         (status = 101, description = "Switching Protocols: the socket is open (JSON text frames, see the description)."),
-        (status = 401, description = "`unauthorized`: the token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path or query could not be read.", body = super::openapi::ErrorBody),
-        (status = 426, description = "`upgrade_required`: the request is not a WebSocket handshake.", body = super::openapi::ErrorBody, headers(("Upgrade" = String, description = "`websocket`"))),
+        (status = 401, description = "`unauthorized`: the token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path or query could not be read.", body = super::schema::ErrorBody),
+        (status = 426, description = "`upgrade_required`: the request is not a WebSocket handshake.", body = super::schema::ErrorBody, headers(("Upgrade" = String, description = "`websocket`"))),
     )
 )]
 pub async fn operator_socket(
@@ -536,9 +529,9 @@ async fn named_provider(state: &AppState, q: &ProviderQuery) -> Result<String, A
     params(ProviderQuery),
     responses(
         (status = 200, description = "The breaker.", body = BreakerView),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such provider.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: a query parameter other than `provider`.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such provider.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: a query parameter other than `provider`.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn get_breaker(
@@ -562,10 +555,10 @@ pub async fn get_breaker(
     request_body(content = Option<OpenBreakerBody>, description = "Optional; empty means the default cool-down."),
     responses(
         (status = 200, description = "The breaker after the change.", body = BreakerView),
-        (status = 400, description = "`invalid_json`: the body is not the documented JSON.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such provider.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: `for_seconds` out of range, or a query parameter other than `provider`.", body = super::openapi::ErrorBody),
+        (status = 400, description = "`invalid_json`: the body is not the documented JSON.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such provider.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: `for_seconds` out of range, or a query parameter other than `provider`.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn open_breaker(
@@ -627,9 +620,9 @@ pub async fn open_breaker(
     params(ProviderQuery),
     responses(
         (status = 200, description = "The breaker after the change.", body = BreakerView),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such provider.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: a query parameter other than `provider`.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such provider.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: a query parameter other than `provider`.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn close_breaker(
@@ -708,7 +701,7 @@ pub struct ProviderView {
     security(("operator" = [])),
     responses(
         (status = 200, description = "Every provider, by name.", body = inline(ProvidersBody)),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn list_providers(

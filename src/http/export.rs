@@ -259,8 +259,8 @@ fn spreadsheet_safe(text: &str) -> String {
     params(("slug" = String, Path, description = "The experience's slug.")),
     responses(
         (status = 200, description = "The ZIP (`Content-Disposition: attachment`), written as it streams.", content_type = "application/zip", body = Vec<u8>),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn export(

@@ -114,9 +114,9 @@ fn download_key(result: &SharedResult) -> Option<String> {
     params(("share_id" = String, Path, description = "The result link's id (32 hex digits).")),
     responses(
         (status = 200, description = "The page.", content_type = "text/html", body = String),
-        (status = 404, description = "`not_found`: no such result.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such result.", body = super::schema::ErrorBody),
         (status = 410, description = "`gone`: the result was erased or its retention ended; a browser gets a plain page saying which.", content(
-            (super::openapi::ErrorBody = "application/json"),
+            (super::schema::ErrorBody = "application/json"),
             (String = "text/html"),
         )),
     )
@@ -149,9 +149,9 @@ fn wants_html(req: &HttpRequest) -> bool {
     summary = "A result by its link (public: the link is the key).",
     params(("share_id" = String, Path, description = "The result link's id.")),
     responses(
-        (status = 200, description = "The result.", body = super::openapi::SharedResultView),
-        (status = 404, description = "`not_found`: no such result (or not completed).", body = super::openapi::ErrorBody),
-        (status = 410, description = "`gone`: erased, or its retention ended.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The result.", body = super::schema::SharedResultView),
+        (status = 404, description = "`not_found`: no such result (or not completed).", body = super::schema::ErrorBody),
+        (status = 410, description = "`gone`: erased, or its retention ended.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn share_json(
@@ -181,9 +181,9 @@ pub async fn share_json(
     params(("share_id" = String, Path, description = "The result link's id.")),
     responses(
         (status = 200, description = "The file (`Content-Disposition: attachment`).", content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 404, description = "`not_found`: no such result, or no file of it is kept here.", body = super::openapi::ErrorBody),
-        (status = 410, description = "`gone`: erased, or its retention ended.", body = super::openapi::ErrorBody),
-        (status = 503, description = "`media_unavailable`: the media store does not answer.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such result, or no file of it is kept here.", body = super::schema::ErrorBody),
+        (status = 410, description = "`gone`: erased, or its retention ended.", body = super::schema::ErrorBody),
+        (status = 503, description = "`media_unavailable`: the media store does not answer.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn download(
@@ -216,8 +216,8 @@ pub async fn download(
     params(("share_id" = String, Path, description = "The result link's id.")),
     responses(
         (status = 200, description = "An SVG.", content_type = "image/svg+xml", body = String),
-        (status = 404, description = "`not_found`: no such result.", body = super::openapi::ErrorBody),
-        (status = 410, description = "`gone`: erased, or its retention ended.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such result.", body = super::schema::ErrorBody),
+        (status = 410, description = "`gone`: erased, or its retention ended.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn share_qr(
@@ -297,11 +297,11 @@ fn open_gallery(
         ("X-Gallery-Pin" = Option<String>, Header, description = "The gallery's PIN (a `pin` gallery)."),
     ),
     responses(
-        (status = 200, description = "A page of results.", body = super::openapi::GalleryPage),
-        (status = 401, description = "`gallery_pin_required` or `gallery_pin_wrong`.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such experience, or its gallery is off.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the query could not be read.", body = super::openapi::ErrorBody),
-        (status = 429, description = "`rate_limited`: too many requests with a PIN.", body = super::openapi::ErrorBody),
+        (status = 200, description = "A page of results.", body = super::schema::GalleryPage),
+        (status = 401, description = "`gallery_pin_required` or `gallery_pin_wrong`.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience, or its gallery is off.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the query could not be read.", body = super::schema::ErrorBody),
+        (status = 429, description = "`rate_limited`: too many requests with a PIN.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn gallery(
@@ -419,11 +419,11 @@ fn erased_answer(session_id: &str) -> HttpResponse {
     security(("participant" = [])),
     params(("id" = String, Path, description = "The session id.")),
     responses(
-        (status = 200, description = "Erased.", body = super::openapi::Erased),
-        (status = 401, description = "`unauthorized`: no bearer token, or one that does not open this session.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such session.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`conflict`: a submission is starting right now; try again.", body = super::openapi::ErrorBody),
-        (status = 503, description = "`unavailable` or `busy`: the database did not answer.", body = super::openapi::ErrorBody),
+        (status = 200, description = "Erased.", body = super::schema::Erased),
+        (status = 401, description = "`unauthorized`: no bearer token, or one that does not open this session.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such session.", body = super::schema::ErrorBody),
+        (status = 409, description = "`conflict`: a submission is starting right now; try again.", body = super::schema::ErrorBody),
+        (status = 503, description = "`unavailable` or `busy`: the database did not answer.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn erase_own(
@@ -446,11 +446,11 @@ pub async fn erase_own(
     security(("operator" = [])),
     params(("id" = String, Path, description = "The session id.")),
     responses(
-        (status = 200, description = "Erased.", body = super::openapi::Erased),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such session.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`conflict`: a submission is starting right now; try again.", body = super::openapi::ErrorBody),
-        (status = 503, description = "`unavailable` or `busy`: the database did not answer.", body = super::openapi::ErrorBody),
+        (status = 200, description = "Erased.", body = super::schema::Erased),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such session.", body = super::schema::ErrorBody),
+        (status = 409, description = "`conflict`: a submission is starting right now; try again.", body = super::schema::ErrorBody),
+        (status = 503, description = "`unavailable` or `busy`: the database did not answer.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn erase_by_operator(
@@ -504,14 +504,14 @@ async fn set_hidden(
     tag = "admin",
     summary = "Hide a result from the gallery and the displays (they drop it at once).",
     security(("operator" = [])),
-    params(("id" = String, Path, description = "The session id."), super::openapi::OperatorKey),
+    params(("id" = String, Path, description = "The session id."), super::schema::OperatorKey),
     responses(
-        (status = 200, description = "Hidden.", body = super::openapi::HiddenView),
-        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such session.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 200, description = "Hidden.", body = super::schema::HiddenView),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such session.", body = super::schema::ErrorBody),
+        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 422, description = "`idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn hide(
@@ -529,14 +529,14 @@ pub async fn hide(
     tag = "admin",
     summary = "Show a hidden result in the gallery again.",
     security(("operator" = [])),
-    params(("id" = String, Path, description = "The session id."), super::openapi::OperatorKey),
+    params(("id" = String, Path, description = "The session id."), super::schema::OperatorKey),
     responses(
-        (status = 200, description = "Shown again.", body = super::openapi::HiddenView),
-        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such session.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 200, description = "Shown again.", body = super::schema::HiddenView),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such session.", body = super::schema::ErrorBody),
+        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 422, description = "`idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn unhide(
@@ -568,10 +568,10 @@ pub struct SessionSearch {
         ("experience" = Option<String>, Query, description = "Only this experience (slug)."),
     ),
     responses(
-        (status = 200, description = "The sessions.", body = super::openapi::SessionSearchResult),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the query could not be read.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The sessions.", body = super::schema::SessionSearchResult),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the query could not be read.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn search_sessions(
@@ -630,9 +630,9 @@ pub async fn search_sessions(
     security(("operator" = [])),
     params(("slug" = String, Path, description = "The experience's slug.")),
     responses(
-        (status = 200, description = "The figures.", body = super::openapi::HeldView),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The figures.", body = super::schema::HeldView),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn held(

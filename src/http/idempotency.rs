@@ -221,6 +221,13 @@ async fn keeping_the_key<T>(
     }
 }
 
+/// The Idempotency-Key scope of an operator's POST: one per endpoint (the
+/// path, which names the saga), so a key reused on another endpoint is a
+/// new request there.
+pub fn operator_scope(req: &HttpRequest) -> String {
+    format!("operator {}", req.path())
+}
+
 /// An operator's write under the Idempotency-Key rules, scoped to the
 /// operator's token and the path: the body is read, then `handler` runs
 /// with it (or the stored answer of the same request is replayed), and
@@ -237,7 +244,7 @@ where
 {
     let key = key_of(req)?;
     let body = super::body::read_body(payload).await?;
-    let scope = super::admin::operator_scope(req);
+    let scope = operator_scope(req);
     let caller = super::auth::caller_token(req);
     let (reply, replayed) =
         run_idempotent(state, &scope, caller, key, &body, || handler(body.clone())).await?;

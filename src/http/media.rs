@@ -43,18 +43,18 @@ use crate::store::photos::NewPhoto;
     security(("participant" = [])),
     params(
         ("id" = String, Path, description = "The session's id."),
-        super::openapi::SubmissionKey,
+        super::schema::SubmissionKey,
     ),
     request_body(content = Vec<u8>, content_type = "image/jpeg", description = "A JPEG, PNG or WebP image, at most `max_photo_bytes` (10 MiB by default). The format is read from the bytes, not the Content-Type."),
     responses(
-        (status = 201, description = "Stored: upright, at most the experience's `photo_max_px` on its long side, re-encoded as JPEG with no metadata (no EXIF, no GPS).", body = super::openapi::PhotoStored),
-        (status = 400, description = "`idempotency_key_required`.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the token does not open this session.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such session.", body = super::openapi::ErrorBody),
-        (status = 413, description = "`payload_too_large`: past `max_photo_bytes`; refused before the body is read whole.", body = super::openapi::ErrorBody),
-        (status = 415, description = "`unsupported_media_type`: not JPEG, PNG or WebP (HEIC is named).", body = super::openapi::ErrorBody),
-        (status = 422, description = "`photo_unreadable`: truncated, corrupt, or past a decoding limit (named); `validation_failed`: the experience takes no photo; `idempotency_key_reused`.", body = super::openapi::ErrorBody),
-        (status = 503, description = "`photo_pool_full` (every photo worker busy and the queue full) or `media_unavailable` (the media store does not answer).", body = super::openapi::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 201, description = "Stored: upright, at most the experience's `photo_max_px` on its long side, re-encoded as JPEG with no metadata (no EXIF, no GPS).", body = super::schema::PhotoStored),
+        (status = 400, description = "`idempotency_key_required`.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the token does not open this session.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such session.", body = super::schema::ErrorBody),
+        (status = 413, description = "`payload_too_large`: past `max_photo_bytes`; refused before the body is read whole.", body = super::schema::ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: not JPEG, PNG or WebP (HEIC is named).", body = super::schema::ErrorBody),
+        (status = 422, description = "`photo_unreadable`: truncated, corrupt, or past a decoding limit (named); `validation_failed`: the experience takes no photo; `idempotency_key_reused`.", body = super::schema::ErrorBody),
+        (status = 503, description = "`photo_pool_full` (every photo worker busy and the queue full) or `media_unavailable` (the media store does not answer).", body = super::schema::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
     )
 )]
 pub async fn upload_photo(
@@ -189,9 +189,9 @@ pub struct Signed {
         (status = 200, description = "The file, with its stored Content-Type, a strong ETag, `X-Content-Type-Options: nosniff` and `Cache-Control: public, max-age=31536000, immutable`.", content_type = "application/octet-stream"),
         (status = 206, description = "The requested range."),
         (status = 304, description = "Not modified (`If-None-Match`)."),
-        (status = 404, description = "`not_found`: no such file.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: a malformed query parameter.", body = super::openapi::ErrorBody),
-        (status = 503, description = "`media_unavailable`.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such file.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: a malformed query parameter.", body = super::schema::ErrorBody),
+        (status = 503, description = "`media_unavailable`.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn serve_result(
@@ -220,10 +220,10 @@ pub async fn serve_result(
         (status = 200, description = "The photo (`image/jpeg`, `Cache-Control: private, no-store`).", content_type = "image/jpeg"),
         (status = 206, description = "The requested range."),
         (status = 304, description = "Not modified (`If-None-Match`)."),
-        (status = 401, description = "`unauthorized`: no token of its session, and no valid signature.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such photo.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: a malformed `exp` or `sig`.", body = super::openapi::ErrorBody),
-        (status = 503, description = "`media_unavailable`.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: no token of its session, and no valid signature.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such photo.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: a malformed `exp` or `sig`.", body = super::schema::ErrorBody),
+        (status = 503, description = "`media_unavailable`.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn serve_photo(

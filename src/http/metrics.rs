@@ -26,7 +26,7 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
     description = "Sagas per step, aborts per reason, queue depth, AI slots per experience, the breaker, outbox lag, sockets and database pools, read at scrape time; step, saga, AI request and AI job durations and claim batch sizes as histograms. Always 200 while the process runs: when the database cannot be read, `stagehand_metrics_database_up` is 0 and the figures read from it are missing.",
     responses(
         (status = 200, description = "The metrics, one `name{labels} value` per line, with `# HELP` and `# TYPE` lines.", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"),
-        (status = 401, description = "`unauthorized`: no metrics or operator token.", body = super::openapi::ErrorBody),
+        (status = 401, description = "`unauthorized`: no metrics or operator token.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn metrics(

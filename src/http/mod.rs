@@ -18,6 +18,7 @@ pub mod participants;
 pub mod rate_limit;
 pub mod request_log;
 pub mod review;
+pub mod schema;
 pub mod service;
 pub mod settings;
 pub mod staff;

@@ -33,7 +33,7 @@ pub(super) struct ExperienceBody {
     /// 1 to 200 characters (after trimming).
     #[schema(min_length = 1, max_length = 200, example = "Four-panel comics")]
     title: String,
-    #[schema(value_type = crate::http::openapi::Kind)]
+    #[schema(value_type = crate::http::schema::Kind)]
     kind: String,
     /// AI calls per submission (fan-out), 1 to 1,000; default 1. Each call
     /// counts one against `max_in_flight`.
@@ -74,7 +74,7 @@ pub(super) struct ExperienceBody {
     /// (IN_REVIEW) and reaches the public screen only once approved;
     /// default `off`.
     #[serde(default)]
-    #[schema(value_type = Option<crate::http::openapi::ReviewMode>)]
+    #[schema(value_type = Option<crate::http::schema::ReviewMode>)]
     review: Option<String>,
     /// How long a result may wait in review (`"90s"`, `"2m"`) before
     /// `review_timeout_action` decides it; default none (it waits for a
@@ -84,7 +84,7 @@ pub(super) struct ExperienceBody {
     review_timeout: Option<String>,
     /// `approve` or `reject`; default `reject`.
     #[serde(default)]
-    #[schema(value_type = Option<crate::http::openapi::ReviewAction>)]
+    #[schema(value_type = Option<crate::http::schema::ReviewAction>)]
     review_timeout_action: Option<String>,
     /// What a participant sends: `prompt` (default), `photo` (a photo,
     /// the prompt optional) or `photo+prompt`. A photo is uploaded with
@@ -506,14 +506,14 @@ pub(super) fn experience_json(e: &experiences::Model) -> serde_json::Value {
     tag = "operators",
     summary = "Create an experience.",
     security(("operator" = [])),
-    params(super::openapi::OperatorKey),
+    params(super::schema::OperatorKey),
     request_body = ExperienceBody,
     responses(
-        (status = 201, description = "Created (or the replay of an earlier creation).", body = super::openapi::Experience, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
-        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`conflict`: the slug is taken; `request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: a field breaks its rule; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 201, description = "Created (or the replay of an earlier creation).", body = super::schema::Experience, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 409, description = "`conflict`: the slug is taken; `request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: a field breaks its rule; `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn create_experience(
@@ -575,7 +575,7 @@ fn public_experience_json(e: &experiences::Model) -> serde_json::Value {
     summary = "List the experiences: every field with the operator token, the public ones without.",
     security((), ("operator" = [])),
     responses(
-        (status = 200, description = "The experiences.", body = super::openapi::ExperienceList),
+        (status = 200, description = "The experiences.", body = super::schema::ExperienceList),
     )
 )]
 pub async fn list_experiences(
@@ -606,9 +606,9 @@ pub async fn list_experiences(
     security((), ("operator" = [])),
     params(("slug" = String, Path, description = "The experience's slug.")),
     responses(
-        (status = 200, description = "The experience.", body = super::openapi::ExperienceView),
-        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path could not be read.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The experience.", body = super::schema::ExperienceView),
+        (status = 404, description = "`not_found`: no such experience.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn get_experience(
@@ -649,8 +649,8 @@ pub struct QrQuery {
     ),
     responses(
         (status = 200, description = "The QR code.", content_type = "image/svg+xml", body = String),
-        (status = 404, description = "`not_found`: no such experience, or the terminal is not one of its terminals.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path or query could not be read.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience, or the terminal is not one of its terminals.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path or query could not be read.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn qr_svg(
@@ -695,15 +695,15 @@ pub(super) fn qr_answer(url: &str) -> Result<HttpResponse, ApiError> {
     tag = "operators",
     summary = "Create a terminal (a booth display) of an experience.",
     security(("operator" = [])),
-    params(super::openapi::OperatorKey),
+    params(super::schema::OperatorKey),
     request_body = TerminalBody,
     responses(
-        (status = 201, description = "Created (or the replay of an earlier creation); the token is shown this once.", body = super::openapi::TerminalCreated, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
-        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: a field breaks its rule; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 201, description = "Created (or the replay of an earlier creation); the token is shown this once.", body = super::schema::TerminalCreated, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience.", body = super::schema::ErrorBody),
+        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: a field breaks its rule; `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn create_terminal(

@@ -180,7 +180,7 @@ fn asset(name: &str, dir_is_i18n: bool) -> Result<HttpResponse, ApiError> {
     params(("name" = String, Path, description = "`app.css`, `app.js`, `index.js`, `participant.js`, `terminal.js` or `ops.js`.")),
     responses(
         (status = 200, description = "The file.", content(("text/css"), ("text/javascript"))),
-        (status = 404, description = "`not_found`: no such file.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such file.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn static_file(name: web::Path<String>) -> Result<HttpResponse, ApiError> {
@@ -196,7 +196,7 @@ pub async fn static_file(name: web::Path<String>) -> Result<HttpResponse, ApiErr
     params(("name" = String, Path, description = "`en.json` or `ko.json`.")),
     responses(
         (status = 200, description = "The table.", body = std::collections::BTreeMap<String, String>),
-        (status = 404, description = "`not_found`: no such language.", body = super::openapi::ErrorBody),
+        (status = 404, description = "`not_found`: no such language.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn i18n(name: web::Path<String>) -> Result<HttpResponse, ApiError> {

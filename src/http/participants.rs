@@ -154,16 +154,16 @@ pub(super) fn check_input(
     summary = "Open a session (anonymous): returns the participant token, once.",
     params(
         ("slug" = String, Path, description = "The experience's slug."),
-        super::openapi::SessionKey,
+        super::schema::SessionKey,
     ),
     request_body = NewSession,
     responses(
-        (status = 201, description = "Opened (or the replay of an earlier creation with the same key and body).", body = super::openapi::SessionCreated, headers(("Location" = String, description = "`/api/sessions/{session_id}`."), ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
-        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed; `idempotency_key_too_weak`: it carries fewer than 122 random bits.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the nickname breaks its rule, or `terminal_id` is not a terminal of this experience; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
-        (status = 429, description = "`rate_limited`: too many sessions from this client address.", body = super::openapi::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 201, description = "Opened (or the replay of an earlier creation with the same key and body).", body = super::schema::SessionCreated, headers(("Location" = String, description = "`/api/sessions/{session_id}`."), ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed; `idempotency_key_too_weak`: it carries fewer than 122 random bits.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience.", body = super::schema::ErrorBody),
+        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the nickname breaks its rule, or `terminal_id` is not a terminal of this experience; `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
+        (status = 429, description = "`rate_limited`: too many sessions from this client address.", body = super::schema::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
     )
 )]
 pub async fn create_session(
@@ -228,10 +228,10 @@ pub async fn create_session(
     security(("participant" = []), ("operator" = [])),
     params(("id" = String, Path, description = "The session's id.")),
     responses(
-        (status = 200, description = "The session.", body = super::openapi::SessionView),
-        (status = 401, description = "`unauthorized`: no bearer token, or one that does not open this session.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such session.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path could not be read.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The session.", body = super::schema::SessionView),
+        (status = 401, description = "`unauthorized`: no bearer token, or one that does not open this session.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such session.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn get_session(
@@ -359,9 +359,9 @@ pub struct RankingQuery {
         ("limit" = Option<u64>, Query, description = "Entries, default 10; values outside 1 to 100 are clamped."),
     ),
     responses(
-        (status = 200, description = "The ranking.", body = super::openapi::Ranking),
-        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path or query could not be read (e.g. a limit that is not a non-negative integer).", body = super::openapi::ErrorBody),
+        (status = 200, description = "The ranking.", body = super::schema::Ranking),
+        (status = 404, description = "`not_found`: no such experience.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path or query could not be read (e.g. a limit that is not a non-negative integer).", body = super::schema::ErrorBody),
     )
 )]
 pub async fn ranking(

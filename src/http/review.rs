@@ -19,13 +19,11 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admin::{
-    cancel_one, operator_scope, reason_named, retry_one, saga_action, search_text, step_named,
-};
+use super::admin::{cancel_one, reason_named, retry_one, saga_action, search_text, step_named};
 use super::auth::{caller_token, require_role, signed_in};
 use super::body::{parse_json, read_body, rfc3339_ms};
 use super::error::ApiError;
-use super::idempotency::{key_of, respond, run_idempotent, Reply};
+use super::idempotency::{key_of, operator_scope, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::actors::persistence::WritePageAlone;
 use crate::actors::review::decide;
@@ -64,9 +62,9 @@ pub struct ReviewQuery {
         ("limit" = Option<u64>, Query, minimum = 1, maximum = 500, description = "Items, 1 to 500; default 50."),
     ),
     responses(
-        (status = 200, description = "The waiting items.", body = super::openapi::ReviewList),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: a limit out of range or an unknown query parameter.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The waiting items.", body = super::schema::ReviewList),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: a limit out of range or an unknown query parameter.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn list_review(
@@ -120,15 +118,15 @@ async fn decide_one(
     security(("operator" = [])),
     params(
         ("id" = String, Path, description = "The saga's id."),
-        super::openapi::OperatorKey,
+        super::schema::OperatorKey,
     ),
     responses(
-        (status = 200, description = "The saga after the decision (or the replay of an earlier answer).", body = super::openapi::SagaOne, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
-        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such saga.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`conflict`: the result was rejected, or the saga is not in review; `request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path could not be read; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The saga after the decision (or the replay of an earlier answer).", body = super::schema::SagaOne, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such saga.", body = super::schema::ErrorBody),
+        (status = 409, description = "`conflict`: the result was rejected, or the saga is not in review; `request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read; `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn approve_saga(
@@ -158,15 +156,15 @@ pub async fn approve_saga(
     security(("operator" = [])),
     params(
         ("id" = String, Path, description = "The saga's id."),
-        super::openapi::OperatorKey,
+        super::schema::OperatorKey,
     ),
     responses(
-        (status = 200, description = "The saga after the decision (or the replay of an earlier answer).", body = super::openapi::SagaOne, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
-        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such saga.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`conflict`: the result was approved, or the saga is not in review; `request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path could not be read; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The saga after the decision (or the replay of an earlier answer).", body = super::schema::SagaOne, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such saga.", body = super::schema::ErrorBody),
+        (status = 409, description = "`conflict`: the result was approved, or the saga is not in review; `request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read; `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn reject_saga(
@@ -353,14 +351,14 @@ impl BulkAction {
     summary = "Retry, cancel, approve or reject every saga a filter matches.",
     description = "The sagas are read a page at a time (200) in id order. A page of cancels, rejects or approvals is one short transaction in which each saga is acted on under the same fence as the single action; a retry is one transaction per saga. No transaction is held across the run, and a saga whose state refuses the action (a retry of one that is not ABORTED) is counted in `matched` but not in `done`. With `dry_run` it only counts and changes nothing. An Idempotency-Key makes a retried bulk request act once (the first answer is replayed).",
     security(("operator" = [])),
-    params(super::openapi::OperatorKey),
+    params(super::schema::OperatorKey),
     request_body = BulkBody,
     responses(
-        (status = 200, description = "How many sagas matched, and on how many the action applied (or the replay of an earlier answer).", body = super::openapi::BulkResult, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
-        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: an unknown action, step, reason or field, or a time that is not RFC 3339; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 200, description = "How many sagas matched, and on how many the action applied (or the replay of an earlier answer).", body = super::schema::BulkResult, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: an unknown action, step, reason or field, or a time that is not RFC 3339; `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn bulk_sagas(

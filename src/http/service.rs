@@ -11,7 +11,7 @@ use super::AppState;
     path = "/healthz",
     tag = "service",
     summary = "Liveness: the process answers.",
-    responses((status = 200, description = "Up.", body = super::openapi::Health))
+    responses((status = 200, description = "Up.", body = super::schema::Health))
 )]
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
@@ -26,8 +26,8 @@ pub async fn healthz() -> HttpResponse {
     tag = "service",
     summary = "Readiness: the database answers, every migration is applied, the media store works.",
     responses(
-        (status = 200, description = "Ready.", body = super::openapi::Ready),
-        (status = 503, description = "`not_ready`: the instance is shutting down, the database does not answer within 2 s, migrations are pending, or the media store does not take a probe write and read within 2 s (the message says which).", body = super::openapi::ErrorBody),
+        (status = 200, description = "Ready.", body = super::schema::Ready),
+        (status = 503, description = "`not_ready`: the instance is shutting down, the database does not answer within 2 s, migrations are pending, or the media store does not take a probe write and read within 2 s (the message says which).", body = super::schema::ErrorBody),
     )
 )]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {

@@ -264,18 +264,18 @@ fn describe(before: &experiences::Model, after: &experiences::Model) -> String {
     security(("operator" = [])),
     params(
         ("slug" = String, Path, description = "The experience's slug."),
-        super::openapi::OperatorKey,
+        super::schema::OperatorKey,
     ),
-    request_body = super::openapi::ExperiencePatch,
+    request_body = super::schema::ExperiencePatch,
     responses(
-        (status = 200, description = "The whole experience after the change (or the replay of an earlier answer).", body = super::openapi::Experience, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
-        (status = 400, description = "`invalid_json`: the body is not a JSON object, or names an unknown field; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 403, description = "`forbidden`: only an admin changes settings.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such experience.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`conflict`: `slug`, `kind`, `ai_calls` or `min_success` cannot change (the message says why), or a top-up of unlimited credits; `request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: a setting breaks its rule (the message names it); `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The whole experience after the change (or the replay of an earlier answer).", body = super::schema::Experience, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`invalid_json`: the body is not a JSON object, or names an unknown field; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 403, description = "`forbidden`: only an admin changes settings.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such experience.", body = super::schema::ErrorBody),
+        (status = 409, description = "`conflict`: `slug`, `kind`, `ai_calls` or `min_success` cannot change (the message says why), or a top-up of unlimited credits; `request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: a setting breaks its rule (the message names it); `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn update_experience(

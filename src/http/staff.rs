@@ -46,8 +46,8 @@ fn account_json(account: &OperatorAccount) -> serde_json::Value {
     summary = "Who the token belongs to: name and role (any operator).",
     security(("operator" = [])),
     responses(
-        (status = 200, description = "The signed-in operator (`operator_id` null for the bootstrap token).", body = super::openapi::OperatorMe),
-        (status = 401, description = "`unauthorized`: the operator token is missing, wrong or revoked.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The signed-in operator (`operator_id` null for the bootstrap token).", body = super::schema::OperatorMe),
+        (status = 401, description = "`unauthorized`: the operator token is missing, wrong or revoked.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn me(req: HttpRequest) -> Result<HttpResponse, ApiError> {
@@ -62,9 +62,9 @@ pub async fn me(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     summary = "The operator accounts, oldest first, without their tokens (admin).",
     security(("operator" = [])),
     responses(
-        (status = 200, description = "The operators.", body = super::openapi::OperatorList),
-        (status = 401, description = "`unauthorized`: the operator token is missing, wrong or revoked.", body = super::openapi::ErrorBody),
-        (status = 403, description = "`forbidden`: only an admin manages operators.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The operators.", body = super::schema::OperatorList),
+        (status = 401, description = "`unauthorized`: the operator token is missing, wrong or revoked.", body = super::schema::ErrorBody),
+        (status = 403, description = "`forbidden`: only an admin manages operators.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn list_operators(
@@ -84,7 +84,7 @@ pub struct OperatorBody {
     /// shows.
     #[schema(min_length = 1, max_length = 80, example = "Mina (review desk)")]
     name: String,
-    #[schema(value_type = crate::http::openapi::RoleName)]
+    #[schema(value_type = crate::http::schema::RoleName)]
     role: String,
 }
 
@@ -96,16 +96,16 @@ pub struct OperatorBody {
     summary = "Create an operator with a role; its token is shown once (admin).",
     description = "The token is in this answer only (and in a replay of it to the same caller with the same Idempotency-Key); the server keeps its SHA-256 digest. Roles: `admin` does everything; `moderator` reads the dashboards and the review queue, approves, rejects and hides; `viewer` only reads.",
     security(("operator" = [])),
-    params(super::openapi::OperatorKey),
+    params(super::schema::OperatorKey),
     request_body = OperatorBody,
     responses(
-        (status = 201, description = "Created.", body = super::openapi::OperatorCreated, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
-        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: the operator token is missing, wrong or revoked.", body = super::openapi::ErrorBody),
-        (status = 403, description = "`forbidden`: only an admin manages operators.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::openapi::ErrorBody),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: a bad name or role; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
+        (status = 201, description = "Created.", body = super::schema::OperatorCreated, headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: the operator token is missing, wrong or revoked.", body = super::schema::ErrorBody),
+        (status = 403, description = "`forbidden`: only an admin manages operators.", body = super::schema::ErrorBody),
+        (status = 409, description = "`request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: a bad name or role; `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn create_operator(
@@ -152,11 +152,11 @@ pub async fn create_operator(
     security(("operator" = [])),
     params(("id" = String, Path, description = "The operator's id.")),
     responses(
-        (status = 200, description = "The operator, revoked.", body = super::openapi::OperatorAccount),
-        (status = 401, description = "`unauthorized`: the operator token is missing, wrong or revoked.", body = super::openapi::ErrorBody),
-        (status = 403, description = "`forbidden`: only an admin manages operators.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such operator.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path could not be read.", body = super::openapi::ErrorBody),
+        (status = 200, description = "The operator, revoked.", body = super::schema::OperatorAccount),
+        (status = 401, description = "`unauthorized`: the operator token is missing, wrong or revoked.", body = super::schema::ErrorBody),
+        (status = 403, description = "`forbidden`: only an admin manages operators.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such operator.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path could not be read.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn revoke_operator(
@@ -217,10 +217,10 @@ fn record_json(r: &AuditRecord) -> serde_json::Value {
         ("action" = Option<String>, Query, description = "Only this action (e.g. `experience.update`)."),
     ),
     responses(
-        (status = 200, description = "One page of the trail.", body = super::openapi::AuditPage),
-        (status = 401, description = "`unauthorized`: the operator token is missing, wrong or revoked.", body = super::openapi::ErrorBody),
-        (status = 403, description = "`forbidden`: only an admin reads the trail.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: an unknown action, a bad cursor or limit, or an unknown query parameter.", body = super::openapi::ErrorBody),
+        (status = 200, description = "One page of the trail.", body = super::schema::AuditPage),
+        (status = 401, description = "`unauthorized`: the operator token is missing, wrong or revoked.", body = super::schema::ErrorBody),
+        (status = 403, description = "`forbidden`: only an admin reads the trail.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: an unknown action, a bad cursor or limit, or an unknown query parameter.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn audit(

@@ -322,18 +322,18 @@ fn store_error(e: &crate::store::StoreError) -> ApiError {
     security(("participant" = [])),
     params(
         ("id" = String, Path, description = "The session's id."),
-        super::openapi::SubmissionKey,
+        super::schema::SubmissionKey,
     ),
     request_body = super::participants::SubmissionBody,
     responses(
-        (status = 202, description = "Accepted (or the replay of an earlier acceptance with the same key and body).", body = super::openapi::SubmissionAccepted, headers(("Location" = String, description = "`/api/sessions/{session_id}`."), ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
-        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is missing or malformed; `invalid_json`: the body is not JSON for this request.", body = super::openapi::ErrorBody),
-        (status = 401, description = "`unauthorized`: no bearer token, or one that does not open this session.", body = super::openapi::ErrorBody),
-        (status = 402, description = "`budget_exhausted`: the experience has not enough credits left.", body = super::openapi::ErrorBody),
-        (status = 404, description = "`not_found`: no such session.", body = super::openapi::ErrorBody),
-        (status = 409, description = "`already_submitted`: the session is not OPEN or ABORTED; `request_in_progress`: the same Idempotency-Key is still running; `closing`: the experience closes before this submission could finish.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the prompt or score breaks its rule; `idempotency_key_reused`: the key came with another body.", body = super::openapi::ErrorBody),
-        (status = 429, description = "`rate_limited`: too many submissions for this session.", body = super::openapi::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 202, description = "Accepted (or the replay of an earlier acceptance with the same key and body).", body = super::schema::SubmissionAccepted, headers(("Location" = String, description = "`/api/sessions/{session_id}`."), ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same Idempotency-Key."))),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is missing or malformed; `invalid_json`: the body is not JSON for this request.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: no bearer token, or one that does not open this session.", body = super::schema::ErrorBody),
+        (status = 402, description = "`budget_exhausted`: the experience has not enough credits left.", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such session.", body = super::schema::ErrorBody),
+        (status = 409, description = "`already_submitted`: the session is not OPEN or ABORTED; `request_in_progress`: the same Idempotency-Key is still running; `closing`: the experience closes before this submission could finish.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the prompt or score breaks its rule; `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
+        (status = 429, description = "`rate_limited`: too many submissions for this session.", body = super::schema::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
     )
 )]
 pub async fn submit(

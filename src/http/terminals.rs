@@ -31,9 +31,9 @@ pub struct SocketQuery {
     ),
     responses(
         (status = 101, description = "Switching Protocols: the socket is open (JSON text frames, see the description)."),
-        (status = 401, description = "`unauthorized`: the token is missing or wrong.", body = super::openapi::ErrorBody),
-        (status = 422, description = "`validation_failed`: the path or query could not be read.", body = super::openapi::ErrorBody),
-        (status = 426, description = "`upgrade_required`: the request is not a WebSocket handshake.", body = super::openapi::ErrorBody, headers(("Upgrade" = String, description = "`websocket`"))),
+        (status = 401, description = "`unauthorized`: the token is missing or wrong.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: the path or query could not be read.", body = super::schema::ErrorBody),
+        (status = 426, description = "`upgrade_required`: the request is not a WebSocket handshake.", body = super::schema::ErrorBody, headers(("Upgrade" = String, description = "`websocket`"))),
     )
 )]
 pub async fn terminal_socket(
