@@ -6,30 +6,33 @@
 //! prints (and with `--json`, writes) the figures an event team needs before
 //! doors open. It owns the plan of the day (who submits when, whose prompt
 //! is rejected), the samplers (operator stats socket, `pg_stat_activity`,
-//! an unrelated reader, the server's RSS) and the run's order; the pieces it
-//! shares with `stagehand bench` (subprocesses, setup, displays, the
-//! submission) are in [`super::load`] and [`super::sockets`], the figures
-//! and their table and JSON in [`report`].
+//! an unrelated reader, the server's RSS) and the run's order, the day's
+//! stages in [`day`]; the pieces it shares with `stagehand bench`
+//! (subprocesses, setup, displays, the submission) are in [`super::load`]
+//! and [`super::sockets`], the figures and their table and JSON in
+//! [`report`].
 
+mod day;
 mod report;
 pub mod verdict;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::load::{self, DisplayLog, Session, Stack};
+use super::load::{self, Session, Stack};
 use super::sockets;
 use crate::parse_duration;
+use day::day;
 pub use report::Report;
 use report::{Latency, Memory, Outcomes, PgActivity, Reads};
 use verdict::{BurstCapacity, Capacity, Targets, Verdict};
@@ -282,14 +285,71 @@ impl Target {
 /// display saw a gap or a repeat. Err when the run could not start or
 /// could not measure.
 pub async fn run(args: RehearseArgs) -> Result<Verdict, String> {
-    let arrivals = match args.burst {
+    let arrivals = arrivals_of(&args);
+    let schedule = arrivals.schedule();
+    check_inputs(&args, &schedule)?;
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let started = chrono::Utc::now();
+    let load_start = super::load_average();
+    let exe = std::env::current_exe().map_err(|e| format!("current executable: {e}"))?;
+    let database_url = args.database_url.clone().filter(|u| !u.trim().is_empty());
+    let postgres = database_url
+        .as_deref()
+        .filter(|u| u.starts_with("postgres"))
+        .map(str::to_owned);
+
+    // Each display is a socket in this process (and in an embedded server,
+    // which inherits the limit), besides the submitters' connections.
+    sockets::ensure_open_files(
+        (args.terminals + args.concurrency * 2) as u64 + sockets::FD_MARGIN,
+        "or use fewer --terminals",
+    )?;
+    let mut notes = Vec::new();
+    let (mut target, backend, ai) = match &args.url {
+        Some(url) => remote_target(&args, url, postgres.is_some(), &mut notes)?,
+        None => embedded_target(&args, &exe, database_url.as_deref(), postgres.is_some()).await?,
+    };
+
+    let args = match &args.experience {
+        Some(slug) => as_the_experience_stands(args.clone(), &target, slug).await?,
+        None => args,
+    };
+    let outcome = day(&args, &mut target, &schedule, postgres.as_deref()).await;
+    let keep = args.keep_logs || outcome.as_ref().map_or(true, |d| !d.violations.is_empty());
+    let (server_log, logs_note) = shut_down(target, keep);
+    let day = outcome?;
+    notes.extend(server_log);
+    notes.extend(day.notes.iter().cloned());
+    notes.extend(logs_note);
+
+    let setting = Setting {
+        started,
+        load_start,
+        arrivals,
+        backend,
+        ai,
+    };
+    let report = report_of(&args, setting, day, notes);
+    print_report(&args, &report)?;
+    Ok(report.verdict())
+}
+
+/// When the participants arrive: `--burst`, or `--rate` for `--duration`.
+fn arrivals_of(args: &RehearseArgs) -> Arrivals {
+    match args.burst {
         Some(n) => Arrivals::Burst(n),
         None => Arrivals::Rate {
             per_s: args.rate,
             duration: args.duration,
         },
-    };
-    let schedule = arrivals.schedule();
+    }
+}
+
+/// Err when the inputs make no day: no participants, no terminal, a rate
+/// out of 0..=1, a reject rate without its word, a p99 under the median.
+fn check_inputs(args: &RehearseArgs, schedule: &[Duration]) -> Result<(), String> {
     if schedule.is_empty() {
         return Err("no participants: --burst 0, or --rate x --duration under one".into());
     }
@@ -312,100 +372,100 @@ pub async fn run(args: RehearseArgs) -> Result<Verdict, String> {
             return Err("--ai-latency-p99 must be at least --ai-latency (the median)".into());
         }
     }
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+    Ok(())
+}
+
+/// The server of `--url` (with a note of what does not apply to it): the
+/// target, its backend and how the AI is described.
+fn remote_target(
+    args: &RehearseArgs,
+    url: &str,
+    postgres: bool,
+    notes: &mut Vec<String>,
+) -> Result<(Target, &'static str, String), String> {
+    let operator = args
+        .operator_token
+        .clone()
+        .ok_or("--url needs --operator-token (or STAGEHAND_OPERATOR_TOKEN)")?;
+    notes.push(
+        "remote server: its own AI provider, database pool and settings apply; \
+         --ai-latency, --ai-latency-p99, --fail-rate, --db-pool and --server-arg are \
+         not used, and the server's memory is not measured"
+            .to_owned(),
+    );
+    let target = Target::Remote {
+        client: load::http_client(args.concurrency * 2 + 8)?,
+        base: url.trim_end_matches('/').to_owned(),
+        operator,
+    };
+    let backend = if postgres {
+        "remote, PostgreSQL"
+    } else {
+        "remote"
+    };
+    Ok((target, backend, "the server's own".to_owned()))
+}
+
+/// Starts the AI simulator and the server (this binary, subprocesses) on
+/// `database_url` or SQLite, in a new temp dir (kept with the logs when
+/// they fail to start): the target, its backend and how the AI is
+/// described.
+async fn embedded_target(
+    args: &RehearseArgs,
+    exe: &Path,
+    database_url: Option<&str>,
+    postgres: bool,
+) -> Result<(Target, &'static str, String), String> {
+    let dir = std::env::temp_dir().join(format!("stagehand-rehearse-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let db = match database_url {
+        Some(url) => url.to_owned(),
+        None => format!("sqlite://{}/rehearse.db?mode=rwc", dir.display()),
+    };
+    let (sim_args, ai) = simulator_args(args);
+    let server_args = server_args(args);
+    let logs = super::logs_dir(&dir);
+    eprintln!("rehearse: starting the AI simulator and the server ({db})");
+    let stack = load::start_stack(
+        load::Builds::one(exe),
+        &db,
+        &sim_args,
+        &server_args,
+        &logs.join("sim.log"),
+        &logs.join("server.log"),
+        args.concurrency * 2 + 8,
+    )
+    .await;
+    let stack = match stack {
+        Ok(s) => s,
+        Err(e) => {
+            super::cleanup(&dir, true);
+            return Err(format!("{e} (logs kept in {})", logs.display()));
+        }
+    };
+    let backend = if postgres { "PostgreSQL" } else { "SQLite" };
+    Ok((Target::Embedded { stack, dir }, backend, ai))
+}
+
+/// The embedded server's extra flags: `--db-pool`, then each `--server-arg`
+/// split on whitespace.
+fn server_args(args: &RehearseArgs) -> Vec<String> {
+    let mut server_args: Vec<String> = Vec::new();
+    if let Some(pool) = args.db_pool {
+        server_args.extend(["--db-pool".into(), pool.to_string()]);
     }
-    let started = chrono::Utc::now();
-    let load_start = super::load_average();
-    let exe = std::env::current_exe().map_err(|e| format!("current executable: {e}"))?;
-    let database_url = args.database_url.clone().filter(|u| !u.trim().is_empty());
-    let postgres = database_url
-        .as_deref()
-        .filter(|u| u.starts_with("postgres"))
-        .map(str::to_owned);
+    server_args.extend(
+        args.server_args
+            .iter()
+            .flat_map(|a| a.split_whitespace().map(str::to_owned)),
+    );
+    server_args
+}
 
-    // Each display is a socket in this process (and in an embedded server,
-    // which inherits the limit), besides the submitters' connections.
-    sockets::ensure_open_files(
-        (args.terminals + args.concurrency * 2) as u64 + sockets::FD_MARGIN,
-        "or use fewer --terminals",
-    )?;
-    let mut notes = Vec::new();
-    let (mut target, backend, ai) = match &args.url {
-        Some(url) => {
-            let operator = args
-                .operator_token
-                .clone()
-                .ok_or("--url needs --operator-token (or STAGEHAND_OPERATOR_TOKEN)")?;
-            notes.push(
-                "remote server: its own AI provider, database pool and settings apply; \
-                 --ai-latency, --ai-latency-p99, --fail-rate, --db-pool and --server-arg are \
-                 not used, and the server's memory is not measured"
-                    .to_owned(),
-            );
-            let target = Target::Remote {
-                client: load::http_client(args.concurrency * 2 + 8)?,
-                base: url.trim_end_matches('/').to_owned(),
-                operator,
-            };
-            let backend = match &postgres {
-                Some(_) => "remote, PostgreSQL",
-                None => "remote",
-            };
-            (target, backend, "the server's own".to_owned())
-        }
-        None => {
-            let dir =
-                std::env::temp_dir().join(format!("stagehand-rehearse-{}", uuid::Uuid::new_v4()));
-            std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-            let db = match &database_url {
-                Some(url) => url.clone(),
-                None => format!("sqlite://{}/rehearse.db?mode=rwc", dir.display()),
-            };
-            let (sim_args, ai) = simulator_args(&args);
-            let mut server_args: Vec<String> = Vec::new();
-            if let Some(pool) = args.db_pool {
-                server_args.extend(["--db-pool".into(), pool.to_string()]);
-            }
-            server_args.extend(
-                args.server_args
-                    .iter()
-                    .flat_map(|a| a.split_whitespace().map(str::to_owned)),
-            );
-            let logs = super::logs_dir(&dir);
-            eprintln!("rehearse: starting the AI simulator and the server ({db})");
-            let stack = load::start_stack(
-                load::Builds::one(&exe),
-                &db,
-                &sim_args,
-                &server_args,
-                &logs.join("sim.log"),
-                &logs.join("server.log"),
-                args.concurrency * 2 + 8,
-            )
-            .await;
-            let stack = match stack {
-                Ok(s) => s,
-                Err(e) => {
-                    super::cleanup(&dir, true);
-                    return Err(format!("{e} (logs kept in {})", logs.display()));
-                }
-            };
-            let backend = if postgres.is_some() {
-                "PostgreSQL"
-            } else {
-                "SQLite"
-            };
-            (Target::Embedded { stack, dir }, backend, ai)
-        }
-    };
-
-    let args = match &args.experience {
-        Some(slug) => as_the_experience_stands(args.clone(), &target, slug).await?,
-        None => args,
-    };
-    let outcome = day(&args, &mut target, &schedule, postgres.as_deref()).await;
-    let keep = args.keep_logs || outcome.as_ref().map_or(true, |d| !d.violations.is_empty());
+/// Stops the embedded server and removes its temp dir unless `keep`:
+/// the notes of its log (ERROR and WARN lines, a few samples) and of where
+/// the logs are kept.
+fn shut_down(target: Target, keep: bool) -> (Vec<String>, Option<String>) {
     let logs_note = match &target {
         Target::Embedded { dir, .. } if keep => {
             Some(format!("logs kept in {}", dir.join("logs").display()))
@@ -420,25 +480,40 @@ pub async fn run(args: RehearseArgs) -> Result<Verdict, String> {
         drop(stack);
         super::cleanup(&dir, keep);
     }
-    let day = outcome?;
+    let mut log_notes = Vec::new();
     if let Some(log) = &server_log {
-        notes.push(format!(
+        log_notes.push(format!(
             "server log: {} ERROR, {} WARN line(s)",
             log.errors, log.warnings
         ));
-        notes.extend(log.samples.iter().map(|s| format!("    {s}")));
+        log_notes.extend(log.samples.iter().map(|s| format!("    {s}")));
     }
-    notes.extend(day.notes.iter().cloned());
-    notes.extend(logs_note);
+    (log_notes, logs_note)
+}
 
-    let report = Report {
-        started: started.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+/// What `run` knew before the day: when it started and the load then, the
+/// arrivals, the backend and how the AI is described.
+struct Setting {
+    started: chrono::DateTime<chrono::Utc>,
+    load_start: Option<f64>,
+    arrivals: Arrivals,
+    backend: &'static str,
+    ai: String,
+}
+
+/// The [`Report`] of the day: the inputs, the figures, `notes`, and the
+/// load average now.
+fn report_of(args: &RehearseArgs, setting: Setting, day: Day, notes: Vec<String>) -> Report {
+    Report {
+        started: setting
+            .started
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
-        load_average: [load_start, super::load_average()],
+        load_average: [setting.load_start, super::load_average()],
         target: args.url.clone().unwrap_or_else(|| "embedded".into()),
-        backend: backend.into(),
-        arrivals: arrivals.describe(),
-        ai,
+        backend: setting.backend.into(),
+        arrivals: setting.arrivals.describe(),
+        ai: setting.ai,
         fail_rate: args.fail_rate,
         reject_rate: args.reject_rate,
         terminals: args.terminals,
@@ -459,13 +534,19 @@ pub async fn run(args: RehearseArgs) -> Result<Verdict, String> {
         unrelated_reads: day.reads,
         memory: day.memory,
         notes,
-        violations: day.violations.clone(),
+        violations: day.violations,
         queue_depth_over_time: day.depth_over_time,
         queue_depth_growth_per_s: day.depth_growth_per_s,
         capacity: day.capacity,
         burst_capacity: day.burst_capacity,
         targets: args.targets(),
-    };
+    }
+}
+
+/// Prints the table (with `--json -`, the JSON, and the decision on
+/// stderr), writes the JSON to `--json`'s file, then lists the delivery
+/// problems on stderr.
+fn print_report(args: &RehearseArgs, report: &Report) -> Result<(), String> {
     let json = serde_json::to_string_pretty(&report.to_json())
         .map_err(|e| format!("JSON of the report: {e}"))?;
     match args.json.as_deref() {
@@ -482,13 +563,13 @@ pub async fn run(args: RehearseArgs) -> Result<Verdict, String> {
         }
         None => println!("{}", report.render()),
     }
-    if !day.violations.is_empty() {
-        eprintln!("{} problem(s) with the delivery:", day.violations.len());
-        for v in &day.violations {
+    if !report.violations.is_empty() {
+        eprintln!("{} problem(s) with the delivery:", report.violations.len());
+        for v in &report.violations {
             eprintln!("{v}");
         }
     }
-    Ok(report.verdict())
+    Ok(())
 }
 
 /// The simulator's flags for the AI inputs, and how the AI is described.
@@ -536,13 +617,6 @@ struct Day {
     depth_growth_per_s: Option<f64>,
     capacity: Option<Capacity>,
     burst_capacity: Option<BurstCapacity>,
-}
-
-/// One submission as sent.
-struct Sent {
-    start: Instant,
-    end: Instant,
-    outcome: Result<(), load::Refused>,
 }
 
 /// What the operators' stats socket showed, shared with the progress bar.
@@ -594,453 +668,6 @@ async fn as_the_experience_stands(
         args.max_in_flight, args.ai_calls
     );
     Ok(args)
-}
-
-async fn day(
-    args: &RehearseArgs,
-    target: &mut Target,
-    schedule: &[Duration],
-    postgres: Option<&str>,
-) -> Result<Day, String> {
-    let n = schedule.len();
-    let client = target.client().clone();
-    let base = target.base().to_owned();
-    let operator = target.operator().to_owned();
-    let mut notes = Vec::new();
-
-    // Setup, not timed.
-    eprintln!(
-        "rehearse: setup: an experience (max_in_flight {}, ai_calls {}), {} terminal(s), {n} \
-         session(s)",
-        args.max_in_flight, args.ai_calls, args.terminals
-    );
-    let (slug, terminals) = match &args.experience {
-        Some(slug) => {
-            let terminals =
-                load::terminals_of(&client, &base, &operator, slug, args.terminals).await?;
-            (slug.clone(), terminals)
-        }
-        None => {
-            let experience = json!({
-                "title": "Rehearsal",
-                "kind": "image",
-                "max_in_flight": args.max_in_flight,
-                "ai_calls": args.ai_calls,
-            });
-            load::create_terminals(&client, &base, &operator, experience, args.terminals).await?
-        }
-    };
-    let sessions = load::create_sessions(
-        &client,
-        &base,
-        &slug,
-        terminals.iter().map(|t| t.id.clone()).collect(),
-        n,
-        args.concurrency,
-        Arc::default(),
-    )
-    .await
-    .map_err(|e| {
-        if e.contains("429") {
-            format!(
-                "{e}\n  (the server limits session creations per address: --session-rate-limit)"
-            )
-        } else {
-            e
-        }
-    })?;
-    let sessions = Arc::new(sessions);
-
-    // The displays, with the server's RSS before and after.
-    let pid = target.server_pid();
-    let rss_before = match pid {
-        Some(pid) => Some(sockets::median(&sockets::rss_reads(pid).await?)),
-        None => None,
-    };
-    eprintln!("rehearse: connecting {} display(s)", terminals.len());
-    let urls: Arc<Vec<String>> = Arc::new(
-        terminals
-            .iter()
-            .map(|t| load::display_url(&base, t))
-            .collect(),
-    );
-    let connected = {
-        let urls = urls.clone();
-        load::in_workers(terminals.len(), CONNECTING, move |t| {
-            let url = urls[t].clone();
-            async move {
-                load::connect_display(&url, 0)
-                    .await
-                    .map_err(|e| format!("display {t}: {e}"))
-            }
-        })
-        .await
-    };
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let live = Arc::new(Live::default());
-    let mut displays = Vec::new();
-    for (t, ws) in connected.into_iter().enumerate() {
-        let expected: HashSet<String> = sessions
-            .iter()
-            .filter(|s| s.terminal == t)
-            .map(|s| s.id.clone())
-            .collect();
-        displays.push(tokio::spawn(load::display(
-            urls[t].clone(),
-            ws?,
-            expected,
-            live.finished.clone(),
-            stop_rx.clone(),
-        )));
-    }
-    let memory = match (pid, rss_before) {
-        (Some(pid), Some(before)) => {
-            let after = sockets::median(&sockets::rss_reads(pid).await?);
-            Some((pid, before, after))
-        }
-        _ => None,
-    };
-
-    // The samplers, then the timed day.
-    let operators = (!args.no_operator_stats).then(|| {
-        tokio::spawn(watch_operators(
-            format!("{}/ws/operators?token={operator}", load::ws_base(&base)),
-            slug.clone(),
-            live.clone(),
-            stop_rx.clone(),
-        ))
-    });
-    let pg = postgres.map(|url| tokio::spawn(sample_pg(url.to_owned(), stop_rx.clone())));
-    let reader = tokio::spawn(load::unrelated_reads(
-        load::read_client()?,
-        format!("{base}/api/experiences/{slug}"),
-        |v| v["slug"].is_string(),
-        usize::MAX,
-        Arc::default(),
-        Arc::default(),
-        stop_rx.clone(),
-    ));
-    let bar = progress_bar(n);
-    let progress = tokio::spawn(show_progress(
-        bar.clone(),
-        n,
-        args.max_in_flight,
-        live.clone(),
-    ));
-
-    // The server's AI job totals before the day (a remote server may have
-    // run jobs before).
-    let jobs_before = ai_job_totals(&client, &base, &operator).await;
-
-    let anchor = (Instant::now(), SystemTime::now());
-    let t0 = Instant::now() + Duration::from_millis(20);
-    let sent: Vec<Sent> = {
-        let (client, base, sessions, live) =
-            (client.clone(), base.clone(), sessions.clone(), live.clone());
-        let schedule: Arc<Vec<Duration>> = Arc::new(schedule.to_vec());
-        let word = args.reject_word.clone();
-        let reject_rate = args.reject_rate;
-        load::in_workers(n, args.concurrency, move |i| {
-            let (client, base, sessions, live, schedule, word) = (
-                client.clone(),
-                base.clone(),
-                sessions.clone(),
-                live.clone(),
-                schedule.clone(),
-                word.clone(),
-            );
-            async move {
-                tokio::time::sleep_until((t0 + schedule[i]).into()).await;
-                let prompt = if is_rejected(i, reject_rate) {
-                    format!("rehearsal prompt {i}, {word}")
-                } else {
-                    format!("rehearsal prompt {i}")
-                };
-                let body = json!({"prompt": prompt, "score": score(i)});
-                let start = Instant::now();
-                let outcome = load::submit(&client, &base, &sessions[i], &body).await;
-                let end = Instant::now();
-                live.submitted.fetch_add(1, Ordering::Relaxed);
-                if outcome.is_ok() {
-                    live.accepted.fetch_add(1, Ordering::Relaxed);
-                }
-                Sent {
-                    start,
-                    end,
-                    outcome,
-                }
-            }
-        })
-        .await
-    };
-    let accepted_n = live.accepted.load(Ordering::Relaxed);
-
-    // Every accepted session's frame, or the deadline.
-    let deadline = Instant::now() + args.deadline;
-    let mut timed_out = false;
-    while live.finished.load(Ordering::Relaxed) < accepted_n {
-        if Instant::now() > deadline {
-            timed_out = true;
-            break;
-        }
-        if let Err(e) = target.alive() {
-            notes.push(e);
-            timed_out = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let jobs_after = ai_job_totals(&client, &base, &operator).await;
-    let _ = stop_tx.send(true);
-    progress.abort();
-    bar.finish_and_clear();
-    let mut logs: Vec<DisplayLog> = Vec::new();
-    for d in displays {
-        logs.push(d.await.map_err(|e| format!("display task: {e}"))?);
-    }
-    let read_log = reader.await.map_err(|e| format!("reader task: {e}"))?;
-    let operator_problems = match operators {
-        Some(task) => task.await.map_err(|e| format!("operators task: {e}"))?,
-        None => vec![
-            "no operators' stats socket (--no-operator-stats): no queue depth or AI \
-             concurrency from it"
-                .to_owned(),
-        ],
-    };
-    notes.extend(operator_problems);
-    let pg = match pg {
-        Some(task) => task
-            .await
-            .map_err(|e| format!("pg_stat_activity task: {e}"))?,
-        None => PgActivity::NotSampled(if args.url.is_some() {
-            "n/a (no PostgreSQL --database-url)".into()
-        } else {
-            "n/a (SQLite)".into()
-        }),
-    };
-
-    // The simulator's own count of jobs at once.
-    let sim_max_concurrent = match target {
-        Target::Embedded { stack, .. } => {
-            let stats: Value = client
-                .get(format!("{}/v1/stats", stack.sim_url))
-                .send()
-                .await
-                .map_err(|e| format!("simulator stats: {e}"))?
-                .json()
-                .await
-                .map_err(|e| format!("simulator stats: {e}"))?;
-            stats["max_concurrent_jobs"].as_u64()
-        }
-        Target::Remote { .. } => None,
-    };
-    let memory = memory.map(|(pid, before, after)| Memory {
-        rss_before_kib: before,
-        rss_after_kib: after,
-        sockets: args.terminals,
-        peak_kib: sockets::status_kib(pid, "VmHWM").ok(),
-    });
-
-    // Correctness: every accepted session exactly once, at its terminal, in
-    // seq order.
-    let accepted: Vec<Session> = sessions
-        .iter()
-        .zip(&sent)
-        .filter(|(_, s)| s.outcome.is_ok())
-        .map(|(x, _)| x.clone())
-        .collect();
-    let index_of: HashMap<&str, usize> = accepted
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.id.as_str(), i))
-        .collect();
-    let mut violations = load::check(&accepted, &index_of, &logs, false, timed_out, args.deadline);
-    let missing = load::missing_sessions(&accepted, &logs);
-    if !missing.is_empty() {
-        violations.push(format!(
-            "  the server's view of {} missing session(s), status/step: {}",
-            missing.len().min(200),
-            load::lookup(&client, &base, &operator, &missing).await
-        ));
-    }
-    if !read_log.failures.is_empty() {
-        notes.extend(read_log.problems(&format!("GET /api/experiences/{slug}")));
-    }
-
-    // When each session's end was recorded, for the push latency.
-    let ended_at = ended_at_ms(&client, &base, &accepted).await;
-
-    // Figures.
-    let wall_ms = |at: Instant| -> f64 {
-        let wall = anchor.1 + at.saturating_duration_since(anchor.0);
-        wall.duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-    };
-    let mut frame_of: HashMap<&str, &load::Frame> = HashMap::new();
-    for log in &logs {
-        for f in &log.frames {
-            frame_of.entry(f.session_id.as_str()).or_insert(f);
-        }
-    }
-    let mut outcomes = Outcomes {
-        participants: n,
-        accepted: accepted_n,
-        ..Outcomes::default()
-    };
-    let mut refused: BTreeMap<String, usize> = BTreeMap::new();
-    let mut submit_ms = Vec::new();
-    let mut to_frame_ms = Vec::new();
-    let mut push_ms = Vec::new();
-    let mut last_completion: Option<Instant> = None;
-    for (session, s) in sessions.iter().zip(&sent) {
-        if let Err(r) = &s.outcome {
-            let key = r
-                .status
-                .map_or("no answer".to_owned(), |st| st.as_u16().to_string());
-            *refused.entry(key).or_default() += 1;
-            continue;
-        }
-        submit_ms.push(load::ms(s.end - s.start));
-        let Some(frame) = frame_of.get(session.id.as_str()) else {
-            outcomes.lost += 1;
-            continue;
-        };
-        to_frame_ms.push(load::ms(frame.at.saturating_duration_since(s.end)));
-        if let Some(ended) = ended_at.get(session.id.as_str()) {
-            push_ms.push((wall_ms(frame.at) - *ended as f64).max(0.0));
-        }
-        match frame.kind.as_str() {
-            "session.completed" => {
-                outcomes.completed += 1;
-                last_completion = last_completion.max(Some(frame.at));
-            }
-            _ => {
-                let reason = frame.reason.clone().unwrap_or_else(|| "UNKNOWN".into());
-                if reason == "INPUT_REJECTED" {
-                    outcomes.rejected += 1;
-                }
-                *outcomes.aborted_by_reason.entry(reason).or_default() += 1;
-            }
-        }
-    }
-    outcomes.refused_by_status = refused;
-    outcomes.injected_rejections = (0..n).filter(|&i| is_rejected(i, args.reject_rate)).count();
-    let first_start = sent.iter().map(|s| s.start).min().expect("n > 0");
-    let last_accepted = sent
-        .iter()
-        .filter(|s| s.outcome.is_ok())
-        .map(|s| s.end)
-        .max();
-    let rate = |count: usize, until: Option<Instant>| match until {
-        Some(t) if count > 0 => count as f64 / load::secs(t - first_start),
-        _ => 0.0,
-    };
-    let live_peak = |v: &AtomicI64| {
-        let x = v.load(Ordering::Relaxed);
-        (live.stats_frames.load(Ordering::Relaxed) > 0).then_some(x)
-    };
-    // What the AI slots need, from what was measured: the arrival rate
-    // (steady arrivals only: a burst has none), and the AI jobs' time per
-    // participant from the server's own histogram.
-    let last_start = sent.iter().map(|s| s.start).max().expect("n > 0");
-    let arrival_per_s = match args.burst {
-        None if n >= 2 && last_start > first_start => {
-            Some((n - 1) as f64 / load::secs(last_start - first_start))
-        }
-        _ => None,
-    };
-    let jobs = match (jobs_before, jobs_after) {
-        (Ok(before), Ok(after)) => Some(after.since(before)),
-        (Err(e), _) | (_, Err(e)) => {
-            notes.push(format!(
-                "no AI job times (GET /metrics: {e}): no capacity advice"
-            ));
-            None
-        }
-    };
-    if args.url.is_some() && jobs.is_some() {
-        notes.push(
-            "AI job times are those of the instance that answered GET /metrics: with several \
-             instances behind --url, one instance's"
-                .to_owned(),
-        );
-    }
-    let capacity = match (arrival_per_s, jobs) {
-        (Some(rate), Some(jobs)) if jobs.count > 0.0 && accepted_n > 0 => verdict::capacity(
-            rate,
-            jobs.count / accepted_n as f64,
-            jobs.sum_s / jobs.count,
-            args.max_in_flight,
-        ),
-        _ => None,
-    };
-    let burst_capacity = match (args.burst, jobs) {
-        (Some(_), Some(jobs)) if jobs.count > 0.0 && accepted_n > 0 => verdict::burst_capacity(
-            accepted_n,
-            jobs.count / accepted_n as f64,
-            jobs.sum_s / jobs.count,
-            args.max_in_flight,
-            args.target_p95,
-        ),
-        _ => None,
-    };
-    let since_first = |at: Instant| load::secs(at.saturating_duration_since(first_start));
-    let depth_samples: Vec<(f64, i64)> = live
-        .depth_samples
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .filter(|(at, _)| *at >= first_start)
-        .map(|&(at, depth)| (since_first(at), depth))
-        .collect();
-    let depth_growth_per_s = arrival_per_s.and_then(|_| {
-        let arriving: Vec<(f64, i64)> = depth_samples
-            .iter()
-            .copied()
-            .filter(|(t, _)| *t <= since_first(last_start))
-            .collect();
-        verdict::growth_per_s(&arriving)
-    });
-    // One sample a second at most for the JSON: the last of each second.
-    let mut depth_over_time: Vec<(f64, i64)> = Vec::new();
-    for &(t, depth) in &depth_samples {
-        match depth_over_time.last_mut() {
-            Some(last) if last.0.floor() == t.floor() => *last = (t, depth),
-            _ => depth_over_time.push((t, depth)),
-        }
-    }
-
-    let reconnects: usize = logs.iter().map(|l| l.reconnects).sum();
-    if reconnects > 0 {
-        notes.push(format!("display reconnects: {reconnects}"));
-    }
-    Ok(Day {
-        accepted_per_s: rate(accepted_n, last_accepted),
-        completed_per_s: rate(outcomes.completed, last_completion),
-        outcomes,
-        submit_ms: Latency::of(&mut submit_ms),
-        submit_to_frame_ms: Latency::of(&mut to_frame_ms),
-        push_ms: Latency::of(&mut push_ms),
-        queue_depth_peak: live_peak(&live.queue_depth_peak),
-        ai_in_flight_peak: live_peak(&live.in_flight_peak),
-        sim_max_concurrent,
-        stats_frames: live.stats_frames.load(Ordering::Relaxed),
-        pg,
-        reads: Reads {
-            p50_ms: load::percentile(&mut read_log.latencies_ms.clone(), 0.50),
-            p99_ms: load::percentile(&mut read_log.latencies_ms.clone(), 0.99),
-            count: read_log.count(),
-            failed: read_log.failures.len(),
-            every_ms: load::READ_EVERY.as_millis() as u64,
-        },
-        memory,
-        notes,
-        violations,
-        depth_over_time,
-        depth_growth_per_s,
-        capacity,
-        burst_capacity,
-    })
 }
 
 /// The server's totals of `stagehand_ai_job_duration_seconds`: seconds and

@@ -303,7 +303,18 @@ impl Report {
     /// The printed table, a header above it and what the figures mean
     /// under it.
     pub fn render(&self) -> String {
-        let o = &self.outcomes;
+        let mut out = self.header();
+        out.push(markdown(&["figure".into(), "value".into()], &self.rows()));
+        out.push(String::new());
+        out.extend(self.explanations());
+        out.extend(self.notes.iter().map(|note| format!("note: {note}")));
+        out.push(String::new());
+        out.extend(self.decision());
+        out.join("\n")
+    }
+
+    /// The two lines above the table (machine, target, inputs) and a blank one.
+    fn header(&self) -> Vec<String> {
         let load = match self.load_average {
             [Some(a), Some(b)] => format!(", load average {a:.2} at start, {b:.2} at end"),
             _ => String::new(),
@@ -311,7 +322,7 @@ impl Report {
         let pool = self
             .db_pool
             .map_or("the server's".to_owned(), |p| p.to_string());
-        let mut out = vec![
+        vec![
             format!(
                 "stagehand rehearse, {}, {} CPU(s){load}",
                 self.started, self.cpus
@@ -330,7 +341,22 @@ impl Report {
                 self.max_in_flight
             ),
             String::new(),
-        ];
+        ]
+    }
+
+    /// The table's rows, `[figure, value]`, in the printed order.
+    fn rows(&self) -> Vec<Vec<String>> {
+        let mut rows = self.session_rows();
+        rows.extend(self.abort_rows());
+        rows.extend(self.queue_rows());
+        rows.extend(self.database_rows());
+        rows.extend(self.read_and_memory_rows());
+        rows
+    }
+
+    /// Rows of how the sessions ended, their rates and latencies.
+    fn session_rows(&self) -> Vec<Vec<String>> {
+        let o = &self.outcomes;
         let refused = o.refused();
         let refused_detail = if refused == 0 {
             String::new()
@@ -343,8 +369,7 @@ impl Report {
             format!(" ({})", parts.join(", "))
         };
         let other_aborts = o.other_aborts();
-        let opt = |x: Option<i64>| x.map_or("n/a".to_owned(), |x| x.to_string());
-        let mut rows: Vec<Vec<String>> = vec![
+        vec![
             vec![
                 "participants / accepted (202) / refused".into(),
                 format!(
@@ -379,7 +404,13 @@ impl Report {
                 "push latency, saga ended to frame, p50 / p95 / p99 (ms)".into(),
                 triple(&self.push_ms),
             ],
-        ];
+        ]
+    }
+
+    /// Rows of the abort rate by reason, then the verdict's abort rate.
+    fn abort_rows(&self) -> Vec<Vec<String>> {
+        let o = &self.outcomes;
+        let mut rows: Vec<Vec<String>> = Vec::new();
         if o.aborted_by_reason.is_empty() {
             rows.push(vec!["abort rate".into(), "0 %".into()]);
         }
@@ -396,10 +427,16 @@ impl Report {
             "abort rate of the verdict (not moderation: other aborts, lost, refused)".into(),
             verdict::percent(self.measured().abort_rate),
         ]);
-        rows.push(vec![
+        rows
+    }
+
+    /// Rows of the queue, the capacity figures and the AI concurrency.
+    fn queue_rows(&self) -> Vec<Vec<String>> {
+        let opt = |x: Option<i64>| x.map_or("n/a".to_owned(), |x| x.to_string());
+        let mut rows = vec![vec![
             "peak queue depth (operators' stats)".into(),
             opt(self.queue_depth_peak),
-        ]);
+        ]];
         if let Some(g) = self.queue_depth_growth_per_s {
             rows.push(vec![
                 "queue depth growth while participants arrived (per s)".into(),
@@ -435,6 +472,11 @@ impl Report {
                 format!("{sim} / {}", self.max_in_flight),
             ]);
         }
+        rows
+    }
+
+    /// Rows of `pg_stat_activity`: idle in a transaction, connections.
+    fn database_rows(&self) -> Vec<Vec<String>> {
         let pg = match &self.pg {
             PgActivity::Sampled {
                 idle_in_transaction_peak,
@@ -447,7 +489,7 @@ impl Report {
             ),
             PgActivity::NotSampled(why) => why.clone(),
         };
-        rows.push(vec!["most connections idle in a transaction".into(), pg]);
+        let mut rows = vec![vec!["most connections idle in a transaction".into(), pg]];
         if let PgActivity::Sampled {
             connections_peak, ..
         } = &self.pg
@@ -457,16 +499,21 @@ impl Report {
                 connections_peak.to_string(),
             ]);
         }
+        rows
+    }
+
+    /// Rows of the unrelated reader and the server's memory.
+    fn read_and_memory_rows(&self) -> Vec<Vec<String>> {
         let r = &self.unrelated_reads;
         let failed = if r.failed > 0 {
             format!(", {} failed", r.failed)
         } else {
             String::new()
         };
-        rows.push(vec![
+        let mut rows = vec![vec![
             "unrelated read, p50 / p99 (ms)".into(),
             format!("{} / {}{failed}", millis(r.p50_ms), millis(r.p99_ms)),
-        ]);
+        ]];
         match &self.memory {
             Some(m) => {
                 rows.push(vec![
@@ -487,25 +534,28 @@ impl Report {
                 "n/a (remote server)".into(),
             ]),
         }
-        out.push(markdown(&["figure".into(), "value".into()], &rows));
-        out.push(String::new());
-        out.push(
+        rows
+    }
+
+    /// The lines under the table: what each figure measures.
+    fn explanations(&self) -> Vec<String> {
+        let mut out = vec![
             "202 to terminal frame: from this process holding the 202 to the display of the \
              session's terminal"
                 .into(),
-        );
-        out.push("  reading its session.completed / rejected / aborted frame.".into());
-        out.push(format!("push latency: {PUSH_MEANS}."));
-        out.push(format!(
-            "queue depth and AI concurrency: the peaks of the operators' stats frames ({} \
-             received, at most 4 a second){}",
-            self.stats_frames,
-            if self.simulator_max_concurrent_jobs.is_some() {
-                ";\n  the simulator's figure is its own exact count of unfinished jobs."
-            } else {
-                "."
-            }
-        ));
+            "  reading its session.completed / rejected / aborted frame.".into(),
+            format!("push latency: {PUSH_MEANS}."),
+            format!(
+                "queue depth and AI concurrency: the peaks of the operators' stats frames ({} \
+                 received, at most 4 a second){}",
+                self.stats_frames,
+                if self.simulator_max_concurrent_jobs.is_some() {
+                    ";\n  the simulator's figure is its own exact count of unfinished jobs."
+                } else {
+                    "."
+                }
+            ),
+        ];
         if let PgActivity::Sampled {
             samples, every_ms, ..
         } = &self.pg
@@ -521,6 +571,7 @@ impl Report {
                     .into(),
             );
         }
+        let r = &self.unrelated_reads;
         out.push(format!(
             "unrelated read: GET /api/experiences/<slug> every {} ms by a client of its own, \
              {} reads.",
@@ -545,12 +596,7 @@ impl Report {
                     .into(),
             );
         }
-        for note in &self.notes {
-            out.push(format!("note: {note}"));
-        }
-        out.push(String::new());
-        out.extend(self.decision());
-        out.join("\n")
+        out
     }
 }
 
