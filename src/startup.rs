@@ -44,6 +44,7 @@ use crate::units::RateLimit;
 use crate::http::auth::new_secret;
 use crate::http::rate_limit::RateLimits;
 use crate::http::{routes, AppState};
+use crate::store::providers::ProviderRow;
 use crate::store::sagas::ClaimRules;
 use crate::store::{Store, StoreError};
 
@@ -154,7 +155,8 @@ impl Application {
         let media = open_media(&config, db.store.is_postgres())?;
         let specs = config.provider_specs()?;
         let simulator = start_simulator(&specs).await?;
-        db.store.register_providers(&specs, clock.now_ms()).await?;
+        let rows: Vec<ProviderRow> = specs.iter().map(provider_row).collect();
+        db.store.register_providers(&rows, clock.now_ms()).await?;
         let operator_token = operator_token(&config);
         let rules = ClaimRules {
             lease_ms: config.lease_ms(),
@@ -295,6 +297,16 @@ struct Database {
     sqlite_lock: Option<File>,
     store: Store,
     work: Store,
+}
+
+/// A configured provider as the store keeps it (operators read it back).
+fn provider_row(spec: &ProviderSpec) -> ProviderRow {
+    ProviderRow {
+        name: spec.name.clone(),
+        kind: spec.kind_name().into(),
+        max_in_flight: spec.max_in_flight,
+        rate_limit: spec.rate_limit_text(),
+    }
 }
 
 /// Locks a SQLite file, connects, migrates, and opens the work pool.

@@ -9,7 +9,6 @@ use sea_orm::ConnectionTrait;
 
 use super::entities::sagas;
 use super::{Store, StoreResult};
-use crate::ai::providers::ProviderSpec;
 use crate::domain::policy::EpochMs;
 
 /// A provider as stored.
@@ -39,21 +38,21 @@ impl Store {
     /// stays: its experiences' sagas wait, and the dispatcher says why).
     pub async fn register_providers(
         &self,
-        specs: &[ProviderSpec],
+        rows: &[ProviderRow],
         now: EpochMs,
     ) -> StoreResult<()> {
         let tx = self.write_tx().await?;
-        for spec in specs {
+        for row in rows {
             tx.execute_raw(self.sql(
                 "INSERT INTO providers (name, kind, max_in_flight, rate_limit, updated_at_ms) \
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET \
                  kind = excluded.kind, max_in_flight = excluded.max_in_flight, \
                  rate_limit = excluded.rate_limit, updated_at_ms = excluded.updated_at_ms",
                 vec![
-                    spec.name.clone().into(),
-                    spec.kind_name().into(),
-                    spec.max_in_flight.into(),
-                    spec.rate_limit_text().into(),
+                    row.name.clone().into(),
+                    row.kind.clone().into(),
+                    row.max_in_flight.into(),
+                    row.rate_limit.clone().into(),
                     now.into(),
                 ],
             ))
