@@ -12,10 +12,10 @@
 //! The data flow of one submission, with the module that owns each part:
 //!
 //! ```text
-//! http::participants::submit ── store::sessions::submit (one tx: session SUBMITTING + saga AI_PENDING)
+//! http::submissions::submit ── store::submissions (one tx per batch: session SUBMITTING + saga AI_PENDING)
 //!        │ 202 + Wake
 //!        ▼
-//! actors::dispatcher ── store::sagas::claim_runnable (lease + lock token, under the AI cap)
+//! actors::dispatcher ── store::sagas (claim_for_provider: lease + lock token, slots in store::ledger under the caps)
 //!        ▼
 //! actors::saga_supervisor (one per saga; renews its lease; domain::policy decides retries)
 //!        ├─ actors::ai ── ai::client (job API) or ai::openai (OpenAI-compatible; outside
@@ -27,6 +27,9 @@
 //!                         actors::terminal_hub -> actors::terminal_socket (replay by seq)
 //! actors::cleanup ── aborts what nobody owns (ORPHANED), purges old keys and events
 //! ```
+//!
+//! docs/ARCHITECTURE.md draws the whole way (media and review included)
+//! and gives the rooms' import rules, which `tests/architecture.rs` checks.
 //!
 //! - [`domain`]: pure rules (steps, failure kinds, retry/lease/recovery
 //!   policy, AI key derivation); given `now`, never reads a clock.
