@@ -194,6 +194,32 @@ async fn media_figures(
 /// Runs the whole benchmark and prints the table. Err when pgbench or any
 /// scenario failed or found a correctness violation.
 pub async fn run(args: BenchArgs) -> Result<(), String> {
+    check_args(&args)?;
+    install_tls_provider();
+    let started = chrono::Local::now().format("%Y-%m-%d %H:%M %Z").to_string();
+    let load_start = load_average();
+    let bench = Bench::prepare(&args)?;
+    let (sync_commit, pgbench) = run_pgbench(&args, &bench).await?;
+    let results = run_scenarios(&args, &bench).await;
+    let claim_costs = run_claim_costs(&args, &bench).await;
+    let memory = run_socket_memory(&args, &bench).await;
+    let media = media_figures(&args, bench.builds(), &bench.dir, &bench.server_args).await;
+    let m = Measured {
+        sync_commit,
+        pgbench,
+        results,
+        claim_costs,
+        memory,
+        media,
+    };
+    print_tables(&args, &bench, started, load_start, &m);
+    exit_status(&args, &bench.dir, &m)
+}
+
+/// The flags' values a run needs: at least one session, submitter and
+/// instance; a push rate and sessions when push latency runs; sockets when
+/// the memory per idle socket does.
+fn check_args(args: &BenchArgs) -> Result<(), String> {
     if args.sessions == 0 || args.concurrency == 0 || args.instances == 0 {
         return Err("--sessions, --concurrency and --instances must be at least 1".into());
     }
@@ -204,60 +230,132 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     if push && !(args.push_rate.is_finite() && args.push_rate > 0.0) {
         return Err("--push-rate must be a positive number of submissions per second".into());
     }
-    let socket_memory = !args.no_socket_memory;
-    if socket_memory && args.idle_sockets == 0 {
+    if !args.no_socket_memory && args.idle_sockets == 0 {
         return Err("--idle-sockets must be at least 1".into());
     }
-    // reqwest is built without a TLS provider of its own.
+    Ok(())
+}
+
+/// reqwest is built without a TLS provider of its own: installs ring's,
+/// unless the process has one.
+fn install_tls_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
-    let started = chrono::Local::now().format("%Y-%m-%d %H:%M %Z").to_string();
-    let load_start = load_average();
-    let exe = std::env::current_exe().map_err(|e| format!("current executable: {e}"))?;
-    let server_exe = match &args.server_binary {
-        Some(path) if !path.is_file() => {
-            return Err(format!("--server-binary {}: no such file", path.display()))
+}
+
+/// What every stage of a bench run shares: the builds, the temp dir, the
+/// server flags and which backends run.
+struct Bench {
+    /// This build: the AI simulator (and the server, unless
+    /// `--server-binary`).
+    exe: PathBuf,
+    /// The build whose `stagehand serve` runs.
+    server_exe: PathBuf,
+    /// The run's temp dir (logs, SQLite files).
+    dir: PathBuf,
+    /// The `--server-arg`s, split on whitespace.
+    server_args: Vec<String>,
+    /// The PostgreSQL admin URL, unless none or empty.
+    postgres: Option<String>,
+    run_sqlite: bool,
+}
+
+impl Bench {
+    /// Finds the builds, creates the temp dir and checks there is
+    /// something to run.
+    fn prepare(args: &BenchArgs) -> Result<Bench, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("current executable: {e}"))?;
+        let server_exe = match &args.server_binary {
+            Some(path) if !path.is_file() => {
+                return Err(format!("--server-binary {}: no such file", path.display()))
+            }
+            Some(path) => path.clone(),
+            None => exe.clone(),
+        };
+        let dir = std::env::temp_dir().join(format!("stagehand-bench-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let server_args: Vec<String> = args
+            .server_args
+            .iter()
+            .flat_map(|a| a.split_whitespace().map(str::to_owned))
+            .collect();
+        let postgres = args.postgres_url.clone().filter(|u| !u.trim().is_empty());
+        let run_sqlite = !args.no_sqlite;
+        if postgres.is_none() && !run_sqlite && args.no_socket_memory {
+            return Err(
+                "nothing to run: no --postgres-url, --no-sqlite and --no-socket-memory".into(),
+            );
         }
-        Some(path) => path.clone(),
-        None => exe.clone(),
+        Ok(Bench {
+            exe,
+            server_exe,
+            dir,
+            server_args,
+            postgres,
+            run_sqlite,
+        })
+    }
+
+    /// The backends measured, PostgreSQL first.
+    fn backends(&self) -> Vec<Backend> {
+        let mut backends = Vec::new();
+        if self.postgres.is_some() {
+            backends.push(Backend::Postgres);
+        }
+        if self.run_sqlite {
+            backends.push(Backend::Sqlite);
+        }
+        backends
+    }
+
+    /// The simulator's build and the server's.
+    fn builds(&self) -> load::Builds<'_> {
+        load::Builds {
+            sim: &self.exe,
+            server: &self.server_exe,
+        }
+    }
+}
+
+/// What the stages measured.
+struct Measured {
+    /// PostgreSQL's `synchronous_commit`, when pgbench ran.
+    sync_commit: Option<String>,
+    pgbench: Option<Pgbench>,
+    /// The load scenarios, in the order they ran.
+    results: Vec<ScenarioResult>,
+    claim_costs: Vec<claim::ClaimCostResult>,
+    memory: Option<sockets::SocketMemoryResult>,
+    media: Option<Result<media::MediaFigures, String>>,
+}
+
+/// PostgreSQL's `synchronous_commit` and pgbench, with PostgreSQL and the
+/// throughput scenarios; Err when `synchronous_commit` cannot be read.
+async fn run_pgbench(
+    args: &BenchArgs,
+    bench: &Bench,
+) -> Result<(Option<String>, Option<Pgbench>), String> {
+    let Some(admin) = bench.postgres.as_ref().filter(|_| !args.no_throughput) else {
+        return Ok((None, None));
     };
-    let dir = std::env::temp_dir().join(format!("stagehand-bench-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    let server_args: Vec<String> = args
-        .server_args
-        .iter()
-        .flat_map(|a| a.split_whitespace().map(str::to_owned))
-        .collect();
-    let postgres = args.postgres_url.clone().filter(|u| !u.trim().is_empty());
-    let run_sqlite = !args.no_sqlite;
-    if postgres.is_none() && !run_sqlite && !socket_memory {
-        return Err("nothing to run: no --postgres-url, --no-sqlite and --no-socket-memory".into());
+    let sync_commit = synchronous_commit(admin).await?;
+    eprintln!("bench: pgbench (prepared single-row UPDATE, -c 8 -j 2 -T 8)");
+    let outcome = pgbench::run(admin, &bench.dir).await;
+    match &outcome {
+        Pgbench::Tps(tps) => eprintln!("bench: pgbench {tps:.0} tps"),
+        Pgbench::NotInstalled => eprintln!("bench: pgbench is not on PATH; no ratios"),
+        Pgbench::Failed(e) => eprintln!("bench: pgbench failed: {e}"),
     }
+    Ok((Some(sync_commit), Some(outcome)))
+}
 
-    let mut sync_commit = None;
-    let mut pgbench = None;
-    if let Some(admin) = postgres.as_ref().filter(|_| !args.no_throughput) {
-        sync_commit = Some(synchronous_commit(admin).await?);
-        eprintln!("bench: pgbench (prepared single-row UPDATE, -c 8 -j 2 -T 8)");
-        let outcome = pgbench::run(admin, &dir).await;
-        match &outcome {
-            Pgbench::Tps(tps) => eprintln!("bench: pgbench {tps:.0} tps"),
-            Pgbench::NotInstalled => eprintln!("bench: pgbench is not on PATH; no ratios"),
-            Pgbench::Failed(e) => eprintln!("bench: pgbench failed: {e}"),
-        }
-        pgbench = Some(outcome);
-    }
-
-    let mut backends = Vec::new();
-    if postgres.is_some() {
-        backends.push(Backend::Postgres);
-    }
-    if run_sqlite {
-        backends.push(Backend::Sqlite);
-    }
+/// The load scenarios, per backend: flat out on 1 terminal (and on
+/// PostgreSQL with `--instances` servers), flat out on 50, then push
+/// latency; each as (backend, terminals, load, instances).
+fn scenarios(args: &BenchArgs, bench: &Bench) -> Vec<(Backend, usize, Load, usize)> {
     let mut scenarios = Vec::new();
-    for backend in backends {
+    for backend in bench.backends() {
         if !args.no_throughput {
             scenarios.push((backend, 1, Load::FlatOut, 1));
             if backend == Backend::Postgres && args.instances > 1 {
@@ -265,15 +363,20 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             }
             scenarios.push((backend, 50, Load::FlatOut, 1));
         }
-        if push {
+        if !args.no_push_latency {
             scenarios.push((backend, PUSH_TERMINALS, Load::Paced(args.push_rate), 1));
         }
     }
-    let mut results: Vec<ScenarioResult> = Vec::new();
-    for (backend, terminals, load, instances) in scenarios {
+    scenarios
+}
+
+/// Runs the load scenarios one after another, each reported when done.
+async fn run_scenarios(args: &BenchArgs, bench: &Bench) -> Vec<ScenarioResult> {
+    let mut results = Vec::new();
+    for (backend, terminals, load, instances) in scenarios(args, bench) {
         let scenario = Scenario {
-            exe: exe.clone(),
-            server_exe: server_exe.clone(),
+            exe: bench.exe.clone(),
+            server_exe: bench.server_exe.clone(),
             backend,
             terminals,
             sessions: match load {
@@ -283,166 +386,177 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             concurrency: args.concurrency,
             load,
             instances,
-            server_args: server_args.clone(),
-            admin_url: postgres.clone(),
-            dir: dir.clone(),
+            server_args: bench.server_args.clone(),
+            admin_url: bench.postgres.clone(),
+            dir: bench.dir.clone(),
             deadline: args.deadline,
         };
         eprintln!("bench: {} running", scenario.label());
         let result = load::run(&scenario).await;
-        match &result.outcome {
-            Ok(f) if load.is_paced() => eprintln!(
-                "bench: {} done: sent {:.1}/s (latest {:.1} ms behind schedule); \
-                 202-to-frame p50 {:.1} ms, p99 {:.1} ms; submit p50 {:.1} ms, p99 {:.1} ms",
-                scenario.label(),
-                f.sent_per_s,
-                f.behind_schedule_ms,
-                f.frame_after_202_p50_ms,
-                f.frame_after_202_p99_ms,
-                f.submit_p50_ms,
-                f.submit_p99_ms
-            ),
-            Ok(f) => eprintln!(
-                "bench: {} done: {:.0} accepted/s, {:.0} sagas/s end to end; \
-                 {} unrelated reads, p50 {:.1} ms, p99 {:.1} ms",
-                scenario.label(),
-                f.accepted_per_s,
-                f.sagas_per_s,
-                f.reads,
-                f.read_p50_ms,
-                f.read_p99_ms
-            ),
-            Err(e) => eprintln!(
-                "bench: {} FAILED: {} (details at the end)",
-                scenario.label(),
-                e.trim().lines().next().unwrap_or_default()
-            ),
-        }
+        report_scenario(&scenario, &result);
         results.push(result);
     }
+    results
+}
 
-    let mut claim_costs = Vec::new();
-    if !args.no_claim_cost && args.claim_rounds > 0 {
-        let mut backends = Vec::new();
-        if postgres.is_some() {
-            backends.push(Backend::Postgres);
-        }
-        if run_sqlite {
-            backends.push(Backend::Sqlite);
-        }
-        for backend in backends {
-            eprintln!(
-                "bench: claim cost ({}, {} rounds at 1,000 and at 100,000 queued) running",
-                backend.name(),
-                args.claim_rounds
-            );
-            let c = claim::run(backend, postgres.as_deref(), &dir, args.claim_rounds).await;
-            if let Err(e) = &c.outcome {
-                eprintln!("bench: claim cost ({}) FAILED: {e}", backend.name());
-            }
-            claim_costs.push(c);
-        }
+/// One line on stderr: a scenario's main figures, or the first line of why
+/// it failed.
+fn report_scenario(scenario: &Scenario, result: &ScenarioResult) {
+    match &result.outcome {
+        Ok(f) if scenario.load.is_paced() => eprintln!(
+            "bench: {} done: sent {:.1}/s (latest {:.1} ms behind schedule); \
+             202-to-frame p50 {:.1} ms, p99 {:.1} ms; submit p50 {:.1} ms, p99 {:.1} ms",
+            scenario.label(),
+            f.sent_per_s,
+            f.behind_schedule_ms,
+            f.frame_after_202_p50_ms,
+            f.frame_after_202_p99_ms,
+            f.submit_p50_ms,
+            f.submit_p99_ms
+        ),
+        Ok(f) => eprintln!(
+            "bench: {} done: {:.0} accepted/s, {:.0} sagas/s end to end; \
+             {} unrelated reads, p50 {:.1} ms, p99 {:.1} ms",
+            scenario.label(),
+            f.accepted_per_s,
+            f.sagas_per_s,
+            f.reads,
+            f.read_p50_ms,
+            f.read_p99_ms
+        ),
+        Err(e) => eprintln!(
+            "bench: {} FAILED: {} (details at the end)",
+            scenario.label(),
+            e.trim().lines().next().unwrap_or_default()
+        ),
     }
+}
 
-    let memory = if socket_memory {
+/// The claim cost per backend, unless `--no-claim-cost` (or no rounds).
+async fn run_claim_costs(args: &BenchArgs, bench: &Bench) -> Vec<claim::ClaimCostResult> {
+    let mut claim_costs = Vec::new();
+    if args.no_claim_cost || args.claim_rounds == 0 {
+        return claim_costs;
+    }
+    for backend in bench.backends() {
         eprintln!(
-            "bench: memory per idle socket (SQLite, {} display WebSockets) running",
-            args.idle_sockets
+            "bench: claim cost ({}, {} rounds at 1,000 and at 100,000 queued) running",
+            backend.name(),
+            args.claim_rounds
         );
-        let m = sockets::run(
-            load::Builds {
-                sim: &exe,
-                server: &server_exe,
-            },
-            &dir,
-            &server_args,
-            args.idle_sockets,
+        let c = claim::run(
+            backend,
+            bench.postgres.as_deref(),
+            &bench.dir,
+            args.claim_rounds,
         )
         .await;
-        match &m.outcome {
-            Ok(x) => eprintln!(
-                "bench: memory per idle socket done: {:.1} KiB per socket (VmRSS {} KiB -> {} KiB)",
-                x.per_socket_kib(),
-                x.rss_idle_kib,
-                x.rss_sockets_kib
-            ),
-            Err(e) => eprintln!(
-                "bench: memory per idle socket FAILED: {} (details at the end)",
-                e.trim().lines().next().unwrap_or_default()
-            ),
+        if let Err(e) = &c.outcome {
+            eprintln!("bench: claim cost ({}) FAILED: {e}", backend.name());
         }
-        Some(m)
-    } else {
-        None
-    };
+        claim_costs.push(c);
+    }
+    claim_costs
+}
 
-    let media = media_figures(
-        &args,
-        load::Builds {
-            sim: &exe,
-            server: &server_exe,
-        },
-        &dir,
-        &server_args,
+/// The memory per idle socket, unless `--no-socket-memory`.
+async fn run_socket_memory(args: &BenchArgs, bench: &Bench) -> Option<sockets::SocketMemoryResult> {
+    if args.no_socket_memory {
+        return None;
+    }
+    eprintln!(
+        "bench: memory per idle socket (SQLite, {} display WebSockets) running",
+        args.idle_sockets
+    );
+    let m = sockets::run(
+        bench.builds(),
+        &bench.dir,
+        &bench.server_args,
+        args.idle_sockets,
     )
     .await;
+    match &m.outcome {
+        Ok(x) => eprintln!(
+            "bench: memory per idle socket done: {:.1} KiB per socket (VmRSS {} KiB -> {} KiB)",
+            x.per_socket_kib(),
+            x.rss_idle_kib,
+            x.rss_sockets_kib
+        ),
+        Err(e) => eprintln!(
+            "bench: memory per idle socket FAILED: {} (details at the end)",
+            e.trim().lines().next().unwrap_or_default()
+        ),
+    }
+    Some(m)
+}
 
+/// Prints the result on stdout: the header, the table of the scenarios,
+/// the claim cost, the memory per idle socket, the media figures and the
+/// notes on the server logs, each part only when it ran.
+fn print_tables(
+    args: &BenchArgs,
+    bench: &Bench,
+    started: String,
+    load_start: Option<f64>,
+    m: &Measured,
+) {
     let header = table::header(&table::Header {
         started,
         load_start,
         load_end: load_average(),
         sessions: args.sessions,
         concurrency: args.concurrency,
-        push: results
+        push: m
+            .results
             .iter()
             .any(|r| r.load.is_paced())
             .then_some((args.push_sessions, args.push_rate)),
-        flat: results.iter().any(|r| !r.load.is_paced()),
-        sync_commit: sync_commit.as_deref(),
-        pgbench: pgbench.as_ref(),
-        server_args: &server_args,
+        flat: m.results.iter().any(|r| !r.load.is_paced()),
+        sync_commit: m.sync_commit.as_deref(),
+        pgbench: m.pgbench.as_ref(),
+        server_args: &bench.server_args,
         server_binary: args.server_binary.as_deref(),
     });
     println!("{header}");
-    if !results.is_empty() {
-        println!("{}", table::render(&results, pgbench.as_ref()));
+    if !m.results.is_empty() {
+        println!("{}", table::render(&m.results, m.pgbench.as_ref()));
     }
-    if !claim_costs.is_empty() {
-        println!();
-        for line in table::claim_cost(&claim_costs) {
-            println!("{line}");
-        }
+    let mut parts = Vec::new();
+    if !m.claim_costs.is_empty() {
+        parts.push(table::claim_cost(&m.claim_costs));
     }
-    if let Some(m) = &memory {
-        println!();
-        for line in table::socket_memory(m) {
-            println!("{line}");
-        }
+    if let Some(memory) = &m.memory {
+        parts.push(table::socket_memory(memory));
     }
-    if let Some(Ok(m)) = &media {
-        println!();
-        for line in table::media(m) {
-            println!("{line}");
-        }
+    if let Some(Ok(media)) = &m.media {
+        parts.push(table::media(media));
     }
-    let notes = table::notes(&results);
+    let notes = table::notes(&m.results);
     if !notes.is_empty() {
+        parts.push(notes);
+    }
+    for lines in parts {
         println!();
-        for line in notes {
+        for line in lines {
             println!("{line}");
         }
     }
+}
 
-    let failed: Vec<&ScenarioResult> = results.iter().filter(|r| r.outcome.is_err()).collect();
-    let pgbench_failed = matches!(pgbench, Some(Pgbench::Failed(_)));
+/// Prints the details of each failure, deletes the temp dir (keeping the
+/// logs after a failure, or with `--keep-logs`), and the run's status: Err
+/// naming what failed.
+fn exit_status(args: &BenchArgs, dir: &Path, m: &Measured) -> Result<(), String> {
+    let failed: Vec<&ScenarioResult> = m.results.iter().filter(|r| r.outcome.is_err()).collect();
+    let pgbench_failed = matches!(m.pgbench, Some(Pgbench::Failed(_)));
     for r in &failed {
         if let Err(e) = &r.outcome {
             eprintln!("\n{} FAILED:\n{e}", r.label);
         }
     }
-    let media_failed = matches!(media, Some(Err(_)));
-    let memory_failed = match &memory {
-        Some(m) => match &m.outcome {
+    let media_failed = matches!(m.media, Some(Err(_)));
+    let memory_failed = match &m.memory {
+        Some(memory) => match &memory.outcome {
             Err(e) => {
                 eprintln!("\nmemory per idle socket FAILED:\n{e}");
                 true
@@ -451,36 +565,36 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         },
         None => false,
     };
-    let claim_failed = claim_costs.iter().any(|c| c.outcome.is_err());
+    let claim_failed = m.claim_costs.iter().any(|c| c.outcome.is_err());
     let keep =
         args.keep_logs || !failed.is_empty() || pgbench_failed || memory_failed || media_failed;
-    cleanup(&dir, keep);
+    cleanup(dir, keep);
     if keep {
         eprintln!("logs kept in {}", dir.join("logs").display());
     }
-    if failed.is_empty() && !pgbench_failed && !memory_failed && !claim_failed && !media_failed {
+    let mut what = Vec::new();
+    if !failed.is_empty() {
+        what.push(format!(
+            "{} of {} scenario(s) failed",
+            failed.len(),
+            m.results.len()
+        ));
+    }
+    if pgbench_failed {
+        what.push("pgbench failed".into());
+    }
+    if media_failed {
+        what.push("the media figures failed".into());
+    }
+    if memory_failed {
+        what.push("the memory per idle socket failed".into());
+    }
+    if claim_failed {
+        what.push("the claim cost failed".into());
+    }
+    if what.is_empty() {
         Ok(())
     } else {
-        let mut what = Vec::new();
-        if !failed.is_empty() {
-            what.push(format!(
-                "{} of {} scenario(s) failed",
-                failed.len(),
-                results.len()
-            ));
-        }
-        if pgbench_failed {
-            what.push("pgbench failed".into());
-        }
-        if media_failed {
-            what.push("the media figures failed".into());
-        }
-        if memory_failed {
-            what.push("the memory per idle socket failed".into());
-        }
-        if claim_failed {
-            what.push("the claim cost failed".into());
-        }
         Err(what.join(", "))
     }
 }

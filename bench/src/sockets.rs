@@ -86,6 +86,9 @@ pub(super) async fn run(
     }
 }
 
+/// The measurement: the server's VmRSS with no display, then with
+/// `sockets` idle display sockets open; then the sockets closed and the
+/// processes stopped.
 async fn measure(
     builds: load::Builds<'_>,
     dir: &Path,
@@ -98,10 +101,6 @@ async fn measure(
     // descriptor per socket.
     let need = sockets as u64 + FD_MARGIN;
     ensure_open_files(need, "or skip this measurement with --no-socket-memory")?;
-
-    let db_dir = dir.join("db-sockets");
-    std::fs::create_dir_all(&db_dir).map_err(|e| format!("create {}: {e}", db_dir.display()))?;
-    let database_url = format!("sqlite://{}/bench.db?mode=rwc", db_dir.display());
     let Stack {
         client,
         sim,
@@ -109,24 +108,9 @@ async fn measure(
         base,
         operator,
         ..
-    } = load::start_stack(
-        builds,
-        &database_url,
-        &load::instant_ai(),
-        server_args,
-        &logs.join("sockets-sim.log"),
-        server_log,
-        8,
-    )
-    .await?;
+    } = start_sqlite_stack(builds, dir, logs, server_log, server_args).await?;
     let pid = server.child.id();
-    let server_files = open_files_limit(&format!("/proc/{pid}/limits"))?.0;
-    if server_files < need {
-        return Err(format!(
-            "the server may open only {server_files} files; {sockets} sockets need about \
-             {need}: raise the limit (ulimit -n {need}) or skip this with --no-socket-memory"
-        ));
-    }
+    check_server_files(pid, sockets, need)?;
     let (_slug, terminals) = load::create_terminals(
         &client,
         &base,
@@ -136,37 +120,126 @@ async fn measure(
     )
     .await?;
     drop(client);
+    let reads_idle_kib = rss_without_displays(pid, sockets).await?;
+    let held = Held::new();
+    let urls = terminals
+        .iter()
+        .map(|t| load::display_url(&base, t))
+        .collect();
+    let (connected, connect_s) = held.connect(urls, sockets).await;
+    let outcome = rss_with_displays(pid, sockets, &held, &connected, connect_s)
+        .await
+        .map(|reads_sockets_kib| SocketMemory {
+            sockets,
+            terminals: TERMINALS,
+            rss_idle_kib: median(&reads_idle_kib),
+            rss_sockets_kib: median(&reads_sockets_kib),
+            reads_idle_kib,
+            reads_sockets_kib,
+            connect_s,
+        });
+    if let Ok(Some(status)) = server.child.try_wait() {
+        return Err(format!("the server exited ({status})"));
+    }
+    held.close().await;
+    drop(server);
+    drop(sim);
+    outcome
+}
 
-    // No display connected.
+/// The AI simulator and a server on a fresh SQLite database in `dir`, as
+/// a user runs them.
+async fn start_sqlite_stack(
+    builds: load::Builds<'_>,
+    dir: &Path,
+    logs: &Path,
+    server_log: &Path,
+    server_args: &[String],
+) -> Result<Stack, String> {
+    let db_dir = dir.join("db-sockets");
+    std::fs::create_dir_all(&db_dir).map_err(|e| format!("create {}: {e}", db_dir.display()))?;
+    let database_url = format!("sqlite://{}/bench.db?mode=rwc", db_dir.display());
+    load::start_stack(
+        builds,
+        &database_url,
+        &load::instant_ai(),
+        server_args,
+        &logs.join("sockets-sim.log"),
+        server_log,
+        8,
+    )
+    .await
+}
+
+/// Err when the server `pid` may open fewer than the `need` files its
+/// `sockets` idle sockets take.
+fn check_server_files(pid: u32, sockets: usize, need: u64) -> Result<(), String> {
+    let server_files = open_files_limit(&format!("/proc/{pid}/limits"))?.0;
+    if server_files < need {
+        return Err(format!(
+            "the server may open only {server_files} files; {sockets} sockets need about \
+             {need}: raise the limit (ulimit -n {need}) or skip this with --no-socket-memory"
+        ));
+    }
+    Ok(())
+}
+
+/// The server's VmRSS reads with no display connected, once it settled
+/// after the setup.
+async fn rss_without_displays(pid: u32, sockets: usize) -> Result<Vec<u64>, String> {
     tokio::time::sleep(SETTLE).await;
     let reads_idle_kib = rss_reads(pid).await?;
     eprintln!(
         "  socket memory: server VmRSS with no display: {reads_idle_kib:?} KiB; \
          connecting {sockets} displays"
     );
+    Ok(reads_idle_kib)
+}
 
-    // The sockets: each reads its hello, then is handed to a task that keeps
-    // reading (answering pings) until told to stop.
-    let urls: Arc<Vec<String>> = Arc::new(
-        terminals
-            .iter()
-            .map(|t| load::display_url(&base, t))
-            .collect(),
-    );
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let open = Arc::new(AtomicUsize::new(0));
-    let closed = Arc::new(AtomicUsize::new(0));
-    let first_close: Arc<Mutex<Option<String>>> = Arc::default();
-    let holders: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
-    let connect_start = Instant::now();
-    let connected = {
-        let (open, closed, first_close, holders) = (
-            open.clone(),
-            closed.clone(),
-            first_close.clone(),
-            holders.clone(),
+/// The idle display sockets, each held open by a task of its own until
+/// told to stop, and what became of them.
+struct Held {
+    stop_tx: watch::Sender<bool>,
+    stop_rx: watch::Receiver<bool>,
+    /// Sockets connected (their hello read).
+    open: Arc<AtomicUsize>,
+    /// Sockets that closed while held.
+    closed: Arc<AtomicUsize>,
+    /// Why the first of those closed.
+    first_close: Arc<Mutex<Option<String>>>,
+    /// The tasks holding the sockets.
+    holders: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Held {
+    /// No socket yet.
+    fn new() -> Held {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        Held {
+            stop_tx,
+            stop_rx,
+            open: Arc::default(),
+            closed: Arc::default(),
+            first_close: Arc::default(),
+            holders: Arc::default(),
+        }
+    }
+
+    /// Connects `sockets` displays, [`CONNECTING`] at a time, socket `i` to
+    /// `urls[i % urls.len()]`: each reads its hello, then is handed to a
+    /// task that keeps reading (answering pings) until told to stop. Each
+    /// socket's outcome, and how long connecting them all took (s).
+    async fn connect(&self, urls: Vec<String>, sockets: usize) -> (Vec<Result<(), String>>, f64) {
+        let urls = Arc::new(urls);
+        let connect_start = Instant::now();
+        let (stop_rx, open, closed, first_close, holders) = (
+            self.stop_rx.clone(),
+            self.open.clone(),
+            self.closed.clone(),
+            self.first_close.clone(),
+            self.holders.clone(),
         );
-        load::in_workers(sockets, CONNECTING, move |i| {
+        let connected = load::in_workers(sockets, CONNECTING, move |i| {
             let url = urls[i % urls.len()].clone();
             let (open, closed, first_close, holders) = (
                 open.clone(),
@@ -185,11 +258,36 @@ async fn measure(
                 Ok::<_, String>(())
             }
         })
-        .await
-    };
-    let connect_s = connect_start.elapsed().as_secs_f64();
+        .await;
+        (connected, connect_start.elapsed().as_secs_f64())
+    }
+
+    /// Tells every socket to close, and waits (at most 10 s) until their
+    /// tasks ended.
+    async fn close(self) {
+        let _ = self.stop_tx.send(true);
+        let tasks: Vec<_> = std::mem::take(&mut *self.holders.lock().expect("holders"));
+        let _ = tokio::time::timeout(Duration::from_secs(10), async {
+            for t in tasks {
+                let _ = t.await;
+            }
+        })
+        .await;
+    }
+}
+
+/// The server's VmRSS reads with every socket open, once they settled;
+/// Err when a socket did not connect, or one closed before the reads were
+/// done.
+async fn rss_with_displays(
+    pid: u32,
+    sockets: usize,
+    held: &Held,
+    connected: &[Result<(), String>],
+    connect_s: f64,
+) -> Result<Vec<u64>, String> {
     let failed: Vec<&String> = connected.iter().filter_map(|r| r.as_ref().err()).collect();
-    let outcome = if !failed.is_empty() {
+    if !failed.is_empty() {
         let mut msg = format!(
             "{} of {sockets} display socket(s) did not connect:",
             failed.len()
@@ -197,59 +295,34 @@ async fn measure(
         for e in failed.iter().take(5) {
             msg.push_str(&format!("\n  {e}"));
         }
-        Err(msg)
-    } else {
-        eprintln!(
-            "  socket memory: {} displays connected (hello read on each) in {connect_s:.1}s",
-            open.load(Ordering::Relaxed)
-        );
-        tokio::time::sleep(SETTLE).await;
-        let reads = rss_reads(pid).await;
-        let lost = closed.load(Ordering::Relaxed);
-        match reads {
-            Err(e) => Err(e),
-            Ok(_) if lost > 0 => Err(format!(
-                "{lost} of {sockets} idle display socket(s) closed during the measurement; \
-                 first: {}",
-                first_close
-                    .lock()
-                    .expect("first close")
-                    .clone()
-                    .unwrap_or_default()
-            )),
-            Ok(reads_sockets_kib) => {
-                eprintln!(
-                    "  socket memory: server VmRSS with {sockets} idle displays: \
-                     {reads_sockets_kib:?} KiB"
-                );
-                Ok(SocketMemory {
-                    sockets,
-                    terminals: TERMINALS,
-                    rss_idle_kib: median(&reads_idle_kib),
-                    rss_sockets_kib: median(&reads_sockets_kib),
-                    reads_idle_kib,
-                    reads_sockets_kib,
-                    connect_s,
-                })
-            }
-        }
-    };
-    if let Ok(Some(status)) = server.child.try_wait() {
-        return Err(format!("the server exited ({status})"));
+        return Err(msg);
     }
-
-    // Close the sockets, then stop the processes.
-    let _ = stop_tx.send(true);
-    let tasks: Vec<_> = std::mem::take(&mut *holders.lock().expect("holders"));
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        for t in tasks {
-            let _ = t.await;
+    eprintln!(
+        "  socket memory: {} displays connected (hello read on each) in {connect_s:.1}s",
+        held.open.load(Ordering::Relaxed)
+    );
+    tokio::time::sleep(SETTLE).await;
+    let reads = rss_reads(pid).await;
+    let lost = held.closed.load(Ordering::Relaxed);
+    match reads {
+        Err(e) => Err(e),
+        Ok(_) if lost > 0 => Err(format!(
+            "{lost} of {sockets} idle display socket(s) closed during the measurement; \
+             first: {}",
+            held.first_close
+                .lock()
+                .expect("first close")
+                .clone()
+                .unwrap_or_default()
+        )),
+        Ok(reads_sockets_kib) => {
+            eprintln!(
+                "  socket memory: server VmRSS with {sockets} idle displays: \
+                 {reads_sockets_kib:?} KiB"
+            );
+            Ok(reads_sockets_kib)
         }
-    })
-    .await;
-    drop(server);
-    drop(sim);
-    outcome
+    }
 }
 
 /// Keeps one idle display socket open: reads it (so pings are answered)

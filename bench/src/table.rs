@@ -219,6 +219,27 @@ fn work_cells(p: &super::cpu::PerSaga) -> String {
 
 /// The table of the load scenarios, and what its terms mean.
 pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
+    let paced = paced_rate(results);
+    let rows = scenario_rows(results, paced);
+    let columns = Columns::of(results, pgbench);
+    let body: Vec<Vec<String>> = rows.iter().map(|row| columns.cells(results, row)).collect();
+    let mut out = vec![markdown(&columns.head(), &body), String::new()];
+    out.extend(legend(results, paced));
+    out.join("\n")
+}
+
+/// The rate of the push latency scenario, when it ran.
+fn paced_rate(results: &[ScenarioResult]) -> Option<f64> {
+    results.iter().find_map(|r| match r.load {
+        Load::Paced(rate) => Some(rate),
+        Load::FlatOut => None,
+    })
+}
+
+/// The rows: those of each flat-out scenario that ran (by terminals, then
+/// instances), then the push latency rows when that scenario ran, at
+/// `paced` per second.
+fn scenario_rows(results: &[ScenarioResult], paced: Option<f64>) -> Vec<Row> {
     let mut rows = Vec::new();
     let mut flat: Vec<(usize, usize)> = results
         .iter()
@@ -230,82 +251,119 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
     for (terminals, instances) in flat {
         rows.extend(flat_rows(terminals, instances));
     }
-    // The push latency rows, when that scenario ran.
-    let paced = results.iter().find_map(|r| match r.load {
-        Load::Paced(rate) => Some(rate),
-        Load::FlatOut => None,
-    });
     if let Some(rate) = paced {
-        let on = format!("{PUSH_TERMINALS} terminals paced at {rate}/s");
-        rows.push(Row {
-            label: format!("push latency: 202-to-frame, p50 / p99 (ms), {on}"),
-            terminals: PUSH_TERMINALS,
-            paced: true,
-            instances: 1,
-            show: |f| pair(f.frame_after_202_p50_ms, f.frame_after_202_p99_ms),
-            rate: None,
-        });
-        rows.push(Row {
-            label: format!("submit latency, POST to 202, p50 / p99 (ms), {on}"),
-            terminals: PUSH_TERMINALS,
-            paced: true,
-            instances: 1,
-            show: |f| pair(f.submit_p50_ms, f.submit_p99_ms),
-            rate: None,
-        });
-        rows.push(Row {
-            label: format!("CPU-ms per saga: server / PostgreSQL / client, {on}"),
-            terminals: PUSH_TERMINALS,
-            paced: true,
-            instances: 1,
-            show: |f| cpu_cells(&f.per_saga),
-            rate: None,
-        });
+        rows.extend(paced_rows(rate));
     }
-    let has = |b: Backend| results.iter().any(|r| r.backend == b);
-    let tps = match pgbench {
-        Some(Pgbench::Tps(t)) if has(Backend::Postgres) => Some(*t),
-        _ => None,
+    rows
+}
+
+/// The rows of the push latency scenario, paced at `rate` per second.
+fn paced_rows(rate: f64) -> Vec<Row> {
+    let on = format!("{PUSH_TERMINALS} terminals paced at {rate}/s");
+    let row = |label: &str, show: fn(&Figures) -> String| Row {
+        label: format!("{label}, {on}"),
+        terminals: PUSH_TERMINALS,
+        paced: true,
+        instances: 1,
+        show,
+        rate: None,
     };
-    let mut head = vec!["figure".to_owned()];
-    if has(Backend::Postgres) {
-        head.push("PostgreSQL".into());
-        if tps.is_some() {
-            head.push("PostgreSQL / pgbench tps".into());
-        }
-    }
-    if has(Backend::Sqlite) {
-        head.push("SQLite".into());
-    }
-    let cell = |b: Backend, row: &Row| -> String {
-        match results.iter().find(|r| r.backend == b && row.of(r)) {
-            Some(r) => match &r.outcome {
-                Ok(f) => (row.show)(f),
-                Err(_) => "FAILED".into(),
+    vec![
+        row("push latency: 202-to-frame, p50 / p99 (ms)", |f| {
+            pair(f.frame_after_202_p50_ms, f.frame_after_202_p99_ms)
+        }),
+        row("submit latency, POST to 202, p50 / p99 (ms)", |f| {
+            pair(f.submit_p50_ms, f.submit_p99_ms)
+        }),
+        row("CPU-ms per saga: server / PostgreSQL / client", |f| {
+            cpu_cells(&f.per_saga)
+        }),
+    ]
+}
+
+/// The table's columns after the figure's name: PostgreSQL (and its ratio
+/// to pgbench, when pgbench gave a rate) and SQLite, each when a scenario
+/// of that backend ran.
+struct Columns {
+    postgres: bool,
+    /// pgbench's transactions per second, for the ratio column.
+    tps: Option<f64>,
+    sqlite: bool,
+}
+
+impl Columns {
+    /// The columns `results` fill.
+    fn of(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> Columns {
+        let has = |b: Backend| results.iter().any(|r| r.backend == b);
+        let postgres = has(Backend::Postgres);
+        Columns {
+            postgres,
+            tps: match pgbench {
+                Some(Pgbench::Tps(t)) if postgres => Some(*t),
+                _ => None,
             },
-            None => "-".into(),
+            sqlite: has(Backend::Sqlite),
         }
-    };
-    let mut body = Vec::new();
-    for row in &rows {
-        let mut cells = vec![row.label.clone()];
-        if has(Backend::Postgres) {
-            cells.push(cell(Backend::Postgres, row));
-            if let Some(tps) = tps {
-                let ratio = results
-                    .iter()
-                    .find(|r| r.backend == Backend::Postgres && row.of(r))
-                    .and_then(|r| r.outcome.as_ref().ok())
-                    .and_then(|f| row.rate.map(|get| get(f) / tps));
-                cells.push(ratio.map(|x| format!("{x:.2}")).unwrap_or_default());
+    }
+
+    /// The header row.
+    fn head(&self) -> Vec<String> {
+        let mut head = vec!["figure".to_owned()];
+        if self.postgres {
+            head.push("PostgreSQL".into());
+            if self.tps.is_some() {
+                head.push("PostgreSQL / pgbench tps".into());
             }
         }
-        if has(Backend::Sqlite) {
-            cells.push(cell(Backend::Sqlite, row));
+        if self.sqlite {
+            head.push("SQLite".into());
         }
-        body.push(cells);
+        head
     }
-    let mut out = vec![markdown(&head, &body), String::new()];
+
+    /// The cells of `row`: its label, then a figure (or ratio) per column.
+    fn cells(&self, results: &[ScenarioResult], row: &Row) -> Vec<String> {
+        let mut cells = vec![row.label.clone()];
+        if self.postgres {
+            cells.push(cell(results, Backend::Postgres, row));
+            if let Some(tps) = self.tps {
+                cells.push(pgbench_ratio(results, row, tps));
+            }
+        }
+        if self.sqlite {
+            cells.push(cell(results, Backend::Sqlite, row));
+        }
+        cells
+    }
+}
+
+/// `row`'s figure for `backend`: `FAILED` when its scenario failed, `-`
+/// when it did not run.
+fn cell(results: &[ScenarioResult], backend: Backend, row: &Row) -> String {
+    match results.iter().find(|r| r.backend == backend && row.of(r)) {
+        Some(r) => match &r.outcome {
+            Ok(f) => (row.show)(f),
+            Err(_) => "FAILED".into(),
+        },
+        None => "-".into(),
+    }
+}
+
+/// `row`'s PostgreSQL rate divided by pgbench's `tps` (empty when the row
+/// is no rate, or its scenario failed or did not run).
+fn pgbench_ratio(results: &[ScenarioResult], row: &Row, tps: f64) -> String {
+    let ratio = results
+        .iter()
+        .find(|r| r.backend == Backend::Postgres && row.of(r))
+        .and_then(|r| r.outcome.as_ref().ok())
+        .and_then(|f| row.rate.map(|get| get(f) / tps));
+    ratio.map(|x| format!("{x:.2}")).unwrap_or_default()
+}
+
+/// The lines under the table: what 202-to-frame, the unrelated read, the
+/// per-saga figures, the lock waits and (when they ran) N instances mean.
+fn legend(results: &[ScenarioResult], paced: Option<f64>) -> Vec<String> {
+    let mut out = Vec::new();
     out.push(
         "202-to-frame: from this client holding a submission's 202 (the submission and its \
          saga committed)"
@@ -359,7 +417,7 @@ pub fn render(results: &[ScenarioResult], pgbench: Option<&Pgbench>) -> String {
                 .into(),
         );
     }
-    out.join("\n")
+    out
 }
 
 /// The memory per idle display socket: a small table and how it was
