@@ -40,7 +40,7 @@ pub(super) async fn run(
     server_args: &[String],
     results: usize,
 ) -> Result<ExportFigures, String> {
-    let stack = super::media::sqlite_stack(builds, dir, server_args, "export").await?;
+    let stack = load::sqlite_stack(builds, dir, server_args, "export", 64).await?;
     let small_results = (results / 10).max(1);
     eprintln!("  export: making {small_results} + {results} results");
     let small = booth_with_results(&stack, small_results).await?;

@@ -1235,6 +1235,32 @@ fn strip_ansi(line: &str) -> String {
     out
 }
 
+/// A server of its own on a fresh SQLite file under `dir` (`db-<name>`),
+/// with the instant simulator, its logs named after `name`, and a client
+/// of `pool` connections.
+pub(crate) async fn sqlite_stack(
+    builds: Builds<'_>,
+    dir: &Path,
+    server_args: &[String],
+    name: &str,
+    pool: usize,
+) -> Result<Stack, String> {
+    let logs = crate::logs_dir(dir);
+    let db_dir = dir.join(format!("db-{name}"));
+    std::fs::create_dir_all(&db_dir).map_err(|e| format!("create {}: {e}", db_dir.display()))?;
+    let database_url = format!("sqlite://{}/bench.db?mode=rwc", db_dir.display());
+    start_stack(
+        builds,
+        &database_url,
+        &instant_ai(),
+        server_args,
+        &logs.join(format!("{name}-sim.log")),
+        &logs.join(format!("{name}-server.log")),
+        pool,
+    )
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

@@ -90,7 +90,7 @@ pub(super) async fn run(
     server_args: &[String],
     counts: MediaCounts,
 ) -> Result<MediaFigures, String> {
-    let stack = sqlite_stack(builds, dir, server_args, "media").await?;
+    let stack = load::sqlite_stack(builds, dir, server_args, "media", 64).await?;
     let small = Arc::new(photo_jpeg(1500, 1000));
     let large = Arc::new(photo_jpeg(4000, 3000));
     let mut figures = MediaFigures {
@@ -147,30 +147,6 @@ pub(super) async fn run(
     )
     .await?;
     Ok(figures)
-}
-
-/// A server of its own on a fresh SQLite file under `dir` (`db-<name>`),
-/// with the instant simulator, its logs named after `name`.
-pub(super) async fn sqlite_stack(
-    builds: Builds<'_>,
-    dir: &Path,
-    server_args: &[String],
-    name: &str,
-) -> Result<Stack, String> {
-    let logs = super::logs_dir(dir);
-    let db_dir = dir.join(format!("db-{name}"));
-    std::fs::create_dir_all(&db_dir).map_err(|e| format!("create {}: {e}", db_dir.display()))?;
-    let database_url = format!("sqlite://{}/bench.db?mode=rwc", db_dir.display());
-    load::start_stack(
-        builds,
-        &database_url,
-        &load::instant_ai(),
-        server_args,
-        &logs.join(format!("{name}-sim.log")),
-        &logs.join(format!("{name}-server.log")),
-        64,
-    )
-    .await
 }
 
 /// A photo-like JPEG (smooth light, texture and edges, so it compresses

@@ -70,7 +70,7 @@ pub(super) async fn run(
 ) -> SocketMemoryResult {
     let logs = super::logs_dir(dir);
     let server_log = logs.join("sockets-server.log");
-    let outcome = measure(builds, dir, &logs, &server_log, server_args, sockets)
+    let outcome = measure(builds, dir, server_args, sockets)
         .await
         .map_err(|e| {
             if server_log.exists() {
@@ -92,8 +92,6 @@ pub(super) async fn run(
 async fn measure(
     builds: load::Builds<'_>,
     dir: &Path,
-    logs: &Path,
-    server_log: &Path,
     server_args: &[String],
     sockets: usize,
 ) -> Result<SocketMemory, String> {
@@ -108,7 +106,7 @@ async fn measure(
         base,
         operator,
         ..
-    } = start_sqlite_stack(builds, dir, logs, server_log, server_args).await?;
+    } = load::sqlite_stack(builds, dir, server_args, "sockets", 8).await?;
     let pid = server.child.id();
     check_server_files(pid, sockets, need)?;
     let (_slug, terminals) = load::create_terminals(
@@ -145,30 +143,6 @@ async fn measure(
     drop(server);
     drop(sim);
     outcome
-}
-
-/// The AI simulator and a server on a fresh SQLite database in `dir`, as
-/// a user runs them.
-async fn start_sqlite_stack(
-    builds: load::Builds<'_>,
-    dir: &Path,
-    logs: &Path,
-    server_log: &Path,
-    server_args: &[String],
-) -> Result<Stack, String> {
-    let db_dir = dir.join("db-sockets");
-    std::fs::create_dir_all(&db_dir).map_err(|e| format!("create {}: {e}", db_dir.display()))?;
-    let database_url = format!("sqlite://{}/bench.db?mode=rwc", db_dir.display());
-    load::start_stack(
-        builds,
-        &database_url,
-        &load::instant_ai(),
-        server_args,
-        &logs.join("sockets-sim.log"),
-        server_log,
-        8,
-    )
-    .await
 }
 
 /// Err when the server `pid` may open fewer than the `need` files its
