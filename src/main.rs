@@ -11,10 +11,10 @@ use tracing_subscriber::{fmt, EnvFilter, Layer};
 
 use stagehand::ai::simulator::{self, SimConfig, SimControl};
 use stagehand::config::Config;
-use stagehand::units::parse_duration;
 use stagehand::startup::Application;
 use stagehand::store::{claim_cost, Store};
 use stagehand::telemetry::Tracing;
+use stagehand::units::parse_duration;
 
 /// mimalloc instead of glibc's malloc: flat out, glibc's malloc and free
 /// took about a quarter of the server's CPU (its arenas and chunk

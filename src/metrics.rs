@@ -42,11 +42,11 @@ use std::time::{Duration, Instant};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sea_orm::DbBackend;
 
-use crate::domain::presence::PRESENCE_STALE_MS;
 use crate::ai::{JobStatus, JobView};
 use crate::clock::SharedClock;
 use crate::domain::failure::AiFailure;
 use crate::domain::policy::EpochMs;
+use crate::domain::presence::PRESENCE_STALE_MS;
 use crate::domain::saga::{AbortReason, Step};
 use crate::store::presence::DisplayPositions;
 use crate::store::{Store, StoreResult};

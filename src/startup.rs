@@ -40,13 +40,13 @@ use crate::ai::simulator::{self, RunningSim, SimConfig, SimControl};
 use crate::ai::{AiClient, AiProvider, ApiKey, OpenAiClient, OpenAiSettings, ProviderKind};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
-use crate::units::RateLimit;
 use crate::http::auth::new_secret;
 use crate::http::rate_limit::RateLimits;
 use crate::http::{routes, AppState};
 use crate::store::providers::ProviderRow;
 use crate::store::sagas::ClaimRules;
 use crate::store::{Store, StoreError};
+use crate::units::RateLimit;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {

@@ -140,5 +140,6 @@ async fn measure(url: &str, rounds: usize) -> Result<Vec<SizeTiming>, String> {
     if !out.status.success() {
         return Err(format!("stagehand claim-cost exited with {}", out.status));
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("the figures of stagehand claim-cost: {e}"))
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("the figures of stagehand claim-cost: {e}"))
 }

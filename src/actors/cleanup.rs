@@ -35,12 +35,12 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use super::persistence::{PersistenceActor, WriteAlone};
-use crate::domain::presence::PRESENCE_STALE_MS;
 use super::wakeups::Wakeups;
 use crate::clock::SharedClock;
 use crate::domain::breaker::Opener;
 use crate::domain::guests::ForgottenBy;
 use crate::domain::policy::{orphan_reason, ownership, recovery, Recovery, RecoveryLimits};
+use crate::domain::presence::PRESENCE_STALE_MS;
 use crate::domain::saga::{AbortReason, OUT_OF_CREDIT};
 use crate::media::MediaStore;
 use crate::store::guests::Forget;

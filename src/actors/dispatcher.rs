@@ -37,7 +37,9 @@ use actix::prelude::*;
 use tokio::sync::watch;
 
 use super::providers::Providers;
-use super::saga_supervisor::{ExperienceOf, SagaDeps, SagaSupervisor, StopSupervisor, SagaStopped, Starter, WakeAt};
+use super::saga_supervisor::{
+    ExperienceOf, SagaDeps, SagaStopped, SagaSupervisor, Starter, StopSupervisor, WakeAt,
+};
 use super::wakeups::Doorbell;
 use crate::domain::breaker::Admission;
 use crate::domain::policy::EpochMs;

@@ -25,9 +25,9 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::run_on_runtime;
-use crate::domain::presence::PRESENCE_STALE_MS;
 use super::wakeups::Wakeups;
 use crate::clock::{rfc3339, SharedClock};
+use crate::domain::presence::PRESENCE_STALE_MS;
 use crate::store::operators::OperatorStats;
 use crate::store::Store;
 

@@ -36,11 +36,7 @@ pub struct ExperienceShare {
 impl Store {
     /// Writes this instance's providers (a provider no longer configured
     /// stays: its experiences' sagas wait, and the dispatcher says why).
-    pub async fn register_providers(
-        &self,
-        rows: &[ProviderRow],
-        now: EpochMs,
-    ) -> StoreResult<()> {
+    pub async fn register_providers(&self, rows: &[ProviderRow], now: EpochMs) -> StoreResult<()> {
         let tx = self.write_tx().await?;
         for row in rows {
             tx.execute_raw(self.sql(
