@@ -161,3 +161,44 @@ fn the_load_tools_read_the_metrics_by_the_servers_names() {
     assert_eq!(metric_names::TASKS_SPAWNED, metrics::TASKS_SPAWNED);
     assert_eq!(metric_names::FRAMES_ENCODED, metrics::FRAMES_ENCODED);
 }
+
+/// A short flat-out run (a few hundred sagas, well under a second of
+/// load) still counts the server's own work per saga: `GET /metrics`
+/// renders its text at most once a second, so the bench must not read the
+/// counters after the run from the same rendering as before it.
+#[test]
+fn a_short_run_still_counts_the_servers_messages_per_saga() {
+    let (code, output) = support::run_stagehand(
+        &[
+            "bench",
+            "--postgres-url",
+            "",
+            "--sessions",
+            "200",
+            "--concurrency",
+            "8",
+            "--no-push-latency",
+            "--no-socket-memory",
+            "--no-media",
+            "--no-claim-cost",
+        ],
+        RUN_DEADLINE,
+    );
+    assert_eq!(code, Some(0), "bench failed:\n{output}");
+    let rows: Vec<&str> = output
+        .lines()
+        .filter(|l| l.contains("per saga: actor messages / tasks spawned / frames encoded"))
+        .collect();
+    assert_eq!(rows.len(), 2, "one row per terminal count:\n{output}");
+    for row in rows {
+        let cell = row.split('|').nth(2).unwrap_or("").trim();
+        let figures: Vec<f64> = cell
+            .split(" / ")
+            .map(|f| f.trim().parse().unwrap_or(0.0))
+            .collect();
+        assert!(
+            figures.len() == 3 && figures.iter().all(|&f| f > 0.0),
+            "every saga takes actor messages, a task and a frame: {row}\n{output}"
+        );
+    }
+}

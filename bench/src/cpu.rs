@@ -59,6 +59,12 @@ pub struct PerSaga {
 /// estimate.
 pub const LOCK_SAMPLE_EVERY: Duration = Duration::from_millis(5);
 
+/// `GET /metrics` renders its text at most once a second and serves that
+/// text to every scrape meanwhile (the server's scrape cache, as its API
+/// documents): two readings of the server's counters must be at least this
+/// far apart, or the second repeats the first.
+pub const SCRAPE_REFRESH: Duration = Duration::from_millis(1_100);
+
 /// What [`sample_lock_waits`] saw over a scenario.
 #[derive(Debug, Clone, Default)]
 pub struct LockWaits {

@@ -304,6 +304,8 @@ struct Meters {
     stats_db: Option<DatabaseConnection>,
     server_pids: Vec<u32>,
     before: Counters,
+    /// When `before` was read.
+    before_at: Instant,
     /// PostgreSQL: who waits for a lock, sampled until the last frame.
     lock_waits: Option<JoinHandle<Option<LockWaits>>>,
 }
@@ -323,6 +325,7 @@ impl Meters {
         };
         let server_pids: Vec<u32> = servers.instances.iter().map(|p| p.child.id()).collect();
         let before = Counters::read(&server_pids, stats_db.as_ref(), servers.metrics()).await;
+        let before_at = Instant::now();
         let lock_waits = match s.backend {
             Backend::Postgres => Some(tokio::spawn(cpu::sample_lock_waits(
                 database_url.to_owned(),
@@ -334,12 +337,16 @@ impl Meters {
             stats_db,
             server_pids,
             before,
+            before_at,
             lock_waits,
         }
     }
 
-    /// The counters now.
+    /// The counters now, read no sooner than [`cpu::SCRAPE_REFRESH`] after
+    /// `before` (a run shorter than that would otherwise read the same
+    /// rendering of `/metrics` twice, and count nothing).
     async fn read(&self, servers: &Servers) -> Counters {
+        tokio::time::sleep_until((self.before_at + cpu::SCRAPE_REFRESH).into()).await;
         Counters::read(&self.server_pids, self.stats_db.as_ref(), servers.metrics()).await
     }
 }
