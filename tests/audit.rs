@@ -12,17 +12,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{fast_sim, Backend, TestApp, OPERATOR};
+use support::{fast_sim, Backend, OperatorAccount as Op, TestApp, OPERATOR};
 
 const WITHIN: Duration = Duration::from_secs(20);
-
-/// An operator account as a test holds it.
-#[derive(Debug, Clone)]
-struct Op {
-    id: String,
-    name: String,
-    token: String,
-}
 
 /// One expected record: (operator name, action, target).
 type Entry = (String, String, String);
@@ -31,8 +23,8 @@ fn entry(operator: &str, action: &str, target: impl Into<String>) -> Entry {
     (operator.to_owned(), action.to_owned(), target.into())
 }
 
-/// One request with `token` as bearer and an optional JSON body and
-/// Idempotency-Key: the status and the JSON body (Null when not JSON).
+/// One request to the app with `token` as bearer, an optional JSON body
+/// and an optional Idempotency-Key.
 async fn call_keyed(
     app: &TestApp,
     method: &str,
@@ -41,23 +33,7 @@ async fn call_keyed(
     body: Option<Value>,
     key: Option<&str>,
 ) -> (u16, Value) {
-    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-    let mut req = app
-        .http
-        .request(method.clone(), format!("{}{path}", app.base))
-        .bearer_auth(token);
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    if let Some(key) = key {
-        req = req.header("Idempotency-Key", key);
-    }
-    let resp = req
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+    support::api_call(&app.http, &app.base, method, path, token, body, key).await
 }
 
 async fn call(
@@ -72,24 +48,7 @@ async fn call(
 
 /// Creates an operator with `by`'s token.
 async fn create_operator(app: &TestApp, by: &str, name: &str, role: &str, key: Option<&str>) -> Op {
-    let (status, body) = call_keyed(
-        app,
-        "POST",
-        "/api/admin/operators",
-        by,
-        Some(json!({"name": name, "role": role})),
-        key,
-    )
-    .await;
-    assert_eq!(status, 201, "create operator {name}: {body}");
-    Op {
-        id: body["operator_id"]
-            .as_str()
-            .expect("operator_id")
-            .to_owned(),
-        name: name.to_owned(),
-        token: body["token"].as_str().expect("token").to_owned(),
-    }
+    support::create_operator(&app.http, &app.base, by, name, role, key).await
 }
 
 /// Waits until the wall clock (the application's) is past the

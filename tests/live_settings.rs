@@ -31,17 +31,12 @@ fn two_second_jobs() -> SimConfig {
     }
 }
 
+/// PATCH the experience with the operator token and a fresh
+/// Idempotency-Key.
 async fn patch(http: &reqwest::Client, base: &str, slug: &str, body: Value) -> (u16, Value) {
-    let resp = http
-        .patch(format!("{base}/api/experiences/{slug}"))
-        .bearer_auth(OPERATOR)
-        .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
-        .json(&body)
-        .send()
-        .await
-        .expect("PATCH experience");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+    let key = uuid::Uuid::new_v4().to_string();
+    let path = format!("/api/experiences/{slug}");
+    support::api_call(http, base, "PATCH", &path, OPERATOR, Some(body), Some(&key)).await
 }
 
 async fn experience_with(http: &reqwest::Client, base: &str, settings: Value) -> String {

@@ -11,17 +11,11 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{fast_sim, Backend, Frame, Instance, Socket, TestApp, TestDb, OPERATOR};
+use support::{
+    fast_sim, Backend, Frame, Instance, OperatorAccount as Op, Socket, TestApp, TestDb, OPERATOR,
+};
 
 const WITHIN: Duration = Duration::from_secs(20);
-
-/// An operator account as a test holds it.
-#[derive(Debug, Clone)]
-struct Op {
-    id: String,
-    name: String,
-    token: String,
-}
 
 /// One request with `token` as bearer (none when empty) and an optional
 /// JSON body: the status and the JSON body (Null when not JSON).
@@ -33,20 +27,7 @@ async fn call(
     token: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-    let mut req = http.request(method.clone(), format!("{base}{path}"));
-    if !token.is_empty() {
-        req = req.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let resp = req
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+    support::api_call(http, base, method, path, token, body, None).await
 }
 
 async fn app_call(
@@ -61,27 +42,7 @@ async fn app_call(
 
 /// Creates an operator with the bootstrap token on `base`.
 async fn create_operator(http: &reqwest::Client, base: &str, name: &str, role: &str) -> Op {
-    let (status, body) = call(
-        http,
-        base,
-        "POST",
-        "/api/admin/operators",
-        OPERATOR,
-        Some(json!({"name": name, "role": role})),
-    )
-    .await;
-    assert_eq!(status, 201, "create operator {name}: {body}");
-    assert_eq!(body["name"], name, "{body}");
-    assert_eq!(body["role"], role, "{body}");
-    assert_eq!(body["revoked_at"], Value::Null, "{body}");
-    Op {
-        id: body["operator_id"]
-            .as_str()
-            .expect("operator_id")
-            .to_owned(),
-        name: name.to_owned(),
-        token: body["token"].as_str().expect("token").to_owned(),
-    }
+    support::create_operator(http, base, OPERATOR, name, role, None).await
 }
 
 /// An experience (kind image) with `extra` settings, created with the

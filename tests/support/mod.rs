@@ -379,6 +379,80 @@ impl TestApp {
     }
 }
 
+/// One request to `base` with `token` as bearer (none when empty), an
+/// optional JSON body and an optional Idempotency-Key: the status and the
+/// JSON body (Null when not JSON).
+pub async fn api_call(
+    http: &reqwest::Client,
+    base: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+    key: Option<&str>,
+) -> (u16, Value) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut req = http.request(method.clone(), format!("{base}{path}"));
+    if !token.is_empty() {
+        req = req.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    if let Some(key) = key {
+        req = req.header("Idempotency-Key", key);
+    }
+    let resp = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// An operator account as a test holds it.
+#[derive(Debug, Clone)]
+pub struct OperatorAccount {
+    pub id: String,
+    pub name: String,
+    pub token: String,
+}
+
+/// Creates an operator with `by`'s token (and `key` as its
+/// Idempotency-Key): answered 201 with the name and role asked for, not
+/// revoked, and a token shown this once.
+pub async fn create_operator(
+    http: &reqwest::Client,
+    base: &str,
+    by: &str,
+    name: &str,
+    role: &str,
+    key: Option<&str>,
+) -> OperatorAccount {
+    let (status, body) = api_call(
+        http,
+        base,
+        "POST",
+        "/api/admin/operators",
+        by,
+        Some(json!({"name": name, "role": role})),
+        key,
+    )
+    .await;
+    assert_eq!(status, 201, "create operator {name}: {body}");
+    assert_eq!(body["name"], name, "{body}");
+    assert_eq!(body["role"], role, "{body}");
+    assert_eq!(body["revoked_at"], Value::Null, "{body}");
+    OperatorAccount {
+        id: body["operator_id"]
+            .as_str()
+            .expect("operator_id")
+            .to_owned(),
+        name: name.to_owned(),
+        token: body["token"].as_str().expect("token").to_owned(),
+    }
+}
+
 pub async fn create_experience(http: &reqwest::Client, base: &str, max_in_flight: i32) -> String {
     let slug = format!("exp-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let resp = http
