@@ -75,10 +75,11 @@ async fn submit_many(
     sessions
 }
 
-/// Every job start the simulator saw, with how many of its jobs ran right
-/// after it (sampled every 2 ms while it lives).
+/// Every job start the simulator saw, by its number (the simulator's
+/// count of jobs created then), with how many of its jobs ran right after
+/// it (sampled every 2 ms while it lives).
 #[derive(Clone, Default)]
-struct Starts(Arc<Mutex<Vec<(Instant, u64)>>>);
+struct Starts(Arc<Mutex<Vec<(u64, u64)>>>);
 
 impl Starts {
     fn watch(sim: &RunningSim) -> (Starts, tokio::task::JoinHandle<()>) {
@@ -90,7 +91,7 @@ impl Starts {
                 let stats = control.stats();
                 if stats.jobs_created > created {
                     created = stats.jobs_created;
-                    log.0.lock().unwrap().push((Instant::now(), stats.running));
+                    log.0.lock().unwrap().push((created, stats.running));
                 }
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
@@ -98,11 +99,13 @@ impl Starts {
         (starts, watcher)
     }
 
-    /// The starts seen after `since`, each with the jobs running then.
-    fn after(&self, since: Instant) -> Vec<u64> {
+    /// The starts after the first `created` jobs, each with the jobs
+    /// running then. By number, not by when the watcher noticed them: a
+    /// start it noticed a moment late still counts where it happened.
+    fn after(&self, created: u64) -> Vec<u64> {
         let log = self.0.lock().unwrap();
         log.iter()
-            .filter(|(at, _)| *at > since)
+            .filter(|(n, _)| *n > created)
             .map(|(_, running)| *running)
             .collect()
     }
@@ -149,7 +152,7 @@ async fn a_cap_raised_starts_work_at_once_and_lowered_starts_none(backend: Backe
         raised_at.elapsed()
     );
 
-    let lowered_at = Instant::now();
+    let created_before_lowering = sim.control.stats().jobs_created;
     let (status, body) = patch(http, base, &slug, json!({"max_in_flight": 1})).await;
     assert_eq!(status, 200, "{body}");
     let running_then = sim.control.stats().running;
@@ -165,7 +168,7 @@ async fn a_cap_raised_starts_work_at_once_and_lowered_starts_none(backend: Backe
     );
     assert_eq!(stats.cancelled, 0, "lowering the cap cancelled a job");
     assert_eq!(stats.jobs_created, 10, "one job per saga: {stats:?}");
-    let after_lowering = starts.after(lowered_at);
+    let after_lowering = starts.after(created_before_lowering);
     assert!(
         !after_lowering.is_empty(),
         "the queue never went on after the cap was lowered"
