@@ -171,9 +171,9 @@ pub struct Config {
     /// attempt.
     #[arg(long, env = "STAGEHAND_MAX_RESULT_BYTES", default_value_t = 50 * 1024 * 1024)]
     pub max_result_bytes: u64,
-    /// Photos decoded at once (uploads, thumbnails), off the HTTP workers.
-    /// Each holds at most one decoded photo (about 200 MB for the largest
-    /// taken); default: one fewer than the machine's cores (at least 1).
+    /// Photos decoded at once (uploads, thumbnails), off the HTTP workers
+    /// and below their CPU priority. Each holds at most one decoded photo
+    /// (about 200 MB for the largest taken); default: one per core.
     #[arg(long, env = "STAGEHAND_PHOTO_WORKERS")]
     pub photo_workers: Option<usize>,
     /// Uploads that may wait for a photo worker; past them an upload is

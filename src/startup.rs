@@ -61,6 +61,8 @@ pub enum StartupError {
     PublicUrl(String),
     #[error("cannot start the AI simulator: {0}")]
     Simulator(std::io::Error),
+    #[error("cannot start the photo workers: {0}")]
+    PhotoWorkers(std::io::Error),
     #[error("{0}")]
     ProvidersFile(#[from] ProvidersFileError),
     #[error("{0}")]
@@ -657,14 +659,13 @@ async fn start_providers(
     Ok((Providers::new(handles), provider_models, provider_media))
 }
 
-/// Photo workers unless configured: one fewer than the cores (at least
-/// one), so decoding never takes the last core from the HTTP workers and
-/// the database: a burst of uploads must not slow other people's 202s.
+/// Photo workers unless configured: one per core. They run below the
+/// HTTP workers' priority (`media::pool::WORKER_NICE`), so the HTTP
+/// workers and the database take a core from them whenever they need one:
+/// a burst of uploads does not slow other people's 202s, and an idle
+/// machine decodes on every core.
 fn default_photo_workers() -> usize {
-    std::thread::available_parallelism()
-        .map_or(2, std::num::NonZeroUsize::get)
-        .saturating_sub(1)
-        .max(1)
+    std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
 }
 
 /// Where providers may reach this server: the public URL when one is set,
@@ -699,7 +700,8 @@ async fn media_for_sagas(
     let photo_pool = crate::media::pool::PhotoPool::new(
         config.photo_workers.unwrap_or_else(default_photo_workers),
         config.photo_queue,
-    );
+    )
+    .map_err(StartupError::PhotoWorkers)?;
     let secret = store
         .server_key(crate::store::photos::MEDIA_SIGNING, &new_secret())
         .await?;
