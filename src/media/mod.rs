@@ -16,6 +16,7 @@
 //!   never in the database, never in a log line ([`MediaStore::describe`]
 //!   shows the bucket and the endpoint only).
 
+pub mod jpeg;
 pub mod keep;
 pub mod photo;
 pub mod pool;
