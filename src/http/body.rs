@@ -119,11 +119,11 @@ fn has_escaped_nul(json: &[u8]) -> bool {
 /// Hash of the body for "same key, same body": JSON is compared by value
 /// (key order and spacing do not matter), anything else byte for byte.
 pub fn request_hash(body: &[u8]) -> String {
-    let canonical = match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(value) => value.to_string().into_bytes(),
-        Err(_) => body.to_vec(),
+    let digest = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(value) => Sha256::digest(value.to_string()),
+        Err(_) => Sha256::digest(body),
     };
-    hex::encode(Sha256::digest(&canonical))
+    hex::encode(digest)
 }
 
 #[cfg(test)]

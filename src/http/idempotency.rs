@@ -151,10 +151,44 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Reply, ApiError>>,
 {
-    let Some(key) = key else {
+    let key = key.map(|key| (key, request_hash(body)));
+    run_keyed(state, scope, caller, key, handler).await
+}
+
+/// [`run_idempotent`] for a body hashed already with [`request_hash`]: a
+/// photo's megabytes are hashed on a blocking thread, so an HTTP worker
+/// never stalls on them while other requests wait.
+pub async fn run_idempotent_hashed<F, Fut>(
+    state: &AppState,
+    scope: &str,
+    caller: &str,
+    key: String,
+    body_hash: String,
+    handler: F,
+) -> Result<(Reply, bool), ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Reply, ApiError>>,
+{
+    run_keyed(state, scope, caller, Some((key, body_hash)), handler).await
+}
+
+/// The key rules of [`run_idempotent`], for a key and its body's hash.
+async fn run_keyed<F, Fut>(
+    state: &AppState,
+    scope: &str,
+    caller: &str,
+    key: Option<(String, String)>,
+    handler: F,
+) -> Result<(Reply, bool), ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Reply, ApiError>>,
+{
+    let Some((key, body_hash)) = key else {
         return with_transient_retry(handler).await.map(|r| (r, false));
     };
-    let key = key_request(scope, &key, caller, body).on_instance(
+    let key = KeyRequest::new(scope, &key, caller, body_hash).on_instance(
         state
             .store
             .is_postgres()
