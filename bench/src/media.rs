@@ -32,8 +32,9 @@ pub struct MediaCounts {
     /// Concurrent 12 MP uploads in the burst whose peak RSS is read.
     pub burst: usize,
     /// Prompt-only submissions timed for the 202's p99, alone and in a
-    /// burst.
+    /// burst: flat out (8 at a time), then paced at [`PACED_RATE`].
     pub prompts: usize,
+    pub paced_prompts: usize,
     /// Photo results whose display bytes are summed.
     pub results: usize,
     /// Results in the export measured (`bench::export`).
@@ -46,7 +47,8 @@ impl MediaCounts {
         small_uploads: 200,
         large_uploads: 20,
         burst: 50,
-        prompts: 400,
+        prompts: 4000,
+        paced_prompts: 2000,
         results: 40,
         export_results: 10_000,
     };
@@ -56,6 +58,7 @@ impl MediaCounts {
         large_uploads: 2,
         burst: 6,
         prompts: 40,
+        paced_prompts: 40,
         results: 4,
         export_results: 500,
     };
@@ -79,6 +82,10 @@ pub struct MediaFigures {
     pub full_bytes_per_1000: u64,
     pub p99_alone_ms: f64,
     pub p99_burst_ms: f64,
+    /// The same at [`PACED_RATE`]: the 202 a guest waits for at an event,
+    /// where submissions come at a rate, not as fast as the server answers.
+    pub p99_paced_alone_ms: f64,
+    pub p99_paced_burst_ms: f64,
     /// The export's figures (measured on a server of its own).
     pub export: Option<super::export::ExportFigures>,
 }
@@ -94,12 +101,8 @@ pub(super) async fn run(
     let small = Arc::new(photo_jpeg(1500, 1000));
     let large = Arc::new(photo_jpeg(4000, 3000));
     let mut figures = MediaFigures {
-        // The server's default (`--photo-workers` unset): one fewer than
-        // the cores.
-        photo_workers: std::thread::available_parallelism()
-            .map_or(2, std::num::NonZeroUsize::get)
-            .saturating_sub(1)
-            .max(1),
+        // The server's default (`--photo-workers` unset): one per core.
+        photo_workers: std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
         ..MediaFigures::default()
     };
     let pid = stack.server.child.id();
@@ -122,14 +125,8 @@ pub(super) async fn run(
             .await?
             .0;
     figures.rss_before_kib = status_kib(pid, "VmRSS")?;
-    let burst = uploads(
-        &stack,
-        &photo_booth,
-        large.clone(),
-        counts.burst,
-        counts.burst,
-    )
-    .await?;
+    let burst_sessions = sessions(&stack, &photo_booth, counts.burst).await?;
+    let burst = uploads(&stack, burst_sessions, large.clone(), counts.burst).await?;
     figures.rss_peak_kib = status_kib(pid, "VmHWM")?;
     figures.burst_stored = burst.iter().filter(|s| **s == StatusCode::CREATED).count();
     figures.burst_refused = burst
@@ -138,15 +135,26 @@ pub(super) async fn run(
         .count();
     display_bytes(&stack, &photo_booth, &small, counts.results, &mut figures).await?;
     let prompt_booth = experience(&stack, "prompt").await?;
-    figures.p99_alone_ms = prompt_p99(&stack, &prompt_booth, counts.prompts, None).await?;
-    figures.p99_burst_ms = prompt_p99(
-        &stack,
-        &prompt_booth,
-        counts.prompts,
-        Some((&photo_booth, large)),
-    )
-    .await?;
+    let flat_out = Prompts::FlatOut(counts.prompts);
+    let paced = Prompts::Paced(counts.paced_prompts);
+    let burst = Some((&photo_booth, large));
+    figures.p99_alone_ms = prompt_p99(&stack, &prompt_booth, flat_out, None).await?;
+    figures.p99_burst_ms = prompt_p99(&stack, &prompt_booth, flat_out, burst.clone()).await?;
+    figures.p99_paced_alone_ms = prompt_p99(&stack, &prompt_booth, paced, None).await?;
+    figures.p99_paced_burst_ms = prompt_p99(&stack, &prompt_booth, paced, burst).await?;
     Ok(figures)
+}
+
+/// Prompt-only submissions per second in the paced figures.
+pub const PACED_RATE: f64 = 200.0;
+
+/// How the timed prompt-only submissions come.
+#[derive(Debug, Clone, Copy)]
+enum Prompts {
+    /// This many, 8 at a time, each as soon as the last is answered.
+    FlatOut(usize),
+    /// This many, submission `i` due `i / PACED_RATE` s after the first.
+    Paced(usize),
 }
 
 /// A photo-like JPEG (smooth light, texture and edges, so it compresses
@@ -195,16 +203,16 @@ async fn sessions(stack: &Stack, booth: &Booth, n: usize) -> Result<Vec<Session>
     load::create_sessions(&stack.client, &stack.base, &booth.slug, ids, n, 16, made).await
 }
 
-/// Uploads `photo` once for each of `n` fresh sessions, `concurrency` at a
-/// time: the status of each.
+/// Uploads `photo` once for each of `sessions`, `concurrency` at a time:
+/// the status of each.
 async fn uploads(
     stack: &Stack,
-    booth: &Booth,
+    sessions: Vec<Session>,
     photo: Arc<Vec<u8>>,
-    n: usize,
     concurrency: usize,
 ) -> Result<Vec<StatusCode>, String> {
-    let sessions = Arc::new(sessions(stack, booth, n).await?);
+    let n = sessions.len();
+    let sessions = Arc::new(sessions);
     let (client, base) = (stack.client.clone(), stack.base.clone());
     let answers = load::in_workers(n, concurrency, move |i| {
         let (client, base, photo, sessions) = (
@@ -251,9 +259,10 @@ async fn timed_uploads(
     concurrency: usize,
 ) -> Result<(f64, f64), String> {
     let pid = stack.server.child.id();
+    let sessions = sessions(stack, booth, n).await?;
     let before = super::cpu::process_ticks(&pid.to_string());
     let started = Instant::now();
-    let answers = uploads(stack, booth, photo, n, concurrency).await?;
+    let answers = uploads(stack, sessions, photo, concurrency).await?;
     let took = started.elapsed();
     let ticks = super::cpu::process_ticks(&pid.to_string()) - before;
     let refused = answers
@@ -266,8 +275,7 @@ async fn timed_uploads(
             answers.iter().find(|s| **s != StatusCode::CREATED)
         ));
     }
-    // The sessions were made inside the timed span too: a few ms each at
-    // most, against tens per photo.
+    // The sessions were made before the timed span: only uploads count.
     Ok((
         ticks as f64 * 10.0 / n as f64,
         n as f64 / took.as_secs_f64(),
@@ -377,14 +385,19 @@ async fn fetched_bytes(stack: &Stack, path: &str) -> Result<u64, String> {
     Ok(bytes.len() as u64)
 }
 
-/// The 202's p99 (ms) of `prompts` prompt-only submissions, 8 at a time;
-/// with `burst`, while 12 MP uploads to that experience run 8 at a time.
+/// The 202's p99 (ms) of prompt-only submissions, from POST to 202; with
+/// `burst`, while 12 MP uploads to that experience run 8 at a time.
 async fn prompt_p99(
     stack: &Stack,
     booth: &Booth,
-    prompts: usize,
+    prompts: Prompts,
     burst: Option<(&Booth, Arc<Vec<u8>>)>,
 ) -> Result<f64, String> {
+    let (prompts, concurrency, pace) = match prompts {
+        Prompts::FlatOut(n) => (n, 8, None),
+        // Enough senders that none is late while the others wait.
+        Prompts::Paced(n) => (n, 64, Some(PACED_RATE)),
+    };
     let sessions = Arc::new(sessions(stack, booth, prompts).await?);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let uploader = match burst {
@@ -412,9 +425,14 @@ async fn prompt_p99(
         None => None,
     };
     let (client, base) = (stack.client.clone(), stack.base.clone());
-    let timings = load::in_workers(prompts, 8, move |i| {
+    let t0 = Instant::now();
+    let timings = load::in_workers(prompts, concurrency, move |i| {
         let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
         async move {
+            if let Some(rate) = pace {
+                tokio::time::sleep_until((t0 + Duration::from_secs_f64(i as f64 / rate)).into())
+                    .await;
+            }
             let started = Instant::now();
             load::submit(
                 &client,

@@ -722,6 +722,13 @@ pub fn media(m: &super::media::MediaFigures) -> Vec<String> {
             m.p99_burst_ms,
             m.p99_burst_ms / m.p99_alone_ms
         ),
+        format!(
+            "  the same, paced at {:.0}/s (ms)               {:>8.1} / {:.1} ({:.2}x)",
+            super::media::PACED_RATE,
+            m.p99_paced_alone_ms,
+            m.p99_paced_burst_ms,
+            m.p99_paced_burst_ms / m.p99_paced_alone_ms
+        ),
     ];
     if let Some(e) = &m.export {
         lines.push(format!(
