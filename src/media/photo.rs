@@ -723,6 +723,13 @@ mod tests {
         exif::Reader::new().read_from_container(&mut Cursor::new(bytes))
     }
 
+    fn assert_no_exif(bytes: &[u8]) {
+        assert!(
+            matches!(read_exif(bytes), Err(exif::Error::NotFound(_))),
+            "no EXIF (so no GPS) survives"
+        );
+    }
+
     fn is_red(pixel: Rgb<u8>) -> bool {
         let [r, g, b] = pixel.0;
         r > 200 && g < 60 && b < 60
@@ -977,10 +984,7 @@ mod tests {
         );
         assert!(!is_red(*upright.get_pixel(20, 20)));
         assert!(!is_red(*upright.get_pixel(20, 380)));
-        assert!(
-            matches!(read_exif(&out.bytes), Err(exif::Error::NotFound(_))),
-            "no EXIF (so no GPS) survives"
-        );
+        assert_no_exif(&out.bytes);
     }
 
     #[test]
@@ -1001,10 +1005,7 @@ mod tests {
             decode_jpeg(&plain),
             "the very pixels sent: no second JPEG generation"
         );
-        assert!(
-            matches!(read_exif(&out.bytes), Err(exif::Error::NotFound(_))),
-            "no EXIF (so no GPS) survives"
-        );
+        assert_no_exif(&out.bytes);
     }
 
     #[test]
@@ -1017,10 +1018,7 @@ mod tests {
         assert_eq!((turned.width, turned.height), (200, 300), "turned upright");
         let shrunk = normalize(&plain, 150, &PhotoLimits::default()).unwrap();
         assert_eq!((shrunk.width, shrunk.height), (150, 100), "shrunk to fit");
-        assert!(
-            matches!(read_exif(&turned.bytes), Err(exif::Error::NotFound(_))),
-            "no EXIF survives the re-encode either"
-        );
+        assert_no_exif(&turned.bytes);
     }
 
     #[test]

@@ -216,26 +216,36 @@ mod tests {
 
     const DEADLINE: Duration = Duration::from_secs(10);
 
+    /// A request whose job runs until released, once a worker runs it.
+    async fn held_job<T: Send + 'static>(
+        pool: &PhotoPool,
+        value: T,
+    ) -> (
+        tokio::task::JoinHandle<Result<T, PoolFull>>,
+        mpsc::Sender<()>,
+    ) {
+        let (release, held) = mpsc::channel::<()>();
+        let (started, running) = oneshot::channel::<()>();
+        let pool = pool.clone();
+        let request = tokio::spawn(async move {
+            pool.run(move || {
+                started.send(()).expect("the test waits");
+                held.recv_timeout(DEADLINE).expect("released");
+                value
+            })
+            .await
+        });
+        tokio::time::timeout(DEADLINE, running)
+            .await
+            .expect("the job runs in time")
+            .expect("the job runs");
+        (request, release)
+    }
+
     #[tokio::test]
     async fn past_the_workers_and_the_queue_a_job_is_refused_at_once() {
         let pool = PhotoPool::new(1, 1).expect("pool");
-        let (release, held) = mpsc::channel::<()>();
-        let (started, running) = oneshot::channel::<()>();
-        let busy = {
-            let pool = pool.clone();
-            tokio::spawn(async move {
-                pool.run(move || {
-                    started.send(()).expect("the test waits");
-                    held.recv_timeout(DEADLINE).expect("released");
-                    1
-                })
-                .await
-            })
-        };
-        tokio::time::timeout(DEADLINE, running)
-            .await
-            .expect("the first job runs in time")
-            .expect("the first job runs");
+        let (busy, release) = held_job(&pool, 1).await;
         // One waits in the queue...
         let queued = {
             let pool = pool.clone();
@@ -289,22 +299,7 @@ mod tests {
     #[tokio::test]
     async fn a_place_is_held_until_its_job_ends_even_when_the_request_stops_waiting() {
         let pool = PhotoPool::new(1, 0).expect("pool");
-        let (release, held) = mpsc::channel::<()>();
-        let (started, running) = oneshot::channel::<()>();
-        let request = {
-            let pool = pool.clone();
-            tokio::spawn(async move {
-                pool.run(move || {
-                    started.send(()).expect("the test waits");
-                    held.recv_timeout(DEADLINE).expect("released");
-                })
-                .await
-            })
-        };
-        tokio::time::timeout(DEADLINE, running)
-            .await
-            .expect("the job runs in time")
-            .expect("the job runs");
+        let (request, release) = held_job(&pool, ()).await;
         request.abort();
         assert!(request.await.is_err(), "the request stopped waiting");
         assert!(
