@@ -661,9 +661,8 @@ async fn start_providers(
 
 /// Photo workers unless configured: one per core. They run below the
 /// HTTP workers' priority (`media::pool::WORKER_NICE`), so the HTTP
-/// workers and the database take a core from them whenever they need one:
-/// a burst of uploads does not slow other people's 202s, and an idle
-/// machine decodes on every core.
+/// workers and the database take a core from them whenever they need one,
+/// and an idle machine decodes on every core.
 fn default_photo_workers() -> usize {
     std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
 }

@@ -156,7 +156,7 @@ where
 }
 
 /// [`run_idempotent`] for a body hashed already with [`request_hash`]: a
-/// photo's megabytes are hashed on a blocking thread, so an HTTP worker
+/// photo's megabytes are hashed in the photo pool, so an HTTP worker
 /// never stalls on them while other requests wait.
 pub async fn run_idempotent_hashed<F, Fut>(
     state: &AppState,

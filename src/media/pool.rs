@@ -9,8 +9,9 @@
 //! The workers run at a lower CPU priority than the rest of the server
 //! (nice [`WORKER_NICE`] on Linux): when the cores are busy, the HTTP
 //! workers, the actors and the database driver run first and the decoding
-//! takes what is left, so a burst of uploads never slows other people's
-//! 202s; an idle machine still gives the workers whole cores.
+//! takes what is left; an idle machine still gives the workers whole
+//! cores. (A burst still slows other people's 202s somewhat, by waiting
+//! rather than CPU: docs/BENCHMARKS.md §25.)
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
