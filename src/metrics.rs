@@ -14,7 +14,9 @@
 //!   pile up between scrapes. These are process-wide: in tests that run
 //!   several apps in one process they add up, which is why tests compare
 //!   them before and after, never to a fixed value. Durations use
-//!   explicit buckets from 10 ms to 10 min ([`DURATION_BUCKETS`]).
+//!   explicit buckets from 10 ms to 10 min ([`DURATION_BUCKETS`]), but
+//!   SQLite's write gate, whose waits and commits are milliseconds
+//!   ([`GATE_BUCKETS`], 0.5 ms to 5 s).
 //! - **What is** (sagas per step, queue depth, AI slots, breaker state,
 //!   outbox lag, sockets, pool connections) is computed at scrape time
 //!   from the scraping application's own state — its database, its pools,
@@ -49,7 +51,7 @@ use crate::domain::policy::EpochMs;
 use crate::domain::presence::PRESENCE_STALE_MS;
 use crate::domain::saga::{AbortReason, Step};
 use crate::store::presence::DisplayPositions;
-use crate::store::{Store, StoreResult};
+use crate::store::{Store, StoreResult, SQLITE_COMMIT, SQLITE_GATE_WAIT};
 
 /// Histogram: how long a worker spent on one saga step.
 pub const STEP_DURATION: &str = "stagehand_saga_step_duration_seconds";
@@ -97,6 +99,11 @@ pub const OUTBOX_READS: &str = "stagehand_outbox_reads_total";
 pub const DURATION_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
+/// Buckets of the SQLite write gate's figures: its waits and commits are
+/// milliseconds, and a disk's stalls tens of them.
+pub const GATE_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
 /// Buckets of the claim batch sizes (a round claims at most `MAX_RUNNING`).
 pub const BATCH_BUCKETS: &[f64] = &[
     0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
@@ -116,6 +123,8 @@ pub fn install() -> Option<&'static PrometheusHandle> {
             let built = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(CLAIM_BATCH.into()), BATCH_BUCKETS))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(SQLITE_GATE_WAIT.into()), GATE_BUCKETS))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(SQLITE_COMMIT.into()), GATE_BUCKETS))
                 .and_then(|b| b.install_recorder());
             let handle = match built {
                 Ok(handle) => handle,
@@ -166,6 +175,16 @@ fn describe() {
         PHOTO_DECODE_DURATION,
         Unit::Seconds,
         "One uploaded photo in the photo pool: decoding, turning upright, downscaling and re-encoding, waiting for a worker included."
+    );
+    describe_histogram!(
+        SQLITE_GATE_WAIT,
+        Unit::Seconds,
+        "SQLite only: how long a write waited for the process's one writer (the write gate), to begin or to commit its group. Long waits with short commits: the writes themselves are slow; long waits behind long commits: the disk."
+    );
+    describe_histogram!(
+        SQLITE_COMMIT,
+        Unit::Seconds,
+        "SQLite only: one group COMMIT of the write gate, which waits for the disk (synchronous=FULL). Every write queued behind it waits as long, so a disk's stall shows here first."
     );
     describe_counter!(
         PHOTO_POOL_REFUSED,

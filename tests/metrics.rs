@@ -261,6 +261,8 @@ async fn metrics_follow_sagas_displays_and_the_breaker(backend: Backend) {
         assert!((0.0..=1.0).contains(&waited), "{pool}: {waited}");
     }
     let requests_before = before.sum(AI_REQUESTS, &[]);
+    let gate_waits_before = before.sum("stagehand_sqlite_gate_wait_seconds_count", &[]);
+    let commits_timed_before = before.sum("stagehand_sqlite_commit_seconds_count", &[]);
     let steps_before = before.sum(
         "stagehand_saga_step_duration_seconds_count",
         &[("step", "AI_PENDING")],
@@ -470,6 +472,24 @@ async fn metrics_follow_sagas_displays_and_the_breaker(backend: Backend) {
             assert!(
                 commits >= 2.0 && writes >= commits,
                 "{commits} commits of {writes} writes after two sagas"
+            );
+            // And times them (process-wide histograms, so compared with
+            // before): each wait for the gate, each group's COMMIT, in
+            // the gate's own millisecond buckets.
+            let waits = after.sum("stagehand_sqlite_gate_wait_seconds_count", &[]);
+            let timed = after.sum("stagehand_sqlite_commit_seconds_count", &[]);
+            assert!(
+                waits >= gate_waits_before + 2.0 && timed >= commits_timed_before + 2.0,
+                "gate waits {gate_waits_before} -> {waits}, commits timed {commits_timed_before} -> {timed}"
+            );
+            assert!(
+                after
+                    .value(
+                        "stagehand_sqlite_commit_seconds_bucket",
+                        &[("le", "0.0005")]
+                    )
+                    .is_some(),
+                "the commit histogram has the gate's sub-millisecond bucket"
             );
         }
         Backend::Postgres => assert_eq!((commits, writes), (None, None), "no gate"),

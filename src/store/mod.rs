@@ -45,6 +45,7 @@ use sea_orm::{
 
 use crate::domain::saga::TransitionError;
 use write_gate::{Execute, Member, Query, WriteGate};
+pub use write_gate::{SQLITE_COMMIT, SQLITE_GATE_WAIT};
 
 /// Errors of the store, typed so the HTTP layer and the actors can tell a lost
 /// lease from a broken database.

@@ -32,17 +32,29 @@
 //!
 //! PostgreSQL needs none of this: its transactions run side by side and
 //! its commits are grouped by the server.
+//!
+//! Each wait for the gate and each group's `COMMIT` is timed
+//! (`stagehand_sqlite_gate_wait_seconds`, `stagehand_sqlite_commit_seconds`):
+//! a disk that stalls a commit holds up every write queued behind it, and
+//! those two histograms tell that apart from slow writes.
 
 use std::future::Future;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, QueryResult, Statement,
     TransactionTrait,
 };
 use tokio::sync::{watch, Mutex, OwnedMutexGuard};
+
+/// Histogram: how long a writer waited for the gate (`crate::metrics`
+/// describes it and gives it its buckets).
+pub const SQLITE_GATE_WAIT: &str = "stagehand_sqlite_gate_wait_seconds";
+/// Histogram: one group's `COMMIT`.
+pub const SQLITE_COMMIT: &str = "stagehand_sqlite_commit_seconds";
 
 /// The gate of one SQLite file, shared by every pool of the process on it.
 #[derive(Default)]
@@ -126,7 +138,10 @@ impl WriteGate {
         }
         self.queued.fetch_add(1, Ordering::SeqCst);
         let _queued = Queued(&self.queued);
-        self.group.clone().lock_owned().await
+        let waiting = Instant::now();
+        let guard = self.group.clone().lock_owned().await;
+        ::metrics::histogram!(SQLITE_GATE_WAIT).record(waiting.elapsed().as_secs_f64());
+        guard
     }
 
     fn nobody_queued(&self) -> bool {
@@ -221,7 +236,9 @@ impl WriteGate {
         let Some(open) = guard.open.take() else {
             return Ok(());
         };
+        let committing = Instant::now();
         let done = open.txn.commit().await;
+        ::metrics::histogram!(SQLITE_COMMIT).record(committing.elapsed().as_secs_f64());
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.members.fetch_add(open.pending, Ordering::Relaxed);
         open.outcome.send_replace(Some(done.clone()));
