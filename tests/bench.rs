@@ -74,7 +74,8 @@ fn the_servers_run_from_the_given_binary_and_the_simulator_from_this_one() {
     );
     assert!(
         output.contains("CPU per upload, 1.5 MP / 12 MP JPEG (ms)")
-            && output.contains("keep stage per result"),
+            && output.contains("keep stage per result")
+            && output.contains("SQLite commits over 50 ms in those four sets"),
         "the media figures are reported:\n{output}"
     );
 }

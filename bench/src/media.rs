@@ -86,9 +86,29 @@ pub struct MediaFigures {
     /// where submissions come at a rate, not as fast as the server answers.
     pub p99_paced_alone_ms: f64,
     pub p99_paced_burst_ms: f64,
+    /// The server's SQLite commits during each of the four timed sets
+    /// (flat out alone, in a burst, paced alone, in a burst), from a
+    /// scrape before the set to one 1.1 s after it (the sagas it started
+    /// go on meanwhile): a commit that waits long for the disk holds up
+    /// every 202 queued behind it, so a p99 moved by a disk's stall says
+    /// so here.
+    pub commits: [CommitFigures; 4],
     /// The export's figures (measured on a server of its own).
     pub export: Option<super::export::ExportFigures>,
 }
+
+/// The server's SQLite group commits during one timed set, from its
+/// `stagehand_sqlite_commit_seconds` histogram.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CommitFigures {
+    pub commits: u64,
+    /// Those that took more than [`SLOW_COMMIT_LE`] seconds.
+    pub slow: u64,
+}
+
+/// A commit slower than this (one of the histogram's bucket bounds) is
+/// counted as slow: at 200 submissions/s a 50 ms stall holds up ten.
+pub const SLOW_COMMIT_LE: &str = "0.05";
 
 /// Runs the measurement; Err says what failed.
 pub(super) async fn run(
@@ -138,10 +158,14 @@ pub(super) async fn run(
     let flat_out = Prompts::FlatOut(counts.prompts);
     let paced = Prompts::Paced(counts.paced_prompts);
     let burst = Some((&photo_booth, large));
-    figures.p99_alone_ms = prompt_p99(&stack, &prompt_booth, flat_out, None).await?;
-    figures.p99_burst_ms = prompt_p99(&stack, &prompt_booth, flat_out, burst.clone()).await?;
-    figures.p99_paced_alone_ms = prompt_p99(&stack, &prompt_booth, paced, None).await?;
-    figures.p99_paced_burst_ms = prompt_p99(&stack, &prompt_booth, paced, burst).await?;
+    (figures.p99_alone_ms, figures.commits[0]) =
+        prompt_p99(&stack, &prompt_booth, flat_out, None).await?;
+    (figures.p99_burst_ms, figures.commits[1]) =
+        prompt_p99(&stack, &prompt_booth, flat_out, burst.clone()).await?;
+    (figures.p99_paced_alone_ms, figures.commits[2]) =
+        prompt_p99(&stack, &prompt_booth, paced, None).await?;
+    (figures.p99_paced_burst_ms, figures.commits[3]) =
+        prompt_p99(&stack, &prompt_booth, paced, burst).await?;
     Ok(figures)
 }
 
@@ -317,26 +341,10 @@ async fn display_bytes(
     }
     figures.display_bytes_per_1000 = shown * 1000 / results as u64;
     figures.full_bytes_per_1000 = full * 1000 / results as u64;
-    let metrics = stack
-        .client
-        .get(format!("{}/metrics", stack.base))
-        .bearer_auth(&stack.operator)
-        .send()
-        .await
-        .map_err(|e| format!("metrics: {e}"))?
-        .text()
-        .await
-        .unwrap_or_default();
-    let read = |name: &str| {
-        metrics
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let metrics = server_metrics(stack).await?;
     let (sum, count) = (
-        read("stagehand_keep_seconds_sum"),
-        read("stagehand_keep_seconds_count"),
+        metric(&metrics, "stagehand_keep_seconds_sum"),
+        metric(&metrics, "stagehand_keep_seconds_count"),
     );
     figures.keep_results = count as u64;
     figures.keep_ms_mean = if count > 0.0 {
@@ -345,6 +353,45 @@ async fn display_bytes(
         f64::NAN
     };
     Ok(())
+}
+
+/// The server's `/metrics` text.
+async fn server_metrics(stack: &Stack) -> Result<String, String> {
+    stack
+        .client
+        .get(format!("{}/metrics", stack.base))
+        .bearer_auth(&stack.operator)
+        .send()
+        .await
+        .map_err(|e| format!("metrics: {e}"))?
+        .text()
+        .await
+        .map_err(|e| format!("metrics: {e}"))
+}
+
+/// The value of the first sample whose line starts with `series` (a name,
+/// with its labels when it has any); 0 when there is none.
+fn metric(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+/// The commit histogram's count, and its count up to [`SLOW_COMMIT_LE`],
+/// read after [`SCRAPE_REFRESH`](super::cpu::SCRAPE_REFRESH) so that the
+/// server renders them anew rather than serving its last scrape's text.
+async fn commit_counts(stack: &Stack) -> Result<(f64, f64), String> {
+    tokio::time::sleep(super::cpu::SCRAPE_REFRESH).await;
+    let metrics = server_metrics(stack).await?;
+    Ok((
+        metric(&metrics, "stagehand_sqlite_commit_seconds_count"),
+        metric(
+            &metrics,
+            &format!("stagehand_sqlite_commit_seconds_bucket{{le=\"{SLOW_COMMIT_LE}\"}}"),
+        ),
+    ))
 }
 
 /// The first content item of `session` once it completed (30 s at most).
@@ -386,13 +433,14 @@ async fn fetched_bytes(stack: &Stack, path: &str) -> Result<u64, String> {
 }
 
 /// The 202's p99 (ms) of prompt-only submissions, from POST to 202; with
-/// `burst`, while 12 MP uploads to that experience run 8 at a time.
+/// `burst`, while 12 MP uploads to that experience run 8 at a time. With
+/// it, the server's SQLite commits during the set.
 async fn prompt_p99(
     stack: &Stack,
     booth: &Booth,
     prompts: Prompts,
     burst: Option<(&Booth, Arc<Vec<u8>>)>,
-) -> Result<f64, String> {
+) -> Result<(f64, CommitFigures), String> {
     let (prompts, concurrency, pace) = match prompts {
         Prompts::FlatOut(n) => (n, 8, None),
         // Enough senders that none is late while the others wait.
@@ -425,6 +473,7 @@ async fn prompt_p99(
         None => None,
     };
     let (client, base) = (stack.client.clone(), stack.base.clone());
+    let commits_before = commit_counts(stack).await?;
     let t0 = Instant::now();
     let timings = load::in_workers(prompts, concurrency, move |i| {
         let (client, base, sessions) = (client.clone(), base.clone(), sessions.clone());
@@ -450,8 +499,17 @@ async fn prompt_p99(
     if let Some(task) = uploader {
         task.await.ok();
     }
+    let commits_after = commit_counts(stack).await?;
     let mut timings = timings.into_iter().collect::<Result<Vec<f64>, String>>()?;
-    Ok(load::percentile(&mut timings, 0.99))
+    let commits = commits_after.0 - commits_before.0;
+    let fast = commits_after.1 - commits_before.1;
+    Ok((
+        load::percentile(&mut timings, 0.99),
+        CommitFigures {
+            commits: commits as u64,
+            slow: (commits - fast).max(0.0) as u64,
+        },
+    ))
 }
 
 async fn sessions_for_burst(stack: &Stack, booth: &Booth) -> Result<Vec<Session>, String> {

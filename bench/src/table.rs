@@ -729,6 +729,15 @@ pub fn media(m: &super::media::MediaFigures) -> Vec<String> {
             m.p99_paced_burst_ms,
             m.p99_paced_burst_ms / m.p99_paced_alone_ms
         ),
+        format!(
+            "  SQLite commits over {} ms in those four sets   {}",
+            super::media::SLOW_COMMIT_LE.parse::<f64>().map_or(0.0, |s| s * 1000.0),
+            m.commits
+                .iter()
+                .map(|c| format!("{} of {}", c.slow, c.commits))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        ),
     ];
     if let Some(e) = &m.export {
         lines.push(format!(
