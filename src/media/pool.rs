@@ -11,7 +11,7 @@
 //! workers, the actors and the database driver run first and the decoding
 //! takes what is left; an idle machine still gives the workers whole
 //! cores. (A burst still slows other people's 202s somewhat, by waiting
-//! rather than CPU: docs/BENCHMARKS.md §25.)
+//! rather than CPU: docs/BENCHMARKS.md §25 and §26.)
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
