@@ -161,6 +161,16 @@ fn the_load_tools_read_the_metrics_by_the_servers_names() {
     assert_eq!(metric_names::ACTOR_MESSAGES, metrics::ACTOR_MESSAGES);
     assert_eq!(metric_names::TASKS_SPAWNED, metrics::TASKS_SPAWNED);
     assert_eq!(metric_names::FRAMES_ENCODED, metrics::FRAMES_ENCODED);
+    assert_eq!(metric_names::KEEP_DURATION, metrics::KEEP_DURATION);
+    assert_eq!(metric_names::SQLITE_COMMIT, stagehand::store::SQLITE_COMMIT);
+    // The media bench counts commits over this bound: it must be one of
+    // the commit histogram's buckets.
+    let bound: f64 = stagehand_bench::media::SLOW_COMMIT_LE.parse().unwrap();
+    assert!(
+        metrics::GATE_BUCKETS.contains(&bound),
+        "{bound} is not a bucket of {:?}",
+        metrics::GATE_BUCKETS
+    );
 }
 
 /// A short flat-out run (a few hundred sagas, well under a second of

@@ -43,6 +43,10 @@ pub mod metric_names {
     pub const TASKS_SPAWNED: &str = "stagehand_tasks_spawned_total";
     /// Counter: frames encoded to JSON text for the sockets, by kind.
     pub const FRAMES_ENCODED: &str = "stagehand_frames_encoded_total";
+    /// Histogram: keeping one AI call's result files.
+    pub const KEEP_DURATION: &str = "stagehand_keep_seconds";
+    /// Histogram: one group COMMIT of SQLite's write gate.
+    pub const SQLITE_COMMIT: &str = "stagehand_sqlite_commit_seconds";
 }
 
 /// A flag's duration: `250ms`, `10s`, `7m`.

@@ -342,9 +342,10 @@ async fn display_bytes(
     figures.display_bytes_per_1000 = shown * 1000 / results as u64;
     figures.full_bytes_per_1000 = full * 1000 / results as u64;
     let metrics = server_metrics(stack).await?;
+    let keep = crate::metric_names::KEEP_DURATION;
     let (sum, count) = (
-        metric(&metrics, "stagehand_keep_seconds_sum"),
-        metric(&metrics, "stagehand_keep_seconds_count"),
+        metric(&metrics, &format!("{keep}_sum")),
+        metric(&metrics, &format!("{keep}_count")),
     );
     figures.keep_results = count as u64;
     figures.keep_ms_mean = if count > 0.0 {
@@ -382,16 +383,18 @@ fn metric(metrics: &str, series: &str) -> f64 {
 /// The commit histogram's count, and its count up to [`SLOW_COMMIT_LE`],
 /// read after [`SCRAPE_REFRESH`](super::cpu::SCRAPE_REFRESH) so that the
 /// server renders them anew rather than serving its last scrape's text.
+/// A server without the histogram (a build before it) gives 0 of 0; one
+/// whose buckets lack that bound is an error, not every commit "slow".
 async fn commit_counts(stack: &Stack) -> Result<(f64, f64), String> {
     tokio::time::sleep(super::cpu::SCRAPE_REFRESH).await;
     let metrics = server_metrics(stack).await?;
-    Ok((
-        metric(&metrics, "stagehand_sqlite_commit_seconds_count"),
-        metric(
-            &metrics,
-            &format!("stagehand_sqlite_commit_seconds_bucket{{le=\"{SLOW_COMMIT_LE}\"}}"),
-        ),
-    ))
+    let commit = crate::metric_names::SQLITE_COMMIT;
+    let bound = format!("{commit}_bucket{{le=\"{SLOW_COMMIT_LE}\"}}");
+    let count = metric(&metrics, &format!("{commit}_count"));
+    if count > 0.0 && !metrics.lines().any(|l| l.starts_with(&bound)) {
+        return Err(format!("the server's metrics have no {bound}"));
+    }
+    Ok((count, metric(&metrics, &bound)))
 }
 
 /// The first content item of `session` once it completed (30 s at most).
