@@ -173,7 +173,9 @@ pub struct Config {
     pub max_result_bytes: u64,
     /// Photos decoded at once (uploads, thumbnails), off the HTTP workers
     /// and below their CPU priority. Each holds at most one decoded photo
-    /// (about 200 MB for the largest taken); default: one per core.
+    /// (about 200 MB for the largest taken); default: one fewer than the
+    /// cores (at least one), so on two cores or more a burst of uploads
+    /// never holds every core.
     #[arg(long, env = "STAGEHAND_PHOTO_WORKERS")]
     pub photo_workers: Option<usize>,
     /// Uploads that may wait for a photo worker; past them an upload is

@@ -659,12 +659,14 @@ async fn start_providers(
     Ok((Providers::new(handles), provider_models, provider_media))
 }
 
-/// Photo workers unless configured: one per core. They run below the
-/// HTTP workers' priority (`media::pool::WORKER_NICE`), so the HTTP
-/// workers and the database take a core from them whenever they need one,
-/// and an idle machine decodes on every core.
+/// Photo workers unless configured: one fewer than the cores (at least
+/// one). A burst of uploads then never holds every core, whatever the
+/// scheduler does: a lower priority (`media::pool::WORKER_NICE`) alone let
+/// decoders on both cores of a 2-core machine hold the 202s of prompt
+/// submissions 5-7× longer at 200/s, where one core left free brings that
+/// to 2.6× (docs/BENCHMARKS.md §27).
 fn default_photo_workers() -> usize {
-    std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+    std::thread::available_parallelism().map_or(1, |cores| cores.get().saturating_sub(1).max(1))
 }
 
 /// Where providers may reach this server: the public URL when one is set,
@@ -696,11 +698,15 @@ async fn media_for_sagas(
     media: &crate::media::MediaStore,
     provider_media: ProviderMediaMap,
 ) -> Result<(SagaMedia, crate::media::pool::PhotoPool), StartupError> {
-    let photo_pool = crate::media::pool::PhotoPool::new(
-        config.photo_workers.unwrap_or_else(default_photo_workers),
-        config.photo_queue,
-    )
-    .map_err(StartupError::PhotoWorkers)?;
+    let workers = config.photo_workers.unwrap_or_else(default_photo_workers);
+    let photo_pool = crate::media::pool::PhotoPool::new(workers, config.photo_queue)
+        .map_err(StartupError::PhotoWorkers)?;
+    tracing::info!(
+        workers = photo_pool.workers(),
+        queue = config.photo_queue,
+        nice = crate::media::pool::WORKER_NICE,
+        "photo pool: uploads and thumbnails decode on these threads, below the server's CPU priority"
+    );
     let secret = store
         .server_key(crate::store::photos::MEDIA_SIGNING, &new_secret())
         .await?;

@@ -527,3 +527,57 @@ async fn orphan_photos_are_swept_and_submitted_ones_stay(backend: Backend) {
     app.stop().await;
 }
 db_test!(orphan_photos_are_swept_and_submitted_ones_stay);
+
+/// The server as a user starts it (no `--photo-workers`) runs one photo
+/// worker fewer than the cores, at least one, each below the server's CPU
+/// priority: a burst of uploads never holds every core of a machine with
+/// two or more (docs/BENCHMARKS.md §27: with a worker on every core, the
+/// 202s of prompt submissions waited 5-7× longer during a burst).
+#[tokio::test]
+async fn the_default_photo_pool_leaves_a_core_to_the_rest_of_the_server() {
+    let db = support::TestDb::fresh(Backend::Sqlite).await;
+    let sim = support::start_sim(support::fast_sim()).await;
+    let http = support::http_client();
+    let mut logs = support::Logs::new();
+    let server = support::Server::start_with(
+        &db.url,
+        &sim.url(),
+        &logs.next(),
+        &http,
+        &[("STAGEHAND_PHOTO_WORKERS", "")],
+    )
+    .await;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let workers = photo_worker_nice_levels(server.pid);
+    assert_eq!(
+        workers.len(),
+        cores.saturating_sub(1).max(1),
+        "photo workers on {cores} cores (their nice levels: {workers:?})"
+    );
+    assert!(workers.iter().all(|nice| *nice >= 10), "{workers:?}");
+}
+
+/// The nice level of each `photo-N` thread of process `pid`, from /proc.
+fn photo_worker_nice_levels(pid: u32) -> Vec<i64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the server's threads");
+    let mut levels = Vec::new();
+    for task in tasks {
+        let dir = task.expect("a thread").path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !name.starts_with("photo-") {
+            continue;
+        }
+        // stat: "pid (comm) state ..."; nice is the 19th field, the 17th
+        // after the comm's closing parenthesis.
+        let stat = std::fs::read_to_string(dir.join("stat")).expect("a thread's stat");
+        let after = &stat[stat.rfind(')').expect("comm") + 2..];
+        let nice = after
+            .split_whitespace()
+            .nth(16)
+            .expect("nice")
+            .parse()
+            .expect("a number");
+        levels.push(nice);
+    }
+    levels
+}

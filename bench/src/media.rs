@@ -121,8 +121,7 @@ pub(super) async fn run(
     let small = Arc::new(photo_jpeg(1500, 1000));
     let large = Arc::new(photo_jpeg(4000, 3000));
     let mut figures = MediaFigures {
-        // The server's default (`--photo-workers` unset): one per core.
-        photo_workers: std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
+        photo_workers: photo_workers(server_args),
         ..MediaFigures::default()
     };
     let pid = stack.server.child.id();
@@ -167,6 +166,23 @@ pub(super) async fn run(
     (figures.p99_paced_burst_ms, figures.commits[3]) =
         prompt_p99(&stack, &prompt_booth, paced, burst).await?;
     Ok(figures)
+}
+
+/// The server's photo workers: `--photo-workers N` among the server's
+/// flags, else its default (one fewer than the cores, at least one).
+fn photo_workers(server_args: &[String]) -> usize {
+    let flags: Vec<&str> = server_args
+        .iter()
+        .flat_map(|a| a.split_whitespace())
+        .collect();
+    flags
+        .windows(2)
+        .find(|pair| pair[0] == "--photo-workers")
+        .and_then(|pair| pair[1].parse().ok())
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |cores| cores.get().saturating_sub(1).max(1))
+        })
 }
 
 /// Prompt-only submissions per second in the paced figures.

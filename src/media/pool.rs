@@ -9,9 +9,10 @@
 //! The workers run at a lower CPU priority than the rest of the server
 //! (nice [`WORKER_NICE`] on Linux): when the cores are busy, the HTTP
 //! workers, the actors and the database driver run first and the decoding
-//! takes what is left; an idle machine still gives the workers whole
-//! cores. (A burst still slows other people's 202s somewhat, by waiting
-//! rather than CPU: docs/BENCHMARKS.md §25 and §26.)
+//! takes what is left. The server's default leaves one core without a
+//! worker (`--photo-workers`), since a priority alone does not keep a
+//! waking thread from waiting behind a decoder. (A burst still slows other
+//! people's 202s somewhat: docs/BENCHMARKS.md §25 to §27.)
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
