@@ -661,10 +661,10 @@ async fn start_providers(
 
 /// Photo workers unless configured: one fewer than the cores (at least
 /// one). A burst of uploads then never holds every core, whatever the
-/// scheduler does: a lower priority (`media::pool::WORKER_NICE`) alone let
-/// decoders on both cores of a 2-core machine hold the 202s of prompt
-/// submissions 5-7× longer at 200/s, where one core left free brings that
-/// to 2.6× (docs/BENCHMARKS.md §27).
+/// scheduler does: with a decoder on both cores of a 2-core machine, a
+/// lower priority (`media::pool::WORKER_NICE`) alone left the 202's p99
+/// of prompt submissions at 200/s at 25-33 ms during a burst; one core
+/// left free halves it (10-16 ms; docs/BENCHMARKS.md §27).
 fn default_photo_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| cores.get().saturating_sub(1).max(1))
 }

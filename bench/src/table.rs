@@ -700,7 +700,10 @@ pub(super) fn millis(x: f64) -> String {
 pub fn media(m: &super::media::MediaFigures) -> Vec<String> {
     let mib = |kib: u64| kib as f64 / 1024.0;
     let mut lines = vec![
-        format!("Media (SQLite, {} photo workers; each figure is the server's):", m.photo_workers),
+        format!(
+            "Media (SQLite, photo workers: {}; each figure is the server's):",
+            m.photo_workers
+        ),
         format!("  CPU per upload, 1.5 MP / 12 MP JPEG (ms)      {:>8.1} / {:.1}", m.cpu_ms_small, m.cpu_ms_large),
         format!("  1.5 MP uploads per second (4 at a time)       {:>8.1}", m.small_per_s),
         format!(
