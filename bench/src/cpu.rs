@@ -242,15 +242,7 @@ async fn scrape(
     base: &str,
     operator: &str,
 ) -> Option<(HashMap<String, f64>, f64, f64)> {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .bearer_auth(operator)
-        .send()
-        .await
-        .ok()?
-        .error_for_status()
-        .ok()?
-        .text()
+    let text = super::load::metrics_text(client, base, operator)
         .await
         .ok()?;
     Some(sums_of(&text))

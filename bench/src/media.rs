@@ -357,7 +357,7 @@ async fn display_bytes(
     }
     figures.display_bytes_per_1000 = shown * 1000 / results as u64;
     figures.full_bytes_per_1000 = full * 1000 / results as u64;
-    let metrics = server_metrics(stack).await?;
+    let metrics = load::metrics_text(&stack.client, &stack.base, &stack.operator).await?;
     let keep = crate::metric_names::KEEP_DURATION;
     let (sum, count) = (
         metric(&metrics, &format!("{keep}_sum")),
@@ -370,20 +370,6 @@ async fn display_bytes(
         f64::NAN
     };
     Ok(())
-}
-
-/// The server's `/metrics` text.
-async fn server_metrics(stack: &Stack) -> Result<String, String> {
-    stack
-        .client
-        .get(format!("{}/metrics", stack.base))
-        .bearer_auth(&stack.operator)
-        .send()
-        .await
-        .map_err(|e| format!("metrics: {e}"))?
-        .text()
-        .await
-        .map_err(|e| format!("metrics: {e}"))
 }
 
 /// The value of the first sample whose line starts with `series` (a name,
@@ -403,7 +389,7 @@ fn metric(metrics: &str, series: &str) -> f64 {
 /// whose buckets lack that bound is an error, not every commit "slow".
 async fn commit_counts(stack: &Stack) -> Result<(f64, f64), String> {
     tokio::time::sleep(super::cpu::SCRAPE_REFRESH).await;
-    let metrics = server_metrics(stack).await?;
+    let metrics = load::metrics_text(&stack.client, &stack.base, &stack.operator).await?;
     let commit = crate::metric_names::SQLITE_COMMIT;
     let bound = format!("{commit}_bucket{{le=\"{SLOW_COMMIT_LE}\"}}");
     let count = metric(&metrics, &format!("{commit}_count"));

@@ -693,16 +693,7 @@ async fn ai_job_totals(
     base: &str,
     operator: &str,
 ) -> Result<JobTotals, String> {
-    let answer = client
-        .get(format!("{base}/metrics"))
-        .bearer_auth(operator)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    if !answer.status().is_success() {
-        return Err(format!("answered {}", answer.status()));
-    }
-    let text = answer.text().await.map_err(|e| e.to_string())?;
+    let text = load::metrics_text(client, base, operator).await?;
     Ok(job_totals_of(&text))
 }
 

@@ -617,9 +617,7 @@ fn ai_jobs(
     let jobs = match (before, after) {
         (Ok(before), Ok(after)) => Some(after.since(before)),
         (Err(e), _) | (_, Err(e)) => {
-            notes.push(format!(
-                "no AI job times (GET /metrics: {e}): no capacity advice"
-            ));
+            notes.push(format!("no AI job times ({e}): no capacity advice"));
             None
         }
     };
