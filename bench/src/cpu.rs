@@ -235,6 +235,28 @@ async fn one_number(db: &DatabaseConnection, sql: &str) -> Option<i64> {
     row.try_get_by_index::<i64>(0).ok()
 }
 
+/// The server's `GET /metrics` text (the operator token opens it); Err
+/// says why it could not be read.
+pub(super) async fn metrics_text(
+    client: &reqwest::Client,
+    base: &str,
+    operator: &str,
+) -> Result<String, String> {
+    let answer = client
+        .get(format!("{base}/metrics"))
+        .bearer_auth(operator)
+        .send()
+        .await
+        .map_err(|e| format!("GET /metrics: {e}"))?;
+    if !answer.status().is_success() {
+        return Err(format!("GET /metrics answered {}", answer.status()));
+    }
+    answer
+        .text()
+        .await
+        .map_err(|e| format!("GET /metrics: {e}"))
+}
+
 /// The server's `/metrics` (read with the operator token), summed by
 /// counter: actor messages by actor, tasks spawned, frames encoded.
 async fn scrape(
@@ -242,9 +264,7 @@ async fn scrape(
     base: &str,
     operator: &str,
 ) -> Option<(HashMap<String, f64>, f64, f64)> {
-    let text = super::load::metrics_text(client, base, operator)
-        .await
-        .ok()?;
+    let text = metrics_text(client, base, operator).await.ok()?;
     Some(sums_of(&text))
 }
 

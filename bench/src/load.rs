@@ -418,28 +418,6 @@ pub(super) fn http_client(pool: usize) -> Result<reqwest::Client, String> {
         .map_err(|e| format!("HTTP client: {e}"))
 }
 
-/// The server's `GET /metrics` text (the operator token opens it); Err
-/// says why it could not be read.
-pub(super) async fn metrics_text(
-    client: &reqwest::Client,
-    base: &str,
-    operator: &str,
-) -> Result<String, String> {
-    let answer = client
-        .get(format!("{base}/metrics"))
-        .bearer_auth(operator)
-        .send()
-        .await
-        .map_err(|e| format!("GET /metrics: {}", with_causes(&e)))?;
-    if !answer.status().is_success() {
-        return Err(format!("GET /metrics answered {}", answer.status()));
-    }
-    answer
-        .text()
-        .await
-        .map_err(|e| format!("GET /metrics: {}", with_causes(&e)))
-}
-
 /// The simulator flags of the bench: every job done at once.
 pub(super) fn instant_ai() -> Vec<String> {
     vec!["--latency".into(), "0ms".into()]

@@ -357,7 +357,7 @@ async fn display_bytes(
     }
     figures.display_bytes_per_1000 = shown * 1000 / results as u64;
     figures.full_bytes_per_1000 = full * 1000 / results as u64;
-    let metrics = load::metrics_text(&stack.client, &stack.base, &stack.operator).await?;
+    let metrics = super::cpu::metrics_text(&stack.client, &stack.base, &stack.operator).await?;
     let keep = crate::metric_names::KEEP_DURATION;
     let (sum, count) = (
         metric(&metrics, &format!("{keep}_sum")),
@@ -389,7 +389,7 @@ fn metric(metrics: &str, series: &str) -> f64 {
 /// whose buckets lack that bound is an error, not every commit "slow".
 async fn commit_counts(stack: &Stack) -> Result<(f64, f64), String> {
     tokio::time::sleep(super::cpu::SCRAPE_REFRESH).await;
-    let metrics = load::metrics_text(&stack.client, &stack.base, &stack.operator).await?;
+    let metrics = super::cpu::metrics_text(&stack.client, &stack.base, &stack.operator).await?;
     let commit = crate::metric_names::SQLITE_COMMIT;
     let bound = format!("{commit}_bucket{{le=\"{SLOW_COMMIT_LE}\"}}");
     let count = metric(&metrics, &format!("{commit}_count"));

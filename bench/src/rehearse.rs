@@ -693,7 +693,7 @@ async fn ai_job_totals(
     base: &str,
     operator: &str,
 ) -> Result<JobTotals, String> {
-    let text = load::metrics_text(client, base, operator).await?;
+    let text = super::cpu::metrics_text(client, base, operator).await?;
     Ok(job_totals_of(&text))
 }
 
