@@ -182,6 +182,35 @@ pub struct Config {
     /// 503 with Retry-After.
     #[arg(long, env = "STAGEHAND_PHOTO_QUEUE", default_value_t = 16)]
     pub photo_queue: usize,
+    /// Memory the photo pool's running jobs may hold at once, in bytes,
+    /// whatever the number of workers: each job reserves its image's peak
+    /// (decoded buffer at its bit depth, conversion, output) before it
+    /// decodes, and waits while the others hold too much. Uploads may use
+    /// three quarters; the last quarter is kept for the thumbnails of
+    /// results. One image may take at most 512 MiB (and at most its
+    /// lane's share).
+    #[arg(long, env = "STAGEHAND_PHOTO_MEMORY", default_value_t = 1024 * 1024 * 1024)]
+    pub photo_memory: u64,
+    /// The longest a photo upload's body may take to arrive, from its
+    /// first byte to its last; past it the upload is 408 `upload_too_slow`
+    /// (the phone page gives up after 120 s too).
+    #[arg(long, env = "STAGEHAND_UPLOAD_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    pub upload_timeout: Duration,
+    /// The slowest a photo upload's body may arrive on average, in bytes a
+    /// second, once `--upload-grace` has passed (408 `upload_too_slow`
+    /// below it). 2 KiB/s is far below a phone on a crowded venue Wi-Fi,
+    /// and far above a connection held open a byte at a time.
+    #[arg(long, env = "STAGEHAND_UPLOAD_MIN_RATE", default_value_t = 2048)]
+    pub upload_min_rate: u64,
+    /// How long an upload's body may arrive at any pace before
+    /// `--upload-min-rate` applies (a phone's radio waking up).
+    #[arg(long, env = "STAGEHAND_UPLOAD_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub upload_grace: Duration,
+    /// Photo uploads per client address, like `--session-rate-limit`: a
+    /// venue's phones may share one address, so the default lets a crowd
+    /// through and stops a script.
+    #[arg(long, env = "STAGEHAND_UPLOAD_RATE_LIMIT", default_value = "600/min", value_parser = parse_rate_limit)]
+    pub upload_rate_limit: RateLimit,
     /// A photo uploaded but never named by a submission is deleted after
     /// this long.
     #[arg(long, env = "STAGEHAND_PHOTO_ORPHAN_TTL", default_value = "1h", value_parser = parse_duration)]

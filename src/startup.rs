@@ -234,6 +234,11 @@ impl Application {
             photos: crate::http::PhotoDesk {
                 pool: photo_pool,
                 max_bytes: config.max_photo_bytes,
+                pace: crate::http::media::UploadPace {
+                    timeout: config.upload_timeout,
+                    min_rate: config.upload_min_rate,
+                    grace: config.upload_grace,
+                },
                 secret: saga_media.secret.clone(),
             },
             gallery_pins: Arc::default(),
@@ -698,14 +703,20 @@ async fn media_for_sagas(
     media: &crate::media::MediaStore,
     provider_media: ProviderMediaMap,
 ) -> Result<(SagaMedia, crate::media::pool::PhotoPool), StartupError> {
-    let workers = config.photo_workers.unwrap_or_else(default_photo_workers);
-    let photo_pool = crate::media::pool::PhotoPool::new(workers, config.photo_queue)
-        .map_err(StartupError::PhotoWorkers)?;
+    let photo_pool = crate::media::pool::PhotoPool::new(crate::media::pool::PoolSizes {
+        workers: config.photo_workers.unwrap_or_else(default_photo_workers),
+        queue: config.photo_queue,
+        memory: config.photo_memory,
+    })
+    .map_err(StartupError::PhotoWorkers)?;
+    let sizes = photo_pool.sizes();
     tracing::info!(
-        workers = photo_pool.workers(),
-        queue = config.photo_queue,
+        workers = sizes.workers,
+        queue = sizes.queue,
+        memory_bytes = sizes.memory,
+        keep_reserve_bytes = sizes.keep_reserve(),
         nice = crate::media::pool::WORKER_NICE,
-        "photo pool: uploads and thumbnails decode on these threads, below the server's CPU priority"
+        "photo pool: uploads and thumbnails decode on these threads, below the server's CPU priority, within this memory"
     );
     let secret = store
         .server_key(crate::store::photos::MEDIA_SIGNING, &new_secret())

@@ -86,11 +86,12 @@ const SH = (() => {
   }
 
   // Worth sending again with the same Idempotency-Key: no answer, the same
-  // key still in progress, or the server was briefly unable to answer.
+  // key still in progress, the server briefly unable to answer, or a body
+  // that arrived too slowly (408).
   function retryable(err) {
     if (err instanceof NetworkError) return true;
     if (err instanceof ApiError) {
-      return err.code === "request_in_progress" || err.status >= 500 || err.status === 429;
+      return err.code === "request_in_progress" || err.status >= 500 || err.status === 429 || err.status === 408;
     }
     return false;
   }

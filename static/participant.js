@@ -66,6 +66,8 @@
   // Its bytes, in memory: {ref, blob, url} (url: a data: URL for the
   // preview, null for a raw file).
   let photoData = null;
+  // The stored photo a new choice replaces ({session, id}; see retire()).
+  let retired = photo && photo.replaces ? photo.replaces : null;
   // The chosen file while it is being made ready (a Promise).
   let preparing = null;
   let prepareGen = 0;
@@ -249,7 +251,15 @@
     SH.session.set(PHOTO_META, photo);
   }
 
+  // The photo the server stored for this tab's session and that a new one
+  // replaces (a retake): the upload names it (?replaces=), so the server
+  // gives it up and it does not count against the session's photos.
+  function retire(old) {
+    if (old && old.id && old.session) retired = { session: old.session, id: old.id };
+  }
+
   function forgetPhoto() {
+    retire(photo);
     prepareGen += 1;
     preparing = null;
     photo = null;
@@ -309,6 +319,7 @@
     if (!file || busy || pending()) return;
     setError("");
     const gen = ++prepareGen;
+    retire(photo);
     photo = null;
     photoData = null;
     SH.session.set(PHOTO_META, null);
@@ -320,6 +331,7 @@
         key: SH.uuid(),
         session: null,
         id: null,
+        replaces: retired,
         width: ready.width,
         height: ready.height,
         raw: ready.raw,
@@ -465,7 +477,9 @@
     }
     if (photo.id) return photo.id;
     if (!photoData || photoData.ref !== photo.ref) throw new PhotoMissing("its bytes are gone");
-    const path = `/api/sessions/${encodeURIComponent(st.session.id)}/photo`;
+    const replaced = photo.replaces && photo.replaces.session === st.session.id ? photo.replaces.id : null;
+    const path = `/api/sessions/${encodeURIComponent(st.session.id)}/photo` +
+      (replaced ? `?replaces=${encodeURIComponent(replaced)}` : "");
     const ref = photo.ref;
     setProgress(0, photoData.blob.size);
     try {
@@ -615,7 +629,9 @@
       // No answer, or the server busy: the photo, its key and the rest are
       // kept; Retry sends the same bytes with the same key.
       setNote("");
-      setError(SH.t(err instanceof SH.NetworkError ? "p.error.photo_network" : "p.error.photo_busy"));
+      const why = err instanceof SH.NetworkError ? "p.error.photo_network"
+        : err.code === "upload_too_slow" ? "p.error.upload_too_slow" : "p.error.photo_busy";
+      setError(SH.t(why));
       refreshButton();
       return;
     }

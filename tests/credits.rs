@@ -350,6 +350,7 @@ async fn fixture_on(store: &Store, max_in_flight: i32, credits: Option<i64>) -> 
                 review_timeout_action: None,
                 input: stagehand::domain::media::InputKind::Prompt,
                 photo_max_px: 1536,
+                max_photos_per_session: 5,
                 guests: Default::default(),
             },
             None,

@@ -338,6 +338,7 @@ async fn claim_ground(
                 review_timeout_action: None,
                 input: stagehand::domain::media::InputKind::Prompt,
                 photo_max_px: 1536,
+                max_photos_per_session: 5,
                 guests: Default::default(),
             },
             None,

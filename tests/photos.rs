@@ -247,11 +247,16 @@ async fn bad_uploads_are_refused_clearly(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(resp.status(), 400);
-    // A prompt experience takes no photo.
+    // A prompt experience takes no photo (judged before the body is
+    // read: tests/hostile_uploads.rs).
     let prompt_only = photo_experience(&app, "prompt").await;
     let (psid, ptoken) = app.session(&prompt_only, None, "cy").await;
     let (status, body) = upload(&app, &psid, &ptoken, SMALL_PNG.to_vec(), "image/png").await;
-    assert_eq!(status, 422, "{body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("photo_not_taken")),
+        "{body}"
+    );
     for session in [&sid, &psid] {
         let stored = photos::Entity::find()
             .filter(photos::Column::SessionId.eq(session.as_str()))

@@ -60,6 +60,7 @@ async fn fixture(backend: Backend, max_in_flight: i32) -> Fixture {
                 review_timeout_action: None,
                 input: stagehand::domain::media::InputKind::Prompt,
                 photo_max_px: 1536,
+                max_photos_per_session: 5,
                 guests: Default::default(),
             },
             None,

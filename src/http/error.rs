@@ -66,6 +66,15 @@ pub enum ApiError {
     /// Every photo worker is busy and the queue is full.
     #[error("too many photos are being processed right now; try again in a moment")]
     PhotoPoolFull,
+    /// A photo upload to an experience whose input is only a prompt.
+    #[error("this experience takes no photo (its input is \"prompt\")")]
+    PhotoNotTaken,
+    /// The session holds its experience's `max_photos_per_session`.
+    #[error("this session has its {0} photos already; replace its unsubmitted photo (?replaces=<photo_id>) or start a new session")]
+    PhotoLimit(i32),
+    /// A photo's body arrived too slowly, or not whole in time.
+    #[error("{0}")]
+    UploadTooSlow(String),
     /// The media store (folder or S3) does not answer.
     #[error("the media store is not reachable right now ({0}); try again in a moment")]
     MediaUnavailable(String),
@@ -108,6 +117,9 @@ impl ApiError {
             ApiError::UpgradeRequired(_) => "upgrade_required",
             ApiError::PhotoUnreadable(_) => "photo_unreadable",
             ApiError::PhotoPoolFull => "photo_pool_full",
+            ApiError::PhotoNotTaken => "photo_not_taken",
+            ApiError::PhotoLimit(_) => "photo_limit",
+            ApiError::UploadTooSlow(_) => "upload_too_slow",
             ApiError::MediaUnavailable(_) => "media_unavailable",
             ApiError::Gone(_) => "gone",
             ApiError::GalleryPinRequired => "gallery_pin_required",
@@ -162,9 +174,12 @@ impl ResponseError for ApiError {
             | ApiError::Unsupported(_)
             | ApiError::PhotoUnreadable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::RequestInProgress | ApiError::AlreadySubmitted | ApiError::Conflict(_) => {
-                StatusCode::CONFLICT
-            }
+            ApiError::RequestInProgress
+            | ApiError::AlreadySubmitted
+            | ApiError::Conflict(_)
+            | ApiError::PhotoNotTaken
+            | ApiError::PhotoLimit(_) => StatusCode::CONFLICT,
+            ApiError::UploadTooSlow(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::BudgetExhausted => StatusCode::PAYMENT_REQUIRED,
             ApiError::Closing => StatusCode::CONFLICT,
             ApiError::Unauthorized(_)
@@ -257,6 +272,7 @@ impl From<StoreError> for ApiError {
             StoreError::AlreadySubmitted => ApiError::AlreadySubmitted,
             StoreError::BudgetExhausted => ApiError::BudgetExhausted,
             StoreError::Closing => ApiError::Closing,
+            StoreError::PhotoLimit(limit) => ApiError::PhotoLimit(limit),
             StoreError::Conflict(message) => ApiError::Conflict(message),
             StoreError::Review(refused) => ApiError::Conflict(refused.to_string()),
             // An operator's action on a saga that moved on (the workers'

@@ -192,7 +192,8 @@ pub async fn download(
 ) -> Result<HttpResponse, ApiError> {
     let (result, experience) = live_share(&state, &share_id).await?;
     let key = download_key(&result).ok_or(ApiError::NotFound("kept file"))?;
-    let bytes = state.media.get(&key).await?;
+    // Streamed: a 50 MB video is never held whole per download.
+    let file = state.media.read(&key, None).await?;
     let kept = KeptType::of_key(&key);
     let extension = key.rsplit_once('.').map_or("bin", |(_, ext)| ext);
     let name = format!("{}-{}.{extension}", experience.slug, &share_id[..8]);
@@ -203,7 +204,7 @@ pub async fn download(
             format!("attachment; filename=\"{name}\""),
         ))
         .insert_header(("Cache-Control", "private, no-store"))
-        .body(bytes))
+        .body(actix_web::body::SizedStream::new(file.length, file.body)))
 }
 
 /// `GET /r/{share_id}/qr.svg`: the link as a QR code, for a friend's

@@ -18,6 +18,7 @@
 //! server (one origin for the pages, the same access rules for every
 //! store), rather than redirecting to a presigned URL.
 
+use actix_web::body::SizedStream;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -32,8 +33,54 @@ use super::idempotency::{key_of, respond, run_idempotent_hashed, Reply};
 use super::AppState;
 use crate::domain::keys::token_hash;
 use crate::domain::media::{is_photo_key, photo_object_key, signature_holds, InputKind, KeptType};
+use crate::domain::session::SessionStatus;
 use crate::media::photo::{normalize, PhotoLimits};
-use crate::store::photos::NewPhoto;
+use crate::store::photos::{NewPhoto, PhotoBound};
+
+/// The query of an upload.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UploadQuery {
+    /// The session's unsubmitted photo this one replaces (a retake): it
+    /// is given up when this one is stored, and no longer counts against
+    /// `max_photos_per_session`. A photo a submission named stays.
+    replaces: Option<String>,
+}
+
+/// How slowly a photo's body may arrive (`--upload-timeout`,
+/// `--upload-min-rate`, `--upload-grace`).
+#[derive(Debug, Clone, Copy)]
+pub struct UploadPace {
+    /// From the first byte to the last.
+    pub timeout: std::time::Duration,
+    /// Bytes a second on average, once `grace` has passed; 0: no minimum.
+    pub min_rate: u64,
+    pub grace: std::time::Duration,
+}
+
+impl UploadPace {
+    /// The latest instant by which more than `received` bytes must have
+    /// arrived, for a body whose first byte was awaited from `started`.
+    fn due(&self, started: tokio::time::Instant, received: usize) -> tokio::time::Instant {
+        let deadline = started + self.timeout;
+        if self.min_rate == 0 {
+            return deadline;
+        }
+        let earned = std::time::Duration::from_secs_f64(received as f64 / self.min_rate as f64);
+        (started + earned.max(self.grace)).min(deadline)
+    }
+
+    /// The 408 of a body that missed its pace.
+    fn missed(&self, received: usize, waited: std::time::Duration) -> ApiError {
+        ApiError::UploadTooSlow(format!(
+            "the photo arrived too slowly ({received} bytes in {:.1} s): it must arrive whole within {} s, at least {} bytes a second after the first {} s",
+            waited.as_secs_f64(),
+            self.timeout.as_secs(),
+            self.min_rate,
+            self.grace.as_secs(),
+        ))
+    }
+}
 
 /// `POST /api/sessions/{id}/photo`
 #[utoipa::path(
@@ -44,6 +91,7 @@ use crate::store::photos::NewPhoto;
     security(("participant" = [])),
     params(
         ("id" = String, Path, description = "The session's id."),
+        UploadQuery,
         super::schema::SubmissionKey,
     ),
     request_body(content = Vec<u8>, content_type = "image/jpeg", description = "A JPEG, PNG or WebP image, at most `max_photo_bytes` (10 MiB by default). The format is read from the bytes, not the Content-Type."),
@@ -52,36 +100,105 @@ use crate::store::photos::NewPhoto;
         (status = 400, description = "`idempotency_key_required`.", body = super::schema::ErrorBody),
         (status = 401, description = "`unauthorized`: the token does not open this session.", body = super::schema::ErrorBody),
         (status = 404, description = "`not_found`: no such session.", body = super::schema::ErrorBody),
+        (status = 408, description = "`upload_too_slow`: the body did not arrive whole within `--upload-timeout`, or slower than `--upload-min-rate` after `--upload-grace`.", body = super::schema::ErrorBody),
+        (status = 409, description = "`photo_not_taken`: the experience takes only a prompt; `already_submitted`: the session's saga runs or it completed (both answered before the body is read); `photo_limit`: the session holds its `max_photos_per_session` photos; `request_in_progress`.", body = super::schema::ErrorBody),
+        (status = 410, description = "`gone`: the session's data was erased (answered before the body is read).", body = super::schema::ErrorBody),
         (status = 413, description = "`payload_too_large`: past `max_photo_bytes`; refused before the body is read whole.", body = super::schema::ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not JPEG, PNG or WebP (HEIC is named).", body = super::schema::ErrorBody),
-        (status = 422, description = "`photo_unreadable`: truncated, corrupt, or past a decoding limit (named); `validation_failed`: the experience takes no photo; `idempotency_key_reused`.", body = super::schema::ErrorBody),
-        (status = 503, description = "`photo_pool_full` (every photo worker busy and the queue full) or `media_unavailable` (the media store does not answer).", body = super::schema::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 422, description = "`photo_unreadable`: truncated, corrupt, or past a decoding limit (named: pixels, or the memory its decoding would take at its bit depth); `validation_failed`: a malformed `replaces`; `idempotency_key_reused`.", body = super::schema::ErrorBody),
+        (status = 429, description = "`rate_limited`: too many uploads from this client address (answered before the body is read).", body = super::schema::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 503, description = "`photo_pool_full` (every photo worker busy and the upload queue full) or `media_unavailable` (the media store does not answer).", body = super::schema::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait."))),
     )
 )]
 pub async fn upload_photo(
     state: web::Data<AppState>,
     req: HttpRequest,
     session_id: web::Path<String>,
+    query: web::Query<UploadQuery>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let max = state.photos.max_bytes;
-    refuse_declared_length(&req, max)?;
-    let session = require_session(&state, &req, &session_id, false).await?;
+    let desk = &state.photos;
+    refuse_declared_length(&req, desk.max_bytes)?;
+    let (session, experience) = open_upload(&state, &req, &session_id).await?;
     let key = key_of(&req)?.ok_or(ApiError::IdempotencyKeyRequired)?;
-    // A place in the pool before the body is read: past the queue, 503 at
-    // once, with nothing read.
-    let place = state.photos.pool.admit()?;
-    let body = read_photo_body(payload, declared_length(&req), max).await?;
-    let (body_hash, place) = hash_in_the_pool(place, body.clone()).await?;
+    let bound = PhotoBound {
+        max_per_session: experience.max_photos_per_session,
+        replaces: replaced_photo(&query)?,
+    };
+    // The body first, bounded in size and time, holding no shared place:
+    // a slow client costs its own connection and what it sent, nothing
+    // another guest needs.
+    let body = read_photo_body(payload, declared_length(&req), desk.max_bytes, desk.pace).await?;
+    let (body_hash, place) = hash_in_the_pool(desk.pool.admit()?, body.clone()).await?;
     let token = bearer(&req).unwrap_or_default().to_owned();
     let scope = format!("photo:{}", session.id);
     let place = std::sync::Mutex::new(Some(place));
+    let upload = Upload {
+        session: &session,
+        experience: &experience,
+        bound: &bound,
+    };
     let (reply, replayed) = run_idempotent_hashed(&state, &scope, &token, key, body_hash, || {
         let place = place.lock().ok().and_then(|mut p| p.take());
-        store_photo(&state, &session, body.clone(), place)
+        store_photo(&state, &upload, body.clone(), place)
     })
     .await?;
     Ok(respond(reply, replayed, None))
+}
+
+/// What is judged before a byte of the body is read: the client's upload
+/// limit (429), the token (401), the session (404; erased: 410; one that
+/// takes no submission now: 409 `already_submitted`) and whether its
+/// experience takes a photo (409 `photo_not_taken`).
+async fn open_upload(
+    state: &AppState,
+    req: &HttpRequest,
+    session_id: &str,
+) -> Result<
+    (
+        crate::store::entities::sessions::Model,
+        crate::store::entities::experiences::Model,
+    ),
+    ApiError,
+> {
+    state
+        .limits
+        .check_upload(req)
+        .map_err(|retry_after| ApiError::RateLimited { retry_after })?;
+    let session = require_session(state, req, session_id, false).await?;
+    if session.forgotten_at_ms.is_some() {
+        return Err(ApiError::Gone(
+            "this session's data was erased; start a new session to take a photo",
+        ));
+    }
+    // A photo is for a submission: a session that takes none (its saga
+    // runs, or it completed) takes no photo either.
+    let takes_submission = SessionStatus::ALL
+        .iter()
+        .any(|status| status.as_str() == session.status && status.accepts_submission());
+    if !takes_submission {
+        return Err(ApiError::AlreadySubmitted);
+    }
+    let experience = state
+        .store
+        .experience_by_id(&session.experience_id)
+        .await?
+        .ok_or(ApiError::NotFound("experience"))?;
+    if !InputKind::of(&experience.input).takes_photo() {
+        return Err(ApiError::PhotoNotTaken);
+    }
+    Ok((session, experience))
+}
+
+/// `?replaces=`, when given: a photo id.
+fn replaced_photo(query: &UploadQuery) -> Result<Option<String>, ApiError> {
+    match &query.replaces {
+        None => Ok(None),
+        Some(id) if uuid::Uuid::try_parse(id).is_ok() => Ok(Some(id.clone())),
+        Some(_) => Err(ApiError::Validation(
+            "replaces must be the photo_id of the photo this one replaces".into(),
+        )),
+    }
 }
 
 /// The body's hash for its Idempotency-Key, made in the photo pool with
@@ -92,7 +209,7 @@ async fn hash_in_the_pool(
     place: crate::media::pool::Admitted,
     body: web::Bytes,
 ) -> Result<(String, crate::media::pool::Admitted), ApiError> {
-    Ok(place.run_keeping(move || request_hash(&body)).await?)
+    Ok(place.run_keeping(move |_| request_hash(&body)).await?)
 }
 
 /// The `Content-Length` the client declared, if any.
@@ -110,17 +227,28 @@ fn refuse_declared_length(req: &HttpRequest, max: u64) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The body, refused (413) as soon as more than `max` bytes came. Room for
-/// the declared length (at most `max`) is taken once, so a 3 MB photo is
-/// not copied again each time its buffer grows.
+/// The body, refused as soon as more than `max` bytes came (413) or as
+/// soon as it falls behind `pace` (408). Room for the declared length (at
+/// most `max`) is taken once, so a 3 MB photo is not copied again each
+/// time its buffer grows; the memory behind it is touched only as the
+/// bytes come.
 async fn read_photo_body(
     mut payload: web::Payload,
     declared: Option<u64>,
     max: u64,
+    pace: UploadPace,
 ) -> Result<web::Bytes, ApiError> {
     let room = declared.unwrap_or(0).min(max);
     let mut body = web::BytesMut::with_capacity(usize::try_from(room).unwrap_or(0));
-    while let Some(chunk) = payload.next().await {
+    let started = tokio::time::Instant::now();
+    loop {
+        let due = pace.due(started, body.len());
+        let Ok(next) = tokio::time::timeout_at(due, payload.next()).await else {
+            return Err(pace.missed(body.len(), started.elapsed()));
+        };
+        let Some(chunk) = next else {
+            return Ok(body.freeze());
+        };
         let chunk =
             chunk.map_err(|e| ApiError::Validation(format!("the photo could not be read: {e}")))?;
         if (body.len() + chunk.len()) as u64 > max {
@@ -128,58 +256,65 @@ async fn read_photo_body(
         }
         body.extend_from_slice(&chunk);
     }
-    Ok(body.freeze())
 }
 
-/// Decodes, cleans and stores one photo of `session`: 201 with its id and
-/// size.
+/// One upload's session, experience and bound.
+struct Upload<'a> {
+    session: &'a crate::store::entities::sessions::Model,
+    experience: &'a crate::store::entities::experiences::Model,
+    bound: &'a PhotoBound,
+}
+
+/// Decodes, cleans and stores one photo of the session within its bound:
+/// 201 with its id and size. The row is written before the object, so a
+/// photo past the bound is never stored, and an object whose put fails
+/// leaves a row that is given up (or swept) rather than an object no row
+/// names.
 async fn store_photo(
     state: &AppState,
-    session: &crate::store::entities::sessions::Model,
+    upload: &Upload<'_>,
     body: web::Bytes,
     place: Option<crate::media::pool::Admitted>,
 ) -> Result<Reply, ApiError> {
-    let experience = state
+    let (session, bound) = (upload.session, upload.bound);
+    let held = state
         .store
-        .experience_by_id(&session.experience_id)
-        .await?
-        .ok_or(ApiError::NotFound("experience"))?;
-    if !InputKind::of(&experience.input).takes_photo() {
-        return Err(ApiError::Validation(
-            "this experience takes no photo (its input is \"prompt\")".into(),
-        ));
+        .photos_held(&session.id, bound.replaces.as_deref())
+        .await?;
+    if held >= u64::try_from(bound.max_per_session).unwrap_or(0) {
+        return Err(ApiError::PhotoLimit(bound.max_per_session));
     }
-    let max_px = experience.photo_max_px.max(1) as u32;
+    let max_px = upload.experience.photo_max_px.max(1) as u32;
     let started = std::time::Instant::now();
     let place = match place {
         Some(place) => place,
         None => state.photos.pool.admit()?,
     };
     let photo = place
-        .run(move || normalize(&body, max_px, &PhotoLimits::default()))
+        .run(move |memory| normalize(&body, max_px, &PhotoLimits::default(), memory))
         .await??;
     metrics::histogram!(crate::metrics::PHOTO_DECODE_DURATION)
         .record(started.elapsed().as_secs_f64());
-    let object_key = photo_object_key(rand::random());
     let stored = web::Bytes::from(photo.bytes);
     let bytes = stored.len() as u64;
-    state.media.put(&object_key, stored).await?;
-    let row = state
-        .store
-        .insert_photo(
-            NewPhoto {
-                id: crate::store::new_id(),
-                session_id: session.id.clone(),
-                object_key,
-                content_type: photo.content_type.to_owned(),
-                width: photo.width,
-                height: photo.height,
-                bytes,
-            },
-            state.clock.now_ms(),
-        )
-        .await?;
-    tracing::info!(session_id = %session.id, photo_id = %row.id, width = row.width, height = row.height, bytes, "photo stored");
+    let now = state.clock.now_ms();
+    let new = NewPhoto {
+        id: crate::store::new_id(),
+        session_id: session.id.clone(),
+        object_key: photo_object_key(rand::random()),
+        content_type: photo.content_type.to_owned(),
+        width: photo.width,
+        height: photo.height,
+        bytes,
+    };
+    let row = state.store.insert_photo(new, bound, now).await?;
+    if let Err(e) = state.media.put(&row.object_key, stored).await {
+        if let Err(lost) = state.store.give_up_photo(&row, now).await {
+            tracing::warn!(error = %lost, photo_id = %row.id, "a photo whose object could not be stored is left to the orphan sweep");
+        }
+        return Err(e.into());
+    }
+    tracing::info!(session_id = %session.id, photo_id = %row.id, width = row.width, height = row.height, bytes, replaced = bound.replaces.is_some(), "photo stored");
     Ok(Reply {
         status: StatusCode::CREATED,
         body: json!({
@@ -282,18 +417,15 @@ async fn serve_media(
             .insert_header((header::ETAG, etag))
             .finish());
     }
-    let size = state.media.size(&key).await?;
-    // A range outside the file is ignored (RFC 9110 allows it): the whole
-    // file comes.
-    let range = requested_range(req, size).unwrap_or(None);
-    let bytes = match &range {
-        Some((start, end)) => state.media.get_range(&key, *start..*end + 1).await?,
-        None => state.media.get(&key).await?,
-    };
+    let read = read_media(state, req, &key).await?;
+    let range = read.range;
     let mut answer = match &range {
         Some((start, end)) => {
             let mut partial = HttpResponse::build(StatusCode::PARTIAL_CONTENT);
-            partial.insert_header((header::CONTENT_RANGE, format!("bytes {start}-{end}/{size}")));
+            partial.insert_header((
+                header::CONTENT_RANGE,
+                format!("bytes {start}-{end}/{}", read.stream.size),
+            ));
             partial
         }
         None => HttpResponse::Ok(),
@@ -318,7 +450,34 @@ async fn serve_media(
             HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; sandbox"),
         ));
     }
-    Ok(answer.body(bytes))
+    Ok(answer.body(SizedStream::new(read.stream.length, read.stream.body)))
+}
+
+/// An object as a route serves it: streamed from the store, and the one
+/// byte range asked for, if any.
+pub struct MediaRead {
+    pub stream: crate::media::MediaStream,
+    /// `(first, last)`, inclusive: a 206.
+    pub range: Option<(u64, u64)>,
+}
+
+/// Opens `key` for a GET: a `Range` asks the store for the size first; a
+/// range outside the file is ignored (RFC 9110 allows it) and the whole
+/// file comes. Never more than a chunk is in memory at once.
+pub async fn read_media(
+    state: &AppState,
+    req: &HttpRequest,
+    key: &str,
+) -> Result<MediaRead, ApiError> {
+    let range = match req.headers().contains_key(header::RANGE) {
+        true => requested_range(req, state.media.size(key).await?).unwrap_or(None),
+        false => None,
+    };
+    let stream = state
+        .media
+        .read(key, range.map(|(first, last)| first..last + 1))
+        .await?;
+    Ok(MediaRead { stream, range })
 }
 
 /// A key as this server makes them: `r/` or `p/`, then hex, then its

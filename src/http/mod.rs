@@ -98,6 +98,8 @@ pub struct PhotoDesk {
     pub pool: crate::media::pool::PhotoPool,
     /// `max_photo_bytes`.
     pub max_bytes: u64,
+    /// How slowly a photo's body may arrive.
+    pub pace: media::UploadPace,
     /// The shared secret signed photo URLs are checked with.
     pub secret: std::sync::Arc<[u8]>,
 }

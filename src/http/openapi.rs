@@ -331,6 +331,9 @@ mod tests {
             ApiError::UpgradeRequired(String::new()),
             ApiError::PhotoUnreadable(String::new()),
             ApiError::PhotoPoolFull,
+            ApiError::PhotoNotTaken,
+            ApiError::PhotoLimit(5),
+            ApiError::UploadTooSlow(String::new()),
             ApiError::MediaUnavailable(String::new()),
             ApiError::Gone(""),
             ApiError::GalleryPinRequired,
@@ -365,6 +368,9 @@ mod tests {
                 | ApiError::UpgradeRequired(_)
                 | ApiError::PhotoUnreadable(_)
                 | ApiError::PhotoPoolFull
+                | ApiError::PhotoNotTaken
+                | ApiError::PhotoLimit(_)
+                | ApiError::UploadTooSlow(_)
                 | ApiError::MediaUnavailable(_)
                 | ApiError::Gone(_)
                 | ApiError::GalleryPinRequired

@@ -23,6 +23,8 @@ use crate::store::experiences::{GuestSettings, NewExperience};
 const KINDS: [&str; 5] = ["comic", "image", "video", "music", "score"];
 /// The long side a photo is downscaled to unless the experience says.
 pub const DEFAULT_PHOTO_MAX_PX: i32 = 1536;
+/// The photos one session may have at once unless the experience says.
+pub const DEFAULT_MAX_PHOTOS_PER_SESSION: i32 = 5;
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -99,6 +101,12 @@ pub(super) struct ExperienceBody {
     #[serde(default)]
     #[schema(minimum = 256, maximum = 4096)]
     photo_max_px: Option<i32>,
+    /// The photos one session may have at once, 1 to 50; default 5. Past
+    /// it an upload is 409 `photo_limit`, unless it replaces the
+    /// session's unsubmitted photo (`?replaces=`).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 50)]
+    max_photos_per_session: Option<i32>,
     /// Whether its completed results appear at `/g/{slug}`: `off`
     /// (default), `public`, or `pin` (only with `gallery_pin`).
     #[serde(default)]
@@ -173,11 +181,16 @@ pub(super) fn validate_experience(
         review_timeout_ms,
         review_timeout_action,
     } = review_settings(&b)?;
-    let (input, photo_max_px) = media_settings(&b)?;
+    let PhotoSettings {
+        input,
+        photo_max_px,
+        max_photos_per_session,
+    } = media_settings(&b)?;
     Ok(NewExperience {
         guests,
         input,
         photo_max_px,
+        max_photos_per_session,
         review,
         review_timeout_ms,
         review_timeout_action,
@@ -334,9 +347,16 @@ fn review_timeout_ms(text: Option<&str>) -> Result<Option<i64>, ApiError> {
     Ok(Some(timeout.as_millis() as i64))
 }
 
-/// The media settings: what a participant sends (`input`) and
-/// `photo_max_px`.
-fn media_settings(b: &ExperienceBody) -> Result<(InputKind, i32), ApiError> {
+/// What an experience takes of photos.
+struct PhotoSettings {
+    input: InputKind,
+    photo_max_px: i32,
+    max_photos_per_session: i32,
+}
+
+/// The media settings: what a participant sends (`input`),
+/// `photo_max_px` and `max_photos_per_session`.
+fn media_settings(b: &ExperienceBody) -> Result<PhotoSettings, ApiError> {
     let input = match b.input.as_deref() {
         Some(text) => text.parse::<InputKind>().map_err(ApiError::Validation)?,
         None => InputKind::Prompt,
@@ -347,7 +367,19 @@ fn media_settings(b: &ExperienceBody) -> Result<(InputKind, i32), ApiError> {
             "photo_max_px must be 256 to 4096".into(),
         ));
     }
-    Ok((input, photo_max_px))
+    let max_photos_per_session = b
+        .max_photos_per_session
+        .unwrap_or(DEFAULT_MAX_PHOTOS_PER_SESSION);
+    if !(1..=50).contains(&max_photos_per_session) {
+        return Err(ApiError::Validation(
+            "max_photos_per_session must be 1 to 50".into(),
+        ));
+    }
+    Ok(PhotoSettings {
+        input,
+        photo_max_px,
+        max_photos_per_session,
+    })
 }
 
 /// A duration setting between `min` and `max`, in ms; `default` without
@@ -489,6 +521,7 @@ pub(super) fn experience_json(e: &experiences::Model) -> serde_json::Value {
         "review_timeout_action": e.review_timeout_action,
         "input": e.input,
         "photo_max_px": e.photo_max_px,
+        "max_photos_per_session": e.max_photos_per_session,
         "gallery": e.gallery,
         "photo_retention": ms_text(e.photo_retention_ms),
         "retention": ms_text(e.retention_ms),

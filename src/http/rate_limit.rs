@@ -1,5 +1,6 @@
 //! Rate limits (governor's GCRA, in memory, per instance): session creation
-//! per client address, submission per session and token. A refused request
+//! and photo uploads per client address, submission per session and
+//! token. A refused request
 //! is answered 429 `rate_limited` with `Retry-After`: session creation by a
 //! middleware on its route, before the handler runs; a submission by the
 //! submission desk right after its token opened the session
@@ -51,6 +52,9 @@ pub const SWEEP_WHEN_FULL: Duration = Duration::from_secs(1);
 pub struct RateLimits {
     sessions: Option<KeyedLimiter<IpAddr>>,
     submissions: Option<KeyedLimiter<u128>>,
+    /// Photo uploads per client address, asked by the upload before it
+    /// reads a byte of its body ([`RateLimits::check_upload`]).
+    uploads: Option<KeyedLimiter<IpAddr>>,
     /// Requests to a PIN gallery, one bucket per client and gallery
     /// ([`GALLERY_PIN_LIMIT`]): a wrong guess costs as much as a right
     /// one, so once the bucket is empty every answer is 429, the right
@@ -82,12 +86,24 @@ impl RateLimits {
         RateLimits {
             sessions: KeyedLimiter::of(config.session_rate_limit, max_keys),
             submissions: KeyedLimiter::of(config.submission_rate_limit, max_keys),
+            uploads: KeyedLimiter::of(config.upload_rate_limit, max_keys),
             gallery_pins: KeyedLimiter::of(GALLERY_PIN_LIMIT, max_keys)
                 .expect("the gallery PIN limit is on"),
             client: ClientAddress {
                 trusted_proxies: config.trusted_proxies,
             },
             live_instances: std::sync::Arc::new(AtomicUsize::new(1)),
+        }
+    }
+
+    /// The photo upload limit of the request's client. `Err(seconds)`:
+    /// wait that long.
+    pub fn check_upload(&self, req: &HttpRequest) -> Result<(), u64> {
+        match &self.uploads {
+            None => Ok(()),
+            Some(limiter) => limiter
+                .check_shared(&self.client.of(req), self.instances())
+                .map_err(retry_after_secs),
         }
     }
 

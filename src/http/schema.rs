@@ -87,6 +87,9 @@ pub const ERROR_CODES: &[&str] = &[
     "upgrade_required",
     "photo_unreadable",
     "photo_pool_full",
+    "photo_not_taken",
+    "photo_limit",
+    "upload_too_slow",
     "media_unavailable",
     "gone",
     "gallery_pin_required",
@@ -298,6 +301,8 @@ pub struct ExperiencePatch {
     input: Option<String>,
     #[schema(minimum = 256, maximum = 4096)]
     photo_max_px: Option<i32>,
+    #[schema(minimum = 1, maximum = 50)]
+    max_photos_per_session: Option<i32>,
     #[schema(example = "public")]
     gallery: Option<String>,
     #[schema(example = "2468")]
@@ -353,6 +358,9 @@ pub struct Experience {
     input: String,
     #[schema(minimum = 256, maximum = 4096)]
     photo_max_px: i32,
+    /// The photos one session may have at once.
+    #[schema(minimum = 1, maximum = 50)]
+    max_photos_per_session: i32,
     /// `off`, `public` or `pin`: whether `/g/{slug}` shows its results.
     #[schema(example = "public")]
     gallery: String,

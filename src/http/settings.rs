@@ -38,7 +38,7 @@ const FIXED: [(&str, &str); 4] = [
 
 /// What a patch may name (besides `credits_add`), each with the columns
 /// it writes.
-const SETTINGS: [(&str, &[experiences::Column]); 19] = {
+const SETTINGS: [(&str, &[experiences::Column]); 20] = {
     use experiences::Column as C;
     [
         ("title", &[C::Title]),
@@ -59,6 +59,7 @@ const SETTINGS: [(&str, &[experiences::Column]); 19] = {
         ("review_timeout_action", &[C::ReviewTimeoutAction]),
         ("input", &[C::Input]),
         ("photo_max_px", &[C::PhotoMaxPx]),
+        ("max_photos_per_session", &[C::MaxPhotosPerSession]),
         ("gallery", &[C::Gallery, C::GalleryPinHash]),
         ("gallery_pin", &[C::GalleryPinHash]),
         ("photo_retention", &[C::PhotoRetentionMs]),
@@ -174,6 +175,7 @@ fn change_of(
         created_at_ms: sea_orm::ActiveValue::NotSet,
         input: sea_orm::Set(new.input.as_str().to_owned()),
         photo_max_px: sea_orm::Set(new.photo_max_px),
+        max_photos_per_session: sea_orm::Set(new.max_photos_per_session),
         gallery: sea_orm::Set(new.guests.gallery.as_str().to_owned()),
         gallery_pin_hash: sea_orm::Set(new.guests.gallery_pin_hash),
         photo_retention_ms: sea_orm::Set(new.guests.photo_retention_ms),

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -48,6 +49,15 @@ pub enum MediaError {
 pub enum MediaPlace {
     Folder(PathBuf),
     S3 { bucket: String },
+}
+
+/// An object being read ([`MediaStore::read`]).
+pub struct MediaStream {
+    /// The whole object's size.
+    pub size: u64,
+    /// The bytes `body` yields (the range's, or the whole object's).
+    pub length: u64,
+    pub body: futures_util::stream::BoxStream<'static, Result<Bytes, MediaError>>,
 }
 
 /// The store. Cheap to clone.
@@ -195,6 +205,33 @@ impl MediaStore {
             Err(object_store::Error::NotFound { .. }) => Err(MediaError::NotFound(key.to_owned())),
             Err(e) => Err(unavailable(&e)),
         }
+    }
+
+    /// `key`'s bytes as they come from the store, all of them or `range`,
+    /// without holding the object in memory: what the media routes serve.
+    pub async fn read(
+        &self,
+        key: &str,
+        range: Option<std::ops::Range<u64>>,
+    ) -> Result<MediaStream, MediaError> {
+        let path = object_path(key)?;
+        let options = object_store::GetOptions {
+            range: range.map(object_store::GetRange::Bounded),
+            ..Default::default()
+        };
+        let found = match self.store.get_opts(&path, options).await {
+            Ok(found) => found,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(MediaError::NotFound(key.to_owned()))
+            }
+            Err(e) => return Err(unavailable(&e)),
+        };
+        let (size, length) = (found.meta.size, found.range.end - found.range.start);
+        let body = found
+            .into_stream()
+            .map(|chunk| chunk.map_err(|e| unavailable(&e)))
+            .boxed();
+        Ok(MediaStream { size, length, body })
     }
 
     /// The size of `key` in bytes.

@@ -5,10 +5,14 @@
 //!
 //! 1. [`sniff`] the format by its magic numbers (never the Content-Type or the file
 //!    name); [`is_heic`] lets the caller tell an iPhone's HEIC apart so it can say so.
-//! 2. Read the dimensions from the header and refuse past [`PhotoLimits`] *before*
-//!    decoding any pixel, so a tiny file that declares a huge image costs nothing.
-//!    A JPEG must reach its end-of-image marker ([`super::jpeg::read`]).
-//! 3. Decode under `image::Limits`, read the EXIF orientation.
+//! 2. Read the dimensions, channels and bit depth from the header and refuse
+//!    past [`PhotoLimits`] *before* decoding any pixel, so a tiny file that
+//!    declares a huge image costs nothing. The memory bound is the pipeline's
+//!    peak ([`peak_bytes`]): a 16-bit RGBA image takes 8 bytes a pixel
+//!    decoded and 12 while it is converted, not the 3 of a JPEG. A JPEG must
+//!    reach its end-of-image marker ([`super::jpeg::read`]).
+//! 3. Reserve that peak in the photo pool's memory budget ([`Memory`]), then
+//!    decode under `image::Limits` and read the EXIF orientation.
 //! 4. A JPEG that is already upright and within the size asked is kept as sent
 //!    with its metadata cut out ([`super::jpeg::strip_metadata`]): the same
 //!    pixels, no second JPEG generation, a fraction of the CPU. Anything else is
@@ -22,9 +26,12 @@
 use std::io::Cursor;
 
 use image::metadata::Orientation;
-use image::{DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader, Rgb, RgbImage};
+use image::{
+    ColorType, DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader, Rgb, RgbImage,
+};
 
 use super::jpeg;
+use super::pool::{Memory, MemoryHeld};
 
 /// The content type of every image this module produces.
 const JPEG_CONTENT_TYPE: &str = "image/jpeg";
@@ -120,7 +127,8 @@ pub struct PhotoLimits {
     pub max_pixels: u64,
     /// The most pixels either side may have, however thin the image.
     pub max_side: u32,
-    /// The most bytes the decoder may allocate, its output buffer included.
+    /// The most bytes the pipeline may hold at once for one image: its
+    /// decoded buffer, its conversion and its output ([`peak_bytes`]).
     pub max_alloc_bytes: u64,
 }
 
@@ -200,11 +208,13 @@ fn unsupported_message(heic: &bool) -> &'static str {
 /// within `max_px` keeps its own scans; anything else is re-encoded at
 /// quality 85 with transparency flattened onto white.
 ///
-/// The header is checked against `limits` before anything is decoded.
+/// The header is checked against `limits` before anything is decoded, and
+/// the decoding waits for its peak memory in `memory`.
 pub fn normalize(
     bytes: &[u8],
     max_px: u32,
     limits: &PhotoLimits,
+    memory: &Memory,
 ) -> Result<Normalized, PhotoError> {
     reencode(
         bytes,
@@ -213,6 +223,7 @@ pub fn normalize(
             quality: NORMALIZE_QUALITY,
         },
         limits,
+        memory,
     )
 }
 
@@ -223,6 +234,7 @@ pub fn thumbnail(
     bytes: &[u8],
     max_px: u32,
     limits: &PhotoLimits,
+    memory: &Memory,
 ) -> Result<Normalized, PhotoError> {
     reencode(
         bytes,
@@ -231,6 +243,7 @@ pub fn thumbnail(
             quality: THUMBNAIL_QUALITY,
         },
         limits,
+        memory,
     )
 }
 
@@ -241,9 +254,15 @@ struct Target {
     quality: u8,
 }
 
-/// The one pipeline: sniff, check the header, decode, then keep a JPEG as
-/// sent without its metadata, or flatten, downscale, orient and encode.
-fn reencode(bytes: &[u8], target: Target, limits: &PhotoLimits) -> Result<Normalized, PhotoError> {
+/// The one pipeline: sniff, check the header, reserve the peak memory,
+/// decode, then keep a JPEG as sent without its metadata, or flatten,
+/// downscale, orient and encode. The memory is held until the end.
+fn reencode(
+    bytes: &[u8],
+    target: Target,
+    limits: &PhotoLimits,
+    memory: &Memory,
+) -> Result<Normalized, PhotoError> {
     let format = sniff(bytes).ok_or_else(|| PhotoError::Unsupported {
         heic: is_heic(bytes),
     })?;
@@ -251,7 +270,8 @@ fn reencode(bytes: &[u8], target: Target, limits: &PhotoLimits) -> Result<Normal
         image,
         orientation,
         jpeg,
-    } = decode(bytes, format, limits)?;
+        _memory,
+    } = decode(bytes, format, target, limits, memory)?;
     if let Some(kept) = as_sent_without_metadata(bytes, jpeg, &image, orientation, target.max_px)? {
         return Ok(kept);
     }
@@ -267,15 +287,30 @@ struct Decoded {
     image: DynamicImage,
     orientation: Orientation,
     jpeg: Option<jpeg::Structure>,
+    /// The pipeline's peak memory, reserved in the pool's budget.
+    _memory: MemoryHeld,
 }
 
 /// Decodes `bytes` as `format` once its header has passed `limits` (and a
 /// JPEG's structure reaches its end marker: decoders pad a scan that is cut
-/// short with grey instead of failing).
-fn decode(bytes: &[u8], format: PhotoFormat, limits: &PhotoLimits) -> Result<Decoded, PhotoError> {
+/// short with grey instead of failing) and the pipeline's peak memory is
+/// reserved in `memory`.
+fn decode(
+    bytes: &[u8],
+    format: PhotoFormat,
+    target: Target,
+    limits: &PhotoLimits,
+    memory: &Memory,
+) -> Result<Decoded, PhotoError> {
     let mut decoder = open_decoder(bytes, format, limits)?;
     let (width, height) = decoder.dimensions();
-    check_header(width, height, decoder.total_bytes(), limits)?;
+    let peak = peak_bytes(width, height, decoder.color_type(), target.max_px);
+    check_header(width, height, peak, limits)?;
+    let held = memory.reserve(peak).map_err(|over| PhotoError::TooLarge {
+        width,
+        height,
+        limit: over.to_string(),
+    })?;
     let jpeg = match format {
         PhotoFormat::Jpeg => Some(jpeg::read(bytes).map_err(unreadable)?),
         PhotoFormat::Png | PhotoFormat::Webp => None,
@@ -291,7 +326,41 @@ fn decode(bytes: &[u8], format: PhotoFormat, limits: &PhotoLimits) -> Result<Dec
         image,
         orientation,
         jpeg,
+        _memory: held,
     })
+}
+
+/// The most memory the pipeline holds at once for a `width` × `height`
+/// image whose decoder yields `color`, made at most `max_px` on its long
+/// side: the decoded buffer at its own depth while it is converted to
+/// 8-bit RGB (through RGBA when it has alpha: [`flatten_onto_white`]),
+/// then the RGB copy while it is downscaled and turned (a copy of the
+/// output each). A 16-bit RGBA image of 50 MP takes 400 MB decoded and
+/// 600 MB at its peak; an 8-bit RGB one 150 MB and 150 MB.
+pub fn peak_bytes(width: u32, height: u32, color: ColorType, max_px: u32) -> u64 {
+    let pixels = u64::from(width) * u64::from(height);
+    let decoded = pixels * u64::from(color.bytes_per_pixel());
+    let converted = if color.has_alpha() {
+        // Into RGBA (a copy unless it is RGBA already), then RGB beside it.
+        let rgba = if color == ColorType::Rgba8 {
+            0
+        } else {
+            4 * pixels
+        };
+        (decoded + rgba).max(7 * pixels)
+    } else {
+        let rgb = if color == ColorType::Rgb8 {
+            0
+        } else {
+            3 * pixels
+        };
+        decoded + rgb
+    };
+    let (out_w, out_h) = fit_within(width, height, max_px);
+    let output = 3 * u64::from(out_w) * u64::from(out_h);
+    // The shrunk copy (when it shrinks) and the turned one.
+    let copies = if output < 3 * pixels { 2 } else { 1 };
+    converted.max(3 * pixels + copies * output)
 }
 
 /// A JPEG structure that is not whole, as the participant's error.
@@ -341,12 +410,12 @@ fn open_decoder<'a>(
         .map_err(|err| PhotoError::Corrupt(err.to_string()))
 }
 
-/// Refuses an image whose declared size passes `limits`; `decoded_bytes` is what
-/// the decoder's output buffer would take.
+/// Refuses an image whose declared size passes `limits`; `peak_bytes` is
+/// what the pipeline would hold at once ([`peak_bytes`]).
 fn check_header(
     width: u32,
     height: u32,
-    decoded_bytes: u64,
+    peak_bytes: u64,
     limits: &PhotoLimits,
 ) -> Result<(), PhotoError> {
     let pixels = u64::from(width) * u64::from(height);
@@ -357,11 +426,11 @@ fn check_header(
             limit: size_limit_text(limits),
         });
     }
-    if decoded_bytes > limits.max_alloc_bytes {
+    if peak_bytes > limits.max_alloc_bytes {
         return Err(PhotoError::TooLarge {
             width,
             height,
-            limit: memory_limit_text(Some(decoded_bytes), limits),
+            limit: memory_limit_text(Some(peak_bytes), limits),
         });
     }
     Ok(())
@@ -579,6 +648,24 @@ fn encode_jpeg(rgb: &RgbImage, quality: u8) -> Result<Normalized, PhotoError> {
 mod tests {
     use super::*;
     use image::imageops::FilterType;
+
+    /// [`super::normalize`] outside the pool.
+    fn normalize(
+        bytes: &[u8],
+        max_px: u32,
+        limits: &PhotoLimits,
+    ) -> Result<Normalized, PhotoError> {
+        super::normalize(bytes, max_px, limits, &Memory::unbounded())
+    }
+
+    /// [`super::thumbnail`] outside the pool.
+    fn thumbnail(
+        bytes: &[u8],
+        max_px: u32,
+        limits: &PhotoLimits,
+    ) -> Result<Normalized, PhotoError> {
+        super::thumbnail(bytes, max_px, limits, &Memory::unbounded())
+    }
     use image::{ImageBuffer, Rgba, RgbaImage};
     use std::time::{Duration, Instant};
 
@@ -845,8 +932,41 @@ mod tests {
         ));
         let message = err.to_string();
         assert!(
-            message.contains("30000 bytes") && message.contains("10000"),
-            "{message}"
+            message.contains("60000 bytes") && message.contains("10000"),
+            "the RGB pixels and their turned copy: {message}"
+        );
+    }
+
+    /// The peak counts bit depth and channels: 16-bit RGBA takes 8 bytes
+    /// a pixel decoded and 12 while it becomes RGB; 8-bit RGB (a JPEG) 3,
+    /// and twice that only while a copy is turned.
+    #[test]
+    fn the_peak_counts_bit_depth_and_channels() {
+        let side = 7071;
+        let pixels = 7071u64 * 7071;
+        assert_eq!(
+            peak_bytes(side, side, ColorType::Rgba16, LONG_SIDE),
+            12 * pixels,
+            "decoded (8) and RGBA8 (4) at once"
+        );
+        assert_eq!(
+            peak_bytes(side, side, ColorType::Rgba8, LONG_SIDE),
+            7 * pixels
+        );
+        assert_eq!(
+            peak_bytes(side, side, ColorType::Rgb16, LONG_SIDE),
+            9 * pixels
+        );
+        assert_eq!(peak_bytes(side, side, ColorType::L8, LONG_SIDE), 4 * pixels);
+        assert_eq!(
+            peak_bytes(4000, 3000, ColorType::Rgb8, LONG_SIDE),
+            3 * 4000 * 3000 + 2 * 3 * 1536 * 1152,
+            "RGB, shrunk and turned"
+        );
+        assert!(
+            peak_bytes(side, side, ColorType::Rgba16, LONG_SIDE)
+                > PhotoLimits::default().max_alloc_bytes,
+            "past the default limit: refused before decoding"
         );
     }
 

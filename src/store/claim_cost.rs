@@ -140,6 +140,7 @@ async fn one_waiting_saga(store: &Store, now: EpochMs) -> Result<(String, sagas:
                 review_timeout_action: None,
                 input: InputKind::Prompt,
                 photo_max_px: 1536,
+                max_photos_per_session: 5,
                 guests: Default::default(),
             },
             None,

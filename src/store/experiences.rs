@@ -42,6 +42,8 @@ pub struct NewExperience {
     pub input: InputKind,
     /// The long side a photo is downscaled to.
     pub photo_max_px: i32,
+    /// The photos one session may have at once.
+    pub max_photos_per_session: i32,
     /// Its gallery, retention, notice and consent.
     pub guests: GuestSettings,
 }
@@ -116,6 +118,7 @@ impl Store {
             created_at_ms: Set(now),
             input: Set(new.input.as_str().to_owned()),
             photo_max_px: Set(new.photo_max_px),
+            max_photos_per_session: Set(new.max_photos_per_session),
             gallery: Set(new.guests.gallery.as_str().to_owned()),
             gallery_pin_hash: Set(new.guests.gallery_pin_hash),
             photo_retention_ms: Set(new.guests.photo_retention_ms),

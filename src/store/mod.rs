@@ -73,6 +73,10 @@ pub enum StoreError {
     /// finish.
     #[error("this experience is closing and takes no more submissions")]
     Closing,
+    /// The session holds its experience's `max_photos_per_session` photos
+    /// already.
+    #[error("this session has its {0} photos already")]
+    PhotoLimit(i32),
     /// The shared transaction of a batch of writes failed (each write of
     /// the batch gets this), with what the database error meant.
     #[error("the batch of writes failed: {message}")]

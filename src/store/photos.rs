@@ -1,6 +1,7 @@
 //! Uploaded photos and the secrets every instance shares: the `photos`
-//! rows (where a photo's bytes are in the media store, whose it is), the
-//! orphans the cleanup sweep may delete, and `server_keys`.
+//! rows (where a photo's bytes are in the media store, whose it is), how
+//! many one session may hold, the orphans the cleanup sweep may delete,
+//! and `server_keys`.
 
 use std::collections::HashMap;
 
@@ -10,8 +11,8 @@ use sea_orm::{
     QueryOrder, QuerySelect,
 };
 
-use super::entities::{photos, sagas};
-use super::{Store, StoreResult};
+use super::entities::{photos, sagas, sessions};
+use super::{Store, StoreError, StoreResult};
 use crate::domain::policy::EpochMs;
 
 /// A photo as the upload stored it.
@@ -26,13 +27,57 @@ pub struct NewPhoto {
     pub bytes: u64,
 }
 
+/// How many photos one session may hold, and the one a new upload
+/// replaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhotoBound {
+    /// The experience's `max_photos_per_session`.
+    pub max_per_session: i32,
+    /// The session's unsubmitted photo this upload replaces: given up in
+    /// the same transaction (a submitted one stays, and counts).
+    pub replaces: Option<String>,
+}
+
 /// The name of the secret that signs photo URLs and derives result keys.
 pub const MEDIA_SIGNING: &str = "media_signing";
 
 impl Store {
-    /// Records an uploaded photo (its bytes are in the media store already).
-    pub async fn insert_photo(&self, new: NewPhoto, now: EpochMs) -> StoreResult<photos::Model> {
+    /// The photos `session_id` holds now (not given up), the one
+    /// `replaces` names not counted if it is unsubmitted: what an upload
+    /// checks before it reads its body.
+    pub async fn photos_held(&self, session_id: &str, replaces: Option<&str>) -> StoreResult<u64> {
+        Ok(held_photos(self.db(), session_id, replaces).await?)
+    }
+
+    /// Records an uploaded photo (its bytes are in the media store
+    /// already) within `bound`, in one transaction that holds the
+    /// session's row: the photo it replaces is given up, and past the
+    /// limit nothing is recorded (`StoreError::PhotoLimit`; the caller
+    /// deletes the object it put).
+    pub async fn insert_photo(
+        &self,
+        new: NewPhoto,
+        bound: &PhotoBound,
+        now: EpochMs,
+    ) -> StoreResult<photos::Model> {
         let tx = self.write_tx().await?;
+        // Two uploads of one session wait for each other here, so both
+        // cannot count the same room (SQLite's writes are one at a time).
+        sessions::Entity::update_many()
+            .col_expr(
+                sessions::Column::UpdatedAtMs,
+                Expr::col(sessions::Column::UpdatedAtMs).into(),
+            )
+            .filter(sessions::Column::Id.eq(new.session_id.as_str()))
+            .exec(&*tx)
+            .await?;
+        if let Some(replaced) = &bound.replaces {
+            give_up_unsubmitted(&*tx, &new.session_id, replaced, now).await?;
+        }
+        let held = held_photos(&*tx, &new.session_id, None).await?;
+        if held >= u64::try_from(bound.max_per_session).unwrap_or(0) {
+            return Err(StoreError::PhotoLimit(bound.max_per_session));
+        }
         let model = photos::ActiveModel {
             id: Set(new.id),
             session_id: Set(new.session_id),
@@ -50,6 +95,16 @@ impl Store {
         .await?;
         tx.commit().await?;
         Ok(model)
+    }
+
+    /// Gives up `photo` (an upload whose object could not be stored):
+    /// no saga gets it, and the purge deletes whatever of its object the
+    /// store kept.
+    pub async fn give_up_photo(&self, photo: &photos::Model, now: EpochMs) -> StoreResult<()> {
+        let tx = self.write_tx().await?;
+        give_up_unsubmitted(&*tx, &photo.session_id, &photo.id, now).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// The photo `photo_id`, unless it was given up (retention or
@@ -157,4 +212,52 @@ impl Store {
             })?;
         Ok(row.try_get("", "value")?)
     }
+}
+
+/// The photos `session_id` holds (not given up), without `except` when it
+/// is unsubmitted.
+async fn held_photos<C: ConnectionTrait>(
+    conn: &C,
+    session_id: &str,
+    except: Option<&str>,
+) -> Result<u64, sea_orm::DbErr> {
+    use sea_orm::PaginatorTrait;
+    let mut held = photos::Entity::find()
+        .filter(photos::Column::SessionId.eq(session_id))
+        .filter(photos::Column::DeletedAtMs.is_null());
+    if let Some(except) = except {
+        held = held.filter(
+            Expr::col(photos::Column::Id)
+                .ne(except)
+                .or(photos::Column::Id.in_subquery(named_by_a_saga(except))),
+        );
+    }
+    held.count(conn).await
+}
+
+/// Gives up `photo_id` of `session_id` unless a saga names it.
+async fn give_up_unsubmitted<C: ConnectionTrait>(
+    conn: &C,
+    session_id: &str,
+    photo_id: &str,
+    now: EpochMs,
+) -> Result<(), sea_orm::DbErr> {
+    photos::Entity::update_many()
+        .col_expr(photos::Column::DeletedAtMs, Expr::value(now))
+        .filter(photos::Column::Id.eq(photo_id))
+        .filter(photos::Column::SessionId.eq(session_id))
+        .filter(photos::Column::DeletedAtMs.is_null())
+        .filter(photos::Column::Id.not_in_subquery(named_by_a_saga(photo_id)))
+        .exec(conn)
+        .await?;
+    Ok(())
+}
+
+/// `SELECT photo_id FROM sagas WHERE photo_id = $photo_id`.
+fn named_by_a_saga(photo_id: &str) -> sea_orm::sea_query::SelectStatement {
+    Query::select()
+        .column(sagas::Column::PhotoId)
+        .from(sagas::Entity)
+        .and_where(Expr::col(sagas::Column::PhotoId).eq(photo_id))
+        .to_owned()
 }

@@ -160,6 +160,7 @@ pub fn test_config(db: &TestDb, ai_url: &str) -> Config {
     // (tests/hostile.rs).
     c.session_rate_limit = stagehand::config::RateLimit::Off;
     c.submission_rate_limit = stagehand::config::RateLimit::Off;
+    c.upload_rate_limit = stagehand::config::RateLimit::Off;
     c
 }
 
@@ -1018,6 +1019,16 @@ pub async fn wait_all_final(
 
 /// reqwest is built without a default TLS provider; the application installs
 /// one when it starts, but here it runs in another process.
+/// The peak resident memory of process `pid` (`VmHWM`), in KiB.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
+
 pub fn http_client() -> reqwest::Client {
     stagehand::ai::client::ensure_crypto_provider();
     reqwest::Client::new()

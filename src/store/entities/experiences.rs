@@ -38,6 +38,8 @@ pub struct Model {
     /// The long side a photo is downscaled to (on the phone and again on
     /// upload).
     pub photo_max_px: i32,
+    /// The photos one session may have at once (not given up).
+    pub max_photos_per_session: i32,
     /// `off`, `public` or `pin`: whether `/g/{slug}` shows its results.
     pub gallery: String,
     /// PBKDF2 of the gallery's PIN (`domain::guests::hash_pin`); never
