@@ -307,3 +307,88 @@ async fn an_operators_pause_ends_with_its_time(backend: Backend) {
     app.stop().await;
 }
 db_test!(an_operators_pause_ends_with_its_time);
+
+/// A flaky provider: the answer to every create is lost (the job is made,
+/// the connection dropped), and the same key asked again is answered. Ten
+/// sessions at once, with the breaker's default cool-down (30 s): an
+/// unclear create is settled by asking its key again, so the provider's
+/// flakiness never keeps the breaker open by its own probe, and all ten
+/// complete within 15 s with one job each.
+async fn a_provider_that_drops_the_first_reply_of_every_job_is_not_down(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.sim.control.set_faults(stagehand::ai::SimFaults {
+        drop_after_create: u64::MAX,
+        ..Default::default()
+    });
+    let slug = app.experience(10).await;
+    let mut sessions = Vec::new();
+    for n in 0..10 {
+        let (sid, tok) = app.session(&slug, None, &format!("guest {n}")).await;
+        let resp = app
+            .submit(&sid, &tok, json!({"prompt": "a cat"}), &format!("k{n}"))
+            .await;
+        assert_eq!(resp.status(), 202);
+        sessions.push((sid, tok));
+    }
+    let started = std::time::Instant::now();
+    let done =
+        support::wait_all_final(&app.http, &app.base, &sessions, Duration::from_secs(15)).await;
+    let done = match done {
+        Ok(done) => done,
+        Err(e) => panic!(
+            "10 of 10 within 15 s: {e} after {:?}; breaker {}",
+            started.elapsed(),
+            breaker(&app).await
+        ),
+    };
+    let completed = done.iter().filter(|s| s["status"] == "COMPLETED").count();
+    assert_eq!(completed, 10, "{done:?}");
+    let stats = app.sim.control.stats();
+    assert_eq!(stats.jobs_created, 10, "one job each: {stats:?}");
+    app.stop().await;
+}
+db_test!(a_provider_that_drops_the_first_reply_of_every_job_is_not_down);
+
+/// The probe's answer is lost (the job is made, the connection dropped):
+/// its key is asked again before the breaker decides, the provider
+/// answers, and that answer closes the breaker. The session completes with
+/// one job, long before a second cool-down (30 s, the default) could end.
+async fn an_unclear_probe_is_settled_by_asking_its_key_again(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let resp = app
+        .http
+        .post(format!("{}/api/admin/breaker/open", app.base))
+        .bearer_auth(support::OPERATOR)
+        .json(&json!({"for_seconds": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    app.sim.control.set_faults(stagehand::ai::SimFaults {
+        drop_after_create: 1,
+        ..Default::default()
+    });
+    let slug = app.experience(5).await;
+    let (sid, tok) = app.session(&slug, None, "probe").await;
+    assert_eq!(
+        app.submit(&sid, &tok, json!({"prompt": "x"}), "k")
+            .await
+            .status(),
+        202
+    );
+    let done = app.wait_final(&sid, &tok, Duration::from_secs(10)).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    let closed = support::wait_for(Duration::from_secs(5), || async {
+        let b = breaker(&app).await;
+        (b["state"] == "closed").then_some(b)
+    })
+    .await;
+    assert!(
+        closed.is_some(),
+        "the retry's answer closed it: {}",
+        breaker(&app).await
+    );
+    assert_eq!(app.sim.control.stats().jobs_created, 1, "one job");
+    app.stop().await;
+}
+db_test!(an_unclear_probe_is_settled_by_asking_its_key_again);

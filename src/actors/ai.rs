@@ -12,6 +12,16 @@
 //! latency by outcome ([`metrics::ai_request`]) and each job's time from
 //! submit to final status ([`AiJobTimes`]). A request refused by our own
 //! rate limit is never sent, so it is not timed.
+//!
+//! An unclear submit (the answer lost after the request went out) to a
+//! provider whose key finds the job it made (the job API) is asked again
+//! with the same key at once, and the breaker hears only what that second
+//! ask got: a provider that loses answers but keeps its jobs is not down,
+//! and its breaker's probe is settled by the retry rather than failed by
+//! the lost answer (the probe otherwise waits out another cool-down for
+//! each lost answer). Providers without such a key (OpenAI, Replicate)
+//! leave an unclear submit to the saga, which looks for the job before it
+//! makes another.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -89,7 +99,7 @@ impl AiActor {
         timed: impl FnOnce(&AiJobTimes, &Answer, Instant) + 'static,
     ) -> ResponseFuture<Answer>
     where
-        Send: FnOnce(AiProvider) -> Sent + 'static,
+        Send: Fn(AiProvider) -> Sent + 'static,
         Sent: std::future::Future<Output = Answer> + 'static,
     {
         let (client, breaker, rate, jobs) = (
@@ -108,8 +118,25 @@ impl AiActor {
                 (Some(breaker), AiRequest::Submit) => breaker.submit_sent(),
                 _ => Request::OfAJob,
             };
-            let outcome = send(client).await;
+            let mut outcome = send(client.clone()).await;
             metrics::ai_request(request, &outcome, sent_at.elapsed());
+            // What the breaker hears: the second ask's outcome, when there
+            // is one.
+            let mut heard = None;
+            if settled_by_its_key(&client, request, &outcome) {
+                tracing::info!(provider = ?client.kind(), failure = ?outcome.as_ref().err(), "an unclear submit: asking again with its key before it counts");
+                let again = Instant::now();
+                let second = send(client).await;
+                metrics::ai_request(request, &second, again.elapsed());
+                // The saga gets the second answer only when the provider
+                // answered the key; otherwise the job may exist still, and
+                // the first (unclear) outcome stands.
+                if provider_answered(&second) {
+                    outcome = second;
+                } else {
+                    heard = Some(second);
+                }
+            }
             if let (
                 Ok(JobView {
                     lookup: Some(lookup),
@@ -122,7 +149,7 @@ impl AiActor {
             }
             timed(&jobs, &outcome, sent_at);
             if let Some(breaker) = breaker {
-                breaker.record(asked, &outcome);
+                breaker.record(asked, heard.as_ref().unwrap_or(&outcome));
             }
             outcome
         })
@@ -134,9 +161,13 @@ impl Handler<SubmitJob> for AiActor {
 
     fn handle(&mut self, msg: SubmitJob, _: &mut Context<Self>) -> Self::Result {
         crate::metrics::actor_message("AiActor");
+        let order = std::rc::Rc::new(msg.0);
         self.request(
             AiRequest::Submit,
-            |client| async move { client.submit(&msg.0).await },
+            move |client| {
+                let order = order.clone();
+                async move { client.submit(&order).await }
+            },
             |jobs, outcome, sent_at| jobs.submitted(outcome, sent_at),
         )
     }
@@ -147,11 +178,15 @@ impl Handler<PollJob> for AiActor {
 
     fn handle(&mut self, msg: PollJob, _: &mut Context<Self>) -> Self::Result {
         crate::metrics::actor_message("AiActor");
-        let job_id = msg.0.clone();
+        let job_id = msg.0;
+        let polled = job_id.clone();
         self.request(
             AiRequest::Poll,
-            |client| async move { client.poll(&msg.0).await },
-            move |jobs, outcome, _| jobs.polled(&job_id, outcome),
+            move |client| {
+                let job_id = job_id.clone();
+                async move { client.poll(&job_id).await }
+            },
+            move |jobs, outcome, _| jobs.polled(&polled, outcome),
         )
     }
 }
@@ -183,6 +218,29 @@ impl Handler<CancelJob> for AiActor {
             outcome
         })
     }
+}
+
+/// Whether `outcome` of `request` is an unclear submit that the provider
+/// settles when its key is asked again: the job API returns the job a key
+/// made, and makes none twice.
+fn settled_by_its_key(client: &AiProvider, request: AiRequest, outcome: &Answer) -> bool {
+    request == AiRequest::Submit
+        && client.kind() == crate::ai::ProviderKind::Jobs
+        && matches!(outcome, Err(AiFailure::Unclear(_)))
+}
+
+/// Whether the provider answered a submit's key: with its job, or by a
+/// refusal it made looking at the request (a 4xx, moderation, a failed
+/// job). Anything else (unavailable, throttled, unclear again) says
+/// nothing of a job an earlier send of the key may have made.
+fn provider_answered(outcome: &Answer) -> bool {
+    matches!(
+        outcome,
+        Ok(_)
+            | Err(AiFailure::RequestRejected(_))
+            | Err(AiFailure::ContentRejected(_))
+            | Err(AiFailure::JobFailed(_))
+    )
 }
 
 /// A request held back because the provider named a wait that is not over:
