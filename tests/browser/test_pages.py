@@ -33,7 +33,8 @@ pages the way people use them:
                result on the phone and on the booth display; a reload keeps
                the photo and never uploads it twice; a busy server is retried
                with the same key; a text file as the photo reads 415 in plain
-               words and keeps the typed prompt
+               words and keeps the typed prompt; a retake names the stored
+               photo it replaces (?replaces=)
   layout       every page fits a 360 px phone; the booth display fills 1080p
   hostile      a nickname and a prompt made of markup show as text on the
                phone, the display and /ops and run nothing; the pages make
@@ -1623,6 +1624,40 @@ def test_photo_reload_does_not_upload_twice(env):
     assert len(sagas) == 1, sagas
 
 
+def test_photo_retake_names_the_photo_it_replaces(env):
+    """A guest whose prompt was refused tries again in the same session and
+    retakes the photo: the new upload names the stored one it replaces
+    (?replaces=), so retakes never count against the session's
+    max_photos_per_session; the first, which a submission named, stays."""
+    slug, _ = photo_experience(env)
+    phone = env.phone()
+    uploads = []
+    phone.on("request", lambda r: uploads.append(r.url)
+             if r.method == "POST" and "/photo" in r.url else None)
+    phone.goto(f"/p/{slug}")
+    expect(phone.locator("#view-form")).to_be_visible()
+    phone.fill("#nickname", "retaker")
+    phone.fill("#prompt", "something forbidden please")
+    phone.locator("#photo-input").set_input_files(str(PHOTO))
+    expect(phone.locator("#photo-preview")).to_be_visible()
+    phone.click("#go")
+    expect(phone.locator("#view-aborted")).to_be_visible(timeout=RESULT_WAIT)
+    first = phone.evaluate(f"() => JSON.parse(sessionStorage.getItem('stagehand:p:{slug}:photo'))")
+    assert first and first["id"], first
+    phone.click("#try-again")
+    expect(phone.locator("#view-form")).to_be_visible()
+    if phone.locator("#photo-retake").is_visible():
+        phone.click("#photo-retake")
+    phone.locator("#photo-input").set_input_files(str(PHOTO))
+    expect(phone.locator("#photo-preview")).to_be_visible()
+    phone.fill("#prompt", "a friendly dragon baking bread")
+    phone.click("#go")
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    assert len(uploads) == 2, uploads
+    assert "replaces" not in uploads[0], uploads
+    assert uploads[1].endswith(f"/photo?replaces={first['id']}"), uploads
+
+
 def test_photo_busy_is_retried_with_the_same_key(env):
     """The photo pool is full (503 photo_pool_full, Retry-After: 1) twice:
     the phone says it is trying again and sends the same bytes under the
@@ -2624,6 +2659,7 @@ TESTS = [
     test_ops_cannot_be_framed,
     test_photo_is_resized_uploaded_and_shown,
     test_photo_reload_does_not_upload_twice,
+    test_photo_retake_names_the_photo_it_replaces,
     test_photo_busy_is_retried_with_the_same_key,
     test_photo_refusal_keeps_the_prompt,
     test_share_and_erase,
