@@ -1,16 +1,16 @@
 //! Uploaded photos and the secrets every instance shares: the `photos`
 //! rows (where a photo's bytes are in the media store, whose it is), the
-//! orphans the cleanup sweep may delete, and `server_keys`.
+//! orphans the cleanup sweep gives up, and `server_keys`.
 
 use std::collections::HashMap;
 
-use sea_orm::sea_query::{Expr, ExprTrait, Query};
+use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    QuerySelect,
 };
 
-use super::entities::{photos, sagas};
+use super::entities::photos;
 use super::{Store, StoreResult};
 use crate::domain::policy::EpochMs;
 
@@ -25,6 +25,15 @@ pub struct NewPhoto {
     pub height: u32,
     pub bytes: u64,
 }
+
+/// How long after the sweep marked a photo it is given up: longer than a
+/// submission can take from reading the photo to committing the saga
+/// that names it (a request runs at most `KEY_LEASE_MS`), so by then such
+/// a saga is committed, or never will be.
+pub const SWEEP_GRACE_MS: i64 = 2 * super::idempotency::KEY_LEASE_MS;
+
+/// No saga names the photo `p`.
+const UNNAMED: &str = "NOT EXISTS (SELECT 1 FROM sagas g WHERE g.photo_id = p.id)";
 
 /// The name of the secret that signs photo URLs and derives result keys.
 pub const MEDIA_SIGNING: &str = "media_signing";
@@ -71,7 +80,9 @@ impl Store {
             .await?)
     }
 
-    /// The session of each named photo that exists (and was not given up).
+    /// The session of each named photo that exists, was not given up and
+    /// was not swept as an orphan (a submission never names a swept photo:
+    /// see [`Self::sweep_orphan_photos`]).
     pub async fn photo_sessions(
         &self,
         photo_ids: &[String],
@@ -85,56 +96,83 @@ impl Store {
             .column(photos::Column::SessionId)
             .filter(photos::Column::Id.is_in(photo_ids.iter().cloned()))
             .filter(photos::Column::DeletedAtMs.is_null())
+            .filter(Expr::cust("swept_at_ms IS NULL"))
             .into_tuple()
             .all(self.db())
             .await?;
         Ok(rows.into_iter().collect())
     }
 
-    /// Up to `limit` photos uploaded before `before_ms` that no saga names,
-    /// oldest first: what the orphan sweep deletes.
-    pub async fn orphan_photos(
+    /// The orphan sweep's first step: marks up to `limit` photos uploaded
+    /// before `before_ms` that no saga names as swept at `now`, oldest
+    /// first. From then on no new submission names them
+    /// ([`Self::photo_sessions`]). Returns how many.
+    pub async fn sweep_orphan_photos(
         &self,
         before_ms: EpochMs,
+        now: EpochMs,
         limit: u64,
-    ) -> StoreResult<Vec<photos::Model>> {
-        Ok(photos::Entity::find()
-            .filter(photos::Column::CreatedAtMs.lt(before_ms))
-            .filter(
-                photos::Column::Id.not_in_subquery(
-                    Query::select()
-                        .column(sagas::Column::PhotoId)
-                        .from(sagas::Entity)
-                        .and_where(Expr::col(sagas::Column::PhotoId).is_not_null())
-                        .to_owned(),
-                ),
-            )
-            .order_by_asc(photos::Column::CreatedAtMs)
-            .limit(limit)
-            .all(self.db())
-            .await?)
+    ) -> StoreResult<u64> {
+        self.write_one(self.sql(
+            &format!(
+                "UPDATE photos SET swept_at_ms = $2 WHERE id IN \
+                 (SELECT p.id FROM photos p WHERE p.created_at_ms < $1 \
+                  AND p.swept_at_ms IS NULL AND {UNNAMED} \
+                  ORDER BY p.created_at_ms LIMIT $3)"
+            ),
+            vec![before_ms.into(), now.into(), (limit as i64).into()],
+        ))
+        .await
     }
 
-    /// Forgets an orphan photo's row, unless a saga names it by now (a
-    /// submission that came while the sweep looked). True when it was
-    /// forgotten: only then may its object go.
-    pub async fn forget_orphan_photo(&self, photo_id: &str) -> StoreResult<bool> {
+    /// The sweep's second step, [`SWEEP_GRACE_MS`] after the first: a
+    /// swept photo that a saga names by now stays (a submission that read
+    /// it before the sweep committed since: it is no orphan); up to
+    /// `limit` others are given up, so the purge deletes their objects.
+    /// One transaction. Returns (given up, kept).
+    pub async fn give_up_swept_photos(&self, now: EpochMs, limit: u64) -> StoreResult<(u64, u64)> {
         let tx = self.write_tx().await?;
-        let deleted = photos::Entity::delete_many()
-            .filter(photos::Column::Id.eq(photo_id))
-            .filter(
-                photos::Column::Id.not_in_subquery(
-                    Query::select()
-                        .column(sagas::Column::PhotoId)
-                        .from(sagas::Entity)
-                        .and_where(Expr::col(sagas::Column::PhotoId).eq(photo_id))
-                        .to_owned(),
+        let kept = tx
+            .execute_raw(self.sql(
+                "UPDATE photos SET swept_at_ms = NULL WHERE swept_at_ms IS NOT NULL \
+                 AND deleted_at_ms IS NULL \
+                 AND EXISTS (SELECT 1 FROM sagas g WHERE g.photo_id = photos.id)",
+                vec![],
+            ))
+            .await?
+            .rows_affected();
+        let given = tx
+            .execute_raw(self.sql(
+                &format!(
+                    "UPDATE photos SET deleted_at_ms = $1 WHERE id IN \
+                     (SELECT p.id FROM photos p WHERE p.swept_at_ms <= $2 \
+                      AND p.deleted_at_ms IS NULL AND {UNNAMED} \
+                      ORDER BY p.swept_at_ms LIMIT $3)"
                 ),
-            )
-            .exec(&*tx)
-            .await?;
+                vec![
+                    now.into(),
+                    (now - SWEEP_GRACE_MS).into(),
+                    (limit as i64).into(),
+                ],
+            ))
+            .await?
+            .rows_affected();
         tx.commit().await?;
-        Ok(deleted.rows_affected > 0)
+        Ok((given, kept))
+    }
+
+    /// The sweep's last step: forgets the rows of up to `limit` swept
+    /// photos whose objects the purge deleted. Returns how many.
+    pub async fn drop_swept_photos(&self, limit: u64) -> StoreResult<u64> {
+        self.write_one(self.sql(
+            &format!(
+                "DELETE FROM photos WHERE id IN \
+                 (SELECT p.id FROM photos p WHERE p.swept_at_ms IS NOT NULL \
+                  AND p.object_gone = $1 AND {UNNAMED} LIMIT $2)"
+            ),
+            vec![true.into(), (limit as i64).into()],
+        ))
+        .await
     }
 
     /// The shared secret `name`: the one stored, or `fresh` stored now by

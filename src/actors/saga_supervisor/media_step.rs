@@ -9,7 +9,7 @@ use super::SagaDeps;
 use crate::ai::InputPhoto;
 use crate::domain::failure::AiResult;
 use crate::domain::media::sign_media_url;
-use crate::media::keep::KeepError;
+use crate::media::keep::{KeepError, KeptFor};
 use crate::media::MediaError;
 use crate::store::entities::sagas;
 use crate::store::StoreError;
@@ -67,8 +67,9 @@ pub(super) async fn input_photo(
     })))
 }
 
-/// Keeps the files of call `call`'s `result` in the media store: the
-/// result comes back with this server's URLs.
+/// Keeps the files of call `call`'s `result` in the media store, each
+/// listed for the saga under its lease first: the result comes back with
+/// this server's URLs.
 pub(super) async fn keep_result(
     saga: &sagas::Model,
     provider: &str,
@@ -88,7 +89,16 @@ pub(super) async fn keep_result(
     let content = deps
         .media
         .keeper
-        .keep(origins, &saga.id, call.max(0) as u32, result.content)
+        .keep(
+            origins,
+            KeptFor {
+                store: &deps.store,
+                saga_id: &saga.id,
+                token: saga.lock_token.as_deref().unwrap_or_default(),
+            },
+            call.max(0) as u32,
+            result.content,
+        )
         .await?;
     metrics::histogram!(crate::metrics::KEEP_DURATION).record(started.elapsed().as_secs_f64());
     tracing::info!(saga_id = %saga.id, call, files = content.iter().filter(|i| i.url.is_some()).count(), "result files kept");

@@ -1,0 +1,81 @@
+//! Erasure that leaves nothing behind (issue 45).
+//! - `kept_objects`: every media-store key a keep is about to write for a
+//!   saga (a result file, its thumbnail), recorded before the object is
+//!   written, under the saga's lease. Forgetting a session queues every key
+//!   its rows name here too, and the purge deletes exactly what is listed
+//!   (also what a keep cut short left: no content names those). A row goes
+//!   once its object is deleted.
+//! - `photos.swept_at_ms`: when the orphan sweep found the photo named by
+//!   no saga. From then on no new submission may name it; once no
+//!   submission that read it before can still commit, it is given up (its
+//!   object deleted by the purge, then its row), unless a saga names it by
+//!   then.
+
+use sea_orm_migration::prelude::*;
+
+#[derive(DeriveMigrationName)]
+pub struct Migration;
+
+#[async_trait::async_trait]
+impl MigrationTrait for Migration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .create_table(
+                Table::create()
+                    .table(KeptObjects::Table)
+                    .col(
+                        ColumnDef::new(KeptObjects::ObjectKey)
+                            .text()
+                            .not_null()
+                            .primary_key(),
+                    )
+                    .col(ColumnDef::new(KeptObjects::SagaId).text().not_null())
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name("kept_objects_by_saga")
+                    .table(KeptObjects::Table)
+                    .col(KeptObjects::SagaId)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(Photos::Table)
+                    .add_column(ColumnDef::new(Photos::SweptAtMs).big_integer().null())
+                    .to_owned(),
+            )
+            .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(Photos::Table)
+                    .drop_column(Photos::SweptAtMs)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .drop_table(Table::drop().table(KeptObjects::Table).to_owned())
+            .await
+    }
+}
+
+#[derive(DeriveIden)]
+enum KeptObjects {
+    Table,
+    ObjectKey,
+    SagaId,
+}
+
+#[derive(DeriveIden)]
+enum Photos {
+    Table,
+    SweptAtMs,
+}
