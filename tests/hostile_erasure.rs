@@ -1,4 +1,5 @@
-//! Erasure and retention leave nothing behind (issue 45, item 6). Through HTTP, on SQLite and
+//! Erasure and retention leave nothing behind, and no secret at rest signs
+//! a media URL (issue 45, items 6 and 7). Through HTTP, on SQLite and
 //! PostgreSQL, on the local folder and on a real S3-compatible server
 //! (s3s-fs on 127.0.0.1):
 //! - a fan-out of three calls, two of them kept before the third failed,
@@ -7,7 +8,10 @@
 //! - a keep cut short (its first output stored, the next refused) is
 //!   erased too;
 //! - a photo nobody submitted whose delete fails is deleted by a later
-//!   sweep, and one a submission names meanwhile is never deleted.
+//!   sweep, and one a submission names meanwhile is never deleted;
+//! - a copy of the database signs no URL the server accepts, a signature
+//!   good for more than 15 minutes is refused, and a signed read of a
+//!   photo that was given up is 404.
 
 mod support;
 
@@ -22,6 +26,7 @@ use stagehand::actors::cleanup::{CleanupReport, RunCleanup};
 use stagehand::clock::ManualClock;
 use stagehand::domain::failure::ContentItem;
 use stagehand::domain::guests::ForgottenBy;
+use stagehand::domain::media::sign_media_url;
 use stagehand::media::keep::{KeepError, KeepLimits, Keeper, KeptFor, ResultOrigins};
 use stagehand::media::pool::PhotoPool;
 use stagehand::media::MediaPlace;
@@ -80,7 +85,7 @@ impl Booth {
             (None, MediaPlace::Folder(root)) => (root.clone(), false),
             (None, place) => panic!("a folder or the test's S3 server, not {place:?}"),
         };
-        files_under(&root)
+        support::files_under(&root)
             .into_iter()
             // s3s-fs keeps its own records beside the objects.
             .filter(|k| !(in_bucket && k.contains(".s3s")))
@@ -101,26 +106,6 @@ impl Booth {
     }
 }
 
-/// Every file under `root`, as paths relative to it.
-fn files_under(root: &Path) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if let Ok(rel) = path.strip_prefix(root) {
-                found.insert(rel.display().to_string());
-            }
-        }
-    }
-    found
-}
-
 /// A photo experience with `extra` settings; its slug.
 async fn photo_experience(app: &TestApp, extra: Value) -> String {
     let slug = format!("he-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
@@ -128,15 +113,17 @@ async fn photo_experience(app: &TestApp, extra: Value) -> String {
     for (k, v) in extra.as_object().expect("an object") {
         body[k] = v.clone();
     }
-    let resp = app
-        .http
-        .post(format!("{}/api/experiences", app.base))
-        .bearer_auth(OPERATOR)
-        .json(&body)
-        .send()
-        .await
-        .expect("POST /api/experiences");
-    assert_eq!(resp.status(), 201, "{:?}", resp.text().await);
+    let (status, answer) = support::api_call(
+        &app.http,
+        &app.base,
+        "POST",
+        "/api/experiences",
+        OPERATOR,
+        Some(body),
+        None,
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
     slug
 }
 
@@ -154,6 +141,23 @@ async fn upload(app: &TestApp, sid: &str, token: &str) -> Value {
         .expect("POST photo");
     assert_eq!(resp.status(), 201, "{:?}", resp.text().await);
     resp.json().await.expect("JSON")
+}
+
+/// Submits the photo `photo_id` for the session; its saga's id.
+async fn submit_photo(app: &TestApp, sid: &str, token: &str, photo_id: &Value) -> String {
+    let resp = app
+        .submit(
+            sid,
+            token,
+            json!({"photo_id": photo_id}),
+            &uuid::Uuid::new_v4().to_string(),
+        )
+        .await;
+    assert_eq!(resp.status(), 202, "{:?}", resp.text().await);
+    resp.json::<Value>().await.unwrap()["saga_id"]
+        .as_str()
+        .expect("a saga id")
+        .to_owned()
 }
 
 /// A session that ran a fan-out of three calls of which the provider
@@ -174,19 +178,7 @@ async fn failed_fan_out(app: &TestApp, extra: Value) -> FailedFanOut {
     let (sid, token) = app.session(&slug, None, "dana").await;
     let photo = upload(app, &sid, &token).await;
     app.sim.control.fail_next(1);
-    let resp = app
-        .submit(
-            &sid,
-            &token,
-            json!({"photo_id": photo["photo_id"]}),
-            &uuid::Uuid::new_v4().to_string(),
-        )
-        .await;
-    assert_eq!(resp.status(), 202, "{:?}", resp.text().await);
-    let saga_id = resp.json::<Value>().await.unwrap()["saga_id"]
-        .as_str()
-        .expect("a saga id")
-        .to_owned();
+    let saga_id = submit_photo(app, &sid, &token, &photo["photo_id"]).await;
     let done = app.wait_final(&sid, &token, WITHIN).await;
     assert_eq!(
         (&done["status"], &done["abort_reason"]),
@@ -493,19 +485,7 @@ async fn a_photo_a_submission_names_meanwhile_is_never_deleted(backend: Backend)
         .unwrap()
         .object_key;
     let first = upload(app, &sid, &token).await;
-    let resp = app
-        .submit(
-            &sid,
-            &token,
-            json!({"photo_id": first["photo_id"]}),
-            &uuid::Uuid::new_v4().to_string(),
-        )
-        .await;
-    assert_eq!(resp.status(), 202);
-    let saga_id = resp.json::<Value>().await.unwrap()["saga_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let saga_id = submit_photo(app, &sid, &token, &first["photo_id"]).await;
     let done = app.wait_final(&sid, &token, WITHIN).await;
     assert_eq!(done["status"], "COMPLETED", "{done}");
     clock.advance_ms(60 * MINUTE + 1_000);
@@ -545,6 +525,167 @@ async fn a_photo_a_submission_names_meanwhile_is_never_deleted(backend: Backend)
 }
 db_test!(a_photo_a_submission_names_meanwhile_is_never_deleted);
 
+/// A session with an uploaded photo nobody submitted: (session id, token,
+/// photo key).
+async fn a_photo(booth: &Booth) -> (String, String, String) {
+    let slug = photo_experience(&booth.app, json!({})).await;
+    let (sid, token) = booth.app.session(&slug, None, "gus").await;
+    upload(&booth.app, &sid, &token).await;
+    let key = the_photo(booth);
+    (sid, token, key)
+}
+
+/// `/media/{key}` signed with `secret` until `expires_ms`.
+fn signed(secret: &[u8], key: &str, expires_ms: i64) -> String {
+    format!("/media/{key}?{}", sign_media_url(secret, key, expires_ms))
+}
+
+/// A store on what a thief of the database holds: a copy of the SQLite
+/// files, or (PostgreSQL) its tables as they are.
+async fn stolen_copy(app: &TestApp, into: &Path) -> Store {
+    match app.db.backend {
+        Backend::Sqlite => {
+            let file = app
+                .db
+                .url
+                .strip_prefix("sqlite://")
+                .and_then(|rest| rest.split('?').next())
+                .expect("a SQLite file");
+            for suffix in ["", "-wal"] {
+                let from = format!("{file}{suffix}");
+                if Path::new(&from).exists() {
+                    std::fs::copy(&from, into.join(format!("stolen.db{suffix}")))
+                        .expect("copy the database file");
+                }
+            }
+            Store::connect(
+                &format!("sqlite://{}/stolen.db?mode=rwc", into.display()),
+                2,
+            )
+            .await
+            .expect("open the copy")
+        }
+        Backend::Postgres => Store::connect(&app.db.url, 2).await.expect("connect"),
+    }
+}
+
+/// A thief copies the database and signs the photo's URL with every value
+/// it holds in `server_keys`: as stored, hex-decoded, and put through the
+/// server's own derivation. The server refuses each; the URL signed with
+/// its real key opens (so the test tells an accepted URL from a refused
+/// one).
+async fn a_stolen_copy_of_the_database_signs_no_url_the_server_accepts(backend: Backend) {
+    let booth = Booth::start(backend, Place::Folder, None).await;
+    let app = &booth.app;
+    let (_, _, key) = a_photo(&booth).await;
+    let expires = app.state.clock.now_ms() + 10 * MINUTE;
+    let genuine = signed(&app.state.photos.secret, &key, expires);
+    assert_eq!(
+        get_status(app, &genuine, None).await,
+        200,
+        "the server's own"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let stolen = stolen_copy(app, dir.path()).await;
+    let rows = stolen
+        .db()
+        .query_all_raw(stolen.sql("SELECT name, value FROM server_keys", vec![]))
+        .await
+        .expect("read server_keys");
+    assert!(!rows.is_empty(), "the copy holds the table");
+    for row in rows {
+        let name: String = row.try_get_by_index(0).unwrap();
+        let value: String = row.try_get_by_index(1).unwrap();
+        let candidates = [
+            value.as_bytes().to_vec(),
+            hex::decode(&value).unwrap_or_default(),
+            stagehand::domain::media::ServerSecret::new(&value)
+                .map(|s| s.media_signing_key().to_vec())
+                .unwrap_or_default(),
+        ];
+        for candidate in candidates.iter().filter(|c| !c.is_empty()) {
+            let forged = signed(candidate, &key, expires);
+            assert_eq!(
+                get_status(app, &forged, None).await,
+                401,
+                "a URL signed with server_keys.{name} opened the photo"
+            );
+        }
+    }
+    booth.stop().await;
+}
+db_test!(a_stolen_copy_of_the_database_signs_no_url_the_server_accepts);
+
+/// A signature good for more than 15 minutes is refused, even made with
+/// the server's own key; one within 15 minutes opens; an expired one not.
+async fn a_signed_url_good_for_more_than_15_minutes_is_refused(backend: Backend) {
+    let booth = Booth::start(backend, Place::Folder, None).await;
+    let app = &booth.app;
+    let (_, _, key) = a_photo(&booth).await;
+    let secret = app.state.photos.secret.clone();
+    let now = app.state.clock.now_ms();
+    for (ahead, expected) in [
+        (14 * MINUTE, 200),
+        (16 * MINUTE, 401),
+        (365 * 24 * 60 * MINUTE, 401),
+        (-1_000, 401),
+    ] {
+        assert_eq!(
+            get_status(app, &signed(&secret, &key, now + ahead), None).await,
+            expected,
+            "a signature good for {ahead} ms"
+        );
+    }
+    booth.stop().await;
+}
+db_test!(a_signed_url_good_for_more_than_15_minutes_is_refused);
+
+/// A photo given up (here the first step of an erasure: its object still
+/// waits for the purge) is 404 to a signed URL, to an operator and to its
+/// own session.
+async fn a_signed_read_of_a_photo_given_up_is_404(backend: Backend) {
+    let booth = Booth::start(backend, Place::Folder, None).await;
+    let app = &booth.app;
+    let (sid, token, key) = a_photo(&booth).await;
+    let url = signed(
+        &app.state.photos.secret,
+        &key,
+        app.state.clock.now_ms() + 10 * MINUTE,
+    );
+    let plain = format!("/media/{key}");
+    assert_eq!(get_status(app, &url, None).await, 200);
+    assert_eq!(get_status(app, &plain, Some(OPERATOR)).await, 200);
+    let forgot = app
+        .state
+        .store
+        .forget_session(
+            &sid,
+            ForgottenBy::Participant,
+            None,
+            app.state.clock.now_ms(),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        forgot,
+        stagehand::store::guests::Forget::Forgotten { .. }
+    ));
+    assert!(booth.objects().contains(&key), "the purge has not run yet");
+    assert_eq!(get_status(app, &url, None).await, 404, "signed");
+    assert_eq!(
+        get_status(app, &plain, Some(OPERATOR)).await,
+        404,
+        "operator"
+    );
+    assert_eq!(
+        get_status(app, &plain, Some(&token)).await,
+        404,
+        "its session"
+    );
+    booth.stop().await;
+}
+db_test!(a_signed_read_of_a_photo_given_up_is_404);
+
 /// An output as a provider may give it inline.
 fn inline(kind: &str, media_type: &str, bytes: &[u8]) -> ContentItem {
     use base64::Engine as _;
@@ -571,19 +712,7 @@ async fn what_a_keep_cut_short_wrote_is_erased_too(backend: Backend) {
     let slug = photo_experience(app, json!({})).await;
     let (sid, token) = app.session(&slug, None, "hal").await;
     let photo = upload(app, &sid, &token).await;
-    let resp = app
-        .submit(
-            &sid,
-            &token,
-            json!({"photo_id": photo["photo_id"]}),
-            &uuid::Uuid::new_v4().to_string(),
-        )
-        .await;
-    assert_eq!(resp.status(), 202);
-    let saga_id = resp.json::<Value>().await.unwrap()["saga_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let saga_id = submit_photo(app, &sid, &token, &photo["photo_id"]).await;
     let lease = support::wait_for(WITHIN, || async {
         let saga = app.state.store.saga(&saga_id).await.ok()??;
         (saga.step == "AI_PENDING" && saga.ai_job_id.is_some())

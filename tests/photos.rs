@@ -501,25 +501,20 @@ async fn orphan_photos_are_swept_and_submitted_ones_stay(backend: Backend) {
             .expect("cleanup round")
     };
     assert_eq!(run().await.orphan_photos, 0, "not an hour old yet");
+    let orphan_row = || async {
+        app.state
+            .store
+            .photo(orphan["photo_id"].as_str().unwrap())
+            .await
+            .unwrap()
+    };
     clock.advance_ms(3_600_000 + 1_000);
     assert_eq!(run().await.orphan_photos, 0, "marked, not yet deleted");
-    assert!(app
-        .state
-        .store
-        .photo(orphan["photo_id"].as_str().unwrap())
-        .await
-        .unwrap()
-        .is_some());
+    assert!(orphan_row().await.is_some());
     clock.advance_ms(stagehand::store::photos::SWEEP_GRACE_MS + 1_000);
     let report = run().await;
     assert_eq!(report.orphan_photos, 1, "{report:?}");
-    assert!(app
-        .state
-        .store
-        .photo(orphan["photo_id"].as_str().unwrap())
-        .await
-        .unwrap()
-        .is_none());
+    assert!(orphan_row().await.is_none());
     assert!(matches!(
         app.state.media.get(&orphan_key).await,
         Err(stagehand::media::MediaError::NotFound(_))

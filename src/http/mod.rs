@@ -98,7 +98,8 @@ pub struct PhotoDesk {
     pub pool: crate::media::pool::PhotoPool,
     /// `max_photo_bytes`.
     pub max_bytes: u64,
-    /// The shared secret signed photo URLs are checked with.
+    /// The key signed photo URLs are checked with (derived from the
+    /// server's own secret, which the database never holds).
     pub secret: std::sync::Arc<[u8]>,
 }
 

@@ -1,6 +1,8 @@
-//! Uploaded photos and the secrets every instance shares: the `photos`
+//! Uploaded photos and the values every instance shares: the `photos`
 //! rows (where a photo's bytes are in the media store, whose it is), the
-//! orphans the cleanup sweep gives up, and `server_keys`.
+//! orphans the cleanup sweep gives up, and `server_keys` (the secret
+//! result keys are derived under, the fingerprint of the server's own
+//! secret).
 
 use std::collections::HashMap;
 
@@ -35,8 +37,12 @@ pub const SWEEP_GRACE_MS: i64 = 2 * super::idempotency::KEY_LEASE_MS;
 /// No saga names the photo `p`.
 const UNNAMED: &str = "NOT EXISTS (SELECT 1 FROM sagas g WHERE g.photo_id = p.id)";
 
-/// The name of the secret that signs photo URLs and derives result keys.
-pub const MEDIA_SIGNING: &str = "media_signing";
+/// The name of the secret result object keys are derived under (made once
+/// by the first instance, shared by all). Its name is historical: it signs
+/// nothing since the server's own secret signs media URLs
+/// (`media::secret`), and keeping it in the database gives nothing away
+/// (the database holds every result's URL anyway).
+pub const RESULT_KEYS: &str = "media_signing";
 
 impl Store {
     /// Records an uploaded photo (its bytes are in the media store already).
@@ -194,5 +200,16 @@ impl Store {
                 super::StoreError::Corrupt(format!("server key {name} was not stored"))
             })?;
         Ok(row.try_get("", "value")?)
+    }
+
+    /// Sets the shared value `name` to `value`, whatever it was.
+    pub async fn replace_server_key(&self, name: &str, value: &str) -> StoreResult<()> {
+        self.write_one(self.sql(
+            "INSERT INTO server_keys (name, value) VALUES ($1, $2) \
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            vec![name.into(), value.into()],
+        ))
+        .await?;
+        Ok(())
     }
 }
