@@ -167,6 +167,8 @@ impl Application {
             max_recoveries: config.max_recoveries,
         };
         let instance_id = crate::store::new_id();
+        let signing_key =
+            media_signing_key(&config, &db.store, &instance_id, clock.now_ms()).await?;
         let core = start_core_actors(&db.work, &clock, &instance_id, rules.lease_ms);
         let (listener, port) = bind_listener(&config.bind)?;
         let bases = PhotoBases::of(&config, port);
@@ -180,8 +182,6 @@ impl Application {
             &bases,
         )
         .await?;
-        let signing_key =
-            media_signing_key(&config, &db.store, &instance_id, clock.now_ms()).await?;
         let (saga_media, photo_pool) =
             media_for_sagas(&config, &db.store, &media, provider_media, signing_key).await?;
         let dispatcher = start_saga_actors(

@@ -10,8 +10,9 @@
 //! - a photo nobody submitted whose delete fails is deleted by a later
 //!   sweep, and one a submission names meanwhile is never deleted;
 //! - a copy of the database signs no URL the server accepts, a signature
-//!   good for more than 15 minutes is refused, and a signed read of a
-//!   photo that was given up is 404.
+//!   good for more than 15 minutes is refused, a signed read of a photo
+//!   that was given up is 404, and the instances of one database agree on
+//!   the secret.
 
 mod support;
 
@@ -26,10 +27,12 @@ use stagehand::actors::cleanup::{CleanupReport, RunCleanup};
 use stagehand::clock::ManualClock;
 use stagehand::domain::failure::ContentItem;
 use stagehand::domain::guests::ForgottenBy;
-use stagehand::domain::media::sign_media_url;
+use stagehand::domain::media::{sign_media_url, ServerSecret};
 use stagehand::media::keep::{KeepError, KeepLimits, Keeper, KeptFor, ResultOrigins};
 use stagehand::media::pool::PhotoPool;
+use stagehand::media::secret::SecretError;
 use stagehand::media::MediaPlace;
+use stagehand::startup::StartupError;
 use stagehand::store::Store;
 use support::{Backend, S3Server, TestApp, OPERATOR};
 
@@ -599,7 +602,7 @@ async fn a_stolen_copy_of_the_database_signs_no_url_the_server_accepts(backend: 
         let candidates = [
             value.as_bytes().to_vec(),
             hex::decode(&value).unwrap_or_default(),
-            stagehand::domain::media::ServerSecret::new(&value)
+            ServerSecret::new(&value)
                 .map(|s| s.media_signing_key().to_vec())
                 .unwrap_or_default(),
         ];
@@ -788,3 +791,50 @@ async fn what_a_keep_cut_short_wrote_is_erased_too(backend: Backend) {
     booth.stop().await;
 }
 db_test!(what_a_keep_cut_short_wrote_is_erased_too);
+
+/// The instances of one PostgreSQL database agree on the secret: one with
+/// another secret does not start while an instance lives (a provider sent
+/// to it would be refused the other's URLs), one with the same secret
+/// does, and a URL either signs opens on the other.
+#[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
+async fn the_instances_of_one_database_agree_on_the_secret() {
+    let booth = Booth::start(Backend::Postgres, Place::Folder, None).await;
+    let app = &booth.app;
+    let (_, _, key) = a_photo(&booth).await;
+    let MediaPlace::Folder(folder) = app.state.media.place().clone() else {
+        panic!("a folder store");
+    };
+    let folder = folder.display().to_string();
+    let mut stranger = support::test_config(&app.db, &app.sim.url());
+    stranger.secret =
+        Some(ServerSecret::new(&"another secret, 32 characters at least".repeat(2)).unwrap());
+    stranger.media_url = Some(folder.clone());
+    match stagehand::startup::Application::build(stranger).await {
+        Err(StartupError::Secret(SecretError::Disagrees)) => {}
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("an instance with another secret started"),
+    }
+    let twin = support::Instance::start(&app.db, &app.sim.url(), move |c| {
+        c.media_url = Some(folder);
+    })
+    .await;
+    let url = signed(
+        &app.state.photos.secret,
+        &key,
+        app.state.clock.now_ms() + 10 * MINUTE,
+    );
+    let resp = app
+        .http
+        .get(format!("{}{url}", twin.base))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(
+        resp.status(),
+        200,
+        "signed by one instance, read on the other"
+    );
+    twin.stop().await;
+    booth.stop().await;
+}

@@ -118,10 +118,13 @@ fn warn_when_others_may_read(path: &Path) {
 
 /// Checks that `secret` is the one this database's other live instances
 /// use (their fingerprint is in `server_keys`). The first instance records
-/// its own. A different one while another instance (not
-/// `instance_id`) is alive is [`SecretError::Disagrees`]; with none alive
-/// the secret was changed on purpose (or its file lost): the new one is
-/// recorded, and URLs signed under the old one are refused from now on.
+/// its own. On PostgreSQL, a different one while another instance is
+/// alive is [`SecretError::Disagrees`]: this instance says it is alive
+/// before it looks, so of two that start at once with different secrets
+/// the second to look sees the first. With none alive (and on SQLite, one
+/// process by construction) the secret was changed on purpose, or its
+/// file lost: the new one is recorded, and URLs signed under the old one
+/// are refused from now on.
 pub async fn check_agreement(
     store: &Store,
     secret: &ServerSecret,
@@ -129,11 +132,15 @@ pub async fn check_agreement(
     now: EpochMs,
 ) -> Result<(), SecretError> {
     let ours = secret.fingerprint();
+    if store.is_postgres() {
+        store.instance_alive(instance_id, now).await?;
+    }
     let recorded = store.server_key(FINGERPRINT, &ours).await?;
     if recorded == ours {
         return Ok(());
     }
-    if store.other_live_instances(instance_id, now).await? > 0 {
+    if store.is_postgres() && store.other_live_instances(instance_id, now).await? > 0 {
+        store.instance_gone(instance_id).await?;
         return Err(SecretError::Disagrees);
     }
     store.replace_server_key(FINGERPRINT, &ours).await?;
