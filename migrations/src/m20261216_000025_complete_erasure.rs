@@ -9,7 +9,7 @@
 //!   no saga. From then on no new submission may name it; once no
 //!   submission that read it before can still commit, it is given up (its
 //!   object deleted by the purge, then its row), unless a saga names it by
-//!   then.
+//!   then. A partial index holds only the swept photos.
 
 use sea_orm_migration::prelude::*;
 
@@ -49,10 +49,22 @@ impl MigrationTrait for Migration {
                     .add_column(ColumnDef::new(Photos::SweptAtMs).big_integer().null())
                     .to_owned(),
             )
-            .await
+            .await?;
+        // Only the few photos the sweep is handling: every round reads them.
+        manager
+            .get_connection()
+            .execute_unprepared(
+                "CREATE INDEX photos_swept ON photos (swept_at_ms) WHERE swept_at_ms IS NOT NULL",
+            )
+            .await?;
+        Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared("DROP INDEX IF EXISTS photos_swept")
+            .await?;
         manager
             .alter_table(
                 Table::alter()
