@@ -1,5 +1,7 @@
 //! An uploaded photo: where its bytes are in the media store and whose it
-//! is. The bytes themselves never enter the database.
+//! is. The bytes themselves never enter the database. The orphan sweep's
+//! mark (`swept_at_ms`) is read and written by SQL in `store::photos`
+//! only.
 
 use sea_orm::entity::prelude::*;
 
