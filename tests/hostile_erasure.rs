@@ -838,3 +838,46 @@ async fn the_instances_of_one_database_agree_on_the_secret() {
     twin.stop().await;
     booth.stop().await;
 }
+
+/// A session forgotten before `kept_objects` existed: its failed
+/// fan-out's calls still name their files, nothing lists them, and the
+/// upgrade queued its purge again (`objects_left`). The purge reads the
+/// calls' contents, deletes the files and blanks the contents.
+async fn a_session_forgotten_before_the_list_existed_is_purged_from_its_calls(backend: Backend) {
+    let booth = Booth::start(backend, Place::Folder, None).await;
+    let app = &booth.app;
+    let store = &app.state.store;
+    let fan_out = failed_fan_out(app, json!({})).await;
+    let calls = store.ai_calls_of(&fan_out.saga_id).await.unwrap();
+    let now = app.state.clock.now_ms();
+    store
+        .forget_session(&fan_out.sid, ForgottenBy::Retention, None, now)
+        .await
+        .unwrap();
+    // As the old code left it: the calls' contents, no list.
+    for call in calls.iter().filter(|c| c.content.is_some()) {
+        store
+            .write_one(store.sql(
+                "UPDATE ai_calls SET content = $1 WHERE saga_id = $2 AND call_index = $3",
+                vec![
+                    call.content.clone().into(),
+                    call.saga_id.clone().into(),
+                    call.call_index.into(),
+                ],
+            ))
+            .await
+            .unwrap();
+    }
+    store
+        .write_one(store.sql("DELETE FROM kept_objects", vec![]))
+        .await
+        .unwrap();
+    all_kept(&booth, &fan_out).await;
+    let report = booth.round().await;
+    assert_eq!(report.failed, 0, "{report:?}");
+    nothing_left(&booth, &fan_out).await;
+    let said = what_was_said(store, &fan_out.saga_id).await;
+    assert_eq!(said, (vec![], vec![], vec![]));
+    booth.stop().await;
+}
+db_test!(a_session_forgotten_before_the_list_existed_is_purged_from_its_calls);

@@ -10,6 +10,10 @@
 //!   submission that read it before can still commit, it is given up (its
 //!   object deleted by the purge, then its row), unless a saga names it by
 //!   then. A partial index holds only the swept photos.
+//! - Sessions forgotten before this: what their fan-out calls and aborts
+//!   said is blanked, and those whose calls still name kept files (the
+//!   purge never read them) are queued for the purge again, which deletes
+//!   the files and blanks the contents.
 
 use sea_orm_migration::prelude::*;
 
@@ -57,6 +61,19 @@ impl MigrationTrait for Migration {
                 "CREATE INDEX photos_swept ON photos (swept_at_ms) WHERE swept_at_ms IS NOT NULL",
             )
             .await?;
+        for repair in [
+            "UPDATE sessions SET objects_left = true, purge_claim_until_ms = NULL \
+             WHERE forgotten_at_ms IS NOT NULL AND objects_left = false AND EXISTS \
+             (SELECT 1 FROM ai_calls c JOIN sagas g ON g.id = c.saga_id \
+              WHERE g.session_id = sessions.id AND c.content IS NOT NULL AND c.content <> '[]')",
+            "UPDATE ai_calls SET error = NULL WHERE error IS NOT NULL AND saga_id IN \
+             (SELECT g.id FROM sagas g JOIN sessions s ON s.id = g.session_id \
+              WHERE s.forgotten_at_ms IS NOT NULL)",
+            "UPDATE sagas SET abort_detail = NULL WHERE abort_detail IS NOT NULL \
+             AND session_id IN (SELECT id FROM sessions WHERE forgotten_at_ms IS NOT NULL)",
+        ] {
+            manager.get_connection().execute_unprepared(repair).await?;
+        }
         Ok(())
     }
 

@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 
-use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
     QuerySelect,
@@ -60,6 +59,7 @@ impl Store {
             deleted_at_ms: Set(None),
             object_gone: Set(false),
             purge_claim_until_ms: Set(None),
+            swept_at_ms: Set(None),
         }
         .insert(&*tx)
         .await?;
@@ -102,7 +102,7 @@ impl Store {
             .column(photos::Column::SessionId)
             .filter(photos::Column::Id.is_in(photo_ids.iter().cloned()))
             .filter(photos::Column::DeletedAtMs.is_null())
-            .filter(Expr::cust("swept_at_ms IS NULL"))
+            .filter(photos::Column::SweptAtMs.is_null())
             .into_tuple()
             .all(self.db())
             .await?;
