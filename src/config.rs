@@ -9,6 +9,7 @@ use clap::Args;
 use crate::ai::openai::{self, ApiKey, OpenAiSettings};
 use crate::ai::providers::{self, ProviderSpec, ProvidersFileError};
 use crate::ai::ProviderKind;
+use crate::domain::media::ServerSecret;
 use crate::domain::policy::{RecoveryLimits, RetryPolicy};
 // The flags' units, used by their readers too.
 pub use crate::units::{parse_duration, parse_rate_limit, RateLimit};
@@ -163,6 +164,20 @@ pub struct Config {
     /// file (`stagehand-media`). Several instances need one shared place.
     #[arg(long, env = "STAGEHAND_MEDIA_URL")]
     pub media_url: Option<String>,
+    /// The server's own secret, which signs the media URLs providers get
+    /// (at least 32 characters, such as `openssl rand -hex 32`). Never
+    /// stored in the database, never logged. Prefer the environment or
+    /// `--secret-file`: a flag is visible to other users of the machine.
+    /// Every instance of one database needs the same one. Unset: read from
+    /// `--secret-file`.
+    #[arg(long, env = "STAGEHAND_SECRET", hide_env_values = true, value_parser = parse_server_secret)]
+    pub secret: Option<ServerSecret>,
+    /// The file that holds the server's secret (made with a new random
+    /// one, readable by its owner only, when missing). Unset:
+    /// `<name>.secret` beside the SQLite file, or `stagehand.secret` in
+    /// the working folder. Keep it out of copies of the database.
+    #[arg(long, env = "STAGEHAND_SECRET_FILE")]
+    pub secret_file: Option<std::path::PathBuf>,
     /// The largest photo upload taken, in bytes; a bigger body is 413
     /// before it is read whole.
     #[arg(long, env = "STAGEHAND_MAX_PHOTO_BYTES", default_value_t = 10 * 1024 * 1024)]
@@ -357,6 +372,10 @@ impl Config {
 }
 
 fn parse_api_key(s: &str) -> Result<ApiKey, String> {
+    s.parse()
+}
+
+fn parse_server_secret(s: &str) -> Result<ServerSecret, String> {
     s.parse()
 }
 

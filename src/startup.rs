@@ -69,6 +69,8 @@ pub enum StartupError {
     Provider(String),
     #[error("{0}")]
     Media(#[from] crate::media::MediaError),
+    #[error("{0}")]
+    Secret(#[from] crate::media::secret::SecretError),
     #[error(
         "the SQLite database {path} is in use by another stagehand process; SQLite mode is \
          single-instance (stop the other `serve`, or use PostgreSQL to run several instances)"
@@ -165,6 +167,8 @@ impl Application {
             max_recoveries: config.max_recoveries,
         };
         let instance_id = crate::store::new_id();
+        let signing_key =
+            media_signing_key(&config, &db.store, &instance_id, clock.now_ms()).await?;
         let core = start_core_actors(&db.work, &clock, &instance_id, rules.lease_ms);
         let (listener, port) = bind_listener(&config.bind)?;
         let bases = PhotoBases::of(&config, port);
@@ -179,7 +183,7 @@ impl Application {
         )
         .await?;
         let (saga_media, photo_pool) =
-            media_for_sagas(&config, &db.store, &media, provider_media).await?;
+            media_for_sagas(&config, &db.store, &media, provider_media, signing_key).await?;
         let dispatcher = start_saga_actors(
             &config,
             &db.work,
@@ -694,14 +698,54 @@ impl PhotoBases {
     }
 }
 
-/// What sagas need of media (the keeper of results, the shared secret,
-/// each provider's origins), and the photo pool the uploads share with
-/// the keeper's thumbnails.
+/// The key media URLs are signed with, from the server's own secret
+/// (`--secret`, or its file), once the database says that every live
+/// instance has the same secret.
+async fn media_signing_key(
+    config: &Config,
+    store: &Store,
+    instance_id: &str,
+    now: i64,
+) -> Result<Arc<[u8]>, StartupError> {
+    let secret = match &config.secret {
+        Some(secret) => secret.clone(),
+        None => {
+            let file = config
+                .secret_file
+                .clone()
+                .unwrap_or_else(|| default_secret_file(&config.database_url));
+            crate::media::secret::read_or_make(&file)?
+        }
+    };
+    crate::media::secret::check_agreement(store, &secret, instance_id, now).await?;
+    Ok(Arc::from(&secret.media_signing_key()[..]))
+}
+
+/// Where the server's secret is kept when no flag says: `<name>.secret`
+/// beside the SQLite file, else `stagehand.secret` in the working folder.
+fn default_secret_file(database_url: &str) -> PathBuf {
+    match sqlite_file(database_url) {
+        Some(db) => {
+            let stem = db
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "stagehand".to_owned());
+            db.with_file_name(format!("{stem}.secret"))
+        }
+        None => PathBuf::from("stagehand.secret"),
+    }
+}
+
+/// What sagas need of media (the keeper of results and the secret its
+/// keys are derived under, the key photo URLs are signed with, each
+/// provider's origins), and the photo pool the uploads share with the
+/// keeper's thumbnails.
 async fn media_for_sagas(
     config: &Config,
     store: &Store,
     media: &crate::media::MediaStore,
     provider_media: ProviderMediaMap,
+    signing_key: Arc<[u8]>,
 ) -> Result<(SagaMedia, crate::media::pool::PhotoPool), StartupError> {
     let photo_pool = crate::media::pool::PhotoPool::new(crate::media::pool::PoolSizes {
         workers: config.photo_workers.unwrap_or_else(default_photo_workers),
@@ -718,13 +762,13 @@ async fn media_for_sagas(
         nice = crate::media::pool::WORKER_NICE,
         "photo pool: uploads and thumbnails decode on these threads, below the server's CPU priority, within this memory"
     );
-    let secret = store
-        .server_key(crate::store::photos::MEDIA_SIGNING, &new_secret())
+    let result_keys = store
+        .server_key(crate::store::photos::RESULT_KEYS, &new_secret())
         .await?;
     let keeper = crate::media::keep::Keeper::new(
         media.clone(),
         photo_pool.clone(),
-        secret.as_bytes(),
+        result_keys.as_bytes(),
         crate::media::keep::KeepLimits {
             max_bytes: config.max_result_bytes,
             ..Default::default()
@@ -732,7 +776,7 @@ async fn media_for_sagas(
     );
     let saga_media = SagaMedia {
         keeper,
-        secret: Arc::from(secret.as_bytes()),
+        secret: signing_key,
         providers: Arc::new(provider_media),
     };
     Ok((saga_media, photo_pool))
@@ -988,5 +1032,16 @@ mod tests {
         assert_eq!(file("sqlite::memory:"), None);
         assert_eq!(file("sqlite://x.db?mode=memory"), None);
         assert_eq!(file("postgres://postgres@127.0.0.1/x"), None);
+    }
+
+    #[test]
+    fn the_default_secret_file_sits_beside_the_sqlite_file() {
+        let file = |url| default_secret_file(url).display().to_string();
+        assert_eq!(
+            file("sqlite:///var/lib/stagehand/stagehand.db?mode=rwc"),
+            "/var/lib/stagehand/stagehand.secret"
+        );
+        assert_eq!(file("sqlite://booth.db?mode=rwc"), "booth.secret");
+        assert_eq!(file("postgres://postgres@127.0.0.1/x"), "stagehand.secret");
     }
 }

@@ -5,7 +5,6 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -124,28 +123,7 @@ fn objects(app: &TestApp) -> BTreeSet<String> {
     let MediaPlace::Folder(root) = app.state.media.place().clone() else {
         panic!("a folder store");
     };
-    files_under(&root)
-}
-
-/// Every file under `root`, as paths relative to it (an S3 server's
-/// folder holds each bucket as a directory).
-fn files_under(root: &Path) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if let Ok(rel) = path.strip_prefix(root) {
-                found.insert(rel.display().to_string());
-            }
-        }
-    }
-    found
+    support::files_under(&root)
 }
 
 /// The kept objects a completed view names (`r/…`).
@@ -917,7 +895,7 @@ async fn two_instances_purge_the_bucket_and_leave_a_running_session_alone() {
     )
     .await;
     let bucket = || -> BTreeSet<String> {
-        files_under(&s3.root.path().join("guests"))
+        support::files_under(&s3.root.path().join("guests"))
             .into_iter()
             .filter(|k| !k.contains(".s3s"))
             .collect()

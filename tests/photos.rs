@@ -469,8 +469,10 @@ async fn a_missing_photo_aborts_input_missing_without_an_ai_job(backend: Backend
 db_test!(a_missing_photo_aborts_input_missing_without_an_ai_job);
 
 /// The cleanup sweep deletes a photo nobody submitted once
-/// `photo_orphan_ttl` (1 h, the default) has passed, row and object; a
-/// photo a saga names stays, however old.
+/// `photo_orphan_ttl` (1 h, the default) has passed, object then row: the
+/// first round after it marks the photo (no submission may name it from
+/// then on), a round once no submission that read it can still commit
+/// deletes it; a photo a saga names stays, however old.
 async fn orphan_photos_are_swept_and_submitted_ones_stay(backend: Backend) {
     let clock = ManualClock::new(1_800_000_000_000);
     let app = TestApp::spawn_with_clock(backend, support::fast_sim(), |_| {}, clock.clone()).await;
@@ -504,16 +506,20 @@ async fn orphan_photos_are_swept_and_submitted_ones_stay(backend: Backend) {
             .expect("cleanup round")
     };
     assert_eq!(run().await.orphan_photos, 0, "not an hour old yet");
+    let orphan_row = || async {
+        app.state
+            .store
+            .photo(orphan["photo_id"].as_str().unwrap())
+            .await
+            .unwrap()
+    };
     clock.advance_ms(3_600_000 + 1_000);
+    assert_eq!(run().await.orphan_photos, 0, "marked, not yet deleted");
+    assert!(orphan_row().await.is_some());
+    clock.advance_ms(stagehand::store::photos::SWEEP_GRACE_MS + 1_000);
     let report = run().await;
     assert_eq!(report.orphan_photos, 1, "{report:?}");
-    assert!(app
-        .state
-        .store
-        .photo(orphan["photo_id"].as_str().unwrap())
-        .await
-        .unwrap()
-        .is_none());
+    assert!(orphan_row().await.is_none());
     assert!(matches!(
         app.state.media.get(&orphan_key).await,
         Err(stagehand::media::MediaError::NotFound(_))

@@ -31,6 +31,7 @@ mod m20261213_000020_media;
 mod m20261214_000021_guests_data;
 mod m20261215_000022_operators_audit;
 mod m20261216_000023_upload_bounds;
+mod m20261216_000025_complete_erasure;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -61,6 +62,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261214_000021_guests_data::Migration),
             Box::new(m20261215_000022_operators_audit::Migration),
             Box::new(m20261216_000023_upload_bounds::Migration),
+            Box::new(m20261216_000025_complete_erasure::Migration),
         ]
     }
 }

@@ -378,6 +378,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             deleted_at_ms: Some(T0 + 5),
             object_gone: true,
             purge_claim_until_ms: Some(T0 + 60_000),
+            swept_at_ms: Some(T0 + 3),
         },
         uuid(60)
     );
@@ -396,6 +397,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             deleted_at_ms: None,
             object_gone: false,
             purge_claim_until_ms: None,
+            swept_at_ms: None,
         },
         uuid(61)
     );

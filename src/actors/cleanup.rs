@@ -12,8 +12,11 @@
 //! a media store it also keeps the organisers' retention: sessions whose
 //! `retention` ended are forgotten and photos whose `photo_retention`
 //! ended are given up (`store::guests`: fenced, each its own short
-//! transaction), and the objects they leave are deleted under a claim
-//! that another instance takes over once it runs out. One
+//! transaction), photos nobody submitted within `photo_orphan_ttl` are
+//! swept (marked, then given up once no submission that read them can
+//! still name them: `store::photos`), and the objects they all leave are
+//! deleted under a claim that another instance takes over once it runs
+//! out; a swept photo's row goes only after its object. One
 //! item that fails is logged with its id and counted in
 //! [`CleanupReport::failed`]; the round goes on with the rest.
 //!
@@ -83,8 +86,8 @@ pub struct CleanupReport {
     pub expired_keys: u64,
     pub old_events: u64,
     pub stale_displays: u64,
-    /// Photos uploaded but never submitted, deleted after
-    /// `photo_orphan_ttl`.
+    /// Photos uploaded but never submitted, deleted (object, then row)
+    /// after `photo_orphan_ttl`.
     pub orphan_photos: u64,
     /// Sessions whose retention ended: their personal data forgotten.
     pub forgotten_sessions: u64,
@@ -305,50 +308,46 @@ impl CleanupActor {
             .await;
             if let Some((media, ttl)) = &photos {
                 let before = now - ttl.as_millis() as i64;
-                delete_orphan_photos(&store, media, before, &mut report).await;
+                sweep_orphan_photos(&store, before, now, &mut report).await;
                 forget_what_is_due(&store, now, &mut report).await;
                 purge_objects(&store, media, now, rules.lease_ms, &mut report).await;
+                drop_swept_photos(&store, &mut report).await;
             }
             report
         }
     }
 }
 
-/// Deletes up to [`BATCH`] photos uploaded before `before_ms` that no saga
-/// names: each row goes first, and only while still unnamed (a submission
-/// that names it meanwhile keeps it), then its object. An object whose
-/// delete fails is logged with its key (its row is gone, so nothing
-/// serves it).
-async fn delete_orphan_photos(
-    store: &Store,
-    media: &MediaStore,
-    before_ms: i64,
-    report: &mut CleanupReport,
-) {
-    let orphans = match store.orphan_photos(before_ms, BATCH).await {
-        Ok(orphans) => orphans,
+/// The orphan sweep's first two steps: marks up to [`BATCH`] photos
+/// uploaded before `before_ms` that no saga names, and gives up those
+/// marked `store::photos::SWEEP_GRACE_MS` ago that still none names (their objects go
+/// with [`purge_objects`], like any given-up photo: a delete that fails is
+/// tried again at a later round).
+async fn sweep_orphan_photos(store: &Store, before_ms: i64, now: i64, report: &mut CleanupReport) {
+    if let Err(e) = store.sweep_orphan_photos(before_ms, now, BATCH).await {
+        report.failed += 1;
+        tracing::error!(error = %e, "cleanup: sweeping orphan photos failed");
+    }
+    match store.give_up_swept_photos(now, BATCH).await {
+        Ok((_, 0)) => {}
+        Ok((_, kept)) => {
+            tracing::info!(kept, "swept photos a submission named meanwhile are kept")
+        }
         Err(e) => {
             report.failed += 1;
-            tracing::error!(error = %e, "cleanup: listing orphan photos failed");
-            return;
+            tracing::error!(error = %e, "cleanup: giving up swept photos failed");
         }
-    };
-    for photo in orphans {
-        match store.forget_orphan_photo(&photo.id).await {
-            Ok(false) => continue,
-            Ok(true) => {}
-            Err(e) => {
-                report.failed += 1;
-                tracing::error!(photo_id = %photo.id, error = %e, "cleanup: forgetting an orphan photo failed");
-                continue;
-            }
-        }
-        match media.delete(&photo.object_key).await {
-            Ok(()) => report.orphan_photos += 1,
-            Err(e) => {
-                report.failed += 1;
-                tracing::error!(photo_id = %photo.id, key = %photo.object_key, error = %e, "cleanup: deleting an orphan photo's object failed; it stays in the store");
-            }
+    }
+}
+
+/// The sweep's last step: forgets the rows of swept photos whose objects
+/// are deleted.
+async fn drop_swept_photos(store: &Store, report: &mut CleanupReport) {
+    match store.drop_swept_photos(BATCH).await {
+        Ok(n) => report.orphan_photos = n,
+        Err(e) => {
+            report.failed += 1;
+            tracing::error!(error = %e, "cleanup: forgetting swept photos failed");
         }
     }
 }

@@ -76,7 +76,8 @@ pub struct SagaDeps {
 #[derive(Clone)]
 pub struct SagaMedia {
     pub keeper: crate::media::keep::Keeper,
-    /// The shared secret photo URLs are signed with.
+    /// The key photo URLs are signed with (derived from the server's own
+    /// secret, which the database never holds).
     pub secret: Arc<[u8]>,
     pub providers: Arc<std::collections::HashMap<String, crate::media::keep::ProviderMedia>>,
 }

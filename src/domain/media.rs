@@ -12,9 +12,20 @@
 //! Idempotency-Key gets the stored answer, so it never needs the same key
 //! twice. Nothing lists keys; a photo is served only to its owner, an
 //! operator, or a signed URL ([`sign_media_url`]).
+//!
+//! **Why a copy of the database signs nothing.** A signed URL's key is
+//! derived from the server's own secret ([`ServerSecret`]: configured, or
+//! a file beside the database), which the database never holds; it keeps
+//! only a fingerprint that tells whether two instances have the same one.
+//! A signature is good for [`SIGNED_URL_MAX_MS`] at most: one that claims
+//! longer is refused, so even a leaked URL opens a photo for minutes. The
+//! secret result keys are derived under is another one, kept in the
+//! database (`server_keys.media_signing`): it names objects, it signs
+//! nothing, and the database holds every result's URL anyway.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use ring::hmac;
 use sha2::{Digest, Sha256};
@@ -244,6 +255,40 @@ fn result_stem(secret: &[u8], saga_id: &str, call: u32, index: u32) -> String {
     hex::encode(&digest[..16])
 }
 
+/// The longest a signed media URL is good for: a signature whose expiry
+/// lies further ahead than this is refused, whoever made it.
+pub const SIGNED_URL_MAX_MS: i64 = 15 * 60_000;
+
+/// A photo URL a provider gets is good until the end of the
+/// [`PHOTO_URL_WINDOW_MS`] window that follows [`PHOTO_URL_AT_LEAST_MS`]
+/// from its making: 9 to 14 minutes, leaving a minute of the 15 for
+/// instances whose clocks differ.
+const PHOTO_URL_AT_LEAST_MS: i64 = 9 * 60_000;
+const PHOTO_URL_WINDOW_MS: i64 = 5 * 60_000;
+/// A key sent again goes on with its first send's URL while that URL has
+/// this long left.
+const PHOTO_URL_LEFT_MS: i64 = 5 * 60_000;
+
+/// The expiry of the photo URL an order carries when its key, first sent
+/// at `first_sent_ms`, is sent at `now_ms`. Every send of one key within a
+/// few minutes carries the same URL (a provider that compares inputs, such
+/// as Replicate's list, finds the job an unclear send made), and a worker
+/// that resumes the key from the time its slot took it gets that URL too
+/// unless the window turned in between; a key sent again much later gets
+/// a fresh one, so a URL never outlives [`SIGNED_URL_MAX_MS`].
+pub fn photo_url_expiry(first_sent_ms: i64, now_ms: i64) -> i64 {
+    let good_until = |made_ms: i64| {
+        ((made_ms + PHOTO_URL_AT_LEAST_MS).div_euclid(PHOTO_URL_WINDOW_MS) + 1)
+            * PHOTO_URL_WINDOW_MS
+    };
+    let first = good_until(first_sent_ms.min(now_ms));
+    if first - now_ms >= PHOTO_URL_LEFT_MS {
+        first
+    } else {
+        good_until(now_ms)
+    }
+}
+
 /// The query of a signed URL for `key` that is good until `expires_ms`:
 /// `exp=<ms>&sig=<hex HMAC-SHA256 of the key and the expiry>`.
 pub fn sign_media_url(secret: &[u8], key: &str, expires_ms: i64) -> String {
@@ -251,14 +296,82 @@ pub fn sign_media_url(secret: &[u8], key: &str, expires_ms: i64) -> String {
     format!("exp={expires_ms}&sig={}", hex::encode(tag.as_ref()))
 }
 
-/// Whether `sig` signs `key` until `expires_ms`, and that time has not
-/// passed at `now_ms`.
+/// Whether `sig` signs `key` until `expires_ms`, that time has not passed
+/// at `now_ms`, and it is no further ahead than [`SIGNED_URL_MAX_MS`].
 pub fn signature_holds(secret: &[u8], key: &str, expires_ms: i64, sig: &str, now_ms: i64) -> bool {
     let Ok(tag) = hex::decode(sig) else {
         return false;
     };
     now_ms <= expires_ms
+        && expires_ms.saturating_sub(now_ms) <= SIGNED_URL_MAX_MS
         && hmac::verify(&signing_key(secret), &signed_text(key, expires_ms), &tag).is_ok()
+}
+
+/// The server's own secret: `STAGEHAND_SECRET`, or the secret file
+/// (docs/OPERATIONS.md). The database never holds it, so a copy of the
+/// database cannot sign a media URL. `Debug` shows nothing of it, and
+/// there is no `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ServerSecret(Arc<str>);
+
+impl ServerSecret {
+    /// The fewest characters a secret may have (a short one could be
+    /// guessed from one signed URL).
+    pub const MIN_CHARS: usize = 32;
+
+    /// `text` (trimmed) as the secret, or why it cannot be one.
+    pub fn new(text: &str) -> Result<ServerSecret, String> {
+        let text = text.trim();
+        if text.chars().count() < Self::MIN_CHARS {
+            return Err(format!(
+                "the server secret must have at least {} characters (make one with `openssl rand -hex 32`)",
+                Self::MIN_CHARS
+            ));
+        }
+        Ok(ServerSecret(Arc::from(text)))
+    }
+
+    /// A new secret from 256 random bits, as 64 hex digits.
+    pub fn from_random(bytes: [u8; 32]) -> ServerSecret {
+        ServerSecret(Arc::from(hex::encode(bytes)))
+    }
+
+    /// The secret's text, to write it to its file.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The key signed media URLs are made and checked with.
+    pub fn media_signing_key(&self) -> [u8; 32] {
+        self.derive(b"stagehand media url signing key")
+    }
+
+    /// What the database keeps to tell whether two instances have the
+    /// same secret: it reveals nothing of the secret, nor of the signing
+    /// key.
+    pub fn fingerprint(&self) -> String {
+        hex::encode(&self.derive(b"stagehand server secret fingerprint")[..16])
+    }
+
+    fn derive(&self, label: &[u8]) -> [u8; 32] {
+        let key = hmac::Key::new(hmac::HMAC_SHA256, self.0.as_bytes());
+        let mut out = [0u8; 32];
+        out.copy_from_slice(hmac::sign(&key, label).as_ref());
+        out
+    }
+}
+
+impl fmt::Debug for ServerSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ServerSecret(***)")
+    }
+}
+
+impl FromStr for ServerSecret {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        ServerSecret::new(text)
+    }
 }
 
 fn signing_key(secret: &[u8]) -> hmac::Key {
@@ -318,6 +431,58 @@ mod tests {
             !signature_holds(SECRET, "p/abc.jpg", 1_000, "zz", 0),
             "not hex"
         );
+    }
+
+    #[test]
+    fn a_signature_good_for_more_than_15_minutes_is_refused() {
+        let now = 1_800_000_000_000;
+        let within = now + SIGNED_URL_MAX_MS;
+        let query = sign_media_url(SECRET, "p/abc.jpg", within);
+        let sig = query.split("sig=").nth(1).expect("a signature");
+        assert!(signature_holds(SECRET, "p/abc.jpg", within, sig, now));
+        let beyond = within + 1;
+        let query = sign_media_url(SECRET, "p/abc.jpg", beyond);
+        let sig = query.split("sig=").nth(1).expect("a signature");
+        assert!(!signature_holds(SECRET, "p/abc.jpg", beyond, sig, now));
+        assert!(
+            signature_holds(SECRET, "p/abc.jpg", beyond, sig, now + 1),
+            "the same URL a moment later is within the bound"
+        );
+    }
+
+    #[test]
+    fn a_photo_url_is_the_same_for_every_send_of_a_key_and_never_good_for_15_minutes() {
+        const MINUTE: i64 = 60_000;
+        let first = 1_800_000_000_000 + 123_456;
+        let expiry = photo_url_expiry(first, first);
+        assert!(expiry > first + 9 * MINUTE && expiry <= first + 14 * MINUTE);
+        for later in [1, MINUTE, 4 * MINUTE] {
+            assert_eq!(photo_url_expiry(first, first + later), expiry, "{later}");
+        }
+        // A worker that resumes the key from its slot's time.
+        assert_eq!(photo_url_expiry(first - 1_000, first + MINUTE), expiry);
+        // Sent again long after: a fresh URL, still within the bound.
+        for now in (first..first + 3_600_000).step_by(7_919) {
+            let expiry = photo_url_expiry(first, now);
+            assert!(expiry - now >= PHOTO_URL_LEFT_MS, "{now}");
+            assert!(expiry - now < SIGNED_URL_MAX_MS - MINUTE + 1, "{now}");
+        }
+    }
+
+    #[test]
+    fn the_server_secret_signs_and_its_fingerprint_says_nothing_of_it() {
+        assert!(ServerSecret::new("too short").is_err());
+        let secret = ServerSecret::new(" 0123456789abcdef0123456789abcdef \n").expect("32 chars");
+        assert_eq!(secret.expose(), "0123456789abcdef0123456789abcdef");
+        assert_eq!(format!("{secret:?}"), "ServerSecret(***)");
+        let other = ServerSecret::from_random([7; 32]);
+        assert_eq!(other.expose().len(), 64);
+        assert_ne!(secret.media_signing_key(), other.media_signing_key());
+        assert_ne!(secret.fingerprint(), other.fingerprint());
+        let key = secret.media_signing_key();
+        assert_ne!(&key[..], secret.expose().as_bytes());
+        assert!(!secret.fingerprint().contains(&hex::encode(&key[..4])));
+        assert_eq!(secret.fingerprint(), secret.clone().fingerprint());
     }
 
     #[test]

@@ -378,8 +378,8 @@ pub async fn serve_result(
         (status = 200, description = "The photo (`image/jpeg`, `Cache-Control: private, no-store`).", content_type = "image/jpeg"),
         (status = 206, description = "The requested range."),
         (status = 304, description = "Not modified (`If-None-Match`)."),
-        (status = 401, description = "`unauthorized`: no token of its session, and no valid signature.", body = super::schema::ErrorBody),
-        (status = 404, description = "`not_found`: no such photo.", body = super::schema::ErrorBody),
+        (status = 401, description = "`unauthorized`: no token of its session, and no valid signature (a signature expires, and one good for more than 15 minutes is refused).", body = super::schema::ErrorBody),
+        (status = 404, description = "`not_found`: no such photo, or it was given up (retention, erasure, the orphan sweep).", body = super::schema::ErrorBody),
         (status = 422, description = "`validation_failed`: a malformed `exp` or `sig`.", body = super::schema::ErrorBody),
         (status = 503, description = "`media_unavailable`.", body = super::schema::ErrorBody),
     )
@@ -496,7 +496,9 @@ fn valid_key(key: &str) -> bool {
 }
 
 /// A photo is read with its session's participant token, the operator
-/// token, or a signed URL that has not expired.
+/// token, or a signed URL that has not expired (and is good for 15
+/// minutes at most); by none of them once it was given up (retention,
+/// erasure, the orphan sweep), even while its object waits for the purge.
 async fn allow_photo(
     state: &AppState,
     req: &HttpRequest,
@@ -505,9 +507,15 @@ async fn allow_photo(
 ) -> Result<(), ApiError> {
     let denied =
         ApiError::Unauthorized("a photo is read only with its session's token or a signed URL");
+    let kept = || async {
+        match state.store.photo_by_key(key).await? {
+            Some(photo) => Ok(photo),
+            None => Err(ApiError::NotFound("media")),
+        }
+    };
     if let (Some(exp), Some(sig)) = (signed.exp, &signed.sig) {
         if signature_holds(&state.photos.secret, key, exp, sig, state.clock.now_ms()) {
-            return Ok(());
+            return kept().await.map(drop);
         }
         return Err(denied);
     }
@@ -518,13 +526,9 @@ async fn allow_photo(
         .await?
         .is_some()
     {
-        return Ok(());
+        return kept().await.map(drop);
     }
-    let photo = state
-        .store
-        .photo_by_key(key)
-        .await?
-        .ok_or(ApiError::NotFound("media"))?;
+    let photo = kept().await?;
     let session = state
         .store
         .session(&photo.session_id)

@@ -100,7 +100,8 @@ pub struct PhotoDesk {
     pub max_bytes: u64,
     /// How slowly a photo's body may arrive.
     pub pace: media::UploadPace,
-    /// The shared secret signed photo URLs are checked with.
+    /// The key signed photo URLs are checked with (derived from the
+    /// server's own secret, which the database never holds).
     pub secret: std::sync::Arc<[u8]>,
 }
 

@@ -11,6 +11,11 @@
 //! - **Crash-safe keys.** Each output's key comes from the saga, the call
 //!   and the output index ([`result_object_key`]): a keep that runs again
 //!   after a crash overwrites the same objects, never adds a second.
+//! - **Listed before written.** Each key (and its thumbnail's) is listed
+//!   for the saga in the database ([`KeptFor`], under the saga's lease)
+//!   before its object is written, so erasure and retention delete every
+//!   file a keep wrote, also those of a keep cut short that no result
+//!   names.
 //! - **Bounded.** At most `max_bytes` per file, `timeout` per download,
 //!   `max_redirects` hops, and only image, video and audio types
 //!   ([`KeptType`]).
@@ -45,6 +50,7 @@ use super::pool::PhotoPool;
 use super::{MediaError, MediaStore};
 use crate::domain::failure::ContentItem;
 use crate::domain::media::{result_object_key, thumbnail_key, KeptType};
+use crate::store::{Store, StoreError};
 
 /// The long side of a display thumbnail.
 pub const THUMBNAIL_PX: u32 = 640;
@@ -233,6 +239,16 @@ impl reqwest::dns::Resolve for PublicOnly {
     }
 }
 
+/// Whose result a keep stores: the saga its keys are derived from and
+/// listed for, and the lock token that lists them (a worker that lost
+/// the saga's lease writes nothing).
+#[derive(Clone, Copy)]
+pub struct KeptFor<'a> {
+    pub store: &'a Store,
+    pub saga_id: &'a str,
+    pub token: &'a str,
+}
+
 /// Keeps results: downloads (or decodes) each output and stores it.
 #[derive(Clone)]
 pub struct Keeper {
@@ -276,13 +292,13 @@ impl Keeper {
         &self.store
     }
 
-    /// Keeps every file of call `call`'s `items` (saga `saga_id`): the
-    /// items come back with this server's URLs. Items already kept (a
+    /// Keeps every file of call `call`'s `items` (for the saga of `owner`):
+    /// the items come back with this server's URLs. Items already kept (a
     /// re-run) and text items are left as they are.
     pub async fn keep(
         &self,
         origins: &ResultOrigins,
-        saga_id: &str,
+        owner: KeptFor<'_>,
         call: u32,
         items: Vec<ContentItem>,
     ) -> Result<Vec<ContentItem>, KeepError> {
@@ -294,7 +310,7 @@ impl Keeper {
             };
             let (bytes, header_type) = self.fetch(origins, &url).await?;
             let (key, thumb) = self
-                .store_file(saga_id, call, index as u32, bytes, header_type)
+                .store_file(owner, call, index as u32, bytes, header_type)
                 .await?;
             kept.push(ContentItem {
                 url: Some(format!("/media/{key}")),
@@ -393,17 +409,26 @@ impl Keeper {
         Ok((body.freeze(), header_type))
     }
 
-    /// Stores one output (and its thumbnail) under its derived keys.
+    /// Stores one output (and its thumbnail) under its derived keys, once
+    /// they are listed for the saga.
     async fn store_file(
         &self,
-        saga_id: &str,
+        owner: KeptFor<'_>,
         call: u32,
         index: u32,
         bytes: Bytes,
         header_type: Option<String>,
     ) -> Result<(String, Option<String>), KeepError> {
         let kept = kept_type(&bytes, header_type.as_deref())?;
-        let key = result_object_key(&self.secret, saga_id, call, index, kept);
+        let key = result_object_key(&self.secret, owner.saga_id, call, index, kept);
+        let listed: Vec<String> = std::iter::once(key.clone())
+            .chain(kept.thumbnailed.then(|| thumbnail_key(&key)))
+            .collect();
+        owner
+            .store
+            .record_kept_objects(owner.saga_id, owner.token, &listed)
+            .await
+            .map_err(listing_failure)?;
         let thumb = if kept.thumbnailed {
             Some(self.thumbnail_of(&key, bytes.clone()).await?)
         } else {
@@ -512,6 +537,19 @@ fn decode_data_url(url: &str, max_bytes: u64) -> Result<(Bytes, Option<String>),
         .decode(data.trim())
         .map_err(|e| KeepError::Permanent(format!("the inline result is not valid base64: {e}")))?;
     Ok((Bytes::from(bytes), Some(media_type.to_owned())))
+}
+
+/// A key that could not be listed: nothing is written. A lost lease
+/// stops the worker (its supervisor sees it); anything else is tried
+/// again.
+fn listing_failure(e: StoreError) -> KeepError {
+    if e.is_lease_lost() {
+        KeepError::Transient("the saga's lease was lost; nothing is kept by this worker".into())
+    } else {
+        KeepError::Transient(format!(
+            "the database cannot list the result's files now: {e}"
+        ))
+    }
 }
 
 fn store_failure(e: MediaError) -> KeepError {

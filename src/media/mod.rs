@@ -21,6 +21,7 @@ pub mod keep;
 pub mod photo;
 pub mod pool;
 pub mod purge;
+pub mod secret;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -5,16 +5,21 @@
 //!
 //! Forgetting is two steps, each its own short transaction, so a crash at
 //! any point leaves nothing half-done:
-//! 1. [`Store::forget_session`] blanks the nickname and prompts, takes
-//!    the ranking entry out, gives up the session's photos and marks the
-//!    session `objects_left`, fenced: only while no saga of the session
-//!    runs (status not SUBMITTING, every saga COMPLETED or ABORTED). A
-//!    forgotten session takes no submission and no retry after.
+//! 1. [`Store::forget_session`] blanks the nickname and prompts, what the
+//!    AI made and what its failures said (the contents of the sagas, their
+//!    calls and the result, the calls' errors, the abort's detail), takes
+//!    the ranking entry out, gives up the session's photos, queues every
+//!    object those contents named in `kept_objects` (where each keep also
+//!    listed its files before writing them: [`Store::record_kept_objects`])
+//!    and marks the session `objects_left`, fenced: only while no saga of
+//!    the session runs (status not SUBMITTING, every saga COMPLETED or
+//!    ABORTED). A forgotten session takes no submission and no retry after.
 //! 2. Whoever claims it ([`Store::claim_purges`], a lease like the
-//!    sagas') deletes its objects from the media store, then
-//!    [`Store::purged`] clears the contents that named them. Deleting an
-//!    object twice is harmless, so a crash between the two only repeats
-//!    the deletes.
+//!    sagas') deletes its objects from the media store (every file listed
+//!    for any of its sagas: a fan-out's calls, a keep cut short,
+//!    thumbnails; and its photos), then [`Store::purged`] drops the list.
+//!    Deleting an object twice is harmless, so a crash between the two
+//!    only repeats the deletes.
 //!
 //! Photos (kept a shorter time) go the same way: [`Store::give_up_photos`]
 //! marks them `deleted_at_ms` once their saga ended (no saga reads a
@@ -28,6 +33,7 @@ use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::audit::AuditEntry;
 use crate::domain::guests::{kept_keys, ForgottenBy};
 use crate::domain::policy::EpochMs;
+use crate::domain::saga::TransitionError;
 
 /// A completed result as its link, the gallery and the export show it.
 #[derive(Debug, Clone)]
@@ -339,13 +345,25 @@ impl Store {
             };
         };
         let experience_id: String = row.try_get_by_index(0)?;
+        queue_named_objects(self, &tx, session_id).await?;
         // The saga moves to the top of the operators' recent activity,
         // marked forgotten (its row stays for the statistics).
         tx.execute_raw(self.sql(
-            "UPDATE sagas SET prompt = '', updated_at_ms = $2 WHERE session_id = $1",
+            "UPDATE sagas SET prompt = '', abort_detail = NULL, \
+             content = CASE WHEN content IS NULL THEN NULL ELSE '[]' END, updated_at_ms = $2 \
+             WHERE session_id = $1",
             vec![session_id.into(), now.into()],
         ))
         .await?;
+        for statement in [
+            "UPDATE ai_calls SET error = NULL, \
+             content = CASE WHEN content IS NULL THEN NULL ELSE '[]' END \
+             WHERE saga_id IN (SELECT id FROM sagas WHERE session_id = $1)",
+            "UPDATE results SET content = '[]' WHERE session_id = $1",
+        ] {
+            tx.execute_raw(self.sql(statement, vec![session_id.into()]))
+                .await?;
+        }
         let ranking = if by.is_erasure() {
             "DELETE FROM score_attempts WHERE session_id = $1"
         } else {
@@ -538,15 +556,20 @@ impl Store {
         Ok(item)
     }
 
-    /// Marks a purge done once its objects are deleted: a session's
-    /// contents no longer name them (`[]`) and its photos are gone; a
-    /// photo is gone.
+    /// Marks a purge done once its objects are deleted: a session's list
+    /// of kept objects is dropped, its contents name none (`[]`; a session
+    /// forgotten before the list existed kept them until now) and its
+    /// photos are gone; a photo is gone.
     pub async fn purged(&self, item: &PurgeItem) -> StoreResult<()> {
         let tx = self.write_tx().await?;
         match item {
             PurgeItem::Session { id, .. } => {
                 for statement in [
+                    "DELETE FROM kept_objects WHERE saga_id IN \
+                     (SELECT id FROM sagas WHERE session_id = $1)",
                     "UPDATE sagas SET content = '[]' WHERE session_id = $1 AND content IS NOT NULL",
+                    "UPDATE ai_calls SET content = '[]' WHERE content IS NOT NULL \
+                     AND saga_id IN (SELECT id FROM sagas WHERE session_id = $1)",
                     "UPDATE results SET content = '[]' WHERE session_id = $1",
                 ] {
                     tx.execute_raw(self.sql(statement, vec![id.clone().into()]))
@@ -666,29 +689,120 @@ impl Store {
             .all(self.db())
             .await?)
     }
+
+    /// Lists `keys` as the objects a keep of saga `saga_id` is about to
+    /// write (`kept_objects`), fenced on the saga's lock token while it is
+    /// AI_PENDING: a worker that lost its lease lists nothing and must
+    /// write nothing. The fence updates the saga's row, which an abort
+    /// (and so an erasure) then waits for: the erasure's purge sees the
+    /// list. Listing a key twice (a keep run again) is harmless.
+    pub async fn record_kept_objects(
+        &self,
+        saga_id: &str,
+        token: &str,
+        keys: &[String],
+    ) -> StoreResult<()> {
+        let tx = self.write_tx().await?;
+        let fenced = tx
+            .execute_raw(self.sql(
+                "UPDATE sagas SET lock_token = lock_token \
+                 WHERE id = $1 AND lock_token = $2 AND step = 'AI_PENDING'",
+                vec![saga_id.into(), token.into()],
+            ))
+            .await?
+            .rows_affected();
+        if fenced != 1 {
+            return Err(TransitionError::LeaseLost.into());
+        }
+        for key in keys {
+            list_kept_object(self, &tx, key, saga_id).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
 }
 
-/// The media-store keys a session's data names: its kept results (every
-/// saga's content and its result's) and its photos not yet gone.
-async fn session_object_keys(
+/// Lists `key` as an object of saga `saga_id` (once).
+async fn list_kept_object(
+    store: &Store,
+    tx: &WriteTx,
+    key: &str,
+    saga_id: &str,
+) -> StoreResult<()> {
+    tx.execute_raw(store.sql(
+        "INSERT INTO kept_objects (object_key, saga_id) VALUES ($1, $2) \
+         ON CONFLICT (object_key) DO NOTHING",
+        vec![key.into(), saga_id.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// The kept objects the contents of a session's rows name, each with the
+/// saga whose row names it: its sagas', their calls' (a fan-out keeps
+/// each call's files the moment it succeeds, also when the saga fails
+/// after) and its result's.
+async fn named_objects(
     store: &Store,
     tx: &WriteTx,
     session_id: &str,
-) -> StoreResult<Vec<String>> {
-    let mut keys = Vec::new();
+) -> StoreResult<Vec<(String, String)>> {
+    let mut named = Vec::new();
     for statement in [
-        "SELECT content FROM sagas WHERE session_id = $1 AND content IS NOT NULL",
-        "SELECT content FROM results WHERE session_id = $1",
+        "SELECT id, content FROM sagas WHERE session_id = $1 AND content IS NOT NULL",
+        "SELECT c.saga_id, c.content FROM ai_calls c JOIN sagas g ON g.id = c.saga_id \
+         WHERE g.session_id = $1 AND c.content IS NOT NULL",
+        "SELECT saga_id, content FROM results WHERE session_id = $1",
     ] {
         for row in tx
             .query_all_raw(store.sql(statement, vec![session_id.into()]))
             .await?
         {
-            let text: String = row.try_get_by_index(0)?;
+            let saga_id: String = row.try_get_by_index(0)?;
+            let text: String = row.try_get_by_index(1)?;
             if let Ok(content) = serde_json::from_str::<Json>(&text) {
-                keys.extend(kept_keys(&content));
+                named.extend(
+                    kept_keys(&content)
+                        .into_iter()
+                        .map(|k| (saga_id.clone(), k)),
+                );
             }
         }
+    }
+    Ok(named)
+}
+
+/// Lists every object the session's contents name in `kept_objects`,
+/// before the contents are blanked.
+async fn queue_named_objects(store: &Store, tx: &WriteTx, session_id: &str) -> StoreResult<()> {
+    for (saga_id, key) in named_objects(store, tx, session_id).await? {
+        list_kept_object(store, tx, &key, &saga_id).await?;
+    }
+    Ok(())
+}
+
+/// The media-store keys a forgotten session leaves: every object listed
+/// for its sagas, what its contents still name (a session forgotten
+/// before the list existed), and its photos not yet gone.
+async fn session_object_keys(
+    store: &Store,
+    tx: &WriteTx,
+    session_id: &str,
+) -> StoreResult<Vec<String>> {
+    let mut keys: Vec<String> = named_objects(store, tx, session_id)
+        .await?
+        .into_iter()
+        .map(|(_, key)| key)
+        .collect();
+    for row in tx
+        .query_all_raw(store.sql(
+            "SELECT k.object_key FROM kept_objects k JOIN sagas g ON g.id = k.saga_id \
+             WHERE g.session_id = $1",
+            vec![session_id.into()],
+        ))
+        .await?
+    {
+        keys.push(row.try_get_by_index(0)?);
     }
     for row in tx
         .query_all_raw(store.sql(

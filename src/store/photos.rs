@@ -1,14 +1,15 @@
-//! Uploaded photos and the secrets every instance shares: the `photos`
+//! Uploaded photos and the values every instance shares: the `photos`
 //! rows (where a photo's bytes are in the media store, whose it is), how
-//! many one session may hold, the orphans the cleanup sweep may delete,
-//! and `server_keys`.
+//! many one session may hold, the orphans the cleanup sweep gives up, and
+//! `server_keys` (the secret result keys are derived under, the
+//! fingerprint of the server's own secret).
 
 use std::collections::HashMap;
 
 use sea_orm::sea_query::{Expr, ExprTrait, Query};
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    QuerySelect,
 };
 
 use super::entities::{photos, sagas, sessions};
@@ -38,8 +39,21 @@ pub struct PhotoBound {
     pub replaces: Option<String>,
 }
 
-/// The name of the secret that signs photo URLs and derives result keys.
-pub const MEDIA_SIGNING: &str = "media_signing";
+/// How long after the sweep marked a photo it is given up: longer than a
+/// submission can take from reading the photo to committing the saga
+/// that names it (a request runs at most `KEY_LEASE_MS`), so by then such
+/// a saga is committed, or never will be.
+pub const SWEEP_GRACE_MS: i64 = 2 * super::idempotency::KEY_LEASE_MS;
+
+/// No saga names the photo `p`.
+const UNNAMED: &str = "NOT EXISTS (SELECT 1 FROM sagas g WHERE g.photo_id = p.id)";
+
+/// The name of the secret result object keys are derived under (made once
+/// by the first instance, shared by all). Its name is historical: it signs
+/// nothing since the server's own secret signs media URLs
+/// (`media::secret`), and keeping it in the database gives nothing away
+/// (the database holds every result's URL anyway).
+pub const RESULT_KEYS: &str = "media_signing";
 
 impl Store {
     /// The photos `session_id` holds now (not given up), the one
@@ -49,11 +63,11 @@ impl Store {
         Ok(held_photos(self.db(), session_id, replaces).await?)
     }
 
-    /// Records an uploaded photo (its bytes are in the media store
-    /// already) within `bound`, in one transaction that holds the
-    /// session's row: the photo it replaces is given up, and past the
-    /// limit nothing is recorded (`StoreError::PhotoLimit`; the caller
-    /// deletes the object it put).
+    /// Records an uploaded photo within `bound` (its object is put after
+    /// the row, so a photo past the bound stores nothing), in one
+    /// transaction that holds the session's row: the photo it replaces is
+    /// given up, and past the limit nothing is recorded
+    /// (`StoreError::PhotoLimit`).
     pub async fn insert_photo(
         &self,
         new: NewPhoto,
@@ -90,6 +104,7 @@ impl Store {
             deleted_at_ms: Set(None),
             object_gone: Set(false),
             purge_claim_until_ms: Set(None),
+            swept_at_ms: Set(None),
         }
         .insert(&*tx)
         .await?;
@@ -126,7 +141,9 @@ impl Store {
             .await?)
     }
 
-    /// The session of each named photo that exists (and was not given up).
+    /// The session of each named photo that exists, was not given up and
+    /// was not swept as an orphan (a submission never names a swept photo:
+    /// see [`Self::sweep_orphan_photos`]).
     pub async fn photo_sessions(
         &self,
         photo_ids: &[String],
@@ -140,56 +157,83 @@ impl Store {
             .column(photos::Column::SessionId)
             .filter(photos::Column::Id.is_in(photo_ids.iter().cloned()))
             .filter(photos::Column::DeletedAtMs.is_null())
+            .filter(photos::Column::SweptAtMs.is_null())
             .into_tuple()
             .all(self.db())
             .await?;
         Ok(rows.into_iter().collect())
     }
 
-    /// Up to `limit` photos uploaded before `before_ms` that no saga names,
-    /// oldest first: what the orphan sweep deletes.
-    pub async fn orphan_photos(
+    /// The orphan sweep's first step: marks up to `limit` photos uploaded
+    /// before `before_ms` that no saga names as swept at `now`, oldest
+    /// first. From then on no new submission names them
+    /// ([`Self::photo_sessions`]). Returns how many.
+    pub async fn sweep_orphan_photos(
         &self,
         before_ms: EpochMs,
+        now: EpochMs,
         limit: u64,
-    ) -> StoreResult<Vec<photos::Model>> {
-        Ok(photos::Entity::find()
-            .filter(photos::Column::CreatedAtMs.lt(before_ms))
-            .filter(
-                photos::Column::Id.not_in_subquery(
-                    Query::select()
-                        .column(sagas::Column::PhotoId)
-                        .from(sagas::Entity)
-                        .and_where(Expr::col(sagas::Column::PhotoId).is_not_null())
-                        .to_owned(),
-                ),
-            )
-            .order_by_asc(photos::Column::CreatedAtMs)
-            .limit(limit)
-            .all(self.db())
-            .await?)
+    ) -> StoreResult<u64> {
+        self.write_one(self.sql(
+            &format!(
+                "UPDATE photos SET swept_at_ms = $2 WHERE id IN \
+                 (SELECT p.id FROM photos p WHERE p.created_at_ms < $1 \
+                  AND p.swept_at_ms IS NULL AND {UNNAMED} \
+                  ORDER BY p.created_at_ms LIMIT $3)"
+            ),
+            vec![before_ms.into(), now.into(), (limit as i64).into()],
+        ))
+        .await
     }
 
-    /// Forgets an orphan photo's row, unless a saga names it by now (a
-    /// submission that came while the sweep looked). True when it was
-    /// forgotten: only then may its object go.
-    pub async fn forget_orphan_photo(&self, photo_id: &str) -> StoreResult<bool> {
+    /// The sweep's second step, [`SWEEP_GRACE_MS`] after the first: a
+    /// swept photo that a saga names by now stays (a submission that read
+    /// it before the sweep committed since: it is no orphan); up to
+    /// `limit` others are given up, so the purge deletes their objects.
+    /// One transaction. Returns (given up, kept).
+    pub async fn give_up_swept_photos(&self, now: EpochMs, limit: u64) -> StoreResult<(u64, u64)> {
         let tx = self.write_tx().await?;
-        let deleted = photos::Entity::delete_many()
-            .filter(photos::Column::Id.eq(photo_id))
-            .filter(
-                photos::Column::Id.not_in_subquery(
-                    Query::select()
-                        .column(sagas::Column::PhotoId)
-                        .from(sagas::Entity)
-                        .and_where(Expr::col(sagas::Column::PhotoId).eq(photo_id))
-                        .to_owned(),
+        let kept = tx
+            .execute_raw(self.sql(
+                "UPDATE photos SET swept_at_ms = NULL WHERE swept_at_ms IS NOT NULL \
+                 AND deleted_at_ms IS NULL \
+                 AND EXISTS (SELECT 1 FROM sagas g WHERE g.photo_id = photos.id)",
+                vec![],
+            ))
+            .await?
+            .rows_affected();
+        let given = tx
+            .execute_raw(self.sql(
+                &format!(
+                    "UPDATE photos SET deleted_at_ms = $1 WHERE id IN \
+                     (SELECT p.id FROM photos p WHERE p.swept_at_ms <= $2 \
+                      AND p.deleted_at_ms IS NULL AND {UNNAMED} \
+                      ORDER BY p.swept_at_ms LIMIT $3)"
                 ),
-            )
-            .exec(&*tx)
-            .await?;
+                vec![
+                    now.into(),
+                    (now - SWEEP_GRACE_MS).into(),
+                    (limit as i64).into(),
+                ],
+            ))
+            .await?
+            .rows_affected();
         tx.commit().await?;
-        Ok(deleted.rows_affected > 0)
+        Ok((given, kept))
+    }
+
+    /// The sweep's last step: forgets the rows of up to `limit` swept
+    /// photos whose objects the purge deleted. Returns how many.
+    pub async fn drop_swept_photos(&self, limit: u64) -> StoreResult<u64> {
+        self.write_one(self.sql(
+            &format!(
+                "DELETE FROM photos WHERE id IN \
+                 (SELECT p.id FROM photos p WHERE p.swept_at_ms IS NOT NULL \
+                  AND p.object_gone = $1 AND {UNNAMED} LIMIT $2)"
+            ),
+            vec![true.into(), (limit as i64).into()],
+        ))
+        .await
     }
 
     /// The shared secret `name`: the one stored, or `fresh` stored now by
@@ -211,6 +255,17 @@ impl Store {
                 super::StoreError::Corrupt(format!("server key {name} was not stored"))
             })?;
         Ok(row.try_get("", "value")?)
+    }
+
+    /// Sets the shared value `name` to `value`, whatever it was.
+    pub async fn replace_server_key(&self, name: &str, value: &str) -> StoreResult<()> {
+        self.write_one(self.sql(
+            "INSERT INTO server_keys (name, value) VALUES ($1, $2) \
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            vec![name.into(), value.into()],
+        ))
+        .await?;
+        Ok(())
     }
 }
 

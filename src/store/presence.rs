@@ -310,6 +310,22 @@ impl Store {
         Ok(live.max(1) as usize)
     }
 
+    /// How many instances other than `instance_id` are alive at `now`
+    /// (seen within [`INSTANCE_ALIVE_MS`]).
+    pub async fn other_live_instances(&self, instance_id: &str, now: EpochMs) -> StoreResult<i64> {
+        let row = self
+            .db()
+            .query_one_raw(self.sql(
+                "SELECT COUNT(*) FROM instances WHERE seen_at_ms >= $1 AND id <> $2",
+                vec![(now - INSTANCE_ALIVE_MS).into(), instance_id.into()],
+            ))
+            .await?;
+        Ok(row
+            .map(|r| r.try_get_by_index::<i64>(0))
+            .transpose()?
+            .unwrap_or(0))
+    }
+
     /// This instance stops: it is dead from now on.
     pub async fn instance_gone(&self, instance_id: &str) -> StoreResult<()> {
         self.write_one(self.sql(

@@ -146,6 +146,8 @@ pub fn test_config(db: &TestDb, ai_url: &str) -> Config {
             .display()
             .to_string(),
     );
+    // The server's secret: one per database, so its instances agree.
+    c.secret_file = Some(secret_file_of(&db.url).into());
     c.poll_interval = Duration::from_millis(200);
     c.lease = Duration::from_secs(3);
     c.cleanup_interval = Duration::from_secs(3600);
@@ -1169,6 +1171,33 @@ pub fn media_folder_of(db_url: &str) -> String {
         .to_string()
 }
 
+/// Every file under `root`, as paths relative to it (a media folder's
+/// keys; an S3 server's folder holds each bucket as a directory).
+pub fn files_under(root: &Path) -> std::collections::BTreeSet<String> {
+    let mut found = std::collections::BTreeSet::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if let Ok(rel) = path.strip_prefix(root) {
+                found.insert(rel.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+/// The server secret's file for the servers on `db_url` (made by the
+/// first to start): beside their media, never the working directory.
+pub fn secret_file_of(db_url: &str) -> String {
+    format!("{}.secret", media_folder_of(db_url))
+}
+
 pub struct Server {
     child: Child,
     pub base: String,
@@ -1215,6 +1244,7 @@ impl Server {
             // server of one database (a restart finds what was kept), never
             // the working directory (PostgreSQL has no file to put it by).
             .env("STAGEHAND_MEDIA_URL", media_folder_of(db_url))
+            .env("STAGEHAND_SECRET_FILE", secret_file_of(db_url))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);

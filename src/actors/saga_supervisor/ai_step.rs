@@ -57,11 +57,11 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use uuid::Uuid;
 
-use super::media_step::{input_photo, keep_result, PhotoRead};
+use super::media_step::{input_photo, keep_result, PhotoRead, SagaPhoto};
 use super::{final_outcome, write, ExperienceOf, SagaDeps, Stop};
 use crate::actors::ai::{PollJob, SubmitJob};
 use crate::actors::persistence::{SeedCalls, TakeSlots, WriteCall};
-use crate::ai::{InputPhoto, JobOrder, MaybeMade};
+use crate::ai::{JobOrder, MaybeMade};
 use crate::domain::failure::{AiFailure, AiResult, ContentItem};
 use crate::domain::keys::ai_call_key;
 use crate::domain::ledger::{evidence_of_refusal, Evidence};
@@ -226,7 +226,7 @@ struct Ctx<'a> {
     book: Book,
     shared: Arc<Shared>,
     /// The saga's photo once read (every call sends the same one).
-    photo: Mutex<Option<Option<InputPhoto>>>,
+    photo: Mutex<Option<Option<SagaPhoto>>>,
 }
 
 /// Runs the saga's calls that are not final yet, each in a slot of the
@@ -829,8 +829,8 @@ async fn submit(ctx: &Ctx<'_>, call: &mut CallState) -> Result<Submitted, Stop> 
     };
     let submitted_at = deps.clock.now_ms();
     let mut order = ctx.order(call, submitted_at).await?;
-    order.input = photo;
-    call.first_sent_ms.get_or_insert(submitted_at);
+    let first_sent = *call.first_sent_ms.get_or_insert(submitted_at);
+    order.input = photo.map(|p| p.for_send(&deps.media.secret, first_sent, submitted_at));
     call.last_sent_ms = Some(submitted_at);
     ctx.shared.sent(call.index);
     let submit = ctx.experience.ai.send(SubmitJob(order));

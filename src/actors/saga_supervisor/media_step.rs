@@ -8,31 +8,56 @@ use bytes::Bytes;
 use super::SagaDeps;
 use crate::ai::InputPhoto;
 use crate::domain::failure::AiResult;
-use crate::domain::media::sign_media_url;
-use crate::media::keep::KeepError;
+use crate::domain::media::{photo_url_expiry, sign_media_url};
+use crate::media::keep::{KeepError, KeptFor};
 use crate::media::MediaError;
 use crate::store::entities::sagas;
 use crate::store::StoreError;
 
-/// How long after the saga's deadline a photo URL a provider got still
-/// opens: a job that runs to the end of its saga can still read it. The
-/// expiry comes from the saga, not the clock, so every send of one key
-/// carries the same URL.
-const PHOTO_URL_GRACE_MS: i64 = 10 * 60_000;
-
 /// What reading the saga's photo found.
 pub(super) enum PhotoRead {
     /// The photo for the order (None: the saga names no photo).
-    Ready(Option<InputPhoto>),
+    Ready(Option<SagaPhoto>),
     /// It is gone: the saga aborts `INPUT_MISSING`, with this detail.
     Missing(String),
     /// The media store cannot answer now: wait and ask again.
     Unavailable(String),
 }
 
-/// The saga's photo as its provider gets it: the stored bytes and, when
-/// the provider can reach this server, a signed URL good until a while
-/// after the saga's deadline.
+/// The saga's photo, read once: its bytes, its key, and where its
+/// provider reaches this server (None: it cannot, and gets the bytes).
+#[derive(Debug, Clone)]
+pub(super) struct SagaPhoto {
+    /// The photo, with no URL yet.
+    photo: InputPhoto,
+    key: String,
+    base: Option<String>,
+}
+
+impl SagaPhoto {
+    /// The photo as the send of a key first sent at `first_sent_ms`
+    /// carries it at `now_ms`: with a signed URL good for minutes
+    /// ([`photo_url_expiry`]: the same for every send of the key while it
+    /// is young) when the provider can reach this server.
+    pub(super) fn for_send(
+        &self,
+        signing_key: &[u8],
+        first_sent_ms: i64,
+        now_ms: i64,
+    ) -> InputPhoto {
+        let url = self.base.as_ref().map(|base| {
+            let expires = photo_url_expiry(first_sent_ms, now_ms);
+            let query = sign_media_url(signing_key, &self.key, expires);
+            format!("{base}/media/{}?{query}", self.key)
+        });
+        InputPhoto {
+            url,
+            ..self.photo.clone()
+        }
+    }
+}
+
+/// The saga's photo (see [`SagaPhoto`]), or why there is none to send.
 pub(super) async fn input_photo(
     saga: &sagas::Model,
     provider: &str,
@@ -55,20 +80,20 @@ pub(super) async fn input_photo(
         }
         Err(e) => return Ok(PhotoRead::Unavailable(e.to_string())),
     };
-    let url = deps.media.photo_base(provider).map(|base| {
-        let expires = saga.deadline_at_ms + PHOTO_URL_GRACE_MS;
-        let query = sign_media_url(&deps.media.secret, &photo.object_key, expires);
-        format!("{base}/media/{}?{query}", photo.object_key)
-    });
-    Ok(PhotoRead::Ready(Some(InputPhoto {
-        url,
-        bytes,
-        content_type: photo.content_type,
+    Ok(PhotoRead::Ready(Some(SagaPhoto {
+        photo: InputPhoto {
+            url: None,
+            bytes,
+            content_type: photo.content_type,
+        },
+        key: photo.object_key,
+        base: deps.media.photo_base(provider).map(str::to_owned),
     })))
 }
 
-/// Keeps the files of call `call`'s `result` in the media store: the
-/// result comes back with this server's URLs.
+/// Keeps the files of call `call`'s `result` in the media store, each
+/// listed for the saga under its lease first: the result comes back with
+/// this server's URLs.
 pub(super) async fn keep_result(
     saga: &sagas::Model,
     provider: &str,
@@ -88,7 +113,16 @@ pub(super) async fn keep_result(
     let content = deps
         .media
         .keeper
-        .keep(origins, &saga.id, call.max(0) as u32, result.content)
+        .keep(
+            origins,
+            KeptFor {
+                store: &deps.store,
+                saga_id: &saga.id,
+                token: saga.lock_token.as_deref().unwrap_or_default(),
+            },
+            call.max(0) as u32,
+            result.content,
+        )
         .await?;
     metrics::histogram!(crate::metrics::KEEP_DURATION).record(started.elapsed().as_secs_f64());
     tracing::info!(saga_id = %saga.id, call, files = content.iter().filter(|i| i.url.is_some()).count(), "result files kept");

@@ -22,6 +22,9 @@ pub struct Model {
     pub object_gone: bool,
     /// The lease of the instance deleting it.
     pub purge_claim_until_ms: Option<i64>,
+    /// When the orphan sweep found it named by no saga: no submission may
+    /// name it from then on (`store::photos::sweep_orphan_photos`).
+    pub swept_at_ms: Option<i64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
