@@ -85,13 +85,18 @@ impl SlowUpload {
             uuid::Uuid::new_v4(),
         );
         socket.write_all(head.as_bytes()).await.expect("head");
-        let mut answer = vec![0; 64];
-        let n = tokio::time::timeout(Duration::from_secs(10), socket.read(&mut answer))
-            .await
-            .expect("an answer to the head in time")
-            .expect("read");
-        let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
-        assert!(answer.starts_with("HTTP/1.1 100"), "{answer}");
+        // The interim answer alone, byte by byte: a final answer may follow
+        // it at once, and stays unread for `answer`.
+        let mut interim = Vec::new();
+        while !interim.ends_with(b"\r\n\r\n") {
+            let byte = tokio::time::timeout(Duration::from_secs(10), socket.read_u8())
+                .await
+                .expect("an answer to the head in time")
+                .expect("read");
+            interim.push(byte);
+        }
+        let interim = String::from_utf8_lossy(&interim).into_owned();
+        assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
         socket.write_all(&[0xFF]).await.expect("a first byte");
         SlowUpload { socket }
     }
