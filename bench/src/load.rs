@@ -528,11 +528,16 @@ pub(super) async fn start_server(
 
 /// Environment the bench gives each server, unless the bench's own
 /// environment sets the variable: the simulated crowd creates its sessions
-/// from one address, 127.0.0.1, which the per-address limit on session
-/// creation (600/min by default) rightly takes for one client. Session
-/// creation is untimed setup; the submissions keep their own limit (per
-/// session, at its default). A `--server-arg` flag still wins over this.
-pub const SERVER_ENV: &[(&str, &str)] = &[("STAGEHAND_SESSION_RATE_LIMIT", "off")];
+/// and uploads its photos from one address, 127.0.0.1, which the
+/// per-address limits on session creation and on uploads (600/min each by
+/// default) rightly take for one client. Session creation is untimed
+/// setup, and the uploads measure the photo path, not the limit; the
+/// submissions keep their own limit (per session, at its default). A
+/// `--server-arg` flag still wins over this.
+pub const SERVER_ENV: &[(&str, &str)] = &[
+    ("STAGEHAND_SESSION_RATE_LIMIT", "off"),
+    ("STAGEHAND_UPLOAD_RATE_LIMIT", "off"),
+];
 
 /// The entries of [`SERVER_ENV`] the bench's environment does not set.
 pub fn server_env() -> impl Iterator<Item = (&'static str, &'static str)> {
