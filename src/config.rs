@@ -22,6 +22,17 @@ fn replicate_env(name: &str, kind: ProviderKind) -> Option<String> {
         .filter(|v| !v.trim().is_empty())
 }
 
+/// The header trusted proxies write the client's address into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProxyHeader {
+    /// `X-Forwarded-For: client, proxy1, ...`
+    #[value(name = "x-forwarded-for")]
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1, ...` (RFC 7239).
+    #[value(name = "forwarded")]
+    Forwarded,
+}
+
 /// Everything `stagehand serve` needs.
 #[derive(Debug, Clone, Args)]
 pub struct Config {
@@ -215,6 +226,17 @@ pub struct Config {
     /// write the header. N: the client is the N-th address from the right.
     #[arg(long, env = "STAGEHAND_TRUSTED_PROXIES", default_value_t = 0)]
     pub trusted_proxies: u8,
+    /// The header the trusted proxies append the client's address to:
+    /// `x-forwarded-for` (the default; nginx, most load balancers) or
+    /// `forwarded` (RFC 7239, its `for=`). The other header is the
+    /// client's own words and is never read.
+    #[arg(
+        long,
+        env = "STAGEHAND_TRUSTED_PROXY_HEADER",
+        value_enum,
+        default_value = "x-forwarded-for"
+    )]
+    pub trusted_proxy_header: ProxyHeader,
     /// OpenTelemetry collector to send traces to, over OTLP/HTTP
     /// (protobuf): its base URL, like `http://collector:4318` (spans go to
     /// `/v1/traces` under it; a URL already ending in `/v1/traces` is used
@@ -345,6 +367,7 @@ mod tests {
         assert_eq!(config.session_rate_limit, every(600, 60));
         assert_eq!(config.submission_rate_limit, every(30, 60));
         assert_eq!(config.trusted_proxies, 0);
+        assert_eq!(config.trusted_proxy_header, ProxyHeader::XForwardedFor);
     }
 
     #[test]

@@ -114,6 +114,13 @@ impl AppState {
             .ok_or(ApiError::NotFound("experience"))
     }
 
+    /// Where the request comes from, as `--trusted-proxies` says: the one
+    /// address the rate limits key on, the audit trail records and the
+    /// logs name ([`rate_limit::ClientAddress`]).
+    pub fn client_address(&self, req: &actix_web::HttpRequest) -> std::net::IpAddr {
+        self.limits.client_address(req)
+    }
+
     /// What a display socket needs.
     pub fn socket_deps(&self) -> SocketDeps {
         SocketDeps {
