@@ -216,6 +216,12 @@ pub struct Config {
     /// participant submits once, and again after an abort or a lost answer.
     #[arg(long, env = "STAGEHAND_SUBMISSION_RATE_LIMIT", default_value = "30/min", value_parser = parse_rate_limit)]
     pub submission_rate_limit: RateLimit,
+    /// PINs checked against one PIN gallery, over every client address
+    /// and instance (`N/<period>`): the N-th locks the gallery for the
+    /// period, and until it ends every PIN answer is 429, the right PIN's
+    /// too. `off`: no ceiling (only the per-address limit).
+    #[arg(long, env = "STAGEHAND_GALLERY_PIN_GUESSES", default_value = "50/30m", value_parser = parse_rate_limit)]
+    pub gallery_pin_guesses: RateLimit,
     /// Keys each rate limiter tracks at most (client addresses, sessions).
     /// When full, new keys share one bucket until old ones expire.
     #[arg(long, env = "STAGEHAND_RATE_LIMIT_KEYS", default_value_t = 100_000)]
@@ -368,6 +374,7 @@ mod tests {
         assert_eq!(config.submission_rate_limit, every(30, 60));
         assert_eq!(config.trusted_proxies, 0);
         assert_eq!(config.trusted_proxy_header, ProxyHeader::XForwardedFor);
+        assert_eq!(config.gallery_pin_guesses, every(50, 1800));
     }
 
     #[test]

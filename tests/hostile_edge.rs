@@ -5,6 +5,10 @@
 //!   count only as `--trusted-proxies` says, in the audit trail too;
 //! - no outside client of the server takes a proxy from the environment
 //!   (a proxy resolves names itself, past the SSRF guard);
+//! - the gallery PIN cannot be guessed during an event: 6 digits at least,
+//!   a ceiling of guesses per gallery over every address and instance
+//!   past which the gallery is locked (the right PIN too), /ops told, and
+//!   the slow hash off the HTTP workers.
 
 mod support;
 
@@ -54,85 +58,100 @@ async fn export_recorded_from(app: &TestApp, slug: &str, headers: &[(&str, &str)
         .to_owned()
 }
 
+/// Headers sent with an export, and the address its record must name.
+type Recorded<'a> = (&'a [(&'a str, &'a str)], &'a str);
+
+/// Exports with each case's headers on a server set by `settings`, and
+/// checks the address each record names.
+async fn exports_record(
+    backend: Backend,
+    settings: impl FnOnce(&mut Config),
+    cases: &[Recorded<'_>],
+) {
+    let app = TestApp::spawn_with(backend, fast_sim(), settings).await;
+    let slug = app.experience(1).await;
+    for (headers, expected) in cases {
+        let detail = export_recorded_from(&app, &slug, headers).await;
+        assert_eq!(detail, *expected, "{headers:?}");
+    }
+    app.stop().await;
+}
+
 /// The export's audit record names the client as `--trusted-proxies`
 /// says: with no proxy trusted, whatever the client wrote in
 /// `X-Forwarded-For` or `Forwarded` is not its address; behind one trusted
 /// proxy, the address that proxy appended is (in the header the proxy
 /// writes, and only there).
 async fn the_audit_trail_records_the_address_the_proxies_vouch_for(backend: Backend) {
-    let spoofs: [&[(&str, &str)]; 3] = [
-        &[("X-Forwarded-For", "203.0.113.66")],
-        &[("Forwarded", "for=198.51.100.77")],
+    let peer = "from 127.0.0.1";
+    exports_record(
+        backend,
+        |_| {},
         &[
-            ("Forwarded", "for=\"[2001:db8::66]:4711\";proto=https"),
-            ("X-Forwarded-For", "203.0.113.66, 203.0.113.67"),
+            (&[("X-Forwarded-For", "203.0.113.66")], peer),
+            (&[("Forwarded", "for=198.51.100.77")], peer),
+            (
+                &[
+                    ("Forwarded", "for=\"[2001:db8::66]:4711\";proto=https"),
+                    ("X-Forwarded-For", "203.0.113.66, 203.0.113.67"),
+                ],
+                peer,
+            ),
         ],
-    ];
-    let app = TestApp::spawn(backend).await;
-    let slug = app.experience(1).await;
-    for spoof in spoofs {
-        let detail = export_recorded_from(&app, &slug, spoof).await;
-        assert_eq!(detail, "from 127.0.0.1", "{spoof:?}");
-    }
-    app.stop().await;
-
+    )
+    .await;
     let trusting = |header: ProxyHeader| {
         move |c: &mut Config| {
             c.trusted_proxies = 1;
             c.trusted_proxy_header = header;
         }
     };
-    let app = TestApp::spawn_with(backend, fast_sim(), trusting(ProxyHeader::XForwardedFor)).await;
-    let slug = app.experience(1).await;
-    let cases: [(&[(&str, &str)], &str); 4] = [
-        (
-            &[("X-Forwarded-For", "6.6.6.6, 203.0.113.9")],
-            "from 203.0.113.9",
-        ),
-        (
-            &[
-                ("X-Forwarded-For", "6.6.6.6"),
-                ("X-Forwarded-For", "[2001:db8::9]:443"),
-            ],
-            "from 2001:db8::9",
-        ),
-        // Not the header this proxy writes: the client's own words.
-        (&[("Forwarded", "for=198.51.100.77")], "from 127.0.0.1"),
-        // Not an address: the peer.
-        (&[("X-Forwarded-For", "unknown")], "from 127.0.0.1"),
-    ];
-    for (headers, expected) in cases {
-        let detail = export_recorded_from(&app, &slug, headers).await;
-        assert_eq!(detail, expected, "{headers:?}");
-    }
-    app.stop().await;
-
-    let app = TestApp::spawn_with(backend, fast_sim(), trusting(ProxyHeader::Forwarded)).await;
-    let slug = app.experience(1).await;
-    let cases: [(&[(&str, &str)], &str); 4] = [
-        (
-            &[(
-                "Forwarded",
-                "for=6.6.6.6;proto=http, for=\"[2001:db8::7]:4711\";by=203.0.113.1",
-            )],
-            "from 2001:db8::7",
-        ),
-        (
-            &[
-                ("Forwarded", "for=6.6.6.6"),
-                ("Forwarded", "For=203.0.113.8;proto=https"),
-            ],
-            "from 203.0.113.8",
-        ),
-        (&[("X-Forwarded-For", "203.0.113.66")], "from 127.0.0.1"),
-        // An obfuscated or unknown node (RFC 7239, 6.3): the peer.
-        (&[("Forwarded", "for=_hidden")], "from 127.0.0.1"),
-    ];
-    for (headers, expected) in cases {
-        let detail = export_recorded_from(&app, &slug, headers).await;
-        assert_eq!(detail, expected, "{headers:?}");
-    }
-    app.stop().await;
+    exports_record(
+        backend,
+        trusting(ProxyHeader::XForwardedFor),
+        &[
+            (
+                &[("X-Forwarded-For", "6.6.6.6, 203.0.113.9")],
+                "from 203.0.113.9",
+            ),
+            (
+                &[
+                    ("X-Forwarded-For", "6.6.6.6"),
+                    ("X-Forwarded-For", "[2001:db8::9]:443"),
+                ],
+                "from 2001:db8::9",
+            ),
+            // Not the header this proxy writes: the client's own words.
+            (&[("Forwarded", "for=198.51.100.77")], peer),
+            // Not an address: the peer.
+            (&[("X-Forwarded-For", "unknown")], peer),
+        ],
+    )
+    .await;
+    exports_record(
+        backend,
+        trusting(ProxyHeader::Forwarded),
+        &[
+            (
+                &[(
+                    "Forwarded",
+                    "for=6.6.6.6;proto=http, for=\"[2001:db8::7]:4711\";by=203.0.113.1",
+                )],
+                "from 2001:db8::7",
+            ),
+            (
+                &[
+                    ("Forwarded", "for=6.6.6.6"),
+                    ("Forwarded", "For=203.0.113.8;proto=https"),
+                ],
+                "from 203.0.113.8",
+            ),
+            (&[("X-Forwarded-For", "203.0.113.66")], peer),
+            // An obfuscated or unknown node (RFC 7239, 6.3): the peer.
+            (&[("Forwarded", "for=_hidden")], peer),
+        ],
+    )
+    .await;
 }
 db_test!(the_audit_trail_records_the_address_the_proxies_vouch_for);
 
@@ -286,3 +305,419 @@ async fn with_a_proxy_in_the_environment(backend: Backend) {
     );
     app.stop().await;
 }
+
+// ---------------------------------------------------------------------------
+// The gallery PIN
+// ---------------------------------------------------------------------------
+
+/// A PIN gallery's experience with `pin`; its slug.
+async fn pin_gallery(app_base: &str, http: &reqwest::Client, pin: &str) -> String {
+    let slug = format!("g-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let (status, body) = create_with(
+        app_base,
+        http,
+        &slug,
+        json!({"gallery": "pin", "gallery_pin": pin}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    slug
+}
+
+/// `POST /api/experiences` of `slug` with `settings`.
+async fn create_with(
+    base: &str,
+    http: &reqwest::Client,
+    slug: &str,
+    settings: Value,
+) -> (u16, Value) {
+    let mut body = json!({"slug": slug, "title": "Comic booth", "kind": "comic"});
+    for (k, v) in settings.as_object().expect("an object") {
+        body[k] = v.clone();
+    }
+    let key = uuid::Uuid::new_v4().to_string();
+    support::api_call(
+        http,
+        base,
+        "POST",
+        "/api/experiences",
+        OPERATOR,
+        Some(body),
+        Some(&key),
+    )
+    .await
+}
+
+/// `PATCH /api/experiences/{slug}` with `body`.
+async fn patch(base: &str, http: &reqwest::Client, slug: &str, body: Value) -> (u16, Value) {
+    let key = uuid::Uuid::new_v4().to_string();
+    let path = format!("/api/experiences/{slug}");
+    support::api_call(http, base, "PATCH", &path, OPERATOR, Some(body), Some(&key)).await
+}
+
+/// The gallery of `slug` asked with `pin`, from `client` behind the one
+/// trusted proxy.
+async fn gallery_with(
+    base: &str,
+    http: &reqwest::Client,
+    slug: &str,
+    pin: &str,
+    client: &str,
+) -> reqwest::Response {
+    http.get(format!("{base}/api/experiences/{slug}/gallery"))
+        .header("X-Gallery-Pin", pin)
+        .header("X-Forwarded-For", format!("6.6.6.6, {client}"))
+        .send()
+        .await
+        .expect("an answer")
+}
+
+/// The status, `error` code and `Retry-After` of an answer.
+async fn answer_of(resp: reqwest::Response) -> (u16, String, Option<u64>) {
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().parse().expect("whole seconds"));
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    (
+        status,
+        body["error"].as_str().unwrap_or_default().to_owned(),
+        retry_after,
+    )
+}
+
+/// A gallery PIN has 6 to 12 digits: a shorter one is refused, at
+/// creation and in a change, with a 422 that names `gallery_pin`.
+async fn a_gallery_pin_has_six_digits_at_least(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    for short in ["1234", "12345"] {
+        let slug = format!("short-{short}");
+        let (status, body) = create_with(
+            &app.base,
+            &app.http,
+            &slug,
+            json!({"gallery": "pin", "gallery_pin": short}),
+        )
+        .await;
+        assert_eq!(status, 422, "{short}: {body}");
+        assert_eq!(body["error"], "validation_failed");
+        assert!(
+            body["message"].as_str().unwrap().contains("gallery_pin"),
+            "{body}"
+        );
+    }
+    let slug = pin_gallery(&app.base, &app.http, "123456").await;
+    let (status, body) = patch(&app.base, &app.http, &slug, json!({"gallery_pin": "2468"})).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("gallery_pin"),
+        "{body}"
+    );
+    // A change that keeps the PIN, and one that sets a good one.
+    let (status, body) = patch(&app.base, &app.http, &slug, json!({"title": "Comics"})).await;
+    assert_eq!(status, 200, "{body}");
+    let open = |pin: &'static str| gallery_with(&app.base, &app.http, &slug, pin, "192.0.2.1");
+    assert_eq!(answer_of(open("123456").await).await.0, 200);
+    let (status, body) = patch(
+        &app.base,
+        &app.http,
+        &slug,
+        json!({"gallery_pin": "24681357"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(answer_of(open("24681357").await).await.0, 200);
+    assert_eq!(answer_of(open("123456").await).await.0, 401);
+    app.stop().await;
+}
+db_test!(a_gallery_pin_has_six_digits_at_least);
+
+/// The lock of the gallery `slug` as the operators' live dashboard shows
+/// it, once it shows `locked` (within a few seconds).
+async fn ops_shows(port: u16, slug: &str, want: impl Fn(&Value) -> bool) -> Value {
+    let mut socket = support::Socket::operators(port, OPERATOR)
+        .await
+        .expect("the operators' socket");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut last = Value::Null;
+    while let Some(left) = deadline.checked_duration_since(tokio::time::Instant::now()) {
+        let Some(frame) = socket.next_of_type("stats", left).await else {
+            break;
+        };
+        let mine = frame["experiences"]
+            .as_array()
+            .and_then(|list| list.iter().find(|e| e["slug"] == slug).cloned())
+            .unwrap_or(Value::Null);
+        if want(&mine) {
+            return mine;
+        }
+        last = mine;
+    }
+    panic!("the dashboard never showed it for {slug}: {last}");
+}
+
+/// The case: 1,000 wrong guesses from 100 addresses behind the
+/// trusted proxy (10 each, under the per-address limit). The gallery
+/// answers the ceiling's 50 of them and locks: the other 950 are 429
+/// `gallery_locked` with `Retry-After`, and so is the right PIN until the
+/// lock ends (the injected clock ends it), from an address that never
+/// guessed. Another gallery is not locked; /ops says which one is.
+async fn guessing_a_gallery_pin_locks_that_gallery_only(backend: Backend) {
+    let clock = stagehand::clock::ManualClock::new(chrono::Utc::now().timestamp_millis());
+    let app = TestApp::spawn_with_clock(
+        backend,
+        fast_sim(),
+        |c| {
+            c.trusted_proxies = 1;
+            c.gallery_pin_guesses = stagehand::config::parse_rate_limit("50/30m").unwrap();
+        },
+        clock.clone(),
+    )
+    .await;
+    let (base, http) = (&app.base, &app.http);
+    let target = pin_gallery(base, http, "24681357").await;
+    let other = pin_gallery(base, http, "97531864").await;
+    let mut answers: Vec<(u16, String, Option<u64>)> = Vec::new();
+    for round in 0..10 {
+        let target = &target;
+        let guesses = (1..=100).map(|address| {
+            let pin = format!("{:08}", round * 100 + address);
+            let client = format!("198.51.100.{address}");
+            async move { answer_of(gallery_with(base, http, &target, &pin, &client).await).await }
+        });
+        answers.extend(futures_util::future::join_all(guesses).await);
+    }
+    let wrong = answers
+        .iter()
+        .filter(|a| a.0 == 401 && a.1 == "gallery_pin_wrong")
+        .count();
+    let locked: Vec<_> = answers.iter().filter(|a| a.0 == 429).collect();
+    assert_eq!(wrong, 50, "the ceiling's guesses are answered");
+    assert_eq!(
+        locked.len(),
+        950,
+        "the rest are refused: {:?}",
+        &answers[..5]
+    );
+    for (_, code, retry_after) in &locked {
+        assert_eq!(code, "gallery_locked");
+        let retry_after = retry_after.expect("Retry-After");
+        assert!((1..=1800).contains(&retry_after), "{retry_after}");
+    }
+    // The right PIN, from an address that never guessed: locked too.
+    let (status, code, retry_after) =
+        answer_of(gallery_with(base, http, &target, "24681357", "192.0.2.10").await).await;
+    assert_eq!((status, code.as_str()), (429, "gallery_locked"));
+    assert!(retry_after.is_some_and(|s| s > 1700), "{retry_after:?}");
+    // Another gallery opens, and is told a wrong PIN as usual.
+    let other_open = gallery_with(base, http, &other, "97531864", "192.0.2.11").await;
+    assert_eq!(answer_of(other_open).await.0, 200);
+    let other_wrong = gallery_with(base, http, &other, "11111111", "192.0.2.11").await;
+    assert_eq!(answer_of(other_wrong).await.1, "gallery_pin_wrong");
+    // /ops says which gallery is under attack.
+    let shown = ops_shows(app.port, &target, |e| e["gallery_locked_until"].is_string()).await;
+    assert_eq!(shown["gallery_pin_outdated"], false);
+    let calm = ops_shows(app.port, &other, |e| e.is_object()).await;
+    assert!(calm["gallery_locked_until"].is_null(), "{calm}");
+    // Just before the lock ends: still locked. Then it ends.
+    clock.advance_ms(30 * 60_000 - 2_000);
+    let (status, _, _) =
+        answer_of(gallery_with(base, http, &target, "24681357", "192.0.2.12").await).await;
+    assert_eq!(status, 429);
+    clock.advance_ms(2_000);
+    let (status, code, _) =
+        answer_of(gallery_with(base, http, &target, "24681357", "192.0.2.13").await).await;
+    assert_eq!((status, code.as_str()), (200, ""));
+    ops_shows(app.port, &target, |e| e["gallery_locked_until"].is_null()).await;
+    app.stop().await;
+}
+db_test!(guessing_a_gallery_pin_locks_that_gallery_only);
+
+/// A gallery whose PIN was set with fewer than 6 digits (an older server
+/// took 4) no longer opens with it: its guests are told the PIN changed,
+/// /ops says a new PIN is needed, and a new PIN ends both.
+async fn a_pin_of_fewer_than_six_digits_no_longer_opens_its_gallery(backend: Backend) {
+    use sea_orm::sea_query::Expr;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    use stagehand::store::entities::experiences;
+    let app = TestApp::spawn_with(backend, fast_sim(), |c| c.trusted_proxies = 1).await;
+    let (base, http) = (&app.base, &app.http);
+    let slug = pin_gallery(base, http, "11223344").await;
+    // What an older server stored for "2468".
+    let old = stagehand::domain::guests::hash_pin("2468", [9; 16]);
+    experiences::Entity::update_many()
+        .col_expr(experiences::Column::GalleryPinHash, Expr::value(old))
+        .filter(experiences::Column::Slug.eq(slug.as_str()))
+        .exec(app.state.store.db())
+        .await
+        .expect("the old PIN written");
+    let (status, code, _) =
+        answer_of(gallery_with(base, http, &slug, "2468", "192.0.2.1").await).await;
+    assert_eq!((status, code.as_str()), (401, "gallery_pin_outdated"));
+    let (status, code, _) =
+        answer_of(gallery_with(base, http, &slug, "1357", "192.0.2.1").await).await;
+    assert_eq!((status, code.as_str()), (401, "gallery_pin_wrong"));
+    ops_shows(app.port, &slug, |e| e["gallery_pin_outdated"] == true).await;
+    let (status, body) = patch(base, http, &slug, json!({"gallery_pin": "86427531"})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, _) =
+        answer_of(gallery_with(base, http, &slug, "86427531", "192.0.2.2").await).await;
+    assert_eq!(status, 200);
+    ops_shows(app.port, &slug, |e| e["gallery_pin_outdated"] == false).await;
+    app.stop().await;
+}
+db_test!(a_pin_of_fewer_than_six_digits_no_longer_opens_its_gallery);
+
+/// Two instances on one PostgreSQL database share the ceiling: 40 wrong
+/// guesses at each get 50 answers between them, and both then refuse the
+/// right PIN.
+#[actix_web::test]
+#[cfg_attr(not(pg_tests), ignore = "STAGEHAND_TEST_POSTGRES_URL is not set")]
+async fn the_gallery_ceiling_holds_across_instances() {
+    let db = support::TestDb::fresh(Backend::Postgres).await;
+    let sim = support::start_sim(fast_sim()).await;
+    let tweak = |c: &mut Config| {
+        c.trusted_proxies = 1;
+        c.gallery_pin_guesses = stagehand::config::parse_rate_limit("50/30m").unwrap();
+    };
+    let a = support::Instance::start(&db, &sim.url(), tweak).await;
+    let b = support::Instance::start(&db, &sim.url(), tweak).await;
+    let http = reqwest::Client::new();
+    let slug = pin_gallery(&a.base, &http, "24681357").await;
+    let guesses = (1..=80).map(|n| {
+        let base = if n % 2 == 0 { &a.base } else { &b.base };
+        let (http, slug) = (&http, &slug);
+        async move {
+            let pin = format!("{n:08}");
+            let client = format!("198.51.100.{n}");
+            answer_of(gallery_with(base, http, slug, &pin, &client).await).await
+        }
+    });
+    let answers = futures_util::future::join_all(guesses).await;
+    let wrong = answers.iter().filter(|a| a.0 == 401).count();
+    let locked = answers.iter().filter(|a| a.1 == "gallery_locked").count();
+    assert_eq!((wrong, locked), (50, 30), "{answers:?}");
+    for base in [&a.base, &b.base] {
+        let (status, code, _) =
+            answer_of(gallery_with(base, &http, &slug, "24681357", "192.0.2.1").await).await;
+        assert_eq!((status, code.as_str()), (429, "gallery_locked"), "{base}");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The slow hash runs off the HTTP workers. A single wrong guess on an
+/// idle server takes about one hash (the yardstick); while 200 wrong
+/// guesses are being hashed (under a ceiling raised for the test), twenty
+/// plain requests one after the other take less than three yardsticks in
+/// all. With the hash on the workers, each of them waits for the hash its
+/// worker is running: about a yardstick each. The guesses past the places
+/// for hashing (2 running, 64 waiting) are answered 503 `busy` at once.
+async fn the_pin_hash_leaves_the_http_workers_free(backend: Backend) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
+    const GUESSES: usize = 200;
+    let app = TestApp::spawn_with(backend, fast_sim(), |c| {
+        c.trusted_proxies = 1;
+        c.gallery_pin_guesses = stagehand::config::parse_rate_limit("1000/30m").unwrap();
+    })
+    .await;
+    let (base, http) = (&app.base, &app.http);
+    let slug = pin_gallery(base, http, "24681357").await;
+    let mut singles = Vec::new();
+    for n in 0..3 {
+        let started = Instant::now();
+        let client = format!("192.0.2.{n}");
+        let status = answer_of(gallery_with(base, http, &slug, "00000000", &client).await)
+            .await
+            .0;
+        assert_eq!(status, 401);
+        singles.push(started.elapsed());
+    }
+    singles.sort();
+    let yardstick = singles[1];
+    let answered = Arc::new(AtomicUsize::new(0));
+    let guesses: Vec<_> = (1..=GUESSES)
+        .map(|n| {
+            let (base, http, slug) = (base.clone(), http.clone(), slug.clone());
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                let client = format!("198.51.100.{n}");
+                let pin = format!("{n:08}");
+                let answer =
+                    answer_of(gallery_with(&base, &http, &slug, &pin, &client).await).await;
+                answered.fetch_add(1, Ordering::SeqCst);
+                answer
+            })
+        })
+        .collect();
+    support::wait_for(Duration::from_secs(30), || {
+        let answered = answered.clone();
+        async move { (answered.load(Ordering::SeqCst) > 0).then_some(()) }
+    })
+    .await
+    .expect("the hashing began");
+    let started = Instant::now();
+    for _ in 0..20 {
+        let health = http
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .expect("/healthz");
+        assert_eq!(health.status(), 200);
+    }
+    let twenty = started.elapsed();
+    let still_hashing = answered.load(Ordering::SeqCst) < GUESSES;
+    assert!(
+        twenty < yardstick * 3,
+        "twenty /healthz took {twenty:?} while PINs were hashed; one guess takes {yardstick:?}"
+    );
+    assert!(
+        still_hashing,
+        "the guesses were all answered before /healthz was"
+    );
+    let mut hashed = 0;
+    for guess in guesses {
+        match guess.await.expect("a guess") {
+            (401, code, _) if code == "gallery_pin_wrong" => hashed += 1,
+            (503, code, Some(1)) if code == "busy" => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let places = stagehand::http::gallery_pin::PIN_CHECKS_AT_ONCE
+        + stagehand::http::gallery_pin::PIN_CHECKS_WAITING;
+    assert!(hashed >= places, "{hashed} hashed");
+    app.stop().await;
+}
+db_test!(the_pin_hash_leaves_the_http_workers_free);
+
+/// A new PIN ends the lock at once (the guesses were at the old one) and
+/// starts a new count: what /ops tells an organiser to do.
+async fn a_new_pin_ends_the_lock(backend: Backend) {
+    let app = TestApp::spawn_with(backend, fast_sim(), |c| {
+        c.trusted_proxies = 1;
+        c.gallery_pin_guesses = stagehand::config::parse_rate_limit("3/30m").unwrap();
+    })
+    .await;
+    let (base, http) = (&app.base, &app.http);
+    let slug = pin_gallery(base, http, "24681357").await;
+    for n in 1..=3 {
+        let client = format!("198.51.100.{n}");
+        let answer = answer_of(gallery_with(base, http, &slug, "11111111", &client).await).await;
+        assert_eq!(answer.1, "gallery_pin_wrong");
+    }
+    let answer = answer_of(gallery_with(base, http, &slug, "24681357", "192.0.2.1").await).await;
+    assert_eq!(answer.1, "gallery_locked");
+    let (status, body) = patch(base, http, &slug, json!({"gallery_pin": "86421357"})).await;
+    assert_eq!(status, 200, "{body}");
+    let answer = answer_of(gallery_with(base, http, &slug, "86421357", "192.0.2.2").await).await;
+    assert_eq!(answer.0, 200, "{answer:?}");
+    let answer = answer_of(gallery_with(base, http, &slug, "24681357", "192.0.2.3").await).await;
+    assert_eq!(
+        answer.1, "gallery_pin_wrong",
+        "the old PIN is just wrong now"
+    );
+    app.stop().await;
+}
+db_test!(a_new_pin_ends_the_lock);

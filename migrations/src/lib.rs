@@ -30,6 +30,7 @@ mod m20261212_000019_provider_states;
 mod m20261213_000020_media;
 mod m20261214_000021_guests_data;
 mod m20261215_000022_operators_audit;
+mod m20261216_000026_gallery_guard;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -59,6 +60,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261213_000020_media::Migration),
             Box::new(m20261214_000021_guests_data::Migration),
             Box::new(m20261215_000022_operators_audit::Migration),
+            Box::new(m20261216_000026_gallery_guard::Migration),
         ]
     }
 }

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod export;
+pub mod gallery_pin;
 pub mod guests;
 pub mod idempotency;
 pub mod media;
@@ -88,8 +89,9 @@ pub struct AppState {
     pub photos: PhotoDesk,
     /// `--lease` in milliseconds: how long an erasure's purge claim lasts.
     pub lease_ms: i64,
-    /// The PIN galleries' last opening PINs (digests).
-    pub gallery_pins: std::sync::Arc<guests::GalleryPins>,
+    /// The PIN galleries' door: their last opening PINs (digests), the
+    /// slow hash's places, the ceiling of guesses.
+    pub gallery_pins: std::sync::Arc<gallery_pin::GalleryPins>,
 }
 
 /// What photo uploads and photo reads need.

@@ -335,6 +335,9 @@ mod tests {
             ApiError::Gone(""),
             ApiError::GalleryPinRequired,
             ApiError::GalleryPinWrong,
+            ApiError::GalleryPinOutdated,
+            ApiError::GalleryLocked { retry_after: 1 },
+            ApiError::PinChecksFull,
             ApiError::Forbidden {
                 needs: crate::domain::roles::Role::Admin,
                 message: String::new(),
@@ -369,6 +372,9 @@ mod tests {
                 | ApiError::Gone(_)
                 | ApiError::GalleryPinRequired
                 | ApiError::GalleryPinWrong
+                | ApiError::GalleryPinOutdated
+                | ApiError::GalleryLocked { .. }
+                | ApiError::PinChecksFull
                 | ApiError::Forbidden { .. } => {}
             }
         }
