@@ -23,6 +23,17 @@ fn replicate_env(name: &str, kind: ProviderKind) -> Option<String> {
         .filter(|v| !v.trim().is_empty())
 }
 
+/// The header trusted proxies write the client's address into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProxyHeader {
+    /// `X-Forwarded-For: client, proxy1, ...`
+    #[value(name = "x-forwarded-for")]
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1, ...` (RFC 7239).
+    #[value(name = "forwarded")]
+    Forwarded,
+}
+
 /// Everything `stagehand serve` needs.
 #[derive(Debug, Clone, Args)]
 pub struct Config {
@@ -249,6 +260,12 @@ pub struct Config {
     /// participant submits once, and again after an abort or a lost answer.
     #[arg(long, env = "STAGEHAND_SUBMISSION_RATE_LIMIT", default_value = "30/min", value_parser = parse_rate_limit)]
     pub submission_rate_limit: RateLimit,
+    /// PINs checked against one PIN gallery, over every client address
+    /// and instance (`N/<period>`): the N-th locks the gallery for the
+    /// period, and until it ends every PIN answer is 429, the right PIN's
+    /// too. `off`: no ceiling (only the per-address limit).
+    #[arg(long, env = "STAGEHAND_GALLERY_PIN_GUESSES", default_value = "50/30m", value_parser = parse_rate_limit)]
+    pub gallery_pin_guesses: RateLimit,
     /// Keys each rate limiter tracks at most (client addresses, sessions).
     /// When full, new keys share one bucket until old ones expire.
     #[arg(long, env = "STAGEHAND_RATE_LIMIT_KEYS", default_value_t = 100_000)]
@@ -259,6 +276,17 @@ pub struct Config {
     /// write the header. N: the client is the N-th address from the right.
     #[arg(long, env = "STAGEHAND_TRUSTED_PROXIES", default_value_t = 0)]
     pub trusted_proxies: u8,
+    /// The header the trusted proxies append the client's address to:
+    /// `x-forwarded-for` (the default; nginx, most load balancers) or
+    /// `forwarded` (RFC 7239, its `for=`). The other header is the
+    /// client's own words and is never read.
+    #[arg(
+        long,
+        env = "STAGEHAND_TRUSTED_PROXY_HEADER",
+        value_enum,
+        default_value = "x-forwarded-for"
+    )]
+    pub trusted_proxy_header: ProxyHeader,
     /// OpenTelemetry collector to send traces to, over OTLP/HTTP
     /// (protobuf): its base URL, like `http://collector:4318` (spans go to
     /// `/v1/traces` under it; a URL already ending in `/v1/traces` is used
@@ -393,6 +421,8 @@ mod tests {
         assert_eq!(config.session_rate_limit, every(600, 60));
         assert_eq!(config.submission_rate_limit, every(30, 60));
         assert_eq!(config.trusted_proxies, 0);
+        assert_eq!(config.trusted_proxy_header, ProxyHeader::XForwardedFor);
+        assert_eq!(config.gallery_pin_guesses, every(50, 1800));
     }
 
     #[test]

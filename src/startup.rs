@@ -245,7 +245,9 @@ impl Application {
                 },
                 secret: saga_media.secret.clone(),
             },
-            gallery_pins: Arc::default(),
+            gallery_pins: Arc::new(crate::http::gallery_pin::GalleryPins::new(
+                config.gallery_pin_guesses,
+            )),
             lease_ms: config.lease_ms(),
         };
         let server = serve_http(listener, &state, &config.bind)?;

@@ -56,11 +56,16 @@
     }
     if (err instanceof SH.ApiError && err.status === 401) {
       const wrong = err.code === "gallery_pin_wrong";
-      if (wrong || err.code === "gallery_pin_required") {
+      if (wrong || err.code === "gallery_pin_required" || err.code === "gallery_pin_outdated") {
         forgetPin();
-        showPin(wrong ? SH.t("g.pinWrong") : "");
+        showPin(wrong ? SH.t("g.pinWrong") : err.code === "gallery_pin_outdated" ? SH.t("g.pinOutdated") : "");
         return true;
       }
+    }
+    if (err instanceof SH.ApiError && err.status === 429 && err.code === "gallery_locked") {
+      forgetPin();
+      showPin(SH.t("g.locked", { m: Math.max(1, Math.ceil((err.retryAfter || 60) / 60)) }));
+      return true;
     }
     if (err instanceof SH.ApiError && err.status === 429) {
       forgetPin();

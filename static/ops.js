@@ -476,8 +476,22 @@
             SH.el("span", { style: { width: `${pct}%` } })),
           SH.el("div", { class: "cap-text" },
             SH.el("span", { class: "in-flight", text: SH.t("ops.inFlight", { n, max }) }),
-            SH.el("span", { class: "queued", text: SH.t("ops.queued", { n: e.queued || 0 }) })));
+            SH.el("span", { class: "queued", text: SH.t("ops.queued", { n: e.queued || 0 }) })),
+          galleryAlarm(e));
       }));
+  }
+
+  // A PIN gallery someone is guessing (locked until its lock ends), or
+  // whose PIN is too short to open it any more: what to do about it.
+  function galleryAlarm(e) {
+    if (e.gallery_locked_until) {
+      return SH.el("p", { class: "gallery-alarm error small", role: "status",
+        text: SH.t("ops.galleryLocked", { time: SH.fmtTime(e.gallery_locked_until) }) });
+    }
+    if (e.gallery_pin_outdated) {
+      return SH.el("p", { class: "gallery-alarm error small", role: "status", text: SH.t("ops.galleryPinOutdated") });
+    }
+    return null;
   }
 
   function renderReasons(counts) {
@@ -906,7 +920,7 @@
     ed.status = SH.el("p", { class: "muted small edit-status", role: "status", hidden: true });
     ed.save = SH.el("button", { type: "submit", class: "btn btn-primary btn-small save-experience", text: SH.t("ops.edit.save") });
     ed.pinField = field("ops.edit.galleryPin",
-      input("gallery_pin", { inputmode: "numeric", pattern: "[0-9]{4,12}", maxlength: "12", autocomplete: "off", placeholder: SH.t("ops.edit.galleryPinKeep") }),
+      input("gallery_pin", { inputmode: "numeric", pattern: "[0-9]{6,12}", maxlength: "12", autocomplete: "off", placeholder: SH.t("ops.edit.galleryPinKeep") }),
       "pin-field");
     ed.form = SH.el("form", { class: "form experience-edit", dataset: { slug }, "aria-label": SH.t("ops.edit.label", { slug }) },
       field("ops.field.title", input("title", { required: true, maxlength: "200" })),

@@ -33,6 +33,11 @@
 //!    parent's items) are the module tree, not circles. To break a circle,
 //!    cut one of the edges the failure lists: move the shared item down
 //!    (into the domain or a leaf module), or pass it in.
+//! 5. `one_reader_of_the_client_address`: no file in `src/` but
+//!    `src/http/rate_limit.rs` (`ClientAddress`) asks a request where it
+//!    comes from (`peer_addr`, `connection_info`, `realip_remote_addr`):
+//!    the rate limits, the audit trail and the logs all name the client
+//!    as `--trusted-proxies` says, through `AppState::client_address`.
 //!
 //! "Code" means what the compiler reads: comments, doc comments and string,
 //! byte-string and char literals never count. Rule 4 also leaves out
@@ -952,6 +957,30 @@ fn no_circles_between_files() {
 
 // ---------------------------------------------------------------------------
 // Self-checks of the analysis.
+/// Where a request says it comes from, for rule 5.
+const CLIENT_ADDRESS_READS: [&str; 3] = ["peer_addr", "connection_info", "realip_remote_addr"];
+
+#[test]
+fn one_reader_of_the_client_address() {
+    let krate = Crate::load("src");
+    let mut offences = Vec::new();
+    for (module, (file, src)) in krate.under(&[]) {
+        if module.as_slice() == ["http", "rate_limit"] {
+            continue;
+        }
+        for token in tokenize(&code_only(src)) {
+            if CLIENT_ADDRESS_READS.contains(&token.text.as_str()) {
+                offences.push(format!("{}:{}: `{}`", shown(file), token.line, token.text));
+            }
+        }
+    }
+    fail_on(
+        "the client address has one reader, `http::rate_limit::ClientAddress` \
+         (ask `AppState::client_address`): anything else trusts headers any client can write",
+        &offences,
+    );
+}
+
 // ---------------------------------------------------------------------------
 
 /// A module path from `a/b` text (`""` is the root).

@@ -550,6 +550,7 @@ async fn a_pin_gallery_keeps_its_pin(backend: Backend) {
     for bad in [
         json!({"gallery": "pin"}),
         json!({"gallery": "pin", "gallery_pin": "12"}),
+        json!({"gallery": "pin", "gallery_pin": "12345"}),
         json!({"gallery": "public", "gallery_pin": "1234"}),
         json!({"gallery": "everyone"}),
         json!({"retention": "0s"}),

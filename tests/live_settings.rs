@@ -486,11 +486,11 @@ async fn a_patch_is_checked_like_a_new_experience(backend: Backend) {
             .send()
     };
     assert_eq!(gallery("246810").await.unwrap().status(), 200);
-    assert_eq!(gallery("0000").await.unwrap().status(), 401);
+    assert_eq!(gallery("000000").await.unwrap().status(), 401);
     // A new PIN replaces it.
-    let (status, body) = patch(http, base, &slug, json!({"gallery_pin": "1357"})).await;
+    let (status, body) = patch(http, base, &slug, json!({"gallery_pin": "13572468"})).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(gallery("1357").await.unwrap().status(), 200);
+    assert_eq!(gallery("13572468").await.unwrap().status(), 200);
     assert_eq!(gallery("246810").await.unwrap().status(), 401);
 }
 db_test!(a_patch_is_checked_like_a_new_experience);

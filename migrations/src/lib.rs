@@ -32,6 +32,7 @@ mod m20261214_000021_guests_data;
 mod m20261215_000022_operators_audit;
 mod m20261216_000023_upload_bounds;
 mod m20261216_000025_complete_erasure;
+mod m20261216_000026_gallery_guard;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -63,6 +64,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261215_000022_operators_audit::Migration),
             Box::new(m20261216_000023_upload_bounds::Migration),
             Box::new(m20261216_000025_complete_erasure::Migration),
+            Box::new(m20261216_000026_gallery_guard::Migration),
         ]
     }
 }

@@ -245,8 +245,7 @@ impl AiClient {
     /// one whole HTTP exchange (not a whole job: that is the caller's
     /// `AI_TIMEOUT`).
     pub fn new(base_url: &str, connect_timeout: Duration, request_timeout: Duration) -> Self {
-        ensure_crypto_provider();
-        let http = reqwest::Client::builder()
+        let http = outside_client()
             .connect_timeout(connect_timeout)
             .timeout(request_timeout)
             // The job API never redirects; a redirect is a misconfigured URL and
@@ -347,6 +346,18 @@ pub fn ensure_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
+}
+
+/// The start of every HTTP client this server makes to the outside (the
+/// AI providers, the keeping of result files, the simulator's photo
+/// fetch): TLS set up ([`ensure_crypto_provider`]), and no proxy from the
+/// environment (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`). A proxy would
+/// resolve the target's name itself, past the keep stage's public-only
+/// resolver, and reach whatever it can reach: every target is reached
+/// directly, and judged where it is reached.
+pub fn outside_client() -> reqwest::ClientBuilder {
+    ensure_crypto_provider();
+    reqwest::Client::builder().no_proxy()
 }
 
 /// Percent-encodes everything but RFC 3986 unreserved characters, so a job id

@@ -84,7 +84,7 @@ use reqwest::{RequestBuilder, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::client::{ensure_crypto_provider, InputPhoto, JobOrder, JobStatus, JobView};
+use super::client::{outside_client, InputPhoto, JobOrder, JobStatus, JobView};
 use super::ModelNotice;
 use crate::domain::failure::{AiFailure, AiResult, ContentItem};
 
@@ -231,8 +231,7 @@ pub struct OpenAiClient {
 
 impl OpenAiClient {
     pub fn new(settings: &OpenAiSettings) -> OpenAiClient {
-        ensure_crypto_provider();
-        let http = reqwest::Client::builder()
+        let http = outside_client()
             .connect_timeout(settings.connect_timeout)
             .timeout(settings.request_timeout)
             .redirect(reqwest::redirect::Policy::none())

@@ -189,8 +189,8 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::client::{
-    ensure_crypto_provider, path_segment, send, transport_failure, CancelOutcome, InputPhoto,
-    JobOrder, JobStatus, JobView, Lookup, MaybeMade, RawAnswer,
+    outside_client, path_segment, send, transport_failure, CancelOutcome, InputPhoto, JobOrder,
+    JobStatus, JobView, Lookup, MaybeMade, RawAnswer,
 };
 use super::openai::ApiKey;
 use super::ModelNotice;
@@ -449,8 +449,7 @@ enum Found {
 
 impl ReplicateClient {
     pub fn new(settings: &ReplicateSettings) -> ReplicateClient {
-        ensure_crypto_provider();
-        let http = reqwest::Client::builder()
+        let http = outside_client()
             .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
             .timeout(settings.request_timeout)
             .redirect(reqwest::redirect::Policy::none())

@@ -893,8 +893,7 @@ impl SimControl {
     fn photo_http(&self) -> reqwest::Client {
         self.photo_http
             .get_or_init(|| {
-                crate::ai::client::ensure_crypto_provider();
-                reqwest::Client::builder()
+                crate::ai::client::outside_client()
                     .connect_timeout(PHOTO_CONNECT_TIMEOUT)
                     .timeout(PHOTO_FETCH_TIMEOUT)
                     .redirect(reqwest::redirect::Policy::limited(3))

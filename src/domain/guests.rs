@@ -97,9 +97,63 @@ impl ForgottenBy {
 }
 
 /// PBKDF2-HMAC-SHA256 rounds of a gallery PIN: slow enough that a stolen
-/// hash of a 4-digit PIN is not read back in a blink, fast enough for a
-/// page load (about 50 ms on one core).
+/// hash of a 6-digit PIN is not read back in a blink, fast enough for a
+/// page load (about 50 ms on one core, which is why it runs off the HTTP
+/// workers and once per gallery and PIN).
 const PIN_ROUNDS: u32 = 100_000;
+
+/// The fewest digits a gallery PIN has (at most 12): guessed at a
+/// gallery's ceiling of wrong guesses, 6 digits hold for months
+/// (docs/PRIVACY.md has the arithmetic).
+pub const MIN_PIN_DIGITS: usize = 6;
+/// The most digits a gallery PIN has.
+pub const MAX_PIN_DIGITS: usize = 12;
+/// The fewest digits a PIN had before [`MIN_PIN_DIGITS`] (an older
+/// server accepted 4).
+const OLD_MIN_PIN_DIGITS: usize = 4;
+
+/// What a PIN given to a gallery can be, before any hash is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinShape {
+    /// 6 to 12 digits: a PIN an organiser may set now.
+    Current,
+    /// 4 or 5 digits: only a PIN set before 6 were required can be one.
+    /// Such a gallery no longer opens with it (it is guessed too soon).
+    Outdated,
+    /// Anything else: no gallery's PIN, so no hash is run for it.
+    Malformed,
+}
+
+/// The shape of `pin`.
+pub fn pin_shape(pin: &str) -> PinShape {
+    if !pin.bytes().all(|b| b.is_ascii_digit()) {
+        return PinShape::Malformed;
+    }
+    match pin.len() {
+        n if (MIN_PIN_DIGITS..=MAX_PIN_DIGITS).contains(&n) => PinShape::Current,
+        n if (OLD_MIN_PIN_DIGITS..MIN_PIN_DIGITS).contains(&n) => PinShape::Outdated,
+        _ => PinShape::Malformed,
+    }
+}
+
+/// The ceiling of PINs checked against one gallery, over every client
+/// address and instance: at most `guesses` in a window of `period_ms`;
+/// the guess that reaches it locks the gallery for `period_ms`, during
+/// which every PIN answer is "locked", the right PIN's too. So guessing
+/// gets at most `guesses` answers per `period_ms`, however many addresses
+/// it comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuessCeiling {
+    pub guesses: u32,
+    pub period_ms: i64,
+}
+
+/// Which PIN a stored hash is of: its random salt (not secret; a new PIN,
+/// even the same digits again, has a new one). The guess counts of a
+/// gallery are kept per PIN, so a new PIN starts them afresh.
+pub fn pin_salt(stored: &str) -> &str {
+    stored.split('$').nth(2).unwrap_or_default()
+}
 
 /// The stored form of a gallery PIN:
 /// `pbkdf2-sha256$<rounds>$<salt hex>$<hash hex>`. `salt` is random.
@@ -149,9 +203,9 @@ pub fn pin_matches(pin: &str, stored: &str) -> bool {
     .is_ok()
 }
 
-/// A gallery PIN an organiser may set: 4 to 12 digits.
+/// A gallery PIN an organiser may set: 6 to 12 digits.
 pub fn pin_is_valid(pin: &str) -> bool {
-    (4..=12).contains(&pin.len()) && pin.bytes().all(|b| b.is_ascii_digit())
+    pin_shape(pin) == PinShape::Current
 }
 
 /// A result link's id: 128 random bits, as 32 hex digits.
@@ -233,10 +287,25 @@ mod tests {
     }
 
     #[test]
-    fn a_pin_is_four_to_twelve_digits() {
-        assert!(pin_is_valid("0000") && pin_is_valid("123456789012"));
-        assert!(!pin_is_valid("123") && !pin_is_valid("1234567890123"));
-        assert!(!pin_is_valid("12a4") && !pin_is_valid("１２３４"));
+    fn a_pin_is_six_to_twelve_digits() {
+        assert!(pin_is_valid("000000") && pin_is_valid("123456789012"));
+        assert!(!pin_is_valid("12345") && !pin_is_valid("1234567890123"));
+        assert!(!pin_is_valid("12a456") && !pin_is_valid("１２３４５６"));
+        assert_eq!(pin_shape("2468"), PinShape::Outdated);
+        assert_eq!(pin_shape("24680"), PinShape::Outdated);
+        assert_eq!(pin_shape("246801"), PinShape::Current);
+        for malformed in ["", "123", "1234567890123", "12 34", "abcd", "１２３４"] {
+            assert_eq!(pin_shape(malformed), PinShape::Malformed, "{malformed:?}");
+        }
+    }
+
+    #[test]
+    fn a_stored_pin_is_named_by_its_salt() {
+        let stored = hash_pin("246810", [7; 16]);
+        assert_eq!(pin_salt(&stored), "07".repeat(16));
+        assert_ne!(pin_salt(&stored), pin_salt(&hash_pin("246810", [8; 16])));
+        assert_eq!(pin_salt(""), "");
+        assert_eq!(pin_salt("plain"), "");
     }
 
     #[test]

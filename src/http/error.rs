@@ -88,6 +88,18 @@ pub enum ApiError {
     /// A PIN gallery asked with a wrong PIN.
     #[error("that is not this gallery's PIN")]
     GalleryPinWrong,
+    /// A PIN gallery asked with its PIN of fewer than 6 digits, set before
+    /// 6 were required: it no longer opens the gallery.
+    #[error("this gallery's PIN has changed: a gallery PIN now has 6 to 12 digits; ask the staff for the new one")]
+    GalleryPinOutdated,
+    /// Too many PINs were tried on this gallery: every PIN answer is this,
+    /// the right PIN's too, until the lock ends.
+    #[error("too many wrong PINs were tried on this gallery; it opens again in {retry_after} s")]
+    GalleryLocked { retry_after: u64 },
+    /// Every place for checking a gallery PIN (the slow hash, off the HTTP
+    /// workers) is taken.
+    #[error("too many gallery PINs are being checked right now; try again in a moment")]
+    PinChecksFull,
 }
 
 impl ApiError {
@@ -124,6 +136,9 @@ impl ApiError {
             ApiError::Gone(_) => "gone",
             ApiError::GalleryPinRequired => "gallery_pin_required",
             ApiError::GalleryPinWrong => "gallery_pin_wrong",
+            ApiError::GalleryPinOutdated => "gallery_pin_outdated",
+            ApiError::GalleryLocked { .. } => "gallery_locked",
+            ApiError::PinChecksFull => "busy",
         }
     }
 
@@ -184,16 +199,20 @@ impl ResponseError for ApiError {
             ApiError::Closing => StatusCode::CONFLICT,
             ApiError::Unauthorized(_)
             | ApiError::GalleryPinRequired
-            | ApiError::GalleryPinWrong => StatusCode::UNAUTHORIZED,
+            | ApiError::GalleryPinWrong
+            | ApiError::GalleryPinOutdated => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::Gone(_) => StatusCode::GONE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unavailable
             | ApiError::Busy
             | ApiError::PhotoPoolFull
+            | ApiError::PinChecksFull
             | ApiError::MediaUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RateLimited { .. } | ApiError::GalleryLocked { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::UpgradeRequired(_) => StatusCode::UPGRADE_REQUIRED,
@@ -206,7 +225,7 @@ impl ResponseError for ApiError {
         }
         let mut response = HttpResponse::build(self.status_code());
         match self {
-            ApiError::RateLimited { retry_after } => {
+            ApiError::RateLimited { retry_after } | ApiError::GalleryLocked { retry_after } => {
                 response.insert_header((header::RETRY_AFTER, retry_after.to_string()));
             }
             ApiError::MethodNotAllowed { allow } => {
@@ -215,7 +234,10 @@ impl ResponseError for ApiError {
             ApiError::UpgradeRequired(_) => {
                 response.insert_header((header::UPGRADE, "websocket"));
             }
-            ApiError::Unavailable | ApiError::Busy | ApiError::PhotoPoolFull => {
+            ApiError::Unavailable
+            | ApiError::Busy
+            | ApiError::PhotoPoolFull
+            | ApiError::PinChecksFull => {
                 response.insert_header((header::RETRY_AFTER, "1"));
             }
             ApiError::MediaUnavailable(_) => {

@@ -270,11 +270,7 @@ pub async fn export(
 ) -> Result<HttpResponse, ApiError> {
     let operator = signed_in(&req)?;
     let experience = state.experience(&slug).await?;
-    let client = req
-        .connection_info()
-        .realip_remote_addr()
-        .unwrap_or("unknown")
-        .to_owned();
+    let client = state.client_address(&req);
     // Recorded before the first byte goes out: an export that breaks part
     // way has still handed out what it sent.
     let audit = AuditEntry::new(

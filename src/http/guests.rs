@@ -6,13 +6,11 @@
 //! `domain::guests` and `store::guests`.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use super::auth::{require_session, signed_in};
 use super::error::ApiError;
@@ -26,39 +24,6 @@ use crate::domain::roles::Operator;
 use crate::domain::saga::Step;
 use crate::store::entities::experiences;
 use crate::store::guests::{Forget, ResultCursor, ShareLookup, SharedResult};
-
-/// The PIN each PIN gallery was last opened with, as a digest, so the
-/// slow hash runs once per gallery and PIN, not on every poll of every
-/// viewer. One entry per gallery (a new PIN, or a PIN changed in the
-/// database, replaces it).
-#[derive(Default)]
-pub struct GalleryPins(Mutex<HashMap<String, (String, [u8; 32])>>);
-
-impl GalleryPins {
-    /// Whether `pin` opens the gallery `slug`, whose stored hash is
-    /// `stored`.
-    fn opens(&self, slug: &str, stored: &str, pin: &str) -> bool {
-        let digest: [u8; 32] = Sha256::digest(pin.as_bytes()).into();
-        let known = self
-            .0
-            .lock()
-            .map(|map| {
-                map.get(slug)
-                    .is_some_and(|(hash, d)| hash == stored && *d == digest)
-            })
-            .unwrap_or(false);
-        if known {
-            return true;
-        }
-        let right = guests::pin_matches(pin, stored);
-        if right {
-            if let Ok(mut map) = self.0.lock() {
-                map.insert(slug.to_owned(), (stored.to_owned(), digest));
-            }
-        }
-        right
-    }
-}
 
 /// Why a link answers 410.
 const ERASED: &str = "this result was deleted at its owner's request";
@@ -255,8 +220,8 @@ fn parse_cursor(text: &str) -> Result<ResultCursor, ApiError> {
 }
 
 /// Whether the request may see the experience's gallery: 404 when it has
-/// none, 401 without the right PIN, 429 past the PIN limit.
-fn open_gallery(
+/// none; a PIN gallery's door is `gallery_pin::open`.
+async fn open_gallery(
     state: &AppState,
     req: &HttpRequest,
     experience: &experiences::Model,
@@ -264,24 +229,7 @@ fn open_gallery(
     match Gallery::of(&experience.gallery) {
         Gallery::Off => Err(ApiError::NotFound("gallery")),
         Gallery::Public => Ok(()),
-        Gallery::Pin => {
-            let pin = req
-                .headers()
-                .get("X-Gallery-Pin")
-                .and_then(|v| v.to_str().ok())
-                .ok_or(ApiError::GalleryPinRequired)?;
-            state
-                .limits
-                .check_gallery_pin(req, &experience.slug)
-                .map_err(|retry_after| ApiError::RateLimited { retry_after })?;
-            let stored = experience.gallery_pin_hash.as_deref().unwrap_or("");
-            if state.gallery_pins.opens(&experience.slug, stored, pin) {
-                Ok(())
-            } else {
-                tracing::warn!(experience = %experience.slug, "a wrong gallery PIN");
-                Err(ApiError::GalleryPinWrong)
-            }
-        }
+        Gallery::Pin => super::gallery_pin::open(state, req, experience).await,
     }
 }
 
@@ -299,10 +247,11 @@ fn open_gallery(
     ),
     responses(
         (status = 200, description = "A page of results.", body = super::schema::GalleryPage),
-        (status = 401, description = "`gallery_pin_required` or `gallery_pin_wrong`.", body = super::schema::ErrorBody),
+        (status = 401, description = "`gallery_pin_required`, `gallery_pin_wrong`, or `gallery_pin_outdated`: the gallery's old PIN of fewer than 6 digits, which no longer opens it.", body = super::schema::ErrorBody),
         (status = 404, description = "`not_found`: no such experience, or its gallery is off.", body = super::schema::ErrorBody),
         (status = 422, description = "`validation_failed`: the query could not be read.", body = super::schema::ErrorBody),
-        (status = 429, description = "`rate_limited`: too many requests with a PIN.", body = super::schema::ErrorBody),
+        (status = 429, description = "`rate_limited`: too many requests with a PIN from this client address; `gallery_locked`: too many wrong PINs from all addresses, every PIN answered so until the lock ends, the right one too (`Retry-After`).", body = super::schema::ErrorBody),
+        (status = 503, description = "`busy`: every place for checking a PIN is taken; try again (`Retry-After`).", body = super::schema::ErrorBody),
     )
 )]
 pub async fn gallery(
@@ -312,7 +261,7 @@ pub async fn gallery(
     query: web::Query<GalleryQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let experience = state.experience(&slug).await?;
-    open_gallery(&state, &req, &experience)?;
+    open_gallery(&state, &req, &experience).await?;
     let limit = query.limit.unwrap_or(24).clamp(1, 100);
     let before = query.before.as_deref().map(parse_cursor).transpose()?;
     let mut items = state

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod export;
+pub mod gallery_pin;
 pub mod guests;
 pub mod idempotency;
 pub mod media;
@@ -88,8 +89,9 @@ pub struct AppState {
     pub photos: PhotoDesk,
     /// `--lease` in milliseconds: how long an erasure's purge claim lasts.
     pub lease_ms: i64,
-    /// The PIN galleries' last opening PINs (digests).
-    pub gallery_pins: std::sync::Arc<guests::GalleryPins>,
+    /// The PIN galleries' door: their last opening PINs (digests), the
+    /// slow hash's places, the ceiling of guesses.
+    pub gallery_pins: std::sync::Arc<gallery_pin::GalleryPins>,
 }
 
 /// What photo uploads and photo reads need.
@@ -115,6 +117,13 @@ impl AppState {
             .experience_by_slug(slug)
             .await?
             .ok_or(ApiError::NotFound("experience"))
+    }
+
+    /// Where the request comes from, as `--trusted-proxies` says: the one
+    /// address the rate limits key on, the audit trail records and the
+    /// logs name ([`rate_limit::ClientAddress`]).
+    pub fn client_address(&self, req: &actix_web::HttpRequest) -> std::net::IpAddr {
+        self.limits.client_address(req)
     }
 
     /// What a display socket needs.

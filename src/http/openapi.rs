@@ -338,6 +338,9 @@ mod tests {
             ApiError::Gone(""),
             ApiError::GalleryPinRequired,
             ApiError::GalleryPinWrong,
+            ApiError::GalleryPinOutdated,
+            ApiError::GalleryLocked { retry_after: 1 },
+            ApiError::PinChecksFull,
             ApiError::Forbidden {
                 needs: crate::domain::roles::Role::Admin,
                 message: String::new(),
@@ -375,6 +378,9 @@ mod tests {
                 | ApiError::Gone(_)
                 | ApiError::GalleryPinRequired
                 | ApiError::GalleryPinWrong
+                | ApiError::GalleryPinOutdated
+                | ApiError::GalleryLocked { .. }
+                | ApiError::PinChecksFull
                 | ApiError::Forbidden { .. } => {}
             }
         }

@@ -112,10 +112,10 @@ pub(super) struct ExperienceBody {
     #[serde(default)]
     #[schema(example = "public", pattern = "^(off|public|pin)$")]
     gallery: Option<String>,
-    /// The gallery's PIN, 4 to 12 digits; required for `gallery: "pin"`.
+    /// The gallery's PIN, 6 to 12 digits; required for `gallery: "pin"`.
     /// Stored only as a slow hash, never returned.
     #[serde(default)]
-    #[schema(example = "2468", pattern = "^[0-9]{4,12}$")]
+    #[schema(example = "246810", pattern = "^[0-9]{6,12}$")]
     gallery_pin: Option<String>,
     /// How long an input photo is kept after its saga ends (`"1h"`,
     /// `"30m"`), 1 s to 90 days; default `"1h"`.
@@ -155,6 +155,19 @@ struct TerminalBody {
     /// 1 to 80 characters (after trimming).
     #[schema(min_length = 1, max_length = 80, example = "Booth A")]
     name: String,
+}
+
+/// The stored form of the gallery PIN a body sets (checked by
+/// [`validate_experience`], which leaves `gallery_pin_hash` unset): the
+/// slow hash runs off the HTTP workers.
+pub(super) async fn stored_pin(
+    state: &AppState,
+    pin: Option<&str>,
+) -> Result<Option<String>, ApiError> {
+    match pin {
+        Some(pin) => Ok(Some(state.gallery_pins.hash_new(pin).await?)),
+        None => Ok(None),
+    }
 }
 
 pub(super) fn validate_experience(
@@ -415,22 +428,31 @@ fn guest_settings(b: &ExperienceBody, locale: Locale) -> Result<GuestSettings, A
         Some(text) => text.parse::<Gallery>().map_err(ApiError::Validation)?,
         None => Gallery::Off,
     };
-    let gallery_pin_hash = match (gallery, b.gallery_pin.as_deref()) {
-        (Gallery::Pin, Some(pin)) if guests::pin_is_valid(pin) => {
-            Some(guests::hash_pin(pin, rand::random()))
+    // The PIN is checked here, and hashed by the caller off the HTTP
+    // workers ([`stored_pin`]).
+    match (gallery, b.gallery_pin.as_deref()) {
+        (Gallery::Pin, Some(pin)) if guests::pin_is_valid(pin) => {}
+        (Gallery::Pin, Some(_)) => {
+            return Err(ApiError::Validation(format!(
+                "gallery_pin must be {} to {} digits: a shorter PIN can be guessed during an event",
+                guests::MIN_PIN_DIGITS,
+                guests::MAX_PIN_DIGITS
+            )))
         }
-        (Gallery::Pin, _) => {
-            return Err(ApiError::Validation(
-                "gallery \"pin\" needs gallery_pin: 4 to 12 digits".into(),
-            ))
+        (Gallery::Pin, None) => {
+            return Err(ApiError::Validation(format!(
+                "gallery \"pin\" needs gallery_pin: {} to {} digits",
+                guests::MIN_PIN_DIGITS,
+                guests::MAX_PIN_DIGITS
+            )))
         }
         (_, Some(_)) => {
             return Err(ApiError::Validation(
                 "gallery_pin is only for gallery \"pin\"".into(),
             ))
         }
-        (_, None) => None,
-    };
+        (_, None) => {}
+    }
     let photo_retention_ms = duration_setting(
         "photo_retention",
         b.photo_retention.as_deref(),
@@ -451,7 +473,7 @@ fn guest_settings(b: &ExperienceBody, locale: Locale) -> Result<GuestSettings, A
     )?;
     Ok(GuestSettings {
         gallery,
-        gallery_pin_hash,
+        gallery_pin_hash: None,
         photo_retention_ms,
         retention_ms,
         notice: notice_texts(b.notice.as_ref(), locale)?,
@@ -546,7 +568,8 @@ pub(super) fn experience_json(e: &experiences::Model) -> serde_json::Value {
         (status = 400, description = "`invalid_json`: the body is not JSON for this request; `idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
         (status = 401, description = "`unauthorized`: the operator token is missing or wrong.", body = super::schema::ErrorBody),
         (status = 409, description = "`conflict`: the slug is taken; `request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
-        (status = 422, description = "`validation_failed`: a field breaks its rule; `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: a field breaks its rule (a `gallery_pin` of fewer than 6 digits among them); `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
+        (status = 503, description = "`busy`: every place for hashing a gallery PIN is taken; try again (`Retry-After`).", body = super::schema::ErrorBody),
     )
 )]
 pub async fn create_experience(
@@ -558,7 +581,10 @@ pub async fn create_experience(
     let (state, operator) = (&state, &operator);
     operator_write(state, &req, payload, |body| async move {
         let providers = state.store.providers().await?;
-        let new = validate_experience(parse_json(&body)?, &providers)?;
+        let body: ExperienceBody = parse_json(&body)?;
+        let pin = body.gallery_pin.clone();
+        let mut new = validate_experience(body, &providers)?;
+        new.guests.gallery_pin_hash = stored_pin(state, pin.as_deref()).await?;
         let audit = AuditEntry::new(
             operator,
             AuditAction::ExperienceCreate,

@@ -17,9 +17,10 @@
 //! memory nor gets through unlimited, and keys already held keep their own
 //! bucket.
 //!
-//! The client address is the peer address; `X-Forwarded-For` counts only
-//! with `--trusted-proxies N` ([`ClientAddress`]). IPv6 clients are keyed
-//! by their /64, the block one subscriber is given.
+//! The client address is the peer address; `X-Forwarded-For` (or
+//! `Forwarded`) counts only with `--trusted-proxies N`
+//! ([`ClientAddress`], which the audit trail and the logs ask too). IPv6
+//! clients are keyed by their /64, the block one subscriber is given.
 
 use std::hash::Hash;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -41,7 +42,7 @@ use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use super::AppState;
-use crate::config::{Config, RateLimit};
+use crate::config::{Config, ProxyHeader, RateLimit};
 
 /// Period of the sweep of forgotten keys.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -91,6 +92,7 @@ impl RateLimits {
                 .expect("the gallery PIN limit is on"),
             client: ClientAddress {
                 trusted_proxies: config.trusted_proxies,
+                header: config.trusted_proxy_header,
             },
             live_instances: std::sync::Arc::new(AtomicUsize::new(1)),
         }
@@ -110,10 +112,15 @@ impl RateLimits {
     /// The PIN gallery limit of the request's client for `slug`.
     /// `Err(seconds)`: wait that long.
     pub fn check_gallery_pin(&self, req: &HttpRequest, slug: &str) -> Result<(), u64> {
-        let key = (block(self.client.of(req)), slug.to_owned());
+        let key = (self.client.of(req), slug.to_owned());
         self.gallery_pins
             .check_shared(&key, self.instances())
             .map_err(retry_after_secs)
+    }
+
+    /// Where the request comes from ([`ClientAddress::address`]).
+    pub fn client_address(&self, req: &HttpRequest) -> IpAddr {
+        self.client.address(req)
     }
 
     /// Live instances (at least 1).
@@ -191,48 +198,119 @@ fn session_key(session: &str, token: &str) -> u128 {
     u128::from_be_bytes(first)
 }
 
-/// Where a request comes from.
+/// Where a request comes from: the one answer for the rate limits, the
+/// audit trail and the logs ([`ClientAddress::address`]).
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddress {
-    /// Proxies in front that append to `X-Forwarded-For`: 0 ignores the
-    /// header (any client can write it).
+    /// Proxies in front that append to `header`: 0 ignores every
+    /// forwarding header (any client can write them).
     pub trusted_proxies: u8,
+    /// The header those proxies append to; the other is never read.
+    pub header: ProxyHeader,
 }
 
 impl ClientAddress {
-    /// The client's key: the peer address, or with N trusted proxies the
-    /// N-th address from the right of `X-Forwarded-For` (each proxy
+    /// The client's address: the peer address, or with N trusted proxies
+    /// the N-th address from the right of the proxies' header (each proxy
     /// appends the address it was reached from, so the entries left of it
-    /// are the client's own words). A header too short or unreadable
-    /// there falls back to the peer. IPv6 is keyed by its /64; no peer
-    /// address at all (not over TCP) is `0.0.0.0`.
-    pub fn of(&self, req: &HttpRequest) -> IpAddr {
+    /// are the client's own words). A header too short, or no address
+    /// there (`unknown`, an obfuscated node), falls back to the peer. No
+    /// peer address at all (not over TCP) is `0.0.0.0`.
+    pub fn address(&self, req: &HttpRequest) -> IpAddr {
         let peer = req.peer_addr().map(|a| a.ip());
         let forwarded = (self.trusted_proxies > 0)
-            .then(|| forwarded_for(req, self.trusted_proxies.into()))
+            .then(|| forwarded_hop(req, self.header, self.trusted_proxies.into()))
             .flatten();
-        block(
-            forwarded
-                .or(peer)
-                .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
-        )
+        forwarded
+            .or(peer)
+            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+            .to_canonical()
+    }
+
+    /// The client's key for the limits: its address's block (IPv6 by its
+    /// /64).
+    pub fn of(&self, req: &HttpRequest) -> IpAddr {
+        block(self.address(req))
     }
 }
 
-/// The `hops`-th address from the right of all `X-Forwarded-For` headers.
-fn forwarded_for(req: &HttpRequest, hops: usize) -> Option<IpAddr> {
-    let mut entries = Vec::new();
-    for value in req.headers().get_all("x-forwarded-for") {
+/// The `hops`-th address from the right of every `header` line of the
+/// request, in order.
+fn forwarded_hop(req: &HttpRequest, header: ProxyHeader, hops: usize) -> Option<IpAddr> {
+    let name = match header {
+        ProxyHeader::XForwardedFor => "x-forwarded-for",
+        ProxyHeader::Forwarded => "forwarded",
+    };
+    let mut hops_seen: Vec<String> = Vec::new();
+    for value in req.headers().get_all(name) {
         let Ok(value) = value.to_str() else {
             return None;
         };
-        entries.extend(value.split(',').map(str::trim));
+        match header {
+            ProxyHeader::XForwardedFor => {
+                hops_seen.extend(value.split(',').map(|e| e.trim().to_owned()))
+            }
+            ProxyHeader::Forwarded => hops_seen.extend(forwarded_for(value)),
+        }
     }
-    let entry = entries.len().checked_sub(hops).map(|i| entries[i])?;
-    entry
-        .parse::<IpAddr>()
+    let entry = hops_seen.len().checked_sub(hops).map(|i| &hops_seen[i])?;
+    node_address(entry)
+}
+
+/// The `for=` node of each element of a `Forwarded` value (RFC 7239),
+/// unquoted; an element without one gives an empty node, so it still
+/// counts as a hop.
+fn forwarded_for(value: &str) -> Vec<String> {
+    split_unquoted(value, ',')
+        .into_iter()
+        .map(|element| {
+            split_unquoted(&element, ';')
+                .into_iter()
+                .find_map(|pair| {
+                    let (name, node) = pair.split_once('=')?;
+                    name.trim()
+                        .eq_ignore_ascii_case("for")
+                        .then(|| node.trim().trim_matches('"').to_owned())
+                })
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// `text` split at each `separator` outside double quotes.
+fn split_unquoted(text: &str, separator: char) -> Vec<String> {
+    let mut parts = vec![String::new()];
+    let mut quoted = false;
+    let mut escaped = false;
+    for c in text.chars() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            c if c == separator && !quoted => {
+                parts.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        parts.last_mut().expect("never empty").push(c);
+    }
+    parts
+}
+
+/// The address of a forwarded node: `192.0.2.1`, `192.0.2.1:80`,
+/// `2001:db8::1`, `[2001:db8::1]`, `[2001:db8::1]:443`; anything else
+/// (`unknown`, `_hidden`) is none.
+fn node_address(node: &str) -> Option<IpAddr> {
+    let node = node.trim();
+    node.parse::<IpAddr>()
         .ok()
-        .or_else(|| entry.parse::<SocketAddr>().ok().map(|a| a.ip()))
+        .or_else(|| node.parse::<SocketAddr>().ok().map(|a| a.ip()))
+        .or_else(|| {
+            node.strip_prefix('[')
+                .and_then(|rest| rest.strip_suffix(']'))
+                .and_then(|inner| inner.parse().ok())
+        })
 }
 
 /// The address as a key: IPv4 (also when mapped into IPv6) as is, IPv6 as
@@ -489,7 +567,14 @@ mod tests {
             .insert_header(("X-Forwarded-For", "6.6.6.6, 198.51.100.4"))
             .append_header(("X-Forwarded-For", "203.0.113.9:443"))
             .to_http_request();
-        let of = |trusted_proxies| ClientAddress { trusted_proxies }.of(&req).to_string();
+        let of = |trusted_proxies| {
+            ClientAddress {
+                trusted_proxies,
+                header: ProxyHeader::XForwardedFor,
+            }
+            .address(&req)
+            .to_string()
+        };
         assert_eq!(of(0), "10.0.0.1", "the header is ignored by default");
         assert_eq!(of(1), "203.0.113.9");
         assert_eq!(of(2), "198.51.100.4");
@@ -499,5 +584,74 @@ mod tests {
             "10.0.0.1",
             "a header too short falls back to the peer"
         );
+        let forwarded = ClientAddress {
+            trusted_proxies: 1,
+            header: ProxyHeader::Forwarded,
+        };
+        assert_eq!(
+            forwarded.address(&req).to_string(),
+            "10.0.0.1",
+            "X-Forwarded-For is not the header the proxies write"
+        );
+    }
+
+    #[test]
+    fn forwarded_counts_its_for_nodes_from_the_right() {
+        let req = actix_web::test::TestRequest::default()
+            .peer_addr("10.0.0.1:5000".parse().unwrap())
+            .insert_header((
+                "Forwarded",
+                "for=6.6.6.6;proto=http, for=\"[2001:db8::17]:4711\";by=x",
+            ))
+            .append_header(("Forwarded", "proto=https;For=\"198.51.100.4:80\""))
+            .append_header(("X-Forwarded-For", "203.0.113.1"))
+            .to_http_request();
+        let of = |trusted_proxies, header| {
+            ClientAddress {
+                trusted_proxies,
+                header,
+            }
+            .address(&req)
+            .to_string()
+        };
+        assert_eq!(of(0, ProxyHeader::Forwarded), "10.0.0.1");
+        assert_eq!(of(1, ProxyHeader::Forwarded), "198.51.100.4");
+        assert_eq!(of(2, ProxyHeader::Forwarded), "2001:db8::17");
+        assert_eq!(of(3, ProxyHeader::Forwarded), "6.6.6.6");
+        assert_eq!(of(4, ProxyHeader::Forwarded), "10.0.0.1");
+        assert_eq!(of(1, ProxyHeader::XForwardedFor), "203.0.113.1");
+    }
+
+    #[test]
+    fn a_forwarded_node_is_an_address_or_nothing() {
+        assert_eq!(
+            forwarded_for("for=a, by=b, for=\"c,d\";x=1"),
+            ["a", "", "c,d"]
+        );
+        for (node, address) in [
+            ("192.0.2.1", Some("192.0.2.1")),
+            ("192.0.2.1:80", Some("192.0.2.1")),
+            ("2001:db8::1", Some("2001:db8::1")),
+            ("[2001:db8::1]", Some("2001:db8::1")),
+            ("[2001:db8::1]:443", Some("2001:db8::1")),
+            ("::ffff:192.0.2.9", Some("::ffff:192.0.2.9")),
+            ("unknown", None),
+            ("_hidden", None),
+            ("", None),
+        ] {
+            assert_eq!(
+                node_address(node).map(|a| a.to_string()).as_deref(),
+                address,
+                "{node}"
+            );
+        }
+        let mapped = actix_web::test::TestRequest::default()
+            .peer_addr("[::ffff:192.0.2.9]:5000".parse().unwrap())
+            .to_http_request();
+        let client = ClientAddress {
+            trusted_proxies: 0,
+            header: ProxyHeader::XForwardedFor,
+        };
+        assert_eq!(client.address(&mapped).to_string(), "192.0.2.9");
     }
 }

@@ -94,6 +94,8 @@ pub const ERROR_CODES: &[&str] = &[
     "gone",
     "gallery_pin_required",
     "gallery_pin_wrong",
+    "gallery_pin_outdated",
+    "gallery_locked",
     "idempotency_key_required",
     "idempotency_key_too_weak",
     "idempotency_key_reused",
@@ -305,7 +307,7 @@ pub struct ExperiencePatch {
     max_photos_per_session: Option<i32>,
     #[schema(example = "public")]
     gallery: Option<String>,
-    #[schema(example = "2468")]
+    #[schema(example = "246810", pattern = "^[0-9]{6,12}$")]
     gallery_pin: Option<String>,
     #[schema(example = "1h")]
     photo_retention: Option<String>,

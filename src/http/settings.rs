@@ -23,9 +23,10 @@ use super::auth::signed_in;
 use super::body::parse_json;
 use super::error::ApiError;
 use super::idempotency::{operator_write, Reply};
-use super::operators::{experience_json, validate_experience, ExperienceBody};
+use super::operators::{experience_json, stored_pin, validate_experience, ExperienceBody};
 use super::AppState;
 use crate::domain::audit::{changes_detail, AuditAction, AuditEntry};
+use crate::domain::guests::MIN_PIN_DIGITS;
 use crate::store::entities::experiences;
 
 /// Settings fixed at creation: changing them is 409 with the reason.
@@ -144,9 +145,10 @@ fn change_of(
     }
     // The PIN is stored only as its hash: a PIN gallery that stays one
     // keeps it (a stand-in passes the check, and the hash is put back).
+    // A new PIN is hashed by the caller ([`stored_pin`]).
     let stays_pin = fields.get("gallery").and_then(Value::as_str) == Some("pin");
     if stays_pin && keeps_pin {
-        fields.insert("gallery_pin".into(), json!("0000"));
+        fields.insert("gallery_pin".into(), json!("0".repeat(MIN_PIN_DIGITS)));
     }
     let body: ExperienceBody = serde_json::from_value(merged.clone())
         .map_err(|e| wrong_type(&merged, current, patch, e))?;
@@ -277,7 +279,8 @@ fn describe(before: &experiences::Model, after: &experiences::Model) -> String {
         (status = 404, description = "`not_found`: no such experience.", body = super::schema::ErrorBody),
         (status = 409, description = "`conflict`: `slug`, `kind`, `ai_calls` or `min_success` cannot change (the message says why), or a top-up of unlimited credits; `request_in_progress`: the same Idempotency-Key is still running.", body = super::schema::ErrorBody),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`.", body = super::schema::ErrorBody),
-        (status = 422, description = "`validation_failed`: a setting breaks its rule (the message names it); `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
+        (status = 422, description = "`validation_failed`: a setting breaks its rule (the message names it: a `gallery_pin` of fewer than 6 digits among them); `idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
+        (status = 503, description = "`busy`: every place for hashing a gallery PIN is taken; try again (`Retry-After`).", body = super::schema::ErrorBody),
     )
 )]
 pub async fn update_experience(
@@ -292,7 +295,11 @@ pub async fn update_experience(
         let patch = patch_fields(&body)?;
         let current = state.experience(slug).await?;
         let providers = state.store.providers().await?;
-        let change = change_of(&current, &patch, &providers)?;
+        let mut change = change_of(&current, &patch, &providers)?;
+        let new_pin = patch.get("gallery_pin").and_then(Value::as_str);
+        if let Some(hash) = stored_pin(state, new_pin).await? {
+            change.columns.gallery_pin_hash = sea_orm::Set(Some(hash));
+        }
         let audit = AuditEntry::new(
             operator,
             AuditAction::ExperienceUpdate,

@@ -23,9 +23,13 @@
 //!   (the scheme, host and port of its URL) and the origins its
 //!   configuration lists ([`ResultOrigins`]); every redirect hop is judged
 //!   the same way. A listed origin is reached only through a resolver that
-//!   refuses loopback, private, link-local and metadata addresses
-//!   ([`is_internal`]), so a name cannot be pointed inside later; the
-//!   provider's own origin may be loopback (the built-in simulator).
+//!   refuses every address that is not public (loopback, private, shared,
+//!   link-local and metadata, reserved, and the IPv6 forms that lead to
+//!   one: [`is_internal`]), so a name cannot be pointed inside later; the
+//!   provider's own origin may be loopback (the built-in simulator). No
+//!   client takes a proxy from the environment
+//!   ([`crate::ai::client::outside_client`]): a proxy would resolve the
+//!   name itself, past that resolver.
 //! - **What a failure is.** A reset or a 5xx is [`KeepError::Transient`]
 //!   (the caller retries with backoff, no new AI job); a 404 after
 //!   success, a file too large, a type not kept, a refused origin is
@@ -36,7 +40,7 @@
 //! are decoded into the store the same way: no row and no frame carries
 //! file bytes.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -187,33 +191,74 @@ fn origin_of(url: &str) -> Result<String, String> {
     Ok(parsed.origin().ascii_serialization())
 }
 
-/// Whether `ip` is inside: loopback, private, link-local (the cloud
-/// metadata address 169.254.169.254 among them), shared, unspecified or
-/// multicast; IPv4-mapped IPv6 addresses are judged as their IPv4.
+/// The IPv4 ranges no result file is fetched from: every range IANA's
+/// special-purpose registry marks not globally reachable, and multicast.
+const INTERNAL_V4: [(Ipv4Addr, u8); 15] = [
+    (Ipv4Addr::new(0, 0, 0, 0), 8),       // "this network"
+    (Ipv4Addr::new(10, 0, 0, 0), 8),      // private
+    (Ipv4Addr::new(100, 64, 0, 0), 10),   // shared (carrier-grade NAT)
+    (Ipv4Addr::new(127, 0, 0, 0), 8),     // loopback
+    (Ipv4Addr::new(169, 254, 0, 0), 16),  // link-local, the cloud metadata address
+    (Ipv4Addr::new(172, 16, 0, 0), 12),   // private
+    (Ipv4Addr::new(192, 0, 0, 0), 24),    // IETF protocol assignments
+    (Ipv4Addr::new(192, 0, 2, 0), 24),    // documentation
+    (Ipv4Addr::new(192, 88, 99, 0), 24),  // the 6to4 relay (deprecated)
+    (Ipv4Addr::new(192, 168, 0, 0), 16),  // private
+    (Ipv4Addr::new(198, 18, 0, 0), 15),   // benchmarking
+    (Ipv4Addr::new(198, 51, 100, 0), 24), // documentation
+    (Ipv4Addr::new(203, 0, 113, 0), 24),  // documentation
+    (Ipv4Addr::new(224, 0, 0, 0), 4),     // multicast
+    (Ipv4Addr::new(240, 0, 0, 0), 4),     // reserved, and the broadcast address
+];
+
+/// The IPv6 ranges no result file is fetched from, beside those that
+/// carry an IPv4 address ([`embedded_ipv4`]).
+const INTERNAL_V6: [(Ipv6Addr, u8); 8] = [
+    (Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0, 0), 64), // discard-only
+    (Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, 0, 0), 48), // local-use NAT64
+    (Ipv6Addr::new(0x2001, 0, 0, 0, 0, 0, 0, 0), 32), // Teredo
+    (Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0), 32), // documentation
+    (Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0), 7), // unique local
+    (Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10), // link-local
+    (Ipv6Addr::new(0xfec0, 0, 0, 0, 0, 0, 0, 0), 10), // site-local (deprecated)
+    (Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8), // multicast
+];
+
+/// Whether `ip` is inside: loopback, private, shared, link-local (the
+/// cloud metadata address 169.254.169.254 among them), reserved,
+/// documentation, benchmarking, unspecified or multicast
+/// ([`INTERNAL_V4`], [`INTERNAL_V6`]). An IPv6 address that carries an
+/// IPv4 address (IPv4-mapped, -compatible or -translated, NAT64, 6to4)
+/// is judged by the IPv4 address it leads to.
 pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || a == 0
-                || (a == 100 && (64..128).contains(&b))
-        }
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+        IpAddr::V4(v4) => INTERNAL_V4.iter().any(|&(net, len)| {
+            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            u32::from(v4) & mask == u32::from(net) & mask
+        }),
+        IpAddr::V6(v6) => match embedded_ipv4(v6) {
             Some(v4) => is_internal(IpAddr::V4(v4)),
-            None => {
-                let first = v6.segments()[0];
-                v6.is_loopback()
-                    || v6.is_unspecified()
-                    || v6.is_multicast()
-                    || (first & 0xfe00) == 0xfc00
-                    || (first & 0xffc0) == 0xfe80
-            }
+            None => INTERNAL_V6.iter().any(|&(net, len)| {
+                let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+                u128::from(v6) & mask == u128::from(net) & mask
+            }),
         },
+    }
+}
+
+/// The IPv4 address an IPv6 address leads to: IPv4-mapped
+/// (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`, `::` and `::1`
+/// among them), IPv4-translated (`::ffff:0:a.b.c.d`), NAT64
+/// (`64:ff9b::a.b.c.d`) and 6to4 (`2002:AABB:CCDD::/48`).
+fn embedded_ipv4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let last = || Ipv4Addr::from((u32::from(s[6]) << 16) | u32::from(s[7]));
+    match s {
+        [0, 0, 0, 0, 0, 0 | 0xffff, _, _] => Some(last()),
+        [0, 0, 0, 0, 0xffff, 0, _, _] => Some(last()),
+        [0x64, 0xff9b, 0, 0, 0, 0, _, _] => Some(last()),
+        [0x2002, high, low, ..] => Some(Ipv4Addr::from((u32::from(high) << 16) | u32::from(low))),
+        _ => None,
     }
 }
 
@@ -265,9 +310,8 @@ pub struct Keeper {
 
 impl Keeper {
     pub fn new(store: MediaStore, pool: PhotoPool, secret: &[u8], limits: KeepLimits) -> Keeper {
-        crate::ai::client::ensure_crypto_provider();
         let build = |public_only: bool| {
-            let builder = reqwest::Client::builder()
+            let builder = crate::ai::client::outside_client()
                 .redirect(reqwest::redirect::Policy::none())
                 .timeout(limits.timeout)
                 .connect_timeout(Duration::from_secs(10));
@@ -610,30 +654,101 @@ mod tests {
         );
     }
 
+    /// Each range that must never be fetched, with an address at each
+    /// end of it, and the public addresses just outside.
     #[test]
     fn internal_addresses_are_known() {
-        for inside in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "0.0.0.0",
-            "::1",
-            "fc00::1",
-            "fd12::1",
-            "fe80::1",
-            "::ffff:127.0.0.1",
-            "100.64.0.1",
+        let inside = [
+            // IPv4: "this network", private, shared (carrier-grade NAT),
+            // loopback, link-local (the cloud metadata address), the IETF
+            // protocol assignments, documentation, benchmarking, the 6to4
+            // relay, multicast, reserved and broadcast.
+            ("0.0.0.0/8", ["0.0.0.0", "0.255.255.255"]),
+            ("10.0.0.0/8", ["10.0.0.0", "10.255.255.255"]),
+            ("100.64.0.0/10", ["100.64.0.0", "100.127.255.255"]),
+            ("127.0.0.0/8", ["127.0.0.1", "127.255.255.255"]),
+            ("169.254.0.0/16", ["169.254.0.0", "169.254.169.254"]),
+            ("172.16.0.0/12", ["172.16.0.0", "172.31.255.255"]),
+            ("192.0.0.0/24", ["192.0.0.0", "192.0.0.255"]),
+            ("192.0.2.0/24", ["192.0.2.0", "192.0.2.255"]),
+            ("192.88.99.0/24", ["192.88.99.0", "192.88.99.255"]),
+            ("192.168.0.0/16", ["192.168.0.0", "192.168.255.255"]),
+            ("198.18.0.0/15", ["198.18.0.0", "198.19.255.255"]),
+            ("198.51.100.0/24", ["198.51.100.0", "198.51.100.255"]),
+            ("203.0.113.0/24", ["203.0.113.0", "203.0.113.255"]),
+            ("224.0.0.0/4", ["224.0.0.0", "239.255.255.255"]),
+            ("240.0.0.0/4", ["240.0.0.0", "255.255.255.255"]),
+            // IPv6 of its own: unspecified, loopback, discard-only, the
+            // local-use NAT64 prefix, Teredo, documentation, unique local,
+            // link-local, site-local, multicast.
+            ("::/128", ["::", "::"]),
+            ("::1/128", ["::1", "::1"]),
+            ("100::/64", ["100::", "100::ffff:ffff:ffff:ffff"]),
+            ("64:ff9b:1::/48", ["64:ff9b:1::", "64:ff9b:1:ffff::1"]),
+            ("2001::/32", ["2001::", "2001:0:ffff:ffff::1"]),
+            ("2001:db8::/32", ["2001:db8::", "2001:db8:ffff::1"]),
+            ("fc00::/7", ["fc00::", "fdff:ffff::1"]),
+            ("fe80::/10", ["fe80::", "febf:ffff::1"]),
+            ("fec0::/10", ["fec0::", "feff:ffff::1"]),
+            ("ff00::/8", ["ff00::", "ff02::1"]),
+            // IPv6 forms that carry an IPv4 address inside: judged by it.
+            (
+                "::ffff:0:0/96 (mapped)",
+                ["::ffff:127.0.0.1", "::ffff:169.254.169.254"],
+            ),
+            ("::/96 (compatible)", ["::127.0.0.1", "::10.1.2.3"]),
+            (
+                "::ffff:0:0:0/96 (translated)",
+                ["::ffff:0:127.0.0.1", "::ffff:0:192.168.1.1"],
+            ),
+            (
+                "64:ff9b::/96 (NAT64)",
+                ["64:ff9b::127.0.0.1", "64:ff9b::a9fe:a9fe"],
+            ),
+            ("2002::/16 (6to4)", ["2002:7f00:1::", "2002:a9fe:a9fe:1::1"]),
+            ("2002::/16 (6to4)", ["2002:c0a8:101::1", "2002:a00:1::"]),
+            ("2002::/16 (6to4)", ["2002:6440:1::", "2002:f000::"]),
+        ];
+        let mut wrong = Vec::new();
+        for (range, ends) in inside {
+            for address in ends {
+                let ip: IpAddr = address.parse().expect("an address");
+                if !is_internal(ip) {
+                    wrong.push(format!("{address} is in {range}"));
+                }
+            }
+        }
+        for outside in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "9.255.255.255",
+            "11.0.0.0",
+            "100.63.255.255",
+            "100.128.0.0",
+            "126.255.255.255",
+            "169.253.255.255",
+            "172.15.255.255",
+            "172.32.0.0",
+            "192.0.1.0",
+            "192.167.255.255",
+            "198.17.255.255",
+            "198.20.0.0",
+            "223.255.255.255",
+            "2606:4700::1111",
+            "2a00:1450:4001::200e",
+            "::ffff:8.8.8.8",
+            "::8.8.8.8",
+            "::ffff:0:8.8.8.8",
+            "64:ff9b::8.8.8.8",
+            "2002:808:808::1",
+            "2001:1::1",
         ] {
-            assert!(is_internal(inside.parse().expect("an address")), "{inside}");
+            let ip: IpAddr = outside.parse().expect("an address");
+            if is_internal(ip) {
+                wrong.push(format!("{outside} is public"));
+            }
         }
-        for outside in ["8.8.8.8", "172.32.0.1", "2606:4700::1111"] {
-            assert!(
-                !is_internal(outside.parse().expect("an address")),
-                "{outside}"
-            );
-        }
+        assert!(wrong.is_empty(), "misjudged:\n{}", wrong.join("\n"));
     }
 
     #[test]

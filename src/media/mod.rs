@@ -123,7 +123,11 @@ impl MediaStore {
                 "an S3 media URL is s3://bucket[?endpoint=URL&region=R]".to_owned(),
             ));
         }
-        // Its HTTP client is reqwest with rustls, like the AI clients'.
+        // Its HTTP client is reqwest with rustls, like the AI clients', but
+        // object_store builds it: it reaches only the configured endpoint
+        // (never a URL a guest or a provider chose), so the proxy a
+        // deployment may set for it (`HTTPS_PROXY`, `AWS_PROXY_URL`) is the
+        // operator's choice and opens nothing to the outside.
         crate::ai::client::ensure_crypto_provider();
         let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
         let mut endpoint = std::env::var("AWS_ENDPOINT_URL")

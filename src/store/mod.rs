@@ -14,6 +14,7 @@ pub mod claim_cost;
 pub mod cleanup;
 pub mod entities;
 pub mod experiences;
+pub mod gallery_guards;
 pub mod guests;
 pub mod idempotency;
 pub mod ledger;

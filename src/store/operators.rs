@@ -41,6 +41,14 @@ pub struct ExperienceLoad {
     /// AI_PENDING sagas nobody holds, waiting for a slot or for their
     /// retry time (not past their deadline).
     pub queued: i64,
+    /// Its PIN gallery is locked until then: someone guessed its PIN past
+    /// the ceiling of wrong guesses (null when it is not).
+    #[serde(serialize_with = "crate::clock::serialize_rfc3339_opt")]
+    pub gallery_locked_until: Option<EpochMs>,
+    /// Its gallery's PIN has fewer than 6 digits (set before they were
+    /// required; it was given right once): it no longer opens the
+    /// gallery, and a new PIN is needed.
+    pub gallery_pin_outdated: bool,
 }
 
 /// A saga as operators see it.
@@ -278,16 +286,20 @@ impl Store {
         // Slots in use: the ledger's, every job that may run (of ended
         // sagas too), on whatever provider it runs.
         let slots = super::ledger::slots_in_use(self.db(), None, now).await?;
+        let guards = self.gallery_guards().await?;
         let experiences = rows
             .iter()
             .map(|r| {
                 let id: String = r.try_get_by_index(0)?;
+                let guard = guards.get(&id).copied().unwrap_or_default();
                 Ok(ExperienceLoad {
                     slug: r.try_get_by_index(1)?,
                     title: r.try_get_by_index(2)?,
                     max_in_flight: r.try_get_by_index(3)?,
                     in_flight: slots.experience_total(&id),
                     queued: r.try_get_by_index(4)?,
+                    gallery_locked_until: guard.locked_at(now),
+                    gallery_pin_outdated: guard.outdated_pin,
                 })
             })
             .collect::<Result<Vec<_>, sea_orm::DbErr>>()?;
