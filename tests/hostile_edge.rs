@@ -484,7 +484,7 @@ async fn guessing_a_gallery_pin_locks_that_gallery_only(backend: Backend) {
         let guesses = (1..=100).map(|address| {
             let pin = format!("{:08}", round * 100 + address);
             let client = format!("198.51.100.{address}");
-            async move { answer_of(gallery_with(base, http, &target, &pin, &client).await).await }
+            async move { answer_of(gallery_with(base, http, target, &pin, &client).await).await }
         });
         answers.extend(futures_util::future::join_all(guesses).await);
     }
