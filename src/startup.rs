@@ -660,6 +660,8 @@ async fn start_providers(
         );
         handles.push(ProviderHandle {
             spec: spec.clone(),
+            jobs_end_within_ms: client.jobs_end_within_ms(),
+            can_look: client.can_look(),
             ai: AiActor::new(client)
                 .with_breaker(breaker.clone())
                 .with_rate_limit(rate)
@@ -900,7 +902,7 @@ fn provider_client(
             }
             openai_provider(settings)
         }
-        ProviderKind::Replicate => replicate_provider(spec, key),
+        ProviderKind::Replicate => replicate_provider(spec, key, config.saga_deadline),
     })
 }
 
@@ -920,7 +922,11 @@ fn openai_provider(settings: OpenAiSettings) -> AiProvider {
 
 /// The Replicate adapter of a provider; says which model it runs and
 /// whether a key is set, never the key.
-fn replicate_provider(spec: &ProviderSpec, key: Option<ApiKey>) -> AiProvider {
+fn replicate_provider(
+    spec: &ProviderSpec,
+    key: Option<ApiKey>,
+    cancel_after: std::time::Duration,
+) -> AiProvider {
     use crate::ai::{replicate, ReplicateClient, ReplicateSettings};
     let settings = ReplicateSettings {
         base_url: spec
@@ -933,6 +939,7 @@ fn replicate_provider(spec: &ProviderSpec, key: Option<ApiKey>) -> AiProvider {
             .photo_input
             .clone()
             .unwrap_or_else(|| replicate::DEFAULT_PHOTO_INPUT.to_owned()),
+        cancel_after,
         ..ReplicateSettings::new(key)
     };
     let client = ReplicateClient::new(&settings);

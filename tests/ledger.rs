@@ -398,3 +398,62 @@ async fn a_cancel_during_the_submit_keeps_the_jobs_slot_until_it_ends(backend: B
     app.stop().await;
 }
 db_test!(a_cancel_during_the_submit_keeps_the_jobs_slot_until_it_ends);
+
+/// A 503 to a create may come from a server that made the job before it
+/// failed: not evidence that no job runs. Cap 1, 5 s jobs, no cancel; the
+/// first submit makes its job and is answered 503, and so is the next
+/// submit (the same key asked again); a second session waits behind the
+/// first. Before, the 503 freed the slot as a refusal: the saga backed off
+/// without a slot, and the second session's job started beside the first
+/// one's (2 jobs at once against a cap of 1).
+async fn a_503_after_the_job_was_made_keeps_its_slot(backend: Backend) {
+    let app = TestApp::spawn_with(backend, no_cancel(Duration::from_secs(5)), |c| {
+        c.backoff_base = Duration::from_secs(1);
+        c.backoff_max = Duration::from_secs(4);
+    })
+    .await;
+    let sim_url = app.sim.url();
+    app.sim.control.set_faults(SimFaults {
+        unavailable_after_create: 1,
+        unavailable_after_unclear: 1,
+        ..SimFaults::default()
+    });
+    let slug = experience(&app.http, &app.base, 1, 1).await;
+    let a = app.session(&slug, None, "made then 503").await;
+    let b = app.session(&slug, None, "waiting").await;
+    submit(&app.http, &app.base, (&a.0, &a.1), "made then 503", "a-1").await;
+    // Both 503s were answered (the create's, then the same key's) before
+    // the second session comes.
+    let made = support::wait_for(Duration::from_secs(10), || async {
+        let stats = app.sim.control.stats();
+        (stats.jobs_created == 1 && stats.refused >= 2).then_some(())
+    })
+    .await;
+    assert!(
+        made.is_some(),
+        "the first submit's job was not made and answered 503 twice: {:?}",
+        app.sim.control.stats()
+    );
+    submit(&app.http, &app.base, (&b.0, &b.1), "queued behind", "b-1").await;
+    let finals = support::wait_all_final(&app.http, &app.base, &[a, b], WITHIN)
+        .await
+        .expect("both sessions end");
+    let stats = provider_stats(&app.http, &sim_url).await;
+    eprintln!(
+        "[{backend:?}] 503 after the job was made, cap 1: provider {stats:?}; sessions {} and {}",
+        finals[0]["status"], finals[1]["status"]
+    );
+    assert_eq!(finals[0]["status"], "COMPLETED", "{}", finals[0]);
+    assert_eq!(finals[1]["status"], "COMPLETED", "{}", finals[1]);
+    assert_eq!(
+        stats.jobs_created, 2,
+        "one job per session, the 503'd one found again by its key: {stats:?}"
+    );
+    assert!(
+        stats.max_concurrent_jobs <= 1,
+        "the provider ran {} jobs at once against a cap of 1: {stats:?}",
+        stats.max_concurrent_jobs
+    );
+    app.stop().await;
+}
+db_test!(a_503_after_the_job_was_made_keeps_its_slot);

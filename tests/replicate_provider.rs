@@ -123,6 +123,7 @@ fn resent(order: &JobOrder, since_ms: i64, taken: &[&str], look_only: bool) -> J
             now_ms: now_ms(),
             taken: taken.iter().map(|id| id.to_string()).collect(),
             look_only,
+            photo: None,
         }),
         ..order.clone()
     }
@@ -443,13 +444,14 @@ async fn an_unclear_create_that_made_nothing_is_sent_again() {
     let unclear = client.submit(&order).await.unwrap_err();
     assert!(matches!(unclear, AiFailure::Unclear(_)), "{unclear:?}");
     assert!(fake.predictions().is_empty());
-    // Only looking (the slot adopter): none listed is the evidence, and
+    // Only looking (the slot adopter): none listed is no evidence (an
+    // unclear answer, never a refusal that would free the slot), and
     // nothing is made.
     let none = client
         .submit(&resent(&order, sent, &[], true))
         .await
         .unwrap_err();
-    assert!(matches!(none, AiFailure::RequestRejected(_)), "{none:?}");
+    assert!(matches!(none, AiFailure::Unclear(_)), "{none:?}");
     assert!(fake.predictions().is_empty(), "looking never makes one");
     // The saga's own retry: looked for, then made again once the list has
     // had its time to show it (5 s after the first send).
@@ -1761,3 +1763,190 @@ async fn a_worker_killed_before_it_recorded_its_prediction_is_not_doubled(backen
     fake.stop().await;
 }
 db_test!(a_worker_killed_before_it_recorded_its_prediction_is_not_doubled);
+
+// ------------------------------------------- the ledger frees on evidence
+
+const LEDGER_PHOTO: &[u8] = include_bytes!("fixtures/photo-small.png");
+
+/// A prediction that runs well past the adopter's first look (which comes
+/// about 5 s after the create, once the list has had its time).
+const RUNS_ON: Plan = Plan::Succeed {
+    starting: Duration::from_millis(50),
+    processing: Duration::from_secs(12),
+};
+
+impl Booth {
+    /// A photo experience on this booth's provider; its slug.
+    async fn photo_experience(&self) -> String {
+        let slug = format!("rep-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let resp = self
+            .app
+            .http
+            .post(format!("{}/api/experiences", self.app.base))
+            .bearer_auth(OPERATOR)
+            .json(&json!({"slug": slug, "title": "Portrait", "kind": "image",
+                          "input": "photo", "ai_calls": 1, "max_in_flight": 10,
+                          "provider": self.provider}))
+            .send()
+            .await
+            .expect("POST /api/experiences");
+        assert_eq!(resp.status(), 201, "{:?}", resp.text().await);
+        slug
+    }
+
+    /// A session of the photo experience `slug` whose photo is uploaded
+    /// and submitted: (id, token, saga id).
+    async fn submit_photo(&self, slug: &str) -> (String, String, String) {
+        let (sid, token) = self.app.session(slug, None, "pat").await;
+        let photo: Value = self
+            .app
+            .http
+            .post(format!("{}/api/sessions/{sid}/photo", self.app.base))
+            .bearer_auth(&token)
+            .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+            .header("content-type", "image/png")
+            .body(LEDGER_PHOTO.to_vec())
+            .send()
+            .await
+            .expect("POST photo")
+            .json()
+            .await
+            .expect("the photo's JSON");
+        let resp = self
+            .app
+            .submit(&sid, &token, json!({"photo_id": photo["photo_id"]}), "p1")
+            .await;
+        assert_eq!(resp.status(), 202, "{:?}", resp.text().await);
+        let body: Value = resp.json().await.expect("JSON");
+        let saga = body["saga_id"].as_str().expect("saga_id").to_owned();
+        (sid, token, saga)
+    }
+
+    /// The one create was made and its answer dropped: the prediction's id.
+    async fn the_dropped_create(&self) -> String {
+        let made = support::wait_for(Duration::from_secs(10), || async {
+            let creates = self.fake.creates();
+            let predictions = self.fake.predictions();
+            (creates.len() == 1 && creates[0].status.is_none() && predictions.len() == 1)
+                .then(|| predictions[0].id.clone())
+        })
+        .await;
+        made.unwrap_or_else(|| {
+            panic!(
+                "no dropped create: creates {:?}, predictions {:?}",
+                self.fake.creates().len(),
+                self.fake.predictions().len()
+            )
+        })
+    }
+
+    /// Waits until the ledger holds no slot; then the prediction `id` must
+    /// be final (no job runs in a freed slot), and it was never made twice.
+    /// (A prediction found only by the list is watched to its end, never
+    /// cancelled: it might be someone else's.)
+    async fn assert_slot_freed_only_once_final(&self, id: &str) {
+        let store = &self.app.state.store;
+        let freed = support::wait_for(Duration::from_secs(45), || async {
+            (store.ledger_rows().await.expect("the ledger") == 0).then_some(())
+        })
+        .await;
+        let now: Vec<_> = self.fake.predictions();
+        let ours = now.iter().find(|p| p.id == id).expect("the prediction");
+        eprintln!(
+            "prediction {id}: {} when the ledger emptied ({freed:?}); cancels {:?}",
+            ours.status,
+            self.fake
+                .cancels()
+                .iter()
+                .map(|c| &c.id)
+                .collect::<Vec<_>>()
+        );
+        assert!(freed.is_some(), "the slot was never freed");
+        assert!(
+            is_final(ours.status),
+            "the slot was freed while its prediction is {}: the account runs more than its cap",
+            ours.status
+        );
+        assert_eq!(
+            self.fake.creates().len(),
+            1,
+            "the look made no second prediction"
+        );
+    }
+}
+
+/// An unclear create of a photo experience, then the operator cancels the
+/// saga: its slot is detached and adopted. The adopter must look with the
+/// order as it was sent, photo included. Before, it rebuilt the order from
+/// the prompt alone, found nothing, took that for a refusal and freed the
+/// slot while the prediction ran on (never cancelled).
+async fn an_unclear_create_then_a_cancel_on_a_photo_experience_keeps_the_slot(backend: Backend) {
+    let booth = booth(backend, |c| {
+        // The saga's own look comes after the cancel.
+        c.backoff_base = Duration::from_secs(20);
+        c.backoff_max = Duration::from_secs(20);
+    })
+    .await;
+    booth.fake.set_default_plan(RUNS_ON);
+    booth
+        .fake
+        .push_create_faults([CreateFault::MadeThenDropped]);
+    let slug = booth.photo_experience().await;
+    let (_sid, _token, saga) = booth.submit_photo(&slug).await;
+    let id = booth.the_dropped_create().await;
+    let (status, _, body) = booth
+        .app
+        .operator_post(&format!("/api/admin/sagas/{saga}/cancel"), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    booth.assert_slot_freed_only_once_final(&id).await;
+    booth.stop().await;
+}
+db_test!(an_unclear_create_then_a_cancel_on_a_photo_experience_keeps_the_slot);
+
+/// An unclear create, then the guest erases the session while the saga
+/// waits to look again: erasure blanks the saga's prompt. The adopter
+/// must still look with the prompt that was sent (the ledger row's copy,
+/// which goes with the row). Before, it looked with the blank prompt,
+/// found nothing and freed the slot while the prediction ran on.
+async fn an_unclear_create_then_erasure_keeps_the_slot(backend: Backend) {
+    let booth = booth(backend, |c| {
+        c.backoff_base = Duration::from_secs(20);
+        c.backoff_max = Duration::from_secs(20);
+    })
+    .await;
+    booth.fake.set_default_plan(RUNS_ON);
+    booth
+        .fake
+        .push_create_faults([CreateFault::MadeThenDropped]);
+    let slug = booth.experience().await;
+    let (sid, token) = booth.submit(&slug, "a wish to forget").await;
+    let id = booth.the_dropped_create().await;
+    // The list is down while the session is erased, so the adopter's
+    // first look (which may read the order before erasure blanks it) is
+    // refused and every later one comes after the erasure.
+    booth.fake.set_list_unavailable(true);
+    let erased = booth
+        .app
+        .http
+        .delete(format!("{}/api/sessions/{sid}", booth.app.base))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("DELETE the session");
+    assert!(erased.status().is_success(), "{:?}", erased.text().await);
+    let refused = support::wait_for(Duration::from_secs(20), || async {
+        booth
+            .fake
+            .requests_to("GET", "/v1/predictions")
+            .iter()
+            .any(|r| r.status == Some(503))
+            .then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "the adopter never looked at the list");
+    booth.fake.set_list_unavailable(false);
+    booth.assert_slot_freed_only_once_final(&id).await;
+    booth.stop().await;
+}
+db_test!(an_unclear_create_then_erasure_keeps_the_slot);

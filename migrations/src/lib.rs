@@ -33,6 +33,7 @@ mod m20261215_000022_operators_audit;
 mod m20261216_000023_upload_bounds;
 mod m20261216_000025_complete_erasure;
 mod m20261216_000026_gallery_guard;
+mod m20261217_000027_slot_evidence;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -65,6 +66,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261216_000023_upload_bounds::Migration),
             Box::new(m20261216_000025_complete_erasure::Migration),
             Box::new(m20261216_000026_gallery_guard::Migration),
+            Box::new(m20261217_000027_slot_evidence::Migration),
         ]
     }
 }

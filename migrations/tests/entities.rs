@@ -379,6 +379,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             object_gone: true,
             purge_claim_until_ms: Some(T0 + 60_000),
             swept_at_ms: Some(T0 + 3),
+            sha256: Some("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08".into()),
         },
         uuid(60)
     );
@@ -398,6 +399,7 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             object_gone: false,
             purge_claim_until_ms: None,
             swept_at_ms: None,
+            sha256: None,
         },
         uuid(61)
     );

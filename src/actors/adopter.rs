@@ -7,11 +7,24 @@
 //! deadline, or out of recoveries, with nobody holding them). For each:
 //!
 //! - **no job id** (the submit's answer never arrived, or its worker died
-//!   before writing it): the same order is sent again with the same
-//!   idempotency key, which returns the job the first submit made (and
-//!   makes one only if the first made none: that one is then seen to its
-//!   end like any other). A submit the provider refuses outright (a 4xx)
-//!   proves no job exists under that key: the slot is free.
+//!   before writing it): the job is looked for with exactly the order
+//!   that was sent, as the ledger row keeps it (the prompt, and the
+//!   photo's key and SHA-256; erasure and retention blank the saga's own
+//!   copy, never the row's while its job may run). The job API is sent the
+//!   same order with the same idempotency key, which returns the job the
+//!   first submit made (and makes one only if the first made none: that
+//!   one is then seen to its end like any other); a 4xx to it proves no
+//!   job exists under that key: the slot is free. Replicate's list is
+//!   read, never created in. OpenAI is never sent anything: a call sent
+//!   again is a new, billed generation.
+//! - **not found** is no evidence: the list may not show the job, or show
+//!   it otherwise than it was sent. A provider that ends every job of a
+//!   key by a deadline of its own (Replicate's `Cancel-After` on every
+//!   create; an OpenAI call ends with its request) frees the slot once
+//!   that deadline has passed since the first look that found nothing
+//!   (which is after the last send: the row's worker is gone)
+//!   ([`Evidence::ProviderDeadline`]); the job API's key always finds its
+//!   job, so there the row waits for the provider's answer.
 //! - **a job id**: the job is polled; a final job frees the slot. A job
 //!   still running is asked once to cancel (never a final one); a
 //!   confirmed cancel frees the slot, and without cancel (404, 405) it is
@@ -33,7 +46,7 @@ use uuid::Uuid;
 use super::ai::{CancelJob, PollJob, SubmitJob};
 use super::providers::{ProviderHandle, Providers};
 use super::wakeups::Wakeups;
-use crate::ai::{CancelOutcome, JobOrder, JobView, MaybeMade};
+use crate::ai::{CancelOutcome, JobOrder, JobView, MaybeMade, PhotoPrint};
 use crate::clock::SharedClock;
 use crate::domain::failure::AiFailure;
 use crate::domain::keys::ai_call_key;
@@ -49,6 +62,9 @@ const LEASE_MS: i64 = 5_000;
 const TICK: Duration = Duration::from_secs(1);
 /// After an unavailable provider, ask again this much later.
 const RETRY_UNAVAILABLE_MS: i64 = 2_000;
+/// A look that found no job: look again this much later (the list may
+/// show it by then).
+const UNFOUND_LOOK_AGAIN_MS: i64 = 10_000;
 /// A provider this instance does not know: look again this much later
 /// (another instance may know it).
 const UNKNOWN_PROVIDER_MS: i64 = 60_000;
@@ -158,6 +174,9 @@ enum Next {
         cancel_tried: bool,
         at: i64,
     },
+    /// No job of the row was found (or none can be asked for): look again
+    /// at `at`, and count the provider's deadline from `since`.
+    Unfound { since: i64, at: i64 },
 }
 
 impl Adopter {
@@ -181,6 +200,13 @@ impl Adopter {
                 cancel_tried,
                 at,
             } => self.later(&slot, job_id.as_deref(), cancel_tried, at).await,
+            Next::Unfound { since, at } => {
+                let slot = AdoptedSlot {
+                    unfound_since_ms: Some(since),
+                    ..slot
+                };
+                self.later(&slot, None, slot.cancel_tried, at).await
+            }
         }
     }
 
@@ -190,6 +216,24 @@ impl Adopter {
     /// finds that way is not surely ours, so it is watched to its end,
     /// never cancelled.
     async fn find_by_key(&self, provider: &ProviderHandle, slot: &AdoptedSlot, now: i64) -> Next {
+        let since = slot.unfound_since_ms.unwrap_or(now);
+        if let Some(within) = provider.jobs_end_within_ms {
+            if now >= since + within {
+                tracing::info!(provider = %slot.provider, saga_id = %slot.saga_id, call = slot.call_index, "no job of an AI slot was found and the provider's own deadline for any has passed");
+                return Next::Free(Evidence::ProviderDeadline);
+            }
+        }
+        let unfound = |wait_ms: i64| Next::Unfound {
+            since,
+            at: match provider.jobs_end_within_ms {
+                Some(within) => (now + wait_ms).min(since + within),
+                None => now + wait_ms,
+            },
+        };
+        if !provider.can_look {
+            // Nothing to ask: the provider's deadline is the evidence.
+            return unfound(i64::MAX / 4);
+        }
         let Some(order) = self.order_of(provider, slot, now).await else {
             tracing::error!(saga_id = %slot.saga_id, call = slot.call_index, "an AI slot with no job id whose order cannot be made (its saga row is gone, or the ledger could not be read); it stays in use");
             return self.retry_later(None, slot.cancel_tried, UNKNOWN_PROVIDER_MS, now);
@@ -210,7 +254,10 @@ impl Adopter {
                     crate::metrics::slot_found_by_key("none");
                     Next::Free(evidence)
                 }
-                None => self.retry_later(None, slot.cancel_tried, retry_ms(&failure), now),
+                None => {
+                    tracing::info!(provider = %slot.provider, saga_id = %slot.saga_id, call = slot.call_index, %failure, "no job of an AI slot was found; not finding one is no evidence, so it stays in use");
+                    unfound(retry_ms(&failure).max(UNFOUND_LOOK_AGAIN_MS))
+                }
             },
             Err(e) => {
                 tracing::warn!(error = %e, "AI actor unreachable");
@@ -237,6 +284,10 @@ impl Adopter {
         let call = (source.ai_calls > 1).then_some(slot.call_index);
         let mut order =
             JobOrder::for_call(&source.kind, &source.prompt, &source.session_id, call, key);
+        let photo = source.photo.as_ref().map(|(key, sha256)| PhotoPrint {
+            key: Some(key.clone()),
+            sha256: sha256.clone(),
+        });
         let taken = match self.store.jobs_held(&provider.spec.name).await {
             Ok(taken) => taken,
             Err(e) => {
@@ -252,6 +303,7 @@ impl Adopter {
             now_ms: now,
             taken,
             look_only: true,
+            photo,
         });
         Some(order)
     }

@@ -18,6 +18,12 @@ use crate::ai::providers::ProviderSpec;
 #[derive(Clone)]
 pub struct ProviderHandle {
     pub spec: ProviderSpec,
+    /// How long after its last send no job of a key can run, when the
+    /// provider promises it (`AiProvider::jobs_end_within_ms`).
+    pub jobs_end_within_ms: Option<i64>,
+    /// Whether a job can be looked for without making one
+    /// (`AiProvider::can_look`).
+    pub can_look: bool,
     pub ai: Addr<AiActor>,
     pub breaker: Arc<ProviderBreaker>,
 }

@@ -96,9 +96,46 @@ pub struct MaybeMade {
     pub now_ms: i64,
     /// Jobs the ledger holds for other calls: never this call's.
     pub taken: std::collections::HashSet<String>,
-    /// Only look (the slot adopter): never make a job, and say when none
-    /// exists.
+    /// Only look (the slot adopter): never make a job. Finding none is
+    /// no evidence that none runs.
     pub look_only: bool,
+    /// The photo the earlier send carried, when the order no longer has
+    /// it (the slot adopter's, from the ledger); else the order's own.
+    pub photo: Option<PhotoPrint>,
+}
+
+/// How a photo that was sent is known again without the photo: its key
+/// in the media store (its own URL names it) and the SHA-256 of its bytes
+/// (a data URI or an uploaded file of the same bytes).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PhotoPrint {
+    pub key: Option<String>,
+    pub sha256: Option<String>,
+}
+
+impl PhotoPrint {
+    /// The print of a photo as an order carries it.
+    pub fn of(photo: &InputPhoto) -> PhotoPrint {
+        PhotoPrint {
+            key: photo.url.as_deref().and_then(media_key_of),
+            sha256: Some(crate::domain::media::photo_sha256(&photo.bytes)),
+        }
+    }
+
+    /// Whether `url` is this photo's own URL, however it was signed: its
+    /// path ends in `/media/<key>`.
+    pub fn is_served_at(&self, url: &str) -> bool {
+        self.key
+            .as_deref()
+            .is_some_and(|key| media_key_of(url) == Some(key.to_owned()))
+    }
+}
+
+/// The media key a URL of this server names (`…/media/<key>?…`).
+fn media_key_of(url: &str) -> Option<String> {
+    let path = url.split(['?', '#']).next()?;
+    let (_, key) = path.rsplit_once("/media/")?;
+    (!key.is_empty()).then(|| key.to_owned())
 }
 
 impl JobOrder {
@@ -278,7 +315,8 @@ impl AiClient {
             .post(format!("{}/v1/jobs", self.base_url))
             .header("Idempotency-Key", order.idempotency_key.to_string())
             .json(&body);
-        exchange(request).await
+        let answer = send(request).await;
+        classify_answer(&answer).map_err(|failure| create_failure(server_had_it(&answer), failure))
     }
 
     /// POST {base}/v1/jobs/{job_id}/cancel (optional in the job API): 404
@@ -374,16 +412,39 @@ pub(crate) fn path_segment(raw: &str) -> String {
     encoded
 }
 
+/// A create's failure, after its answer: a 500, 502 or 503 came from a
+/// server that had the request and may have made the job before it
+/// failed, so its outcome is unclear (the slot stays; the same key finds
+/// the job), never a refusal. A 501, a 505 and a 429 stay refusals.
+pub(crate) fn create_failure(server_had_it: bool, failure: AiFailure) -> AiFailure {
+    match failure {
+        AiFailure::Unavailable(detail) if server_had_it => {
+            AiFailure::Unclear(format!("{detail} to a create: it may have made the job"))
+        }
+        failure => failure,
+    }
+}
+
+/// Whether a create's answer came from a server that had the request
+/// and failed with it (500, 502, 503): see [`create_failure`].
+pub(crate) fn server_had_it(answer: &Result<RawAnswer, reqwest::Error>) -> bool {
+    matches!(answer, Ok(a) if matches!(a.status.as_u16(), 500 | 502 | 503))
+}
+
 /// Sends one request and reads the whole answer; all interpretation is left to
 /// [`classify`].
 async fn exchange(request: RequestBuilder) -> Result<JobView, AiFailure> {
-    match send(request).await {
+    classify_answer(&send(request).await)
+}
+
+fn classify_answer(answer: &Result<RawAnswer, reqwest::Error>) -> Result<JobView, AiFailure> {
+    match answer {
         Ok(answer) => classify(Exchange::Answer {
             status: answer.status,
             body: &answer.body,
             retry_after_s: answer.retry_after_s,
         }),
-        Err(error) => classify(Exchange::Transport(&error)),
+        Err(error) => classify(Exchange::Transport(error)),
     }
 }
 

@@ -19,6 +19,7 @@ pub mod simulator;
 
 pub use client::{
     AiClient, CancelOutcome, InputPhoto, JobOrder, JobStatus, JobView, Lookup, MaybeMade,
+    PhotoPrint,
 };
 pub use openai::{ApiKey, OpenAiClient, OpenAiSettings};
 pub use replicate::{ReplicateClient, ReplicateSettings};
@@ -114,6 +115,25 @@ impl AiProvider {
                 &["https://replicate.delivery", "https://*.replicate.delivery"]
             }
         }
+    }
+
+    /// How long after the last send under a key no job made by it can
+    /// still run, when the provider promises such a bound: Replicate ends
+    /// every prediction at its `Cancel-After` deadline, and an OpenAI call
+    /// is over when its request is. None: the job API's jobs have no
+    /// deadline, and its key always finds the job.
+    pub fn jobs_end_within_ms(&self) -> Option<i64> {
+        match self {
+            AiProvider::Jobs(_) => None,
+            AiProvider::OpenAi(client) => Some(client.jobs_end_within_ms()),
+            AiProvider::Replicate(client) => Some(client.jobs_end_within_ms()),
+        }
+    }
+
+    /// Whether a job can be looked for by its order without making one
+    /// (OpenAI's calls cannot: sending one again is a new generation).
+    pub fn can_look(&self) -> bool {
+        !matches!(self, AiProvider::OpenAi(_))
     }
 
     pub fn kind(&self) -> ProviderKind {

@@ -227,7 +227,13 @@ pub struct OpenAiClient {
     chat_model: String,
     image_model: String,
     image_size: String,
+    request_timeout: Duration,
 }
+
+/// How long after a call's answer was due OpenAI may still be working on
+/// it (the two clocks, and the server finishing a request whose client
+/// hung up).
+pub const SYNC_CALL_SLACK_MS: i64 = 60_000;
 
 impl OpenAiClient {
     pub fn new(settings: &OpenAiSettings) -> OpenAiClient {
@@ -246,7 +252,15 @@ impl OpenAiClient {
             chat_model: settings.chat_model.clone(),
             image_model: settings.image_model.clone(),
             image_size: settings.image_size.clone(),
+            request_timeout: settings.request_timeout,
         }
+    }
+
+    /// How long after its last send a call's work can still go on at
+    /// OpenAI: the call is synchronous, so no longer than the request was
+    /// allowed to take, and a little.
+    pub fn jobs_end_within_ms(&self) -> i64 {
+        self.request_timeout.as_millis() as i64 + SYNC_CALL_SLACK_MS
     }
 
     /// The base URL, without `/v1` and without a trailing slash.
@@ -261,6 +275,13 @@ impl OpenAiClient {
     /// One synchronous call; the answer is a job that is already final, or
     /// a failure. The job id is `openai:<the answer's id or the attempt key>`.
     pub async fn submit(&self, order: &JobOrder) -> Result<JobView, AiFailure> {
+        if order.maybe_made.as_ref().is_some_and(|m| m.look_only) {
+            // OpenAI has nothing to look in: sending the order again is a
+            // new, billed generation.
+            return Err(AiFailure::Unclear(
+                "an OpenAI call cannot be looked for, only made again".to_owned(),
+            ));
+        }
         let route = route(&order.kind);
         let (path, payload) = self.request_for(route, order)?;
         let key = order.idempotency_key.to_string();

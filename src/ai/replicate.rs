@@ -186,15 +186,16 @@ use reqwest::{RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
 
 use super::client::{
-    outside_client, path_segment, send, transport_failure, CancelOutcome, InputPhoto, JobOrder,
-    JobStatus, JobView, Lookup, MaybeMade, RawAnswer,
+    create_failure, outside_client, path_segment, send, server_had_it, transport_failure,
+    CancelOutcome, InputPhoto, JobOrder, JobStatus, JobView, Lookup, MaybeMade, PhotoPrint,
+    RawAnswer,
 };
 use super::openai::ApiKey;
 use super::ModelNotice;
 use crate::domain::failure::{AiFailure, AiResult, ContentItem};
+use crate::domain::media::photo_sha256;
 
 /// Replicate's API.
 pub const DEFAULT_BASE_URL: &str = "https://api.replicate.com";
@@ -207,6 +208,13 @@ pub const CLOCK_SLACK_MS: i64 = 2_000;
 /// How long after a send the list may still not show the prediction that
 /// send made: until then, not finding it proves nothing.
 pub const LIST_SETTLE_MS: i64 = 5_000;
+/// The `Cancel-After` of every create unless configured (the saga's
+/// default deadline).
+pub const DEFAULT_CANCEL_AFTER: Duration = Duration::from_secs(15 * 60);
+/// How long past a prediction's deadline Replicate may still take to end
+/// it, and the two clocks' difference: after `Cancel-After` and this, no
+/// prediction made by a send still runs.
+pub const DEADLINE_SLACK_MS: i64 = 60_000;
 /// The input field a photo goes in when the providers file names none
 /// (`photo_input`).
 pub const DEFAULT_PHOTO_INPUT: &str = "image";
@@ -243,6 +251,11 @@ pub struct ReplicateSettings {
     /// The model input field the participant's photo goes in (the
     /// providers file's `photo_input`).
     pub photo_input: String,
+    /// Sent with every create as its `Cancel-After` deadline: Replicate
+    /// ends every prediction this long after it was made (module doc,
+    /// "A deadline on every prediction"). The saga's deadline: a
+    /// prediction that outlives its saga serves nobody.
+    pub cancel_after: Duration,
 }
 
 impl ReplicateSettings {
@@ -255,6 +268,7 @@ impl ReplicateSettings {
             version: None,
             request_timeout: Duration::from_secs(30),
             photo_input: DEFAULT_PHOTO_INPUT.to_owned(),
+            cancel_after: DEFAULT_CANCEL_AFTER,
         }
     }
 }
@@ -269,6 +283,7 @@ pub struct ReplicateClient {
     model: Option<String>,
     version: Option<String>,
     photo_input: String,
+    cancel_after: Duration,
 }
 
 /// A prediction as Replicate answers it (create, get, cancel, list items):
@@ -350,12 +365,8 @@ impl CreateTarget {
 enum PhotoValue<'a> {
     /// As it is: the photo's own URL, or a data URI of its bytes.
     Inline(String),
-    /// Uploaded with the Files API when the prediction is created; until
-    /// then known by the SHA-256 of its bytes.
-    Upload {
-        photo: &'a InputPhoto,
-        sha256: String,
-    },
+    /// Uploaded with the Files API when the prediction is created.
+    Upload(&'a InputPhoto),
 }
 
 impl PhotoValue<'_> {
@@ -365,10 +376,7 @@ impl PhotoValue<'_> {
         } else if photo.bytes.len() <= DATA_URI_MAX_BYTES {
             PhotoValue::Inline(photo.data_url())
         } else {
-            PhotoValue::Upload {
-                photo,
-                sha256: hex::encode(Sha256::digest(&photo.bytes)),
-            }
+            PhotoValue::Upload(photo)
         }
     }
 }
@@ -378,16 +386,8 @@ impl PhotoValue<'_> {
 struct Wanted {
     /// The input but the photo's field.
     text: Map<String, Value>,
-    /// The photo's field, and how its listed value is known as this photo.
-    photo: Option<(String, PhotoMatch)>,
-}
-
-enum PhotoMatch {
-    /// The same string: a URL or a data URI, compared as sent.
-    Same(String),
-    /// A Files-API URL whose file has this SHA-256 (hex): each upload
-    /// makes a new URL, the bytes stay the same.
-    Checksum(String),
+    /// The photo's field, and the photo its listed value must be.
+    photo: Option<(String, PhotoPrint)>,
 }
 
 /// Whether a listed input is an order's.
@@ -417,19 +417,45 @@ impl Wanted {
         let Some((field, known_by)) = &self.photo else {
             return Fit::Yes;
         };
-        let value = listed.get(field).and_then(Value::as_str);
-        match (known_by, value) {
-            (PhotoMatch::Same(sent), Some(value)) if value == sent => Fit::Yes,
-            (PhotoMatch::Checksum(sha256), Some(value)) => match file_id(value) {
-                Some(file_id) => Fit::IfChecksum {
-                    file_id,
-                    sha256: sha256.clone(),
-                },
-                None => Fit::No,
+        let Some(value) = listed.get(field).and_then(Value::as_str) else {
+            return Fit::No;
+        };
+        if let Some(bytes) = data_uri_bytes(value) {
+            return match &known_by.sha256 {
+                Some(sha256) if photo_sha256(&bytes) == *sha256 => Fit::Yes,
+                _ => Fit::No,
+            };
+        }
+        match (file_id(value), &known_by.sha256) {
+            (Some(file_id), Some(sha256)) => Fit::IfChecksum {
+                file_id,
+                sha256: sha256.clone(),
             },
-            _ => Fit::No,
+            (Some(_), None) => Fit::No,
+            (None, _) if known_by.is_served_at(value) => Fit::Yes,
+            (None, _) => Fit::No,
         }
     }
+}
+
+/// `Cancel-After` as Replicate's documentation writes it (`1m`, `90s`).
+fn cancel_after_header(after: Duration) -> String {
+    let seconds = after.as_secs().max(1);
+    if seconds.is_multiple_of(60) {
+        format!("{}m", seconds / 60)
+    } else {
+        format!("{seconds}s")
+    }
+}
+
+/// The bytes of a `data:…;base64,…` URI; None for anything else.
+fn data_uri_bytes(value: &str) -> Option<Vec<u8>> {
+    use base64::Engine;
+    let rest = value.strip_prefix("data:")?;
+    let (_, encoded) = rest.split_once(";base64,")?;
+    base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()
 }
 
 /// The file id of a Files-API URL (`…/v1/files/{id}`), whatever its host:
@@ -467,7 +493,14 @@ impl ReplicateClient {
                 "" => DEFAULT_PHOTO_INPUT.to_owned(),
                 field => field.to_owned(),
             },
+            cancel_after: settings.cancel_after.max(Duration::from_secs(60)),
         }
+    }
+
+    /// How long after its last send no prediction made under a key can
+    /// still run: Replicate ends each at its `Cancel-After` deadline.
+    pub fn jobs_end_within_ms(&self) -> i64 {
+        self.cancel_after.as_millis() as i64 + DEADLINE_SLACK_MS
     }
 
     /// The base URL, without `/v1` and without a trailing slash.
@@ -485,15 +518,28 @@ impl ReplicateClient {
     /// only once the prediction is to be created, never for a look.
     pub async fn submit(&self, order: &JobOrder) -> Result<JobView, AiFailure> {
         let target = self.create_target()?;
-        let photo = order.input.as_ref().map(PhotoValue::of);
         let mut lookup = None;
         if let Some(earlier) = &order.maybe_made {
-            let wanted = self.wanted(order, photo.as_ref());
-            match self.find_made_settled(&wanted, earlier).await? {
+            let wanted = self.wanted(order, earlier);
+            let found = self.find_made_settled(&wanted, earlier).await;
+            // A look that only looks makes nothing: a refused read of the
+            // list says nothing of a prediction, so it is no refusal.
+            let found = match found {
+                Err(refused) if earlier.look_only && !refused.is_unavailable() => {
+                    Err(AiFailure::Unclear(format!(
+                        "the look for the call's prediction failed: {refused}"
+                    )))
+                }
+                found => found,
+            };
+            match found? {
                 Found::Some(found) => return self.adopt(order, found),
+                // Not finding it is no evidence (the list may not show it,
+                // or show it otherwise than it was sent): the slot stays
+                // until the prediction's deadline has passed.
                 Found::None if earlier.look_only => {
-                    return Err(AiFailure::RequestRejected(
-                        "no prediction of this call is listed: the unclear create made none"
+                    return Err(AiFailure::Unclear(
+                        "no prediction of this call is listed; not finding one proves nothing"
                             .to_owned(),
                     ))
                 }
@@ -503,12 +549,18 @@ impl ReplicateClient {
                 }
             }
         }
+        let photo = order.input.as_ref().map(PhotoValue::of);
         let input = self.input(order, photo).await?;
         tracing::debug!(kind = %order.kind, idempotency_key = %order.idempotency_key, photo = order.input.is_some(), "Replicate: create a prediction");
         let (url, body) = target.request(input);
-        let request = self.authorized(self.http.post(url).json(&body));
+        let request = self
+            .authorized(self.http.post(url).json(&body))
+            .header("Cancel-After", cancel_after_header(self.cancel_after));
+        let answer = send(request).await;
+        let had_it = server_had_it(&answer);
         let mut view = self
-            .classify::<Prediction>(send(request).await)
+            .classify::<Prediction>(answer)
+            .map_err(|failure| create_failure(had_it, failure))
             .and_then(|prediction| self.view(prediction))?;
         view.lookup = lookup;
         Ok(view)
@@ -543,7 +595,7 @@ impl ReplicateClient {
         if let Some(photo) = photo {
             let value = match photo {
                 PhotoValue::Inline(value) => value,
-                PhotoValue::Upload { photo, .. } => self.upload(photo).await?,
+                PhotoValue::Upload(photo) => self.upload(photo).await?,
             };
             input.insert(self.photo_input.clone(), Value::String(value));
         }
@@ -552,16 +604,14 @@ impl ReplicateClient {
 
     /// What an earlier create of this order sent, as the list shows it
     /// (module doc, "Idempotency").
-    fn wanted(&self, order: &JobOrder, photo: Option<&PhotoValue<'_>>) -> Wanted {
+    fn wanted(&self, order: &JobOrder, earlier: &MaybeMade) -> Wanted {
         let mut text = Map::new();
         text.insert("prompt".to_owned(), json!(order.prompt));
-        let photo = photo.map(|photo| {
-            let known_by = match photo {
-                PhotoValue::Inline(value) => PhotoMatch::Same(value.clone()),
-                PhotoValue::Upload { sha256, .. } => PhotoMatch::Checksum(sha256.clone()),
-            };
-            (self.photo_input.clone(), known_by)
-        });
+        let photo = earlier
+            .photo
+            .clone()
+            .or_else(|| order.input.as_ref().map(PhotoPrint::of))
+            .map(|print| (self.photo_input.clone(), print));
         Wanted { text, photo }
     }
 
@@ -1351,11 +1401,25 @@ mod tests {
     #[test]
     fn a_listed_input_fits_by_its_words_and_its_photo() {
         let text: Map<String, Value> = [("prompt".to_owned(), json!("p"))].into_iter().collect();
+        // "QUJD" is "ABC"; the photo is known by its key and SHA-256.
         let data = "data:image/jpeg;base64,QUJD";
+        let print = PhotoPrint {
+            key: Some("p/abc.jpg".into()),
+            sha256: Some(photo_sha256(b"ABC")),
+        };
         let inline = Wanted {
             text: text.clone(),
-            photo: Some(("image".into(), PhotoMatch::Same(data.into()))),
+            photo: Some(("image".into(), print.clone())),
         };
+        // Its own URL, however it was signed, and a data URI of the same
+        // bytes, however the URI's media type was written.
+        for same in [
+            json!({"prompt": "p", "image": "https://booth.example/media/p/abc.jpg?exp=1&sig=aa"}),
+            json!({"prompt": "p", "image": "https://booth.example/media/p/abc.jpg?exp=2&sig=bb"}),
+            json!({"prompt": "p", "image": "data:image/png;base64,QUJD"}),
+        ] {
+            assert_eq!(inline.fit(Some(&same)), Fit::Yes, "{same}");
+        }
         assert_eq!(
             inline.fit(Some(&json!({"prompt": "p", "image": data}))),
             Fit::Yes
@@ -1366,6 +1430,8 @@ mod tests {
             json!({"prompt": "q", "image": data}),
             json!({"prompt": "p", "image": data, "seed": 1}),
             json!({"prompt": "p", "input_image": data}),
+            json!({"prompt": "p", "image": "https://booth.example/media/p/abd.jpg?exp=1"}),
+            json!({"prompt": "p", "image": "https://booth.example/p/abc.jpg"}),
             json!("p"),
         ] {
             assert_eq!(inline.fit(Some(&other)), Fit::No, "{other}");
@@ -1373,7 +1439,13 @@ mod tests {
         assert_eq!(inline.fit(None), Fit::No);
         let upload = Wanted {
             text: text.clone(),
-            photo: Some(("image".into(), PhotoMatch::Checksum("ab12".into()))),
+            photo: Some((
+                "image".into(),
+                PhotoPrint {
+                    key: None,
+                    sha256: Some("ab12".into()),
+                },
+            )),
         };
         assert_eq!(
             upload.fit(Some(
@@ -1423,7 +1495,7 @@ mod tests {
         );
         let large = photo(DATA_URI_MAX_BYTES + 1, None);
         assert!(
-            matches!(PhotoValue::of(&large), PhotoValue::Upload { sha256, .. } if sha256.len() == 64)
+            matches!(PhotoValue::of(&large), PhotoValue::Upload(p) if p.bytes.len() == DATA_URI_MAX_BYTES + 1)
         );
         let linked = photo(DATA_URI_MAX_BYTES + 1, Some("https://booth.example/p.jpg"));
         assert!(

@@ -154,13 +154,17 @@ pub struct SimFaults {
     /// provider that lost track of them for a while).
     pub poll_not_found: bool,
     /// After each unclear answer ([`Self::drop_after_create`],
-    /// [`Self::cut_body_after_create`]), the next `n` submits answer 503
+    /// [`Self::cut_body_after_create`], [`Self::unavailable_after_create`]),
+    /// the next `n` submits answer 503
     /// `unavailable` whatever their key (an outage that begins right after
     /// the job was made, so the retry of the unclear submit is refused).
     pub unavailable_after_unclear: u64,
     /// A submit that creates a job is answered this much later (the job
     /// runs meanwhile): the caller's submit is out while the job exists.
     pub submit_delay: Duration,
+    /// The next `n` submits that create a job answer 503 `unavailable`
+    /// after creating it (a server that failed once the job was made).
+    pub unavailable_after_create: u64,
 }
 
 /// How a submit that created a job is answered under [`SimFaults`].
@@ -168,6 +172,7 @@ pub struct SimFaults {
 enum AnswerFault {
     Drop,
     Cut,
+    Unavailable,
 }
 
 /// One simulated job.
@@ -603,6 +608,12 @@ impl SimControl {
     /// The fault, if any, of the answer to a submit that just created a job.
     fn take_answer_fault(&self) -> Option<AnswerFault> {
         let mut state = self.lock();
+        if state.faults.unavailable_after_create > 0 {
+            state.faults.unavailable_after_create -= 1;
+            state.refused += 1;
+            state.refuse_submits += state.faults.unavailable_after_unclear;
+            return Some(AnswerFault::Unavailable);
+        }
         let fault = if state.faults.drop_after_create > 0 {
             state.faults.drop_after_create -= 1;
             AnswerFault::Drop
@@ -1037,6 +1048,7 @@ async fn submit_job(
                     .content_type("application/json")
                     .streaming(body);
             }
+            Some(AnswerFault::Unavailable) => return unavailable_answer(),
             None => {}
         }
     }
@@ -1614,7 +1626,10 @@ mod tests {
             .submit(&order("a dog"))
             .await
             .expect_err("the simulator is down");
-        assert!(matches!(failure, AiFailure::Unavailable(_)), "{failure:?}");
+        // A 503 to a create may come after the job was made: unclear, and
+        // the same key asked again finds it.
+        assert!(matches!(failure, AiFailure::Unclear(_)), "{failure:?}");
+        assert_eq!(sim.control.stats().jobs_created, 0);
         sim.control.set_down(false);
         client
             .submit(&order("a dog"))

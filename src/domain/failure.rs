@@ -10,12 +10,15 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AiFailure {
     /// Connect error, 5xx or 429: the provider is not there right now and
-    /// made no job. Not an attempt; the saga waits with backoff.
+    /// made no job (a 500, 502 or 503 to a create is `Unclear`: the
+    /// server had the request). Not an attempt; the saga waits with
+    /// backoff.
     #[error("AI provider unavailable: {0}")]
     Unavailable(String),
     /// The request may have reached the provider but its outcome is unknown:
     /// the connection dropped after the request was sent, no answer came in
-    /// time, or a 2xx answer could not be read (rule 6). A kind of
+    /// time, a 2xx answer could not be read, or a create was answered 500,
+    /// 502 or 503 (rule 6). A kind of
     /// unavailability: not an attempt, and the retry reuses the same key,
     /// which returns the job if the provider made one. Since that job may be
     /// running, the saga keeps its AI slot meanwhile (rule 10).

@@ -25,6 +25,11 @@ pub enum Evidence {
     SubmitRefused,
     /// No submit was ever sent under the row (a reservation given back).
     NeverSubmitted,
+    /// The provider ends every job of a key by a deadline of its own, and
+    /// that deadline has passed since the last send could have been made
+    /// (Replicate's `Cancel-After`; an OpenAI call is over with its
+    /// request). Not finding a job is never evidence by itself.
+    ProviderDeadline,
 }
 
 impl Evidence {
@@ -34,6 +39,7 @@ impl Evidence {
             Evidence::CancelConfirmed => "cancel_confirmed",
             Evidence::SubmitRefused => "submit_refused",
             Evidence::NeverSubmitted => "never_submitted",
+            Evidence::ProviderDeadline => "provider_deadline",
         }
     }
 }

@@ -289,6 +289,13 @@ pub fn photo_url_expiry(first_sent_ms: i64, now_ms: i64) -> i64 {
     }
 }
 
+/// The SHA-256 (hex) of a stored photo's bytes: how the photo a job was
+/// sent is known again (a data URI or an uploaded file of the same bytes)
+/// without keeping the photo.
+pub fn photo_sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
 /// The query of a signed URL for `key` that is good until `expires_ms`:
 /// `exp=<ms>&sig=<hex HMAC-SHA256 of the key and the expiry>`.
 pub fn sign_media_url(secret: &[u8], key: &str, expires_ms: i64) -> String {

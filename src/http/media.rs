@@ -297,6 +297,7 @@ async fn store_photo(
         .record(started.elapsed().as_secs_f64());
     let stored = web::Bytes::from(photo.bytes);
     let bytes = stored.len() as u64;
+    let sha256 = crate::domain::media::photo_sha256(&stored);
     let now = state.clock.now_ms();
     let new = NewPhoto {
         id: crate::store::new_id(),
@@ -306,6 +307,7 @@ async fn store_photo(
         width: photo.width,
         height: photo.height,
         bytes,
+        sha256,
     };
     let row = state.store.insert_photo(new, bound, now).await?;
     if let Err(e) = state.media.put(&row.object_key, stored).await {

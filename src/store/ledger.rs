@@ -181,6 +181,15 @@ fn random_id(backend: DbBackend) -> &'static str {
     }
 }
 
+/// What a granted slot keeps of its call's order (copied from the saga
+/// `s` and its photo `p`): the prompt, and the photo's key and SHA-256.
+/// The slot adopter looks for the job with exactly that, whatever
+/// erasure or retention did to the saga's rows since; it goes with the
+/// row when the slot is freed on evidence.
+const ORDER_COLUMNS: &str = "prompt, photo_key, photo_sha256";
+const ORDER_VALUES: &str = "s.prompt, p.object_key, p.sha256";
+const PHOTO_JOIN: &str = "LEFT JOIN photos p ON p.id = s.photo_id";
+
 /// In the claim's transaction: the slot of call 0 of each of these
 /// single-call sagas (AI_PENDING, just claimed), with the key of its
 /// current attempt. A saga that already has its row keeps it. Returns the
@@ -204,11 +213,15 @@ pub(super) async fn reserve_first_calls(
             &format!(
                 "INSERT INTO ai_slots (id, provider, experience_id, saga_id, call_index, \
                  base_key, key_attempt, job_id, detached, created_at_ms, updated_at_ms, \
-                 keyed_at_ms) \
+                 keyed_at_ms, {order_columns}) \
                  SELECT {id}, $1, s.experience_id, s.id, 0, s.ai_base_key, \
-                 s.attempt_offset + s.attempts, NULL, false, $2, $2, $2 FROM sagas s WHERE s.id {ids} \
+                 s.attempt_offset + s.attempts, NULL, false, $2, $2, $2, {order_values} \
+                 FROM sagas s {photo_join} WHERE s.id {ids} \
                  ON CONFLICT (saga_id, call_index) WHERE NOT detached DO NOTHING \
                  RETURNING saga_id",
+                order_columns = ORDER_COLUMNS,
+                order_values = ORDER_VALUES,
+                photo_join = PHOTO_JOIN,
                 id = random_id(backend),
             ),
             values,
@@ -240,11 +253,15 @@ pub(super) async fn reserve_calls<C: ConnectionTrait>(
                 &format!(
                     "INSERT INTO ai_slots (id, provider, experience_id, saga_id, call_index, \
                      base_key, key_attempt, job_id, detached, created_at_ms, updated_at_ms, \
-                     keyed_at_ms) \
-                     VALUES ({id}, $1, $2, $3, $4, $7, $5, NULL, false, $6, $6, $6) \
+                     keyed_at_ms, {order_columns}) \
+                     SELECT {id}, $1, $2, $3, $4, $7, $5, NULL, false, $6, $6, $6, \
+                     {order_values} FROM sagas s {photo_join} WHERE s.id = $3 \
                      ON CONFLICT (saga_id, call_index) WHERE NOT detached DO NOTHING \
                      RETURNING call_index",
                     id = random_id(backend),
+                    order_columns = ORDER_COLUMNS,
+                    order_values = ORDER_VALUES,
+                    photo_join = PHOTO_JOIN,
                 ),
                 vec![
                     provider.into(),
@@ -547,10 +564,12 @@ pub struct AdoptedSlot {
     pub keyed_at_ms: i64,
     /// The lease this taker holds it under.
     pub token: String,
-    /// What a submit of its key sends again, from its saga and experience
-    /// (None when the saga row is gone: the job can then be found only by
-    /// its id).
+    /// What a submit of its key sends again, from the row's own copy of
+    /// the order and its saga and experience (None when the saga row is
+    /// gone: the job can then be found only by its id).
     pub order: Option<OrderSource>,
+    /// When a look first found no job of the row (None: not yet).
+    pub unfound_since_ms: Option<i64>,
 }
 
 /// What a call's job order is made of (see `crate::ai::JobOrder`).
@@ -561,6 +580,9 @@ pub struct OrderSource {
     pub session_id: String,
     /// The experience's calls per submission (> 1: the order names its call).
     pub ai_calls: i32,
+    /// The photo the order carried: its media key and SHA-256 (None: the
+    /// order had no photo).
+    pub photo: Option<(String, Option<String>)>,
 }
 
 impl Store {
@@ -707,10 +729,13 @@ impl Store {
                 backend,
                 &format!(
                     "SELECT l.id, l.provider, l.saga_id, l.call_index, l.key_attempt, l.job_id, \
-                     l.cancel_tried, e.kind, s.prompt, s.session_id, l.base_key, e.ai_calls, \
-                     COALESCE(l.keyed_at_ms, l.created_at_ms) \
+                     l.cancel_tried, e.kind, COALESCE(l.prompt, s.prompt), s.session_id, \
+                     l.base_key, e.ai_calls, COALESCE(l.keyed_at_ms, l.created_at_ms), \
+                     COALESCE(l.photo_key, p.object_key), COALESCE(l.photo_sha256, p.sha256), \
+                     l.unfound_since_ms \
                      FROM ai_slots l LEFT JOIN sagas s ON s.id = l.saga_id \
-                     LEFT JOIN experiences e ON e.id = s.experience_id WHERE l.id {list}"
+                     LEFT JOIN experiences e ON e.id = s.experience_id \
+                     LEFT JOIN photos p ON p.id = s.photo_id WHERE l.id {list}"
                 ),
                 values,
             ))
@@ -722,12 +747,15 @@ impl Store {
                 let prompt: Option<String> = r.try_get_by_index(8)?;
                 let session_id: Option<String> = r.try_get_by_index(9)?;
                 let ai_calls: Option<i32> = r.try_get_by_index(11)?;
+                let photo_key: Option<String> = r.try_get_by_index(13)?;
+                let photo_sha256: Option<String> = r.try_get_by_index(14)?;
                 let order = match (kind, prompt, session_id, ai_calls) {
                     (Some(kind), Some(prompt), Some(session_id), Some(n)) => Some(OrderSource {
                         kind,
                         prompt,
                         session_id,
                         ai_calls: n,
+                        photo: photo_key.map(|key| (key, photo_sha256)),
                     }),
                     _ => None,
                 };
@@ -743,6 +771,7 @@ impl Store {
                     keyed_at_ms: r.try_get_by_index(12)?,
                     token: token.clone(),
                     order,
+                    unfound_since_ms: r.try_get_by_index(15)?,
                 })
             })
             .collect::<Result<_, sea_orm::DbErr>>()
@@ -776,13 +805,14 @@ impl Store {
     ) -> StoreResult<()> {
         self.write_one(self.sql(
             "UPDATE ai_slots SET job_id = COALESCE($3, job_id), cancel_tried = $4, \
-             adopted_until_ms = $5 WHERE id = $1 AND adopt_token = $2",
+             adopted_until_ms = $5, unfound_since_ms = $6 WHERE id = $1 AND adopt_token = $2",
             vec![
                 slot.id.clone().into(),
                 slot.token.clone().into(),
                 job_id.map(str::to_owned).into(),
                 cancel_tried.into(),
                 next_ms.into(),
+                slot.unfound_since_ms.into(),
             ],
         ))
         .await?;

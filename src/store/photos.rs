@@ -26,6 +26,9 @@ pub struct NewPhoto {
     pub width: u32,
     pub height: u32,
     pub bytes: u64,
+    /// The SHA-256 (hex) of the stored bytes: how the slot ledger knows
+    /// the photo a job was sent without keeping the photo.
+    pub sha256: String,
 }
 
 /// How many photos one session may hold, and the one a new upload
@@ -80,7 +83,7 @@ impl Store {
         sessions::Entity::update_many()
             .col_expr(
                 sessions::Column::UpdatedAtMs,
-                Expr::col(sessions::Column::UpdatedAtMs).into(),
+                Expr::col(sessions::Column::UpdatedAtMs),
             )
             .filter(sessions::Column::Id.eq(new.session_id.as_str()))
             .exec(&*tx)
@@ -105,6 +108,7 @@ impl Store {
             object_gone: Set(false),
             purge_claim_until_ms: Set(None),
             swept_at_ms: Set(None),
+            sha256: Set(Some(new.sha256)),
         }
         .insert(&*tx)
         .await?;

@@ -539,6 +539,8 @@ struct Account {
     create_faults: VecDeque<CreateFault>,
     cancel_answer: Option<CancelAnswer>,
     page_size: Option<usize>,
+    /// `GET /v1/predictions` answers 503 (the list is down for a while).
+    list_unavailable: bool,
     quote_token: bool,
     seen: Vec<Seen>,
     cancels: Vec<CancelSeen>,
@@ -644,6 +646,11 @@ impl FakeReplicate {
 
     pub fn set_page_size(&self, size: usize) {
         self.shared.account().page_size = Some(size.max(1));
+    }
+
+    /// `GET /v1/predictions` answers 503 while `down` (the rest answers).
+    pub fn set_list_unavailable(&self, down: bool) {
+        self.shared.account().list_unavailable = down;
     }
 
     /// Every prediction still running is canceled now (as from the
@@ -1400,6 +1407,9 @@ fn cancel(shared: &Shared, id: &str) -> Outcome {
 }
 
 fn list(shared: &Shared, req: &HttpRequest) -> HttpResponse {
+    if shared.account().list_unavailable {
+        return problem(503, "Service Unavailable", "The list is unavailable.");
+    }
     let query: HashMap<String, String> =
         web::Query::<HashMap<String, String>>::from_query(req.query_string())
             .map(|q| q.into_inner())

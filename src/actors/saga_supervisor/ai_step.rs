@@ -716,6 +716,7 @@ impl Ctx<'_> {
                 now_ms: now,
                 taken: self.deps.store.jobs_held(&self.experience.provider).await?,
                 look_only: false,
+                photo: None,
             });
         }
         Ok(order)

@@ -25,6 +25,9 @@ pub struct Model {
     /// When the orphan sweep found it named by no saga: no submission may
     /// name it from then on (`store::photos::sweep_orphan_photos`).
     pub swept_at_ms: Option<i64>,
+    /// The SHA-256 (hex) of the stored bytes (None for photos stored
+    /// before it was recorded): the slot ledger copies it with a slot.
+    pub sha256: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
