@@ -6,13 +6,14 @@
 //! the API contract) with its own `max_in_flight` in a providers file, and
 //! with faults drawn from the seed (job latencies with a slow tail, failed
 //! jobs, moderation, 503 and 429 on submit, unclear submits that make the
-//! job and then drop the connection or cut the answer, 503 on poll, slow
-//! submit answers, accounts with and without cancel); several experiences
-//! on them (weights, ceilings, fan-out of 2 to 4 calls, `review:
-//! before_display`); participants submitting over HTTP with an
-//! Idempotency-Key, duplicates fired at once; operators cancelling (some
-//! right after the 202), retrying, approving and rejecting, one bulk
-//! action; short `AI_TIMEOUT`s (some shorter than the jobs), few attempts,
+//! job and then drop the connection or cut the answer, or answer 500, 502
+//! or 503 once it is made, 503 on poll, slow submit answers, accounts with
+//! and without cancel); several experiences on them (weights, ceilings,
+//! fan-out of 2 to 4 calls, `review: before_display`, photo experiences
+//! whose guests upload a photo first); participants submitting over HTTP
+//! with an Idempotency-Key, duplicates fired at once; guests erasing their
+//! session while its saga runs; operators cancelling (some right after the
+//! 202), retrying, approving and rejecting, one bulk action; short `AI_TIMEOUT`s (some shorter than the jobs), few attempts,
 //! short saga deadlines; kill -9 and SIGTERM of a server process and its
 //! restart on the same database, sometimes only after the saga deadline
 //! passed. SQLite runs one instance, PostgreSQL two on one database.
@@ -24,7 +25,8 @@
 //!   had two jobs running at once, every job belongs to a session of the
 //!   run, no session took two submissions, no job was made after every
 //!   saga had ended;
-//! - (c) every session that got a 202 ends COMPLETED or ABORTED;
+//! - (c) every session that got a 202 ends COMPLETED or ABORTED (an
+//!   erased one: its saga ended and the session answers 410);
 //! - (d) `GET /api/admin/providers` says `in_flight` 0 for every account and
 //!   experience (a leaked slot shows here);
 //! - (e) every booth display got `seq` 1..N without gap or repeat, and for
@@ -97,6 +99,8 @@ struct ExperiencePlan {
     ai_calls: u32,
     min_success: Option<u32>,
     review: bool,
+    /// Guests upload a photo and submit it (`input: photo`).
+    photo: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -123,6 +127,11 @@ enum Action {
         cancel_after_ms: Option<u64>,
     },
     Cancel {
+        session: usize,
+    },
+    /// The guest erases the session (`DELETE /api/sessions/{id}`): a
+    /// running saga is cancelled first.
+    Erase {
         session: usize,
     },
     Retry {
@@ -192,6 +201,7 @@ impl Schedule {
                     unclear_cut_rate: pick(&mut rng, &[0.0, 0.1]),
                     poll_503_rate: pick(&mut rng, &[0.0, 0.1, 0.2]),
                     submit_delay_ms: pick(&mut rng, &[0, 100, 300]),
+                    made_then_5xx_rate: 0.0,
                     cancel: pick(
                         &mut rng,
                         &[
@@ -229,6 +239,7 @@ impl Schedule {
                     min_success: (ai_calls > 1 && rng.random_bool(0.5))
                         .then(|| rng.random_range(1..=ai_calls)),
                     review: rng.random_bool(0.3),
+                    photo: false,
                 }
             })
             .collect();
@@ -314,7 +325,7 @@ impl Schedule {
             };
             steps.push(Step { pause_ms, action });
         }
-        Schedule {
+        let mut schedule = Schedule {
             seed,
             backend,
             providers,
@@ -322,6 +333,30 @@ impl Schedule {
             server,
             sessions,
             steps,
+        };
+        schedule.add_later_faults();
+        schedule
+    }
+
+    /// The faults added after the CI seeds were chosen, drawn from a second
+    /// stream of the seed so that every seed keeps the schedule it had and
+    /// gains these on top: creates answered 5xx once their job is made,
+    /// photo experiences, and some operator cancels turned into the
+    /// guest's erasure.
+    fn add_later_faults(&mut self) {
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0x005E_ED0F_1A7E_u64);
+        for p in &mut self.providers {
+            p.fake.made_then_5xx_rate = pick(&mut rng, &[0.0, 0.1, 0.2]);
+        }
+        for e in &mut self.experiences {
+            e.photo = rng.random_bool(0.35);
+        }
+        for step in &mut self.steps {
+            if let Action::Cancel { session } = step.action {
+                if rng.random_bool(0.4) {
+                    step.action = Action::Erase { session };
+                }
+            }
         }
     }
 
@@ -337,7 +372,7 @@ impl Schedule {
             let _ = writeln!(
                 out,
                 "  provider {} cap {}: latency {:?} ms, slow {} of jobs at {:?} ms, fail {}, \
-                 submit 503 {} 429 {}, unclear drop {} cut {}, poll 503 {}, submit delay <= {} ms, cancel {:?}",
+                 submit 503 {} 429 {}, unclear drop {} cut {}, 5xx once made {}, poll 503 {}, submit delay <= {} ms, cancel {:?}",
                 p.name,
                 p.cap,
                 f.latency_ms,
@@ -348,6 +383,7 @@ impl Schedule {
                 f.submit_429_rate,
                 f.unclear_drop_rate,
                 f.unclear_cut_rate,
+                f.made_then_5xx_rate,
                 f.poll_503_rate,
                 f.submit_delay_ms,
                 f.cancel
@@ -380,6 +416,8 @@ struct SessionRec {
     /// When an operator cancel of its saga was answered 200.
     cancels: Vec<Instant>,
     final_status: Option<Value>,
+    /// The guest's erasure was answered 2xx: the session answers 410.
+    erased: bool,
 }
 
 struct Ctx {
@@ -403,6 +441,17 @@ struct Ctx {
     bulk_retries: RefCell<HashMap<usize, u32>>,
     rotate: Cell<usize>,
 }
+
+/// What a request of the driver carries.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    None,
+    Json(&'a Value),
+    Png(&'a [u8]),
+}
+
+/// The photo guests of photo experiences upload.
+const PHOTO: &[u8] = include_bytes!("fixtures/photo-small.png");
 
 /// An HTTP answer; `uncertain` when some try got no answer (the request
 /// may have been acted on before the answer was lost).
@@ -480,6 +529,21 @@ impl Ctx {
         body: Option<&Value>,
         retry_in_progress: bool,
     ) -> Result<Reply, String> {
+        let payload = body.map_or(Payload::None, Payload::Json);
+        self.send_until_answered(method, path, bearer, key, payload, retry_in_progress)
+            .await
+    }
+
+    /// [`Ctx::request`] with any body.
+    async fn send_until_answered(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        bearer: Option<&str>,
+        key: Option<&str>,
+        payload: Payload<'_>,
+        retry_in_progress: bool,
+    ) -> Result<Reply, String> {
         let deadline = Instant::now() + Duration::from_secs(45);
         let mut uncertain = false;
         let mut last = String::new();
@@ -492,8 +556,12 @@ impl Ctx {
             if let Some(key) = key {
                 req = req.header("Idempotency-Key", key);
             }
-            if let Some(body) = body {
-                req = req.json(body);
+            match payload {
+                Payload::None => {}
+                Payload::Json(body) => req = req.json(body),
+                Payload::Png(bytes) => {
+                    req = req.header("content-type", "image/png").body(bytes.to_vec());
+                }
             }
             match req.send().await {
                 Err(e) => {
@@ -543,6 +611,9 @@ impl Ctx {
             )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
+        if r.status == 410 && self.sessions.borrow()[i].erased {
+            return json!({"session_id": sid, "status": "ERASED"});
+        }
         assert_eq!(r.status, 200, "GET session {sid}: {}", r.body);
         r.body
     }
@@ -556,6 +627,9 @@ impl Ctx {
 }
 
 fn is_final(status: &Value) -> bool {
+    if status["status"] == "ERASED" {
+        return true;
+    }
     matches!(
         status["status"].as_str(),
         Some("COMPLETED") | Some("ABORTED")
@@ -738,6 +812,9 @@ async fn run_seed(backend: Backend, seed: u64) -> SeedReport {
         });
         if let Some(m) = e.min_success {
             body["min_success"] = json!(m);
+        }
+        if e.photo {
+            body["input"] = json!("photo");
         }
         let r = ctx
             .operator(reqwest::Method::POST, "/api/experiences", Some(&body))
@@ -958,6 +1035,10 @@ async fn run_seed(backend: Backend, seed: u64) -> SeedReport {
         for &i in &expected {
             let s = &sessions[i];
             let Some(fin) = &s.final_status else { continue };
+            // An erased session's display hears its removal: no end to match.
+            if s.erased {
+                continue;
+            }
             let got = by_session.get(s.sid.as_str()).cloned().unwrap_or_default();
             let want_type = match (fin["status"].as_str(), fin["abort_reason"].as_str()) {
                 (Some("COMPLETED"), _) => "session.completed",
@@ -1014,9 +1095,10 @@ async fn run_seed(backend: Backend, seed: u64) -> SeedReport {
         let c = fake.counters();
         let _ = write!(
             stats,
-            "{}: cap {} max {} jobs {} (submits {}, 503 {}, 429 {}, 422 {}, dropped {}, cut {}, polls {}, poll 503 {}, cancels {}); ",
+            "{}: cap {} max {} jobs {} (submits {}, 503 {}, 429 {}, 422 {}, dropped {}, cut {}, 5xx once made {}, polls {}, poll 503 {}, cancels {}); ",
             p.name, p.cap, peak.max, jobs.len(), c.submits, c.submits_503, c.submits_429,
-            c.submits_rejected, c.unclear_dropped, c.unclear_cut, c.polls, c.polls_503, c.cancels
+            c.submits_rejected, c.unclear_dropped, c.unclear_cut, c.made_then_5xx, c.polls,
+            c.polls_503, c.cancels
         );
         if peak.max as i32 > p.cap {
             let at = peak.at.map(|a| fmt_at(started, a)).unwrap_or_default();
@@ -1403,7 +1485,23 @@ async fn act(ctx: &Rc<Ctx>, schedule: &Schedule, action: &Action) {
             } else {
                 format!("a comic about s{session}")
             };
-            let body = json!({"prompt": prompt});
+            let body = if schedule.experiences[*experience].photo {
+                let r = ctx
+                    .send_until_answered(
+                        Method::POST,
+                        &format!("/api/sessions/{sid}/photo"),
+                        Some(&token),
+                        Some(&uuid::Uuid::new_v4().to_string()),
+                        Payload::Png(PHOTO),
+                        true,
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(r.status, 201, "upload the photo: {}", r.body);
+                json!({"photo_id": r.body["photo_id"]})
+            } else {
+                json!({"prompt": prompt})
+            };
             let path = format!("/api/sessions/{sid}/submission");
             let key = uuid::Uuid::new_v4().to_string();
             let other = uuid::Uuid::new_v4().to_string();
@@ -1484,6 +1582,27 @@ async fn act(ctx: &Rc<Ctx>, schedule: &Schedule, action: &Action) {
                 let status = cancel(ctx, *session, &saga).await;
                 ctx.note(format!("s{session}: cancel: {status}"));
             }
+        }
+        Action::Erase { session } => {
+            let (sid, token) = {
+                let s = &ctx.sessions.borrow()[*session];
+                (s.sid.clone(), s.token.clone())
+            };
+            let r = ctx
+                .request(
+                    Method::DELETE,
+                    &format!("/api/sessions/{sid}"),
+                    Some(&token),
+                    Some(&uuid::Uuid::new_v4().to_string()),
+                    None,
+                    true,
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            if (200..300).contains(&r.status) || r.status == 410 {
+                ctx.sessions.borrow_mut()[*session].erased = true;
+            }
+            ctx.note(format!("s{session}: erase: {}", r.status));
         }
         Action::Retry { session } => {
             if let Some(saga) = ctx.saga_of(*session) {

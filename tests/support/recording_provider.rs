@@ -71,6 +71,9 @@ pub struct FakeConfig {
     /// The submit's answer waits up to this long after the job is made.
     pub submit_delay_ms: u64,
     pub cancel: CancelMode,
+    /// The job is made, then the submit is answered 500, 502 or 503 (a
+    /// server that failed once the job was made).
+    pub made_then_5xx_rate: f64,
 }
 
 impl FakeConfig {
@@ -90,6 +93,7 @@ impl FakeConfig {
             poll_503_rate: 0.0,
             submit_delay_ms: 0,
             cancel: CancelMode::Supported,
+            made_then_5xx_rate: 0.0,
         }
     }
 }
@@ -213,6 +217,8 @@ pub struct Counters {
     pub submits_429: u64,
     pub submits_rejected: u64,
     pub unclear_dropped: u64,
+    /// Submits that made their job and were answered 5xx.
+    pub made_then_5xx: u64,
     pub unclear_cut: u64,
     pub polls: u64,
     pub polls_503: u64,
@@ -706,6 +712,17 @@ fn submit(st: &mut State, request: &Request, now: Instant) -> Answer {
     } else {
         0
     };
+    // Drawn only when set, so the other draws of a seed stay as they were.
+    let made_then_5xx = st.config.made_then_5xx_rate;
+    if made_then_5xx > 0.0 && st.rng.random_bool(made_then_5xx) {
+        st.counters.made_then_5xx += 1;
+        let status = [500, 502, 503][st.rng.random_range(0..3)];
+        st.jobs[index].unclear_answers += 1;
+        st.jobs[index]
+            .history
+            .push((now, format!("submit {status} after the job was made")));
+        return json(status, json!({"error": "internal_error"}));
+    }
     if st.rng.random_bool(drop_rate) {
         st.counters.unclear_dropped += 1;
         st.jobs[index].unclear_answers += 1;
