@@ -71,7 +71,7 @@ pub const PHOTO_POOL_REFUSED: &str = "stagehand_photo_pool_refused_total";
 pub const AI_JOBS_FINISHED: &str = "stagehand_ai_jobs_finished_total";
 /// Counter: slots of the ledger freed, by the evidence that no job ran in
 /// them (`job_final`, `cancel_confirmed`, `submit_refused`,
-/// `never_submitted`).
+/// `never_submitted`, `provider_deadline`).
 pub const SLOTS_FREED: &str = "stagehand_ai_slots_freed_total";
 /// Counter: rows of the ledger whose job was looked for by re-sending its
 /// key (its id was never recorded), by what was found (`job`, `none`).
@@ -217,7 +217,7 @@ fn describe() {
     );
     describe_counter!(
         SLOTS_FREED,
-        "AI slots of the ledger freed, by the evidence that no job runs in them (evidence: job_final, cancel_confirmed, submit_refused, never_submitted)."
+        "AI slots of the ledger freed, by the evidence that no job runs in them (evidence: job_final, cancel_confirmed, submit_refused, never_submitted, provider_deadline)."
     );
     describe_counter!(
         SLOTS_FOUND_BY_KEY,
