@@ -162,14 +162,29 @@ impl Handler<SubmitJob> for AiActor {
     fn handle(&mut self, msg: SubmitJob, _: &mut Context<Self>) -> Self::Result {
         crate::metrics::actor_message("AiActor");
         let order = std::rc::Rc::new(msg.0);
-        self.request(
+        // A saga sending again a key whose outcome was unclear waits in
+        // place holding its slot: it passes the breaker here, not at a claim.
+        let resend = order.maybe_made.as_ref().is_some_and(|m| !m.look_only);
+        let breaker = self.breaker.clone();
+        let sent = self.request(
             AiRequest::Submit,
             move |client| {
                 let order = order.clone();
                 async move { client.submit(&order).await }
             },
             |jobs, outcome, sent_at| jobs.submitted(outcome, sent_at),
-        )
+        );
+        Box::pin(async move {
+            if let (true, Some(breaker)) = (resend, &breaker) {
+                if let Err(wait) = breaker.resend_admission().await {
+                    return Err(AiFailure::Throttled {
+                        retry_after_ms: wait,
+                        detail: "the AI provider's circuit breaker is open: the unclear submit is asked again when it may be".to_owned(),
+                    });
+                }
+            }
+            sent.await
+        })
     }
 }
 

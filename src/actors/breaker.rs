@@ -36,6 +36,10 @@ pub enum Request {
     OfAJob,
 }
 
+/// An unclear submit held back by an open breaker whose end is not known
+/// (a probe is out, the row could not be read) asks again this much later.
+const RESEND_RECHECK_MS: i64 = 1_000;
+
 pub struct ProviderBreaker {
     store: Store,
     clock: SharedClock,
@@ -253,6 +257,50 @@ impl ProviderBreaker {
                 }
             }
         });
+    }
+
+    /// Whether a submit that sends again a key whose first send's outcome
+    /// was unclear may go now. Such a saga waits in place holding its slot
+    /// (its job may exist), so no claim passes it through the breaker: it
+    /// asks here. Closed: go. Open and its cool-down not over: `Err(wait)`
+    /// until it is. Over: it goes as the breaker's one probe when none is
+    /// out (its answer closes the breaker, its failure opens it again),
+    /// else `Err` a second. The row is read only while this process has
+    /// seen the breaker open.
+    pub async fn resend_admission(&self) -> Result<(), i64> {
+        if !self.maybe_open.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let breaker = match self.store.breaker(&self.provider).await {
+            Ok(breaker) => breaker,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the circuit breaker; the unclear submit waits a second");
+                return Err(RESEND_RECHECK_MS);
+            }
+        };
+        let now = self.clock.now_ms();
+        match breaker.admission(now) {
+            Admission::All => {
+                self.maybe_open.store(false, Ordering::Release);
+                Ok(())
+            }
+            Admission::NoAi => Err(breaker
+                .open_until_ms
+                .map(|until| until - now)
+                .filter(|wait| *wait > 0)
+                .unwrap_or(RESEND_RECHECK_MS)),
+            Admission::Probe => {
+                let probe = Probe::taken_at(now);
+                match self.store.take_probe(&self.provider, probe).await {
+                    Ok(true) => {
+                        *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = Some(probe);
+                        tracing::info!(provider = %self.provider, "circuit breaker's time over: an unclear submit, asked again with its key, probes the AI provider");
+                        Ok(())
+                    }
+                    _ => Err(RESEND_RECHECK_MS),
+                }
+            }
+        }
     }
 
     /// What the dispatcher may claim now, by `breaker` as it read it with
