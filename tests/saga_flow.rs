@@ -151,7 +151,9 @@ async fn ai_down_counts_no_attempt_and_finishes_when_back(backend: Backend) {
     let saga = app.state.store.saga(&saga_id).await.unwrap().unwrap();
     assert_eq!(saga.attempts, 0);
     assert_eq!(saga.step, "AI_PENDING");
-    assert!(saga.unavailable_streak >= 1);
+    // A 503 to a create is unclear (the job may have been made): the saga
+    // waits with its key, and its slot stays in the ledger meanwhile.
+    assert_eq!(app.state.store.ledger_rows().await.unwrap(), 1);
     assert_eq!(app.status(&sid, &ptok).await["status"], "SUBMITTING");
 
     app.sim.control.set_down(false);
