@@ -294,51 +294,20 @@ db_test!(a_dead_workers_job_keeps_its_slot_past_the_saga_deadline);
 /// the saga released its slot to back off, and the second session's job
 /// started beside the first one's (2 jobs at once against a cap of 1).
 async fn an_unclear_submit_keeps_its_slot_when_its_retry_is_refused(backend: Backend) {
-    let app = TestApp::spawn_with(backend, no_cancel(Duration::from_secs(5)), |c| {
-        // Retries wait a second or more: the second session is claimed
-        // meanwhile if the slot is free.
-        c.backoff_base = Duration::from_secs(1);
-        c.backoff_max = Duration::from_secs(4);
-    })
-    .await;
-    let sim_url = app.sim.url();
-    app.sim.control.set_faults(SimFaults {
+    let faults = SimFaults {
         drop_after_create: 1,
         unavailable_after_unclear: 1,
         ..SimFaults::default()
-    });
-    let slug = experience(&app.http, &app.base, 1, 1).await;
-    let a = app.session(&slug, None, "unclear").await;
-    let b = app.session(&slug, None, "waiting").await;
-    submit(&app.http, &app.base, (&a.0, &a.1), "lost answer", "a-1").await;
-    let unclear = support::wait_for(Duration::from_secs(10), || async {
-        (app.sim.control.stats().unclear_answers == 1).then_some(())
-    })
-    .await;
-    assert!(
-        unclear.is_some(),
-        "the first submit was not answered unclearly: {:?}",
-        app.sim.control.stats()
-    );
-    submit(&app.http, &app.base, (&b.0, &b.1), "queued behind", "b-1").await;
-    let finals = support::wait_all_final(&app.http, &app.base, &[a, b], WITHIN)
-        .await
-        .expect("both sessions end");
-    let stats = provider_stats(&app.http, &sim_url).await;
-    eprintln!(
-        "[{backend:?}] unclear submit then 503, cap 1: provider {stats:?}; sessions {} and {}",
-        finals[0]["status"], finals[1]["status"]
-    );
+    };
+    let (stats, _) =
+        second_session_behind_the_first(backend, faults, "unclear submit then 503", |s| {
+            (s.unclear_answers == 1).then_some(())
+        })
+        .await;
     assert!(
         stats.refused >= 1,
         "the retry of the unclear submit was not refused: {stats:?}"
     );
-    assert!(
-        stats.max_concurrent_jobs <= 1,
-        "the provider ran {} jobs at once against a cap of 1: {stats:?}",
-        stats.max_concurrent_jobs
-    );
-    app.stop().await;
 }
 db_test!(an_unclear_submit_keeps_its_slot_when_its_retry_is_refused);
 
@@ -407,31 +376,56 @@ db_test!(a_cancel_during_the_submit_keeps_the_jobs_slot_until_it_ends);
 /// without a slot, and the second session's job started beside the first
 /// one's (2 jobs at once against a cap of 1).
 async fn a_503_after_the_job_was_made_keeps_its_slot(backend: Backend) {
+    let faults = SimFaults {
+        unavailable_after_create: 1,
+        unavailable_after_unclear: 1,
+        ..SimFaults::default()
+    };
+    // Both 503s were answered (the create's, then the same key's) before
+    // the second session comes.
+    let (stats, finals) =
+        second_session_behind_the_first(backend, faults, "503 after the job was made", |s| {
+            (s.jobs_created == 1 && s.refused >= 2).then_some(())
+        })
+        .await;
+    assert_eq!(finals[0]["status"], "COMPLETED", "{}", finals[0]);
+    assert_eq!(finals[1]["status"], "COMPLETED", "{}", finals[1]);
+    assert_eq!(
+        stats.jobs_created, 2,
+        "one job per session, the 503'd one found again by its key: {stats:?}"
+    );
+}
+db_test!(a_503_after_the_job_was_made_keeps_its_slot);
+
+/// Cap 1, 5 s jobs, no cancel, retries a second or more apart (a second
+/// session is claimed meanwhile if the slot is free): the provider gets
+/// `faults`, a first session submits, and once the provider's record
+/// shows `ready` a second one does. Both end; the provider never ran two
+/// jobs at once. The provider's record and the two sessions as they ended.
+async fn second_session_behind_the_first(
+    backend: Backend,
+    faults: SimFaults,
+    label: &str,
+    ready: impl Fn(&SimStats) -> Option<()>,
+) -> (SimStats, Vec<Value>) {
     let app = TestApp::spawn_with(backend, no_cancel(Duration::from_secs(5)), |c| {
         c.backoff_base = Duration::from_secs(1);
         c.backoff_max = Duration::from_secs(4);
     })
     .await;
     let sim_url = app.sim.url();
-    app.sim.control.set_faults(SimFaults {
-        unavailable_after_create: 1,
-        unavailable_after_unclear: 1,
-        ..SimFaults::default()
-    });
+    app.sim.control.set_faults(faults);
     let slug = experience(&app.http, &app.base, 1, 1).await;
-    let a = app.session(&slug, None, "made then 503").await;
+    let a = app.session(&slug, None, "first").await;
     let b = app.session(&slug, None, "waiting").await;
-    submit(&app.http, &app.base, (&a.0, &a.1), "made then 503", "a-1").await;
-    // Both 503s were answered (the create's, then the same key's) before
-    // the second session comes.
-    let made = support::wait_for(Duration::from_secs(10), || async {
-        let stats = app.sim.control.stats();
-        (stats.jobs_created == 1 && stats.refused >= 2).then_some(())
+    submit(&app.http, &app.base, (&a.0, &a.1), "the first", "a-1").await;
+    let seen = support::wait_for(Duration::from_secs(10), || async {
+        ready(&app.sim.control.stats())
     })
     .await;
     assert!(
-        made.is_some(),
-        "the first submit's job was not made and answered 503 twice: {:?}",
+        seen.is_some(),
+        "{label}: the provider's record never showed the fault: {:?}",
         app.sim.control.stats()
     );
     submit(&app.http, &app.base, (&b.0, &b.1), "queued behind", "b-1").await;
@@ -440,20 +434,14 @@ async fn a_503_after_the_job_was_made_keeps_its_slot(backend: Backend) {
         .expect("both sessions end");
     let stats = provider_stats(&app.http, &sim_url).await;
     eprintln!(
-        "[{backend:?}] 503 after the job was made, cap 1: provider {stats:?}; sessions {} and {}",
+        "[{backend:?}] {label}, cap 1: provider {stats:?}; sessions {} and {}",
         finals[0]["status"], finals[1]["status"]
-    );
-    assert_eq!(finals[0]["status"], "COMPLETED", "{}", finals[0]);
-    assert_eq!(finals[1]["status"], "COMPLETED", "{}", finals[1]);
-    assert_eq!(
-        stats.jobs_created, 2,
-        "one job per session, the 503'd one found again by its key: {stats:?}"
     );
     assert!(
         stats.max_concurrent_jobs <= 1,
-        "the provider ran {} jobs at once against a cap of 1: {stats:?}",
+        "{label}: the provider ran {} jobs at once against a cap of 1: {stats:?}",
         stats.max_concurrent_jobs
     );
     app.stop().await;
+    (stats, finals)
 }
-db_test!(a_503_after_the_job_was_made_keeps_its_slot);

@@ -1875,14 +1875,11 @@ impl Booth {
     }
 }
 
-/// An unclear create of a photo experience, then the operator cancels the
-/// saga: its slot is detached and adopted. The adopter must look with the
-/// order as it was sent, photo included. Before, it rebuilt the order from
-/// the prompt alone, found nothing, took that for a refusal and freed the
-/// slot while the prediction ran on (never cancelled).
-async fn an_unclear_create_then_a_cancel_on_a_photo_experience_keeps_the_slot(backend: Backend) {
+/// A booth whose predictions run on (`RUNS_ON`) and whose first create
+/// is made and its answer dropped; a saga's own look again comes only
+/// 20 s later, after what the test does meanwhile.
+async fn booth_whose_first_create_is_dropped(backend: Backend) -> Booth {
     let booth = booth(backend, |c| {
-        // The saga's own look comes after the cancel.
         c.backoff_base = Duration::from_secs(20);
         c.backoff_max = Duration::from_secs(20);
     })
@@ -1891,6 +1888,16 @@ async fn an_unclear_create_then_a_cancel_on_a_photo_experience_keeps_the_slot(ba
     booth
         .fake
         .push_create_faults([CreateFault::MadeThenDropped]);
+    booth
+}
+
+/// An unclear create of a photo experience, then the operator cancels the
+/// saga: its slot is detached and adopted. The adopter must look with the
+/// order as it was sent, photo included. Before, it rebuilt the order from
+/// the prompt alone, found nothing, took that for a refusal and freed the
+/// slot while the prediction ran on (never cancelled).
+async fn an_unclear_create_then_a_cancel_on_a_photo_experience_keeps_the_slot(backend: Backend) {
+    let booth = booth_whose_first_create_is_dropped(backend).await;
     let slug = booth.photo_experience().await;
     let (_sid, _token, saga) = booth.submit_photo(&slug).await;
     let id = booth.the_dropped_create().await;
@@ -1910,15 +1917,7 @@ db_test!(an_unclear_create_then_a_cancel_on_a_photo_experience_keeps_the_slot);
 /// which goes with the row). Before, it looked with the blank prompt,
 /// found nothing and freed the slot while the prediction ran on.
 async fn an_unclear_create_then_erasure_keeps_the_slot(backend: Backend) {
-    let booth = booth(backend, |c| {
-        c.backoff_base = Duration::from_secs(20);
-        c.backoff_max = Duration::from_secs(20);
-    })
-    .await;
-    booth.fake.set_default_plan(RUNS_ON);
-    booth
-        .fake
-        .push_create_faults([CreateFault::MadeThenDropped]);
+    let booth = booth_whose_first_create_is_dropped(backend).await;
     let slug = booth.experience().await;
     let (sid, token) = booth.submit(&slug, "a wish to forget").await;
     let id = booth.the_dropped_create().await;
