@@ -255,8 +255,14 @@ impl Adopter {
                     Next::Free(evidence)
                 }
                 None => {
-                    tracing::info!(provider = %slot.provider, saga_id = %slot.saga_id, call = slot.call_index, %failure, "no job of an AI slot was found; not finding one is no evidence, so it stays in use");
-                    unfound(retry_ms(&failure).max(UNFOUND_LOOK_AGAIN_MS))
+                    tracing::info!(provider = %slot.provider, saga_id = %slot.saga_id, call = slot.call_index, %failure, "the look for an AI slot's job found none, or could not be made; that is no evidence, so the slot stays in use");
+                    // A list may show the job later; a key is simply sent
+                    // again as soon as the provider may be asked.
+                    let wait = match provider.jobs_end_within_ms {
+                        Some(_) => retry_ms(&failure).max(UNFOUND_LOOK_AGAIN_MS),
+                        None => retry_ms(&failure),
+                    };
+                    unfound(wait)
                 }
             },
             Err(e) => {
