@@ -747,7 +747,7 @@ async fn what_a_keep_cut_short_wrote_is_erased_too(backend: Backend) {
         .keep(
             &origins,
             KeptFor {
-                store: &app.state.store,
+                lists: &app.state.store,
                 saga_id: &saga_id,
                 token: "a lease this worker lost",
             },
@@ -761,7 +761,7 @@ async fn what_a_keep_cut_short_wrote_is_erased_too(backend: Backend) {
         .keep(
             &origins,
             KeptFor {
-                store: &app.state.store,
+                lists: &app.state.store,
                 saga_id: &saga_id,
                 token: &lease,
             },

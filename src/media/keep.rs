@@ -285,13 +285,38 @@ impl reqwest::dns::Resolve for PublicOnly {
 }
 
 /// Whose result a keep stores: the saga its keys are derived from and
-/// listed for, and the lock token that lists them (a worker that lost
-/// the saga's lease writes nothing).
+/// listed for, the lock token that lists them (a worker that lost the
+/// saga's lease writes nothing), and where the list is written.
 #[derive(Clone, Copy)]
 pub struct KeptFor<'a> {
-    pub store: &'a Store,
+    pub lists: &'a dyn ListsKept,
     pub saga_id: &'a str,
     pub token: &'a str,
+}
+
+/// Where a keep lists the objects it is about to write for its saga
+/// (`kept_objects`), fenced on the saga's lease: `Err` with a lost lease
+/// ([`StoreError::is_lease_lost`]) when the worker no longer holds it.
+/// A saga's worker lists through its group-committed writes; the store
+/// itself lists in a transaction of its own.
+pub trait ListsKept {
+    fn list<'a>(
+        &'a self,
+        saga_id: &'a str,
+        token: &'a str,
+        keys: Vec<String>,
+    ) -> futures_util::future::LocalBoxFuture<'a, Result<(), StoreError>>;
+}
+
+impl ListsKept for Store {
+    fn list<'a>(
+        &'a self,
+        saga_id: &'a str,
+        token: &'a str,
+        keys: Vec<String>,
+    ) -> futures_util::future::LocalBoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { self.record_kept_objects(saga_id, token, &keys).await })
+    }
 }
 
 /// Keeps results: downloads (or decodes) each output and stores it.
@@ -469,8 +494,8 @@ impl Keeper {
             .chain(kept.thumbnailed.then(|| thumbnail_key(&key)))
             .collect();
         owner
-            .store
-            .record_kept_objects(owner.saga_id, owner.token, &listed)
+            .lists
+            .list(owner.saga_id, owner.token, listed)
             .await
             .map_err(listing_failure)?;
         let thumb = if kept.thumbnailed {

@@ -715,7 +715,7 @@ impl Store {
             return Err(TransitionError::LeaseLost.into());
         }
         for key in keys {
-            list_kept_object(self, &tx, key, saga_id).await?;
+            list_kept_object(&tx, key, saga_id).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -723,13 +723,9 @@ impl Store {
 }
 
 /// Lists `key` as an object of saga `saga_id` (once).
-async fn list_kept_object(
-    store: &Store,
-    tx: &WriteTx,
-    key: &str,
-    saga_id: &str,
-) -> StoreResult<()> {
-    tx.execute_raw(store.sql(
+pub(super) async fn list_kept_object(tx: &WriteTx, key: &str, saga_id: &str) -> StoreResult<()> {
+    tx.execute_raw(super::sql_for(
+        tx.get_database_backend(),
         "INSERT INTO kept_objects (object_key, saga_id) VALUES ($1, $2) \
          ON CONFLICT (object_key) DO NOTHING",
         vec![key.into(), saga_id.into()],
@@ -776,7 +772,7 @@ async fn named_objects(
 /// before the contents are blanked.
 async fn queue_named_objects(store: &Store, tx: &WriteTx, session_id: &str) -> StoreResult<()> {
     for (saga_id, key) in named_objects(store, tx, session_id).await? {
-        list_kept_object(store, tx, &key, &saga_id).await?;
+        list_kept_object(tx, &key, &saga_id).await?;
     }
     Ok(())
 }

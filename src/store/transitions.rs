@@ -100,6 +100,16 @@ pub enum SagaWrite {
     },
     /// RANKING_DONE -> COMPLETED with result, session status and event.
     Complete { saga_id: String, token: String },
+    /// The objects a keep of the saga is about to write (`kept_objects`),
+    /// listed before they are written, while AI_PENDING, under the saga's
+    /// lease: a worker that lost it lists nothing (and must write
+    /// nothing). The fence renews the lease, and an abort (so an erasure)
+    /// that comes later sees the list. Listing a key twice is harmless.
+    ListKept {
+        saga_id: String,
+        token: String,
+        keys: Vec<String>,
+    },
     /// Any non-final step -> ABORTED with session status and event, by the
     /// saga's holder, the cleanup actor (the saga must be unowned) or an
     /// operator (see [`Fence`]).
@@ -129,6 +139,7 @@ impl SagaWrite {
             | SagaWrite::RankingDone { saga_id, .. }
             | SagaWrite::ReleaseForRetry { saga_id, .. }
             | SagaWrite::Complete { saga_id, .. }
+            | SagaWrite::ListKept { saga_id, .. }
             | SagaWrite::Abort { saga_id, .. } => saga_id,
         }
     }
@@ -254,6 +265,7 @@ struct BatchRows {
     ranked_after_review: Rows,
     released: Rows,
     completed: Rows,
+    kept: Rows,
     refunds: Vec<Refund>,
 }
 
@@ -268,6 +280,7 @@ impl BatchRows {
             ranked_after_review: Rows::new(),
             released: Rows::new(),
             completed: Rows::new(),
+            kept: Rows::new(),
             refunds: Vec::new(),
         }
     }
@@ -349,6 +362,13 @@ impl BatchRows {
             SagaWrite::Complete { saga_id, token } => {
                 self.completed.push(i, saga_id, token, vec![])
             }
+            SagaWrite::ListKept {
+                saga_id,
+                token,
+                keys,
+            } => self
+                .kept
+                .push(i, saga_id, token, vec![keys.join("\n").into()]),
             SagaWrite::Abort { .. } => {}
         }
         Ok(())
@@ -370,6 +390,7 @@ impl Store {
         let lease = lease_until(now, lease_ms);
 
         let rows = sort_writes(&tx, writes, now, &mut outcome).await?;
+        write_kept_lists(&tx, &rows.kept, lease, now, &mut outcome).await?;
         write_ai_submitted(&tx, &rows.submitted, lease, now, &mut outcome).await?;
         write_attempt_timeouts(&tx, &rows.timed_out, lease, now, &mut outcome).await?;
         write_ai_done(&tx, &rows.ai_done, lease, now, &mut outcome).await?;
@@ -625,6 +646,36 @@ async fn write_ai_submitted(
         .collect();
     ledger::bind_first_jobs(tx, &jobs, now).await?;
     submitted.record_lease_kept(&applied, outcome);
+    Ok(())
+}
+
+/// The objects keeps are about to write, listed for their sagas (see
+/// [`SagaWrite::ListKept`]). Before the batch's other writes, so a keep's
+/// list is in when an abort of a later batch purges.
+async fn write_kept_lists(
+    tx: &WriteTx,
+    kept: &Rows,
+    lease: EpochMs,
+    now: EpochMs,
+    outcome: &mut Outcomes,
+) -> StoreResult<()> {
+    // AI_PENDING stays: touching no row can only mean the lease is gone.
+    let applied = fenced_update_many(
+        tx,
+        Step::AiPending,
+        Some(lease),
+        "lock_token = v.token",
+        &kept.rows,
+        now,
+    )
+    .await?;
+    for (saga_id, _, values) in kept.applied(&applied) {
+        let keys = text_of(&values[0]).unwrap_or_default();
+        for key in keys.split('\n').filter(|k| !k.is_empty()) {
+            super::guests::list_kept_object(tx, key, saga_id).await?;
+        }
+    }
+    kept.record_lease_kept(&applied, outcome);
     Ok(())
 }
 

@@ -9,9 +9,10 @@ use super::SagaDeps;
 use crate::ai::InputPhoto;
 use crate::domain::failure::AiResult;
 use crate::domain::media::{photo_url_expiry, sign_media_url};
-use crate::media::keep::{KeepError, KeptFor};
+use crate::media::keep::{KeepError, KeptFor, ListsKept};
 use crate::media::MediaError;
 use crate::store::entities::sagas;
+use crate::store::transitions::SagaWrite;
 use crate::store::StoreError;
 
 /// What reading the saga's photo found.
@@ -116,7 +117,7 @@ pub(super) async fn keep_result(
         .keep(
             origins,
             KeptFor {
-                store: &deps.store,
+                lists: &ListedInBatches(deps),
                 saga_id: &saga.id,
                 token: saga.lock_token.as_deref().unwrap_or_default(),
             },
@@ -130,4 +131,34 @@ pub(super) async fn keep_result(
         content,
         score: result.score,
     })
+}
+
+/// A saga worker lists what its keep is about to write through its
+/// group-committed writes ([`SagaWrite::ListKept`]): under load one
+/// transaction lists for many sagas, and a keep adds none of its own.
+struct ListedInBatches<'a>(&'a SagaDeps);
+
+impl ListsKept for ListedInBatches<'_> {
+    fn list<'a>(
+        &'a self,
+        saga_id: &'a str,
+        token: &'a str,
+        keys: Vec<String>,
+    ) -> futures_util::future::LocalBoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let write = SagaWrite::ListKept {
+                saga_id: saga_id.to_owned(),
+                token: token.to_owned(),
+                keys,
+            };
+            match super::write(self.0, write).await {
+                Ok(written) => written.map(|_| ()),
+                // The writer is gone (the instance is stopping): nothing
+                // is listed, so nothing may be written.
+                Err(_) => Err(StoreError::Conflict(
+                    "the saga writer has stopped; the result's files are not listed".to_owned(),
+                )),
+            }
+        })
+    }
 }
