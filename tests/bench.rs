@@ -213,3 +213,94 @@ fn a_short_run_still_counts_the_servers_messages_per_saga() {
         );
     }
 }
+
+/// `--side-by-side A` measures A and this build in alternation, A B B A:
+/// the run's rows name the build of each run in that order, and the
+/// summary gives this build's ratio to A with its spread. A is an older
+/// build here (a wrapper that notes each start and knows no
+/// `--media-url`, as builds before the media store did): it is given only
+/// the flags it takes.
+#[test]
+fn side_by_side_runs_a_b_b_a_and_gives_the_ratio_with_its_spread() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let starts = dir.path().join("starts.txt");
+    let older = dir.path().join("older-build");
+    std::fs::write(
+        &older,
+        format!(
+            "#!/bin/sh\n\
+             if [ \"$2\" = --help ]; then '{exe}' \"$@\" | grep -v -e --media-url; exit 0; fi\n\
+             for arg in \"$@\"; do\n\
+               if [ \"$arg\" = --media-url ]; then echo 'unexpected argument --media-url' >&2; exit 2; fi\n\
+             done\n\
+             echo \"$1\" >> '{starts}'\n\
+             exec '{exe}' \"$@\"\n",
+            starts = starts.display(),
+            exe = env!("CARGO_BIN_EXE_stagehand")
+        ),
+    )
+    .expect("write the wrapper");
+    let mut mode = std::fs::metadata(&older).expect("wrapper").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut mode, 0o755);
+    std::fs::set_permissions(&older, mode).expect("make the wrapper executable");
+
+    let (code, output) = support::run_stagehand(
+        &[
+            "bench",
+            "--postgres-url",
+            "",
+            "--sessions",
+            "150",
+            "--concurrency",
+            "8",
+            "--terminals",
+            "1",
+            "--side-by-side",
+            older.to_str().expect("utf-8 path"),
+        ],
+        RUN_DEADLINE * 2,
+    );
+    assert_eq!(code, Some(0), "bench failed:\n{output}");
+    let started = std::fs::read_to_string(&starts).unwrap_or_default();
+    assert_eq!(
+        started.lines().collect::<Vec<_>>(),
+        vec!["serve", "serve"],
+        "the older build serves runs 1 and 4 only:\n{output}"
+    );
+    let runs: Vec<&str> = output
+        .lines()
+        .filter(|l| {
+            l.starts_with("| ") && l.contains("older-build") || l.contains("| this build |")
+        })
+        .filter(|l| {
+            l.split('|')
+                .nth(1)
+                .is_some_and(|c| c.trim().parse::<u32>().is_ok())
+        })
+        .collect();
+    let order: Vec<&str> = runs
+        .iter()
+        .map(|l| l.split('|').nth(2).unwrap_or("").trim())
+        .collect();
+    assert_eq!(
+        order,
+        vec!["older-build", "this build", "this build", "older-build"],
+        "one row per run, A B B A:\n{output}"
+    );
+    let ratio = output
+        .lines()
+        .find(|l| l.contains("SQLite, 1 terminal sagas/s | this build"))
+        .unwrap_or_else(|| panic!("a summary row for this build:\n{output}"));
+    let cells: Vec<&str> = ratio.split('|').map(str::trim).collect();
+    let times = |cell: &str| cell.trim_end_matches('×').parse::<f64>().ok();
+    let (r, spread) = (times(cells[4]), cells[5]);
+    let (low, high) = spread
+        .split_once('–')
+        .and_then(|(l, h)| Some((times(l)?, times(h)?)))
+        .unwrap_or_else(|| panic!("a spread low–high: {ratio}"));
+    let r = r.unwrap_or_else(|| panic!("a ratio: {ratio}"));
+    assert!(
+        r > 0.0 && low > 0.0 && low <= high,
+        "the ratio and its spread are figures: {ratio}"
+    );
+}

@@ -28,6 +28,7 @@ pub mod load;
 pub mod media;
 pub mod pgbench;
 pub mod rehearse;
+pub mod side;
 pub mod sockets;
 pub mod table;
 
@@ -105,6 +106,24 @@ pub struct BenchArgs {
     /// in this process: they stay this build's.
     #[arg(long, value_name = "PATH")]
     pub server_binary: Option<PathBuf>,
+    /// Measure the build at this path (A) against the server build (B:
+    /// `--server-binary`, else this one) side by side: A B B A, `--sets`
+    /// times, each run pgbench and the flat-out scenarios only; prints a
+    /// row per run and, per scenario, the medians, B ÷ A and its spread.
+    /// Run it before landing any change on the saga's path, with the
+    /// change's parent as A. Given more than once (A, B, C, then the
+    /// server build D), the builds run in order and back (A B C D D C B
+    /// A), and each is compared with the one before it: a bisect in one
+    /// sitting.
+    #[arg(long, value_name = "A_PATH")]
+    pub side_by_side: Vec<PathBuf>,
+    /// Sets of A B B A for `--side-by-side`.
+    #[arg(long, default_value_t = 1)]
+    pub sets: usize,
+    /// Terminals of the flat-out scenarios, each its own scenario (one
+    /// display WebSocket per terminal).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 50])]
+    pub terminals: Vec<usize>,
     /// Keep the server and simulator logs (they are also kept when a
     /// scenario fails).
     #[arg(long)]
@@ -200,6 +219,10 @@ async fn media_figures(
 pub async fn run(args: BenchArgs) -> Result<(), String> {
     check_args(&args)?;
     install_tls_provider();
+    if !args.side_by_side.is_empty() {
+        let bench = Bench::prepare(&args)?;
+        return side::run(&args, &bench).await;
+    }
     let started = chrono::Local::now().format("%Y-%m-%d %H:%M %Z").to_string();
     let load_start = load_average();
     let bench = Bench::prepare(&args)?;
@@ -224,8 +247,11 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
 /// instance; a push rate and sessions when push latency runs; sockets when
 /// the memory per idle socket does.
 fn check_args(args: &BenchArgs) -> Result<(), String> {
-    if args.sessions == 0 || args.concurrency == 0 || args.instances == 0 {
-        return Err("--sessions, --concurrency and --instances must be at least 1".into());
+    if args.sessions == 0 || args.concurrency == 0 || args.instances == 0 || args.sets == 0 {
+        return Err("--sessions, --concurrency, --instances and --sets must be at least 1".into());
+    }
+    if args.terminals.is_empty() || args.terminals.contains(&0) {
+        return Err("--terminals takes terminal counts of at least 1, such as 1,50".into());
     }
     let push = !args.no_push_latency;
     if push && args.push_sessions == 0 {
@@ -361,11 +387,12 @@ fn scenarios(args: &BenchArgs, bench: &Bench) -> Vec<(Backend, usize, Load, usiz
     let mut scenarios = Vec::new();
     for backend in bench.backends() {
         if !args.no_throughput {
-            scenarios.push((backend, 1, Load::FlatOut, 1));
-            if backend == Backend::Postgres && args.instances > 1 {
-                scenarios.push((backend, 1, Load::FlatOut, args.instances));
+            for &terminals in &args.terminals {
+                scenarios.push((backend, terminals, Load::FlatOut, 1));
+                if terminals == 1 && backend == Backend::Postgres && args.instances > 1 {
+                    scenarios.push((backend, 1, Load::FlatOut, args.instances));
+                }
             }
-            scenarios.push((backend, 50, Load::FlatOut, 1));
         }
         if !args.no_push_latency {
             scenarios.push((backend, PUSH_TERMINALS, Load::Paced(args.push_rate), 1));
@@ -516,6 +543,7 @@ fn print_tables(
             .any(|r| r.load.is_paced())
             .then_some((args.push_sessions, args.push_rate)),
         flat: m.results.iter().any(|r| !r.load.is_paced()),
+        terminals: &args.terminals,
         sync_commit: m.sync_commit.as_deref(),
         pgbench: m.pgbench.as_ref(),
         server_args: &bench.server_args,

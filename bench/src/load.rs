@@ -514,16 +514,46 @@ pub(super) async fn start_server(
         sim_url.into(),
         "--operator-token".into(),
         operator.into(),
-        // Media beside the server's log, never the working directory (on
-        // PostgreSQL there is no database file to put it by).
-        "--media-url".into(),
-        log.with_extension("media").display().to_string(),
     ];
+    // Media beside the server's log, never the working directory (on
+    // PostgreSQL there is no database file to put it by). A build from
+    // before the media store (`--server-binary`) has no such flag.
+    if serve_takes(exe, "--media-url") {
+        args.push("--media-url".into());
+        args.push(log.with_extension("media").display().to_string());
+    }
     args.extend(server_args.iter().cloned());
     let env: Vec<(&str, &str)> = server_env().collect();
     let mut server = Proc::start(exe, "the server", &args, &env, log)?;
     server.wait_ready(client, &format!("{base}/readyz")).await?;
     Ok((server, base))
+}
+
+/// Whether `exe serve` takes `flag` (its `--help` names it): an older
+/// build measured with `--server-binary` is given only the flags it knows.
+/// Asked once per build and flag.
+fn serve_takes(exe: &Path, flag: &str) -> bool {
+    use std::sync::{Mutex, OnceLock};
+    static KNOWN: OnceLock<Mutex<HashMap<(PathBuf, String), bool>>> = OnceLock::new();
+    let known = KNOWN.get_or_init(Default::default);
+    let key = (exe.to_owned(), flag.to_owned());
+    if let Some(&takes) = known.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return takes;
+    }
+    let takes = Command::new(exe)
+        .args(["serve", "--help"])
+        .output()
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .split(|c: char| c.is_whitespace() || c == ',' || c == '=')
+                .any(|word| word == flag)
+        })
+        .unwrap_or(true);
+    known
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, takes);
+    takes
 }
 
 /// Environment the bench gives each server, unless the bench's own

@@ -24,6 +24,8 @@ pub struct Header<'a> {
     pub push: Option<(usize, f64)>,
     /// Flat-out scenarios ran.
     pub flat: bool,
+    /// Their terminal counts (`--terminals`).
+    pub terminals: &'a [usize],
     pub sync_commit: Option<&'a str>,
     pub pgbench: Option<&'a Pgbench>,
     pub server_args: &'a [String],
@@ -44,9 +46,15 @@ pub fn header(h: &Header) -> String {
     )];
     if h.flat {
         lines.push(format!(
-            "throughput: {} sagas per scenario, on 1 and on 50 terminals, {} submitters flat \
+            "throughput: {} sagas per scenario, on {} terminal(s), {} submitters flat \
              out, one display WebSocket per terminal, AI simulator at 0 ms",
-            h.sessions, h.concurrency
+            h.sessions,
+            h.terminals
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(" and on "),
+            h.concurrency
         ));
     }
     if let Some((sagas, rate)) = h.push {
