@@ -29,6 +29,7 @@ use sea_orm::{ConnectionTrait, QueryResult, Value};
 use serde_json::Value as Json;
 
 use super::entities::{experiences, sessions};
+use super::rows::{SqlType, ValueRows};
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::audit::AuditEntry;
 use crate::domain::guests::{kept_keys, ForgottenBy};
@@ -714,23 +715,45 @@ impl Store {
         if fenced != 1 {
             return Err(TransitionError::LeaseLost.into());
         }
-        for key in keys {
-            list_kept_object(&tx, key, saga_id).await?;
-        }
+        let listed: Vec<(String, String)> = keys
+            .iter()
+            .map(|k| (k.clone(), saga_id.to_owned()))
+            .collect();
+        list_kept_objects(&tx, &listed).await?;
         tx.commit().await?;
         Ok(())
     }
 }
 
-/// Lists `key` as an object of saga `saga_id` (once).
-pub(super) async fn list_kept_object(tx: &WriteTx, key: &str, saga_id: &str) -> StoreResult<()> {
-    tx.execute_raw(super::sql_for(
-        tx.get_database_backend(),
-        "INSERT INTO kept_objects (object_key, saga_id) VALUES ($1, $2) \
-         ON CONFLICT (object_key) DO NOTHING",
-        vec![key.into(), saga_id.into()],
-    ))
-    .await?;
+/// Rows of [`list_kept_objects`] per statement: two cells each, well under
+/// SQLite's limit on a statement's parameters.
+const KEPT_PER_STATEMENT: usize = 500;
+
+/// Lists each `(object_key, saga_id)` as an object of that saga (once per
+/// key): one statement for up to [`KEPT_PER_STATEMENT`] of them, so a
+/// batch of keeps lists all its files in one round trip.
+pub(super) async fn list_kept_objects(
+    tx: &WriteTx,
+    listed: &[(String, String)],
+) -> StoreResult<()> {
+    let backend = tx.get_database_backend();
+    for chunk in listed.chunks(KEPT_PER_STATEMENT) {
+        let mut rows = ValueRows::new(&[SqlType::Text, SqlType::Text]);
+        for (key, saga_id) in chunk {
+            rows.push([key.clone().into(), saga_id.clone().into()]);
+        }
+        let mut values = Vec::new();
+        let source = rows.source(backend, 1, &mut values);
+        tx.execute_raw(super::sql_for(
+            backend,
+            &format!(
+                "INSERT INTO kept_objects (object_key, saga_id) {source} \
+                 ON CONFLICT (object_key) DO NOTHING"
+            ),
+            values,
+        ))
+        .await?;
+    }
     Ok(())
 }
 
@@ -771,10 +794,12 @@ async fn named_objects(
 /// Lists every object the session's contents name in `kept_objects`,
 /// before the contents are blanked.
 async fn queue_named_objects(store: &Store, tx: &WriteTx, session_id: &str) -> StoreResult<()> {
-    for (saga_id, key) in named_objects(store, tx, session_id).await? {
-        list_kept_object(tx, &key, &saga_id).await?;
-    }
-    Ok(())
+    let listed: Vec<(String, String)> = named_objects(store, tx, session_id)
+        .await?
+        .into_iter()
+        .map(|(saga_id, key)| (key, saga_id))
+        .collect();
+    list_kept_objects(tx, &listed).await
 }
 
 /// The media-store keys a forgotten session leaves: every object listed

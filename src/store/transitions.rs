@@ -669,12 +669,17 @@ async fn write_kept_lists(
         now,
     )
     .await?;
-    for (saga_id, _, values) in kept.applied(&applied) {
-        let keys = text_of(&values[0]).unwrap_or_default();
-        for key in keys.split('\n').filter(|k| !k.is_empty()) {
-            super::guests::list_kept_object(tx, key, saga_id).await?;
-        }
-    }
+    let listed: Vec<(String, String)> = kept
+        .applied(&applied)
+        .flat_map(|(saga_id, _, values)| {
+            let keys = text_of(&values[0]).unwrap_or_default();
+            keys.split('\n')
+                .filter(|k| !k.is_empty())
+                .map(|key| (key.to_owned(), saga_id.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    super::guests::list_kept_objects(tx, &listed).await?;
     kept.record_lease_kept(&applied, outcome);
     Ok(())
 }
