@@ -138,26 +138,12 @@ pub async fn slots_in_use<C: ConnectionTrait>(
     provider: Option<&str>,
     now: EpochMs,
 ) -> StoreResult<SlotCounts> {
-    let mut values: Vec<Value> = vec![now.into()];
-    let filter = match provider {
-        Some(p) => {
-            values.push(p.into());
-            "WHERE l.provider = $2 \
-             OR l.experience_id IN (SELECT id FROM experiences WHERE provider = $2)"
-        }
-        None => "",
-    };
     let rows = conn
-        .query_all_raw(sql_for(
+        .query_all_raw(slot_count_statement(
             conn.get_database_backend(),
-            &format!(
-                "SELECT l.provider, l.experience_id, COUNT(*), \
-                 COALESCE(SUM(CASE WHEN NOT l.detached AND s.step = 'AI_PENDING' \
-                 AND (s.lock_token IS NULL OR s.locked_until_ms < $1) THEN 1 ELSE 0 END), 0) \
-                 FROM ai_slots l LEFT JOIN sagas s ON s.id = l.saga_id {filter} \
-                 GROUP BY l.provider, l.experience_id"
-            ),
-            values,
+            "",
+            provider,
+            now,
         ))
         .await?;
     let mut counts = SlotCounts::default();
@@ -171,6 +157,67 @@ pub async fn slots_in_use<C: ConnectionTrait>(
         );
     }
     Ok(counts)
+}
+
+/// The statement of [`slots_in_use`], after `prefix` (`EXPLAIN`, or
+/// nothing).
+fn slot_count_statement(
+    backend: DbBackend,
+    prefix: &str,
+    provider: Option<&str>,
+    now: EpochMs,
+) -> sea_orm::Statement {
+    let mut values: Vec<Value> = vec![now.into()];
+    let filter = match provider {
+        Some(p) => {
+            values.push(p.into());
+            "WHERE l.provider = $2 \
+             OR l.experience_id IN (SELECT id FROM experiences WHERE provider = $2)"
+        }
+        None => "",
+    };
+    sql_for(
+        backend,
+        &format!(
+            "{prefix} SELECT l.provider, l.experience_id, COUNT(*), \
+             COALESCE(SUM(CASE WHEN NOT l.detached AND s.step = 'AI_PENDING' \
+             AND (s.lock_token IS NULL OR s.locked_until_ms < $1) THEN 1 ELSE 0 END), 0) \
+             FROM ai_slots l {} {filter} \
+             GROUP BY l.provider, l.experience_id",
+            saga_of_each_slot(backend)
+        ),
+        values,
+    )
+}
+
+impl Store {
+    /// The database's plan for counting `provider`'s slots (the count
+    /// every claim round makes), for tests and the bench to check it.
+    pub async fn slot_count_plan(&self, provider: &str, now: EpochMs) -> StoreResult<String> {
+        let backend = self.backend();
+        self.plan_of(false, |prefix| {
+            slot_count_statement(backend, prefix, Some(provider), now)
+        })
+        .await
+    }
+}
+
+/// The saga of each slot row `l`, as `s`, found by its key one row at a
+/// time: the count costs what the slots in use cost, whatever the number
+/// of sagas. On PostgreSQL a plain join let the planner, misled by the
+/// ledger's churn (thousands of dead rows in a table of a few hundred),
+/// hash every saga of the database at each claim round: 11 ms at 14,000
+/// sagas, growing with the table (docs/BENCHMARKS.md §29). A lateral
+/// lookup with `LIMIT 1` is always an index probe per slot. SQLite has no
+/// `LATERAL`, and its planner probes the saga's key for a join anyway.
+fn saga_of_each_slot(backend: DbBackend) -> &'static str {
+    match backend {
+        DbBackend::Postgres => {
+            "LEFT JOIN LATERAL (SELECT g.step, g.lock_token, g.locked_until_ms \
+             FROM sagas g WHERE g.id = l.saga_id LIMIT 1) s ON true"
+        }
+        _ => "LEFT JOIN sagas s ON s.id = l.saga_id",
+    }
 }
 
 /// A fresh row id, made by the database (rows are inserted from selects).
