@@ -20,6 +20,9 @@ pub struct Counters {
     server_ticks: u64,
     postgres_ticks: u64,
     client_ticks: u64,
+    /// The AI simulator's: it does the provider's work (answering the
+    /// jobs, serving their files) on the same cores.
+    simulator_ticks: u64,
     /// Voluntary + involuntary context switches of every server thread.
     server_switches: u64,
     /// PostgreSQL: commits + rollbacks, and statements, of the database.
@@ -40,6 +43,10 @@ pub struct PerSaga {
     /// None on SQLite.
     pub postgres_cpu_ms: Option<f64>,
     pub client_cpu_ms: f64,
+    /// The AI simulator's CPU: the provider's side of each job (its
+    /// answers and the result file the keep stage fetches), on the same
+    /// cores as everything else here.
+    pub simulator_cpu_ms: f64,
     pub server_switches: f64,
     pub transactions: Option<f64>,
     pub statements: Option<f64>,
@@ -300,6 +307,7 @@ impl Counters {
     /// and the operator token, for `/metrics`.
     pub async fn read(
         server_pids: &[u32],
+        simulator_pid: Option<u32>,
         db: Option<&DatabaseConnection>,
         servers: (&reqwest::Client, &[String], &str),
     ) -> Counters {
@@ -340,6 +348,7 @@ impl Counters {
                 .sum(),
             postgres_ticks: if db.is_some() { postgres_ticks() } else { 0 },
             client_ticks: process_ticks("self"),
+            simulator_ticks: simulator_pid.map_or(0, |pid| process_ticks(&pid.to_string())),
             server_switches: server_pids.iter().map(|&pid| switches(pid)).sum(),
             transactions,
             statements,
@@ -359,6 +368,7 @@ impl Counters {
             server_cpu_ms: ms(self.server_ticks, later.server_ticks),
             postgres_cpu_ms: postgres.then(|| ms(self.postgres_ticks, later.postgres_ticks)),
             client_cpu_ms: ms(self.client_ticks, later.client_ticks),
+            simulator_cpu_ms: ms(self.simulator_ticks, later.simulator_ticks),
             server_switches: later.server_switches.saturating_sub(self.server_switches) as f64 / n,
             transactions: each(self.transactions, later.transactions),
             statements: each(self.statements, later.statements),

@@ -259,7 +259,7 @@ fn render(builds: &[Build], runs: &[Run]) -> Vec<String> {
         labels
             .iter()
             .map(|l| format!(
-                "{l}: sagas/s (× pgbench) · CPU-ms per saga server / PostgreSQL · statements"
+                "{l}: sagas/s (× pgbench) · CPU-ms per saga server / PostgreSQL / AI simulator · transactions / statements per saga"
             ))
             .collect::<Vec<_>>()
             .join(" | ")
@@ -346,7 +346,7 @@ fn ratio_rows(
 }
 
 /// One scenario of one run: the rate, its ratio to pgbench, the CPU per
-/// saga and the statements per saga.
+/// saga and the transactions and statements per saga.
 fn run_cell(r: &ScenarioResult, pgbench: Option<f64>) -> String {
     let Ok(f) = &r.outcome else {
         return "FAILED".into();
@@ -358,10 +358,15 @@ fn run_cell(r: &ScenarioResult, pgbench: Option<f64>) -> String {
     let p = &f.per_saga;
     let pg_cpu = p
         .postgres_cpu_ms
-        .map_or(String::new(), |ms| format!(" / {ms:.2}"));
-    let statements = p.statements.map_or(String::new(), |s| format!(" · {s:.1}"));
+        .map_or(" / -".to_owned(), |ms| format!(" / {ms:.2}"));
+    let simulator = format!(" / {:.2}", p.simulator_cpu_ms);
+    let statements = match (p.transactions, p.statements) {
+        (Some(t), Some(s)) => format!(" · {t:.1} / {s:.1}"),
+        (Some(t), None) => format!(" · {t:.1} / -"),
+        _ => String::new(),
+    };
     format!(
-        "{:.0}{ratio} · {:.2}{pg_cpu}{statements}",
+        "{:.0}{ratio} · {:.2}{pg_cpu}{simulator}{statements}",
         f.sagas_per_s, p.server_cpu_ms
     )
 }

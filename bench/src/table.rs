@@ -161,7 +161,7 @@ fn flat_rows(terminals: usize, instances: usize) -> Vec<Row> {
             None,
         ),
         row(
-            "CPU-ms per saga: server / PostgreSQL / client",
+            "CPU-ms per saga: server / PostgreSQL / client / AI simulator",
             |f| cpu_cells(&f.per_saga),
             None,
         ),
@@ -191,14 +191,17 @@ fn lock_cells(p: &super::cpu::PerSaga) -> String {
     }
 }
 
-/// `server / PostgreSQL / client` CPU-ms per saga (`-` for PostgreSQL on
-/// SQLite).
+/// `server / PostgreSQL / client / AI simulator` CPU-ms per saga (`-` for
+/// PostgreSQL on SQLite).
 fn cpu_cells(p: &super::cpu::PerSaga) -> String {
     let pg = p
         .postgres_cpu_ms
         .map(|x| format!("{x:.2}"))
         .unwrap_or_else(|| "-".into());
-    format!("{:.2} / {pg} / {:.2}", p.server_cpu_ms, p.client_cpu_ms)
+    format!(
+        "{:.2} / {pg} / {:.2} / {:.2}",
+        p.server_cpu_ms, p.client_cpu_ms, p.simulator_cpu_ms
+    )
 }
 
 /// `switches / transactions / statements` per saga (`-` where not known:
@@ -283,9 +286,10 @@ fn paced_rows(rate: f64) -> Vec<Row> {
         row("submit latency, POST to 202, p50 / p99 (ms)", |f| {
             pair(f.submit_p50_ms, f.submit_p99_ms)
         }),
-        row("CPU-ms per saga: server / PostgreSQL / client", |f| {
-            cpu_cells(&f.per_saga)
-        }),
+        row(
+            "CPU-ms per saga: server / PostgreSQL / client / AI simulator",
+            |f| cpu_cells(&f.per_saga),
+        ),
     ]
 }
 
@@ -400,7 +404,7 @@ fn legend(results: &[ScenarioResult], paced: Option<f64>) -> Vec<String> {
     );
     out.push(
         "per saga: from the first submission to the last frame, divided by the sagas; CPU from \
-         /proc (PostgreSQL: every postgres process),"
+         /proc (PostgreSQL: every postgres process; the AI simulator does the provider's work on the same cores),"
             .into(),
     );
     out.push(

@@ -303,6 +303,7 @@ struct Meters {
     /// PostgreSQL: a connection of our own to the scenario's database.
     stats_db: Option<DatabaseConnection>,
     server_pids: Vec<u32>,
+    simulator_pid: u32,
     before: Counters,
     /// When `before` was read.
     before_at: Instant,
@@ -324,7 +325,14 @@ impl Meters {
             Backend::Sqlite => None,
         };
         let server_pids: Vec<u32> = servers.instances.iter().map(|p| p.child.id()).collect();
-        let before = Counters::read(&server_pids, stats_db.as_ref(), servers.metrics()).await;
+        let simulator_pid = servers.sim.child.id();
+        let before = Counters::read(
+            &server_pids,
+            Some(simulator_pid),
+            stats_db.as_ref(),
+            servers.metrics(),
+        )
+        .await;
         let before_at = Instant::now();
         let lock_waits = match s.backend {
             Backend::Postgres => Some(tokio::spawn(cpu::sample_lock_waits(
@@ -336,6 +344,7 @@ impl Meters {
         Meters {
             stats_db,
             server_pids,
+            simulator_pid,
             before,
             before_at,
             lock_waits,
@@ -347,7 +356,13 @@ impl Meters {
     /// rendering of `/metrics` twice, and count nothing).
     async fn read(&self, servers: &Servers) -> Counters {
         tokio::time::sleep_until((self.before_at + cpu::SCRAPE_REFRESH).into()).await;
-        Counters::read(&self.server_pids, self.stats_db.as_ref(), servers.metrics()).await
+        Counters::read(
+            &self.server_pids,
+            Some(self.simulator_pid),
+            self.stats_db.as_ref(),
+            servers.metrics(),
+        )
+        .await
     }
 }
 
