@@ -1,15 +1,26 @@
 //! `stagehand bench --server-binary` as a user runs it: the built binary
 //! measures the servers of another build (here a wrapper script that notes
-//! each start and then runs this build), while the AI simulator stays its
-//! own; a path that is not a file is refused before anything starts. The
-//! runs take only the memory per idle socket (SQLite, 20 sockets), the
-//! bench's shortest measurement.
+//! each start and then runs this build; the bench also asks each build's
+//! `serve --help` which flags it takes, which starts no server), while the
+//! AI simulator stays its own; a path that is not a file is refused before
+//! anything starts. The runs take only the memory per idle socket
+//! (SQLite, 20 sockets), the bench's shortest measurement.
+//! `--side-by-side` runs builds in alternation and gives their ratio.
 
 mod support;
 
 /// Starting the simulator and a server, 20 sockets and the RSS reads take
 /// a few seconds; this is the bound.
 const RUN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Writes an executable shell script at `path`: a build standing in for
+/// another, for `--server-binary` and `--side-by-side`.
+fn write_script(path: &std::path::Path, text: &str) {
+    std::fs::write(path, text).expect("write the wrapper");
+    let mut mode = std::fs::metadata(path).expect("wrapper").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut mode, 0o755);
+    std::fs::set_permissions(path, mode).expect("make the wrapper executable");
+}
 
 /// Runs `stagehand bench` with `args`, no PostgreSQL (an empty
 /// `--postgres-url` wins over `STAGEHAND_BENCH_POSTGRES_URL`), and only the
@@ -32,18 +43,16 @@ fn the_servers_run_from_the_given_binary_and_the_simulator_from_this_one() {
     let dir = tempfile::tempdir().expect("temp dir");
     let starts = dir.path().join("starts.txt");
     let wrapper = dir.path().join("other-build");
-    std::fs::write(
+    write_script(
         &wrapper,
-        format!(
-            "#!/bin/sh\necho \"$1\" >> '{}'\nexec '{}' \"$@\"\n",
-            starts.display(),
-            env!("CARGO_BIN_EXE_stagehand")
+        &format!(
+            "#!/bin/sh\n\
+             if [ \"$2\" = --help ]; then exec '{exe}' \"$@\"; fi\n\
+             echo \"$1\" >> '{starts}'\nexec '{exe}' \"$@\"\n",
+            starts = starts.display(),
+            exe = env!("CARGO_BIN_EXE_stagehand")
         ),
-    )
-    .expect("write the wrapper");
-    let mut mode = std::fs::metadata(&wrapper).expect("wrapper").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut mode, 0o755);
-    std::fs::set_permissions(&wrapper, mode).expect("make the wrapper executable");
+    );
 
     let wrapper_arg = wrapper.to_str().expect("utf-8 path");
     let (code, output) = bench(&[
@@ -225,9 +234,9 @@ fn side_by_side_runs_a_b_b_a_and_gives_the_ratio_with_its_spread() {
     let dir = tempfile::tempdir().expect("temp dir");
     let starts = dir.path().join("starts.txt");
     let older = dir.path().join("older-build");
-    std::fs::write(
+    write_script(
         &older,
-        format!(
+        &format!(
             "#!/bin/sh\n\
              if [ \"$2\" = --help ]; then '{exe}' \"$@\" | grep -v -e --media-url; exit 0; fi\n\
              for arg in \"$@\"; do\n\
@@ -238,11 +247,7 @@ fn side_by_side_runs_a_b_b_a_and_gives_the_ratio_with_its_spread() {
             starts = starts.display(),
             exe = env!("CARGO_BIN_EXE_stagehand")
         ),
-    )
-    .expect("write the wrapper");
-    let mut mode = std::fs::metadata(&older).expect("wrapper").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut mode, 0o755);
-    std::fs::set_permissions(&older, mode).expect("make the wrapper executable");
+    );
 
     let (code, output) = support::run_stagehand(
         &[
