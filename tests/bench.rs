@@ -275,9 +275,6 @@ fn side_by_side_runs_a_b_b_a_and_gives_the_ratio_with_its_spread() {
     let runs: Vec<&str> = output
         .lines()
         .filter(|l| {
-            l.starts_with("| ") && l.contains("older-build") || l.contains("| this build |")
-        })
-        .filter(|l| {
             l.split('|')
                 .nth(1)
                 .is_some_and(|c| c.trim().parse::<u32>().is_ok())

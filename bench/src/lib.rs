@@ -219,13 +219,12 @@ async fn media_figures(
 pub async fn run(args: BenchArgs) -> Result<(), String> {
     check_args(&args)?;
     install_tls_provider();
+    let bench = Bench::prepare(&args)?;
     if !args.side_by_side.is_empty() {
-        let bench = Bench::prepare(&args)?;
         return side::run(&args, &bench).await;
     }
     let started = chrono::Local::now().format("%Y-%m-%d %H:%M %Z").to_string();
     let load_start = load_average();
-    let bench = Bench::prepare(&args)?;
     let (sync_commit, pgbench) = run_pgbench(&args, &bench).await?;
     let results = run_scenarios(&args, &bench).await;
     let claim_costs = run_claim_costs(&args, &bench).await;

@@ -531,16 +531,9 @@ pub(super) async fn start_server(
 
 /// Whether `exe serve` takes `flag` (its `--help` names it): an older
 /// build measured with `--server-binary` is given only the flags it knows.
-/// Asked once per build and flag.
+/// A build that cannot say is given the flag.
 fn serve_takes(exe: &Path, flag: &str) -> bool {
-    use std::sync::{Mutex, OnceLock};
-    static KNOWN: OnceLock<Mutex<HashMap<(PathBuf, String), bool>>> = OnceLock::new();
-    let known = KNOWN.get_or_init(Default::default);
-    let key = (exe.to_owned(), flag.to_owned());
-    if let Some(&takes) = known.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return takes;
-    }
-    let takes = Command::new(exe)
+    Command::new(exe)
         .args(["serve", "--help"])
         .output()
         .map(|out| {
@@ -548,12 +541,7 @@ fn serve_takes(exe: &Path, flag: &str) -> bool {
                 .split(|c: char| c.is_whitespace() || c == ',' || c == '=')
                 .any(|word| word == flag)
         })
-        .unwrap_or(true);
-    known
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, takes);
-    takes
+        .unwrap_or(true)
 }
 
 /// Environment the bench gives each server, unless the bench's own
