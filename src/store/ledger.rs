@@ -202,19 +202,20 @@ impl Store {
     }
 }
 
-/// The saga of each slot row `l`, as `s`, found by its key one row at a
-/// time: the count costs what the slots in use cost, whatever the number
-/// of sagas. On PostgreSQL a plain join let the planner, misled by the
-/// ledger's churn (thousands of dead rows in a table of a few hundred),
-/// hash every saga of the database at each claim round: 11 ms at 14,000
-/// sagas, growing with the table (docs/BENCHMARKS.md §29). A lateral
-/// lookup with `LIMIT 1` is always an index probe per slot. SQLite has no
-/// `LATERAL`, and its planner probes the saga's key for a join anyway.
+/// The saga of each slot row `l`, as `s` (none: its columns are NULL),
+/// found by its key one row at a time; every statement that reads slots
+/// with their sagas joins this way, so it costs what the slots cost,
+/// whatever the number of sagas. On PostgreSQL a plain join let the
+/// planner, misled by the ledger's churn (thousands of dead rows in a
+/// table of a few hundred), hash every saga of the database: 11 ms at
+/// 14,000 sagas for the count each claim round makes, growing with the
+/// table (docs/BENCHMARKS.md §29). A lateral lookup with `LIMIT 1` is
+/// always an index probe per slot. SQLite has no `LATERAL`, and its
+/// planner probes the saga's key for a join anyway.
 fn saga_of_each_slot(backend: DbBackend) -> &'static str {
     match backend {
         DbBackend::Postgres => {
-            "LEFT JOIN LATERAL (SELECT g.step, g.lock_token, g.locked_until_ms \
-             FROM sagas g WHERE g.id = l.saga_id LIMIT 1) s ON true"
+            "LEFT JOIN LATERAL (SELECT g.* FROM sagas g WHERE g.id = l.saga_id LIMIT 1) s ON true"
         }
         _ => "LEFT JOIN sagas s ON s.id = l.saga_id",
     }
@@ -720,13 +721,11 @@ impl Store {
              AND s.recoveries >= $2 AND NOT s.handed_over))))";
         // Mostly there are none: a read says so without a write
         // transaction (SQLite's one writer is not taken every second).
+        let slot_sagas = saga_of_each_slot(self.backend());
         let due = self
             .db()
             .query_one_raw(self.sql(
-                &format!(
-                    "SELECT 1 FROM ai_slots l LEFT JOIN sagas s ON s.id = l.saga_id \
-                     WHERE {orphaned} LIMIT 1"
-                ),
+                &format!("SELECT 1 FROM ai_slots l {slot_sagas} WHERE {orphaned} LIMIT 1"),
                 vec![now.into(), (max_recoveries as i32).into()],
             ))
             .await?;
@@ -744,7 +743,7 @@ impl Store {
             .query_all_raw(self.sql(
                 &format!(
                     "WITH picked AS MATERIALIZED (SELECT l.id FROM ai_slots l \
-                     LEFT JOIN sagas s ON s.id = l.saga_id WHERE {orphaned} \
+                     {slot_sagas} WHERE {orphaned} \
                      ORDER BY l.adopted_until_ms, l.created_at_ms LIMIT $3{lock}) \
                      UPDATE ai_slots SET detached = true, adopt_token = $4, \
                      adopted_until_ms = $5, updated_at_ms = $1 \
@@ -780,7 +779,7 @@ impl Store {
                      l.base_key, e.ai_calls, COALESCE(l.keyed_at_ms, l.created_at_ms), \
                      COALESCE(l.photo_key, p.object_key), COALESCE(l.photo_sha256, p.sha256), \
                      l.unfound_since_ms \
-                     FROM ai_slots l LEFT JOIN sagas s ON s.id = l.saga_id \
+                     FROM ai_slots l {slot_sagas} \
                      LEFT JOIN experiences e ON e.id = s.experience_id \
                      LEFT JOIN photos p ON p.id = s.photo_id WHERE l.id {list}"
                 ),
