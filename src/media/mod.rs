@@ -16,6 +16,7 @@
 //!   never in the database, never in a log line ([`MediaStore::describe`]
 //!   shows the bucket and the endpoint only).
 
+mod folder_writer;
 pub mod jpeg;
 pub mod keep;
 pub mod photo;
@@ -30,6 +31,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use folder_writer::FolderWriter;
 
 /// Why the media store could not be opened or used.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +69,8 @@ pub struct MediaStream {
 pub struct MediaStore {
     store: Arc<dyn ObjectStore>,
     place: MediaPlace,
+    /// A local folder's writes go through its own thread; None: S3.
+    writer: Option<FolderWriter>,
     /// For logs and errors: the folder, or the bucket and endpoint.
     shown: String,
 }
@@ -100,9 +105,12 @@ impl MediaStore {
             .map_err(|e| config(format!("cannot create the folder: {e}")))?;
         let store = object_store::local::LocalFileSystem::new_with_prefix(folder)
             .map_err(|e| config(e.to_string()))?;
+        let writer = FolderWriter::start(folder)
+            .map_err(|e| config(format!("cannot start its writer thread: {e}")))?;
         Ok(MediaStore {
             store: Arc::new(store),
             place: MediaPlace::Folder(folder.to_owned()),
+            writer: Some(writer),
             shown: folder.display().to_string(),
         })
     }
@@ -156,6 +164,7 @@ impl MediaStore {
             place: MediaPlace::S3 {
                 bucket: bucket.to_owned(),
             },
+            writer: None,
             shown: format!("s3://{bucket} at {at}"),
         })
     }
@@ -195,8 +204,15 @@ impl MediaStore {
     /// Stores `bytes` under `key`, replacing what was there (the same key
     /// is the same object: a re-run overwrites, never adds).
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), MediaError> {
+        let path = object_path(key)?;
+        if let (Some(writer), MediaPlace::Folder(folder)) = (&self.writer, &self.place) {
+            return writer
+                .write(folder.join(path.as_ref()), bytes)
+                .await
+                .map_err(|e| MediaError::Unavailable(format!("writing {key}: {e}")));
+        }
         self.store
-            .put(&object_path(key)?, PutPayload::from_bytes(bytes))
+            .put(&path, PutPayload::from_bytes(bytes))
             .await
             .map(|_| ())
             .map_err(|e| unavailable(&e))
