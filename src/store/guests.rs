@@ -25,6 +25,8 @@
 //! marks them `deleted_at_ms` once their saga ended (no saga reads a
 //! given-up photo), then the purge deletes the object and marks it gone.
 
+use std::collections::HashSet;
+
 use sea_orm::{ConnectionTrait, QueryResult, Value};
 use serde_json::Value as Json;
 
@@ -34,7 +36,7 @@ use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::audit::AuditEntry;
 use crate::domain::guests::{kept_keys, ForgottenBy};
 use crate::domain::policy::EpochMs;
-use crate::domain::saga::TransitionError;
+use crate::domain::saga::{Step, TransitionError};
 
 /// A completed result as its link, the gallery and the export show it.
 #[derive(Debug, Clone)]
@@ -694,9 +696,10 @@ impl Store {
     /// Lists `keys` as the objects a keep of saga `saga_id` is about to
     /// write (`kept_objects`), fenced on the saga's lock token while it is
     /// AI_PENDING: a worker that lost its lease lists nothing and must
-    /// write nothing. The fence updates the saga's row, which an abort
-    /// (and so an erasure) then waits for: the erasure's purge sees the
-    /// list. Listing a key twice (a keep run again) is harmless.
+    /// write nothing. The fence holds the saga's row until the commit,
+    /// which an abort (and so an erasure) then waits for: the erasure's
+    /// purge sees the list. Listing a key twice (a keep run again) is
+    /// harmless.
     pub async fn record_kept_objects(
         &self,
         saga_id: &str,
@@ -704,25 +707,77 @@ impl Store {
         keys: &[String],
     ) -> StoreResult<()> {
         let tx = self.write_tx().await?;
-        let fenced = tx
-            .execute_raw(self.sql(
-                "UPDATE sagas SET lock_token = lock_token \
-                 WHERE id = $1 AND lock_token = $2 AND step = 'AI_PENDING'",
-                vec![saga_id.into(), token.into()],
-            ))
-            .await?
-            .rows_affected();
-        if fenced != 1 {
+        let wanted = [(saga_id.to_owned(), token.to_owned(), keys.to_vec())];
+        if list_kept_under_lease(&tx, &wanted).await?.is_empty() {
             return Err(TransitionError::LeaseLost.into());
         }
-        let listed: Vec<(String, String)> = keys
-            .iter()
-            .map(|k| (k.clone(), saga_id.to_owned()))
-            .collect();
-        list_kept_objects(&tx, &listed).await?;
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// Lists the keys each saga's keep is about to write (`(saga id, lock
+/// token, keys)`), for the sagas still AI_PENDING under that token; the
+/// others (their lease lost) list nothing. Returns the sagas listed.
+///
+/// The fence holds each saga's row until the commit without writing it:
+/// `FOR SHARE` on PostgreSQL, so an abort (and the erasure or retention
+/// purge after it) waits for the list and then sees it; on SQLite the
+/// write transaction is the only writer while it runs. No new row version
+/// is made for a listing; the lease is renewed by the supervisor's
+/// renewals (docs/BENCHMARKS.md §30).
+pub(super) async fn list_kept_under_lease(
+    tx: &WriteTx,
+    wanted: &[(String, String, Vec<String>)],
+) -> StoreResult<HashSet<String>> {
+    let held = hold_pending(tx, wanted).await?;
+    let listed: Vec<(String, String)> = wanted
+        .iter()
+        .filter(|(saga_id, _, _)| held.contains(saga_id))
+        .flat_map(|(saga_id, _, keys)| keys.iter().map(|k| (k.clone(), saga_id.clone())))
+        .collect();
+    list_kept_objects(tx, &listed).await?;
+    Ok(held)
+}
+
+/// The sagas of `wanted` at AI_PENDING under the given token, held (see
+/// [`list_kept_under_lease`]).
+async fn hold_pending(
+    tx: &WriteTx,
+    wanted: &[(String, String, Vec<String>)],
+) -> StoreResult<HashSet<String>> {
+    if wanted.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let mut source = ValueRows::new(&[SqlType::Text, SqlType::Text]);
+    for (saga_id, token, _) in wanted {
+        source.push([saga_id.clone().into(), token.clone().into()]);
+    }
+    let backend = tx.get_database_backend();
+    let mut values = Vec::new();
+    let source = source.source(backend, 1, &mut values);
+    let hold = if backend == sea_orm::DbBackend::Postgres {
+        " FOR SHARE OF sagas"
+    } else {
+        ""
+    };
+    let found = tx
+        .query_all_raw(super::sql_for(
+            backend,
+            &format!(
+                "WITH v(id, token) AS ({source}) \
+                 SELECT sagas.id FROM sagas JOIN v ON sagas.id = v.id \
+                 WHERE sagas.step = '{pending}' AND sagas.lock_token = v.token{hold}",
+                pending = Step::AiPending.as_str(),
+            ),
+            values,
+        ))
+        .await?;
+    found
+        .iter()
+        .map(|r| r.try_get_by_index::<String>(0))
+        .collect::<Result<_, _>>()
+        .map_err(Into::into)
 }
 
 /// Rows of [`list_kept_objects`] per statement: two cells each, well under
@@ -732,10 +787,7 @@ const KEPT_PER_STATEMENT: usize = 500;
 /// Lists each `(object_key, saga_id)` as an object of that saga (once per
 /// key): one statement for up to [`KEPT_PER_STATEMENT`] of them, so a
 /// batch of keeps lists all its files in one round trip.
-pub(super) async fn list_kept_objects(
-    tx: &WriteTx,
-    listed: &[(String, String)],
-) -> StoreResult<()> {
+async fn list_kept_objects(tx: &WriteTx, listed: &[(String, String)]) -> StoreResult<()> {
     let backend = tx.get_database_backend();
     for chunk in listed.chunks(KEPT_PER_STATEMENT) {
         let mut rows = ValueRows::new(&[SqlType::Text, SqlType::Text]);

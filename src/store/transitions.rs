@@ -103,8 +103,10 @@ pub enum SagaWrite {
     /// The objects a keep of the saga is about to write (`kept_objects`),
     /// listed before they are written, while AI_PENDING, under the saga's
     /// lease: a worker that lost it lists nothing (and must write
-    /// nothing). The fence renews the lease, and an abort (so an erasure)
-    /// that comes later sees the list. Listing a key twice is harmless.
+    /// nothing). The fence holds the saga's row until the commit without
+    /// writing it (the supervisor's renewals keep the lease), so an abort
+    /// (so an erasure) that comes later sees the list. Listing a key twice
+    /// is harmless.
     ListKept {
         saga_id: String,
         token: String,
@@ -390,7 +392,7 @@ impl Store {
         let lease = lease_until(now, lease_ms);
 
         let rows = sort_writes(&tx, writes, now, &mut outcome).await?;
-        write_kept_lists(&tx, &rows.kept, lease, now, &mut outcome).await?;
+        write_kept_lists(&tx, &rows.kept, &mut outcome).await?;
         write_ai_submitted(&tx, &rows.submitted, lease, now, &mut outcome).await?;
         write_attempt_timeouts(&tx, &rows.timed_out, lease, now, &mut outcome).await?;
         write_ai_done(&tx, &rows.ai_done, lease, now, &mut outcome).await?;
@@ -651,36 +653,24 @@ async fn write_ai_submitted(
 
 /// The objects keeps are about to write, listed for their sagas (see
 /// [`SagaWrite::ListKept`]). Before the batch's other writes, so a keep's
-/// list is in when an abort of a later batch purges.
-async fn write_kept_lists(
-    tx: &WriteTx,
-    kept: &Rows,
-    lease: EpochMs,
-    now: EpochMs,
-    outcome: &mut Outcomes,
-) -> StoreResult<()> {
-    // AI_PENDING stays: touching no row can only mean the lease is gone.
-    let applied = fenced_update_many(
-        tx,
-        Step::AiPending,
-        Some(lease),
-        "lock_token = v.token",
-        &kept.rows,
-        now,
-    )
-    .await?;
-    let listed: Vec<(String, String)> = kept
-        .applied(&applied)
-        .flat_map(|(saga_id, _, values)| {
+/// list is in when an abort of a later batch purges (the fence:
+/// [`super::guests::list_kept_under_lease`]).
+async fn write_kept_lists(tx: &WriteTx, kept: &Rows, outcome: &mut Outcomes) -> StoreResult<()> {
+    let wanted: Vec<(String, String, Vec<String>)> = kept
+        .rows
+        .iter()
+        .map(|(saga_id, token, values)| {
             let keys = text_of(&values[0]).unwrap_or_default();
-            keys.split('\n')
+            let keys = keys
+                .split('\n')
                 .filter(|k| !k.is_empty())
-                .map(|key| (key.to_owned(), saga_id.clone()))
-                .collect::<Vec<_>>()
+                .map(str::to_owned);
+            (saga_id.clone(), token.clone(), keys.collect())
         })
         .collect();
-    super::guests::list_kept_objects(tx, &listed).await?;
-    kept.record_lease_kept(&applied, outcome);
+    // AI_PENDING stays: a saga not listed can only have lost its lease.
+    let listed = super::guests::list_kept_under_lease(tx, &wanted).await?;
+    kept.record_lease_kept(&listed, outcome);
     Ok(())
 }
 
