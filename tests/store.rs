@@ -6,7 +6,7 @@
 mod support;
 
 use futures_util::future::join_all;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Statement};
 use stagehand::domain::failure::{AiResult, ContentItem};
 use stagehand::domain::ledger::Evidence;
 use stagehand::domain::policy::AttemptState;
@@ -1770,3 +1770,84 @@ async fn the_slot_count_reads_the_slots_not_every_saga(backend: Backend) {
     assert_eq!(counts.provider_total("default"), 10, "{plan}");
 }
 db_test!(the_slot_count_reads_the_slots_not_every_saga);
+
+/// Issue 46: a saga that names no photo (every saga of a prompt-only
+/// experience) has no entry in `sagas_by_photo`, so its insert and each
+/// step's UPDATE do not write that index; the photo question
+/// (`photo_id = $1`) is still answered from it. Before, the index held a
+/// NULL entry for every saga and every version of its row. Likewise
+/// `sessions_with_objects_left` holds only the sessions whose files wait
+/// to be deleted.
+async fn only_sagas_with_a_photo_are_in_the_photo_index(backend: Backend) {
+    let f = fixture(backend, 5).await;
+    let template = f.saga(T0).await;
+    f.store
+        .insert_bulk_sagas(&template, 1, 5_000, "COMPLETED", T0)
+        .await
+        .unwrap();
+    let db = f.store.db();
+    // PostgreSQL writes the predicate in parentheses, SQLite as given.
+    let partial = |definition: &str| definition.to_lowercase().replace(['(', ')'], "");
+    let definition = if f.store.is_postgres() {
+        "SELECT indexdef FROM pg_indexes WHERE indexname = 'sagas_by_photo'"
+    } else {
+        "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = 'sagas_by_photo'"
+    };
+    let definition: String = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            definition,
+        ))
+        .await
+        .unwrap()
+        .expect("sagas_by_photo exists")
+        .try_get_by_index(0)
+        .unwrap();
+    assert!(
+        partial(&definition).contains("where photo_id is not null"),
+        "sagas_by_photo must hold only the sagas that name a photo: {definition}"
+    );
+    let definition = if f.store.is_postgres() {
+        "SELECT indexdef FROM pg_indexes WHERE indexname = 'sessions_with_objects_left'"
+    } else {
+        "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = 'sessions_with_objects_left'"
+    };
+    let definition: String = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            definition,
+        ))
+        .await
+        .unwrap()
+        .expect("sessions_with_objects_left exists")
+        .try_get_by_index(0)
+        .unwrap();
+    assert!(
+        partial(&definition).contains("where objects_left = true"),
+        "sessions_with_objects_left must hold only the sessions with files left: {definition}"
+    );
+    if f.store.is_postgres() {
+        db.execute_unprepared("ANALYZE sagas").await.unwrap();
+    }
+    let explain = if f.store.is_postgres() {
+        "EXPLAIN SELECT 1 FROM sagas g WHERE g.photo_id = 'p-1'"
+    } else {
+        "EXPLAIN QUERY PLAN SELECT 1 FROM sagas g WHERE g.photo_id = 'p-1'"
+    };
+    let plan: Vec<String> = db
+        .query_all_raw(Statement::from_string(db.get_database_backend(), explain))
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| {
+            row.try_get_by_index::<String>(if f.store.is_postgres() { 0 } else { 3 })
+                .unwrap()
+        })
+        .collect();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("sagas_by_photo"),
+        "the photo question must still be answered from sagas_by_photo:\n{plan}"
+    );
+}
+db_test!(only_sagas_with_a_photo_are_in_the_photo_index);

@@ -34,6 +34,7 @@ mod m20261216_000023_upload_bounds;
 mod m20261216_000025_complete_erasure;
 mod m20261216_000026_gallery_guard;
 mod m20261217_000027_slot_evidence;
+mod m20261218_000028_lean_indexes;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -67,6 +68,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261216_000025_complete_erasure::Migration),
             Box::new(m20261216_000026_gallery_guard::Migration),
             Box::new(m20261217_000027_slot_evidence::Migration),
+            Box::new(m20261218_000028_lean_indexes::Migration),
         ]
     }
 }

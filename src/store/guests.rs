@@ -117,6 +117,12 @@ pub struct Held {
 
 /// The sessions that are not running: no submission under way, and no
 /// saga of theirs between its start and its end.
+/// The sessions whose kept files wait to be deleted: the literal term of
+/// the partial index `sessions_with_objects_left` (SQLite uses a partial
+/// index only for a query that carries its WHERE term; a bound `$n`
+/// would not).
+const OBJECTS_LEFT: &str = "objects_left = TRUE";
+
 const AT_REST: &str = "s.status <> 'SUBMITTING' AND NOT EXISTS (SELECT 1 FROM sagas g \
      WHERE g.session_id = s.id AND g.step NOT IN ('COMPLETED', 'ABORTED'))";
 
@@ -474,16 +480,11 @@ impl Store {
             .query_all_raw(self.sql(
                 &format!(
                     "UPDATE sessions SET purge_claim_until_ms = $1 WHERE id IN \
-                     (SELECT id FROM sessions WHERE objects_left = $2 \
-                      AND (purge_claim_until_ms IS NULL OR purge_claim_until_ms < $3) \
-                      ORDER BY forgotten_at_ms LIMIT $4{lock}) RETURNING id"
+                     (SELECT id FROM sessions WHERE {OBJECTS_LEFT} \
+                      AND (purge_claim_until_ms IS NULL OR purge_claim_until_ms < $2) \
+                      ORDER BY forgotten_at_ms LIMIT $3{lock}) RETURNING id"
                 ),
-                vec![
-                    (now + lease_ms).into(),
-                    true.into(),
-                    now.into(),
-                    (limit as i64).into(),
-                ],
+                vec![(now + lease_ms).into(), now.into(), (limit as i64).into()],
             ))
             .await?
             .iter()
