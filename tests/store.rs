@@ -1786,44 +1786,14 @@ async fn only_sagas_with_a_photo_are_in_the_photo_index(backend: Backend) {
         .await
         .unwrap();
     let db = f.store.db();
-    // PostgreSQL writes the predicate in parentheses, SQLite as given.
-    let partial = |definition: &str| definition.to_lowercase().replace(['(', ')'], "");
-    let definition = if f.store.is_postgres() {
-        "SELECT indexdef FROM pg_indexes WHERE indexname = 'sagas_by_photo'"
-    } else {
-        "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = 'sagas_by_photo'"
-    };
-    let definition: String = db
-        .query_one_raw(Statement::from_string(
-            db.get_database_backend(),
-            definition,
-        ))
-        .await
-        .unwrap()
-        .expect("sagas_by_photo exists")
-        .try_get_by_index(0)
-        .unwrap();
+    let definition = index_definition(&f.store, "sagas_by_photo").await;
     assert!(
-        partial(&definition).contains("where photo_id is not null"),
+        definition.contains("where photo_id is not null"),
         "sagas_by_photo must hold only the sagas that name a photo: {definition}"
     );
-    let definition = if f.store.is_postgres() {
-        "SELECT indexdef FROM pg_indexes WHERE indexname = 'sessions_with_objects_left'"
-    } else {
-        "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = 'sessions_with_objects_left'"
-    };
-    let definition: String = db
-        .query_one_raw(Statement::from_string(
-            db.get_database_backend(),
-            definition,
-        ))
-        .await
-        .unwrap()
-        .expect("sessions_with_objects_left exists")
-        .try_get_by_index(0)
-        .unwrap();
+    let definition = index_definition(&f.store, "sessions_with_objects_left").await;
     assert!(
-        partial(&definition).contains("where objects_left = true"),
+        definition.contains("where objects_left = true"),
         "sessions_with_objects_left must hold only the sessions with files left: {definition}"
     );
     if f.store.is_postgres() {
@@ -1851,3 +1821,23 @@ async fn only_sagas_with_a_photo_are_in_the_photo_index(backend: Backend) {
     );
 }
 db_test!(only_sagas_with_a_photo_are_in_the_photo_index);
+
+/// Index `name`'s definition as the database keeps it, in lower case and
+/// without parentheses (PostgreSQL writes a predicate in them, SQLite as
+/// given).
+async fn index_definition(store: &Store, name: &str) -> String {
+    let query = if store.is_postgres() {
+        "SELECT indexdef FROM pg_indexes WHERE indexname = $1"
+    } else {
+        "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = $1"
+    };
+    let definition: String = store
+        .db()
+        .query_one_raw(store.sql(query, vec![name.into()]))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("index {name} exists"))
+        .try_get_by_index(0)
+        .unwrap();
+    definition.to_lowercase().replace(['(', ')'], "")
+}
