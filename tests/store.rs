@@ -6,7 +6,7 @@
 mod support;
 
 use futures_util::future::join_all;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Statement};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
 use stagehand::domain::failure::{AiResult, ContentItem};
 use stagehand::domain::ledger::Evidence;
 use stagehand::domain::policy::AttemptState;
@@ -1777,7 +1777,7 @@ db_test!(the_slot_count_reads_the_slots_not_every_saga);
 /// (`photo_id = $1`) is still answered from it. Before, the index held a
 /// NULL entry for every saga and every version of its row. Likewise
 /// `sessions_with_objects_left` holds only the sessions whose files wait
-/// to be deleted.
+/// to be deleted, and the purge's claim still reads it.
 async fn only_sagas_with_a_photo_are_in_the_photo_index(backend: Backend) {
     let f = fixture(backend, 5).await;
     let template = f.saga(T0).await;
@@ -1796,28 +1796,28 @@ async fn only_sagas_with_a_photo_are_in_the_photo_index(backend: Backend) {
         definition.contains("where objects_left = true"),
         "sessions_with_objects_left must hold only the sessions with files left: {definition}"
     );
+    // An event's sessions, none with files left to delete.
+    db.execute_unprepared(&format!(
+        "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 5000) \
+         INSERT INTO sessions (id, experience_id, nickname, participant_token_hash, status, \
+         created_at_ms, updated_at_ms) \
+         SELECT 'bulk-' || n, '{}', 'guest', 'token-' || n, 'COMPLETED', {T0}, {T0} FROM g",
+        f.experience_id
+    ))
+    .await
+    .unwrap();
     if f.store.is_postgres() {
-        db.execute_unprepared("ANALYZE sagas").await.unwrap();
+        db.execute_unprepared("ANALYZE sagas, sessions").await.unwrap();
     }
-    let explain = if f.store.is_postgres() {
-        "EXPLAIN SELECT 1 FROM sagas g WHERE g.photo_id = 'p-1'"
-    } else {
-        "EXPLAIN QUERY PLAN SELECT 1 FROM sagas g WHERE g.photo_id = 'p-1'"
-    };
-    let plan: Vec<String> = db
-        .query_all_raw(Statement::from_string(db.get_database_backend(), explain))
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| {
-            row.try_get_by_index::<String>(if f.store.is_postgres() { 0 } else { 3 })
-                .unwrap()
-        })
-        .collect();
-    let plan = plan.join("\n");
+    let plan = f.store.photo_question_plan("p-1").await.unwrap();
     assert!(
         plan.contains("sagas_by_photo"),
         "the photo question must still be answered from sagas_by_photo:\n{plan}"
+    );
+    let plan = f.store.session_purges_plan(T0, 10).await.unwrap();
+    assert!(
+        plan.contains("sessions_with_objects_left"),
+        "the purge's claim must read sessions_with_objects_left:\n{plan}"
     );
 }
 db_test!(only_sagas_with_a_photo_are_in_the_photo_index);

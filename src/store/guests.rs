@@ -27,7 +27,7 @@
 
 use std::collections::HashSet;
 
-use sea_orm::{ConnectionTrait, QueryResult, Value};
+use sea_orm::{ConnectionTrait, QueryResult, Statement, Value};
 use serde_json::Value as Json;
 
 use super::entities::{experiences, sessions};
@@ -115,14 +115,14 @@ pub struct Held {
     pub next_photo_due_ms: Option<EpochMs>,
 }
 
-/// The sessions that are not running: no submission under way, and no
-/// saga of theirs between its start and its end.
 /// The sessions whose kept files wait to be deleted: the literal term of
 /// the partial index `sessions_with_objects_left` (SQLite uses a partial
 /// index only for a query that carries its WHERE term; a bound `$n`
 /// would not).
 const OBJECTS_LEFT: &str = "objects_left = TRUE";
 
+/// The sessions that are not running: no submission under way, and no
+/// saga of theirs between its start and its end.
 const AT_REST: &str = "s.status <> 'SUBMITTING' AND NOT EXISTS (SELECT 1 FROM sagas g \
      WHERE g.session_id = s.id AND g.step NOT IN ('COMPLETED', 'ABORTED'))";
 
@@ -460,6 +460,43 @@ impl Store {
         Ok(given)
     }
 
+    /// How the database runs the claim of sessions to purge (PostgreSQL
+    /// `EXPLAIN`, SQLite `EXPLAIN QUERY PLAN`), one line per plan node. For
+    /// tests and diagnostics: it must read `sessions_with_objects_left`,
+    /// not every session.
+    pub async fn session_purges_plan(&self, now: EpochMs, limit: u64) -> StoreResult<String> {
+        self.plan_of(false, |prefix| {
+            self.session_purges_statement(prefix, now, 60_000, limit)
+        })
+        .await
+    }
+
+    /// The claim of up to `limit` sessions whose files wait, for
+    /// `lease_ms`, oldest forgotten first, after `prefix` (empty, or an
+    /// `EXPLAIN`).
+    fn session_purges_statement(
+        &self,
+        prefix: &str,
+        now: EpochMs,
+        lease_ms: i64,
+        limit: u64,
+    ) -> Statement {
+        let lock = if self.is_postgres() {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        self.sql(
+            &format!(
+                "{prefix} UPDATE sessions SET purge_claim_until_ms = $1 WHERE id IN \
+                 (SELECT id FROM sessions WHERE {OBJECTS_LEFT} \
+                  AND (purge_claim_until_ms IS NULL OR purge_claim_until_ms < $2) \
+                  ORDER BY forgotten_at_ms LIMIT $3{lock}) RETURNING id"
+            ),
+            vec![(now + lease_ms).into(), now.into(), (limit as i64).into()],
+        )
+    }
+
     /// Claims up to `limit` purges for `lease_ms` (another instance takes
     /// none of them meanwhile; a claim of an instance that died runs out
     /// and is taken again): forgotten sessions with objects left, then
@@ -477,15 +514,7 @@ impl Store {
         };
         let tx = self.write_tx().await?;
         let session_ids: Vec<String> = tx
-            .query_all_raw(self.sql(
-                &format!(
-                    "UPDATE sessions SET purge_claim_until_ms = $1 WHERE id IN \
-                     (SELECT id FROM sessions WHERE {OBJECTS_LEFT} \
-                      AND (purge_claim_until_ms IS NULL OR purge_claim_until_ms < $2) \
-                      ORDER BY forgotten_at_ms LIMIT $3{lock}) RETURNING id"
-                ),
-                vec![(now + lease_ms).into(), now.into(), (limit as i64).into()],
-            ))
+            .query_all_raw(self.session_purges_statement("", now, lease_ms, limit))
             .await?
             .iter()
             .map(|r| r.try_get_by_index::<String>(0))

@@ -136,6 +136,22 @@ impl Store {
             .await?)
     }
 
+    /// How the database finds the sagas that name `photo_id`
+    /// ([`named_by_a_saga`]; PostgreSQL `EXPLAIN`, SQLite `EXPLAIN QUERY
+    /// PLAN`), one line per plan node. For tests and diagnostics: it must
+    /// read `sagas_by_photo`, not every saga.
+    pub async fn photo_question_plan(&self, photo_id: &str) -> StoreResult<String> {
+        let question = self.backend().build(&named_by_a_saga(photo_id));
+        self.plan_of(false, |prefix| {
+            sea_orm::Statement::from_sql_and_values(
+                self.backend(),
+                format!("{prefix} {}", question.sql),
+                question.values.map(|v| v.0).unwrap_or_default(),
+            )
+        })
+        .await
+    }
+
     /// The photo stored at `object_key`, unless it was given up.
     pub async fn photo_by_key(&self, object_key: &str) -> StoreResult<Option<photos::Model>> {
         Ok(photos::Entity::find()
