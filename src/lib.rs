@@ -38,6 +38,8 @@
 //! - [`ai`]: the provider client and the built-in simulator.
 //! - [`http`]: routes, auth, idempotency rules, the one error mapping.
 //! - [`media`]: the media store (a folder or S3, over `object_store`).
+//! - [`print`]: IPP printing and the print-ready image (the print queue
+//!   actor is in `actors`).
 //! - [`config`], [`clock`], [`startup`]: flags, the injectable clock, wiring.
 //! - [`telemetry`]: traces over OTLP (off unless configured).
 //! - [`units`]: durations and rate limits as people type them.
@@ -54,6 +56,7 @@ pub mod domain;
 pub mod http;
 pub mod media;
 pub mod metrics;
+pub mod print;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

@@ -113,6 +113,14 @@ enum Command {
         #[arg(long, default_value_t = 32)]
         rank_batch: u64,
     },
+    /// What the event's outputs cost in CPU (the brand on a 1024² and a
+    /// 2048² result, a print's preparation): prints the rounds as JSON
+    /// (what `stagehand bench` runs for its outputs table).
+    #[command(hide = true)]
+    OutputCost {
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+    },
     /// Measure the server as a user runs it (subprocesses on 127.0.0.1) and
     /// print one table.
     Bench(stagehand_bench::BenchArgs),
@@ -225,6 +233,14 @@ fn main() -> ExitCode {
                     claim_cost::measure(&database_url, &sizes, rank_batch, rounds).await?;
                 let json = serde_json::to_string(&timings).map_err(|e| e.to_string())?;
                 println!("{json}");
+                Ok(())
+            }
+            Command::OutputCost { rounds } => {
+                let cost = stagehand::print::cost::measure(rounds)?;
+                println!(
+                    "{}",
+                    serde_json::to_string(&cost).map_err(|e| e.to_string())?
+                );
                 Ok(())
             }
             Command::Bench(args) => stagehand_bench::run(args).await,

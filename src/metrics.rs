@@ -63,6 +63,12 @@ pub const AI_REQUEST_DURATION: &str = "stagehand_ai_request_duration_seconds";
 pub const AI_JOB_DURATION: &str = "stagehand_ai_job_duration_seconds";
 /// Keeping one call's result files (download, store, thumbnails).
 pub const KEEP_DURATION: &str = "stagehand_keep_seconds";
+/// Prints that moved on, by the status they reached.
+pub const PRINTS: &str = "stagehand_prints_total";
+/// 1 while a printer takes jobs, 0 while something holds its queue.
+pub const PRINTER_UP: &str = "stagehand_printer_up";
+/// Time to make a print-ready image.
+pub const PRINT_PREPARE_DURATION: &str = "stagehand_print_prepare_seconds";
 /// Decoding, cleaning and re-encoding one uploaded photo in the pool.
 pub const PHOTO_DECODE_DURATION: &str = "stagehand_photo_decode_seconds";
 /// Uploads (and thumbnails) refused because the photo pool was full.
@@ -150,7 +156,17 @@ pub fn install() -> Option<&'static PrometheusHandle> {
 }
 
 fn describe() {
-    use ::metrics::{describe_counter, describe_histogram, Unit};
+    use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        PRINTS,
+        "Prints that moved on, by the status they reached (status)."
+    );
+    describe_gauge!(PRINTER_UP, "1 while the printer takes jobs, 0 while out of paper, jammed, paused or unreachable (printer).");
+    describe_histogram!(
+        PRINT_PREPARE_DURATION,
+        Unit::Seconds,
+        "Time to make one print-ready image (fitted to the media at its resolution, as JPEG)."
+    );
     describe_histogram!(
         STEP_DURATION,
         Unit::Seconds,

@@ -206,6 +206,16 @@ impl Application {
         let operators =
             OperatorHub::new(db.work.clone(), clock.clone(), core.wakeups.clone()).start();
         let cleanup = start_cleanup(&config, &db.work, &clock, &core, rules, &media);
+        crate::actors::print_queue::PrintQueue::new(crate::actors::print_queue::PrintDeps {
+            store: db.work.clone(),
+            clock: clock.clone(),
+            media: media.clone(),
+            pool: photo_pool.clone(),
+            wakeups: core.wakeups.clone(),
+            instance_id: instance_id.clone(),
+            lease_ms: config.lease_ms(),
+        })
+        .start();
         let limits = Arc::new(RateLimits::from_config(&config));
         start_liveness(&db.work, &clock, &instance_id, &limits).await?;
         let state = AppState {
@@ -782,6 +792,7 @@ async fn media_for_sagas(
         keeper,
         secret: signing_key,
         providers: Arc::new(provider_media),
+        brands: Arc::default(),
     };
     Ok((saga_media, photo_pool))
 }

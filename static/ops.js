@@ -380,6 +380,8 @@
       if (msg.type === "stats") onStats(msg);
       else if (msg.type === "review.added") onReviewAdded(msg.item);
       else if (msg.type === "review.removed") onReviewRemoved(msg.saga_id);
+      // The print stations' panel (ops-print.js) follows its own frame.
+      else if (msg.type === "print.printers") window.dispatchEvent(new CustomEvent("stagehand:printers", { detail: msg }));
     };
     socket.onclose = (ev) => {
       if (ws !== socket) return;

@@ -352,6 +352,7 @@ async fn fixture_on(store: &Store, max_in_flight: i32, credits: Option<i64>) -> 
                 photo_max_px: 1536,
                 max_photos_per_session: 5,
                 guests: Default::default(),
+                outputs: Default::default(),
             },
             None,
             T0,
@@ -401,6 +402,7 @@ impl Fixture {
             has_queued_ai: true,
             review: Default::default(),
             breaker: Default::default(),
+            brand_version: 0,
         };
         self.store
             .claim_runnable(&exp, 100, now, RULES)
@@ -513,6 +515,8 @@ fn ai_result() -> AiResult {
     AiResult {
         content: vec![ContentItem {
             thumb_url: None,
+            original_url: None,
+            print_url: None,
             kind: "image".into(),
             url: Some("https://x.invalid/1.png".into()),
             text: None,

@@ -340,6 +340,7 @@ async fn claim_ground(
                 photo_max_px: 1536,
                 max_photos_per_session: 5,
                 guests: Default::default(),
+                outputs: Default::default(),
             },
             None,
             CLAIM_T0,
@@ -386,6 +387,7 @@ async fn claim_ground(
         has_queued_ai: true,
         review: Default::default(),
         breaker: Default::default(),
+        brand_version: 0,
     };
     ClaimGround {
         _db: db,

@@ -700,6 +700,8 @@ fn inline(kind: &str, media_type: &str, bytes: &[u8]) -> ContentItem {
         )),
         text: None,
         thumb_url: None,
+        original_url: None,
+        print_url: None,
     }
 }
 
@@ -753,6 +755,7 @@ async fn what_a_keep_cut_short_wrote_is_erased_too(backend: Backend) {
             },
             0,
             outputs(),
+            None,
         )
         .await;
     assert!(matches!(lost, Err(KeepError::Transient(_))), "{lost:?}");
@@ -767,6 +770,7 @@ async fn what_a_keep_cut_short_wrote_is_erased_too(backend: Backend) {
             },
             0,
             outputs(),
+            None,
         )
         .await;
     assert!(

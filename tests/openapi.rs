@@ -47,6 +47,16 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/experiences/{slug}/sessions"),
     ("get", "/api/experiences/{slug}/ranking"),
     ("post", "/api/sessions/{id}/submission"),
+    ("post", "/api/sessions/{id}/print"),
+    ("put", "/api/admin/experiences/{slug}/brand/{part}"),
+    ("delete", "/api/admin/experiences/{slug}/brand/{part}"),
+    ("post", "/api/admin/experiences/{slug}/brand/preview"),
+    ("get", "/api/admin/printers"),
+    ("post", "/api/admin/printers"),
+    ("delete", "/api/admin/printers/{id}"),
+    ("post", "/api/admin/sessions/{id}/print"),
+    ("post", "/api/admin/prints/{id}/cancel"),
+    ("post", "/api/admin/prints/{id}/approve"),
     ("post", "/api/sessions/{id}/photo"),
     ("get", "/media/r/{name}"),
     ("get", "/media/p/{name}"),
@@ -287,6 +297,7 @@ async fn openapi_documents_every_route(backend: Backend) {
                 .replace("{id}", "nope")
                 .replace("{name}", "nope")
                 .replace("{share_id}", "nope")
+                .replace("{part}", "overlay")
         );
         let resp = match method.as_str() {
             "get" => app.http.get(&url),
@@ -296,6 +307,7 @@ async fn openapi_documents_every_route(backend: Backend) {
                 .header("content-type", "application/json")
                 .body("{}"),
             "delete" => app.http.delete(&url),
+            "put" => app.http.put(&url).body("not a png"),
             "patch" => app
                 .http
                 .patch(&url)

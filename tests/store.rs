@@ -62,6 +62,7 @@ async fn fixture(backend: Backend, max_in_flight: i32) -> Fixture {
                 photo_max_px: 1536,
                 max_photos_per_session: 5,
                 guests: Default::default(),
+                outputs: Default::default(),
             },
             None,
             T0,
@@ -97,6 +98,7 @@ impl Fixture {
             has_queued_ai: true,
             review: Default::default(),
             breaker: Default::default(),
+            brand_version: 0,
         }
     }
 
@@ -153,6 +155,8 @@ fn result(text: &str) -> AiResult {
     AiResult {
         content: vec![ContentItem {
             thumb_url: None,
+            original_url: None,
+            print_url: None,
             kind: "image".into(),
             url: Some("https://x.invalid/1.png".into()),
             text: Some(text.into()),
@@ -1807,7 +1811,9 @@ async fn only_sagas_with_a_photo_are_in_the_photo_index(backend: Backend) {
     .await
     .unwrap();
     if f.store.is_postgres() {
-        db.execute_unprepared("ANALYZE sagas, sessions").await.unwrap();
+        db.execute_unprepared("ANALYZE sagas, sessions")
+            .await
+            .unwrap();
     }
     let plan = f.store.photo_question_plan("p-1").await.unwrap();
     assert!(

@@ -26,6 +26,7 @@ pub mod cpu;
 pub mod export;
 pub mod load;
 pub mod media;
+pub mod outputs;
 pub mod pgbench;
 pub mod rehearse;
 pub mod side;
@@ -179,6 +180,20 @@ pub struct BenchArgs {
     /// to read them).
     #[arg(long)]
     pub media_quick: bool,
+    /// Skip the event's outputs (the brand's and a print's CPU-ms; 100
+    /// prints over two real printers, CUPS's ippeveprinter).
+    #[arg(long)]
+    pub no_outputs: bool,
+    /// How long each bench printer takes a print.
+    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
+    pub print_pace: Duration,
+    /// Prints queued at once over the two bench printers.
+    #[arg(long, default_value_t = outputs::PRINTS)]
+    pub prints: usize,
+    /// Rounds of the brand's and a print's CPU-ms (their median is the
+    /// figure).
+    #[arg(long, default_value_t = 20)]
+    pub output_rounds: usize,
 }
 
 /// The media figures, unless `--no-media` (a tenth with `--media-quick`).
@@ -230,6 +245,17 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let claim_costs = run_claim_costs(&args, &bench).await;
     let memory = run_socket_memory(&args, &bench).await;
     let media = media_figures(&args, bench.builds(), &bench.dir, &bench.server_args).await;
+    let outputs = if args.no_outputs {
+        None
+    } else {
+        eprintln!("bench: the event's outputs (brand, print) running");
+        let counts = outputs::OutputCounts {
+            prints: args.prints,
+            rounds: args.output_rounds,
+            pace: args.print_pace,
+        };
+        Some(outputs::run(bench.builds(), &bench.dir, &bench.server_args, counts).await)
+    };
     let m = Measured {
         sync_commit,
         pgbench,
@@ -237,6 +263,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         claim_costs,
         memory,
         media,
+        outputs,
     };
     print_tables(&args, &bench, started, load_start, &m);
     exit_status(&args, &bench.dir, &m)
@@ -357,6 +384,7 @@ struct Measured {
     claim_costs: Vec<claim::ClaimCostResult>,
     memory: Option<sockets::SocketMemoryResult>,
     media: Option<Result<media::MediaFigures, String>>,
+    outputs: Option<Result<outputs::OutputFigures, String>>,
 }
 
 /// PostgreSQL's `synchronous_commit` and pgbench, with PostgreSQL and the
@@ -572,6 +600,9 @@ fn print_tables(
             println!("{line}");
         }
     }
+    if let Some(outputs) = &m.outputs {
+        outputs::print_table(outputs);
+    }
 }
 
 /// Prints the details of each failure, deletes the temp dir (keeping the
@@ -585,7 +616,7 @@ fn exit_status(args: &BenchArgs, dir: &Path, m: &Measured) -> Result<(), String>
             eprintln!("\n{} FAILED:\n{e}", r.label);
         }
     }
-    let media_failed = matches!(m.media, Some(Err(_)));
+    let media_failed = matches!(m.media, Some(Err(_))) || matches!(m.outputs, Some(Err(_)));
     let memory_failed = match &m.memory {
         Some(memory) => match &memory.outcome {
             Err(e) => {

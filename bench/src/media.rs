@@ -271,7 +271,7 @@ async fn uploads(
     answers.into_iter().collect()
 }
 
-async fn upload(
+pub(super) async fn upload(
     client: &reqwest::Client,
     base: &str,
     session: &Session,
@@ -400,7 +400,7 @@ async fn commit_counts(stack: &Stack) -> Result<(f64, f64), String> {
 }
 
 /// The first content item of `session` once it completed (30 s at most).
-async fn completed_content(stack: &Stack, session: &Session) -> Result<Value, String> {
+pub(super) async fn completed_content(stack: &Stack, session: &Session) -> Result<Value, String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let body: Value = stack

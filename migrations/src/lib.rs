@@ -35,6 +35,8 @@ mod m20261216_000025_complete_erasure;
 mod m20261216_000026_gallery_guard;
 mod m20261217_000027_slot_evidence;
 mod m20261218_000028_lean_indexes;
+mod m20261219_000029_brand;
+mod m20261219_000030_prints;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -69,6 +71,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261216_000026_gallery_guard::Migration),
             Box::new(m20261217_000027_slot_evidence::Migration),
             Box::new(m20261218_000028_lean_indexes::Migration),
+            Box::new(m20261219_000029_brand::Migration),
+            Box::new(m20261219_000030_prints::Migration),
         ]
     }
 }

@@ -17,8 +17,8 @@ mod entities;
 
 use common::{err, on_postgres, on_sqlite, TestResult};
 use entities::{
-    experiences, idempotency_records, photos, results, sagas, score_attempts, sessions,
-    terminal_events, terminal_presence, terminals,
+    experiences, idempotency_records, photos, printers, prints, results, sagas, score_attempts,
+    sessions, terminal_events, terminal_presence, terminals,
 };
 use migration::{Migrator, MigratorTrait};
 use sea_orm::entity::prelude::*;
@@ -103,6 +103,8 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
     same_column_count::<idempotency_records::Entity>(db).await?;
     same_column_count::<terminal_presence::Entity>(db).await?;
     same_column_count::<photos::Entity>(db).await?;
+    same_column_count::<printers::Entity>(db).await?;
+    same_column_count::<prints::Entity>(db).await?;
 
     // experiences
     let (exp_full, exp_min) = (uuid(1), uuid(2));
@@ -136,6 +138,16 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             notice: Some(r#"{"ko":"30일 보관합니다."}"#.into()),
             consent_required: true,
             share_qr_ms: 8_000,
+            brand_fit: "fit".into(),
+            brand_caption: Some("서울 2026 #stagehand".into()),
+            brand_applies_to: "display,print".into(),
+            brand_overlay_key: Some("b/e/overlay.png".into()),
+            brand_overlay_width: Some(1200),
+            brand_overlay_height: Some(1800),
+            brand_logo_key: Some("b/e/logo.png".into()),
+            brand_version: 7_000_000_000,
+            prints_per_guest: 3,
+            print_review: true,
         },
         exp_full.clone()
     );
@@ -169,6 +181,16 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             notice: None,
             consent_required: false,
             share_qr_ms: 0,
+            brand_fit: "cover".into(),
+            brand_caption: None,
+            brand_applies_to: "display,share,print".into(),
+            brand_overlay_key: None,
+            brand_overlay_width: None,
+            brand_overlay_height: None,
+            brand_logo_key: None,
+            brand_version: 0,
+            prints_per_guest: 1,
+            print_review: false,
         },
         exp_min.clone()
     );
@@ -504,6 +526,53 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
         },
         (scope.clone(), "other".to_owned())
     );
+
+    // printers and prints
+    round_trip!(
+        db,
+        printers,
+        printers::Model {
+            id: uuid(60),
+            name: "Booth A".into(),
+            uri: "ipp://192.168.1.40:631/ipp/print".into(),
+            media: "na_index-4x6_4x6in".into(),
+            colour: true,
+            experiences: format!("{exp_full},{exp_min}"),
+            state: "idle".into(),
+            state_reasons: "media-empty-report".into(),
+            formats: "image/jpeg,image/pwg-raster".into(),
+            dpi: 300,
+            checked_at_ms: Some(T0),
+            created_at_ms: T0,
+        },
+        uuid(60)
+    );
+    for (n, full) in [(61, true), (62, false)] {
+        round_trip!(
+            db,
+            prints,
+            prints::Model {
+                id: uuid(n),
+                session_id: uuid(70),
+                experience_id: exp_full.clone(),
+                source_key: "r/00112233445566778899aabbccddeeff.b.jpg".into(),
+                requested_by: "guest".into(),
+                status: if full { "PRINTING" } else { "QUEUED" }.into(),
+                reason: full.then(|| "out_of_paper".into()),
+                awaiting_review: !full,
+                job_name: format!("stagehand-{}", uuid(n)),
+                printer_id: full.then(|| uuid(60)),
+                ipp_job_id: full.then_some(2_000_000_000),
+                attempts: 2,
+                lease_token: full.then(|| "instance:token".into()),
+                lease_until_ms: full.then_some(T0 + 60_000),
+                next_attempt_at_ms: T0,
+                created_at_ms: T0,
+                updated_at_ms: T0,
+            },
+            uuid(n)
+        );
+    }
 
     Ok(())
 }

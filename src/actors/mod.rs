@@ -28,6 +28,8 @@
 //!   the operators' live `stats` frames, a snapshot each.
 //! - [`cluster::ClusterBridge`] (PostgreSQL): carries wake-ups between
 //!   instances with LISTEN/NOTIFY.
+//! - [`print_queue::PrintQueue`]: sends prints to the printers, never
+//!   twice, and keeps each printer's state for /ops.
 //!
 //! [`wakeups`] is not an actor, nor is [`providers`], the map of the
 //! providers' actors and breakers: the doorbells committers ring after commit;
@@ -47,6 +49,7 @@ pub mod operator_hub;
 pub mod operator_socket;
 pub mod outbox_relay;
 pub mod persistence;
+pub mod print_queue;
 pub mod providers;
 pub mod ranking;
 pub mod ranking_board;

@@ -46,6 +46,9 @@ pub struct Snapshot {
     /// `(saga id, its "review.added" frame)` of the oldest items waiting
     /// in review, oldest first.
     pub review: Vec<(String, String)>,
+    /// The `print.printers` frame: each printer's state and reasons, and
+    /// the open prints (sent when it changed).
+    pub printers: String,
 }
 
 /// The newest snapshot (None until one was made).
@@ -115,7 +118,7 @@ pub fn stats_frame(stats: &OperatorStats, now: i64) -> String {
 
 /// The frames of these counts: the `stats` frame and, per recent saga,
 /// `{"type": "saga", ...the saga as the admin list shows it}`.
-pub fn snapshot(stats: &OperatorStats, now: i64) -> Snapshot {
+pub fn snapshot(stats: &OperatorStats, printers: &serde_json::Value, now: i64) -> Snapshot {
     let sagas = stats
         .recent
         .iter()
@@ -133,10 +136,13 @@ pub fn snapshot(stats: &OperatorStats, now: i64) -> Snapshot {
             (item.saga_id.clone(), frame.to_string())
         })
         .collect();
+    let mut printers = printers.clone();
+    printers["type"] = json!("print.printers");
     Snapshot {
         stats: stats_frame(stats, now),
         sagas,
         review,
+        printers: printers.to_string(),
     }
 }
 
@@ -146,7 +152,7 @@ async fn publish(
     wakeups: Wakeups,
     frames: watch::Sender<StatsFrame>,
 ) {
-    let mut last: Option<OperatorStats> = None;
+    let mut last: Option<(OperatorStats, serde_json::Value)> = None;
     loop {
         // Woken by news or by the refresh period, whichever comes first.
         let _ = tokio::time::timeout(REFRESH, wakeups.stats.rung()).await;
@@ -154,11 +160,15 @@ async fn publish(
             continue;
         }
         let now = clock.now_ms();
-        match store.operator_stats(now, now - PRESENCE_STALE_MS).await {
-            Ok(stats) if last.as_ref() == Some(&stats) => {}
-            Ok(stats) => {
-                frames.send_replace(Some(Arc::new(snapshot(&stats, now))));
-                last = Some(stats);
+        let read = async {
+            let stats = store.operator_stats(now, now - PRESENCE_STALE_MS).await?;
+            Ok::<_, crate::store::StoreError>((stats, store.printers_view().await?))
+        };
+        match read.await {
+            Ok(read) if last.as_ref() == Some(&read) => {}
+            Ok(read) => {
+                frames.send_replace(Some(Arc::new(snapshot(&read.0, &read.1, now))));
+                last = Some(read);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the operators' stats; the next round retries")

@@ -74,6 +74,8 @@ async fn stream(mut session: Session, hub: Addr<OperatorHub>) {
     let mut sent: Option<HashMap<String, i64>> = None;
     // The review items this dashboard holds.
     let mut in_review: HashSet<String> = HashSet::new();
+    // The printers frame last sent.
+    let mut printers_sent: Option<String> = None;
     while frames.changed().await.is_ok() {
         let Some(snapshot) = frames.borrow_and_update().clone() else {
             continue;
@@ -116,6 +118,12 @@ async fn stream(mut session: Session, hub: Addr<OperatorHub>) {
                 .map(|(id, at, _)| (id.clone(), *at))
                 .collect(),
         );
+        if printers_sent.as_ref() != Some(&snapshot.printers) {
+            if session.text(snapshot.printers.clone()).await.is_err() {
+                return;
+            }
+            printers_sent = Some(snapshot.printers.clone());
+        }
         if session.text(snapshot.stats.clone()).await.is_err() {
             return;
         }

@@ -80,6 +80,8 @@ pub struct SagaMedia {
     /// secret, which the database never holds).
     pub secret: Arc<[u8]>,
     pub providers: Arc<std::collections::HashMap<String, crate::media::keep::ProviderMedia>>,
+    /// Each experience's brand, read once per change.
+    pub brands: Arc<crate::media::brand::BrandBook>,
 }
 
 impl SagaMedia {
@@ -131,6 +133,9 @@ pub struct ExperienceOf {
     pub review: bool,
     /// Its provider's name (for traces).
     pub provider: String,
+    /// Its brand's version (0: none): the keep draws the brand it holds
+    /// at this version or later, and reads it only when it has none.
+    pub brand_version: i64,
 }
 
 impl ExperienceOf {
@@ -141,6 +146,7 @@ impl ExperienceOf {
             ai,
             review: experience.review == ReviewMode::BeforeDisplay,
             provider: experience.provider.clone(),
+            brand_version: experience.brand_version,
         }
     }
 
@@ -153,6 +159,7 @@ impl ExperienceOf {
             review: experience.review.parse::<ReviewMode>().unwrap_or_default()
                 == ReviewMode::BeforeDisplay,
             provider: experience.provider.clone(),
+            brand_version: experience.brand_version,
         }
     }
 }

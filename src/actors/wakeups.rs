@@ -179,6 +179,10 @@ pub struct Wakeups {
     /// An operator was revoked, for this instance's operator hub (it
     /// closes that operator's dashboards).
     pub operators: Doorbell,
+    /// A print was asked for or approved, or a printer added, for this
+    /// instance's print queue (the other instances' queues look every
+    /// second on their own).
+    pub prints: Doorbell,
     /// The other instances (PostgreSQL only).
     pub cluster: Option<ClusterMailbox>,
 }

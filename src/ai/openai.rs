@@ -858,6 +858,8 @@ fn chat_outcome(answer: ChatAnswer, key: &str, score: bool) -> JobView {
     if !score {
         let content = vec![ContentItem {
             thumb_url: None,
+            original_url: None,
+            print_url: None,
             kind: "text".into(),
             url: None,
             text: Some(text),
@@ -876,6 +878,8 @@ fn chat_outcome(answer: ChatAnswer, key: &str, score: bool) -> JobView {
             Ok(AiResult {
                 content: vec![ContentItem {
                     thumb_url: None,
+                    original_url: None,
+                    print_url: None,
                     kind: "text".into(),
                     url: None,
                     text: Some(comment.unwrap_or_else(|| format!("{score}"))),
@@ -909,6 +913,8 @@ fn image_outcome(answer: ImagesAnswer, key: &str) -> JobView {
             })?;
             Some(ContentItem {
                 thumb_url: None,
+                original_url: None,
+                print_url: None,
                 kind: "image".into(),
                 url: Some(url),
                 text: image.revised_prompt,

@@ -1087,6 +1087,8 @@ fn output_result(output: &Value) -> AiResult {
     if !text.trim().is_empty() {
         result.content.push(ContentItem {
             thumb_url: None,
+            original_url: None,
+            print_url: None,
             kind: "text".into(),
             url: None,
             text: Some(text.trim().to_owned()),
@@ -1099,6 +1101,8 @@ fn collect(value: &Value, result: &mut AiResult, text: &mut String) {
     match value {
         Value::String(s) if is_url(s) => result.content.push(ContentItem {
             thumb_url: None,
+            original_url: None,
+            print_url: None,
             kind: url_kind(s).into(),
             url: Some(s.clone()),
             text: None,
@@ -1126,6 +1130,8 @@ fn collect(value: &Value, result: &mut AiResult, text: &mut String) {
             if let Some(url) = url {
                 result.content.push(ContentItem {
                     thumb_url: None,
+                    original_url: None,
+                    print_url: None,
                     kind: url_kind(url).into(),
                     url: Some(url.to_owned()),
                     text: words.map(str::to_owned),

@@ -28,10 +28,15 @@ pub enum AuditAction {
     BreakerClose,
     OperatorCreate,
     OperatorRevoke,
+    PrinterAdd,
+    PrinterRemove,
+    PrintRequest,
+    PrintCancel,
+    PrintApprove,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 16] = [
+    pub const ALL: [AuditAction; 21] = [
         AuditAction::ExperienceCreate,
         AuditAction::ExperienceUpdate,
         AuditAction::ExperienceExport,
@@ -48,6 +53,11 @@ impl AuditAction {
         AuditAction::BreakerClose,
         AuditAction::OperatorCreate,
         AuditAction::OperatorRevoke,
+        AuditAction::PrinterAdd,
+        AuditAction::PrinterRemove,
+        AuditAction::PrintRequest,
+        AuditAction::PrintCancel,
+        AuditAction::PrintApprove,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -68,6 +78,11 @@ impl AuditAction {
             AuditAction::BreakerClose => "breaker.close",
             AuditAction::OperatorCreate => "operator.create",
             AuditAction::OperatorRevoke => "operator.revoke",
+            AuditAction::PrinterAdd => "printer.add",
+            AuditAction::PrinterRemove => "printer.remove",
+            AuditAction::PrintRequest => "print.request",
+            AuditAction::PrintCancel => "print.cancel",
+            AuditAction::PrintApprove => "print.approve",
         }
     }
 }

@@ -88,6 +88,16 @@ pub struct ContentItem {
     /// the booth displays and the ranking show; the phone gets `url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thumb_url: Option<String>,
+    /// The kept original (`/media/….png`) when the event's brand drew a
+    /// branded rendition: `url`, `thumb_url` and `print_url` then show
+    /// the branded one where the brand applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_url: Option<String>,
+    /// The branded rendition a print station prints, when the brand
+    /// applies to print (otherwise the print takes `original_url`, or
+    /// `url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub print_url: Option<String>,
 }
 
 /// The item kinds the pages show as media (an `<img>`, `<video>` or
@@ -162,6 +172,8 @@ mod tests {
     fn item(kind: &str) -> ContentItem {
         ContentItem {
             thumb_url: None,
+            original_url: None,
+            print_url: None,
             kind: kind.into(),
             url: None,
             text: None,

@@ -232,19 +232,32 @@ pub fn results_due_at(closes_at_ms: Option<i64>, ended_at_ms: i64, retention_ms:
         .saturating_add(retention_ms)
 }
 
-/// The media-store keys a result's content names: each item's `url` and
-/// `thumb_url` that point at a kept file (`/media/r/…`). Provider URLs
-/// (never kept) are not ours to delete.
+/// The media-store keys a result's content names: each item's `url`,
+/// `thumb_url`, `original_url` and `print_url` that point at a kept file
+/// (`/media/r/…`), each once. Provider URLs (never kept) are not ours to
+/// delete.
 pub fn kept_keys(content: &serde_json::Value) -> Vec<String> {
-    let mut keys = Vec::new();
+    keys_in(content, &["url", "thumb_url", "original_url", "print_url"])
+}
+
+/// The kept files a result shares (each item's `url`: the branded
+/// rendition where the brand applies to sharing): what the export holds.
+pub fn shared_keys(content: &serde_json::Value) -> Vec<String> {
+    keys_in(content, &["url"])
+}
+
+fn keys_in(content: &serde_json::Value, fields: &[&str]) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
     for item in content.as_array().into_iter().flatten() {
-        for field in ["url", "thumb_url"] {
-            if let Some(key) = item[field]
+        for field in fields {
+            if let Some(key) = item[*field]
                 .as_str()
                 .and_then(|url| url.strip_prefix("/media/"))
                 .filter(|key| key.starts_with("r/") && !key[2..].contains('/'))
             {
-                keys.push(key.to_owned());
+                if !keys.iter().any(|k| k == key) {
+                    keys.push(key.to_owned());
+                }
             }
         }
     }
@@ -343,6 +356,13 @@ mod tests {
             {"type": "image", "url": "/media/r/../p/x.jpg"},
         ]);
         assert_eq!(kept_keys(&content), vec!["r/abc.png", "r/abc.t.jpg"]);
+        let branded = json!([{"type": "image", "url": "/media/r/abc.b.jpg", "thumb_url": "/media/r/abc.t.jpg",
+            "original_url": "/media/r/abc.png", "print_url": "/media/r/abc.b.jpg"}]);
+        assert_eq!(
+            kept_keys(&branded),
+            vec!["r/abc.b.jpg", "r/abc.t.jpg", "r/abc.png"]
+        );
+        assert_eq!(shared_keys(&branded), vec!["r/abc.b.jpg"]);
         assert!(kept_keys(&json!(null)).is_empty());
         assert_eq!(export_name("r/abc.png"), "abc.png");
     }

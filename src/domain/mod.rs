@@ -3,10 +3,12 @@
 //! derivation, the locale tables, and the admission of a submission
 //! (credits, queue estimate, closing time), and how a provider's slots are
 //! shared among its experiences, when a slot of the ledger may be freed,
-//! and the operators' review decisions, roles and audit records. No I/O, no clock: every
+//! and the operators' review decisions, roles and audit records, and the
+//! event's brand (placement, surfaces, caption, rendition keys). No I/O, no clock: every
 //! function is given `now`.
 pub mod admission;
 pub mod audit;
+pub mod brand;
 pub mod breaker;
 pub mod failure;
 pub mod guests;
@@ -16,6 +18,7 @@ pub mod locale;
 pub mod media;
 pub mod policy;
 pub mod presence;
+pub mod print;
 pub mod review;
 pub mod roles;
 pub mod saga;

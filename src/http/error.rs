@@ -72,6 +72,10 @@ pub enum ApiError {
     /// The session holds its experience's `max_photos_per_session`.
     #[error("this session has its {0} photos already; replace its unsubmitted photo (?replaces=<photo_id>) or start a new session")]
     PhotoLimit(i32),
+    /// The guest asked for the experience's `prints_per_guest` prints
+    /// already (0: guests cannot print).
+    #[error("{}", print_limit_message(*.0))]
+    PrintLimit(i32),
     /// A photo's body arrived too slowly, or not whole in time.
     #[error("{0}")]
     UploadTooSlow(String),
@@ -131,6 +135,7 @@ impl ApiError {
             ApiError::PhotoPoolFull => "photo_pool_full",
             ApiError::PhotoNotTaken => "photo_not_taken",
             ApiError::PhotoLimit(_) => "photo_limit",
+            ApiError::PrintLimit(_) => "print_limit",
             ApiError::UploadTooSlow(_) => "upload_too_slow",
             ApiError::MediaUnavailable(_) => "media_unavailable",
             ApiError::Gone(_) => "gone",
@@ -193,7 +198,8 @@ impl ResponseError for ApiError {
             | ApiError::AlreadySubmitted
             | ApiError::Conflict(_)
             | ApiError::PhotoNotTaken
-            | ApiError::PhotoLimit(_) => StatusCode::CONFLICT,
+            | ApiError::PhotoLimit(_)
+            | ApiError::PrintLimit(_) => StatusCode::CONFLICT,
             ApiError::UploadTooSlow(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::BudgetExhausted => StatusCode::PAYMENT_REQUIRED,
             ApiError::Closing => StatusCode::CONFLICT,
@@ -309,5 +315,13 @@ impl From<StoreError> for ApiError {
                 DbFailure::Duplicate | DbFailure::Other => ApiError::Internal(other.to_string()),
             },
         }
+    }
+}
+
+fn print_limit_message(limit: i32) -> String {
+    match limit {
+        0 => "guests cannot print at this booth; ask the crew".to_owned(),
+        1 => "this session has asked for its print already; ask the crew for another".to_owned(),
+        n => format!("this session has asked for its {n} prints already; ask the crew for another"),
     }
 }

@@ -23,7 +23,7 @@ use super::error::ApiError;
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::domain::audit::{AuditAction, AuditEntry};
-use crate::domain::guests::{export_name, kept_keys};
+use crate::domain::guests::{export_name, shared_keys};
 use crate::media::MediaStore;
 use crate::store::audit::{AuditCursor, AuditFilter};
 use crate::store::guests::{ResultCursor, SharedResult};
@@ -36,12 +36,12 @@ const QUEUED_CHUNKS: usize = 8;
 /// Results read from the database at a time.
 const PAGE: u64 = 200;
 
-/// The file names of a result in the export: its full files (not the
+/// The file names of a result in the export: the full files it shares
+/// (the branded rendition where the brand applies to sharing; not the
 /// display-size thumbnails), each under `files/`.
 fn files_of(result: &SharedResult) -> Vec<(String, String)> {
-    kept_keys(&result.content)
+    shared_keys(&result.content)
         .into_iter()
-        .filter(|key| !key.ends_with(".t.jpg"))
         .map(|key| {
             let name = format!("files/{}", export_name(&key));
             (key, name)

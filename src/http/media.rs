@@ -213,14 +213,14 @@ async fn hash_in_the_pool(
 }
 
 /// The `Content-Length` the client declared, if any.
-fn declared_length(req: &HttpRequest) -> Option<u64> {
+pub(super) fn declared_length(req: &HttpRequest) -> Option<u64> {
     req.headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
 }
 
 /// 413 at once when the declared length is past `max`.
-fn refuse_declared_length(req: &HttpRequest, max: u64) -> Result<(), ApiError> {
+pub(super) fn refuse_declared_length(req: &HttpRequest, max: u64) -> Result<(), ApiError> {
     if declared_length(req).is_some_and(|n| n > max) {
         return Err(ApiError::PayloadTooLarge(max as usize));
     }
@@ -232,7 +232,7 @@ fn refuse_declared_length(req: &HttpRequest, max: u64) -> Result<(), ApiError> {
 /// most `max`) is taken once, so a 3 MB photo is not copied again each
 /// time its buffer grows; the memory behind it is touched only as the
 /// bytes come.
-async fn read_photo_body(
+pub(super) async fn read_photo_body(
     mut payload: web::Payload,
     declared: Option<u64>,
     max: u64,

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod auth;
 pub mod body;
+pub mod brand;
 pub mod error;
 pub mod export;
 pub mod gallery_pin;
@@ -16,6 +17,7 @@ pub mod openapi;
 pub mod operators;
 pub mod pages;
 pub mod participants;
+pub mod prints;
 pub mod rate_limit;
 pub mod request_log;
 pub mod review;
@@ -294,6 +296,49 @@ fn admin_routes(cfg: &mut web::ServiceConfig) {
             .post(web::to(admin::close_breaker).wrap(from_fn(admin_only)))
             .build(),
     )
+    // Before `/api/admin/experiences/{slug}/brand/{part}`, which would
+    // take "preview" for a part.
+    .service(
+        Endpoint::new("/api/admin/experiences/{slug}/brand/preview")
+            .post(web::to(brand::preview_brand).wrap(from_fn(viewer_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/experiences/{slug}/brand/{part}")
+            .put(web::to(brand::put_brand_image).wrap(from_fn(admin_only)))
+            .delete(web::to(brand::delete_brand_image).wrap(from_fn(admin_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/printers")
+            .get(web::to(prints::list_printers).wrap(from_fn(viewer_only)))
+            .post(
+                web::to(prints::add_printer)
+                    .wrap(from_fn(json_only))
+                    .wrap(from_fn(admin_only)),
+            )
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/printers/{id}")
+            .delete(web::to(prints::remove_printer).wrap(from_fn(admin_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/sessions/{id}/print")
+            .post(web::to(prints::operator_print).wrap(from_fn(moderator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/prints/{id}/cancel")
+            .post(web::to(prints::cancel_print).wrap(from_fn(moderator_only)))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/admin/prints/{id}/approve")
+            .post(web::to(prints::approve_print).wrap(from_fn(moderator_only)))
+            .build(),
+    )
     .service(
         Endpoint::new("/api/admin/me")
             .get(web::to(staff::me).wrap(from_fn(viewer_only)))
@@ -360,6 +405,11 @@ fn participant_and_guest_routes(cfg: &mut web::ServiceConfig) {
     .service(
         Endpoint::new("/media/p/{name}")
             .get(web::to(media::serve_photo))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/sessions/{id}/print")
+            .post(web::to(prints::guest_print))
             .build(),
     )
     .service(
@@ -519,6 +569,10 @@ impl Endpoint {
 
     pub fn patch(self, route: Route) -> Endpoint {
         self.methods(&[Method::PATCH], route)
+    }
+
+    pub fn put(self, route: Route) -> Endpoint {
+        self.methods(&[Method::PUT], route)
     }
 
     fn methods(mut self, methods: &[Method], route: Route) -> Endpoint {

@@ -27,8 +27,8 @@ use utoipa::{Modify, OpenApi, ToSchema};
 
 use super::schema::{ErrorBody, ErrorCode, PublicExperience};
 use super::{
-    admin, export, guests, media, metrics, operators, pages, participants, review, service,
-    settings, staff, submissions, terminals,
+    admin, brand, export, guests, media, metrics, operators, pages, participants, prints, review,
+    service, settings, staff, submissions, terminals,
 };
 
 /// The API's description: errors, Idempotency-Key, limits, WebSockets.
@@ -46,6 +46,9 @@ pub const DESCRIPTION: &str = include_str!("openapi.md");
         operators::list_experiences,
         operators::get_experience,
         settings::update_experience,
+        brand::put_brand_image,
+        brand::delete_brand_image,
+        brand::preview_brand,
         operators::qr_svg,
         operators::create_terminal,
         admin::list_terminals,
@@ -66,6 +69,13 @@ pub const DESCRIPTION: &str = include_str!("openapi.md");
         staff::create_operator,
         staff::revoke_operator,
         staff::audit,
+        prints::add_printer,
+        prints::list_printers,
+        prints::remove_printer,
+        prints::guest_print,
+        prints::operator_print,
+        prints::cancel_print,
+        prints::approve_print,
         participants::create_session,
         participants::ranking,
         participants::get_session,
@@ -333,6 +343,7 @@ mod tests {
             ApiError::PhotoPoolFull,
             ApiError::PhotoNotTaken,
             ApiError::PhotoLimit(5),
+            ApiError::PrintLimit(1),
             ApiError::UploadTooSlow(String::new()),
             ApiError::MediaUnavailable(String::new()),
             ApiError::Gone(""),
@@ -373,6 +384,7 @@ mod tests {
                 | ApiError::PhotoPoolFull
                 | ApiError::PhotoNotTaken
                 | ApiError::PhotoLimit(_)
+                | ApiError::PrintLimit(_)
                 | ApiError::UploadTooSlow(_)
                 | ApiError::MediaUnavailable(_)
                 | ApiError::Gone(_)

@@ -13,12 +13,13 @@ use super::idempotency::{operator_write, Reply};
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::domain::audit::{AuditAction, AuditEntry};
+use crate::domain::brand::{checked_caption, AppliesTo, BrandFit};
 use crate::domain::guests::{self, Gallery};
 use crate::domain::locale::Locale;
 use crate::domain::media::InputKind;
 use crate::domain::review::{Decision, ReviewMode};
 use crate::store::entities::experiences;
-use crate::store::experiences::{GuestSettings, NewExperience};
+use crate::store::experiences::{GuestSettings, NewExperience, OutputSettings};
 
 const KINDS: [&str; 5] = ["comic", "image", "video", "music", "score"];
 /// The long side a photo is downscaled to unless the experience says.
@@ -144,6 +145,58 @@ pub(super) struct ExperienceBody {
     #[serde(default)]
     #[schema(example = "8s", max_length = 40)]
     display_share_qr: Option<String>,
+    /// How the brand's overlay is placed on a result: `cover` (default:
+    /// scaled to cover it, centred) or `fit` (scaled to fit inside it).
+    #[serde(default)]
+    #[schema(example = "cover", pattern = "^(cover|fit)$")]
+    brand_fit: Option<String>,
+    /// A line drawn along each branded result's foot (the event's name,
+    /// date, hashtag), 0 to 80 characters; empty or null: none.
+    #[serde(default)]
+    #[schema(example = "서울 디자인 위크 2026 #stagehand", max_length = 80)]
+    brand_caption: Option<String>,
+    /// Where the branded rendition is shown: any of `display`, `share`
+    /// (the phone, the share page, the download, the gallery, the
+    /// export) and `print`; default all three. Elsewhere the original is
+    /// shown.
+    #[serde(default)]
+    #[schema(example = json!(["display", "share", "print"]))]
+    brand_applies_to: Option<Vec<String>>,
+    /// The prints one guest may ask for, 0 to 20; default 1; 0: guests
+    /// cannot print (operators still can).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 20)]
+    prints_per_guest: Option<i32>,
+    /// Guests' prints wait for an operator's approval; default false.
+    #[serde(default)]
+    print_review: Option<bool>,
+}
+
+/// The brand and print settings.
+fn output_settings(b: &ExperienceBody) -> Result<OutputSettings, ApiError> {
+    let brand_fit = match b.brand_fit.as_deref() {
+        Some(text) => text.parse::<BrandFit>().map_err(ApiError::Validation)?,
+        None => BrandFit::default(),
+    };
+    let brand_applies_to = match &b.brand_applies_to {
+        Some(names) => {
+            AppliesTo::from_names(names.iter().map(String::as_str)).map_err(ApiError::Validation)?
+        }
+        None => AppliesTo::default(),
+    };
+    let prints_per_guest = b.prints_per_guest.unwrap_or(1);
+    if !(0..=20).contains(&prints_per_guest) {
+        return Err(ApiError::Validation(
+            "prints_per_guest must be 0 to 20 (0: guests cannot print)".into(),
+        ));
+    }
+    Ok(OutputSettings {
+        brand_fit,
+        brand_caption: checked_caption(b.brand_caption.as_deref()).map_err(ApiError::Validation)?,
+        brand_applies_to,
+        prints_per_guest,
+        print_review: b.print_review.unwrap_or(false),
+    })
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -199,8 +252,10 @@ pub(super) fn validate_experience(
         photo_max_px,
         max_photos_per_session,
     } = media_settings(&b)?;
+    let outputs = output_settings(&b)?;
     Ok(NewExperience {
         guests,
+        outputs,
         input,
         photo_max_px,
         max_photos_per_session,
@@ -550,6 +605,13 @@ pub(super) fn experience_json(e: &experiences::Model) -> serde_json::Value {
         "notice": notice_json(e),
         "consent_required": e.consent_required,
         "display_share_qr": ms_text(e.share_qr_ms),
+        "brand_fit": e.brand_fit,
+        "brand_caption": e.brand_caption,
+        "brand_applies_to": AppliesTo::from_column(&e.brand_applies_to).names(),
+        "brand_overlay": e.brand_overlay_width.zip(e.brand_overlay_height).map(|(w, h)| json!({"width": w, "height": h})),
+        "brand_logo": e.brand_logo_key.is_some(),
+        "prints_per_guest": e.prints_per_guest,
+        "print_review": e.print_review,
         "created_at": rfc3339(e.created_at_ms),
     })
 }
@@ -621,6 +683,7 @@ fn public_experience_json(e: &experiences::Model) -> serde_json::Value {
         "notice": notice_json(e),
         "consent_required": e.consent_required,
         "display_share_qr": ms_text(e.share_qr_ms),
+        "prints_per_guest": e.prints_per_guest,
     })
 }
 

@@ -44,7 +44,7 @@ fn secured(mut answer: HttpResponseBuilder) -> HttpResponseBuilder {
 }
 
 /// Every embedded asset: its name under `/static/` or `/i18n/`, type, text.
-const ASSETS: [(&str, &str, &str); 10] = [
+const ASSETS: [(&str, &str, &str); 11] = [
     ("app.css", CSS, include_str!("../../static/app.css")),
     ("app.js", JS, include_str!("../../static/app.js")),
     ("index.js", JS, include_str!("../../static/index.js")),
@@ -55,6 +55,11 @@ const ASSETS: [(&str, &str, &str); 10] = [
     ),
     ("terminal.js", JS, include_str!("../../static/terminal.js")),
     ("ops.js", JS, include_str!("../../static/ops.js")),
+    (
+        "ops-print.js",
+        JS,
+        include_str!("../../static/ops-print.js"),
+    ),
     ("result.js", JS, include_str!("../../static/result.js")),
     ("gallery.js", JS, include_str!("../../static/gallery.js")),
     ("en.json", JSON, include_str!("../../static/i18n/en.json")),

@@ -311,7 +311,15 @@ pub async fn get_session(
     } else {
         message
     };
+    let prints: Vec<serde_json::Value> = state
+        .store
+        .prints_of_session(&session.id)
+        .await?
+        .iter()
+        .map(|p| crate::store::prints::print_json(p, locale))
+        .collect();
     Ok(HttpResponse::Ok().json(json!({
+        "prints": prints,
         "session_id": session.id,
         "experience": experience.slug,
         "nickname": session.nickname,

@@ -89,6 +89,7 @@ pub const ERROR_CODES: &[&str] = &[
     "photo_pool_full",
     "photo_not_taken",
     "photo_limit",
+    "print_limit",
     "upload_too_slow",
     "media_unavailable",
     "gone",
@@ -318,6 +319,20 @@ pub struct ExperiencePatch {
     consent_required: Option<bool>,
     #[schema(example = "8s")]
     display_share_qr: Option<String>,
+    /// `cover` or `fit`: how the brand's overlay is placed.
+    #[schema(pattern = "^(cover|fit)$")]
+    brand_fit: Option<String>,
+    /// The caption along a branded result's foot (0 to 80 characters;
+    /// empty or null: none).
+    #[schema(max_length = 80)]
+    brand_caption: Option<String>,
+    /// Any of `display`, `share`, `print`.
+    brand_applies_to: Option<Vec<String>>,
+    /// The prints one guest may ask for, 0 to 20 (0: none).
+    #[schema(minimum = 0, maximum = 20)]
+    prints_per_guest: Option<i32>,
+    /// Guests' prints wait for an operator's approval.
+    print_review: Option<bool>,
 }
 
 /// An experience as operators see it (with the operator token).
@@ -382,8 +397,33 @@ pub struct Experience {
     /// (or after the session ended) (`"30days"`).
     #[schema(example = "30days")]
     retention: String,
+    /// `cover` or `fit`: how the brand's overlay is placed.
+    #[schema(example = "cover")]
+    brand_fit: String,
+    /// The caption along a branded result's foot; null: none.
+    #[schema(required = true)]
+    brand_caption: Option<String>,
+    /// Where the branded rendition is shown: any of `display`, `share`,
+    /// `print`.
+    brand_applies_to: Vec<String>,
+    /// The overlay's size; null: none.
+    #[schema(required = true)]
+    brand_overlay: Option<BrandImage>,
+    /// Whether a corner logo is set.
+    brand_logo: bool,
+    /// The prints one guest may ask for (0: none).
+    prints_per_guest: i32,
+    /// Guests' prints wait for an operator's approval.
+    print_review: bool,
     #[schema(format = DateTime)]
     created_at: String,
+}
+
+/// A brand image's size, in pixels.
+#[derive(ToSchema)]
+pub struct BrandImage {
+    width: u32,
+    height: u32,
 }
 
 /// What anyone may read of an experience: what the public pages show, and
@@ -417,6 +457,8 @@ pub struct PublicExperience {
     /// `"0s"`: never).
     #[schema(example = "8s")]
     display_share_qr: String,
+    /// The prints a guest may ask for (0: guests cannot print).
+    prints_per_guest: i32,
 }
 
 /// With the operator token, every field; without it, the public ones.
@@ -540,6 +582,39 @@ pub struct ContentItem {
     /// displays and the ranking.
     #[schema(example = "/media/r/3f2a9c0d5e7b41a28c6f0e1d2b3a4c5d.t.jpg")]
     thumb_url: Option<String>,
+    /// The kept original, when the event's brand drew a branded
+    /// rendition (`url` and `thumb_url` then show the branded one where
+    /// the brand applies).
+    #[schema(example = "/media/r/3f2a9c0d5e7b41a28c6f0e1d2b3a4c5d.png")]
+    original_url: Option<String>,
+    /// The branded rendition the print station prints, when the brand
+    /// applies to print.
+    #[schema(example = "/media/r/3f2a9c0d5e7b41a28c6f0e1d2b3a4c5d.b.jpg")]
+    print_url: Option<String>,
+}
+
+/// A print of a session's result.
+#[derive(ToSchema)]
+pub struct PrintView {
+    #[schema(format = Uuid)]
+    print_id: String,
+    /// `QUEUED`, `SENDING`, `PRINTING`, `COMPLETED`, `CANCELED` or `ABORTED`.
+    #[schema(example = "QUEUED")]
+    status: String,
+    /// Why it waits or why it ended, in the experience's language; null
+    /// while nothing holds it.
+    #[schema(required = true)]
+    reason: Option<String>,
+    /// The status in words, in the experience's language.
+    status_text: String,
+    /// A guest's print waiting for an operator's approval.
+    awaiting_review: bool,
+    #[schema(required = true)]
+    printer_id: Option<String>,
+    /// `guest` or `operator:<name>`.
+    requested_by: String,
+    #[schema(format = DateTime)]
+    created_at: String,
 }
 
 /// The result of a COMPLETED session.
@@ -594,6 +669,8 @@ pub struct SessionView {
     /// Its data was erased (or its retention ended): nickname, prompt and
     /// result are gone.
     erased: bool,
+    /// Its prints, oldest first.
+    prints: Vec<PrintView>,
     #[schema(format = DateTime)]
     updated_at: String,
 }

@@ -39,7 +39,7 @@ const FIXED: [(&str, &str); 4] = [
 
 /// What a patch may name (besides `credits_add`), each with the columns
 /// it writes.
-const SETTINGS: [(&str, &[experiences::Column]); 20] = {
+const SETTINGS: [(&str, &[experiences::Column]); 25] = {
     use experiences::Column as C;
     [
         ("title", &[C::Title]),
@@ -68,6 +68,11 @@ const SETTINGS: [(&str, &[experiences::Column]); 20] = {
         ("notice", &[C::Notice]),
         ("consent_required", &[C::ConsentRequired]),
         ("display_share_qr", &[C::ShareQrMs]),
+        ("brand_fit", &[C::BrandFit]),
+        ("brand_caption", &[C::BrandCaption]),
+        ("brand_applies_to", &[C::BrandAppliesTo]),
+        ("prints_per_guest", &[C::PrintsPerGuest]),
+        ("print_review", &[C::PrintReview]),
     ]
 };
 
@@ -132,8 +137,11 @@ fn change_of(
     let fields = merged
         .as_object_mut()
         .expect("an experience is a JSON object");
-    fields.remove("id");
-    fields.remove("created_at");
+    // What the API shows but a patch does not set: the brand's files are
+    // set by their own requests.
+    for shown_only in ["id", "created_at", "brand_overlay", "brand_logo"] {
+        fields.remove(shown_only);
+    }
     // A review turned off drops its timeout unless the patch says more.
     if patch.get("review").and_then(Value::as_str) == Some("off") {
         fields.insert("review_timeout".into(), Value::Null);
@@ -185,6 +193,16 @@ fn change_of(
         notice: sea_orm::Set(new.guests.notice),
         consent_required: sea_orm::Set(new.guests.consent_required),
         share_qr_ms: sea_orm::Set(new.guests.share_qr_ms),
+        brand_fit: sea_orm::Set(new.outputs.brand_fit.as_str().to_owned()),
+        brand_caption: sea_orm::Set(new.outputs.brand_caption),
+        brand_applies_to: sea_orm::Set(new.outputs.brand_applies_to.to_column()),
+        brand_overlay_key: sea_orm::ActiveValue::NotSet,
+        brand_overlay_width: sea_orm::ActiveValue::NotSet,
+        brand_overlay_height: sea_orm::ActiveValue::NotSet,
+        brand_logo_key: sea_orm::ActiveValue::NotSet,
+        brand_version: sea_orm::ActiveValue::NotSet,
+        prints_per_guest: sea_orm::Set(new.outputs.prints_per_guest),
+        print_review: sea_orm::Set(new.outputs.print_review),
     };
     Ok(Change {
         columns: only_named(checked, patch),

@@ -49,9 +49,11 @@ use bytes::{Bytes, BytesMut};
 use reqwest::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
 use reqwest::{StatusCode, Url};
 
+use super::brand::{brand_result, BrandArt};
 use super::photo::{thumbnail, PhotoLimits};
 use super::pool::PhotoPool;
 use super::{MediaError, MediaStore};
+use crate::domain::brand::{branded_key, branded_thumbnail_key, Surface};
 use crate::domain::failure::ContentItem;
 use crate::domain::media::{result_object_key, thumbnail_key, KeptType};
 use crate::store::{Store, StoreError};
@@ -361,6 +363,10 @@ impl Keeper {
         &self.store
     }
 
+    pub fn pool(&self) -> &PhotoPool {
+        &self.pool
+    }
+
     /// Keeps every file of call `call`'s `items` (for the saga of `owner`):
     /// the items come back with this server's URLs. Items already kept (a
     /// re-run) and text items are left as they are.
@@ -370,6 +376,7 @@ impl Keeper {
         owner: KeptFor<'_>,
         call: u32,
         items: Vec<ContentItem>,
+        brand: Option<&Arc<BrandArt>>,
     ) -> Result<Vec<ContentItem>, KeepError> {
         let mut kept = Vec::with_capacity(items.len());
         for (index, item) in items.into_iter().enumerate() {
@@ -378,14 +385,10 @@ impl Keeper {
                 continue;
             };
             let (bytes, header_type) = self.fetch(origins, &url).await?;
-            let (key, thumb) = self
-                .store_file(owner, call, index as u32, bytes, header_type)
+            let file = self
+                .store_file(owner, call, index as u32, bytes, header_type, brand)
                 .await?;
-            kept.push(ContentItem {
-                url: Some(format!("/media/{key}")),
-                thumb_url: thumb.map(|t| format!("/media/{t}")),
-                ..item
-            });
+            kept.push(file.shown(item, brand));
         }
         Ok(kept)
     }
@@ -487,11 +490,15 @@ impl Keeper {
         index: u32,
         bytes: Bytes,
         header_type: Option<String>,
-    ) -> Result<(String, Option<String>), KeepError> {
+        brand: Option<&Arc<BrandArt>>,
+    ) -> Result<KeptFile, KeepError> {
         let kept = kept_type(&bytes, header_type.as_deref())?;
         let key = result_object_key(&self.secret, owner.saga_id, call, index, kept);
+        let branded = brand.filter(|_| kept.thumbnailed);
         let listed: Vec<String> = std::iter::once(key.clone())
             .chain(kept.thumbnailed.then(|| thumbnail_key(&key)))
+            .chain(branded.map(|_| branded_key(&key)))
+            .chain(branded.map(|_| branded_thumbnail_key(&key)))
             .collect();
         owner
             .lists
@@ -503,8 +510,49 @@ impl Keeper {
         } else {
             None
         };
+        let branded = match branded {
+            Some(art) => Some(self.brand_of(&key, bytes.clone(), art).await?),
+            None => None,
+        };
         self.store.put(&key, bytes).await.map_err(store_failure)?;
-        Ok((key, thumb))
+        Ok(KeptFile {
+            key,
+            thumb,
+            branded,
+        })
+    }
+
+    /// Makes and stores the branded rendition of the result kept at `key`
+    /// and its display-size copy (keys derived from `key`).
+    async fn brand_of(
+        &self,
+        key: &str,
+        bytes: Bytes,
+        art: &Arc<BrandArt>,
+    ) -> Result<(String, String), KeepError> {
+        let art = Arc::clone(art);
+        let made = self
+            .pool
+            .run_keep(move |memory| {
+                brand_result(&bytes, &art, THUMBNAIL_PX, &PhotoLimits::default(), memory)
+            })
+            .await
+            .map_err(|gone| {
+                KeepError::Transient(format!("{gone}; the result is kept on the next try"))
+            })?
+            .map_err(|e| {
+                KeepError::Permanent(format!("the result image cannot be branded: {e}"))
+            })?;
+        let (full, thumb) = (branded_key(key), branded_thumbnail_key(key));
+        self.store
+            .put(&full, Bytes::from(made.full.bytes))
+            .await
+            .map_err(store_failure)?;
+        self.store
+            .put(&thumb, Bytes::from(made.thumbnail.bytes))
+            .await
+            .map_err(store_failure)?;
+        Ok((full, thumb))
     }
 
     /// Makes and stores the display rendition of the image kept at `key`.
@@ -526,6 +574,50 @@ impl Keeper {
             .await
             .map_err(store_failure)?;
         Ok(thumb)
+    }
+}
+
+/// Where one output file was kept: the original, its display thumbnail,
+/// and the branded rendition with its display copy when a brand drew.
+struct KeptFile {
+    key: String,
+    thumb: Option<String>,
+    branded: Option<(String, String)>,
+}
+
+impl KeptFile {
+    /// `item` as the surfaces show it: the branded rendition where the
+    /// brand applies (`url` for the phone, the share page, the download,
+    /// the gallery and the export; `thumb_url` for the display;
+    /// `print_url` for the print), the original everywhere else, and the
+    /// original always in `original_url` when a branded rendition exists.
+    fn shown(self, item: ContentItem, brand: Option<&Arc<BrandArt>>) -> ContentItem {
+        let media = |key: &str| format!("/media/{key}");
+        let original = media(&self.key);
+        let thumb = self.thumb.as_deref().map(media);
+        let Some(((full, small), art)) = self.branded.zip(brand) else {
+            return ContentItem {
+                url: Some(original),
+                thumb_url: thumb,
+                ..item
+            };
+        };
+        let on = |surface| art.applies_to().contains(surface);
+        ContentItem {
+            url: Some(if on(Surface::Share) {
+                media(&full)
+            } else {
+                original.clone()
+            }),
+            thumb_url: if on(Surface::Display) {
+                Some(media(&small))
+            } else {
+                thumb
+            },
+            print_url: on(Surface::Print).then(|| media(&full)),
+            original_url: Some(original),
+            ..item
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 //!   never in the database, never in a log line ([`MediaStore::describe`]
 //!   shows the bucket and the endpoint only).
 
+pub mod brand;
 mod folder_writer;
 pub mod jpeg;
 pub mod keep;

@@ -247,6 +247,71 @@ pub fn thumbnail(
     )
 }
 
+/// An image decoded upright (its EXIF orientation applied), with the
+/// memory its decoding holds in the pool's budget.
+pub struct Upright<P> {
+    pub image: P,
+    pub _memory: MemoryHeld,
+}
+
+/// Decodes a JPEG, PNG or WebP as 8-bit RGB, upright, transparency over
+/// white: the pipeline's checks and memory bound, at full size.
+pub fn decode_rgb(
+    bytes: &[u8],
+    limits: &PhotoLimits,
+    memory: &Memory,
+) -> Result<Upright<RgbImage>, PhotoError> {
+    let (image, orientation, held) = decode_full(bytes, limits, memory)?;
+    let mut upright = DynamicImage::ImageRgb8(flatten_onto_white(image));
+    upright.apply_orientation(orientation);
+    Ok(Upright {
+        image: upright.into_rgb8(),
+        _memory: held,
+    })
+}
+
+/// Decodes a JPEG, PNG or WebP as 8-bit RGBA, upright, alpha kept (an
+/// overlay or a logo).
+pub fn decode_rgba(
+    bytes: &[u8],
+    limits: &PhotoLimits,
+    memory: &Memory,
+) -> Result<Upright<image::RgbaImage>, PhotoError> {
+    let (mut image, orientation, held) = decode_full(bytes, limits, memory)?;
+    image.apply_orientation(orientation);
+    Ok(Upright {
+        image: image.into_rgba8(),
+        _memory: held,
+    })
+}
+
+fn decode_full(
+    bytes: &[u8],
+    limits: &PhotoLimits,
+    memory: &Memory,
+) -> Result<(DynamicImage, Orientation, MemoryHeld), PhotoError> {
+    let format = sniff(bytes).ok_or_else(|| PhotoError::Unsupported {
+        heic: is_heic(bytes),
+    })?;
+    let target = Target {
+        max_px: u32::MAX,
+        quality: NORMALIZE_QUALITY,
+    };
+    let decoded = decode(bytes, format, target, limits, memory)?;
+    Ok((decoded.image, decoded.orientation, decoded._memory))
+}
+
+/// `rgb` with its long side at most `max_px` (never upscaled): the
+/// pipeline's own downscale.
+pub fn shrunk(rgb: RgbImage, max_px: u32) -> RgbImage {
+    downscale(rgb, max_px)
+}
+
+/// `rgb` as a JPEG at `quality`, with no metadata.
+pub fn jpeg_of(rgb: &RgbImage, quality: u8) -> Result<Normalized, PhotoError> {
+    encode_jpeg(rgb, quality)
+}
+
 /// What the pipeline makes: the longest side allowed and the JPEG quality.
 #[derive(Debug, Clone, Copy)]
 struct Target {

@@ -142,6 +142,7 @@ async fn one_waiting_saga(store: &Store, now: EpochMs) -> Result<(String, sagas:
                 photo_max_px: 1536,
                 max_photos_per_session: 5,
                 guests: Default::default(),
+                outputs: Default::default(),
             },
             None,
             now,

@@ -1,6 +1,8 @@
 //! Experiences (a booth's AI activity and its limits) and terminals (the booth
 //! displays that receive pushes).
 
+use std::ops::Not;
+
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
     QueryOrder,
@@ -10,6 +12,15 @@ use super::audit::record;
 use super::entities::{experiences, terminals};
 use super::{new_id, DbFailure, Store, StoreError, StoreResult};
 use crate::domain::audit::AuditEntry;
+use crate::domain::brand::{AppliesTo, BrandFit, BrandPart};
+
+/// The settings that change how a brand draws: changing one raises the
+/// brand's version.
+const BRAND_SETTINGS: [experiences::Column; 3] = [
+    experiences::Column::BrandFit,
+    experiences::Column::BrandCaption,
+    experiences::Column::BrandAppliesTo,
+];
 use crate::domain::guests::{Gallery, DEFAULT_PHOTO_RETENTION_MS, DEFAULT_RETENTION_MS};
 use crate::domain::keys::token_hash;
 use crate::domain::locale::Locale;
@@ -46,6 +57,33 @@ pub struct NewExperience {
     pub max_photos_per_session: i32,
     /// Its gallery, retention, notice and consent.
     pub guests: GuestSettings,
+    /// Its brand's placement and caption, and its prints.
+    pub outputs: OutputSettings,
+}
+
+/// What an experience puts out besides the result: how its brand is
+/// drawn and where, and what its guests may print.
+#[derive(Debug, Clone)]
+pub struct OutputSettings {
+    pub brand_fit: BrandFit,
+    pub brand_caption: Option<String>,
+    pub brand_applies_to: AppliesTo,
+    pub prints_per_guest: i32,
+    pub print_review: bool,
+}
+
+impl Default for OutputSettings {
+    /// No caption, the overlay covering, on every surface; one print per
+    /// guest, no review.
+    fn default() -> Self {
+        OutputSettings {
+            brand_fit: BrandFit::default(),
+            brand_caption: None,
+            brand_applies_to: AppliesTo::default(),
+            prints_per_guest: 1,
+            print_review: false,
+        }
+    }
 }
 
 /// What an experience promises its guests: where their results are
@@ -126,6 +164,16 @@ impl Store {
             notice: Set(new.guests.notice),
             consent_required: Set(new.guests.consent_required),
             share_qr_ms: Set(new.guests.share_qr_ms),
+            brand_fit: Set(new.outputs.brand_fit.as_str().to_owned()),
+            brand_version: Set(i64::from(new.outputs.brand_caption.is_some())),
+            brand_caption: Set(new.outputs.brand_caption),
+            brand_applies_to: Set(new.outputs.brand_applies_to.to_column()),
+            brand_overlay_key: Set(None),
+            brand_overlay_width: Set(None),
+            brand_overlay_height: Set(None),
+            brand_logo_key: Set(None),
+            prints_per_guest: Set(new.outputs.prints_per_guest),
+            print_review: Set(new.outputs.print_review),
         }
         .insert(&*tx)
         .await
@@ -162,9 +210,13 @@ impl Store {
         let find = || experiences::Entity::find_by_id(id.to_owned()).one(&*tx);
         let before = find().await?.ok_or(StoreError::NotFound("experience"))?;
         if change.is_changed() {
+            let brand_changed = BRAND_SETTINGS.iter().any(|c| change.is_not_set(*c).not());
             let mut change = change;
             change.id = sea_orm::ActiveValue::Unchanged(id.to_owned());
             change.update(&*tx).await?;
+            if brand_changed {
+                self.raise_brand_version(&*tx, id).await?;
+            }
         }
         if let Some(add) = credits_add {
             let topped = tx
@@ -190,6 +242,63 @@ impl Store {
         record(&*tx, &audit, now).await?;
         tx.commit().await?;
         Ok(after)
+    }
+
+    /// Sets (Some) or removes (None) one of an experience's brand files:
+    /// its key and, for the overlay, its size; the brand's version is
+    /// raised in the same transaction, with the audit record.
+    pub async fn set_brand_file(
+        &self,
+        id: &str,
+        part: BrandPart,
+        file: Option<(String, u32, u32)>,
+        audit: &AuditEntry,
+        now: EpochMs,
+    ) -> StoreResult<experiences::Model> {
+        let tx = self.write_tx().await?;
+        let size = |pick: fn(&(String, u32, u32)) -> u32| {
+            file.as_ref()
+                .map(|f| i32::try_from(pick(f)).unwrap_or(i32::MAX))
+        };
+        let mut change = experiences::ActiveModel {
+            id: sea_orm::ActiveValue::Unchanged(id.to_owned()),
+            ..Default::default()
+        };
+        match part {
+            BrandPart::Overlay => {
+                change.brand_overlay_width = Set(size(|f| f.1));
+                change.brand_overlay_height = Set(size(|f| f.2));
+                change.brand_overlay_key = Set(file.map(|f| f.0));
+            }
+            BrandPart::Logo => change.brand_logo_key = Set(file.map(|f| f.0)),
+        }
+        let updated = experiences::Entity::update_many()
+            .set(change)
+            .filter(experiences::Column::Id.eq(id))
+            .exec(&*tx)
+            .await?;
+        if updated.rows_affected == 0 {
+            return Err(StoreError::NotFound("experience"));
+        }
+        self.raise_brand_version(&*tx, id).await?;
+        record(&*tx, &audit.clone().of_experience(Some(id.to_owned())), now).await?;
+        let after = experiences::Entity::find_by_id(id.to_owned())
+            .one(&*tx)
+            .await?
+            .ok_or(StoreError::NotFound("experience"))?;
+        tx.commit().await?;
+        Ok(after)
+    }
+
+    /// Raises `id`'s brand version: every instance reads the brand again
+    /// before its next branded result.
+    async fn raise_brand_version<C: ConnectionTrait>(&self, conn: &C, id: &str) -> StoreResult<()> {
+        conn.execute_raw(self.sql(
+            "UPDATE experiences SET brand_version = brand_version + 1 WHERE id = $1",
+            vec![id.into()],
+        ))
+        .await?;
+        Ok(())
     }
 
     pub async fn experience_by_slug(&self, slug: &str) -> StoreResult<Option<experiences::Model>> {

@@ -23,6 +23,7 @@ pub mod operators;
 pub mod outbox;
 pub mod photos;
 pub mod presence;
+pub mod prints;
 pub mod providers;
 pub mod ranking;
 pub mod review;

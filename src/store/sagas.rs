@@ -86,6 +86,9 @@ pub struct ClaimableExperience {
     /// Its provider's circuit breaker, read with the list (closed when
     /// the provider has no row), so a claim round needs no read of its own.
     pub breaker: Breaker,
+    /// Its brand's version (0: it never had one), read with the list so
+    /// a keep knows without a read whether the brand it holds is current.
+    pub brand_version: i64,
 }
 
 /// Who may end a saga: its lease holder, or (for the cleanup actor) nobody,
@@ -233,6 +236,7 @@ impl Store {
                         probe_until_ms: r.try_get_by_index(14)?,
                         paused_until_ms: r.try_get_by_index(15)?,
                     },
+                    brand_version: r.try_get_by_index(16)?,
                 })
             })
             .collect::<Result<_, sea_orm::DbErr>>()
@@ -276,7 +280,7 @@ impl Store {
                  e.provider, e.weight, p.max_in_flight AS provider_max, e.review, \
                  b.open_until_ms AS breaker_open_until_ms, \
                  b.probe_until_ms AS breaker_probe_until_ms, \
-                 b.paused_until_ms AS breaker_paused_until_ms \
+                 b.paused_until_ms AS breaker_paused_until_ms, e.brand_version \
                  FROM experiences e LEFT JOIN providers p ON p.name = e.provider \
                  LEFT JOIN provider_breakers b ON b.provider = e.provider) \
                  SELECT * FROM x WHERE resumed OR expired_ai OR queued_ai \

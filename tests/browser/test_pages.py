@@ -57,14 +57,22 @@ pages the way people use them:
                token shown once) and revokes it (its open page returns to
                the sign-in form), and reads the audit log by action and
                operator
+  printing     (issue 47) /ops uploads an event's brand overlay and shows
+               its preview; a real IPP printer (CUPS's ippeveprinter, with
+               avahi-daemon on the system D-Bus, started as root when they do
+               not run) added through /ops reads "out of paper" on its card
+               while its trays are empty, and ok again once paper is in; the
+               phone's Print button queues a print that waits with that
+               reason, then prints once (one document in the printer's
+               spool) when paper is loaded, and is spent after it
   screenshots  of every page, in target/screenshots/; and the two the README
                shows, docs/booth-display.png and docs/ops.png (1280x800),
                rewritten with STAGEHAND_DOCS_SCREENSHOTS=1 (a read-only docs/
                is said, not a failure)
 
 Only 127.0.0.1 is contacted (the server, and the simulator's result images
-on its own loopback port, and the fake job API); any other address is
-refused.
+on its own loopback port, the fake job API and the test printers); any other
+address is refused.
 
 Usage: python3 tests/browser/test_pages.py [test-name ...]
 Environment: STAGEHAND_BINARY (default target/debug/stagehand),
@@ -77,6 +85,8 @@ Without Chromium or Playwright's Python package it says what to install and
 exits 2.
 """
 
+import fcntl
+import http.client
 import http.server
 import json
 import mimetypes
@@ -85,6 +95,7 @@ import pathlib
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -95,6 +106,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+import zlib
 
 # What the browser tests need, as .ci/run installs it (scripts/test says the
 # same line).
@@ -2632,6 +2644,492 @@ def test_ops_operators_and_audit(env):
     shot(ops, "ops-audit", full_page=True)
 
 
+# ---- printing: the brand and the print stations (issue 47) -----------------
+
+# A real IPP printer, as tests/support/printer.rs makes one: CUPS's
+# ippeveprinter on 127.0.0.1, keeping every document it receives in its
+# spool. It will not start without DNS-SD, that is a running avahi-daemon on
+# the system D-Bus: both are started once (as root, as CI runs) when they do
+# not run, avahi-daemon confined to the loopback interface with publishing
+# off, so nothing is announced on the network. The lock file is the one the
+# Rust tests take, so a cargo test starting them at the same time waits.
+
+PRINTER_INSTALL = "apt-get install cups-ipp-utils avahi-daemon"
+DBUS_SOCKET = "/run/dbus/system_bus_socket"
+PRINT_MEDIA = "na_index-4x6_4x6in"
+# Both trays loaded, as the test printer starts: letter, and 4x6 in.
+PAPER_LOADED = ("na_letter_8.5x11in", PRINT_MEDIA)
+PRINTER_START = 20  # seconds for the daemons and a printer to answer
+AVAHI_CONF = """\
+[server]
+use-ipv4=yes
+use-ipv6=no
+allow-interfaces=lo
+[wide-area]
+enable-wide-area=no
+[publish]
+disable-publishing=yes
+"""
+
+
+def daemon_binary(name):
+    """The path of `name` (ippeveprinter, avahi-daemon, dbus-daemon); fails
+    saying what to install."""
+    dirs = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    for d in dirs + ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]:
+        path = os.path.join(d, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise RuntimeError(f"the test printer needs {name}, which is not installed: {PRINTER_INSTALL} "
+                       "(CUPS's ippeveprinter, with avahi-daemon and the system D-Bus it needs)")
+
+
+def wait_until(what, ready, timeout=PRINTER_START):
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"{what} did not start in {timeout} s")
+        time.sleep(0.05)
+
+
+def dbus_runs():
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(DBUS_SOCKET)
+            return True
+        except OSError:
+            return False
+
+
+def avahi_runs():
+    return subprocess.run([daemon_binary("avahi-daemon"), "--check"], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+
+
+PRINTER_DAEMONS = []  # [True] once they run
+
+
+def ensure_printer_daemons():
+    """Starts the system D-Bus and avahi-daemon unless they run; once per
+    process, under the lock file the Rust tests take too. Both are left
+    running for later tests."""
+    if PRINTER_DAEMONS:
+        return
+    for name in ("ippeveprinter", "avahi-daemon", "dbus-daemon"):
+        daemon_binary(name)
+    with open(os.path.join(tempfile.gettempdir(), "stagehand-test-printer.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not dbus_runs():
+            os.makedirs("/run/dbus", exist_ok=True)
+            try:  # a socket left by a dead daemon would stop the new one from binding
+                os.unlink(DBUS_SOCKET)
+            except FileNotFoundError:
+                pass
+            # In the foreground, in its own session, never waited for: it
+            # outlives the tests (and writes no pid file to go stale).
+            subprocess.Popen([daemon_binary("dbus-daemon"), "--system", "--nofork", "--nopidfile"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+            wait_until("the system D-Bus (dbus-daemon --system)", dbus_runs)
+        if not avahi_runs():
+            conf = os.path.join(tempfile.gettempdir(), "stagehand-test-avahi-daemon.conf")
+            with open(conf, "w") as f:
+                f.write(AVAHI_CONF)
+            done = subprocess.run([daemon_binary("avahi-daemon"), "--daemonize", "--no-drop-root",
+                                   "--no-chroot", "--file", conf], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if done.returncode != 0:
+                raise RuntimeError(f"avahi-daemon --daemonize failed ({done.returncode}); is this root?")
+            wait_until("avahi-daemon", avahi_runs)
+    PRINTER_DAEMONS.append(True)
+
+
+class TestPrinter:
+    """One ippeveprinter on a free loopback port: colour, JPEG / PWG raster /
+    Apple raster, letter paper in its main tray and 4x6 in its photo tray,
+    each job run by `command` (/bin/true: done at once). `uri` is
+    ipp://127.0.0.1:PORT/ipp/print; `documents()` what it received."""
+
+    __test__ = False  # not a test, whatever a collector thinks of the name
+
+    def __init__(self, name, command="/bin/true"):
+        ensure_printer_daemons()
+        self.name = name
+        self.command = command
+        self.proc = None
+        self.dir = tempfile.mkdtemp(prefix="test-printer-")
+        self.spool = os.path.join(self.dir, "spool")
+        os.mkdir(self.spool)
+        self.log_path = os.path.join(self.dir, "printer.log")
+        failures = []
+        # A free port can be taken before the printer binds it: then it
+        # exits, and another port is tried.
+        for _ in range(5):
+            self.port = free_port()
+            self.uri = f"ipp://127.0.0.1:{self.port}/ipp/print"
+            why = self._launch()
+            if why is None:
+                return
+            failures.append(why)
+        self.close()
+        raise RuntimeError(f"the test printer {name!r} did not start:\n" + "\n---\n".join(failures))
+
+    def _launch(self):
+        """Starts ippeveprinter on self.port; None once it answers IPP, else why not."""
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(
+                [daemon_binary("ippeveprinter"), "-n", "localhost", "-p", str(self.port), "-d", self.spool,
+                 "-k", "-f", "image/jpeg,image/pwg-raster,image/urf", "-s", "10,10", "-c", self.command,
+                 # The command's output goes nowhere rather than into the spool.
+                 "-D", "file:///dev/null", self.name],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + PRINTER_START
+        while True:
+            if self._ipp_answers():
+                return None
+            if self.proc.poll() is not None:
+                code, self.proc = self.proc.returncode, None
+                return f"ippeveprinter exited ({code}) on port {self.port}:\n{self.log()}"
+            if time.monotonic() >= deadline:
+                self.stop()
+                return f"ippeveprinter did not answer on port {self.port} in {PRINTER_START} s:\n{self.log()}"
+            time.sleep(0.05)
+
+    def _ipp_answers(self):
+        """A Get-Printer-Attributes answered with successful-ok."""
+        body = bytearray(b"\x01\x01\x00\x0b\x00\x00\x00\x01\x01")
+        for tag, name, value in ((0x47, "attributes-charset", "utf-8"),
+                                 (0x48, "attributes-natural-language", "en"),
+                                 (0x45, "printer-uri", self.uri),
+                                 (0x44, "requested-attributes", "printer-state")):
+            body += bytes([tag]) + struct.pack(">H", len(name)) + name.encode()
+            body += struct.pack(">H", len(value)) + value.encode()
+        body.append(0x03)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        try:
+            conn.request("POST", "/ipp/print", bytes(body), {"Content-Type": "application/ipp"})
+            answer = conn.getresponse()
+            data = answer.read()
+            return answer.status == 200 and len(data) >= 4 and data[2:4] == b"\x00\x00"
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            conn.close()
+
+    def _get(self, path):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("GET", path)
+            answer = conn.getresponse()
+            text = answer.read().decode("utf-8", "replace")
+        finally:
+            conn.close()
+        assert answer.status == 200, f"GET {path} on the test printer answered {answer.status}"
+        return text
+
+    def trays(self):
+        """The trays of its media page, in page order: [(n, size, type)],
+        each as selected now ('' for none)."""
+        page = self._get("/media")
+        selected = {}
+        for name, options in re.findall(r'<select name="(\w+)"[^>]*>(.*?)</select>', page, re.S):
+            chosen = [text for attrs, text in re.findall(r"<option([^>]*)>([^<]*)", options)
+                      if "selected" in attrs]
+            selected[name] = chosen[0].strip() if chosen else ""
+        trays = [(int(name[4:]), selected[name], selected.get(f"type{name[4:]}", ""))
+                 for name in selected if re.fullmatch(r"size\d+", name)]
+        assert trays, f"no trays on the printer's media page:\n{page}"
+        return trays
+
+    def set_media_ready(self, ready):
+        """Loads the trays through the printer's own media form (as its page
+        submits it): ready[0] in the main tray, ready[1] in the photo tray.
+        No media (()) is out of paper: every tray keeps its size but holds
+        no sheets (level 0), and the printer reports media-empty."""
+        trays = self.trays()
+        assert len(ready) <= len(trays), f"the printer has {len(trays)} trays, not {len(ready)}"
+        query = []
+        for n, (index, size, kind) in enumerate(trays):
+            if ready:
+                size, level = (ready[n] if n < len(ready) else ""), -2  # -2: an unknown count, no media-low
+            else:
+                level = 0
+            query.append(urllib.parse.urlencode({f"size{index}": size, f"type{index}": kind,
+                                                 f"level{index}": level}))
+        assert ready or any(size for _, size, _ in trays), "no tray has a size to run out of"
+        assert "<form" in self._get("/media?" + "&".join(query)), "the printer's media form did not answer"
+
+    def documents(self):
+        """The files in its spool, by job-id: what it printed."""
+        def order(name):
+            head = name.split("-", 1)[0]
+            return (int(head) if head.isdigit() else sys.maxsize, name)
+        return sorted((n for n in os.listdir(self.spool) if os.path.isfile(os.path.join(self.spool, n))),
+                      key=order)
+
+    def log(self):
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self):
+        """Kills it at once, as a printer switched off."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def close(self):
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def add_printer_api(env, printer, name, experiences):
+    made = env.server.ok("POST", "/api/admin/printers", {
+        "name": name, "uri": printer.uri, "media": PRINT_MEDIA, "experiences": experiences},
+        token=OPERATOR_TOKEN, expect_status=(201,))
+    assert made.get("printer_id"), made
+    return made
+
+
+def remove_printers(env, uri):
+    """The server forgets the printers at `uri` (the tests after this one
+    need none, and /ops shows none that is switched off)."""
+    status, listed, _ = env.server.api("GET", "/api/admin/printers", token=OPERATOR_TOKEN)
+    for p in (listed or {}).get("printers", []) if status == 200 else []:
+        if p.get("uri") == uri:
+            env.server.api("DELETE", f"/api/admin/printers/{p['printer_id']}", token=OPERATOR_TOKEN)
+
+
+def server_printer(env, uri):
+    """The printer at `uri` as GET /api/admin/printers shows it."""
+    listed = env.server.ok("GET", "/api/admin/printers", token=OPERATOR_TOKEN)
+    found = [p for p in listed["printers"] if p["uri"] == uri]
+    assert len(found) == 1, listed
+    return found[0]
+
+
+def png_rgba(width, height, pixel):
+    """A PNG (8-bit RGBA, no Pillow needed) of pixel(x, y) -> (r, g, b, a)."""
+    rows = b"".join(b"\x00" + bytes(c for x in range(width) for c in pixel(x, y)) for y in range(height))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b""))
+
+
+BORDER = (230, 20, 160)  # the overlay's frame: a loud magenta the sample never has
+
+
+def frame_png(side=512, border=48):
+    """An overlay: an opaque BORDER-coloured frame `border` px wide around a
+    transparent middle."""
+    opaque, clear = (*BORDER, 255), (0, 0, 0, 0)
+    return png_rgba(side, side, lambda x, y: opaque if min(x, y, side - 1 - x, side - 1 - y) < border else clear)
+
+
+# Pixels of a loaded <img>, read through a canvas: {name: [r, g, b]}.
+IMG_PIXELS = """(img, points) => {
+    const c = document.createElement('canvas');
+    c.width = img.naturalWidth; c.height = img.naturalHeight;
+    const g = c.getContext('2d');
+    g.drawImage(img, 0, 0);
+    const out = {};
+    for (const [name, x, y] of points) out[name] = Array.from(g.getImageData(x, y, 1, 1).data.slice(0, 3));
+    return out;
+}"""
+
+
+def near(rgb, want, slack=40):
+    return all(abs(a - b) <= slack for a, b in zip(rgb, want))
+
+
+def test_ops_brand_preview(env):
+    """(issue 47) An admin picks an experience in /ops's brand form, uploads
+    an overlay (a PNG: a magenta frame, the middle clear) and sees the brand
+    on the 1024 px sample: the frame on its edges, the sample through its
+    middle."""
+    env.server.operator("POST", "/api/experiences", {
+        "slug": "branded", "title": "Branded booth", "kind": "comic", "locale": "en", "input": "photo"})
+    # Without a brand, a preview is refused (409) rather than a bare sample.
+    status, body, _ = env.server.api("POST", "/api/admin/experiences/branded/brand/preview", token=OPERATOR_TOKEN)
+    assert status == 409, (status, body)
+
+    ops = ops_sign_in(env, OPERATOR_TOKEN)
+    section = ops.locator("#brand-section")
+    expect(section).to_be_visible()
+    # The experiences are there as soon as the admin is signed in (not
+    # after the list's next slow refresh).
+    expect(ops.locator("#brand-experience option[value=branded]")).to_have_count(1, timeout=5 * SECOND)
+    ops.select_option("#brand-experience", "branded")
+    ops.locator("#brand-form input[name=overlay]").set_input_files(
+        {"name": "frame.png", "mimeType": "image/png", "buffer": frame_png()})
+    with ops.expect_response(lambda r: r.url.endswith("/brand/overlay") and r.request.method == "PUT") as put, \
+            ops.expect_response(lambda r: r.url.endswith("/brand/preview")) as previewed:
+        section.get_by_role("button", name=EN["ops.brandUpload"]).click()
+    assert put.value.status == 200, f"{put.value.status} {put.value.text()}"
+    assert put.value.json() == {"width": 512, "height": 512}, put.value.json()
+    assert previewed.value.status == 200 and previewed.value.headers["content-type"].startswith("image/jpeg"), \
+        previewed.value.headers
+    preview = ops.locator("#brand-preview")
+    expect(preview).to_be_visible()
+    expect(ops.locator("#brand-note")).to_have_text(EN["ops.brandPreviewShown"])
+    wait_for("the brand preview to load", lambda: preview.evaluate("i => i.complete && i.naturalWidth > 0"), 10)
+    assert preview.evaluate("i => [i.naturalWidth, i.naturalHeight]") == [1024, 1024]
+    # Cover: the 512 px frame scaled to the 1024 px sample, 96 px wide.
+    px = preview.evaluate(IMG_PIXELS, [["corner", 20, 20], ["top", 512, 40], ["right", 990, 700],
+                                       ["middle", 512, 512], ["inside", 200, 200]])
+    for where in ("corner", "top", "right"):
+        assert near(px[where], BORDER), f"the frame's colour is not on the preview's {where}: {px}"
+    for where in ("middle", "inside"):
+        assert not near(px[where], BORDER, 80), f"the overlay's clear middle covers the sample ({where}): {px}"
+    # The API says the overlay's size for the settings form.
+    assert api_experience(env, "branded")["brand_overlay"] == {"width": 512, "height": 512}
+
+    # Preview again (the button): a fresh image, the same brand.
+    with ops.expect_response(lambda r: r.url.endswith("/brand/preview")) as again:
+        ops.click("#brand-preview-button")
+    assert again.value.status == 200
+    wait_for("the new preview to load", lambda: preview.evaluate("i => i.complete && i.naturalWidth === 1024"), 10)
+    section.scroll_into_view_if_needed()
+    assert_fits(ops, "/ops with the brand preview")
+    shot(ops, "ops-brand-preview")
+
+
+def test_ops_printer_card_says_out_of_paper(env):
+    """(issue 47) An admin adds a real printer through /ops's form; its
+    card is ok; once its trays are empty the card turns held and reads out
+    of paper (the server polls it; the card follows live), and ok again
+    when paper is loaded."""
+    printer = TestPrinter("Ops Booth")
+    try:
+        ops = ops_sign_in(env, OPERATOR_TOKEN)
+        form = ops.locator("#new-printer")
+        expect(form).to_be_visible()
+        expect(form.locator("input[name=media]")).to_have_value(PRINT_MEDIA)
+        form.locator("input[name=name]").fill("Booth by the door")
+        form.locator("input[name=uri]").fill(printer.uri)
+        form.locator("input[name=experiences]").fill("comics")
+        with ops.expect_response(lambda r: r.url.endswith("/api/admin/printers") and r.request.method == "POST",
+                                 timeout=30 * SECOND) as added:
+            form.get_by_role("button", name=EN["ops.addPrinter"]).click()
+        assert added.value.status == 201, f"{added.value.status} {added.value.text()}"
+        expect(ops.locator("#printers-note")).to_have_text(EN["ops.printerAdded"])
+        expect(form.locator("input[name=uri]")).to_have_value("")
+        card = ops.locator("#printers li.printer", has_text="Booth by the door")
+        expect(card).to_have_count(1)
+        expect(card).to_have_class(re.compile(r"\bprinter-ok\b"), timeout=20 * SECOND)
+        expect(card).to_contain_text(EN["ops.printerState.idle"])
+        expect(card).to_contain_text(PRINT_MEDIA)
+        expect(card).not_to_contain_text("out of paper")
+
+        printer.set_media_ready(())
+        # The server asks every 3 s; the card follows over the socket.
+        expect(card).to_have_class(re.compile(r"\bprinter-held\b"), timeout=20 * SECOND)
+        expect(card.locator(".printer-state")).to_contain_text("out of paper")
+        expect(card.locator(".printer-state")).to_contain_text(EN["print.reason.out_of_paper"])
+        assert "out of paper" in (server_printer(env, printer.uri)["waiting_because"] or "")
+        expect(card.get_by_role("button", name=EN["ops.removePrinter"])).to_be_visible()
+        card.scroll_into_view_if_needed()
+        assert_fits(ops, "/ops with a held printer")
+        shot(ops, "ops-printer-out-of-paper")
+        # A viewer sees the same card, and no button it may not use.
+        viewer = ops_sign_in(env, new_operator(env, "door watcher", "viewer")["token"])
+        seen = viewer.locator("#printers li.printer", has_text="Booth by the door")
+        expect(seen).to_have_class(re.compile(r"\bprinter-held\b"))
+        expect(seen).to_contain_text("out of paper")
+        expect(seen.locator("button")).to_have_count(0)
+        expect(viewer.locator("#new-printer")).to_be_hidden()
+        expect(viewer.locator("#brand-section")).to_be_hidden()
+
+        printer.set_media_ready(PAPER_LOADED)
+        expect(card).to_have_class(re.compile(r"\bprinter-ok\b"), timeout=20 * SECOND)
+        expect(card).not_to_contain_text("out of paper")
+        expect(card.locator(".printer-state")).to_contain_text(EN["ops.printerState.idle"])
+        expect(seen).to_have_class(re.compile(r"\bprinter-ok\b"), timeout=20 * SECOND)
+    finally:
+        remove_printers(env, printer.uri)
+        printer.close()
+
+
+def test_phone_print_button_and_printing_state(env):
+    """(acceptance, issue 47) A photo booth with a printer: the guest's
+    result shows a Print button; pressed while the printer is out of paper,
+    the print waits and the phone says why, in the guest's words; once
+    paper is in it prints (one document reaches the printer), the phone
+    says Printed, and the one print a guest may ask for is spent."""
+    printer = TestPrinter("Phone Booth")
+    try:
+        env.server.operator("POST", "/api/experiences", {
+            "slug": "printbooth", "title": "Print booth", "kind": "comic", "locale": "en",
+            "input": "photo", "photo_max_px": 512})
+        add_printer_api(env, printer, "Phone booth printer", ["printbooth"])
+        assert api_experience(env, "printbooth")["prints_per_guest"] == 1
+
+        phone = env.phone()
+        phone.goto("/p/printbooth")
+        expect(phone.locator("#view-form")).to_be_visible()
+        expect(phone.locator("#go")).to_be_enabled()
+        expect(phone.locator("#prompt-field")).to_be_hidden()  # a photo alone
+        phone.fill("#nickname", "printfan")
+        phone.locator("#photo-input").set_input_files(str(PHOTO))
+        expect(phone.locator("#photo-preview")).to_be_visible()
+        phone.click("#go")
+        expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+        mine = phone_session(phone, "printbooth")
+        assert env.server.ok("GET", f"/api/sessions/{mine['id']}", token=mine["token"])["status"] == "COMPLETED"
+
+        button = phone.locator("#print")
+        status = phone.locator("#print-status")
+        expect(phone.locator("#print-box")).to_be_visible()
+        expect(button).to_be_visible()
+        expect(button).to_be_enabled()
+        expect(button).to_have_text(EN["participant.print"])
+        expect(status).to_have_text("")
+
+        # Out of paper before the press: the server knows it first.
+        printer.set_media_ready(())
+        wait_for("the server to see the printer out of paper",
+                 lambda: "out of paper" in (server_printer(env, printer.uri)["waiting_because"] or ""), 20)
+        with phone.expect_response(lambda r: r.url.endswith(f"/api/sessions/{mine['id']}/print")
+                                   and r.request.method == "POST") as asked:
+            button.click()
+        assert asked.value.status == 202, f"{asked.value.status} {asked.value.text()}"
+        assert asked.value.request.headers.get("idempotency-key"), "the print was asked without an Idempotency-Key"
+        expect(status).to_have_attribute("data-status", "QUEUED")
+        expect(status).to_contain_text(EN["print.status.QUEUED"])
+        expect(status).to_contain_text(EN["print.reason.out_of_paper"], timeout=20 * SECOND)
+        expect(button).to_be_disabled()
+        assert printer.documents() == [], f"printed while out of paper: {printer.documents()}"
+        assert_fits(phone, "the phone's waiting print")
+        shot(phone, "phone-print-waiting", full_page=True)
+
+        printer.set_media_ready(PAPER_LOADED)
+        expect(status).to_have_attribute("data-status", "COMPLETED", timeout=30 * SECOND)
+        expect(status).to_have_text(EN["print.status.COMPLETED"])
+        expect(status).not_to_contain_text("out of paper")
+        wait_for("the printer's spool to hold the document", lambda: printer.documents(), 10)
+        assert len(printer.documents()) == 1, f"one print, not {printer.documents()}"
+        # The one allowed print is spent: the button stays disabled.
+        expect(button).to_be_disabled()
+        expect(button).to_have_text(EN["participant.printAgain"])
+        prints = env.server.ok("GET", f"/api/sessions/{mine['id']}", token=mine["token"])["prints"]
+        assert [p["status"] for p in prints] == ["COMPLETED"], prints
+        shot(phone, "phone-printed", full_page=True)
+        # A reload shows the same: printed, and nothing more to ask for.
+        phone.reload()
+        expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+        expect(status).to_have_attribute("data-status", "COMPLETED")
+        expect(button).to_be_disabled()
+        assert len(printer.documents()) == 1, printer.documents()
+    finally:
+        remove_printers(env, printer.uri)
+        printer.close()
+
+
 def test_no_page_errors(env):
     """No page threw an uncaught JavaScript error in any of the tests."""
     assert not env.console_errors, "\n".join(env.console_errors)
@@ -2672,6 +3170,9 @@ TESTS = [
     test_ops_roles_show_only_what_they_may,
     test_ops_operators_and_audit,
     test_docs_screenshots,
+    test_ops_brand_preview,
+    test_ops_printer_card_says_out_of_paper,
+    test_phone_print_button_and_printing_state,
     test_no_page_errors,
 ]
 

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod multipart;
+pub mod printer;
 
 use std::fs::File;
 use std::future::Future;
@@ -379,6 +380,36 @@ impl TestApp {
     /// Waits until the session is COMPLETED or ABORTED and returns it.
     pub async fn wait_final(&self, sid: &str, token: &str, within: Duration) -> Value {
         wait_final(&self.http, &self.base, sid, token, within).await
+    }
+
+    /// A photo session of the photo experience `slug` (at `terminal`)
+    /// run to COMPLETED with the fixture photo: its id, token and final
+    /// view.
+    pub async fn photo_session(
+        &self,
+        slug: &str,
+        terminal: Option<&str>,
+    ) -> (String, String, Value) {
+        let (sid, token) = self.session(slug, terminal, "ana").await;
+        let photo = self
+            .http
+            .post(format!("{}/api/sessions/{sid}/photo", self.base))
+            .bearer_auth(&token)
+            .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+            .body(include_bytes!("../fixtures/photo-gps-rotated.jpg").to_vec())
+            .send()
+            .await
+            .expect("POST photo");
+        assert_eq!(photo.status(), 201);
+        let photo: Value = photo.json().await.unwrap();
+        let key = uuid::Uuid::new_v4().to_string();
+        let resp = self
+            .submit(&sid, &token, json!({"photo_id": photo["photo_id"]}), &key)
+            .await;
+        assert_eq!(resp.status(), 202);
+        let done = self.wait_final(&sid, &token, Duration::from_secs(60)).await;
+        assert_eq!(done["status"], "COMPLETED", "{done}");
+        (sid, token, done)
     }
 }
 

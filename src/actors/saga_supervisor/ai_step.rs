@@ -1008,10 +1008,17 @@ async fn kept(
     call: &mut CallState,
     result: AiResult,
 ) -> Result<AiResult, AiFailure> {
-    let provider = &ctx.experience.provider;
     let mut streak = 0;
     loop {
-        match keep_result(ctx.saga, provider, call.index, result.clone(), ctx.deps).await {
+        match keep_result(
+            ctx.saga,
+            ctx.experience,
+            call.index,
+            result.clone(),
+            ctx.deps,
+        )
+        .await
+        {
             Ok(kept) => return Ok(kept),
             Err(KeepError::Permanent(detail)) => {
                 tracing::warn!(saga_id = %ctx.saga.id, call = call.index, %detail, "the result could not be kept; the attempt failed");

@@ -5,10 +5,13 @@
 
 use bytes::Bytes;
 
-use super::SagaDeps;
+use std::sync::Arc;
+
+use super::{ExperienceOf, SagaDeps};
 use crate::ai::InputPhoto;
 use crate::domain::failure::AiResult;
 use crate::domain::media::{photo_url_expiry, sign_media_url};
+use crate::media::brand::{read_brand, BrandArt};
 use crate::media::keep::{KeepError, KeptFor, ListsKept};
 use crate::media::MediaError;
 use crate::store::entities::sagas;
@@ -97,7 +100,7 @@ pub(super) async fn input_photo(
 /// this server's URLs.
 pub(super) async fn keep_result(
     saga: &sagas::Model,
-    provider: &str,
+    experience: &ExperienceOf,
     call: i32,
     result: AiResult,
     deps: &SagaDeps,
@@ -105,6 +108,8 @@ pub(super) async fn keep_result(
     if result.content.iter().all(|item| item.url.is_none()) {
         return Ok(result);
     }
+    let provider = experience.provider.as_str();
+    let brand = brand_of(&saga.experience_id, experience.brand_version, deps).await?;
     let origins = deps.media.origins(provider).ok_or_else(|| {
         KeepError::Permanent(format!(
             "provider {provider} has no result origins configured"
@@ -123,6 +128,7 @@ pub(super) async fn keep_result(
             },
             call.max(0) as u32,
             result.content,
+            brand.as_ref(),
         )
         .await?;
     metrics::histogram!(crate::metrics::KEEP_DURATION).record(started.elapsed().as_secs_f64());
@@ -131,6 +137,48 @@ pub(super) async fn keep_result(
         content,
         score: result.score,
     })
+}
+
+/// The brand the experience's results carry now (None: none), from
+/// memory when it is held at `version` or later, else read once.
+async fn brand_of(
+    experience_id: &str,
+    version: i64,
+    deps: &SagaDeps,
+) -> Result<Option<Arc<BrandArt>>, KeepError> {
+    if version == 0 {
+        return Ok(None);
+    }
+    if let Some(held) = deps.media.brands.get(experience_id, version) {
+        return Ok(held);
+    }
+    let unreadable = |detail: String| {
+        KeepError::Transient(format!(
+            "the experience's brand cannot be read now: {detail}"
+        ))
+    };
+    let Some(row) = deps
+        .store
+        .experience_by_id(experience_id)
+        .await
+        .map_err(|e| unreadable(e.to_string()))?
+    else {
+        return Ok(None);
+    };
+    let keeper = &deps.media.keeper;
+    let art = read_brand(&row, keeper.store(), keeper.pool())
+        .await
+        .map_err(unreadable)?;
+    tracing::info!(
+        experience_id,
+        version = row.brand_version,
+        draws = art.is_some(),
+        "brand read"
+    );
+    deps.media
+        .brands
+        .put(experience_id, row.brand_version, art.clone());
+    Ok(art)
 }
 
 /// A saga worker lists what its keep is about to write through its

@@ -58,6 +58,26 @@ pub struct Model {
     pub consent_required: bool,
     /// How long a display shows the newest result's QR code (0: never).
     pub share_qr_ms: i64,
+    /// `cover` or `fit`: how the brand's overlay is placed on a result.
+    pub brand_fit: String,
+    /// The line drawn along a branded result's foot (0 to 80 characters).
+    pub brand_caption: Option<String>,
+    /// Where the branded rendition is shown: any of `display`, `share`,
+    /// `print`, comma separated.
+    pub brand_applies_to: String,
+    /// The overlay PNG's key in the media store, and its size.
+    pub brand_overlay_key: Option<String>,
+    pub brand_overlay_width: Option<i32>,
+    pub brand_overlay_height: Option<i32>,
+    /// The corner logo PNG's key in the media store.
+    pub brand_logo_key: Option<String>,
+    /// Raised by every change of the brand: an instance whose brand in
+    /// memory is older reads it again.
+    pub brand_version: i64,
+    /// The prints one guest may ask for (0: guests cannot print).
+    pub prints_per_guest: i32,
+    /// Guests' prints wait for an operator's approval.
+    pub print_review: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -6,6 +6,8 @@ pub mod ai_calls;
 pub mod experiences;
 pub mod idempotency_records;
 pub mod photos;
+pub mod printers;
+pub mod prints;
 pub mod results;
 pub mod sagas;
 pub mod score_attempts;
@@ -19,6 +21,8 @@ pub mod prelude {
     pub use super::experiences::Entity as Experiences;
     pub use super::idempotency_records::Entity as IdempotencyRecords;
     pub use super::photos::Entity as Photos;
+    pub use super::printers::Entity as Printers;
+    pub use super::prints::Entity as Prints;
     pub use super::results::Entity as Results;
     pub use super::sagas::Entity as Sagas;
     pub use super::score_attempts::Entity as ScoreAttempts;

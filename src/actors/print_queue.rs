@@ -1,0 +1,641 @@
+//! PrintQueue: sends prints to the printers, follows them to the paper,
+//! and keeps each printer's state fresh for /ops.
+//!
+//! Each round (at least every [`ROUND`], at once when this instance's
+//! [`Wakeups::prints`] rings):
+//! 1. **Printers asked** (every [`PRINTER_CHECK`]): Get-Printer-Attributes
+//!    of each; a changed state or reason is written and the operators are
+//!    told (their socket's `print.printers` frame).
+//! 2. **Prints claimed** ([`Store::claim_prints`], a lease under this
+//!    actor's token) and each moved on by its status:
+//!    - `QUEUED`: to a printer of its experience that takes a job now (no
+//!      reason that holds the queue: out of paper, jam, offline, paused;
+//!      and none of our prints at it already), else back with the reason.
+//!      `SENDING` with the printer is written *before* Print-Job.
+//!    - `SENDING` (a send whose answer was lost: a crash, a timeout): the
+//!      printer is asked for a job of the print's `job-name` (Get-Jobs)
+//!      before anything is sent again, so a print is never printed twice.
+//!    - `PRINTING`: Get-Job-Attributes until the job ends.
+//!
+//! Nothing here holds a database connection while a printer is asked; no
+//! HTTP worker ever talks to a printer. A print never blocks a saga: it is
+//! asked for after the saga completed, and only reads its kept file.
+//!
+//! When full: the claim takes at most [`CLAIM`] prints a round; the rest
+//! wait in the table (nothing is dropped), oldest first.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use actix::prelude::*;
+use bytes::Bytes;
+
+use super::run_on_runtime;
+use super::wakeups::Wakeups;
+use crate::clock::SharedClock;
+use crate::domain::policy::EpochMs;
+use crate::domain::print::{holds_the_queue, PrintReason, PrintStatus};
+use crate::media::photo::{decode_rgb, jpeg_of, PhotoLimits};
+use crate::media::pool::PhotoPool;
+use crate::media::MediaStore;
+use crate::print::ipp::{Capabilities, IppError, IppPrinter, JobState, PrinterState};
+use crate::print::prepare::{media_size, pixels_at, print_ready};
+use crate::store::entities::{printers, prints};
+use crate::store::prints::{column_list, PrintChange, PrinterSaid};
+use crate::store::Store;
+
+/// The longest a round waits for a ring.
+pub const ROUND: Duration = Duration::from_secs(1);
+/// How often each printer is asked how it is.
+pub const PRINTER_CHECK: Duration = Duration::from_secs(3);
+/// Prints claimed a round.
+const CLAIM: i64 = 32;
+/// JPEG quality of a print.
+const PRINT_QUALITY: u8 = 92;
+
+/// What the print actor needs.
+#[derive(Clone)]
+pub struct PrintDeps {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub media: MediaStore,
+    pub pool: PhotoPool,
+    pub wakeups: Wakeups,
+    /// This instance's id: the lease token's prefix.
+    pub instance_id: String,
+    /// How long a claim holds a print (`--lease`): a print whose holder
+    /// died is taken up again after it. Longer than a send may take (the
+    /// IPP request's 30 s timeout) on a real event.
+    pub lease_ms: i64,
+}
+
+pub struct PrintQueue {
+    deps: PrintDeps,
+    running: Option<tokio::task::AbortHandle>,
+}
+
+impl PrintQueue {
+    pub fn new(deps: PrintDeps) -> PrintQueue {
+        PrintQueue {
+            deps,
+            running: None,
+        }
+    }
+}
+
+impl Actor for PrintQueue {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let deps = self.deps.clone();
+        self.running = Some(run_on_runtime(ctx, rounds(deps)));
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        if let Some(running) = self.running.take() {
+            running.abort();
+        }
+    }
+}
+
+/// The printers as this actor last saw them, by id.
+type Seen = HashMap<String, printers::Model>;
+
+async fn rounds(deps: PrintDeps) {
+    let token = format!("{}:{}", deps.instance_id, uuid::Uuid::new_v4().simple());
+    let mut last_check: Option<tokio::time::Instant> = None;
+    loop {
+        if last_check.is_none_or(|at| at.elapsed() >= PRINTER_CHECK) {
+            ask_printers(&deps).await;
+            last_check = Some(tokio::time::Instant::now());
+        }
+        if let Err(e) = work_prints(&deps, &token).await {
+            tracing::warn!(error = %e, "print round failed; the next round tries again");
+        }
+        let _ = tokio::time::timeout(ROUND, deps.wakeups.prints.rung()).await;
+    }
+}
+
+/// Asks every printer how it is and writes what changed.
+async fn ask_printers(deps: &PrintDeps) {
+    let Ok(printers) = deps.store.printers().await else {
+        return;
+    };
+    let mut changed = false;
+    for printer in printers {
+        let said = match IppPrinter::new(&printer.uri) {
+            Ok(ipp) => printer_said(&printer, ipp.capabilities().await),
+            Err(e) => unreachable(&printer, &e),
+        };
+        match deps
+            .store
+            .printer_said(&printer.id, &said, deps.clock.now_ms())
+            .await
+        {
+            Ok(true) => {
+                changed = true;
+                tracing::info!(printer = %printer.name, state = %said.state, reasons = ?said.state_reasons, "printer state changed");
+                metrics::gauge!(crate::metrics::PRINTER_UP, "printer" => printer.name.clone()).set(
+                    f64::from(u8::from(
+                        holds_the_queue(&said.state, &said.state_reasons).is_none(),
+                    )),
+                );
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "the printer's state could not be written"),
+        }
+    }
+    if changed {
+        deps.wakeups.stats.ring();
+        deps.wakeups.prints.ring();
+    }
+}
+
+/// What a printer's answer says, as stored. Media not loaded (the
+/// printer's `media-ready` lacks ours) counts as out of paper.
+pub fn printer_said(
+    printer: &printers::Model,
+    answer: Result<Capabilities, IppError>,
+) -> PrinterSaid {
+    let capabilities = match answer {
+        Ok(c) => c,
+        Err(e) => return unreachable(printer, &e),
+    };
+    let state = match capabilities.state {
+        PrinterState::Idle => "idle",
+        PrinterState::Processing => "processing",
+        PrinterState::Stopped => "stopped",
+    };
+    let mut reasons = capabilities.state_reasons.clone();
+    if !capabilities.media_ready.iter().any(|m| m == &printer.media)
+        && !reasons
+            .iter()
+            .any(|r| r.starts_with("media-empty") || r.starts_with("media-needed"))
+    {
+        reasons.push("media-needed".to_owned());
+    }
+    if !capabilities.accepting && !reasons.iter().any(|r| r.starts_with("paused")) {
+        reasons.push("paused".to_owned());
+    }
+    PrinterSaid {
+        state: state.to_owned(),
+        state_reasons: reasons,
+        formats: capabilities.formats,
+        dpi: best_dpi(&capabilities.resolutions),
+    }
+}
+
+/// The resolution a print is made at: 300 dpi when the printer takes it,
+/// else the highest it lists up to 600, else 300.
+pub fn best_dpi(resolutions: &[(u32, u32)]) -> i32 {
+    if resolutions.iter().any(|&(x, _)| x == 300) {
+        return 300;
+    }
+    resolutions
+        .iter()
+        .map(|&(x, _)| x)
+        .filter(|&x| x <= 600)
+        .max()
+        .map_or(300, |x| x as i32)
+}
+
+fn unreachable(printer: &printers::Model, e: &IppError) -> PrinterSaid {
+    tracing::debug!(printer = %printer.name, error = %e, "printer not answering");
+    PrinterSaid {
+        state: "unreachable".to_owned(),
+        state_reasons: Vec::new(),
+        formats: column_list(&printer.formats),
+        dpi: printer.dpi,
+    }
+}
+
+/// Claims the prints whose time has come and moves each on.
+async fn work_prints(deps: &PrintDeps, token: &str) -> Result<(), crate::store::StoreError> {
+    let claimed = deps
+        .store
+        .claim_prints(token, deps.clock.now_ms(), deps.lease_ms, CLAIM)
+        .await?;
+    if claimed.is_empty() {
+        return Ok(());
+    }
+    let printers: Seen = deps
+        .store
+        .printers()
+        .await?
+        .into_iter()
+        .map(|p| (p.id.clone(), p))
+        .collect();
+    let open = deps.store.open_prints(1_000).await?;
+    let mut at_printer: HashMap<String, usize> = HashMap::new();
+    for print in &open {
+        if matches!(print.status.as_str(), "SENDING" | "PRINTING") {
+            if let Some(id) = &print.printer_id {
+                *at_printer.entry(id.clone()).or_default() += 1;
+            }
+        }
+    }
+    for print in claimed {
+        let status = print.status.parse().unwrap_or(PrintStatus::Queued);
+        let change = match status {
+            PrintStatus::Queued => send(deps, token, &print, &printers, &mut at_printer).await,
+            PrintStatus::Sending => recover(deps, token, &print, &printers, &mut at_printer).await,
+            _ => follow(deps, &print, &printers).await,
+        };
+        let changed_status = change.status.as_str() != print.status;
+        if let Err(e) = deps
+            .store
+            .write_print(
+                &print.id,
+                token,
+                &change,
+                deps.clock.now_ms(),
+                deps.lease_ms,
+            )
+            .await
+        {
+            tracing::warn!(print_id = %print.id, error = %e, "the print's change was not written");
+            continue;
+        }
+        if changed_status || change.reason != print.reason {
+            tracing::info!(print_id = %print.id, status = change.status.as_str(), reason = ?change.reason, "print moved on");
+            metrics::counter!(crate::metrics::PRINTS, "status" => change.status.as_str())
+                .increment(1);
+            deps.wakeups.stats.ring();
+        }
+    }
+    Ok(())
+}
+
+/// The change that leaves `print` as it is, with a reason, for a look in
+/// `after_ms`.
+fn wait(
+    print: &prints::Model,
+    status: PrintStatus,
+    reason: Option<PrintReason>,
+    after_ms: i64,
+    now: EpochMs,
+) -> PrintChange {
+    PrintChange {
+        status,
+        reason: reason.map(|r| r.stored(None)),
+        printer_id: print.printer_id.clone(),
+        ipp_job_id: print.ipp_job_id,
+        attempts: print.attempts,
+        next_attempt_at_ms: now + after_ms,
+        keep_lease: false,
+    }
+}
+
+/// The printer a queued print goes to now, or why it waits.
+fn pick_printer<'a>(
+    print: &prints::Model,
+    printers: &'a Seen,
+    at_printer: &HashMap<String, usize>,
+) -> Result<&'a printers::Model, PrintReason> {
+    let mut serving: Vec<&printers::Model> = printers
+        .values()
+        .filter(|p| {
+            let list = column_list(&p.experiences);
+            list.is_empty() || list.contains(&print.experience_id)
+        })
+        .collect();
+    serving.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+    if serving.is_empty() {
+        return Err(PrintReason::NoPrinter);
+    }
+    let healthy: Vec<&printers::Model> = serving
+        .iter()
+        .copied()
+        .filter(|p| holds_the_queue(&p.state, &column_list(&p.state_reasons)).is_none())
+        .collect();
+    let Some(first_held) = healthy.is_empty().then(|| serving[0]) else {
+        return healthy
+            .into_iter()
+            .find(|p| at_printer.get(&p.id).copied().unwrap_or(0) == 0)
+            .ok_or(PrintReason::Busy);
+    };
+    Err(
+        holds_the_queue(&first_held.state, &column_list(&first_held.state_reasons))
+            .unwrap_or(PrintReason::Offline),
+    )
+}
+
+/// Sends a queued print to a printer that takes it now.
+async fn send(
+    deps: &PrintDeps,
+    token: &str,
+    print: &prints::Model,
+    printers: &Seen,
+    at_printer: &mut HashMap<String, usize>,
+) -> PrintChange {
+    let now = deps.clock.now_ms();
+    let printer = match pick_printer(print, printers, at_printer) {
+        Ok(printer) => printer,
+        Err(reason) => return wait(print, PrintStatus::Queued, Some(reason), 1_000, now),
+    };
+    // Sending, with the printer, is on record before the printer is asked:
+    // a crash from here on is recovered by asking it (see `recover`).
+    let sending = PrintChange {
+        status: PrintStatus::Sending,
+        reason: None,
+        printer_id: Some(printer.id.clone()),
+        ipp_job_id: None,
+        attempts: print.attempts + 1,
+        next_attempt_at_ms: now + deps.lease_ms,
+        keep_lease: true,
+    };
+    if let Err(e) = deps
+        .store
+        .write_print(&print.id, token, &sending, now, deps.lease_ms)
+        .await
+    {
+        tracing::warn!(print_id = %print.id, error = %e, "the print could not be marked as sending; not sent");
+        return wait(print, PrintStatus::Queued, None, 1_000, now);
+    }
+    *at_printer.entry(printer.id.clone()).or_default() += 1;
+    let print = prints::Model {
+        status: PrintStatus::Sending.as_str().to_owned(),
+        printer_id: Some(printer.id.clone()),
+        attempts: print.attempts + 1,
+        ..print.clone()
+    };
+    deliver(deps, &print, printer).await
+}
+
+/// Prepares the print-ready image and sends it with Print-Job.
+async fn deliver(
+    deps: &PrintDeps,
+    print: &prints::Model,
+    printer: &printers::Model,
+) -> PrintChange {
+    let now = || deps.clock.now_ms();
+    let document = match prepare(deps, print, printer).await {
+        Ok(document) => document,
+        Err(Prepared::Later(detail)) => {
+            tracing::warn!(print_id = %print.id, %detail, "the print cannot be prepared now");
+            return wait(print, PrintStatus::Queued, None, 2_000, now());
+        }
+        Err(Prepared::Never(reason, detail)) => {
+            return ended(print, PrintStatus::Aborted, reason, Some(&detail), now())
+        }
+    };
+    let started = std::time::Instant::now();
+    let answer = match IppPrinter::new(&printer.uri) {
+        Ok(ipp) => {
+            ipp.print_job(&print.job_name, "image/jpeg", &printer.media, document)
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    match answer {
+        Ok(job_id) => {
+            tracing::info!(print_id = %print.id, printer = %printer.name, job_id, send_ms = started.elapsed().as_millis() as u64, "print sent");
+            PrintChange {
+                status: PrintStatus::Printing,
+                reason: None,
+                printer_id: Some(printer.id.clone()),
+                ipp_job_id: Some(job_id),
+                attempts: print.attempts,
+                next_attempt_at_ms: now() + 500,
+                keep_lease: false,
+            }
+        }
+        Err(IppError::Busy(detail)) => {
+            tracing::info!(print_id = %print.id, printer = %printer.name, %detail, "printer busy; the print waits its turn");
+            PrintChange {
+                printer_id: None,
+                ..wait(
+                    print,
+                    PrintStatus::Queued,
+                    Some(PrintReason::Busy),
+                    1_000,
+                    now(),
+                )
+            }
+        }
+        // Nothing reached the printer: the print waits for it, as queued.
+        Err(IppError::NotConnected(detail)) => {
+            tracing::info!(print_id = %print.id, printer = %printer.name, %detail, "printer not reached; the print waits for it");
+            PrintChange {
+                printer_id: None,
+                ..wait(
+                    print,
+                    PrintStatus::Queued,
+                    Some(PrintReason::Offline),
+                    2_000,
+                    now(),
+                )
+            }
+        }
+        // No answer: the printer may have it. It is asked before any resend.
+        Err(IppError::Unreachable(detail)) | Err(IppError::Malformed(detail)) => {
+            tracing::warn!(print_id = %print.id, printer = %printer.name, %detail, "the print's send had no clear answer; the printer is asked before sending again");
+            wait(
+                print,
+                PrintStatus::Sending,
+                Some(PrintReason::Offline),
+                2_000,
+                now(),
+            )
+        }
+        Err(IppError::Refused(detail)) => ended(
+            print,
+            PrintStatus::Aborted,
+            PrintReason::Refused,
+            Some(&detail),
+            now(),
+        ),
+    }
+}
+
+enum Prepared {
+    Later(String),
+    Never(PrintReason, String),
+}
+
+/// The print's kept file, fitted to the printer's media at its
+/// resolution, as a JPEG (on the photo pool).
+async fn prepare(
+    deps: &PrintDeps,
+    print: &prints::Model,
+    printer: &printers::Model,
+) -> Result<Bytes, Prepared> {
+    let size = media_size(&printer.media).ok_or_else(|| {
+        Prepared::Never(
+            PrintReason::Refused,
+            format!("media {} names no size", printer.media),
+        )
+    })?;
+    let target = pixels_at(&size, printer.dpi.max(72) as u32);
+    let bytes = match deps.media.get(&print.source_key).await {
+        Ok(bytes) => bytes,
+        Err(crate::media::MediaError::NotFound(_)) => {
+            return Err(Prepared::Never(
+                PrintReason::NoResult,
+                "the kept file is gone".into(),
+            ))
+        }
+        Err(e) => return Err(Prepared::Later(e.to_string())),
+    };
+    let started = std::time::Instant::now();
+    let made = deps
+        .pool
+        .run_keep(move |memory| {
+            let decoded = decode_rgb(&bytes, &PhotoLimits::default(), memory)?;
+            jpeg_of(&print_ready(&decoded.image, target), PRINT_QUALITY)
+        })
+        .await
+        .map_err(|full| Prepared::Later(full.to_string()))?
+        .map_err(|e| Prepared::Never(PrintReason::Refused, e.to_string()))?;
+    metrics::histogram!(crate::metrics::PRINT_PREPARE_DURATION)
+        .record(started.elapsed().as_secs_f64());
+    Ok(Bytes::from(made.bytes))
+}
+
+fn ended(
+    print: &prints::Model,
+    status: PrintStatus,
+    reason: PrintReason,
+    detail: Option<&str>,
+    now: EpochMs,
+) -> PrintChange {
+    tracing::warn!(print_id = %print.id, status = status.as_str(), reason = reason.key(), detail, "print ended without paper");
+    PrintChange {
+        reason: Some(reason.stored(detail)),
+        ..wait(print, status, None, 0, now)
+    }
+}
+
+/// A print whose send had no clear answer: the printer is asked for a
+/// job of its name; one that is there (and not aborted) is followed,
+/// otherwise it is sent again.
+async fn recover(
+    deps: &PrintDeps,
+    token: &str,
+    print: &prints::Model,
+    printers: &Seen,
+    at_printer: &mut HashMap<String, usize>,
+) -> PrintChange {
+    let now = deps.clock.now_ms();
+    let Some(printer) = print.printer_id.as_ref().and_then(|id| printers.get(id)) else {
+        // Its printer was removed: it goes to another.
+        let queued = prints::Model {
+            printer_id: None,
+            ..print.clone()
+        };
+        return send(deps, token, &queued, printers, at_printer).await;
+    };
+    let found = match IppPrinter::new(&printer.uri) {
+        Ok(ipp) => ipp.jobs_named(&print.job_name).await,
+        Err(e) => Err(e),
+    };
+    match found {
+        Ok(jobs) => match jobs
+            .into_iter()
+            .rev()
+            .find(|j| j.state != JobState::Aborted && j.state != JobState::Canceled)
+        {
+            Some(job) => {
+                tracing::info!(print_id = %print.id, printer = %printer.name, job_id = job.job_id, "the printer has the print already; it is followed, not sent again");
+                PrintChange {
+                    status: PrintStatus::Printing,
+                    reason: None,
+                    printer_id: print.printer_id.clone(),
+                    ipp_job_id: Some(job.job_id),
+                    attempts: print.attempts,
+                    next_attempt_at_ms: now,
+                    keep_lease: false,
+                }
+            }
+            None => {
+                let queued = prints::Model {
+                    status: PrintStatus::Queued.as_str().to_owned(),
+                    ..print.clone()
+                };
+                send(deps, token, &queued, printers, at_printer).await
+            }
+        },
+        Err(e) => {
+            tracing::info!(print_id = %print.id, printer = %printer.name, error = %e, "the printer cannot say yet whether it has the print; asked again soon");
+            wait(
+                print,
+                PrintStatus::Sending,
+                Some(PrintReason::Offline),
+                2_000,
+                now,
+            )
+        }
+    }
+}
+
+/// A print at its printer: its job asked until it ends; while it waits,
+/// the printer's reason (out of paper, …) is the print's.
+async fn follow(deps: &PrintDeps, print: &prints::Model, printers: &Seen) -> PrintChange {
+    let now = deps.clock.now_ms();
+    let (Some(printer), Some(job_id)) = (
+        print.printer_id.as_ref().and_then(|id| printers.get(id)),
+        print.ipp_job_id,
+    ) else {
+        return ended(
+            print,
+            PrintStatus::Aborted,
+            PrintReason::NoPrinter,
+            Some("its printer was removed"),
+            now,
+        );
+    };
+    let answer = match IppPrinter::new(&printer.uri) {
+        Ok(ipp) => ipp.job(job_id).await,
+        Err(e) => Err(e),
+    };
+    let held = holds_the_queue(&printer.state, &column_list(&printer.state_reasons));
+    match answer {
+        Ok(job) => match job.state {
+            JobState::Completed => PrintChange {
+                reason: None,
+                ..wait(print, PrintStatus::Completed, None, 0, now)
+            },
+            JobState::Canceled => ended(
+                print,
+                PrintStatus::Canceled,
+                PrintReason::CanceledByOperator,
+                Some("canceled at the printer"),
+                now,
+            ),
+            JobState::Aborted => ended(
+                print,
+                PrintStatus::Aborted,
+                PrintReason::Refused,
+                Some(&job.reasons.join(", ")),
+                now,
+            ),
+            _ => wait(print, PrintStatus::Printing, held, 500, now),
+        },
+        Err(e) if e.is_not_found() => ended(
+            print,
+            PrintStatus::Aborted,
+            PrintReason::Refused,
+            Some("the printer no longer knows the job"),
+            now,
+        ),
+        Err(_) => wait(
+            print,
+            PrintStatus::Printing,
+            Some(PrintReason::Offline),
+            2_000,
+            now,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn three_hundred_dpi_when_the_printer_takes_it() {
+        assert_eq!(best_dpi(&[(600, 600), (300, 300)]), 300);
+        assert_eq!(best_dpi(&[(203, 203), (406, 406), (1200, 1200)]), 406);
+        assert_eq!(best_dpi(&[]), 300);
+    }
+}

@@ -1,0 +1,304 @@
+//! Print stations (issue 47) against a real IPP printer: CUPS's
+//! `ippeveprinter` on 127.0.0.1 (tests/support/printer.rs), which keeps
+//! every document it receives, so each test counts and measures what was
+//! printed. On SQLite and PostgreSQL, through HTTP:
+//! - a branded photo result printed once per press, at the media's size
+//!   in pixels; `prints_per_guest` enforced; an operator's reprint;
+//! - out of paper: the print waits with the reason the guest reads, and
+//!   prints once paper is loaded;
+//! - a printer switched off: prints wait, and each prints once when it is
+//!   back.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::printer::TestPrinter;
+use support::{Backend, TestApp, OPERATOR};
+
+const WITHIN: Duration = Duration::from_secs(60);
+const MEDIA: &str = "na_index-4x6_4x6in";
+/// Both trays loaded, as the test printer starts: letter, and 4x6 in.
+const LOADED: [&str; 2] = ["na_letter_8.5x11in", MEDIA];
+
+async fn photo_experience(app: &TestApp, extra: Value) -> String {
+    let slug = format!("pr-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let mut body = json!({"slug": slug, "title": "Print me", "kind": "comic", "input": "photo",
+        "brand_caption": "Stagehand Night 2026"});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let resp = app
+        .http
+        .post(format!("{}/api/experiences", app.base))
+        .bearer_auth(OPERATOR)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
+    slug
+}
+
+async fn add_printer(app: &TestApp, printer: &TestPrinter, name: &str, slug: &str) -> Value {
+    let resp = app
+        .http
+        .post(format!("{}/api/admin/printers", app.base))
+        .bearer_auth(OPERATOR)
+        .json(&json!({"name": name, "uri": printer.uri, "media": MEDIA, "experiences": [slug]}))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    body
+}
+
+/// A completed photo session: its id and token.
+async fn completed(app: &TestApp, slug: &str) -> (String, String) {
+    let (sid, token, _) = app.photo_session(slug, None).await;
+    (sid, token)
+}
+
+async fn guest_print(app: &TestApp, sid: &str, token: &str, key: &str) -> (u16, Value) {
+    let resp = app
+        .http
+        .post(format!("{}/api/sessions/{sid}/print", app.base))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .send()
+        .await
+        .unwrap();
+    (
+        resp.status().as_u16(),
+        resp.json().await.unwrap_or(Value::Null),
+    )
+}
+
+/// Waits (with a deadline) until the session's print `print_id`
+/// satisfies `done`.
+async fn print_until(
+    app: &TestApp,
+    sid: &str,
+    token: &str,
+    print_id: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = std::time::Instant::now() + WITHIN;
+    let mut last = Value::Null;
+    while std::time::Instant::now() < deadline {
+        let view = app.status(sid, token).await;
+        if let Some(print) = view["prints"]
+            .as_array()
+            .and_then(|all| all.iter().find(|p| p["print_id"] == print_id))
+        {
+            if done(print) {
+                return print.clone();
+            }
+            last = print.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("print {print_id} never got there; last seen {last}");
+}
+
+fn pixels_of(path: &std::path::Path) -> (u32, u32) {
+    let bytes = std::fs::read(path).unwrap();
+    image::load_from_memory(&bytes)
+        .expect("a printed image")
+        .into_rgb8()
+        .dimensions()
+}
+
+async fn a_branded_photo_prints_once_at_the_media_size(backend: Backend) {
+    let printer = TestPrinter::start("Booth A");
+    let app = TestApp::spawn(backend).await;
+    let slug = photo_experience(&app, json!({})).await;
+    let added = add_printer(&app, &printer, "Booth A", &slug).await;
+    assert_eq!(added["state"], "idle", "{added}");
+    assert!(
+        added["formats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == "image/jpeg"),
+        "{added}"
+    );
+    let (sid, token) = completed(&app, &slug).await;
+
+    let key = uuid::Uuid::new_v4().to_string();
+    let (status, print) = guest_print(&app, &sid, &token, &key).await;
+    assert_eq!(
+        (status, print["status"].as_str()),
+        (202, Some("QUEUED")),
+        "{print}"
+    );
+    let print_id = print["print_id"].as_str().unwrap().to_owned();
+    // The same press again (a retry): the same print.
+    let (status, again) = guest_print(&app, &sid, &token, &key).await;
+    assert_eq!(
+        (status, &again["print_id"]),
+        (202, &print["print_id"]),
+        "{again}"
+    );
+    // Another press: past prints_per_guest (1).
+    let (status, refused) =
+        guest_print(&app, &sid, &token, &uuid::Uuid::new_v4().to_string()).await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"], "print_limit", "{refused}");
+
+    print_until(&app, &sid, &token, &print_id, |p| {
+        p["status"] == "COMPLETED"
+    })
+    .await;
+    let documents = printer.documents();
+    assert_eq!(documents.len(), 1, "exactly one document: {documents:?}");
+    // 4x6 in at the printer's resolution (1200 × 1800 at 300 dpi), turned
+    // to the picture's orientation.
+    let dpi = added["dpi"].as_u64().expect("the printer's dpi") as u32;
+    let (short, long) = (4 * dpi, 6 * dpi);
+    let size = pixels_of(&documents[0]);
+    assert!(
+        size == (short, long) || size == (long, short),
+        "4x6 in at {dpi} dpi: {size:?}"
+    );
+
+    // An operator's reprint: no bound.
+    let resp = app
+        .http
+        .post(format!("{}/api/admin/sessions/{sid}/print", app.base))
+        .bearer_auth(OPERATOR)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let reprint: Value = resp.json().await.unwrap();
+    let reprint_id = reprint["print_id"].as_str().unwrap();
+    print_until(&app, &sid, &token, reprint_id, |p| {
+        p["status"] == "COMPLETED"
+    })
+    .await;
+    assert_eq!(printer.documents().len(), 2);
+    let (_, audit) = app
+        .operator_get("/api/admin/audit?action=print.request")
+        .await;
+    assert_eq!(audit["items"].as_array().map(Vec::len), Some(1), "{audit}");
+    app.stop().await;
+}
+db_test!(a_branded_photo_prints_once_at_the_media_size);
+
+async fn out_of_paper_holds_the_print_until_paper_is_in(backend: Backend) {
+    let printer = TestPrinter::start("Booth B");
+    let app = TestApp::spawn(backend).await;
+    let slug = photo_experience(&app, json!({})).await;
+    add_printer(&app, &printer, "Booth B", &slug).await;
+    let (sid, token) = completed(&app, &slug).await;
+    printer.set_media_ready(&[]);
+    // /ops sees it.
+    let held = support::wait_for(WITHIN, || async {
+        let (_, view) = app.operator_get("/api/admin/printers").await;
+        let reason = view["printers"][0]["waiting_because"].as_str()?.to_owned();
+        reason.contains("out of paper").then_some(view)
+    })
+    .await;
+    assert!(held.is_some(), "/ops says the printer is out of paper");
+
+    let (status, print) = guest_print(&app, &sid, &token, &uuid::Uuid::new_v4().to_string()).await;
+    assert_eq!(status, 202, "{print}");
+    let print_id = print["print_id"].as_str().unwrap().to_owned();
+    let waiting = print_until(&app, &sid, &token, &print_id, |p| {
+        p["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("out of paper"))
+    })
+    .await;
+    assert_eq!(waiting["status"], "QUEUED", "{waiting}");
+    assert!(
+        printer.documents().is_empty(),
+        "nothing printed while it is out of paper"
+    );
+
+    printer.set_media_ready(&LOADED);
+    print_until(&app, &sid, &token, &print_id, |p| {
+        p["status"] == "COMPLETED"
+    })
+    .await;
+    assert_eq!(printer.documents().len(), 1);
+    app.stop().await;
+}
+db_test!(out_of_paper_holds_the_print_until_paper_is_in);
+
+async fn a_printer_switched_off_holds_its_prints_and_each_prints_once_when_back(backend: Backend) {
+    let mut printer = TestPrinter::start("Booth C");
+    let app = TestApp::spawn(backend).await;
+    let slug = photo_experience(&app, json!({"prints_per_guest": 2})).await;
+    add_printer(&app, &printer, "Booth C", &slug).await;
+    let (sid, token) = completed(&app, &slug).await;
+    printer.stop();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (status, print) =
+            guest_print(&app, &sid, &token, &uuid::Uuid::new_v4().to_string()).await;
+        assert_eq!(status, 202, "{print}");
+        ids.push(print["print_id"].as_str().unwrap().to_owned());
+    }
+    for id in &ids {
+        let waiting = print_until(&app, &sid, &token, id, |p| {
+            p["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("not answering"))
+        })
+        .await;
+        assert_eq!(waiting["status"], "QUEUED", "{waiting}");
+    }
+    printer.restart();
+    for id in &ids {
+        print_until(&app, &sid, &token, id, |p| p["status"] == "COMPLETED").await;
+    }
+    let documents = printer.documents();
+    assert_eq!(documents.len(), 2, "each printed once: {documents:?}");
+    app.stop().await;
+}
+db_test!(a_printer_switched_off_holds_its_prints_and_each_prints_once_when_back);
+
+/// A printer that cannot take what this server sends is refused with the
+/// reason: a media it does not have.
+async fn a_printer_without_the_media_is_refused(backend: Backend) {
+    let printer = TestPrinter::start("Booth D");
+    let app = TestApp::spawn(backend).await;
+    let resp = app
+        .http
+        .post(format!("{}/api/admin/printers", app.base))
+        .bearer_auth(OPERATOR)
+        .json(&json!({"name": "D", "uri": printer.uri, "media": "iso_a3_297x420mm"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 422);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("iso_a3_297x420mm"),
+        "{body}"
+    );
+    let resp = app
+        .http
+        .post(format!("{}/api/admin/printers", app.base))
+        .bearer_auth(OPERATOR)
+        .json(&json!({"name": "nobody", "uri": format!("ipp://127.0.0.1:{}/ipp/print", support::free_port()), "media": MEDIA}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 422);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("did not answer"),
+        "{body}"
+    );
+    app.stop().await;
+}
+db_test!(a_printer_without_the_media_is_refused);
