@@ -48,6 +48,7 @@ fn part_of(name: &str) -> Result<BrandPart, ApiError> {
         (status = 401, description = "`unauthorized`.", body = super::schema::ErrorBody),
         (status = 403, description = "`forbidden`: only an admin sets the brand.", body = super::schema::ErrorBody),
         (status = 404, description = "`not_found`: no such experience or part.", body = super::schema::ErrorBody),
+        (status = 408, description = "`upload_too_slow`: the image arrived too slowly.", body = super::schema::ErrorBody),
         (status = 413, description = "`payload_too_large`: more than 20 MiB.", body = super::schema::ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not a PNG.", body = super::schema::ErrorBody),
         (status = 422, description = "`validation_failed`: more than 25 megapixels or 8,192 a side, or it does not decode.", body = super::schema::ErrorBody),
@@ -157,7 +158,9 @@ pub async fn delete_brand_image(
         (status = 404, description = "`not_found`: no such experience.", body = super::schema::ErrorBody),
         (status = 409, description = "`conflict`: the experience has no brand yet.", body = super::schema::ErrorBody),
         (status = 413, description = "`payload_too_large`: a sample of more than 20 MiB.", body = super::schema::ErrorBody),
+        (status = 408, description = "`upload_too_slow`: the sample arrived too slowly.", body = super::schema::ErrorBody),
         (status = 415, description = "`unsupported_media_type`: the sample is not a JPEG, PNG or WebP.", body = super::schema::ErrorBody),
+        (status = 422, description = "`photo_unreadable`: the sample does not decode, or is past the photo limits.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn preview_brand(

@@ -65,6 +65,7 @@ pub(super) struct PrinterBody {
     request_body = PrinterBody,
     responses(
         (status = 201, description = "Added.", body = Object),
+        (status = 400, description = "`invalid_json`: the body is not JSON for this request.", body = super::schema::ErrorBody),
         (status = 401, description = "`unauthorized`.", body = super::schema::ErrorBody),
         (status = 403, description = "`forbidden`: only an admin adds printers.", body = super::schema::ErrorBody),
         (status = 422, description = "`validation_failed`: a field breaks its rule, an experience is unknown, or the printer does not answer or cannot take JPEG, the media or colour (the message says which).", body = super::schema::ErrorBody),
@@ -292,11 +293,13 @@ async fn printable(state: &AppState, session: &sessions::Model) -> Result<String
     security(("participant" = [])),
     params(("id" = String, Path)),
     responses(
-        (status = 202, description = "Queued.", body = super::schema::PrintView),
+        (status = 202, description = "Queued (or the replay of an earlier answer to the same Idempotency-Key).", body = super::schema::PrintView),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is missing or malformed.", body = super::schema::ErrorBody),
         (status = 401, description = "`unauthorized`.", body = super::schema::ErrorBody),
         (status = 404, description = "`not_found`.", body = super::schema::ErrorBody),
-        (status = 409, description = "`print_limit`: the session asked for its `prints_per_guest` prints already (or guests cannot print); `conflict`: no finished picture yet.", body = super::schema::ErrorBody),
+        (status = 409, description = "`print_limit`: the session asked for its `prints_per_guest` prints already (or guests cannot print); `conflict`: no finished picture yet; `request_in_progress`.", body = super::schema::ErrorBody),
         (status = 410, description = "`gone`: the session's data was erased.", body = super::schema::ErrorBody),
+        (status = 422, description = "`idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn guest_print(
@@ -358,9 +361,13 @@ fn queued(state: &AppState, print: &prints::Model, locale: Locale) -> Reply {
     params(("id" = String, Path)),
     responses(
         (status = 202, description = "Queued.", body = super::schema::PrintView),
+        (status = 400, description = "`idempotency_key_required`: the Idempotency-Key is malformed.", body = super::schema::ErrorBody),
         (status = 401, description = "`unauthorized`.", body = super::schema::ErrorBody),
+        (status = 403, description = "`forbidden`: a viewer cannot print.", body = super::schema::ErrorBody),
         (status = 404, description = "`not_found`.", body = super::schema::ErrorBody),
-        (status = 409, description = "`conflict`: no finished picture yet.", body = super::schema::ErrorBody),
+        (status = 409, description = "`conflict`: no finished picture yet; `request_in_progress`.", body = super::schema::ErrorBody),
+        (status = 410, description = "`gone`: the session's data was erased.", body = super::schema::ErrorBody),
+        (status = 422, description = "`idempotency_key_reused`: the key came with another body.", body = super::schema::ErrorBody),
     )
 )]
 pub async fn operator_print(
@@ -439,6 +446,8 @@ async fn decide(
     params(("id" = String, Path)),
     responses(
         (status = 200, description = "Canceled.", body = super::schema::PrintView),
+        (status = 401, description = "`unauthorized`.", body = super::schema::ErrorBody),
+        (status = 403, description = "`forbidden`: a viewer cannot decide prints.", body = super::schema::ErrorBody),
         (status = 404, description = "`not_found`.", body = super::schema::ErrorBody),
         (status = 409, description = "`conflict`: it is at a printer already, or finished.", body = super::schema::ErrorBody),
     )
@@ -461,6 +470,8 @@ pub async fn cancel_print(
     params(("id" = String, Path)),
     responses(
         (status = 200, description = "Approved: it goes to a printer.", body = super::schema::PrintView),
+        (status = 401, description = "`unauthorized`.", body = super::schema::ErrorBody),
+        (status = 403, description = "`forbidden`: a viewer cannot decide prints.", body = super::schema::ErrorBody),
         (status = 404, description = "`not_found`.", body = super::schema::ErrorBody),
         (status = 409, description = "`conflict`: it does not wait for approval.", body = super::schema::ErrorBody),
     )
