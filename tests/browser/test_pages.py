@@ -3113,9 +3113,10 @@ def test_phone_print_button_and_printing_state(env):
         expect(status).not_to_contain_text("out of paper")
         wait_for("the printer's spool to hold the document", lambda: printer.documents(), 10)
         assert len(printer.documents()) == 1, f"one print, not {printer.documents()}"
-        # The one allowed print is spent: the button stays disabled.
+        # The one allowed print is spent: the button stays disabled, and
+        # never offers "Print again" when no print is left.
         expect(button).to_be_disabled()
-        expect(button).to_have_text(EN["participant.printAgain"])
+        expect(button).to_have_text(EN["participant.print"])
         prints = env.server.ok("GET", f"/api/sessions/{mine['id']}", token=mine["token"])["prints"]
         assert [p["status"] for p in prints] == ["COMPLETED"], prints
         shot(phone, "phone-printed", full_page=True)
