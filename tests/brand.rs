@@ -36,21 +36,11 @@ fn png(image: &RgbaImage) -> Vec<u8> {
 
 async fn photo_experience(app: &TestApp, extra: Value) -> String {
     let slug = format!("br-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let mut body =
-        json!({"slug": slug, "title": "Branded comic", "kind": "comic", "input": "photo"});
-    for (k, v) in extra.as_object().unwrap() {
-        body[k] = v.clone();
-    }
-    let resp = app
-        .http
-        .post(format!("{}/api/experiences", app.base))
-        .bearer_auth(OPERATOR)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
-    slug
+    app.experience_from(
+        json!({"slug": slug, "title": "Branded comic", "kind": "comic", "input": "photo"}),
+        extra,
+    )
+    .await
 }
 
 async fn put_brand(app: &TestApp, slug: &str, part: &str, body: Vec<u8>) -> (u16, Value) {

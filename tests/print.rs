@@ -24,21 +24,12 @@ const LOADED: [&str; 2] = ["na_letter_8.5x11in", MEDIA];
 
 async fn photo_experience(app: &TestApp, extra: Value) -> String {
     let slug = format!("pr-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let mut body = json!({"slug": slug, "title": "Print me", "kind": "comic", "input": "photo",
-        "brand_caption": "Stagehand Night 2026"});
-    for (k, v) in extra.as_object().unwrap() {
-        body[k] = v.clone();
-    }
-    let resp = app
-        .http
-        .post(format!("{}/api/experiences", app.base))
-        .bearer_auth(OPERATOR)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
-    slug
+    app.experience_from(
+        json!({"slug": slug, "title": "Print me", "kind": "comic", "input": "photo",
+        "brand_caption": "Stagehand Night 2026"}),
+        extra,
+    )
+    .await
 }
 
 async fn add_printer(app: &TestApp, printer: &TestPrinter, name: &str, slug: &str) -> Value {

@@ -123,8 +123,12 @@ async fn ask_printers(deps: &PrintDeps) {
     };
     let mut changed = false;
     for printer in printers {
-        let said = match IppPrinter::new(&printer.uri) {
-            Ok(ipp) => printer_said(&printer, ipp.capabilities().await),
+        let answer = match IppPrinter::new(&printer.uri) {
+            Ok(ipp) => ipp.capabilities().await,
+            Err(e) => Err(e),
+        };
+        let said = match answer {
+            Ok(capabilities) => printer_said(&printer.media, capabilities),
             Err(e) => unreachable(&printer, &e),
         };
         match deps
@@ -151,23 +155,17 @@ async fn ask_printers(deps: &PrintDeps) {
     }
 }
 
-/// What a printer's answer says, as stored. Media not loaded (the
-/// printer's `media-ready` lacks ours) counts as out of paper.
-pub fn printer_said(
-    printer: &printers::Model,
-    answer: Result<Capabilities, IppError>,
-) -> PrinterSaid {
-    let capabilities = match answer {
-        Ok(c) => c,
-        Err(e) => return unreachable(printer, &e),
-    };
+/// What a printer's answer says, as stored, for a printer of `media`.
+/// Media not loaded (the printer's `media-ready` lacks ours) counts as
+/// out of paper.
+pub fn printer_said(media: &str, capabilities: Capabilities) -> PrinterSaid {
     let state = match capabilities.state {
         PrinterState::Idle => "idle",
         PrinterState::Processing => "processing",
         PrinterState::Stopped => "stopped",
     };
-    let mut reasons = capabilities.state_reasons.clone();
-    if !capabilities.media_ready.iter().any(|m| m == &printer.media)
+    let mut reasons = capabilities.state_reasons;
+    if !capabilities.media_ready.iter().any(|m| m == media)
         && !reasons
             .iter()
             .any(|r| r.starts_with("media-empty") || r.starts_with("media-needed"))
@@ -548,6 +546,10 @@ async fn recover(
                 }
             }
             None => {
+                // Not at the printer: its place there is free again.
+                if let Some(count) = at_printer.get_mut(&printer.id) {
+                    *count = count.saturating_sub(1);
+                }
                 let queued = prints::Model {
                     status: PrintStatus::Queued.as_str().to_owned(),
                     ..print.clone()

@@ -175,7 +175,7 @@ pub async fn preview_brand(
     let sample = read_photo_body(payload, declared_length(&req), max, state.photos.pace).await?;
     let art = read_brand(&experience, &state.media, &state.photos.pool)
         .await
-        .map_err(|e| ApiError::Internal(e))?
+        .map_err(ApiError::MediaUnavailable)?
         .ok_or_else(|| {
             ApiError::Conflict(
                 "this experience has no brand yet: upload an overlay or a logo, or set brand_caption"

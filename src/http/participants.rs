@@ -311,13 +311,19 @@ pub async fn get_session(
     } else {
         message
     };
-    let prints: Vec<serde_json::Value> = state
-        .store
-        .prints_of_session(&session.id)
-        .await?
-        .iter()
-        .map(|p| crate::store::prints::print_json(p, locale))
-        .collect();
+    // Only a completed session has a picture to print: a phone polling
+    // while its saga runs costs no read of prints.
+    let prints: Vec<serde_json::Value> = if session.status == SessionStatus::Completed.as_str() {
+        state
+            .store
+            .prints_of_session(&session.id)
+            .await?
+            .iter()
+            .map(|p| crate::store::prints::print_json(p, locale))
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(HttpResponse::Ok().json(json!({
         "prints": prints,
         "session_id": session.id,

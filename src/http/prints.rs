@@ -31,7 +31,7 @@ use crate::domain::locale::Locale;
 use crate::domain::saga::Step;
 use crate::print::ipp::IppPrinter;
 use crate::print::prepare::{choose_format, media_size};
-use crate::store::entities::{printers, prints, sessions};
+use crate::store::entities::{prints, sessions};
 use crate::store::prints::{print_json, printer_json};
 use crate::store::prints::{NewPrinter, PrintAsk};
 
@@ -168,21 +168,7 @@ async fn checked_printer(
             "the printer prints in black and white only: add it with \"colour\": false".into(),
         ));
     }
-    let placeholder = printers::Model {
-        id: String::new(),
-        name: name.clone(),
-        uri: body.uri.clone(),
-        media: body.media.clone(),
-        colour,
-        experiences: String::new(),
-        state: String::new(),
-        state_reasons: String::new(),
-        formats: String::new(),
-        dpi: 300,
-        checked_at_ms: None,
-        created_at_ms: 0,
-    };
-    let said = crate::actors::print_queue::printer_said(&placeholder, Ok(capabilities));
+    let said = crate::actors::print_queue::printer_said(&body.media, capabilities);
     Ok(NewPrinter {
         name,
         uri: body.uri,

@@ -28,7 +28,7 @@ use super::photo::{
 };
 use super::pool::{Memory, PhotoPool};
 use super::MediaStore;
-use crate::domain::brand::{AppliesTo, BrandFit, Placement};
+use crate::domain::brand::{AppliesTo, BrandFit};
 use crate::store::entities::experiences;
 
 /// The font captions are drawn in.
@@ -97,13 +97,21 @@ pub struct BrandArt {
     fit: BrandFit,
     caption: Option<String>,
     applies_to: AppliesTo,
-    /// The overlay at the last result size drawn on.
-    scaled: Mutex<Option<Arc<ScaledOverlay>>>,
+    /// The overlay and logo at the last result size drawn on.
+    scaled: Mutex<Option<Arc<Scaled>>>,
 }
 
-struct ScaledOverlay {
+/// The overlay and the logo scaled for one result size, each with its
+/// top-left corner on the result.
+struct Scaled {
     result_size: (u32, u32),
-    placement: Placement,
+    overlay: Option<Placed>,
+    logo: Option<Placed>,
+}
+
+struct Placed {
+    left: i64,
+    top: i64,
     pixels: RgbaImage,
 }
 
@@ -142,42 +150,32 @@ impl BrandArt {
 
     /// Draws the brand on `rgb`: the overlay, the logo, then the caption.
     pub fn draw(&self, rgb: &mut RgbImage) {
-        if let Some(scaled) = self.scaled_overlay(rgb.dimensions()) {
-            blend(
-                rgb,
-                &scaled.pixels,
-                scaled.placement.left,
-                scaled.placement.top,
-            );
-        }
-        if let Some(logo) = &self.logo {
-            draw_logo(rgb, logo);
+        let scaled = self.scaled(rgb.dimensions());
+        for placed in [&scaled.overlay, &scaled.logo].into_iter().flatten() {
+            blend(rgb, &placed.pixels, placed.left, placed.top);
         }
         if let Some(caption) = &self.caption {
             draw_caption(rgb, caption);
         }
     }
 
-    fn scaled_overlay(&self, size: (u32, u32)) -> Option<Arc<ScaledOverlay>> {
-        let overlay = self.overlay.as_ref()?;
+    /// The overlay and logo scaled for a result of `size`: made once per
+    /// size, kept for the results of the same size that follow.
+    fn scaled(&self, size: (u32, u32)) -> Arc<Scaled> {
         let mut held = self.scaled.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(scaled) = held.as_ref().filter(|s| s.result_size == size) {
-            return Some(scaled.clone());
+            return scaled.clone();
         }
-        let placement = self.fit.placement(size, overlay.dimensions());
-        let pixels = image::imageops::resize(
-            overlay,
-            placement.width,
-            placement.height,
-            FilterType::Triangle,
-        );
-        let scaled = Arc::new(ScaledOverlay {
+        let scaled = Arc::new(Scaled {
             result_size: size,
-            placement,
-            pixels,
+            overlay: self
+                .overlay
+                .as_ref()
+                .map(|o| place_overlay(o, self.fit, size)),
+            logo: self.logo.as_ref().map(|l| place_logo(l, size)),
         });
         *held = Some(scaled.clone());
-        Some(scaled)
+        scaled
     }
 }
 
@@ -248,18 +246,34 @@ fn mix(dst: [u8; 3], src: [u8; 3], alpha: u32) -> [u8; 3] {
     ]
 }
 
+/// The overlay scaled and centred as `fit` says.
+fn place_overlay(overlay: &RgbaImage, fit: BrandFit, size: (u32, u32)) -> Placed {
+    let placement = fit.placement(size, overlay.dimensions());
+    Placed {
+        left: placement.left,
+        top: placement.top,
+        pixels: image::imageops::resize(
+            overlay,
+            placement.width,
+            placement.height,
+            FilterType::Triangle,
+        ),
+    }
+}
+
 /// The logo in the top-right corner: 18% of the result's width, a margin
 /// of 3% of its short side.
-fn draw_logo(rgb: &mut RgbImage, logo: &RgbaImage) {
-    let (width, height) = rgb.dimensions();
+fn place_logo(logo: &RgbaImage, (width, height): (u32, u32)) -> Placed {
     let target_w = (width as f32 * 0.18).round().max(1.0) as u32;
     let target_h = ((logo.height() as f32 * target_w as f32 / logo.width().max(1) as f32).round()
         as u32)
         .clamp(1, height);
-    let scaled = image::imageops::resize(logo, target_w, target_h, FilterType::Triangle);
     let margin = i64::from((width.min(height) as f32 * 0.03).round() as u32);
-    let left = i64::from(width) - i64::from(target_w) - margin;
-    blend(rgb, &scaled, left, margin);
+    Placed {
+        left: i64::from(width) - i64::from(target_w) - margin,
+        top: margin,
+        pixels: image::imageops::resize(logo, target_w, target_h, FilterType::Triangle),
+    }
 }
 
 /// The font, parsed once.
@@ -479,6 +493,31 @@ mod tests {
             "the letters are drawn"
         );
         assert_eq!(rgb.get_pixel(300, 100).0, [200, 200, 200]);
+    }
+
+    #[test]
+    fn the_logo_sits_in_the_top_right_corner_on_every_result_of_a_size() {
+        let art = BrandArt::decode(
+            BrandParts {
+                overlay: None,
+                logo: Some(png(&RgbaImage::from_pixel(40, 20, Rgba([0, 200, 0, 255])))),
+                fit: BrandFit::Cover,
+                caption: None,
+                applies_to: AppliesTo::default(),
+            },
+            &Memory::unbounded(),
+        )
+        .unwrap()
+        .expect("a brand that draws");
+        for _ in 0..2 {
+            let mut rgb = RgbImage::from_pixel(1000, 500, Rgb([0, 0, 255]));
+            art.draw(&mut rgb);
+            // 180 × 90 at a margin of 15: x 805..985, y 15..105.
+            assert_eq!(rgb.get_pixel(900, 60).0, [0, 200, 0]);
+            assert_eq!(rgb.get_pixel(990, 60).0, [0, 0, 255]);
+            assert_eq!(rgb.get_pixel(100, 60).0, [0, 0, 255]);
+            assert_eq!(rgb.get_pixel(900, 200).0, [0, 0, 255]);
+        }
     }
 
     #[test]

@@ -1,8 +1,6 @@
 //! Experiences (a booth's AI activity and its limits) and terminals (the booth
 //! displays that receive pushes).
 
-use std::ops::Not;
-
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
     QueryOrder,
@@ -13,6 +11,12 @@ use super::entities::{experiences, terminals};
 use super::{new_id, DbFailure, Store, StoreError, StoreResult};
 use crate::domain::audit::AuditEntry;
 use crate::domain::brand::{AppliesTo, BrandFit, BrandPart};
+use crate::domain::guests::{Gallery, DEFAULT_PHOTO_RETENTION_MS, DEFAULT_RETENTION_MS};
+use crate::domain::keys::token_hash;
+use crate::domain::locale::Locale;
+use crate::domain::media::InputKind;
+use crate::domain::policy::EpochMs;
+use crate::domain::review::{Decision, ReviewMode};
 
 /// The settings that change how a brand draws: changing one raises the
 /// brand's version.
@@ -21,12 +25,6 @@ const BRAND_SETTINGS: [experiences::Column; 3] = [
     experiences::Column::BrandCaption,
     experiences::Column::BrandAppliesTo,
 ];
-use crate::domain::guests::{Gallery, DEFAULT_PHOTO_RETENTION_MS, DEFAULT_RETENTION_MS};
-use crate::domain::keys::token_hash;
-use crate::domain::locale::Locale;
-use crate::domain::media::InputKind;
-use crate::domain::policy::EpochMs;
-use crate::domain::review::{Decision, ReviewMode};
 
 /// What an operator sends to create an experience.
 #[derive(Debug, Clone)]
@@ -210,7 +208,7 @@ impl Store {
         let find = || experiences::Entity::find_by_id(id.to_owned()).one(&*tx);
         let before = find().await?.ok_or(StoreError::NotFound("experience"))?;
         if change.is_changed() {
-            let brand_changed = BRAND_SETTINGS.iter().any(|c| change.is_not_set(*c).not());
+            let brand_changed = BRAND_SETTINGS.iter().any(|c| !change.is_not_set(*c));
             let mut change = change;
             change.id = sea_orm::ActiveValue::Unchanged(id.to_owned());
             change.update(&*tx).await?;

@@ -15,10 +15,10 @@ use sea_orm::{
     QueryOrder,
 };
 
-use super::entities::{printers, prints};
-use super::{new_id, Store, StoreError, StoreResult};
 use serde_json::{json, Value};
 
+use super::entities::{printers, prints};
+use super::{new_id, Store, StoreError, StoreResult};
 use crate::domain::locale::Locale;
 use crate::domain::policy::EpochMs;
 use crate::domain::print::{job_name, PrintReason, PrintStatus};
@@ -155,7 +155,7 @@ impl Store {
                  AND (state <> $1 OR state_reasons <> $2 OR formats <> $3 OR dpi <> $4)",
                 vec![
                     said.state.clone().into(),
-                    reasons.clone().into(),
+                    reasons.into(),
                     formats.into(),
                     said.dpi.into(),
                     now.into(),
@@ -419,12 +419,17 @@ pub fn print_json(p: &prints::Model, locale: Locale) -> Value {
 
 impl Store {
     /// The printers with their queues, and the open prints: the API's list
-    /// and the operators' `print.printers` frame.
+    /// and the operators' `print.printers` frame. A printer's queue is the
+    /// open prints at it, and those of its experiences not yet at one.
     pub async fn printers_view(&self) -> StoreResult<Value> {
-        let store = self;
-        let printers = store.printers().await?;
-        let open = store.open_prints(200).await?;
-        let experiences = store.list_experiences().await?;
+        let printers = self.printers().await?;
+        let open = self.open_prints(200).await?;
+        // The slugs, only when there is something to name.
+        let experiences = if printers.is_empty() && open.is_empty() {
+            Vec::new()
+        } else {
+            self.list_experiences().await?
+        };
         let slug_of = |id: &str| {
             experiences
                 .iter()
@@ -434,14 +439,15 @@ impl Store {
         let listed: Vec<Value> = printers
             .iter()
             .map(|p| {
-                let slugs: Vec<String> = column_list(&p.experiences)
-                    .iter()
-                    .map(|id| slug_of(id))
-                    .collect();
+                let serves = column_list(&p.experiences);
                 let queued = open
                     .iter()
-                    .filter(|j| j.printer_id.as_deref() == Some(&p.id) || j.printer_id.is_none())
+                    .filter(|j| match &j.printer_id {
+                        Some(at) => at == &p.id,
+                        None => serves.is_empty() || serves.contains(&j.experience_id),
+                    })
                     .count();
+                let slugs: Vec<String> = serves.iter().map(|id| slug_of(id)).collect();
                 printer_json(p, &slugs, queued)
             })
             .collect();

@@ -251,6 +251,26 @@ impl TestApp {
         create_experience(&self.http, &self.base, max_in_flight).await
     }
 
+    /// An experience made from `body` with `extra`'s fields laid over it
+    /// (201 asserted): its slug, which `body` names.
+    pub async fn experience_from(&self, body: Value, extra: Value) -> String {
+        let mut body = body;
+        for (k, v) in extra.as_object().expect("extra is an object") {
+            body[k] = v.clone();
+        }
+        let resp = self
+            .http
+            .post(format!("{}/api/experiences", self.base))
+            .bearer_auth(OPERATOR)
+            .json(&body)
+            .send()
+            .await
+            .expect("POST experiences");
+        let status = resp.status();
+        assert_eq!(status, 201, "{}", resp.text().await.unwrap_or_default());
+        body["slug"].as_str().expect("a slug").to_owned()
+    }
+
     pub async fn terminal(&self, slug: &str) -> (String, String) {
         create_terminal(&self.http, &self.base, slug).await
     }
