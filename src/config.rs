@@ -297,6 +297,22 @@ pub struct Config {
     /// OpenTelemetry default (5s, or `OTEL_BSP_SCHEDULE_DELAY` in ms).
     #[arg(long, env = "STAGEHAND_OTLP_BATCH_DELAY", value_parser = parse_duration)]
     pub otlp_batch_delay: Option<Duration>,
+    /// Let webhook endpoints be on loopback, private and link-local
+    /// addresses (`1`, `true`): for tests and on-premise setups. Off, such
+    /// an endpoint is refused and every delivery resolves through public
+    /// addresses only.
+    #[arg(
+        long,
+        env = "STAGEHAND_WEBHOOK_ALLOW_PRIVATE",
+        default_value = "false",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::Set
+    )]
+    pub webhook_allow_private: bool,
+    /// A webhook endpoint whose deliveries have failed, with no success,
+    /// for this long is disabled (its deliveries wait; /ops shows it).
+    #[arg(long, env = "STAGEHAND_WEBHOOK_DISABLE_AFTER", default_value = "24h", value_parser = parse_duration)]
+    pub webhook_disable_after: Duration,
 }
 
 impl Config {

@@ -40,6 +40,8 @@
 //! - [`media`]: the media store (a folder or S3, over `object_store`).
 //! - [`print`]: IPP printing and the print-ready image (the print queue
 //!   actor is in `actors`).
+//! - [`webhooks`]: the organiser's endpoints, judged and sent to, signed
+//!   (the sender actor is in `actors`, the outbox in `store`).
 //! - [`config`], [`clock`], [`startup`]: flags, the injectable clock, wiring.
 //! - [`telemetry`]: traces over OTLP (off unless configured).
 //! - [`units`]: durations and rate limits as people type them.
@@ -61,3 +63,4 @@ pub mod startup;
 pub mod store;
 pub mod telemetry;
 pub mod units;
+pub mod webhooks;

@@ -69,6 +69,8 @@ pub const PRINTS: &str = "stagehand_prints_total";
 pub const PRINTER_UP: &str = "stagehand_printer_up";
 /// Time to make a print-ready image.
 pub const PRINT_PREPARE_DURATION: &str = "stagehand_print_prepare_seconds";
+/// Webhook delivery attempts, by outcome (`delivered`, `retry`, `failed`).
+pub const WEBHOOK_DELIVERIES: &str = "stagehand_webhook_deliveries_total";
 /// Decoding, cleaning and re-encoding one uploaded photo in the pool.
 pub const PHOTO_DECODE_DURATION: &str = "stagehand_photo_decode_seconds";
 /// Uploads (and thumbnails) refused because the photo pool was full.
@@ -160,6 +162,10 @@ fn describe() {
     describe_counter!(
         PRINTS,
         "Prints that moved on, by the status they reached (status)."
+    );
+    describe_counter!(
+        WEBHOOK_DELIVERIES,
+        "Webhook delivery attempts, by outcome (delivered; retry: failed and tried again later; failed: no tries left)."
     );
     describe_gauge!(PRINTER_UP, "1 while the printer takes jobs, 0 while out of paper, jammed, paused or unreachable (printer).");
     describe_histogram!(

@@ -167,8 +167,8 @@ impl Application {
             max_recoveries: config.max_recoveries,
         };
         let instance_id = crate::store::new_id();
-        let signing_key =
-            media_signing_key(&config, &db.store, &instance_id, clock.now_ms()).await?;
+        let secret = server_secret(&config, &db.store, &instance_id, clock.now_ms()).await?;
+        let signing_key: Arc<[u8]> = Arc::from(&secret.media_signing_key()[..]);
         let core = start_core_actors(&db.work, &clock, &instance_id, rules.lease_ms);
         let (listener, port) = bind_listener(&config.bind)?;
         let bases = PhotoBases::of(&config, port);
@@ -212,10 +212,21 @@ impl Application {
             media: media.clone(),
             pool: photo_pool.clone(),
             wakeups: core.wakeups.clone(),
+            hub: core.hub.clone(),
             instance_id: instance_id.clone(),
             lease_ms: config.lease_ms(),
         })
         .start();
+        let hooks = start_webhooks(
+            &config,
+            &db.work,
+            &clock,
+            &core,
+            &instance_id,
+            &secret,
+            port,
+        )
+        .await?;
         let limits = Arc::new(RateLimits::from_config(&config));
         start_liveness(&db.work, &clock, &instance_id, &limits).await?;
         let state = AppState {
@@ -259,6 +270,7 @@ impl Application {
                 config.gallery_pin_guesses,
             )),
             lease_ms: config.lease_ms(),
+            hooks,
         };
         let server = serve_http(listener, &state, &config.bind)?;
         let shutdown = Shutdown {
@@ -712,15 +724,15 @@ impl PhotoBases {
     }
 }
 
-/// The key media URLs are signed with, from the server's own secret
-/// (`--secret`, or its file), once the database says that every live
-/// instance has the same secret.
-async fn media_signing_key(
+/// The server's own secret (`--secret`, or its file), once the database
+/// says that every live instance has the same secret: media URLs are
+/// signed, and webhook secrets sealed, with keys derived from it.
+async fn server_secret(
     config: &Config,
     store: &Store,
     instance_id: &str,
     now: i64,
-) -> Result<Arc<[u8]>, StartupError> {
+) -> Result<crate::domain::media::ServerSecret, StartupError> {
     let secret = match &config.secret {
         Some(secret) => secret.clone(),
         None => {
@@ -732,7 +744,39 @@ async fn media_signing_key(
         }
     };
     crate::media::secret::check_agreement(store, &secret, instance_id, now).await?;
-    Ok(Arc::from(&secret.media_signing_key()[..]))
+    Ok(secret)
+}
+
+/// The webhook sender, started, and what the HTTP side needs of webhooks:
+/// the URL judge and the seal of the endpoints' secrets. The links in the
+/// bodies start with the public URL.
+async fn start_webhooks(
+    config: &Config,
+    store: &Store,
+    clock: &SharedClock,
+    core: &CoreActors,
+    instance_id: &str,
+    secret: &crate::domain::media::ServerSecret,
+    port: u16,
+) -> Result<crate::http::Hooks, StartupError> {
+    let hooks = crate::http::Hooks {
+        sender: crate::webhooks::HookSender::new(config.webhook_allow_private),
+        seal: crate::store::idempotency::Seal::with_key(secret.webhook_seal_key()),
+    };
+    store.hooks().set_base_url(&config.public_base_url(port));
+    store.refresh_listeners().await?;
+    crate::actors::webhook_sender::WebhookSender::new(crate::actors::webhook_sender::WebhookDeps {
+        store: store.clone(),
+        clock: clock.clone(),
+        wakeups: core.wakeups.clone(),
+        sender: hooks.sender.clone(),
+        seal: hooks.seal.clone(),
+        instance_id: instance_id.to_owned(),
+        lease_ms: config.lease_ms(),
+        disable_after_ms: config.webhook_disable_after.as_millis() as i64,
+    })
+    .start();
+    Ok(hooks)
 }
 
 /// Where the server's secret is kept when no flag says: `<name>.secret`

@@ -362,8 +362,79 @@ const SH = (() => {
     }
   }
 
+  // A guest's Print button and the status line of their newest print, as
+  // the phone page and the share page show them. `els`: {box, button,
+  // status}; `who()`: {sessionId, token} or null. `show(view, perGuest)`
+  // draws a session view's prints under the experience's
+  // prints_per_guest; a print still open is followed (every second) until
+  // it ends. A press is sent with one Idempotency-Key, kept across its
+  // retries, so a retry never makes a second print.
+  function printBox(els, who) {
+    let key = null;
+    let timer = null;
+    let perGuest = 0;
+
+    function show(view, bound) {
+      perGuest = Number(bound) || 0;
+      const allowed = perGuest > 0 && view && view.erased !== true;
+      els.box.hidden = !allowed;
+      clearTimeout(timer);
+      if (!allowed) return;
+      const prints = Array.isArray(view.prints) ? view.prints : [];
+      const last = prints[prints.length - 1];
+      const used = prints.filter((p) => p.requested_by === "guest" && p.status !== "CANCELED").length;
+      const left = used < perGuest;
+      els.button.disabled = !left;
+      els.button.textContent = t(used && left ? "participant.printAgain" : "participant.print");
+      els.status.textContent = last ? [last.status_text, last.reason].filter(Boolean).join(" · ") : "";
+      els.status.dataset.status = last ? last.status : "";
+      if (last && ["QUEUED", "SENDING", "PRINTING"].includes(last.status)) {
+        timer = setTimeout(follow, 1000);
+      }
+    }
+
+    async function follow() {
+      const w = who();
+      if (!w) return;
+      try {
+        const { data } = await api(`/api/sessions/${encodeURIComponent(w.sessionId)}`, { token: w.token });
+        show(data, perGuest);
+      } catch (_) {
+        timer = setTimeout(follow, 3000);
+      }
+    }
+
+    async function ask() {
+      const w = who();
+      if (!w || els.button.disabled) return;
+      els.button.disabled = true;
+      key = key || uuid();
+      try {
+        for (let attempt = 0; ; attempt++) {
+          try {
+            await api(`/api/sessions/${encodeURIComponent(w.sessionId)}/print`, { method: "POST", token: w.token, key });
+            break;
+          } catch (err) {
+            if (!retryable(err) || attempt >= 3) throw err;
+            await sleep(backoff(attempt, 4000));
+          }
+        }
+        key = null;
+        await follow();
+      } catch (err) {
+        key = null;
+        els.status.textContent = errorText(err);
+        els.button.disabled = false;
+      }
+    }
+
+    els.button.addEventListener("click", ask);
+    return { show, stop: () => clearTimeout(timer) };
+  }
+
   return {
     uuid,
+    printBox,
     api,
     ApiError,
     NetworkError,

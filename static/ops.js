@@ -1552,6 +1552,12 @@
       toggle.addEventListener("click", () => hideGuest(g, toggle));
       actions.append(toggle);
     }
+    // Print (or print again) a finished result: no bound, no review.
+    if (may("moderator") && g.status === "COMPLETED") {
+      const print = SH.el("button", { type: "button", class: "btn btn-small action-print", text: SH.t("ops.reprint") });
+      print.addEventListener("click", () => printGuest(g, print));
+      actions.append(" ", print);
+    }
     if (may("admin")) {
       const erase = SH.el("button", { type: "button", class: "btn btn-small btn-danger action-erase", text: SH.t("ops.erase") });
       erase.addEventListener("click", () => eraseGuest(g, erase));
@@ -1572,6 +1578,18 @@
     } catch (err) {
       button.disabled = false;
       flash(SH.errorText(err), true);
+    }
+  }
+
+  async function printGuest(g, button) {
+    button.disabled = true;
+    try {
+      await post(`/api/admin/sessions/${enc(g.session_id)}/print`, {}, SH.uuid());
+      flash(SH.t("ops.reprinted"));
+    } catch (err) {
+      flash(SH.errorText(err), true);
+    } finally {
+      button.disabled = false;
     }
   }
 

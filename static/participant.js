@@ -854,61 +854,16 @@
   // ---- printing -------------------------------------------------------------
 
   // Print: shown while the experience lets guests print and the result is
-  // kept. The newest print's status (and why it waits: out of paper, …)
-  // shows under the button; it is followed until it ends.
-  let printKey = null;
-  let printTimer = null;
+  // kept; the newest print's status (and why it waits: out of paper, …)
+  // shows under the button (SH.printBox, as on the share page).
+  let printing = null;
 
   function showPrints(s) {
-    const allowed = experience && Number(experience.prints_per_guest) > 0 && s.erased !== true;
-    $("print-box").hidden = !allowed;
-    if (!allowed) return;
-    const prints = Array.isArray(s.prints) ? s.prints : [];
-    const last = prints[prints.length - 1];
-    const guestPrints = prints.filter((p) => p.requested_by === "guest" && p.status !== "CANCELED").length;
-    $("print").disabled = guestPrints >= Number(experience.prints_per_guest);
-    const left = guestPrints < Number(experience.prints_per_guest);
-    $("print").textContent = SH.t(guestPrints && left ? "participant.printAgain" : "participant.print");
-    const line = last ? [last.status_text, last.reason].filter(Boolean).join(" · ") : "";
-    $("print-status").textContent = line;
-    $("print-status").dataset.status = last ? last.status : "";
-    clearTimeout(printTimer);
-    if (last && ["QUEUED", "SENDING", "PRINTING"].includes(last.status)) {
-      printTimer = setTimeout(followPrints, 1000);
-    }
-  }
-
-  async function followPrints() {
-    if (!st.session) return;
-    try {
-      const { data } = await SH.api(`/api/sessions/${encodeURIComponent(st.session.id)}`, { token: st.session.token });
-      showPrints(data);
-    } catch (_) {
-      printTimer = setTimeout(followPrints, 3000);
-    }
-  }
-
-  async function askPrint() {
-    if (!st.session || $("print").disabled) return;
-    $("print").disabled = true;
-    printKey = printKey || (typeof crypto !== "undefined" && crypto.randomUUID ? crypto.randomUUID() : SH.uuid());
-    try {
-      for (let attempt = 0; ; attempt++) {
-        try {
-          await SH.api(`/api/sessions/${encodeURIComponent(st.session.id)}/print`, { method: "POST", token: st.session.token, key: printKey });
-          break;
-        } catch (err) {
-          if (!SH.retryable(err) || attempt >= 3) throw err;
-          await SH.sleep(SH.backoff(attempt, 4000));
-        }
-      }
-      printKey = null;
-      await followPrints();
-    } catch (err) {
-      printKey = null;
-      $("print-status").textContent = (err && err.message) || String(err);
-      $("print").disabled = false;
-    }
+    printing = printing || SH.printBox(
+      { box: $("print-box"), button: $("print"), status: $("print-status") },
+      () => (st.session ? { sessionId: st.session.id, token: st.session.token } : null),
+    );
+    printing.show(s, experience ? experience.prints_per_guest : 0);
   }
 
   // ---- the result link and erasing -------------------------------------------
@@ -1058,7 +1013,6 @@
     $("consent").addEventListener("change", onConsentChange);
     $("optout").addEventListener("change", onOptOutChange);
     $("erase").addEventListener("click", erase);
-    $("print").addEventListener("click", askPrint);
     restorePhoto();
     document.addEventListener("visibilitychange", () => {
       if (!document.hidden && pollTimer) poll();

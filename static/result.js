@@ -3,7 +3,8 @@
 // Share (the file itself where the phone can share files, else the link,
 // else the link copied), a QR code of the link for a friend's phone, and —
 // only on the device that made the session (its participant token is in
-// localStorage) — a button that erases the guest's photo and result.
+// localStorage) — Print, while the experience lets guests print, and a
+// button that erases the guest's photo and result.
 // A result that is gone (erased, or past the organiser's retention) reads
 // as deleted; the server answers the link itself with 410 then.
 "use strict";
@@ -100,6 +101,32 @@
     $("erase-error").hidden = true;
     show("view-result");
     prepareFile();
+    showPrints(token);
+  }
+
+  // ---- printing --------------------------------------------------------------
+
+  // Print, on the device that made the session only (its token): the
+  // experience's prints_per_guest and the session's prints, as on the
+  // phone page (SH.printBox). Anyone else with the link sees no button.
+  let printing = null;
+
+  async function showPrints(token) {
+    $("print-box").hidden = true;
+    if (!token || !result.experience) return;
+    printing = printing || SH.printBox(
+      { box: $("print-box"), button: $("print"), status: $("print-status") },
+      () => ({ sessionId: result.session_id, token: ownerToken(result) }),
+    );
+    try {
+      const [experience, view] = await Promise.all([
+        SH.api(`/api/experiences/${encodeURIComponent(result.experience)}`),
+        SH.api(`/api/sessions/${encodeURIComponent(result.session_id)}`, { token }),
+      ]);
+      printing.show(view.data, experience.data ? experience.data.prints_per_guest : 0);
+    } catch (_) {
+      /* no Print without the experience and the session: the rest works */
+    }
   }
 
   // The participant token of this result's session, when this device made
@@ -181,6 +208,7 @@
         }
       }
       SH.owner.set(result.session_id, null);
+      if (printing) printing.stop();
       $("result-content").replaceChildren();
       $("qr").removeAttribute("src");
       $("download").removeAttribute("href");

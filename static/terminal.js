@@ -132,6 +132,9 @@
       case "session.removed":
         onRemoved(msg);
         break;
+      case "print.waiting":
+        showPrintWait(msg);
+        break;
       default:
         break;
     }
@@ -301,6 +304,24 @@
     $("latest").classList.remove("enter");
     void $("latest").offsetWidth;
     $("latest").classList.add("enter");
+  }
+
+  // ---- prints waiting -------------------------------------------------------
+
+  // The experience's prints wait for a printer that holds its queue (out of
+  // paper, jammed, off): how many, and why, in the display's language,
+  // until a frame says none waits (`waiting` 0).
+  function showPrintWait(msg) {
+    const waiting = Number(msg.waiting) || 0;
+    const note = $("print-note");
+    note.hidden = waiting === 0 || !msg.reason;
+    if (note.hidden) {
+      note.textContent = "";
+      delete note.dataset.reason;
+      return;
+    }
+    note.dataset.reason = msg.reason;
+    note.textContent = `${SH.t("t.printsWaiting", { n: waiting })} · ${SH.t(`print.reason.${msg.reason}`)}`;
   }
 
   // ---- the AI paused --------------------------------------------------------

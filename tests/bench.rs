@@ -36,6 +36,7 @@ fn bench(args: &[&str]) -> (Option<i32>, String) {
         "--no-throughput",
         "--no-push-latency",
         "--no-outputs",
+        "--no-webhooks",
     ];
     all.extend_from_slice(args);
     support::run_stagehand(&all, RUN_DEADLINE)
@@ -205,6 +206,7 @@ fn a_short_run_still_counts_the_servers_messages_per_saga() {
             "--no-media",
             "--no-claim-cost",
             "--no-outputs",
+            "--no-webhooks",
         ],
         RUN_DEADLINE,
     );

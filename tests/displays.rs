@@ -491,7 +491,8 @@ async fn a_display_that_never_connected_disconnects_nobody() {
             bell: Doorbell::default(),
         })
         .await
-        .unwrap();
+        .unwrap()
+        .ranking;
     // A second display of the same experience closes before it connected.
     hub.send(Disconnect {
         terminal_id: "t2".into(),

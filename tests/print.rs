@@ -4,16 +4,21 @@
 //! printed. On SQLite and PostgreSQL, through HTTP:
 //! - a branded photo result printed once per press, at the media's size
 //!   in pixels; `prints_per_guest` enforced; an operator's reprint;
-//! - out of paper: the print waits with the reason the guest reads, and
-//!   prints once paper is loaded;
+//! - out of paper: the print waits with the reason the guest reads (and
+//!   the booth's display), and prints once paper is loaded;
 //! - a printer switched off: prints wait, and each prints once when it is
-//!   back.
+//!   back;
+//! - the next print goes to a printer the moment its print ends, not at
+//!   the next look;
+//! - a printer that takes PWG raster and not JPEG gets PWG raster.
 
 mod support;
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use stagehand::clock::ManualClock;
+use stagehand::print::ipp::{IppPrinter, JobState};
 use support::printer::TestPrinter;
 use support::{Backend, TestApp, OPERATOR};
 
@@ -155,6 +160,20 @@ async fn a_branded_photo_prints_once_at_the_media_size(backend: Backend) {
         size == (short, long) || size == (long, short),
         "4x6 in at {dpi} dpi: {size:?}"
     );
+    // In colour, as the printer was added.
+    let job_id = app
+        .state
+        .store
+        .print(&print_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .ipp_job_id
+        .unwrap();
+    assert_eq!(
+        printer.job_attribute(job_id, "print-color-mode").as_deref(),
+        Some("color")
+    );
 
     // An operator's reprint: no bound.
     let resp = app
@@ -186,6 +205,9 @@ async fn out_of_paper_holds_the_print_until_paper_is_in(backend: Backend) {
     let slug = photo_experience(&app, json!({})).await;
     add_printer(&app, &printer, "Booth B", &slug).await;
     let (sid, token) = completed(&app, &slug).await;
+    // The booth's display.
+    let (terminal_id, terminal_token) = app.terminal(&slug).await;
+    let mut display = support::Socket::connect(app.port, &terminal_id, &terminal_token, 0).await;
     printer.set_media_ready(&[]);
     // /ops sees it.
     let held = support::wait_for(WITHIN, || async {
@@ -210,6 +232,13 @@ async fn out_of_paper_holds_the_print_until_paper_is_in(backend: Backend) {
         printer.documents().is_empty(),
         "nothing printed while it is out of paper"
     );
+    // The display says it too: one print waits, for paper.
+    let frame = display.next_of_type("print.waiting", WITHIN).await;
+    assert_eq!(
+        frame,
+        Some(json!({"type": "print.waiting", "waiting": 1, "reason": "out_of_paper"})),
+        "the display is told why the print waits"
+    );
 
     printer.set_media_ready(&LOADED);
     print_until(&app, &sid, &token, &print_id, |p| {
@@ -217,6 +246,12 @@ async fn out_of_paper_holds_the_print_until_paper_is_in(backend: Backend) {
     })
     .await;
     assert_eq!(printer.documents().len(), 1);
+    let frame = display.next_of_type("print.waiting", WITHIN).await;
+    assert_eq!(
+        frame,
+        Some(json!({"type": "print.waiting", "waiting": 0, "reason": null})),
+        "the display is told that nothing waits any more"
+    );
     app.stop().await;
 }
 db_test!(out_of_paper_holds_the_print_until_paper_is_in);
@@ -293,3 +328,116 @@ async fn a_printer_without_the_media_is_refused(backend: Backend) {
     app.stop().await;
 }
 db_test!(a_printer_without_the_media_is_refused);
+
+/// A print waiting for a busy printer is sent the moment the printer's
+/// print ends, not at its own next look (a second later). The clock is
+/// held still past the first print's follow-up (200 ms) and short of the
+/// waiting print's next look: the printer still gets the second print.
+async fn the_next_print_goes_the_moment_the_printer_is_free(backend: Backend) {
+    let printer = TestPrinter::start("Booth E");
+    let clock = ManualClock::new(1_800_000_000_000);
+    let app = TestApp::spawn_with_clock(backend, support::fast_sim(), |_| {}, clock.clone()).await;
+    let slug = photo_experience(&app, json!({"prints_per_guest": 2})).await;
+    add_printer(&app, &printer, "Booth E", &slug).await;
+    // The saga runs on a moving clock; the prints on one held still.
+    let ticking = {
+        let clock = clock.clone();
+        tokio::spawn(async move {
+            loop {
+                clock.advance_ms(50);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let (sid, token) = completed(&app, &slug).await;
+    ticking.abort();
+    let _ = ticking.await;
+
+    for _ in 0..2 {
+        let (status, print) =
+            guest_print(&app, &sid, &token, &uuid::Uuid::new_v4().to_string()).await;
+        assert_eq!(status, 202, "{print}");
+    }
+    // One is at the printer, the other waits its turn (both were asked at
+    // the same instant: either may go first).
+    let (sending, waiting) = support::wait_for(WITHIN, || async {
+        let view = app.status(&sid, &token).await;
+        let prints = view["prints"].as_array()?.clone();
+        let at = prints.iter().find(|p| p["status"] == "PRINTING")?.clone();
+        let queued = prints
+            .iter()
+            .find(|p| p["status"] == "QUEUED" && !p["reason"].is_null())?
+            .clone();
+        Some((at, queued))
+    })
+    .await
+    .expect("one print at the printer, the other waiting its turn");
+    assert_ne!(sending["print_id"], waiting["print_id"]);
+    // The printer is done with the first (asked by the test itself).
+    let first = sending["print_id"].as_str().unwrap();
+    let job_id = app
+        .state
+        .store
+        .print(first)
+        .await
+        .unwrap()
+        .unwrap()
+        .ipp_job_id
+        .unwrap();
+    let ipp = IppPrinter::new(&printer.uri).unwrap();
+    let done = support::wait_for(WITHIN, || async {
+        let job = ipp.job(job_id).await.ok()?;
+        (job.state == JobState::Completed).then_some(())
+    })
+    .await;
+    assert!(done.is_some(), "the printer finished the first print");
+    assert_eq!(printer.documents().len(), 1);
+
+    clock.advance_ms(300);
+    assert!(
+        printer.holds_documents(2, WITHIN).await,
+        "the second print reached the printer without its next look: {:?}",
+        app.status(&sid, &token).await["prints"]
+    );
+    app.stop().await;
+}
+db_test!(the_next_print_goes_the_moment_the_printer_is_free);
+
+/// A printer that takes PWG raster and not JPEG is added, and gets one page
+/// of PWG raster at the media's size in pixels at its resolution.
+async fn a_printer_without_jpeg_gets_pwg_raster(backend: Backend) {
+    let printer = TestPrinter::start_taking("Booth F", "image/pwg-raster");
+    let app = TestApp::spawn(backend).await;
+    let slug = photo_experience(&app, json!({})).await;
+    let added = add_printer(&app, &printer, "Booth F", &slug).await;
+    let formats = added["formats"].as_array().unwrap();
+    assert!(
+        formats.contains(&json!("image/pwg-raster")) && !formats.contains(&json!("image/jpeg")),
+        "{added}"
+    );
+    let (sid, token) = completed(&app, &slug).await;
+    let (status, print) = guest_print(&app, &sid, &token, &uuid::Uuid::new_v4().to_string()).await;
+    assert_eq!(status, 202, "{print}");
+    let print_id = print["print_id"].as_str().unwrap().to_owned();
+    print_until(&app, &sid, &token, &print_id, |p| {
+        p["status"] == "COMPLETED"
+    })
+    .await;
+    let documents = printer.documents();
+    assert_eq!(documents.len(), 1, "{documents:?}");
+    let bytes = std::fs::read(&documents[0]).unwrap();
+    assert_eq!(&bytes[..4], b"RaS2", "PWG raster's sync word");
+    let field = |at: usize| u32::from_be_bytes(bytes[4 + at..8 + at].try_into().unwrap());
+    // HWResolution, Width and Height, ColorSpace (sRGB) of PWG 5102.4: 4x6
+    // in at the printer's resolution, turned to the picture's orientation.
+    let dpi = added["dpi"].as_u64().expect("the printer's dpi") as u32;
+    assert_eq!((field(276), field(280)), (dpi, dpi));
+    let size = (field(372), field(376));
+    assert!(
+        size == (4 * dpi, 6 * dpi) || size == (6 * dpi, 4 * dpi),
+        "4x6 in at {dpi} dpi: {size:?}"
+    );
+    assert_eq!(field(400), 19, "sRGB");
+    app.stop().await;
+}
+db_test!(a_printer_without_jpeg_gets_pwg_raster);

@@ -105,12 +105,8 @@ async fn kill9_while_the_printer_answers_prints_once(backend: Backend) {
     .await;
     assert_eq!(status, 202, "{print}");
     let print_id = print["print_id"].as_str().unwrap().to_owned();
-    let received = support::wait_for(WITHIN, || async {
-        (printer.documents().len() == 1).then_some(())
-    })
-    .await;
     assert!(
-        received.is_some(),
+        printer.holds_documents(1, WITHIN).await,
         "the printer got the job: {}",
         printer.log()
     );

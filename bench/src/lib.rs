@@ -32,6 +32,7 @@ pub mod rehearse;
 pub mod side;
 pub mod sockets;
 pub mod table;
+pub mod webhooks;
 
 /// The server's metrics these tools read, by the names `GET /metrics`
 /// serves them (a public contract, as for any scraper; the server's tests
@@ -194,6 +195,16 @@ pub struct BenchArgs {
     /// figure).
     #[arg(long, default_value_t = 20)]
     pub output_rounds: usize,
+    /// Skip the webhooks (the 202's p99 with and without a slow endpoint,
+    /// and every delivery verified by the reference library).
+    #[arg(long)]
+    pub no_webhooks: bool,
+    /// Submissions in each of the webhook figures' three sets.
+    #[arg(long, default_value_t = webhooks::HOOKS)]
+    pub hooks: usize,
+    /// How long the bench's webhook endpoint takes to answer.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub hook_delay: Duration,
 }
 
 /// The media figures, unless `--no-media` (a tenth with `--media-quick`).
@@ -256,6 +267,21 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         };
         Some(outputs::run(bench.builds(), &bench.dir, &bench.server_args, counts).await)
     };
+    let webhooks = if args.no_webhooks {
+        None
+    } else {
+        eprintln!("bench: webhooks running");
+        Some(
+            webhooks::run(
+                bench.builds(),
+                &bench.dir,
+                &bench.server_args,
+                args.hooks.max(1),
+                args.hook_delay,
+            )
+            .await,
+        )
+    };
     let m = Measured {
         sync_commit,
         pgbench,
@@ -264,6 +290,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         memory,
         media,
         outputs,
+        webhooks,
     };
     print_tables(&args, &bench, started, load_start, &m);
     exit_status(&args, &bench.dir, &m)
@@ -385,6 +412,7 @@ struct Measured {
     memory: Option<sockets::SocketMemoryResult>,
     media: Option<Result<media::MediaFigures, String>>,
     outputs: Option<Result<outputs::OutputFigures, String>>,
+    webhooks: Option<Result<webhooks::HookFigures, String>>,
 }
 
 /// PostgreSQL's `synchronous_commit` and pgbench, with PostgreSQL and the
@@ -603,6 +631,9 @@ fn print_tables(
     if let Some(outputs) = &m.outputs {
         outputs::print_table(outputs);
     }
+    if let Some(hooks) = &m.webhooks {
+        webhooks::print_table(hooks);
+    }
 }
 
 /// Prints the details of each failure, deletes the temp dir (keeping the
@@ -616,7 +647,9 @@ fn exit_status(args: &BenchArgs, dir: &Path, m: &Measured) -> Result<(), String>
             eprintln!("\n{} FAILED:\n{e}", r.label);
         }
     }
-    let media_failed = matches!(m.media, Some(Err(_))) || matches!(m.outputs, Some(Err(_)));
+    let media_failed = matches!(m.media, Some(Err(_)))
+        || matches!(m.outputs, Some(Err(_)))
+        || matches!(m.webhooks, Some(Err(_)));
     let memory_failed = match &m.memory {
         Some(memory) => match &memory.outcome {
             Err(e) => {

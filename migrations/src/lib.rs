@@ -37,6 +37,7 @@ mod m20261217_000027_slot_evidence;
 mod m20261218_000028_lean_indexes;
 mod m20261219_000029_brand;
 mod m20261219_000030_prints;
+mod m20261220_000031_webhooks;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -73,6 +74,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261218_000028_lean_indexes::Migration),
             Box::new(m20261219_000029_brand::Migration),
             Box::new(m20261219_000030_prints::Migration),
+            Box::new(m20261220_000031_webhooks::Migration),
         ]
     }
 }

@@ -59,6 +59,7 @@ pub mod shutdown;
 pub mod terminal_hub;
 pub mod terminal_socket;
 pub mod wakeups;
+pub mod webhook_sender;
 
 /// Runs an actor's endless loop that holds database connections as a task
 /// of the runtime rather than of the actor's local set (sqlx must drop a

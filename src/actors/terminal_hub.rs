@@ -1,10 +1,11 @@
 //! TerminalHub: knows which display sockets of which terminal are connected
 //! on this instance, rings them when their terminal has new numbered
-//! events, and hands each the latest top-10 ranking of its experience. It
-//! carries no events: a ring only says "there is more", and each socket
-//! reads the outbox from its own position, so nothing is ever dropped for a
-//! full mailbox. A ranking is a snapshot, kept in a `watch` channel per
-//! experience: a socket that is slow gets the newest one, never a queue.
+//! events, and hands each the latest top-10 ranking of its experience and
+//! what its prints wait for. It carries no events: a ring only says "there
+//! is more", and each socket reads the outbox from its own position, so
+//! nothing is ever dropped for a full mailbox. A ranking, and the prints'
+//! wait, are snapshots, each kept in a `watch` channel per experience: a
+//! socket that is slow gets the newest one, never a queue.
 //!
 //! It also keeps this instance's display presence alive: every
 //! [`PRESENCE_REFRESH`](crate::domain::presence::PRESENCE_REFRESH) it marks all of this instance's presence rows seen,
@@ -41,11 +42,28 @@ struct NewestSeqs(Vec<(String, i64)>);
 /// The latest ranking frame of an experience (None until one was made).
 pub type RankingFrame = Option<Arc<str>>;
 
+/// What an experience's prints wait for, as a `print.waiting` frame (None:
+/// no print waits for a printer that holds its queue).
+pub type PrintingFrame = Option<Arc<str>>;
+
+/// The snapshots a display socket follows for its experience.
+pub struct ExperienceFeeds {
+    pub ranking: watch::Receiver<RankingFrame>,
+    pub printing: watch::Receiver<PrintingFrame>,
+}
+
+/// An experience's snapshot channels, and how many sockets follow them.
+struct ExperienceWatch {
+    ranking: watch::Sender<RankingFrame>,
+    printing: watch::Sender<PrintingFrame>,
+    watchers: usize,
+}
+
 /// A socket of `terminal_id` (of `experience_id`) wants rings and rankings.
-/// Answered once registered, with the experience's ranking channel, so the
-/// socket can read the outbox after it without missing a ring.
+/// Answered once registered, with the experience's snapshot channels, so
+/// the socket can read the outbox after it without missing a ring.
 #[derive(Message)]
-#[rtype(result = "watch::Receiver<RankingFrame>")]
+#[rtype(result = "ExperienceFeeds")]
 pub struct Connect {
     pub terminal_id: String,
     pub experience_id: String,
@@ -79,6 +97,16 @@ pub struct RankingChanged {
     pub frame: Arc<str>,
 }
 
+/// What the experience's prints wait for now (sent every printer check
+/// for each experience with a display here; a frame equal to the last
+/// changes nothing).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PrintingChanged {
+    pub experience_id: String,
+    pub frame: PrintingFrame,
+}
+
 /// The experiences that have a display connected here.
 #[derive(Message)]
 #[rtype(result = "Vec<String>")]
@@ -91,7 +119,7 @@ pub struct ConnectedCount;
 
 pub struct TerminalHub {
     sockets: HashMap<String, HashMap<String, Doorbell>>,
-    rankings: HashMap<String, (watch::Sender<RankingFrame>, usize)>,
+    experiences: HashMap<String, ExperienceWatch>,
     store: Store,
     clock: SharedClock,
     instance_id: String,
@@ -104,7 +132,7 @@ impl TerminalHub {
     pub fn new(store: Store, clock: SharedClock, instance_id: String) -> Self {
         TerminalHub {
             sockets: HashMap::new(),
-            rankings: HashMap::new(),
+            experiences: HashMap::new(),
             store,
             clock,
             instance_id,
@@ -163,12 +191,19 @@ impl Handler<Connect> for TerminalHub {
             .entry(m.terminal_id)
             .or_default()
             .insert(m.socket_id, m.bell);
-        let (sender, watchers) = self
-            .rankings
+        let feeds = self
+            .experiences
             .entry(m.experience_id)
-            .or_insert_with(|| (watch::channel(None).0, 0));
-        *watchers += 1;
-        MessageResult(sender.subscribe())
+            .or_insert_with(|| ExperienceWatch {
+                ranking: watch::channel(None).0,
+                printing: watch::channel(None).0,
+                watchers: 0,
+            });
+        feeds.watchers += 1;
+        MessageResult(ExperienceFeeds {
+            ranking: feeds.ranking.subscribe(),
+            printing: feeds.printing.subscribe(),
+        })
     }
 }
 
@@ -188,10 +223,10 @@ impl Handler<Disconnect> for TerminalHub {
         if sockets.is_empty() {
             self.sockets.remove(&m.terminal_id);
         }
-        if let Some((_, watchers)) = self.rankings.get_mut(&m.experience_id) {
-            *watchers -= 1;
-            if *watchers == 0 {
-                self.rankings.remove(&m.experience_id);
+        if let Some(feeds) = self.experiences.get_mut(&m.experience_id) {
+            feeds.watchers -= 1;
+            if feeds.watchers == 0 {
+                self.experiences.remove(&m.experience_id);
             }
         }
     }
@@ -251,8 +286,24 @@ impl Handler<RankingChanged> for TerminalHub {
     type Result = ();
     fn handle(&mut self, m: RankingChanged, _: &mut Context<Self>) {
         crate::metrics::actor_message("TerminalHub");
-        if let Some((sender, _)) = self.rankings.get(&m.experience_id) {
-            sender.send_replace(Some(m.frame));
+        if let Some(feeds) = self.experiences.get(&m.experience_id) {
+            feeds.ranking.send_replace(Some(m.frame));
+        }
+    }
+}
+
+impl Handler<PrintingChanged> for TerminalHub {
+    type Result = ();
+    fn handle(&mut self, m: PrintingChanged, _: &mut Context<Self>) {
+        crate::metrics::actor_message("TerminalHub");
+        if let Some(feeds) = self.experiences.get(&m.experience_id) {
+            feeds.printing.send_if_modified(|now| {
+                let changed = *now != m.frame;
+                if changed {
+                    *now = m.frame;
+                }
+                changed
+            });
         }
     }
 }
@@ -261,7 +312,7 @@ impl Handler<WatchedExperiences> for TerminalHub {
     type Result = Vec<String>;
     fn handle(&mut self, _: WatchedExperiences, _: &mut Context<Self>) -> Vec<String> {
         crate::metrics::actor_message("TerminalHub");
-        self.rankings.keys().cloned().collect()
+        self.experiences.keys().cloned().collect()
     }
 }
 

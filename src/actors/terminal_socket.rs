@@ -30,7 +30,7 @@ use super::heartbeat::Heartbeat;
 use super::ranking_board::ranking_frame;
 use super::shutdown::{GoesAway, ShutdownSignal};
 use super::spawn_if_running;
-use super::terminal_hub::{Connect, Disconnect, TerminalHub};
+use super::terminal_hub::{Connect, Disconnect, ExperienceFeeds, TerminalHub};
 use super::wakeups::{Doorbell, Wakeups};
 use crate::clock::SharedClock;
 use crate::store::{new_id, Store, StoreError};
@@ -163,7 +163,11 @@ async fn stream(
         socket_id: id.clone(),
         bell: bell.clone(),
     };
-    let Ok(mut rankings) = deps.hub.send(connect).await else {
+    let Ok(ExperienceFeeds {
+        ranking: mut rankings,
+        mut printing,
+    }) = deps.hub.send(connect).await
+    else {
         return Err(StreamEnd::Closed);
     };
     if let Err(e) = deps
@@ -184,6 +188,14 @@ async fn stream(
     session
         .text(ranking_frame(&deps.store, &experience_id).await?)
         .await?;
+    // What the prints wait for: sent when there is something, and once
+    // more (cleared) when it is over.
+    let mut printing_shown = false;
+    let waiting = printing.borrow_and_update().clone();
+    if let Some(frame) = waiting {
+        session.text(frame.to_string()).await?;
+        printing_shown = true;
+    }
     loop {
         crate::metrics::outbox_read();
         let page = deps.store.events_after(&terminal_id, after, PAGE).await?;
@@ -209,6 +221,23 @@ async fn stream(
                         let frame = rankings.borrow_and_update().clone();
                         if let Some(frame) = frame {
                             session.text(frame.to_string()).await?;
+                        }
+                    }
+                    changed = printing.changed() => {
+                        if changed.is_err() {
+                            return Err(StreamEnd::Closed);
+                        }
+                        let frame = printing.borrow_and_update().clone();
+                        match frame {
+                            Some(frame) => {
+                                session.text(frame.to_string()).await?;
+                                printing_shown = true;
+                            }
+                            None if printing_shown => {
+                                session.text(crate::domain::print::PRINTS_GO_ON_FRAME).await?;
+                                printing_shown = false;
+                            }
+                            None => {}
                         }
                     }
                 }

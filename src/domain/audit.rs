@@ -33,10 +33,14 @@ pub enum AuditAction {
     PrintRequest,
     PrintCancel,
     PrintApprove,
+    WebhookAdd,
+    WebhookRemove,
+    WebhookEnable,
+    WebhookRedeliver,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 21] = [
+    pub const ALL: [AuditAction; 25] = [
         AuditAction::ExperienceCreate,
         AuditAction::ExperienceUpdate,
         AuditAction::ExperienceExport,
@@ -58,6 +62,10 @@ impl AuditAction {
         AuditAction::PrintRequest,
         AuditAction::PrintCancel,
         AuditAction::PrintApprove,
+        AuditAction::WebhookAdd,
+        AuditAction::WebhookRemove,
+        AuditAction::WebhookEnable,
+        AuditAction::WebhookRedeliver,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -83,6 +91,10 @@ impl AuditAction {
             AuditAction::PrintRequest => "print.request",
             AuditAction::PrintCancel => "print.cancel",
             AuditAction::PrintApprove => "print.approve",
+            AuditAction::WebhookAdd => "webhook.add",
+            AuditAction::WebhookRemove => "webhook.remove",
+            AuditAction::WebhookEnable => "webhook.enable",
+            AuditAction::WebhookRedeliver => "webhook.redeliver",
         }
     }
 }

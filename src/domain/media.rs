@@ -353,6 +353,11 @@ impl ServerSecret {
         self.derive(b"stagehand media url signing key")
     }
 
+    /// The key webhook endpoints' secrets are sealed with in the database.
+    pub fn webhook_seal_key(&self) -> [u8; 32] {
+        self.derive(b"stagehand webhook secret seal")
+    }
+
     /// What the database keeps to tell whether two instances have the
     /// same secret: it reveals nothing of the secret, nor of the signing
     /// key.

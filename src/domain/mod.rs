@@ -24,3 +24,4 @@ pub mod roles;
 pub mod saga;
 pub mod session;
 pub mod sharing;
+pub mod webhook;

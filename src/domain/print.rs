@@ -180,6 +180,17 @@ pub fn holds_the_queue(state: &str, reasons: &[String]) -> Option<PrintReason> {
     }
 }
 
+/// The displays' frame when an experience's prints wait for a printer that
+/// holds its queue: how many wait, and why (a [`PrintReason::key`], which
+/// the display says in its language).
+pub fn print_waiting_frame(waiting: usize, reason: PrintReason) -> String {
+    serde_json::json!({"type": "print.waiting", "waiting": waiting, "reason": reason.key()})
+        .to_string()
+}
+
+/// The displays' frame once no print waits for a held printer any more.
+pub const PRINTS_GO_ON_FRAME: &str = r#"{"type":"print.waiting","waiting":0,"reason":null}"#;
+
 #[cfg(test)]
 mod tests {
     use super::*;

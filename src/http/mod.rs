@@ -27,6 +27,7 @@ pub mod settings;
 pub mod staff;
 pub mod submissions;
 pub mod terminals;
+pub mod webhooks;
 
 use actix::Addr;
 use actix_web::body::{EitherBody, MessageBody};
@@ -94,6 +95,16 @@ pub struct AppState {
     /// The PIN galleries' door: their last opening PINs (digests), the
     /// slow hash's places, the ceiling of guesses.
     pub gallery_pins: std::sync::Arc<gallery_pin::GalleryPins>,
+    /// Webhook endpoints: their URLs judged, their secrets sealed.
+    pub hooks: Hooks,
+}
+
+/// What the webhook routes need: the judge of endpoint URLs (the same
+/// client rules as the sender's) and the seal of the endpoints' secrets.
+#[derive(Clone)]
+pub struct Hooks {
+    pub sender: crate::webhooks::HookSender,
+    pub seal: crate::store::idempotency::Seal,
 }
 
 /// What photo uploads and photo reads need.
@@ -161,6 +172,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     )
     .configure(service_and_experience_routes)
     .configure(admin_routes)
+    .configure(output_routes)
     .configure(participant_and_guest_routes)
     .configure(page_routes)
     .default_service(web::to(service::not_found));
@@ -225,6 +237,86 @@ fn service_and_experience_routes(cfg: &mut web::ServiceConfig) {
             )
             .build(),
     );
+}
+
+/// The event's outputs: the brand, print stations and prints, webhooks.
+fn output_routes(cfg: &mut web::ServiceConfig) {
+    use auth::{admin_only, moderator_only, viewer_only};
+    use body::json_only;
+    cfg
+        // Before `/api/admin/experiences/{slug}/brand/{part}`, which would
+        // take "preview" for a part.
+        .service(
+            Endpoint::new("/api/admin/experiences/{slug}/brand/preview")
+                .post(web::to(brand::preview_brand).wrap(from_fn(viewer_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/experiences/{slug}/brand/{part}")
+                .put(web::to(brand::put_brand_image).wrap(from_fn(admin_only)))
+                .delete(web::to(brand::delete_brand_image).wrap(from_fn(admin_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/printers")
+                .get(web::to(prints::list_printers).wrap(from_fn(viewer_only)))
+                .post(
+                    web::to(prints::add_printer)
+                        .wrap(from_fn(json_only))
+                        .wrap(from_fn(admin_only)),
+                )
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/printers/{id}")
+                .delete(web::to(prints::remove_printer).wrap(from_fn(admin_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/sessions/{id}/print")
+                .post(web::to(prints::operator_print).wrap(from_fn(moderator_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/prints/{id}/cancel")
+                .post(web::to(prints::cancel_print).wrap(from_fn(moderator_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/prints/{id}/approve")
+                .post(web::to(prints::approve_print).wrap(from_fn(moderator_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/webhooks")
+                .get(web::to(webhooks::list_webhooks).wrap(from_fn(viewer_only)))
+                .post(
+                    web::to(webhooks::add_webhook)
+                        .wrap(from_fn(json_only))
+                        .wrap(from_fn(admin_only)),
+                )
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/webhooks/{id}")
+                .delete(web::to(webhooks::remove_webhook).wrap(from_fn(admin_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/webhooks/{id}/enable")
+                .post(web::to(webhooks::enable_webhook).wrap(from_fn(admin_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/webhooks/{id}/deliveries")
+                .get(web::to(webhooks::webhook_deliveries).wrap(from_fn(viewer_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/webhooks/{id}/deliveries/{delivery_id}/redeliver")
+                .post(web::to(webhooks::redeliver).wrap(from_fn(moderator_only)))
+                .build(),
+        );
 }
 
 /// The operators' console: sagas, review, providers, the breaker, operators and the audit trail.
@@ -294,49 +386,6 @@ fn admin_routes(cfg: &mut web::ServiceConfig) {
     .service(
         Endpoint::new("/api/admin/breaker/close")
             .post(web::to(admin::close_breaker).wrap(from_fn(admin_only)))
-            .build(),
-    )
-    // Before `/api/admin/experiences/{slug}/brand/{part}`, which would
-    // take "preview" for a part.
-    .service(
-        Endpoint::new("/api/admin/experiences/{slug}/brand/preview")
-            .post(web::to(brand::preview_brand).wrap(from_fn(viewer_only)))
-            .build(),
-    )
-    .service(
-        Endpoint::new("/api/admin/experiences/{slug}/brand/{part}")
-            .put(web::to(brand::put_brand_image).wrap(from_fn(admin_only)))
-            .delete(web::to(brand::delete_brand_image).wrap(from_fn(admin_only)))
-            .build(),
-    )
-    .service(
-        Endpoint::new("/api/admin/printers")
-            .get(web::to(prints::list_printers).wrap(from_fn(viewer_only)))
-            .post(
-                web::to(prints::add_printer)
-                    .wrap(from_fn(json_only))
-                    .wrap(from_fn(admin_only)),
-            )
-            .build(),
-    )
-    .service(
-        Endpoint::new("/api/admin/printers/{id}")
-            .delete(web::to(prints::remove_printer).wrap(from_fn(admin_only)))
-            .build(),
-    )
-    .service(
-        Endpoint::new("/api/admin/sessions/{id}/print")
-            .post(web::to(prints::operator_print).wrap(from_fn(moderator_only)))
-            .build(),
-    )
-    .service(
-        Endpoint::new("/api/admin/prints/{id}/cancel")
-            .post(web::to(prints::cancel_print).wrap(from_fn(moderator_only)))
-            .build(),
-    )
-    .service(
-        Endpoint::new("/api/admin/prints/{id}/approve")
-            .post(web::to(prints::approve_print).wrap(from_fn(moderator_only)))
             .build(),
     )
     .service(

@@ -28,7 +28,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
 use super::schema::{ErrorBody, ErrorCode, PublicExperience};
 use super::{
     admin, brand, export, guests, media, metrics, operators, pages, participants, prints, review,
-    service, settings, staff, submissions, terminals,
+    service, settings, staff, submissions, terminals, webhooks,
 };
 
 /// The API's description: errors, Idempotency-Key, limits, WebSockets.
@@ -76,6 +76,12 @@ pub const DESCRIPTION: &str = include_str!("openapi.md");
         prints::operator_print,
         prints::cancel_print,
         prints::approve_print,
+        webhooks::add_webhook,
+        webhooks::list_webhooks,
+        webhooks::remove_webhook,
+        webhooks::enable_webhook,
+        webhooks::webhook_deliveries,
+        webhooks::redeliver,
         participants::create_session,
         participants::ranking,
         participants::get_session,

@@ -44,7 +44,7 @@ fn secured(mut answer: HttpResponseBuilder) -> HttpResponseBuilder {
 }
 
 /// Every embedded asset: its name under `/static/` or `/i18n/`, type, text.
-const ASSETS: [(&str, &str, &str); 11] = [
+const ASSETS: [(&str, &str, &str); 12] = [
     ("app.css", CSS, include_str!("../../static/app.css")),
     ("app.js", JS, include_str!("../../static/app.js")),
     ("index.js", JS, include_str!("../../static/index.js")),
@@ -59,6 +59,11 @@ const ASSETS: [(&str, &str, &str); 11] = [
         "ops-print.js",
         JS,
         include_str!("../../static/ops-print.js"),
+    ),
+    (
+        "ops-webhooks.js",
+        JS,
+        include_str!("../../static/ops-webhooks.js"),
     ),
     ("result.js", JS, include_str!("../../static/result.js")),
     ("gallery.js", JS, include_str!("../../static/gallery.js")),

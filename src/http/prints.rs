@@ -145,9 +145,9 @@ async fn checked_printer(
             body.uri
         ))
     })?;
-    if choose_format(&capabilities.formats) != Some("image/jpeg") {
+    if choose_format(&capabilities.formats).is_none() {
         return Err(ApiError::Validation(format!(
-            "the printer takes none of the formats this server sends (image/jpeg); it takes {}",
+            "the printer takes none of the formats this server sends (image/jpeg, image/pwg-raster); it takes {}",
             capabilities.formats.join(", ")
         )));
     }

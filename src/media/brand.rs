@@ -359,8 +359,11 @@ fn darken_band(rgb: &mut RgbImage, from: u32, to: u32) {
 /// are; a stale entry is replaced, never kept beside the new.
 #[derive(Default)]
 pub struct BrandBook {
-    brands: Mutex<HashMap<String, (i64, Option<Arc<BrandArt>>)>>,
+    brands: Mutex<HashMap<String, ReadAt>>,
 }
+
+/// A brand and the `brand_version` it was read at.
+type ReadAt = (i64, Option<Arc<BrandArt>>);
 
 impl BrandBook {
     /// The brand of `experience_id` if it was read at `version` or later.

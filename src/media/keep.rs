@@ -267,7 +267,7 @@ fn embedded_ipv4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
 /// A resolver that gives only public addresses: a listed origin whose name
 /// points inside is refused at connection time, whatever it resolved to
 /// when it was configured.
-struct PublicOnly;
+pub struct PublicOnly;
 
 impl reqwest::dns::Resolve for PublicOnly {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {

@@ -250,8 +250,9 @@ impl IppPrinter {
     pub async fn print_job(
         &self,
         job_name: &str,
-        format: &str,
         media: &str,
+        colour: bool,
+        format: &str,
         document: Bytes,
     ) -> Result<i32, IppError> {
         let mut request = self.request(Operation::PrintJob)?;
@@ -264,6 +265,13 @@ impl IppPrinter {
         request.attributes_mut().add(
             DelimiterTag::JobAttributes,
             IppAttribute::new(IppAttributeName::MEDIA, keyword(media)?),
+        );
+        request.attributes_mut().add(
+            DelimiterTag::JobAttributes,
+            IppAttribute::new(
+                IppAttributeName::const_new("print-color-mode"),
+                keyword(if colour { "color" } else { "monochrome" })?,
+            ),
         );
         let response = self.send(request, Some(document)).await?;
         let group = response

@@ -32,11 +32,13 @@ use serde_json::Value as Json;
 
 use super::entities::{experiences, sessions};
 use super::rows::{SqlType, ValueRows};
+use super::webhooks::HookEvent;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::audit::AuditEntry;
 use crate::domain::guests::{kept_keys, ForgottenBy};
 use crate::domain::policy::EpochMs;
 use crate::domain::saga::{Step, TransitionError};
+use crate::domain::webhook::WebhookEvent;
 
 /// A completed result as its link, the gallery and the export show it.
 #[derive(Debug, Clone)]
@@ -369,6 +371,9 @@ impl Store {
              content = CASE WHEN content IS NULL THEN NULL ELSE '[]' END \
              WHERE saga_id IN (SELECT id FROM sagas WHERE session_id = $1)",
             "UPDATE results SET content = '[]' WHERE session_id = $1",
+            // Deliveries about the session, sent or not (an erasure's
+            // `session.removed` is written after this).
+            "DELETE FROM webhook_deliveries WHERE session_id = $1",
         ] {
             tx.execute_raw(self.sql(statement, vec![session_id.into()]))
                 .await?;
@@ -927,7 +932,8 @@ fn removed_payload(session_id: &str) -> Json {
 }
 
 /// Appends `session.removed` to the outbox of every display of the
-/// experience, inside the caller's transaction; returns how many.
+/// experience, and for the webhook endpoints that take it, inside the
+/// caller's transaction; returns how many displays.
 async fn tell_displays_removed(
     store: &Store,
     tx: &WriteTx,
@@ -952,5 +958,12 @@ async fn tell_displays_removed(
         .map(|terminal| Store::event_row(terminal, session_id, &new_id(), payload.clone(), now))
         .collect();
     Store::append_events(tx, rows).await?;
+    let hook = HookEvent {
+        event: WebhookEvent::SessionRemoved,
+        session_id: session_id.to_owned(),
+        experience_id: experience_id.to_owned(),
+        data: serde_json::json!({}),
+    };
+    store.enqueue_hooks(tx, vec![hook], now).await?;
     Ok(terminals.len())
 }

@@ -92,6 +92,12 @@ impl std::fmt::Debug for Seal {
 const SEALED: &str = "sealed1:";
 
 impl Seal {
+    /// A seal of `key` (for secrets kept in the database, such as the
+    /// webhook endpoints', with a key derived from the server's secret).
+    pub fn with_key(key: [u8; 32]) -> Seal {
+        Seal(key)
+    }
+
     fn key(&self) -> aead::LessSafeKey {
         aead::LessSafeKey::new(
             aead::UnboundKey::new(&aead::CHACHA20_POLY1305, &self.0)

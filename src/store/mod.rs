@@ -33,6 +33,7 @@ pub mod sessions;
 pub mod staff;
 pub mod submissions;
 pub mod transitions;
+pub mod webhooks;
 mod write_gate;
 
 use std::ops::Deref;
@@ -227,6 +228,8 @@ pub struct Store {
     /// its ranking: at most one re-read of an experience's scores per this
     /// long (see [`ranking::RankCache`]).
     rank_refresh: Duration,
+    /// Shared by every pool of this process (see [`webhooks::HookBook`]).
+    hooks: Arc<webhooks::HookBook>,
 }
 
 /// A write transaction. On SQLite it holds the write gate, as a part of
@@ -306,6 +309,7 @@ impl Store {
             url: url.into(),
             rank_cache: Arc::default(),
             rank_refresh: ranking::RANK_REFRESH,
+            hooks: Arc::default(),
         })
     }
 
@@ -319,6 +323,7 @@ impl Store {
             url: self.url.clone(),
             rank_cache: self.rank_cache.clone(),
             rank_refresh: self.rank_refresh,
+            hooks: self.hooks.clone(),
         })
     }
 

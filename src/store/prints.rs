@@ -18,10 +18,12 @@ use sea_orm::{
 use serde_json::{json, Value};
 
 use super::entities::{printers, prints};
-use super::{new_id, Store, StoreError, StoreResult};
+use super::webhooks::HookEvent;
+use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::locale::Locale;
 use crate::domain::policy::EpochMs;
 use crate::domain::print::{job_name, PrintReason, PrintStatus};
+use crate::domain::webhook::WebhookEvent;
 
 /// A printer as an operator adds it, with what the printer said.
 #[derive(Debug, Clone)]
@@ -293,8 +295,27 @@ impl Store {
             .await?)
     }
 
+    /// Makes the oldest `limit` queued prints that wait for a later look
+    /// due now (a printer's place came free: they need not wait out their
+    /// round). One statement over the `prints_open` index; a print held by
+    /// a lease or awaiting review is left as it is. The number hurried.
+    pub async fn hurry_queued_prints(&self, now: EpochMs, limit: i64) -> StoreResult<u64> {
+        self.write_one(self.sql(
+            "UPDATE prints SET next_attempt_at_ms = $1 \
+             WHERE id IN (SELECT id FROM prints \
+               WHERE status IN ('QUEUED', 'SENDING', 'PRINTING') AND status = 'QUEUED' \
+               AND next_attempt_at_ms > $1 AND awaiting_review = FALSE \
+               AND (lease_until_ms IS NULL OR lease_until_ms < $1) \
+               ORDER BY next_attempt_at_ms, created_at_ms LIMIT $2)",
+            vec![now.into(), limit.into()],
+        ))
+        .await
+    }
+
     /// Writes a claimed print's change, fenced on its lease: `Conflict`
-    /// when the lease was lost (another worker has it now).
+    /// when the lease was lost (another worker has it now). A print that
+    /// reached the paper is a `print.completed` webhook event, written
+    /// with it while some endpoint takes it.
     pub async fn write_print(
         &self,
         id: &str,
@@ -304,33 +325,67 @@ impl Store {
         lease_ms: i64,
     ) -> StoreResult<()> {
         let lease_until = change.keep_lease.then_some(now + lease_ms);
-        let written = self
-            .write_one(self.sql(
-                "UPDATE prints SET status = $1, reason = $2, printer_id = $3, ipp_job_id = $4, \
-                 attempts = $5, next_attempt_at_ms = $6, updated_at_ms = $7, \
-                 lease_token = CASE WHEN $8 THEN lease_token ELSE NULL END, lease_until_ms = $9 \
-                 WHERE id = $10 AND lease_token = $11",
-                vec![
-                    change.status.as_str().into(),
-                    change.reason.clone().into(),
-                    change.printer_id.clone().into(),
-                    change.ipp_job_id.into(),
-                    change.attempts.into(),
-                    change.next_attempt_at_ms.into(),
-                    now.into(),
-                    change.keep_lease.into(),
-                    lease_until.into(),
-                    id.into(),
-                    token.into(),
-                ],
-            ))
-            .await?;
+        let update = self.sql(
+            "UPDATE prints SET status = $1, reason = $2, printer_id = $3, ipp_job_id = $4, \
+             attempts = $5, next_attempt_at_ms = $6, updated_at_ms = $7, \
+             lease_token = CASE WHEN $8 THEN lease_token ELSE NULL END, lease_until_ms = $9 \
+             WHERE id = $10 AND lease_token = $11",
+            vec![
+                change.status.as_str().into(),
+                change.reason.clone().into(),
+                change.printer_id.clone().into(),
+                change.ipp_job_id.into(),
+                change.attempts.into(),
+                change.next_attempt_at_ms.into(),
+                now.into(),
+                change.keep_lease.into(),
+                lease_until.into(),
+                id.into(),
+                token.into(),
+            ],
+        );
+        let hooked = change.status == PrintStatus::Completed
+            && self.hooks().take(WebhookEvent::PrintCompleted);
+        let written = if hooked {
+            let tx = self.write_tx().await?;
+            let written = tx.execute_raw(update).await?.rows_affected();
+            if written > 0 {
+                let hook = self.print_completed_hook(&tx, id).await?;
+                self.enqueue_hooks(&tx, hook.into_iter().collect(), now)
+                    .await?;
+            }
+            tx.commit().await?;
+            written
+        } else {
+            self.write_one(update).await?
+        };
         if written == 0 {
             return Err(StoreError::Conflict(format!(
                 "print {id}: the lease was lost; nothing was written"
             )));
         }
         Ok(())
+    }
+
+    /// The `print.completed` webhook event of print `id`: its session, its
+    /// experience and the printer's name.
+    async fn print_completed_hook(&self, tx: &WriteTx, id: &str) -> StoreResult<Option<HookEvent>> {
+        let row = tx
+            .query_one_raw(self.sql(
+                "SELECT j.session_id, j.experience_id, p.name FROM prints j \
+                 LEFT JOIN printers p ON p.id = j.printer_id WHERE j.id = $1",
+                vec![id.into()],
+            ))
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        Ok(Some(HookEvent {
+            event: WebhookEvent::PrintCompleted,
+            session_id: row.try_get_by_index(0)?,
+            experience_id: row.try_get_by_index(1)?,
+            data: json!({"print_id": id, "printer": row.try_get_by_index::<Option<String>>(2)?}),
+        }))
     }
 
     /// An operator cancels a print that no printer has yet: `Conflict`

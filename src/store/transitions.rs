@@ -36,6 +36,7 @@ use super::outbox::aborted_payload;
 use super::rows::{column_in, execute_together, in_list, insert_statement, SqlType, ValueRows};
 use super::sagas::{load, Fence, RankedEntry};
 use super::sessions::set_session_status;
+use super::webhooks::HookEvent;
 use super::{new_id, Store, StoreError, StoreResult, WriteTx};
 use crate::domain::admission::refunds_credits;
 use crate::domain::audit::AuditEntry;
@@ -45,6 +46,7 @@ use crate::domain::policy::{lease_until, AttemptState, EpochMs};
 use crate::domain::review::Decision;
 use crate::domain::saga::{judge_unapplied, AbortReason, RowNow, Step, TransitionError};
 use crate::domain::session::SessionStatus;
+use crate::domain::webhook::WebhookEvent;
 
 /// One write of one saga.
 #[derive(Debug, Clone)]
@@ -209,6 +211,9 @@ pub struct Written {
     /// Slots of the aborted saga were detached (its jobs may still run):
     /// an instance adopts them and sees the jobs end.
     pub detached: bool,
+    /// The webhook event this write makes (a refused input's
+    /// `session.rejected`), written in the batch's transaction.
+    pub hook: Option<HookEvent>,
 }
 
 /// The outcome of each write of a batch, in the batch's order.
@@ -404,7 +409,15 @@ impl Store {
             write_rankings(&tx, from, ranked, lease, now, &mut outcome).await?;
         }
         write_releases(&tx, writes, &rows.released, now, &mut outcome).await?;
-        write_completions(&tx, &rows.completed, now, &mut outcome).await?;
+        let hooked = self.hooks().take(WebhookEvent::SessionCompleted);
+        let mut hooks = write_completions(&tx, &rows.completed, now, &mut outcome, hooked).await?;
+        hooks.extend(
+            outcome
+                .iter()
+                .flatten()
+                .filter_map(|o| o.as_ref().ok()?.hook.clone()),
+        );
+        self.enqueue_hooks(&tx, hooks, now).await?;
 
         // Last, so the experiences' rows are locked only until the commit.
         refund_credits(&tx, &rows.refunds).await?;
@@ -833,13 +846,15 @@ async fn write_releases(
 }
 
 /// RANKING_DONE -> COMPLETED with the results, the sessions' status and
-/// the outbox events ([`finish_completed`]).
+/// the outbox events ([`finish_completed`]); with `hooked`, their
+/// `session.completed` webhook events.
 async fn write_completions(
     tx: &WriteTx,
     completed: &Rows,
     now: EpochMs,
     outcome: &mut Outcomes,
-) -> StoreResult<()> {
+    hooked: bool,
+) -> StoreResult<Vec<HookEvent>> {
     let applied = fenced_update_many(
         tx,
         Step::RankingDone,
@@ -849,7 +864,7 @@ async fn write_completions(
         now,
     )
     .await?;
-    let appended = finish_completed(tx, &applied, now).await?;
+    let (appended, hooks) = finish_completed(tx, &applied, now, hooked).await?;
     for (k, &i) in completed.index.iter().enumerate() {
         let (saga_id, token, _) = &completed.rows[k];
         outcome[i] = Some(if applied.contains(saga_id) {
@@ -869,7 +884,7 @@ async fn write_completions(
             .await
         });
     }
-    Ok(())
+    Ok(hooks)
 }
 
 /// The slots the applied releases of a batch name (each with its evidence)
@@ -953,14 +968,16 @@ async fn fenced_update_many(
 
 /// For the sagas just moved to COMPLETED: their result rows, their
 /// sessions' status and their terminals' outbox events, a statement each.
-/// Returns the sagas whose session has a terminal (an event was appended).
+/// Returns the sagas whose session has a terminal (an event was
+/// appended), and with `hooked` their `session.completed` webhook events.
 async fn finish_completed(
     tx: &WriteTx,
     completed: &HashSet<String>,
     now: EpochMs,
-) -> StoreResult<HashSet<String>> {
+    hooked: bool,
+) -> StoreResult<(HashSet<String>, Vec<HookEvent>)> {
     if completed.is_empty() {
-        return Ok(HashSet::new());
+        return Ok((HashSet::new(), Vec::new()));
     }
     let backend = tx.get_database_backend();
     let ids: Vec<String> = completed.iter().cloned().collect();
@@ -975,6 +992,7 @@ async fn finish_completed(
     let mut result_rows = Vec::with_capacity(sagas.len());
     let mut events = Vec::new();
     let mut appended = HashSet::new();
+    let mut hooks = Vec::new();
     for (saga, session) in &sagas {
         let session = session.as_ref().ok_or(StoreError::NotFound("session"))?;
         let content: serde_json::Value = match &saga.content {
@@ -984,6 +1002,9 @@ async fn finish_completed(
             None => json!([]),
         };
         let score = saga.score.or(saga.ai_score);
+        if hooked {
+            hooks.push(completed_hook(session, &content, score));
+        }
         result_rows.push(results::ActiveModel {
             id: sea_orm::ActiveValue::Set(new_id()),
             saga_id: sea_orm::ActiveValue::Set(saga.id.clone()),
@@ -1037,7 +1058,36 @@ async fn finish_completed(
     .flatten()
     .collect();
     execute_together(&**tx, writes).await?;
-    Ok(appended)
+    Ok((appended, hooks))
+}
+
+/// The `session.completed` webhook event of a session: its result's
+/// links (made absolute when the body is written), its score, and its
+/// nickname only where the guest consented to show it.
+fn completed_hook(
+    session: &sessions::Model,
+    content: &serde_json::Value,
+    score: Option<f64>,
+) -> HookEvent {
+    let media = content
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|item| item["url"].as_str().filter(|u| u.starts_with('/')));
+    let mut data = json!({
+        "share_url": session.share_id.as_deref().map(crate::domain::guests::share_path),
+        "media_url": media,
+        "score": score,
+    });
+    if session.consented {
+        data["nickname"] = json!(session.nickname);
+    }
+    HookEvent {
+        event: WebhookEvent::SessionCompleted,
+        session_id: session.id.clone(),
+        experience_id: session.experience_id.clone(),
+        data,
+    }
 }
 
 /// Credits an aborted saga gives back (see [`refund_credits`]).
@@ -1142,6 +1192,12 @@ async fn abort_one(
         event_appended: appended,
         ranking_changed: (hidden > 0).then(|| saga.experience_id.clone()),
         detached,
+        hook: (reason == AbortReason::InputRejected).then(|| HookEvent {
+            event: WebhookEvent::SessionRejected,
+            session_id: saga.session_id.clone(),
+            experience_id: saga.experience_id.clone(),
+            data: json!({"reason": reason.as_str()}),
+        }),
     }))
 }
 

@@ -3055,32 +3055,46 @@ def test_ops_printer_card_says_out_of_paper(env):
         printer.close()
 
 
+def print_booth(env, printer, slug, title):
+    """A photo experience (English) whose prints go to `printer`."""
+    env.server.operator("POST", "/api/experiences", {
+        "slug": slug, "title": title, "kind": "comic", "locale": "en",
+        "input": "photo", "photo_max_px": 512})
+    add_printer_api(env, printer, f"{title} printer", [slug])
+
+
+def photo_result_on_phone(env, slug, nickname):
+    """A guest's phone takes a photo at `slug` and gets its result: the
+    phone's page and its session (`id`, `token`), COMPLETED."""
+    phone = env.phone()
+    phone.goto(f"/p/{slug}")
+    expect(phone.locator("#view-form")).to_be_visible()
+    expect(phone.locator("#go")).to_be_enabled()
+    expect(phone.locator("#prompt-field")).to_be_hidden()  # a photo alone
+    phone.fill("#nickname", nickname)
+    phone.locator("#photo-input").set_input_files(str(PHOTO))
+    expect(phone.locator("#photo-preview")).to_be_visible()
+    phone.click("#go")
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    mine = phone_session(phone, slug)
+    assert env.server.ok("GET", f"/api/sessions/{mine['id']}", token=mine["token"])["status"] == "COMPLETED"
+    return phone, mine
+
+
 def test_phone_print_button_and_printing_state(env):
     """(acceptance, issue 47) A photo booth with a printer: the guest's
     result shows a Print button; pressed while the printer is out of paper,
     the print waits and the phone says why, in the guest's words; once
     paper is in it prints (one document reaches the printer), the phone
-    says Printed, and the one print a guest may ask for is spent."""
+    says Printed, and the one print a guest may ask for is spent. The
+    booth's display says how many prints wait and why while they do."""
     printer = TestPrinter("Phone Booth")
     try:
-        env.server.operator("POST", "/api/experiences", {
-            "slug": "printbooth", "title": "Print booth", "kind": "comic", "locale": "en",
-            "input": "photo", "photo_max_px": 512})
-        add_printer_api(env, printer, "Phone booth printer", ["printbooth"])
+        print_booth(env, printer, "printbooth", "Print booth")
         assert api_experience(env, "printbooth")["prints_per_guest"] == 1
-
-        phone = env.phone()
-        phone.goto("/p/printbooth")
-        expect(phone.locator("#view-form")).to_be_visible()
-        expect(phone.locator("#go")).to_be_enabled()
-        expect(phone.locator("#prompt-field")).to_be_hidden()  # a photo alone
-        phone.fill("#nickname", "printfan")
-        phone.locator("#photo-input").set_input_files(str(PHOTO))
-        expect(phone.locator("#photo-preview")).to_be_visible()
-        phone.click("#go")
-        expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
-        mine = phone_session(phone, "printbooth")
-        assert env.server.ok("GET", f"/api/sessions/{mine['id']}", token=mine["token"])["status"] == "COMPLETED"
+        display = open_terminal(env, env.server.terminal("printbooth", "Print booth screen"))
+        expect(display.locator("#print-note")).to_be_hidden()
+        phone, mine = photo_result_on_phone(env, "printbooth", "printfan")
 
         button = phone.locator("#print")
         status = phone.locator("#print-status")
@@ -3106,11 +3120,19 @@ def test_phone_print_button_and_printing_state(env):
         assert printer.documents() == [], f"printed while out of paper: {printer.documents()}"
         assert_fits(phone, "the phone's waiting print")
         shot(phone, "phone-print-waiting", full_page=True)
+        # The booth's display says it too, for everyone in line.
+        note = display.locator("#print-note")
+        expect(note).to_be_visible(timeout=20 * SECOND)
+        expect(note).to_have_attribute("data-reason", "out_of_paper")
+        expect(note).to_contain_text(EN["t.printsWaiting"].format(n=1))
+        expect(note).to_contain_text(EN["print.reason.out_of_paper"])
+        shot(display, "display-print-waiting")
 
         printer.set_media_ready(PAPER_LOADED)
         expect(status).to_have_attribute("data-status", "COMPLETED", timeout=30 * SECOND)
         expect(status).to_have_text(EN["print.status.COMPLETED"])
         expect(status).not_to_contain_text("out of paper")
+        expect(display.locator("#print-note")).to_be_hidden(timeout=20 * SECOND)
         wait_for("the printer's spool to hold the document", lambda: printer.documents(), 10)
         assert len(printer.documents()) == 1, f"one print, not {printer.documents()}"
         # The one allowed print is spent: the button stays disabled, and
@@ -3126,6 +3148,62 @@ def test_phone_print_button_and_printing_state(env):
         expect(status).to_have_attribute("data-status", "COMPLETED")
         expect(button).to_be_disabled()
         assert len(printer.documents()) == 1, printer.documents()
+    finally:
+        remove_printers(env, printer.uri)
+        printer.close()
+
+
+def test_share_page_prints_on_the_guests_own_device(env):
+    """(acceptance) The share page of a result offers Print on the device
+    that made the session (its token is there), under the experience's
+    prints_per_guest: pressed, one document reaches the printer and the
+    page says Printed. Opened anywhere else, the link shows no Print. The
+    crew prints the finished result again from /ops's guest search."""
+    printer = TestPrinter("Share Booth")
+    try:
+        print_booth(env, printer, "shareprint", "Share print")
+        phone, mine = photo_result_on_phone(env, "shareprint", "sharefan")
+        share_path = env.server.ok("GET", f"/api/sessions/{mine['id']}", token=mine["token"])["share_url"]
+
+        # Someone else with the link: no Print.
+        friend = env.phone()
+        friend.goto(share_path)
+        expect(friend.locator("#view-result")).to_be_visible()
+        expect(friend.locator("#print-box")).to_be_hidden()
+
+        # The guest's own phone: Print, and one document printed.
+        phone.goto(share_path)
+        expect(phone.locator("#view-result")).to_be_visible()
+        button, status = phone.locator("#print"), phone.locator("#print-status")
+        expect(phone.locator("#print-box")).to_be_visible(timeout=10 * SECOND)
+        expect(button).to_be_enabled()
+        expect(button).to_have_text(EN["participant.print"])
+        with phone.expect_response(lambda r: r.url.endswith(f"/api/sessions/{mine['id']}/print")
+                                   and r.request.method == "POST") as asked:
+            button.click()
+        assert asked.value.status == 202, f"{asked.value.status} {asked.value.text()}"
+        assert asked.value.request.headers.get("idempotency-key"), "asked without an Idempotency-Key"
+        expect(status).to_have_attribute("data-status", "COMPLETED", timeout=30 * SECOND)
+        expect(status).to_have_text(EN["print.status.COMPLETED"])
+        expect(button).to_be_disabled()
+        wait_for("the printer's spool to hold the document", lambda: printer.documents(), 10)
+        assert len(printer.documents()) == 1, f"one print, not {printer.documents()}"
+        assert_fits(phone, "the share page with its print")
+        shot(phone, "share-printed", full_page=True)
+        expect(friend.locator("#print-box")).to_be_hidden()
+
+        # The crew reprints the finished result from /ops (find a guest):
+        # a second document, the guest's own bound untouched.
+        ops = ops_page(env)
+        ops.fill("#g-nickname", "sharefan")
+        ops.click("#guest-find")
+        row = ops.locator(f"#guests tbody tr[data-session-id='{mine['id']}']")
+        expect(row).to_be_visible()
+        row.locator("button.action-print").click()
+        expect(ops.locator("#flash")).to_have_text(EN["ops.reprinted"])
+        wait_for("the reprint at the printer", lambda: len(printer.documents()) == 2, 30)
+        prints = env.server.ok("GET", f"/api/sessions/{mine['id']}", token=mine["token"])["prints"]
+        assert len(prints) == 2 and prints[-1]["requested_by"].startswith("operator:"), prints
     finally:
         remove_printers(env, printer.uri)
         printer.close()
@@ -3174,6 +3252,7 @@ TESTS = [
     test_ops_brand_preview,
     test_ops_printer_card_says_out_of_paper,
     test_phone_print_button_and_printing_state,
+    test_share_page_prints_on_the_guests_own_device,
     test_no_page_errors,
 ]
 

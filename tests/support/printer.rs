@@ -71,6 +71,8 @@ pub struct TestPrinter {
     pub port: u16,
     name: String,
     command: PathBuf,
+    /// The document formats it takes (`-f`).
+    formats: String,
     child: Option<Child>,
     /// Holds the spool and the printer's log (`printer.log`).
     dir: tempfile::TempDir,
@@ -85,6 +87,16 @@ impl TestPrinter {
     /// A printer that runs `cmd FILE` for each job (the job is processing
     /// until it exits; exiting non-zero aborts the job).
     pub fn start_with_command(name: &str, cmd: &Path) -> TestPrinter {
+        TestPrinter::launched(name, cmd, "image/jpeg,image/pwg-raster,image/urf")
+    }
+
+    /// A fast printer that takes only `formats` (comma-separated MIME
+    /// types), such as a printer that takes PWG raster and not JPEG.
+    pub fn start_taking(name: &str, formats: &str) -> TestPrinter {
+        TestPrinter::launched(name, Path::new("/bin/true"), formats)
+    }
+
+    fn launched(name: &str, cmd: &Path, formats: &str) -> TestPrinter {
         ensure_daemons();
         let dir = tempfile::Builder::new()
             .prefix("test-printer-")
@@ -98,6 +110,7 @@ impl TestPrinter {
             port: 0,
             name: name.to_owned(),
             command: cmd.to_owned(),
+            formats: formats.to_owned(),
             child: None,
             dir,
         };
@@ -168,6 +181,52 @@ impl TestPrinter {
             (id, file)
         });
         files
+    }
+
+    /// Waits (at most `within`) until the printer holds `count` documents;
+    /// whether it does.
+    pub async fn holds_documents(&self, count: usize, within: Duration) -> bool {
+        super::wait_for(within, || async {
+            (self.documents().len() == count).then_some(())
+        })
+        .await
+        .is_some()
+    }
+
+    /// A keyword or name attribute of job `job_id` as the printer keeps
+    /// it (Get-Job-Attributes), such as the `print-color-mode` it was sent
+    /// with; None when the printer does not say.
+    pub fn job_attribute(&self, job_id: i32, name: &str) -> Option<String> {
+        let mut body = vec![0x01, 0x01, 0x00, 0x09, 0, 0, 0, 1, 0x01];
+        let attr = |body: &mut Vec<u8>, tag: u8, name: &str, value: &[u8]| {
+            body.push(tag);
+            body.extend_from_slice(&(name.len() as u16).to_be_bytes());
+            body.extend_from_slice(name.as_bytes());
+            body.extend_from_slice(&(value.len() as u16).to_be_bytes());
+            body.extend_from_slice(value);
+        };
+        attr(&mut body, 0x47, "attributes-charset", b"utf-8");
+        attr(&mut body, 0x48, "attributes-natural-language", b"en");
+        attr(&mut body, 0x45, "printer-uri", self.uri.as_bytes());
+        attr(&mut body, 0x21, "job-id", &job_id.to_be_bytes());
+        attr(&mut body, 0x44, "requested-attributes", name.as_bytes());
+        body.push(0x03);
+        let mut request = format!(
+            "POST /ipp/print HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\nContent-Type: application/ipp\r\nContent-Length: {}\r\n\r\n",
+            self.port,
+            body.len()
+        )
+        .into_bytes();
+        request.extend_from_slice(&body);
+        let (_, answer) = exchange(self.port, &request).ok()?;
+        // The attribute in the answer: its name, then a 2-byte length and
+        // the value (the name's own length precedes it).
+        let at = answer
+            .windows(name.len())
+            .position(|w| w == name.as_bytes())?
+            + name.len();
+        let len = u16::from_be_bytes(answer.get(at..at + 2)?.try_into().ok()?) as usize;
+        String::from_utf8(answer.get(at + 2..at + 2 + len)?.to_vec()).ok()
     }
 
     /// Loads the printer's trays through its own web form (`GET
@@ -252,7 +311,7 @@ impl TestPrinter {
             .arg(&self.spool)
             .arg("-k")
             .arg("-f")
-            .arg("image/jpeg,image/pwg-raster,image/urf")
+            .arg(&self.formats)
             .arg("-s")
             .arg("10,10")
             .arg("-c")

@@ -15,6 +15,8 @@ pub mod sessions;
 pub mod terminal_events;
 pub mod terminal_presence;
 pub mod terminals;
+pub mod webhook_deliveries;
+pub mod webhooks;
 
 pub mod prelude {
     pub use super::ai_calls::Entity as AiCalls;
@@ -30,4 +32,6 @@ pub mod prelude {
     pub use super::terminal_events::Entity as TerminalEvents;
     pub use super::terminal_presence::Entity as TerminalPresence;
     pub use super::terminals::Entity as Terminals;
+    pub use super::webhook_deliveries::Entity as WebhookDeliveries;
+    pub use super::webhooks::Entity as Webhooks;
 }
