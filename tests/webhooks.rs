@@ -411,3 +411,83 @@ async fn two_instances_send_each_delivery_once() {
     one.stop().await;
     two.stop().await;
 }
+
+/// An endpoint that keeps failing past `--webhook-disable-after` is
+/// disabled (its deliveries wait, /ops says why); enabled again, its
+/// pending delivery is sent.
+async fn an_endpoint_failing_too_long_is_disabled_until_enabled(backend: Backend) {
+    let receiver = WebhookReceiver::start();
+    let clock = ManualClock::new(stagehand::clock::SystemClock.now_ms());
+    let app = TestApp::spawn_with_clock(
+        backend,
+        support::fast_sim(),
+        |c| {
+            allow_private(c);
+            c.webhook_disable_after = Duration::from_secs(600);
+        },
+        clock.clone(),
+    )
+    .await;
+    let (webhook_id, secret) = add_webhook(&app, &receiver.url, &["session.completed"]).await;
+    receiver.set_secret(&secret).await;
+    receiver.answer(500, Duration::ZERO).await;
+    let slug = experience(&app).await;
+    let ticking = {
+        let clock = clock.clone();
+        tokio::spawn(async move {
+            loop {
+                clock.advance_ms(10);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let (sid, _) = completed(&app, &slug, "ana").await;
+    ticking.abort();
+    let _ = ticking.await;
+    receiver.follow_clock(clock.now_ms()).await;
+    received(&receiver, 1).await;
+
+    // Eleven minutes of failing: past the ten allowed.
+    clock.advance_ms(11 * 60_000);
+    receiver.follow_clock(clock.now_ms()).await;
+    let path = format!("/api/admin/webhooks/{webhook_id}/deliveries");
+    let disabled = support::wait_for(WITHIN, || async {
+        let (_, log) = app.operator_get(&path).await;
+        (log["webhook"]["enabled"] == false).then_some(log)
+    })
+    .await
+    .expect("the endpoint is disabled");
+    assert_eq!(
+        disabled["webhook"]["disabled_reason"], "kept failing",
+        "{disabled}"
+    );
+    assert_eq!(disabled["deliveries"][0]["status"], "PENDING", "{disabled}");
+    let attempts = receiver.received().await.len();
+
+    // Its delivery is due (the 5 min retry passed) but waits while disabled.
+    let waited = support::wait_for(Duration::from_secs(3), || async {
+        (receiver.received().await.len() > attempts).then_some(())
+    })
+    .await;
+    assert!(waited.is_none(), "a disabled endpoint got a delivery");
+
+    receiver.answer(204, Duration::ZERO).await;
+    let (status, _, enabled) = app
+        .operator_post(&format!("/api/admin/webhooks/{webhook_id}/enable"), None)
+        .await;
+    assert_eq!(
+        (status, &enabled["enabled"]),
+        (200, &json!(true)),
+        "{enabled}"
+    );
+    let got = received(&receiver, attempts + 1).await;
+    let last = got.last().unwrap();
+    assert_eq!(
+        (last["verified"].as_bool(), last["status"].as_i64()),
+        (Some(true), Some(204)),
+        "{last}"
+    );
+    assert_eq!(last["body"]["data"]["session_id"], sid.as_str());
+    app.stop().await;
+}
+db_test!(an_endpoint_failing_too_long_is_disabled_until_enabled);

@@ -187,7 +187,7 @@ pub async fn remove_webhook(
     post,
     path = "/api/admin/webhooks/{id}/enable",
     tag = "admin",
-    summary = "Turn a disabled endpoint on again: its deliveries still pending are sent.",
+    summary = "Turn a disabled endpoint on again: its deliveries still pending are sent now.",
     security(("operator" = [])),
     params(("id" = String, Path)),
     responses(
@@ -203,7 +203,10 @@ pub async fn enable_webhook(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let operator = signed_in(&req)?;
-    let endpoint = state.store.enable_webhook(&id).await?;
+    let endpoint = state
+        .store
+        .enable_webhook(&id, state.clock.now_ms())
+        .await?;
     let audit = AuditEntry::new(
         &operator,
         AuditAction::WebhookEnable,

@@ -289,18 +289,27 @@ impl Store {
     }
 
     /// Turns an endpoint on again (after it was disabled): its deliveries
-    /// still pending are sent.
-    pub async fn enable_webhook(&self, id: &str) -> StoreResult<webhooks::Model> {
-        let changed = self
-            .write_one(self.sql(
+    /// still pending are due now.
+    pub async fn enable_webhook(&self, id: &str, now: EpochMs) -> StoreResult<webhooks::Model> {
+        let tx = self.write_tx().await?;
+        let changed = tx
+            .execute_raw(self.sql(
                 "UPDATE webhooks SET enabled = TRUE, disabled_reason = NULL, failing_since_ms = NULL \
                  WHERE id = $1",
                 vec![id.into()],
             ))
-            .await?;
+            .await?
+            .rows_affected();
         if changed == 0 {
             return Err(StoreError::NotFound("webhook"));
         }
+        tx.execute_raw(self.sql(
+            "UPDATE webhook_deliveries SET next_attempt_at_ms = $2 \
+             WHERE webhook_id = $1 AND status = 'PENDING' AND next_attempt_at_ms > $2",
+            vec![id.into(), now.into()],
+        ))
+        .await?;
+        tx.commit().await?;
         self.refresh_listeners().await?;
         self.webhook(id)
             .await?

@@ -3209,6 +3209,83 @@ def test_share_page_prints_on_the_guests_own_device(env):
         printer.close()
 
 
+class WebhookReceiver:
+    """The tests' webhook receiver (tests/support/webhook_receiver.py): it
+    checks every delivery's signature with the reference library of
+    Standard Webhooks and keeps what it got."""
+
+    def __init__(self):
+        script = ROOT / "tests" / "support" / "webhook_receiver.py"
+        self.proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        port = int(self.proc.stdout.readline())
+        self.base = f"http://127.0.0.1:{port}"
+        self.url = f"{self.base}/hook"
+
+    def control(self, **settings):
+        req = urllib.request.Request(f"{self.base}/control", data=json.dumps(settings).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert r.status == 200
+
+    def received(self):
+        with urllib.request.urlopen(f"{self.base}/received", timeout=5) as r:
+            return json.loads(r.read())
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait(5)
+
+
+def test_ops_webhook_log(env):
+    """(acceptance) An admin adds a webhook endpoint on /ops and is shown
+    its secret once; a guest's result is delivered to it, signed (the
+    reference library verifies it); the endpoint's log on /ops shows the
+    delivery, and Redeliver sends it again with the same webhook-id."""
+    receiver = WebhookReceiver()
+    webhook_id = None
+    try:
+        ops = ops_page(env)
+        section = ops.locator("#webhooks-section")
+        expect(section.locator("#webhooks")).to_contain_text(EN["ops.noWebhooks"])
+        ops.fill("#new-webhook input[name=url]", receiver.url)
+        ops.click("#new-webhook button[type=submit]")
+        expect(ops.locator("#webhook-secret-box")).to_be_visible()
+        secret = ops.locator("#webhook-secret").inner_text().strip()
+        assert secret.startswith("whsec_"), secret
+        receiver.control(secret=secret)
+        listed = env.server.operator("GET", "/api/admin/webhooks")["webhooks"]
+        assert [w["url"] for w in listed] == [receiver.url], listed
+        webhook_id = listed[0]["webhook_id"]
+        assert "secret" not in listed[0], "the list never shows a secret"
+
+        env.server.experience("hookbooth", "Hook booth", kind="comic", locale="en")
+        session_id, _ = env.server.submit_as("hookbooth", "hooked", "a lantern in the rain")
+        wait_for("the delivery", lambda: len(receiver.received()) >= 1, 30)
+        first = receiver.received()[0]
+        assert first["verified"], first
+        assert first["body"]["data"]["session_id"] == session_id, first
+
+        card = section.locator(f"#webhooks li[data-webhook='{webhook_id}']")
+        expect(card).to_be_visible(timeout=10 * SECOND)
+        card.locator("button.action-log").click()
+        row = ops.locator("#webhook-log tbody tr.delivery-delivered")
+        expect(row.first).to_be_visible(timeout=10 * SECOND)
+        expect(row.first).to_contain_text("session.completed")
+        assert_fits(ops, "the webhook log")
+        shot(ops, "ops-webhook-log", full_page=True)
+        row.first.locator("button.action-redeliver").click()
+        expect(ops.locator("#webhooks-note")).to_have_text(EN["ops.redelivered"])
+        wait_for("the delivery sent again", lambda: len(receiver.received()) >= 2, 30)
+        again = receiver.received()[1]
+        assert again["id"] == first["id"] and again["verified"], again
+    finally:
+        if webhook_id:
+            env.server.ok("DELETE", f"/api/admin/webhooks/{webhook_id}", token=OPERATOR_TOKEN,
+                          expect_status=(204,))
+        receiver.close()
+
+
 def test_no_page_errors(env):
     """No page threw an uncaught JavaScript error in any of the tests."""
     assert not env.console_errors, "\n".join(env.console_errors)
@@ -3253,6 +3330,7 @@ TESTS = [
     test_ops_printer_card_says_out_of_paper,
     test_phone_print_button_and_printing_state,
     test_share_page_prints_on_the_guests_own_device,
+    test_ops_webhook_log,
     test_no_page_errors,
 ]
 
@@ -3270,7 +3348,8 @@ def main(argv):
     for old in SHOTS.glob("*.png"):  # what is there is from this run
         old.unlink()
     passed, failed = 0, []
-    server = Server("--ai-timeout", "7m")
+    # Webhook endpoints on loopback (the tests' receiver) are allowed.
+    server = Server("--ai-timeout", "7m", "--webhook-allow-private", "true")
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
