@@ -148,11 +148,8 @@ async fn read_endpoints(deps: &WebhookDeps, endpoints: &mut Endpoints) {
         }
         Err(e) => tracing::warn!(error = %e, "failing webhook endpoints could not be disabled"),
     }
-    match deps.store.webhooks().await {
+    match deps.store.refresh_listeners().await {
         Ok(all) => {
-            if let Err(e) = deps.store.refresh_listeners().await {
-                tracing::warn!(error = %e, "webhook listeners not read");
-            }
             endpoints.enabled = all.into_iter().filter(|w| w.enabled).collect();
             endpoints.read_at = Some(tokio::time::Instant::now());
         }

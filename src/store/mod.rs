@@ -447,6 +447,44 @@ impl Store {
         self.write_gate.as_ref().map(|gate| gate.commits())
     }
 
+    /// Leases to `token`, until `now + lease_ms`, the rows of `table` that
+    /// `pick` names (a `SELECT` of ids, oldest due first, where `$2` is
+    /// `now`, `$4` the `limit` and `$5...` the values of `more`) and that no
+    /// live lease holds: their ids. One statement; the outbox tables'
+    /// claims (prints, webhook deliveries) fence every later write on the
+    /// token.
+    pub(crate) async fn lease_rows(
+        &self,
+        table: &str,
+        pick: &str,
+        lease: (&str, crate::domain::policy::EpochMs, i64),
+        limit: i64,
+        more: Vec<Value>,
+    ) -> StoreResult<Vec<String>> {
+        let (token, now, lease_ms) = lease;
+        let mut values: Vec<Value> = vec![
+            token.into(),
+            now.into(),
+            (now + lease_ms).into(),
+            limit.into(),
+        ];
+        values.extend(more);
+        let rows = self
+            .write_returning(self.sql(
+                &format!(
+                    "UPDATE {table} SET lease_token = $1, lease_until_ms = $3 \
+                     WHERE id IN ({pick}) \
+                     AND (lease_until_ms IS NULL OR lease_until_ms < $2) RETURNING id"
+                ),
+                values,
+            ))
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| r.try_get_by_index::<String>(0))
+            .collect::<Result<_, _>>()?)
+    }
+
     /// A raw statement written with `$1, $2, ...` placeholders, rendered for
     /// this backend (SQLite spells them `?1, ?2, ...`).
     pub fn sql(&self, text: &str, values: Vec<Value>) -> Statement {

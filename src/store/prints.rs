@@ -260,29 +260,19 @@ impl Store {
         if due.is_none() {
             return Ok(Vec::new());
         }
-        let free = "(lease_until_ms IS NULL OR lease_until_ms < $2)";
-        let rows = self
-            .write_returning(self.sql(
-                &format!(
-                    "UPDATE prints SET lease_token = $1, lease_until_ms = $3 \
-                     WHERE id IN (SELECT id FROM prints \
-                       WHERE status IN ('QUEUED', 'SENDING', 'PRINTING') \
-                       AND next_attempt_at_ms <= $2 AND awaiting_review = FALSE AND {free} \
-                       ORDER BY next_attempt_at_ms, created_at_ms LIMIT $4) \
-                     AND {free} RETURNING id"
-                ),
-                vec![
-                    token.into(),
-                    now.into(),
-                    (now + lease_ms).into(),
-                    limit.into(),
-                ],
-            ))
+        let ids = self
+            .lease_rows(
+                "prints",
+                "SELECT id FROM prints \
+                 WHERE status IN ('QUEUED', 'SENDING', 'PRINTING') \
+                 AND next_attempt_at_ms <= $2 AND awaiting_review = FALSE \
+                 AND (lease_until_ms IS NULL OR lease_until_ms < $2) \
+                 ORDER BY next_attempt_at_ms, created_at_ms LIMIT $4",
+                (token, now, lease_ms),
+                limit,
+                Vec::new(),
+            )
             .await?;
-        let ids: Vec<String> = rows
-            .iter()
-            .map(|r| r.try_get_by_index::<String>(0))
-            .collect::<Result<_, _>>()?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }

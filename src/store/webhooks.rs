@@ -172,11 +172,11 @@ impl Store {
         &self.hooks
     }
 
-    /// Reads the endpoints again into [`Store::hooks`].
-    pub async fn refresh_listeners(&self) -> StoreResult<()> {
+    /// Reads the endpoints again into [`Store::hooks`]: them all.
+    pub async fn refresh_listeners(&self) -> StoreResult<Vec<webhooks::Model>> {
         let endpoints = self.webhooks().await?;
         self.hooks.set(&endpoints);
-        Ok(())
+        Ok(endpoints)
     }
 
     /// Inserts the deliveries of `events` in `tx`, for those some endpoint
@@ -285,7 +285,7 @@ impl Store {
         if removed == 0 {
             return Err(StoreError::NotFound("webhook"));
         }
-        self.refresh_listeners().await
+        self.refresh_listeners().await.map(drop)
     }
 
     /// Turns an endpoint on again (after it was disabled): its deliveries
@@ -327,31 +327,19 @@ impl Store {
         lease_ms: i64,
         limit: i64,
     ) -> StoreResult<Vec<webhook_deliveries::Model>> {
-        let free = "(d.lease_until_ms IS NULL OR d.lease_until_ms < $2)";
-        let rows = self
-            .write_returning(self.sql(
-                &format!(
-                    "UPDATE webhook_deliveries SET lease_token = $1, lease_until_ms = $3 \
-                     WHERE id IN (SELECT d.id FROM webhook_deliveries d \
-                       JOIN webhooks w ON w.id = d.webhook_id AND w.enabled = TRUE \
-                       WHERE d.status = 'PENDING' AND d.next_attempt_at_ms <= $2 AND {free} \
-                       AND d.webhook_id = $5 \
-                       ORDER BY d.next_attempt_at_ms, d.created_at_ms LIMIT $4) \
-                     AND (lease_until_ms IS NULL OR lease_until_ms < $2) RETURNING id"
-                ),
-                vec![
-                    token.into(),
-                    now.into(),
-                    (now + lease_ms).into(),
-                    limit.into(),
-                    webhook_id.into(),
-                ],
-            ))
+        let ids = self
+            .lease_rows(
+                "webhook_deliveries",
+                "SELECT d.id FROM webhook_deliveries d \
+                 JOIN webhooks w ON w.id = d.webhook_id AND w.enabled = TRUE \
+                 WHERE d.status = 'PENDING' AND d.next_attempt_at_ms <= $2 \
+                 AND (d.lease_until_ms IS NULL OR d.lease_until_ms < $2) AND d.webhook_id = $5 \
+                 ORDER BY d.next_attempt_at_ms, d.created_at_ms LIMIT $4",
+                (token, now, lease_ms),
+                limit,
+                vec![webhook_id.into()],
+            )
             .await?;
-        let ids: Vec<String> = rows
-            .iter()
-            .map(|r| r.try_get_by_index::<String>(0))
-            .collect::<Result<_, _>>()?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
