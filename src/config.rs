@@ -313,6 +313,29 @@ pub struct Config {
     /// for this long is disabled (its deliveries wait; /ops shows it).
     #[arg(long, env = "STAGEHAND_WEBHOOK_DISABLE_AFTER", default_value = "24h", value_parser = parse_duration)]
     pub webhook_disable_after: Duration,
+    /// The SMTP server mail to guests goes through: `smtp://host:port`
+    /// (plain, for a relay on the venue's own network),
+    /// `smtp://host:587?tls=required` (STARTTLS) or `smtps://host:465`
+    /// (TLS). Unset: guests cannot ask for mail. Credentials come from
+    /// `STAGEHAND_SMTP_USERNAME` and `STAGEHAND_SMTP_PASSWORD` (or the
+    /// URL's user part); none of them is stored or logged.
+    #[arg(long, env = "STAGEHAND_SMTP_URL", hide_env_values = true)]
+    pub smtp_url: Option<String>,
+    #[arg(long, env = "STAGEHAND_SMTP_USERNAME", hide_env_values = true)]
+    pub smtp_username: Option<String>,
+    #[arg(long, env = "STAGEHAND_SMTP_PASSWORD", hide_env_values = true)]
+    pub smtp_password: Option<String>,
+    /// The sender of mail to guests: `Booth <booth@example.com>` or an
+    /// address. Needed with `--smtp-url`.
+    #[arg(long, env = "STAGEHAND_MAIL_FROM")]
+    pub mail_from: Option<String>,
+    /// Mail requests per client address, like `--session-rate-limit`:
+    /// guests behind one venue network share it.
+    #[arg(long, env = "STAGEHAND_MAIL_RATE_LIMIT", default_value = "120/h", value_parser = parse_rate_limit)]
+    pub mail_rate_limit: RateLimit,
+    /// Mails to one address in an hour, across every session.
+    #[arg(long, env = "STAGEHAND_MAILS_PER_ADDRESS", default_value = "5")]
+    pub mails_per_address: u32,
 }
 
 impl Config {

@@ -40,6 +40,8 @@
 //! - [`media`]: the media store (a folder or S3, over `object_store`).
 //! - [`print`]: IPP printing and the print-ready image (the print queue
 //!   actor is in `actors`).
+//! - [`mail`]: the guest's mail, made and sent over SMTP (the sender
+//!   actor is in `actors`, the outbox in `store`).
 //! - [`webhooks`]: the organiser's endpoints, judged and sent to, signed
 //!   (the sender actor is in `actors`, the outbox in `store`).
 //! - [`config`], [`clock`], [`startup`]: flags, the injectable clock, wiring.
@@ -56,6 +58,7 @@ pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod http;
+pub mod mail;
 pub mod media;
 pub mod metrics;
 pub mod print;

@@ -71,6 +71,8 @@ pub const PRINTER_UP: &str = "stagehand_printer_up";
 pub const PRINT_PREPARE_DURATION: &str = "stagehand_print_prepare_seconds";
 /// Webhook delivery attempts, by outcome (`delivered`, `retry`, `failed`).
 pub const WEBHOOK_DELIVERIES: &str = "stagehand_webhook_deliveries_total";
+/// Mail attempts, by outcome (`sent`, `retry`, `failed`).
+pub const MAILS: &str = "stagehand_mails_total";
 /// Decoding, cleaning and re-encoding one uploaded photo in the pool.
 pub const PHOTO_DECODE_DURATION: &str = "stagehand_photo_decode_seconds";
 /// Uploads (and thumbnails) refused because the photo pool was full.
@@ -162,6 +164,10 @@ fn describe() {
     describe_counter!(
         PRINTS,
         "Prints that moved on, by the status they reached (status)."
+    );
+    describe_counter!(
+        MAILS,
+        "Attempts to send a guest's mail, by outcome (sent; retry: a temporary failure, tried again later; failed: refused for good or no tries left)."
     );
     describe_counter!(
         WEBHOOK_DELIVERIES,

@@ -71,6 +71,8 @@ pub enum StartupError {
     Media(#[from] crate::media::MediaError),
     #[error("{0}")]
     Secret(#[from] crate::media::secret::SecretError),
+    #[error("{0}")]
+    Mail(#[from] crate::mail::MailSetupError),
     #[error(
         "the SQLite database {path} is in use by another stagehand process; SQLite mode is \
          single-instance (stop the other `serve`, or use PostgreSQL to run several instances)"
@@ -227,6 +229,15 @@ impl Application {
             port,
         )
         .await?;
+        let mail = start_mail(
+            &config,
+            &db.work,
+            &clock,
+            &core,
+            &media,
+            &instance_id,
+            &secret,
+        )?;
         let limits = Arc::new(RateLimits::from_config(&config));
         start_liveness(&db.work, &clock, &instance_id, &limits).await?;
         let state = AppState {
@@ -271,6 +282,7 @@ impl Application {
             )),
             lease_ms: config.lease_ms(),
             hooks,
+            mail,
         };
         let server = serve_http(listener, &state, &config.bind)?;
         let shutdown = Shutdown {
@@ -777,6 +789,45 @@ async fn start_webhooks(
     })
     .start();
     Ok(hooks)
+}
+
+/// The mail sender, started when an SMTP server is set up, and what the
+/// HTTP side needs of mail; None when none is (guests are not offered
+/// mail).
+fn start_mail(
+    config: &Config,
+    store: &Store,
+    clock: &SharedClock,
+    core: &CoreActors,
+    media: &crate::media::MediaStore,
+    instance_id: &str,
+    secret: &crate::domain::media::ServerSecret,
+) -> Result<Option<crate::http::MailDesk>, StartupError> {
+    let Some(url) = config.smtp_url.clone().filter(|u| !u.trim().is_empty()) else {
+        tracing::info!("no SMTP server (STAGEHAND_SMTP_URL): guests are not offered mail");
+        return Ok(None);
+    };
+    let mailer = crate::mail::Mailer::new(&crate::mail::MailSettings {
+        url,
+        username: config.smtp_username.clone(),
+        password: config.smtp_password.clone(),
+        from: config.mail_from.clone().unwrap_or_default(),
+    })?;
+    tracing::info!(server = %mailer.server(), "guests' mail goes through this SMTP server");
+    crate::actors::mail_sender::MailSender::new(crate::actors::mail_sender::MailDeps {
+        store: store.clone(),
+        clock: clock.clone(),
+        wakeups: core.wakeups.clone(),
+        media: media.clone(),
+        mailer,
+        instance_id: instance_id.to_owned(),
+        lease_ms: config.lease_ms(),
+    })
+    .start();
+    Ok(Some(crate::http::MailDesk {
+        address_key: Arc::new(secret.mail_address_key()),
+        per_address: config.mails_per_address,
+    }))
 }
 
 /// Where the server's secret is kept when no flag says: `<name>.secret`

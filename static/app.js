@@ -432,9 +432,317 @@ const SH = (() => {
     return { show, stop: () => clearTimeout(timer) };
   }
 
+  // A guest's mail box, as the phone page and the share page show it: an
+  // address, the organiser's consent text as the label of a box to tick
+  // (never ticked in advance), the marketing opt-in apart when the
+  // experience offers one, Send, and the session's mails with their
+  // masked address and status. `box`: an empty element it draws in;
+  // `who()`: {sessionId, token} or null. `show(view, offer)` draws a
+  // session view under the experience's `mail` offer: nothing at all
+  // (hidden and empty) without an offer or a completed, kept result. A
+  // mail still queued is followed (the session view, every 1.5 s) until
+  // it ends. A press is sent with one Idempotency-Key, kept while it got
+  // no answer: pressed again with the same address, the same key goes,
+  // so a lost answer never makes a second mail. The address stays in the
+  // field and the request body only: never in the URL, the storage or a
+  // log.
+  function mailBox(box, who) {
+    let offer = null;
+    let view = null;
+    let timer = null;
+    let gen = 0;
+    let sending = false;
+    let full = false;
+    // A press that got no answer: {key, text (its body), sessionId}.
+    let pending = null;
+    let ui = null;
+
+    const errorId = (field) => `mail-${field}-error`;
+
+    function build() {
+      const email = el("input", {
+        id: "mail-email",
+        type: "email",
+        autocomplete: "email",
+        inputmode: "email",
+        autocapitalize: "off",
+        spellcheck: "false",
+        maxlength: "254",
+        enterkeyhint: "send",
+        required: true,
+        placeholder: t("mail.placeholder"),
+        "aria-describedby": errorId("email"),
+      });
+      const consent = el("input", { id: "mail-consent", type: "checkbox", required: true, "aria-describedby": errorId("consent") });
+      const marketing = el("input", { id: "mail-marketing", type: "checkbox" });
+      const u = {
+        email,
+        consent,
+        marketing,
+        consentText: el("span", { id: "mail-consent-text", class: "consent-text" }),
+        marketingText: el("span", { id: "mail-marketing-text" }),
+        emailError: el("p", { id: errorId("email"), class: "error field-error", role: "alert", hidden: true }),
+        consentError: el("p", { id: errorId("consent"), class: "error field-error", role: "alert", hidden: true }),
+        send: el("button", { id: "mail-send", type: "submit", class: "btn btn-primary" }),
+        note: el("p", { id: "mail-note", class: "mail-note", role: "status", "aria-live": "polite", hidden: true }),
+        left: el("p", { id: "mail-left", class: "muted small mail-left", hidden: true }),
+        list: el("ul", { id: "mail-list", class: "mail-list", "aria-label": t("mail.list"), hidden: true }),
+      };
+      u.marketingField = el("label", { id: "mail-marketing-field", class: "check-field", hidden: true }, marketing, u.marketingText);
+      // No name on the field and no action: the address never goes
+      // anywhere but in the request's body.
+      u.form = el("form", { id: "mail-form", class: "mail-form", novalidate: true },
+        el("h3", { text: t("mail.title") }),
+        el("p", { class: "muted small", text: t("mail.help") }),
+        el("label", { class: "field", for: "mail-email" }, el("span", { text: t("mail.address") }), email),
+        u.emailError,
+        el("label", { id: "mail-consent-field", class: "check-field" }, consent, u.consentText),
+        u.consentError,
+        u.marketingField,
+        u.send,
+        u.note,
+        u.left);
+      u.form.addEventListener("submit", send);
+      email.addEventListener("input", () => fieldError("email", ""));
+      consent.addEventListener("change", () => {
+        if (consent.checked) fieldError("consent", "");
+      });
+      box.replaceChildren(u.form, u.list);
+      return u;
+    }
+
+    // The text of `texts` ({"en", "ko"} or a plain text) in the page's
+    // language, else English, else any.
+    function localized(texts) {
+      if (texts == null) return "";
+      if (typeof texts === "string") return texts;
+      if (typeof texts !== "object") return "";
+      return texts[current] || texts.en || Object.values(texts).find((x) => typeof x === "string" && x) || "";
+    }
+
+    function fieldError(field, text) {
+      if (!ui) return;
+      const n = field === "consent" ? ui.consentError : ui.emailError;
+      const input = field === "consent" ? ui.consent : ui.email;
+      n.textContent = text || "";
+      n.hidden = !text;
+      if (text) input.setAttribute("aria-invalid", "true");
+      else input.removeAttribute("aria-invalid");
+    }
+
+    function note(text, isError) {
+      if (!ui) return;
+      ui.note.textContent = text || "";
+      ui.note.hidden = !text;
+      ui.note.classList.toggle("error", Boolean(isError));
+    }
+
+    function refresh() {
+      if (!ui) return;
+      const locked = sending || full;
+      ui.email.disabled = locked;
+      ui.consent.disabled = locked;
+      ui.marketing.disabled = locked;
+      ui.send.disabled = locked;
+      const used = emailsOf(view).filter((m) => m.status !== "CANCELED").length;
+      ui.send.textContent = t(sending ? "mail.sending" : used && !full ? "mail.sendAnother" : "mail.send");
+    }
+
+    const emailsOf = (v) => (v && Array.isArray(v.emails) ? v.emails.filter((m) => m && typeof m === "object") : []);
+
+    function show(v, o) {
+      clearTimeout(timer);
+      timer = null;
+      const before = offer;
+      offer = o && typeof o === "object" ? o : null;
+      view = v || null;
+      const allowed = Boolean(offer && view && view.status === "COMPLETED" && view.erased !== true);
+      if (!allowed) {
+        hide();
+        return;
+      }
+      if (!ui) ui = build();
+      box.hidden = false;
+      // New texts: what was agreed to before is not agreed to these.
+      if (before && before.notice_version !== offer.notice_version) {
+        ui.consent.checked = false;
+        ui.marketing.checked = false;
+      }
+      ui.consentText.textContent = localized(offer.consent);
+      const marketing = offer.marketing == null ? "" : localized(offer.marketing);
+      ui.marketingField.hidden = !marketing;
+      ui.marketingText.textContent = marketing;
+      if (!marketing) ui.marketing.checked = false;
+
+      const emails = emailsOf(view);
+      ui.list.replaceChildren(...emails.map((m) => {
+        const status = String(m.status || "QUEUED");
+        return el("li", { class: `mail-item mail-${status.toLowerCase().replace(/[^a-z]/g, "")}`, dataset: { status, emailId: String(m.email_id || "") } },
+          el("span", { class: "mail-address", text: m.address || t("mail.addressGone") }),
+          el("span", { class: "mail-status", text: t(`mail.status.${status}`) }));
+      }));
+      ui.list.hidden = !emails.length;
+      const used = emails.filter((m) => m.status !== "CANCELED").length;
+      const perGuest = Number(offer.per_guest) || 0;
+      full = perGuest > 0 && used >= perGuest;
+      ui.left.hidden = !used;
+      ui.left.textContent = full ? t("mail.limitReached") : t("mail.left", { n: Math.max(0, perGuest - used) });
+      refresh();
+      if (emails.some((m) => m.status === "QUEUED" || m.status === "SENDING")) timer = setTimeout(follow, 1500);
+    }
+
+    // Nothing drawn: no offer, no result, or the result erased.
+    function hide() {
+      clearTimeout(timer);
+      timer = null;
+      gen += 1;
+      ui = null;
+      pending = null;
+      sending = false;
+      box.replaceChildren();
+      box.hidden = true;
+    }
+
+    async function follow() {
+      const w = who();
+      if (!w || !view || w.sessionId !== view.session_id) return;
+      const g = gen;
+      try {
+        const { data } = await api(`/api/sessions/${encodeURIComponent(w.sessionId)}`, { token: w.token });
+        if (g !== gen) return;
+        show(data, offer);
+      } catch (err) {
+        if (g !== gen) return;
+        if (err instanceof ApiError && [401, 404, 410].includes(err.status)) return;
+        timer = setTimeout(follow, 3000);
+      }
+    }
+
+    // The offer again (the consent text changed since the page read it).
+    async function reloadOffer() {
+      const slug = view && view.experience;
+      if (!slug) return null;
+      try {
+        const { data } = await api(`/api/experiences/${encodeURIComponent(slug)}`);
+        return data ? data.mail || null : null;
+      } catch (_) {
+        return undefined;
+      }
+    }
+
+    // Sent again with the same key: no answer, the same key still in
+    // progress, or the server briefly unable to answer.
+    function worthRetrying(err) {
+      if (err instanceof NetworkError) return true;
+      return err instanceof ApiError && (err.code === "request_in_progress" || (err.status >= 500 && err.code !== "mail_unavailable"));
+    }
+
+    async function send(ev) {
+      ev.preventDefault();
+      if (!ui || sending || full || !offer || !view) return;
+      const w = who();
+      if (!w) return;
+      fieldError("email", "");
+      fieldError("consent", "");
+      note("");
+      const address = ui.email.value.trim();
+      if (!address || !address.includes("@") || /[\r\n]/.test(address)) {
+        fieldError("email", t("mail.error.invalid_email"));
+        ui.email.focus();
+        return;
+      }
+      if (!ui.consent.checked) {
+        fieldError("consent", t("mail.error.consent_required"));
+        ui.consent.focus();
+        return;
+      }
+      const body = {
+        email: address,
+        consent: true,
+        marketing: !ui.marketingField.hidden && ui.marketing.checked,
+        notice_version: offer.notice_version,
+        locale: current,
+      };
+      const text = JSON.stringify(body);
+      if (!pending || pending.text !== text || pending.sessionId !== w.sessionId) {
+        pending = { key: uuid(), text, sessionId: w.sessionId };
+      }
+      const g = gen;
+      sending = true;
+      refresh();
+      try {
+        for (let attempt = 0; ; attempt++) {
+          try {
+            await api(`/api/sessions/${encodeURIComponent(w.sessionId)}/email`, {
+              method: "POST",
+              token: w.token,
+              key: pending.key,
+              body,
+            });
+            break;
+          } catch (err) {
+            if (!worthRetrying(err) || attempt >= 3) throw err;
+            await sleep(backoff(attempt, 4000));
+          }
+        }
+        if (g !== gen) return;
+        pending = null;
+        sending = false;
+        ui.email.value = "";
+        ui.consent.checked = false;
+        ui.marketing.checked = false;
+        note(t("mail.queued"), false);
+        refresh();
+        await follow();
+      } catch (err) {
+        if (g !== gen) return;
+        sending = false;
+        // Answered: the key is spent. No answer: it is kept for the next
+        // press (the same address and boxes send the same key).
+        if (!worthRetrying(err)) pending = null;
+        refresh();
+        await refused(err);
+      }
+    }
+
+    // The refusal in plain words, next to the field it names.
+    async function refused(err) {
+      if (!(err instanceof ApiError)) {
+        note(errorText(err), true);
+        return;
+      }
+      const field = err.body && err.body.field;
+      const key = `mail.error.${err.code}`;
+      let words = t(key) !== key ? t(key, { n: offer ? offer.per_guest : "" }) : errorText(err);
+      if (err.code === "conflict") {
+        const fresh = await reloadOffer();
+        if (fresh === null) {
+          hide();
+          return;
+        }
+        if (fresh && offer && fresh.notice_version !== offer.notice_version) {
+          show(view, fresh);
+          words = t("mail.error.noticeChanged");
+          fieldError("consent", words);
+          return;
+        }
+      }
+      if (field === "email" || field === "consent") {
+        fieldError(field, words);
+        (field === "consent" ? ui.consent : ui.email).focus();
+      } else {
+        note(words, true);
+      }
+      if (err.code === "mail_limit" || err.code === "gone") await follow();
+    }
+
+    return { show, hide, stop: () => { clearTimeout(timer); gen += 1; } };
+  }
+
   return {
     uuid,
     printBox,
+    mailBox,
     api,
     ApiError,
     NetworkError,

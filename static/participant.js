@@ -9,6 +9,9 @@
 // a box keeps one's result out of it ("in_gallery": false). A completed
 // result shows its link (/r/...) with a QR code for another phone, and a
 // button that erases the guest's photo and result (DELETE, with the token).
+// Under it, where the experience lets guests print or mail, Print
+// (SH.printBox) and the mail box (SH.mailBox: an address, the consent
+// box, the mails sent and their status).
 //
 // Safe against double taps, flaky networks and reloads: every POST carries an
 // Idempotency-Key made here and kept (in localStorage, per slug) with its
@@ -847,6 +850,7 @@
     $("result-stats").hidden = !stats.length;
     showShare(s);
     showPrints(s);
+    showMail(s);
     if (s.erased === true) showErased();
     show("view-result");
   }
@@ -864,6 +868,21 @@
       () => (st.session ? { sessionId: st.session.id, token: st.session.token } : null),
     );
     printing.show(s, experience ? experience.prints_per_guest : 0);
+  }
+
+  // ---- mail --------------------------------------------------------------------
+
+  // Mail: the address, the consent box (the experience's `mail` offer) and
+  // the session's mails, under Print (SH.mailBox, as on the share page);
+  // nothing without an offer or a completed, kept result.
+  let mailing = null;
+
+  function showMail(s) {
+    mailing = mailing || SH.mailBox(
+      $("mail-box"),
+      () => (st.session ? { sessionId: st.session.id, token: st.session.token } : null),
+    );
+    mailing.show(s, experience ? experience.mail : null);
   }
 
   // ---- the result link and erasing -------------------------------------------
@@ -896,6 +915,7 @@
     $("share-link").removeAttribute("href");
     $("share-link").textContent = "";
     $("share-qr").removeAttribute("src");
+    if (mailing) mailing.hide();
     $("erased").hidden = false;
   }
 
@@ -936,6 +956,7 @@
     st.prompt = "";
     st.score = null;
     persist();
+    if (mailing) mailing.hide();
     forgetPhoto();
     setError("");
     showForm();

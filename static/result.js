@@ -3,8 +3,9 @@
 // Share (the file itself where the phone can share files, else the link,
 // else the link copied), a QR code of the link for a friend's phone, and —
 // only on the device that made the session (its participant token is in
-// localStorage) — Print, while the experience lets guests print, and a
-// button that erases the guest's photo and result.
+// localStorage) — Print, while the experience lets guests print, the mail
+// box, while it lets them ask for mail (SH.mailBox), and a button that
+// erases the guest's photo and result.
 // A result that is gone (erased, or past the organiser's retention) reads
 // as deleted; the server answers the link itself with 410 then.
 "use strict";
@@ -104,19 +105,29 @@
     showPrints(token);
   }
 
-  // ---- printing --------------------------------------------------------------
+  // ---- printing and mail -----------------------------------------------------
 
-  // Print, on the device that made the session only (its token): the
-  // experience's prints_per_guest and the session's prints, as on the
-  // phone page (SH.printBox). Anyone else with the link sees no button.
+  // Print and mail, on the device that made the session only (its token):
+  // the experience's prints_per_guest and `mail` offer with the session's
+  // prints and mails, as on the phone page (SH.printBox, SH.mailBox).
+  // Anyone else with the link sees neither.
   let printing = null;
+  let mailing = null;
 
   async function showPrints(token) {
     $("print-box").hidden = true;
+    if (mailing) mailing.hide();
     if (!token || !result.experience) return;
     printing = printing || SH.printBox(
       { box: $("print-box"), button: $("print"), status: $("print-status") },
       () => ({ sessionId: result.session_id, token: ownerToken(result) }),
+    );
+    mailing = mailing || SH.mailBox(
+      $("mail-box"),
+      () => {
+        const owner = ownerToken(result);
+        return owner ? { sessionId: result.session_id, token: owner } : null;
+      },
     );
     try {
       const [experience, view] = await Promise.all([
@@ -124,8 +135,9 @@
         SH.api(`/api/sessions/${encodeURIComponent(result.session_id)}`, { token }),
       ]);
       printing.show(view.data, experience.data ? experience.data.prints_per_guest : 0);
+      mailing.show(view.data, experience.data ? experience.data.mail : null);
     } catch (_) {
-      /* no Print without the experience and the session: the rest works */
+      /* no Print or mail without the experience and the session: the rest works */
     }
   }
 
@@ -209,6 +221,7 @@
       }
       SH.owner.set(result.session_id, null);
       if (printing) printing.stop();
+      if (mailing) mailing.hide();
       $("result-content").replaceChildren();
       $("qr").removeAttribute("src");
       $("download").removeAttribute("href");

@@ -109,3 +109,35 @@ fn refused_by_the_policy(path: &str, html: &str) {
         rest = &rest[tag_end..];
     }
 }
+
+/// Every script and style sheet in `static/` is served (a page that
+/// imports a module the binary does not embed would load without it).
+async fn every_static_file_is_served(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("static");
+    let mut names: Vec<String> = std::fs::read_dir(&folder)
+        .expect("static/")
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".js") || name.ends_with(".css"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 10, "{names:?}");
+    for name in names {
+        let resp = app
+            .http
+            .get(format!("{}/static/{name}", app.base))
+            .send()
+            .await
+            .expect("GET static");
+        assert_eq!(resp.status(), 200, "/static/{name} is not served");
+        let served = resp.bytes().await.unwrap();
+        let on_disk = std::fs::read(folder.join(&name)).unwrap();
+        assert_eq!(
+            served.as_ref(),
+            on_disk.as_slice(),
+            "/static/{name} is not the file"
+        );
+    }
+    app.stop().await;
+}
+db_test!(every_static_file_is_served);

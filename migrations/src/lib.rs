@@ -38,6 +38,7 @@ mod m20261218_000028_lean_indexes;
 mod m20261219_000029_brand;
 mod m20261219_000030_prints;
 mod m20261220_000031_webhooks;
+mod m20261221_000032_mail;
 
 /// Every migration of the project, oldest first.
 pub struct Migrator;
@@ -75,6 +76,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261219_000029_brand::Migration),
             Box::new(m20261219_000030_prints::Migration),
             Box::new(m20261220_000031_webhooks::Migration),
+            Box::new(m20261221_000032_mail::Migration),
         ]
     }
 }

@@ -45,6 +45,7 @@ pub mod cluster;
 pub mod dispatcher;
 pub mod heartbeat;
 pub mod liveness;
+pub mod mail_sender;
 pub mod operator_hub;
 pub mod operator_socket;
 pub mod outbox_relay;

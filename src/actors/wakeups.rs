@@ -183,6 +183,10 @@ pub struct Wakeups {
     /// instance's print queue (the other instances' queues look every
     /// second on their own).
     pub prints: Doorbell,
+    /// A guest asked for mail, or an operator retried one, for this
+    /// instance's mail sender (the other instances' senders look every
+    /// second on their own).
+    pub mail: Doorbell,
     /// The other instances (PostgreSQL only).
     pub cluster: Option<ClusterMailbox>,
 }

@@ -37,10 +37,12 @@ pub enum AuditAction {
     WebhookRemove,
     WebhookEnable,
     WebhookRedeliver,
+    MailRetry,
+    MailTemplateEdit,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 25] = [
+    pub const ALL: [AuditAction; 27] = [
         AuditAction::ExperienceCreate,
         AuditAction::ExperienceUpdate,
         AuditAction::ExperienceExport,
@@ -66,6 +68,8 @@ impl AuditAction {
         AuditAction::WebhookRemove,
         AuditAction::WebhookEnable,
         AuditAction::WebhookRedeliver,
+        AuditAction::MailRetry,
+        AuditAction::MailTemplateEdit,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -95,6 +99,8 @@ impl AuditAction {
             AuditAction::WebhookRemove => "webhook.remove",
             AuditAction::WebhookEnable => "webhook.enable",
             AuditAction::WebhookRedeliver => "webhook.redeliver",
+            AuditAction::MailRetry => "mail.retry",
+            AuditAction::MailTemplateEdit => "mail.template",
         }
     }
 }

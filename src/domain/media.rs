@@ -358,6 +358,12 @@ impl ServerSecret {
         self.derive(b"stagehand webhook secret seal")
     }
 
+    /// The key of the digests that bound how often one mail address is
+    /// mailed ([`crate::domain::mail::address_key`]).
+    pub fn mail_address_key(&self) -> [u8; 32] {
+        self.derive(b"stagehand mail address key")
+    }
+
     /// What the database keeps to tell whether two instances have the
     /// same secret: it reveals nothing of the secret, nor of the signing
     /// key.

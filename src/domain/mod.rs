@@ -15,6 +15,8 @@ pub mod guests;
 pub mod keys;
 pub mod ledger;
 pub mod locale;
+pub mod mail;
+pub mod markup;
 pub mod media;
 pub mod policy;
 pub mod presence;

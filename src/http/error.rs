@@ -76,6 +76,23 @@ pub enum ApiError {
     /// already (0: guests cannot print).
     #[error("{}", print_limit_message(*.0))]
     PrintLimit(i32),
+    /// A mail address that is not one, or that carries a line break (the
+    /// message says which).
+    #[error("{0}")]
+    InvalidEmail(String),
+    /// A mail asked for without `"consent": true`.
+    #[error("consent must be true: a mail is sent only when the guest agrees to the text shown with the field")]
+    ConsentRequired,
+    /// The session asked for the experience's `mails_per_guest` mails
+    /// already (0: guests cannot ask for mail).
+    #[error("{}", mail_limit_message(*.0))]
+    MailLimit(i32),
+    /// One address was mailed its share in the last hour.
+    #[error("this address was sent {0} mails in the last hour; try again later")]
+    AddressLimit(u32),
+    /// No SMTP server is set up (`STAGEHAND_SMTP_URL`).
+    #[error("mail is not set up on this server (STAGEHAND_SMTP_URL and STAGEHAND_MAIL_FROM)")]
+    MailUnavailable,
     /// A photo's body arrived too slowly, or not whole in time.
     #[error("{0}")]
     UploadTooSlow(String),
@@ -136,6 +153,11 @@ impl ApiError {
             ApiError::PhotoNotTaken => "photo_not_taken",
             ApiError::PhotoLimit(_) => "photo_limit",
             ApiError::PrintLimit(_) => "print_limit",
+            ApiError::InvalidEmail(_) => "invalid_email",
+            ApiError::ConsentRequired => "consent_required",
+            ApiError::MailLimit(_) => "mail_limit",
+            ApiError::AddressLimit(_) => "address_limit",
+            ApiError::MailUnavailable => "mail_unavailable",
             ApiError::UploadTooSlow(_) => "upload_too_slow",
             ApiError::MediaUnavailable(_) => "media_unavailable",
             ApiError::Gone(_) => "gone",
@@ -160,6 +182,8 @@ impl ApiError {
                 | ApiError::PayloadTooLarge(_)
                 | ApiError::UnsupportedMediaType(_)
                 | ApiError::PhotoUnreadable(_)
+                | ApiError::InvalidEmail(_)
+                | ApiError::ConsentRequired
                 | ApiError::NotFound(_)
                 | ApiError::AlreadySubmitted
                 | ApiError::Unsupported(_)
@@ -178,6 +202,12 @@ impl ApiError {
             ApiError::Forbidden { needs, .. } => {
                 json!({"error": self.code(), "message": self.to_string(), "needs": needs.as_str()})
             }
+            ApiError::InvalidEmail(_) => {
+                json!({"error": self.code(), "message": self.to_string(), "field": "email"})
+            }
+            ApiError::ConsentRequired => {
+                json!({"error": self.code(), "message": self.to_string(), "field": "consent"})
+            }
             _ => json!({"error": self.code(), "message": self.to_string()}),
         }
     }
@@ -192,14 +222,17 @@ impl ResponseError for ApiError {
             ApiError::Validation(_)
             | ApiError::IdempotencyKeyReused
             | ApiError::Unsupported(_)
-            | ApiError::PhotoUnreadable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            | ApiError::PhotoUnreadable(_)
+            | ApiError::InvalidEmail(_)
+            | ApiError::ConsentRequired => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RequestInProgress
             | ApiError::AlreadySubmitted
             | ApiError::Conflict(_)
             | ApiError::PhotoNotTaken
             | ApiError::PhotoLimit(_)
-            | ApiError::PrintLimit(_) => StatusCode::CONFLICT,
+            | ApiError::PrintLimit(_)
+            | ApiError::MailLimit(_) => StatusCode::CONFLICT,
             ApiError::UploadTooSlow(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::BudgetExhausted => StatusCode::PAYMENT_REQUIRED,
             ApiError::Closing => StatusCode::CONFLICT,
@@ -214,11 +247,12 @@ impl ResponseError for ApiError {
             | ApiError::Busy
             | ApiError::PhotoPoolFull
             | ApiError::PinChecksFull
+            | ApiError::MailUnavailable
             | ApiError::MediaUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::RateLimited { .. } | ApiError::GalleryLocked { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ApiError::RateLimited { .. }
+            | ApiError::GalleryLocked { .. }
+            | ApiError::AddressLimit(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::UpgradeRequired(_) => StatusCode::UPGRADE_REQUIRED,
@@ -315,6 +349,13 @@ impl From<StoreError> for ApiError {
                 DbFailure::Duplicate | DbFailure::Other => ApiError::Internal(other.to_string()),
             },
         }
+    }
+}
+
+fn mail_limit_message(limit: i32) -> String {
+    match limit {
+        0 => "guests cannot ask for mail at this booth".to_owned(),
+        n => format!("this session has asked for its {n} mails already"),
     }
 }
 

@@ -11,6 +11,7 @@ pub mod export;
 pub mod gallery_pin;
 pub mod guests;
 pub mod idempotency;
+pub mod mails;
 pub mod media;
 pub mod metrics;
 pub mod openapi;
@@ -97,6 +98,17 @@ pub struct AppState {
     pub gallery_pins: std::sync::Arc<gallery_pin::GalleryPins>,
     /// Webhook endpoints: their URLs judged, their secrets sealed.
     pub hooks: Hooks,
+    /// Mail to guests; None when no SMTP server is set up.
+    pub mail: Option<MailDesk>,
+}
+
+/// What the mail routes need: the key of the address digests and the
+/// per-address bound.
+#[derive(Clone)]
+pub struct MailDesk {
+    pub address_key: std::sync::Arc<[u8; 32]>,
+    /// Mails to one address in an hour.
+    pub per_address: u32,
 }
 
 /// What the webhook routes need: the judge of endpoint URLs (the same
@@ -239,7 +251,8 @@ fn service_and_experience_routes(cfg: &mut web::ServiceConfig) {
     );
 }
 
-/// The event's outputs: the brand, print stations and prints, webhooks.
+/// The event's outputs: the brand, print stations and prints, webhooks,
+/// mail.
 fn output_routes(cfg: &mut web::ServiceConfig) {
     use auth::{admin_only, moderator_only, viewer_only};
     use body::json_only;
@@ -315,6 +328,35 @@ fn output_routes(cfg: &mut web::ServiceConfig) {
         .service(
             Endpoint::new("/api/admin/webhooks/{id}/deliveries/{delivery_id}/redeliver")
                 .post(web::to(webhooks::redeliver).wrap(from_fn(moderator_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/mails")
+                .get(web::to(mails::list_mails).wrap(from_fn(viewer_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/mails/retry")
+                .post(
+                    web::to(mails::retry_mails)
+                        .wrap(from_fn(json_only))
+                        .wrap(from_fn(moderator_only)),
+                )
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/mail/templates")
+                .get(web::to(mails::list_templates).wrap(from_fn(viewer_only)))
+                .build(),
+        )
+        .service(
+            Endpoint::new("/api/admin/mail/templates/{locale}")
+                .put(
+                    web::to(mails::put_template)
+                        .wrap(from_fn(json_only))
+                        .wrap(from_fn(admin_only)),
+                )
+                .delete(web::to(mails::reset_template).wrap(from_fn(admin_only)))
                 .build(),
         );
 }
@@ -459,6 +501,11 @@ fn participant_and_guest_routes(cfg: &mut web::ServiceConfig) {
     .service(
         Endpoint::new("/api/sessions/{id}/print")
             .post(web::to(prints::guest_print))
+            .build(),
+    )
+    .service(
+        Endpoint::new("/api/sessions/{id}/email")
+            .post(web::to(mails::guest_email).wrap(from_fn(json_only)))
             .build(),
     )
     .service(

@@ -27,8 +27,8 @@ use utoipa::{Modify, OpenApi, ToSchema};
 
 use super::schema::{ErrorBody, ErrorCode, PublicExperience};
 use super::{
-    admin, brand, export, guests, media, metrics, operators, pages, participants, prints, review,
-    service, settings, staff, submissions, terminals, webhooks,
+    admin, brand, export, guests, mails, media, metrics, operators, pages, participants, prints,
+    review, service, settings, staff, submissions, terminals, webhooks,
 };
 
 /// The API's description: errors, Idempotency-Key, limits, WebSockets.
@@ -82,6 +82,12 @@ pub const DESCRIPTION: &str = include_str!("openapi.md");
         webhooks::enable_webhook,
         webhooks::webhook_deliveries,
         webhooks::redeliver,
+        mails::guest_email,
+        mails::list_mails,
+        mails::retry_mails,
+        mails::list_templates,
+        mails::put_template,
+        mails::reset_template,
         participants::create_session,
         participants::ranking,
         participants::get_session,
@@ -350,6 +356,11 @@ mod tests {
             ApiError::PhotoNotTaken,
             ApiError::PhotoLimit(5),
             ApiError::PrintLimit(1),
+            ApiError::InvalidEmail(String::new()),
+            ApiError::ConsentRequired,
+            ApiError::MailLimit(3),
+            ApiError::AddressLimit(5),
+            ApiError::MailUnavailable,
             ApiError::UploadTooSlow(String::new()),
             ApiError::MediaUnavailable(String::new()),
             ApiError::Gone(""),
@@ -391,6 +402,11 @@ mod tests {
                 | ApiError::PhotoNotTaken
                 | ApiError::PhotoLimit(_)
                 | ApiError::PrintLimit(_)
+                | ApiError::InvalidEmail(_)
+                | ApiError::ConsentRequired
+                | ApiError::MailLimit(_)
+                | ApiError::AddressLimit(_)
+                | ApiError::MailUnavailable
                 | ApiError::UploadTooSlow(_)
                 | ApiError::MediaUnavailable(_)
                 | ApiError::Gone(_)

@@ -170,10 +170,30 @@ pub(super) struct ExperienceBody {
     /// Guests' prints wait for an operator's approval; default false.
     #[serde(default)]
     print_review: Option<bool>,
+    /// The addresses one guest may have their result mailed to, 0 to 10;
+    /// default 3; 0: guests cannot ask for mail.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 10)]
+    mails_per_guest: Option<i32>,
+    /// The mail carries the full file as an attachment (besides the
+    /// picture shown in it and the link); default false.
+    #[serde(default)]
+    mail_attach: Option<bool>,
+    /// The consent text shown with the mail field, in the organiser's
+    /// words: a text, or one per locale, each at most 2,000 characters;
+    /// null: the built-in one.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>, example = json!({"en": "Mail my picture to this address; it is deleted with my picture after 30 days.", "ko": "사진을 이 주소로 보내 주세요. 주소는 30일 뒤 사진과 함께 삭제됩니다."}))]
+    mail_consent: Option<serde_json::Value>,
+    /// A separate marketing opt-in under the mail field (never ticked in
+    /// advance): its text, or one per locale; null: none is offered.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>, example = json!({"en": "Send me news of the sponsor's events.", "ko": "후원사 행사 소식을 받겠습니다."}))]
+    mail_marketing: Option<serde_json::Value>,
 }
 
-/// The brand and print settings.
-fn output_settings(b: &ExperienceBody) -> Result<OutputSettings, ApiError> {
+/// The brand, print and mail settings.
+fn output_settings(b: &ExperienceBody, locale: Locale) -> Result<OutputSettings, ApiError> {
     let brand_fit = match b.brand_fit.as_deref() {
         Some(text) => text.parse::<BrandFit>().map_err(ApiError::Validation)?,
         None => BrandFit::default(),
@@ -190,12 +210,22 @@ fn output_settings(b: &ExperienceBody) -> Result<OutputSettings, ApiError> {
             "prints_per_guest must be 0 to 20 (0: guests cannot print)".into(),
         ));
     }
+    let mails_per_guest = b.mails_per_guest.unwrap_or(3);
+    if !(0..=10).contains(&mails_per_guest) {
+        return Err(ApiError::Validation(
+            "mails_per_guest must be 0 to 10 (0: guests cannot ask for mail)".into(),
+        ));
+    }
     Ok(OutputSettings {
         brand_fit,
         brand_caption: checked_caption(b.brand_caption.as_deref()).map_err(ApiError::Validation)?,
         brand_applies_to,
         prints_per_guest,
         print_review: b.print_review.unwrap_or(false),
+        mails_per_guest,
+        mail_attach: b.mail_attach.unwrap_or(false),
+        mail_consent: locale_texts("mail_consent", b.mail_consent.as_ref(), locale)?,
+        mail_marketing: locale_texts("mail_marketing", b.mail_marketing.as_ref(), locale)?,
     })
 }
 
@@ -252,7 +282,7 @@ pub(super) fn validate_experience(
         photo_max_px,
         max_photos_per_session,
     } = media_settings(&b)?;
-    let outputs = output_settings(&b)?;
+    let outputs = output_settings(&b, locale)?;
     Ok(NewExperience {
         guests,
         outputs,
@@ -531,23 +561,24 @@ fn guest_settings(b: &ExperienceBody, locale: Locale) -> Result<GuestSettings, A
         gallery_pin_hash: None,
         photo_retention_ms,
         retention_ms,
-        notice: notice_texts(b.notice.as_ref(), locale)?,
+        notice: locale_texts("notice", b.notice.as_ref(), locale)?,
         consent_required: b.consent_required.unwrap_or(false),
         share_qr_ms,
     })
 }
 
-/// The notice as stored: a JSON object of locale to text (a plain text
-/// is the experience's own locale's).
-fn notice_texts(
+/// Texts per locale as stored (the notice, the mail's consent and
+/// marketing texts): a JSON object of locale to text (a plain text is the
+/// experience's own locale's).
+fn locale_texts(
+    field: &str,
     notice: Option<&serde_json::Value>,
     locale: Locale,
 ) -> Result<Option<String>, ApiError> {
     let bad = || {
-        ApiError::Validation(
-            "notice must be a text or {\"en\": text, \"ko\": text}, each 1 to 2000 characters"
-                .into(),
-        )
+        ApiError::Validation(format!(
+            "{field} must be a text or {{\"en\": text, \"ko\": text}}, each 1 to 2000 characters"
+        ))
     };
     let texts = match notice {
         None | Some(serde_json::Value::Null) => return Ok(None),
@@ -569,8 +600,12 @@ fn notice_texts(
 
 /// The notice as the API shows it (an object of locale to text).
 fn notice_json(e: &experiences::Model) -> serde_json::Value {
-    e.notice
-        .as_deref()
+    texts_json(e.notice.as_deref())
+}
+
+/// Texts per locale as stored, as the API shows them (null: none).
+fn texts_json(stored: Option<&str>) -> serde_json::Value {
+    stored
         .and_then(|text| serde_json::from_str(text).ok())
         .unwrap_or(serde_json::Value::Null)
 }
@@ -612,6 +647,10 @@ pub(super) fn experience_json(e: &experiences::Model) -> serde_json::Value {
         "brand_logo": e.brand_logo_key.is_some(),
         "prints_per_guest": e.prints_per_guest,
         "print_review": e.print_review,
+        "mails_per_guest": e.mails_per_guest,
+        "mail_attach": e.mail_attach,
+        "mail_consent": texts_json(e.mail_consent.as_deref()),
+        "mail_marketing": texts_json(e.mail_marketing.as_deref()),
         "created_at": rfc3339(e.created_at_ms),
     })
 }
@@ -745,6 +784,7 @@ pub async fn get_experience(
         public_experience_json(&experience)
     };
     // The booth display shows a calm banner while the AI is paused.
+    body["mail"] = super::mails::mail_offer(&state, &experience);
     let breaker = state.store.breaker(&experience.provider).await?;
     body["ai_paused"] =
         json!(breaker.state(state.clock.now_ms()) != crate::domain::breaker::BreakerState::Closed);

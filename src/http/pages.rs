@@ -44,7 +44,7 @@ fn secured(mut answer: HttpResponseBuilder) -> HttpResponseBuilder {
 }
 
 /// Every embedded asset: its name under `/static/` or `/i18n/`, type, text.
-const ASSETS: [(&str, &str, &str); 12] = [
+const ASSETS: [(&str, &str, &str); 13] = [
     ("app.css", CSS, include_str!("../../static/app.css")),
     ("app.js", JS, include_str!("../../static/app.js")),
     ("index.js", JS, include_str!("../../static/index.js")),
@@ -65,6 +65,7 @@ const ASSETS: [(&str, &str, &str); 12] = [
         JS,
         include_str!("../../static/ops-webhooks.js"),
     ),
+    ("ops-mail.js", JS, include_str!("../../static/ops-mail.js")),
     ("result.js", JS, include_str!("../../static/result.js")),
     ("gallery.js", JS, include_str!("../../static/gallery.js")),
     ("en.json", JSON, include_str!("../../static/i18n/en.json")),

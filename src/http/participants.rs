@@ -311,21 +311,28 @@ pub async fn get_session(
     } else {
         message
     };
-    // Only a completed session has a picture to print: a phone polling
-    // while its saga runs costs no read of prints.
-    let prints: Vec<serde_json::Value> = if session.status == SessionStatus::Completed.as_str() {
-        state
-            .store
-            .prints_of_session(&session.id)
-            .await?
-            .iter()
-            .map(|p| crate::store::prints::print_json(p, locale))
-            .collect()
-    } else {
-        Vec::new()
-    };
+    // Only a completed session has a picture to print or mail: a phone
+    // polling while its saga runs costs no read of prints or mails.
+    let (prints, emails): (Vec<serde_json::Value>, Vec<serde_json::Value>) =
+        if session.status == SessionStatus::Completed.as_str() {
+            let prints = state.store.prints_of_session(&session.id).await?;
+            let emails = state.store.mails_of_session(&session.id).await?;
+            (
+                prints
+                    .iter()
+                    .map(|p| crate::store::prints::print_json(p, locale))
+                    .collect(),
+                emails
+                    .iter()
+                    .map(crate::store::mails::guest_mail_json)
+                    .collect(),
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
     Ok(HttpResponse::Ok().json(json!({
         "prints": prints,
+        "emails": emails,
         "session_id": session.id,
         "experience": experience.slug,
         "nickname": session.nickname,

@@ -56,6 +56,8 @@ pub struct RateLimits {
     /// Photo uploads per client address, asked by the upload before it
     /// reads a byte of its body ([`RateLimits::check_upload`]).
     uploads: Option<KeyedLimiter<IpAddr>>,
+    /// Mail requests per client address ([`RateLimits::check_mail`]).
+    mails: Option<KeyedLimiter<IpAddr>>,
     /// Requests to a PIN gallery, one bucket per client and gallery
     /// ([`GALLERY_PIN_LIMIT`]): a wrong guess costs as much as a right
     /// one, so once the bucket is empty every answer is 429, the right
@@ -88,6 +90,7 @@ impl RateLimits {
             sessions: KeyedLimiter::of(config.session_rate_limit, max_keys),
             submissions: KeyedLimiter::of(config.submission_rate_limit, max_keys),
             uploads: KeyedLimiter::of(config.upload_rate_limit, max_keys),
+            mails: KeyedLimiter::of(config.mail_rate_limit, max_keys),
             gallery_pins: KeyedLimiter::of(GALLERY_PIN_LIMIT, max_keys)
                 .expect("the gallery PIN limit is on"),
             client: ClientAddress {
@@ -102,6 +105,17 @@ impl RateLimits {
     /// wait that long.
     pub fn check_upload(&self, req: &HttpRequest) -> Result<(), u64> {
         match &self.uploads {
+            None => Ok(()),
+            Some(limiter) => limiter
+                .check_shared(&self.client.of(req), self.instances())
+                .map_err(retry_after_secs),
+        }
+    }
+
+    /// The mail request limit of the request's client. `Err(seconds)`:
+    /// wait that long.
+    pub fn check_mail(&self, req: &HttpRequest) -> Result<(), u64> {
+        match &self.mails {
             None => Ok(()),
             Some(limiter) => limiter
                 .check_shared(&self.client.of(req), self.instances())

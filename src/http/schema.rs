@@ -90,6 +90,11 @@ pub const ERROR_CODES: &[&str] = &[
     "photo_not_taken",
     "photo_limit",
     "print_limit",
+    "invalid_email",
+    "consent_required",
+    "mail_limit",
+    "address_limit",
+    "mail_unavailable",
     "upload_too_slow",
     "media_unavailable",
     "gone",
@@ -333,6 +338,19 @@ pub struct ExperiencePatch {
     prints_per_guest: Option<i32>,
     /// Guests' prints wait for an operator's approval.
     print_review: Option<bool>,
+    /// The addresses one guest may have their result mailed to, 0 to 10
+    /// (0: none).
+    #[schema(minimum = 0, maximum = 10)]
+    mails_per_guest: Option<i32>,
+    /// The mail carries the full file as an attachment.
+    mail_attach: Option<bool>,
+    /// The consent text shown with the mail field, per locale; null: the
+    /// built-in one.
+    #[schema(value_type = Option<Object>)]
+    mail_consent: Option<serde_json::Value>,
+    /// The marketing opt-in's text, per locale; null: none is offered.
+    #[schema(value_type = Option<Object>)]
+    mail_marketing: Option<serde_json::Value>,
 }
 
 /// An experience as operators see it (with the operator token).
@@ -415,8 +433,41 @@ pub struct Experience {
     prints_per_guest: i32,
     /// Guests' prints wait for an operator's approval.
     print_review: bool,
+    /// The addresses one guest may have their result mailed to (0: none).
+    mails_per_guest: i32,
+    /// The mail carries the full file as an attachment.
+    mail_attach: bool,
+    /// The consent text shown with the mail field, per locale; null: the
+    /// built-in one.
+    #[schema(value_type = Option<Object>, required = true)]
+    mail_consent: Option<serde_json::Value>,
+    /// The marketing opt-in's text, per locale; null: none is offered.
+    #[schema(value_type = Option<Object>, required = true)]
+    mail_marketing: Option<serde_json::Value>,
+    /// One experience only: what its pages offer of mail.
+    #[schema(value_type = Option<MailOffer>)]
+    mail: Option<serde_json::Value>,
     #[schema(format = DateTime)]
     created_at: String,
+}
+
+/// What a page offers of mail: null when this server has no SMTP server
+/// or the experience's guests cannot ask for mail.
+#[derive(ToSchema)]
+pub struct MailOffer {
+    /// The consent text shown with the field, per locale.
+    #[schema(value_type = Object)]
+    consent: serde_json::Value,
+    /// The marketing opt-in's text, per locale; null: none is offered.
+    #[schema(value_type = Option<Object>, required = true)]
+    marketing: Option<serde_json::Value>,
+    /// The version of both texts: the mail records it with the consent.
+    #[schema(example = "3f2a9c0d5e7b41a2")]
+    notice_version: String,
+    /// The addresses one guest may ask for.
+    per_guest: i32,
+    /// The full file is attached.
+    attach: bool,
 }
 
 /// A brand image's size, in pixels.
@@ -459,6 +510,10 @@ pub struct PublicExperience {
     display_share_qr: String,
     /// The prints a guest may ask for (0: guests cannot print).
     prints_per_guest: i32,
+    /// One experience only (`GET /api/experiences/{slug}`): what the
+    /// pages offer of mail; null: none.
+    #[schema(value_type = Option<MailOffer>)]
+    mail: Option<serde_json::Value>,
 }
 
 /// With the operator token, every field; without it, the public ones.
@@ -671,8 +726,23 @@ pub struct SessionView {
     erased: bool,
     /// Its prints, oldest first.
     prints: Vec<PrintView>,
+    /// Its mails, oldest first (a completed session's).
+    emails: Vec<MailView>,
     #[schema(format = DateTime)]
     updated_at: String,
+}
+
+/// A mail of a session's result, as its guest sees it.
+#[derive(ToSchema)]
+pub struct MailView {
+    #[schema(format = Uuid)]
+    email_id: String,
+    /// `QUEUED`, `SENT`, `FAILED` or `CANCELED`.
+    #[schema(example = "SENT")]
+    status: String,
+    /// The address, masked (`g…@example.com`); null once erased.
+    #[schema(required = true, example = "g…@example.com")]
+    address: Option<String>,
 }
 
 /// How far a fan-out saga's AI calls are.

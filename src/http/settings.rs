@@ -39,7 +39,7 @@ const FIXED: [(&str, &str); 4] = [
 
 /// What a patch may name (besides `credits_add`), each with the columns
 /// it writes.
-const SETTINGS: [(&str, &[experiences::Column]); 25] = {
+const SETTINGS: [(&str, &[experiences::Column]); 29] = {
     use experiences::Column as C;
     [
         ("title", &[C::Title]),
@@ -73,6 +73,10 @@ const SETTINGS: [(&str, &[experiences::Column]); 25] = {
         ("brand_applies_to", &[C::BrandAppliesTo]),
         ("prints_per_guest", &[C::PrintsPerGuest]),
         ("print_review", &[C::PrintReview]),
+        ("mails_per_guest", &[C::MailsPerGuest]),
+        ("mail_attach", &[C::MailAttach]),
+        ("mail_consent", &[C::MailConsent]),
+        ("mail_marketing", &[C::MailMarketing]),
     ]
 };
 
@@ -203,6 +207,10 @@ fn change_of(
         brand_version: sea_orm::ActiveValue::NotSet,
         prints_per_guest: sea_orm::Set(new.outputs.prints_per_guest),
         print_review: sea_orm::Set(new.outputs.print_review),
+        mails_per_guest: sea_orm::Set(new.outputs.mails_per_guest),
+        mail_attach: sea_orm::Set(new.outputs.mail_attach),
+        mail_consent: sea_orm::Set(new.outputs.mail_consent),
+        mail_marketing: sea_orm::Set(new.outputs.mail_marketing),
     };
     Ok(Change {
         columns: only_named(checked, patch),

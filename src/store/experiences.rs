@@ -68,11 +68,18 @@ pub struct OutputSettings {
     pub brand_applies_to: AppliesTo,
     pub prints_per_guest: i32,
     pub print_review: bool,
+    pub mails_per_guest: i32,
+    pub mail_attach: bool,
+    /// JSON of locale to text; None: the built-in consent text.
+    pub mail_consent: Option<String>,
+    /// JSON of locale to text; None: no marketing opt-in.
+    pub mail_marketing: Option<String>,
 }
 
 impl Default for OutputSettings {
     /// No caption, the overlay covering, on every surface; one print per
-    /// guest, no review.
+    /// guest, no review; three mails per guest, the file not attached,
+    /// the built-in consent text and no marketing opt-in.
     fn default() -> Self {
         OutputSettings {
             brand_fit: BrandFit::default(),
@@ -80,6 +87,10 @@ impl Default for OutputSettings {
             brand_applies_to: AppliesTo::default(),
             prints_per_guest: 1,
             print_review: false,
+            mails_per_guest: 3,
+            mail_attach: false,
+            mail_consent: None,
+            mail_marketing: None,
         }
     }
 }
@@ -172,6 +183,10 @@ impl Store {
             brand_logo_key: Set(None),
             prints_per_guest: Set(new.outputs.prints_per_guest),
             print_review: Set(new.outputs.print_review),
+            mails_per_guest: Set(new.outputs.mails_per_guest),
+            mail_attach: Set(new.outputs.mail_attach),
+            mail_consent: Set(new.outputs.mail_consent),
+            mail_marketing: Set(new.outputs.mail_marketing),
         }
         .insert(&*tx)
         .await

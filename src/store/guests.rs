@@ -374,6 +374,8 @@ impl Store {
             // Deliveries about the session, sent or not (an erasure's
             // `session.removed` is written after this).
             "DELETE FROM webhook_deliveries WHERE session_id = $1",
+            super::mails::FORGET_MAILS[0],
+            super::mails::FORGET_MAILS[1],
         ] {
             tx.execute_raw(self.sql(statement, vec![session_id.into()]))
                 .await?;
@@ -412,10 +414,28 @@ impl Store {
             super::audit::record(&*tx, &audit, now).await?;
         }
         tx.commit().await?;
+        self.wipe_log().await;
         // The ranking changed under the cache.
         self.invalidate_ranks(Some(std::slice::from_ref(&experience_id)))
             .await;
         Ok(Forget::Forgotten { displays })
+    }
+
+    /// SQLite: the write-ahead log copied into the file and cut to nothing,
+    /// so the data a forgetting overwrote is not left in the log's older
+    /// frames. A checkpoint that readers hold back is left for the next
+    /// one (SQLite's own, or the next forgetting's).
+    async fn wipe_log(&self) {
+        if self.backend() != sea_orm::DbBackend::Sqlite {
+            return;
+        }
+        if let Err(e) = self
+            .db()
+            .execute_unprepared("PRAGMA wal_checkpoint(TRUNCATE)")
+            .await
+        {
+            tracing::warn!(error = %e, "the write-ahead log was not cut after a forgetting");
+        }
     }
 
     /// Up to `limit` sessions whose retention ended by `now` and that are

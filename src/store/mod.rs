@@ -18,6 +18,7 @@ pub mod gallery_guards;
 pub mod guests;
 pub mod idempotency;
 pub mod ledger;
+pub mod mails;
 pub mod notify;
 pub mod operators;
 pub mod outbox;
@@ -344,9 +345,17 @@ impl Store {
         let mut opts = ConnectOptions::new(url.to_owned());
         if let Some(wait) = lock_wait {
             let ms = wait.as_millis().max(1).to_string();
-            opts.map_sqlx_postgres_opts(move |o| o.options([("lock_timeout", ms.as_str())]))
-                .map_sqlx_sqlite_opts(move |o| o.busy_timeout(wait));
+            opts.map_sqlx_postgres_opts(move |o| o.options([("lock_timeout", ms.as_str())]));
         }
+        // SQLite overwrites what it deletes (`secure_delete`): an erased
+        // guest's data is gone from the file, not only unlinked from it.
+        opts.map_sqlx_sqlite_opts(move |o| {
+            let o = o.pragma("secure_delete", "ON");
+            match lock_wait {
+                Some(wait) => o.busy_timeout(wait),
+                None => o,
+            }
+        });
         opts.max_connections(pool.max(2))
             .min_connections(1)
             .connect_timeout(Duration::from_secs(10))

@@ -3,8 +3,8 @@
 
 Starts the server binary on a free loopback port with a temporary SQLite
 database, the built-in AI simulator (2 s jobs; a prompt with "forbidden" is
-refused by moderation) and a known operator token, then drives the four
-pages the way people use them:
+refused by moderation), a known operator token and a real SMTP server for
+the guests' mail, then drives the pages the way people use them:
 
   participant  a phone (360 px) makes a submission, survives a reload, sees
                the result; a lost answer is retried with the same key; a
@@ -65,14 +65,27 @@ pages the way people use them:
                phone's Print button queues a print that waits with that
                reason, then prints once (one document in the printer's
                spool) when paper is loaded, and is spent after it
+  mail         (a real SMTP server: aiosmtpd, tests/support/smtp_server.py)
+               a completed result on the phone offers mail: the address, the
+               organiser's consent text on an unticked box (the marketing
+               opt-in apart); without the tick nothing is asked, with it one
+               mail with the result's link reaches the SMTP server and the
+               phone shows it Sent, the address masked and kept nowhere; a
+               header injection is refused 422 and sends nothing; the share
+               page offers it on the guest's own phone only (spent after
+               mails_per_guest), a friend's sees none; /ops's Mail section
+               shows a refused mail FAILED with the server's 550, "Retry
+               selected" sends it (hidden for a viewer), an admin edits the
+               mail's subject (the next mail carries it) and resets it; a
+               server without SMTP offers no mail and /ops says so
   screenshots  of every page, in target/screenshots/; and the two the README
                shows, docs/booth-display.png and docs/ops.png (1280x800),
                rewritten with STAGEHAND_DOCS_SCREENSHOTS=1 (a read-only docs/
                is said, not a failure)
 
 Only 127.0.0.1 is contacted (the server, and the simulator's result images
-on its own loopback port, the fake job API and the test printers); any other
-address is refused.
+on its own loopback port, the fake job API, the test printers and the SMTP
+server); any other address is refused.
 
 Usage: python3 tests/browser/test_pages.py [test-name ...]
 Environment: STAGEHAND_BINARY (default target/debug/stagehand),
@@ -81,12 +94,13 @@ serves static/ from the work tree instead of the binary's embedded copy (for
 editing the pages without rebuilding; the default tests what ships),
 STAGEHAND_DOCS_SHOTS (default docs/) where the README's screenshots go.
 Prints "browser: N passed, M failed" and exits non-zero when any failed.
-Without Chromium or Playwright's Python package it says what to install and
-exits 2.
+Without Chromium, Playwright's Python package or aiosmtpd it says what to
+install and exits 2.
 """
 
 import fcntl
 import http.client
+import importlib.util
 import http.server
 import json
 import mimetypes
@@ -2445,7 +2459,8 @@ def test_ops_roles_show_only_what_they_may(env):
                    "#retry-failed", "#review-approve-all"]:
         expect(viewer.locator(hidden)).to_be_hidden()
     buttons = viewer.evaluate(VISIBLE_BUTTONS)
-    assert set(buttons) <= {"saga-refresh", "guest-find", "sagas-more"}, f"a viewer sees write buttons: {buttons}"
+    assert set(buttons) <= {"saga-refresh", "guest-find", "sagas-more", "mail-refresh"}, \
+        f"a viewer sees write buttons: {buttons}"
     # The decision keys do nothing for a viewer.
     viewer.locator("#review-queue").click()
     viewer.keyboard.press("a")
@@ -2481,7 +2496,7 @@ def test_ops_roles_show_only_what_they_may(env):
     expect(guest.locator("button.action-hide")).to_be_visible()
     expect(guest.locator("button.action-erase")).to_have_count(0)
     buttons = mod.evaluate(VISIBLE_BUTTONS)
-    allowed = {"saga-refresh", "guest-find", "sagas-more", "review-approve-all"}
+    allowed = {"saga-refresh", "guest-find", "sagas-more", "review-approve-all", "mail-refresh", "mail-retry"}
     for b in buttons:
         assert b in allowed or re.search(r"\baction-(approve|reject|hide|unhide)\b", b), \
             f"a moderator sees a button beyond their role: {b} (all: {buttons})"
@@ -3286,6 +3301,459 @@ def test_ops_webhook_log(env):
         receiver.close()
 
 
+# ---- mail to the guest -----------------------------------------------------
+
+# What the mail tests need, as .ci/run installs it.
+SMTP_NEEDS = "the mail tests need aiosmtpd: python3 -m pip install -q \"aiosmtpd==1.4.6\""
+MAIL_FROM = "Booth <booth@stagehand.test>"
+MAIL_CONSENT = {
+    "en": "Mail my picture to this address. The address is used for this mail only and deleted with my result.",
+    "ko": "사진을 이 주소로 보내 주세요. 주소는 이 메일에만 쓰이며 결과와 함께 삭제됩니다.",
+}
+MAIL_MARKETING = {
+    "en": "Also send me news of the festival (you can unsubscribe at any time).",
+    "ko": "축제 소식도 받아 보겠습니다 (언제든지 수신을 거부할 수 있습니다).",
+}
+
+
+class SmtpServer:
+    """The tests' SMTP server (tests/support/smtp_server.py): aiosmtpd on
+    a loopback port, with a control port that sets how it answers
+    (accept, reject with 550, ...) and lists the mails it kept, parsed by
+    Python's own email package."""
+
+    def __init__(self):
+        script = ROOT / "tests" / "support" / "smtp_server.py"
+        self.errors = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                     stderr=self.errors, text=True, start_new_session=True)
+        ports = self.proc.stdout.readline().split()
+        if len(ports) != 2:
+            self.proc.kill()
+            self.proc.wait(5)
+            self.errors.seek(0)
+            raise RuntimeError(f"the SMTP server did not start: {self.errors.read()[-2000:]}")
+        smtp_port, control_port = (int(p) for p in ports)
+        self.url = f"smtp://127.0.0.1:{smtp_port}"
+        self.base = f"http://127.0.0.1:{control_port}"
+
+    def _post(self, path, body=None):
+        data = json.dumps(body).encode() if body is not None else b""
+        req = urllib.request.Request(f"{self.base}{path}", data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert r.status in (200, 204), r.status
+
+    def control(self, mode):
+        """How DATA is answered from now on: accept, reject (550), ..."""
+        self._post("/control", {"mode": mode})
+
+    def release(self):
+        self._post("/release")
+
+    def received(self, to=None):
+        """The mails kept, oldest first; with `to`, those to that address."""
+        with urllib.request.urlopen(f"{self.base}/received", timeout=5) as r:
+            got = json.loads(r.read())
+        return [m for m in got if to is None or to in (m.get("rcpt_tos") or [])]
+
+    def attempts(self):
+        with urllib.request.urlopen(f"{self.base}/attempts", timeout=5) as r:
+            return json.loads(r.read())
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.errors.close()
+
+
+def mail_booth(env, slug, title, **settings):
+    """A prompt booth (English) whose guests may ask for mail, with the
+    consent text of MAIL_CONSENT."""
+    return env.server.operator("POST", "/api/experiences", {
+        "slug": slug, "title": title, "kind": "image", "locale": "en", "mail_consent": MAIL_CONSENT, **settings})
+
+
+def guest_address(tag):
+    """A fresh address (the server bounds the mails to one address)."""
+    return f"{tag}-{uuid.uuid4().hex[:8]}@example.com"
+
+
+def masked(address):
+    local, domain = address.split("@")
+    return f"{local[0]}…@{domain}"
+
+
+def mail_posts(page):
+    """The page's mail requests, as they go: (url, headers, body)."""
+    posts = []
+    page.on("request", lambda r: posts.append((r.url, r.headers, r.post_data_json))
+            if r.method == "POST" and r.url.endswith("/email") else None)
+    return posts
+
+
+def ask_mail(env, session_id, token, address, offer, **extra):
+    """A guest's mail request through the API: (status, body)."""
+    body = {"email": address, "consent": True, "marketing": False,
+            "notice_version": offer["notice_version"], "locale": "en", **extra}
+    status, answer, _ = env.server.api("POST", f"/api/sessions/{session_id}/email", body, token=token,
+                                       key=str(uuid.uuid4()))
+    return status, answer
+
+
+def admin_mail(env, email_id):
+    mails = env.server.operator("GET", "/api/admin/mails")["mails"]
+    return next((m for m in mails if m["email_id"] == email_id), None)
+
+
+# Where a value may have been kept by the page: its address, its storage.
+PAGE_KEEPS = """() => [location.href, JSON.stringify(Object.assign({}, localStorage)),
+    JSON.stringify(Object.assign({}, sessionStorage))].join('\\n')"""
+
+
+def test_mail_on_the_phone(env):
+    """(acceptance) A guest's completed result on a 360 px phone offers
+    mail: the address field (type=email), the organiser's consent text as
+    the label of an unticked box, the marketing opt-in apart and unticked.
+    Sent without the tick, the page says consent is needed and nothing is
+    asked for; ticked, one request (an Idempotency-Key) and one mail at
+    the SMTP server with the result's link; the page shows it Sent, the
+    address masked, and keeps the address nowhere. A header injection is
+    refused (422, said next to the field) and nothing more is sent."""
+    mail_booth(env, "mailbooth", "Mail booth", mail_marketing=MAIL_MARKETING)
+    offer = env.server.ok("GET", "/api/experiences/mailbooth")["mail"]
+    assert offer and offer["per_guest"] == 3 and offer["consent"] == MAIL_CONSENT, offer
+    phone = env.phone()
+    posts = mail_posts(phone)
+    phone.goto("/p/mailbooth")
+    # Nothing of mail before there is a result.
+    expect(phone.locator("#view-form")).to_be_visible()
+    expect(phone.locator("#mail-email")).to_have_count(0)
+    participant_submit(phone, "mailer", "a postcard from the moon")
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    mine = phone_session(phone, "mailbooth")
+    session_id, token = mine["id"], mine["token"]
+
+    box = phone.locator("#mail-box")
+    expect(box).to_be_visible()
+    expect(box.locator("h3")).to_have_text(EN["mail.title"])
+    email = phone.locator("#mail-email")
+    for name, value in (("type", "email"), ("autocomplete", "email"), ("inputmode", "email")):
+        expect(email).to_have_attribute(name, value)
+    assert email.get_attribute("name") is None, "the address field has a name: a form could send it in a URL"
+    consent = phone.locator("#mail-consent")
+    expect(phone.locator("#mail-consent-text")).to_have_text(MAIL_CONSENT["en"])
+    expect(consent).not_to_be_checked()
+    assert consent.evaluate("c => c.required"), "the consent box is not required"
+    marketing = phone.locator("#mail-marketing")
+    expect(phone.locator("#mail-marketing-field")).to_be_visible()
+    expect(phone.locator("#mail-marketing-text")).to_have_text(MAIL_MARKETING["en"])
+    expect(marketing).not_to_be_checked()
+    expect(phone.locator("#mail-send")).to_have_text(EN["mail.send"])
+    expect(phone.locator("#mail-list")).to_be_hidden()
+    # Under the result, after Print's place.
+    order = phone.evaluate("""() => Boolean(document.querySelector('#result-content')
+        .compareDocumentPosition(document.querySelector('#mail-box')) & Node.DOCUMENT_POSITION_FOLLOWING)""")
+    assert order, "the mail box is not under the result"
+    box.scroll_into_view_if_needed()
+    assert_fits(phone, "the mail box at 360 px")
+    shot(phone, "phone-mail")
+
+    # Without the tick: the page says so by the box, and asks nothing.
+    address = guest_address("guest")
+    email.fill(address)
+    phone.click("#mail-send")
+    expect(phone.locator("#mail-consent-error")).to_have_text(EN["mail.error.consent_required"])
+    expect(phone.locator("#mail-consent-error")).to_be_visible()
+    phone.wait_for_timeout(500)
+    assert posts == [], f"a mail was asked for without consent: {posts}"
+    # The server holds the same line.
+    status, refused = ask_mail(env, session_id, token, guest_address("sneaky"), offer, consent=False)
+    assert status == 422 and refused.get("error") == "consent_required" and refused.get("field") == "consent", \
+        (status, refused)
+
+    # Ticked: one request, one mail with the result's link.
+    consent.check()
+    expect(phone.locator("#mail-consent-error")).to_be_hidden()
+    with phone.expect_response(lambda r: r.url.endswith(f"/api/sessions/{session_id}/email")
+                               and r.request.method == "POST") as asked:
+        phone.click("#mail-send")
+    assert asked.value.status == 202, f"{asked.value.status} {asked.value.text()}"
+    answer = asked.value.json()
+    assert answer.get("status") == "QUEUED" and answer.get("email_id"), answer
+    assert len(posts) == 1, posts
+    url, headers, body = posts[0]
+    assert re.fullmatch(r"[0-9a-f-]{36}", headers.get("idempotency-key") or ""), headers
+    assert body == {"email": address, "consent": True, "marketing": False,
+                    "notice_version": offer["notice_version"], "locale": "en"}, body
+    assert address not in url, url
+    expect(phone.locator("#mail-note")).to_have_text(EN["mail.queued"])
+    got = wait_for("the mail at the SMTP server", lambda: env.smtp.received(to=address), 30)
+    assert len(got) == 1, got
+    mail = got[0]
+    share_url = env.server.ok("GET", f"/api/sessions/{session_id}", token=token)["share_url"]
+    link = env.base + share_url
+    assert link in (mail["text"] or ""), f"the mail's text has no {link}: {mail['text']!r}"
+    assert mail["subject"] == EN["mail.subject"].replace("{event}", "Mail booth"), mail["subject"]
+    assert "Bcc" not in mail["header_names"], mail["header_names"]
+
+    item = phone.locator("#mail-list li.mail-item")
+    expect(item).to_have_count(1)
+    expect(item).to_have_attribute("data-status", "SENT", timeout=20 * SECOND)
+    expect(item.locator(".mail-status")).to_have_text(EN["mail.status.SENT"])
+    expect(item.locator(".mail-address")).to_have_text(masked(address))
+    expect(phone.locator("#mail-left")).to_have_text(EN["mail.left"].format(n=2))
+    expect(phone.locator("#mail-send")).to_have_text(EN["mail.sendAnother"])
+    expect(email).to_have_value("")
+    expect(consent).not_to_be_checked()
+    assert address not in phone.evaluate(PAGE_KEEPS), "the page kept the address"
+    assert address not in phone.locator("body").inner_text()
+    assert_fits(phone, "the sent mail at 360 px")
+    shot(phone, "phone-mail-sent", full_page=True)
+
+    # A header injection typed in: the field drops the line break, the
+    # server refuses what is left, and the page says so by the field.
+    phone.evaluate("v => { document.querySelector('#mail-email').value = v; }",
+                   "guest@example.com\r\nBcc: thief@example.com")
+    consent.check()
+    with phone.expect_response(lambda r: r.url.endswith(f"/api/sessions/{session_id}/email")
+                               and r.request.method == "POST") as asked:
+        phone.click("#mail-send")
+    assert asked.value.status == 422, f"{asked.value.status} {asked.value.text()}"
+    assert asked.value.json().get("error") == "invalid_email" and asked.value.json().get("field") == "email"
+    expect(phone.locator("#mail-email-error")).to_have_text(EN["mail.error.invalid_email"])
+    expect(email).to_have_attribute("aria-invalid", "true")
+    # The very bytes, CR LF and all, as a script on the page could send them.
+    raw = phone.evaluate("""async ([sid, token, key, email, version]) => {
+        const r = await fetch(`/api/sessions/${sid}/email`, {method: 'POST', headers: {
+            'Content-Type': 'application/json', 'Authorization': `Bearer ${token}`, 'Idempotency-Key': key},
+            body: JSON.stringify({email, consent: true, marketing: false, notice_version: version, locale: 'en'})});
+        return {status: r.status, body: await r.json()};
+    }""", [session_id, token, str(uuid.uuid4()), "guest@example.com\r\nBcc: thief@example.com", offer["notice_version"]])
+    assert raw["status"] == 422 and raw["body"].get("error") == "invalid_email" \
+        and raw["body"].get("field") == "email", raw
+    assert "\n" not in raw["body"].get("message", "") and "thief" not in raw["body"].get("message", ""), raw
+    time.sleep(2)
+    assert env.smtp.received(to="thief@example.com") == [], "the injected Bcc got a mail"
+    assert env.smtp.received(to="guest@example.com") == [], "the refused address got a mail"
+    assert len(env.smtp.received(to=address)) == 1, "the guest got a second mail"
+    emails = env.server.ok("GET", f"/api/sessions/{session_id}", token=token)["emails"]
+    assert [(e["status"], e["address"]) for e in emails] == [("SENT", masked(address))], emails
+
+
+def test_mail_on_the_share_page(env):
+    """(acceptance) The result's link page offers mail on the phone that
+    made the session only (as Print): sent from there, the mail arrives
+    and the page shows it Sent; with mails_per_guest 1 the box is then
+    spent (and the server says 409 mail_limit). A friend's phone with the
+    link sees no mail box at all."""
+    mail_booth(env, "mailshare", "Mail share", mails_per_guest=1)
+    phone = env.phone()
+    phone.goto("/p/mailshare")
+    participant_submit(phone, "sharemailer", "a lighthouse made of glass")
+    expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+    mine = phone_session(phone, "mailshare")
+    view = env.server.ok("GET", f"/api/sessions/{mine['id']}", token=mine["token"])
+    share_path = view["share_url"]
+
+    # The guest's own phone opens the link: the mail box, no opt-in.
+    phone.goto(share_path)
+    expect(phone.locator("#view-result")).to_be_visible()
+    box = phone.locator("#mail-box")
+    expect(box).to_be_visible(timeout=10 * SECOND)
+    expect(phone.locator("#mail-consent-text")).to_have_text(MAIL_CONSENT["en"])
+    expect(phone.locator("#mail-consent")).not_to_be_checked()
+    expect(phone.locator("#mail-marketing-field")).to_be_hidden()
+    box.scroll_into_view_if_needed()
+    assert_fits(phone, "the share page's mail box at 360 px")
+    shot(phone, "share-mail")
+    address = guest_address("sharer")
+    phone.fill("#mail-email", address)
+    phone.check("#mail-consent")
+    with phone.expect_response(lambda r: r.url.endswith(f"/api/sessions/{mine['id']}/email")
+                               and r.request.method == "POST") as asked:
+        phone.click("#mail-send")
+    assert asked.value.status == 202, f"{asked.value.status} {asked.value.text()}"
+    wait_for("the mail at the SMTP server", lambda: env.smtp.received(to=address), 30)
+    item = phone.locator("#mail-list li.mail-item")
+    expect(item).to_have_attribute("data-status", "SENT", timeout=20 * SECOND)
+    expect(item.locator(".mail-address")).to_have_text(masked(address))
+    # Its one mail is spent: the box says so and sends nothing more.
+    expect(phone.locator("#mail-send")).to_be_disabled()
+    expect(phone.locator("#mail-email")).to_be_disabled()
+    expect(phone.locator("#mail-left")).to_have_text(EN["mail.limitReached"])
+    offer = env.server.ok("GET", "/api/experiences/mailshare")["mail"]
+    status, refused = ask_mail(env, mine["id"], mine["token"], guest_address("more"), offer)
+    assert status == 409 and refused.get("error") == "mail_limit", (status, refused)
+    shot(phone, "share-mail-sent", full_page=True)
+
+    # A friend with the link: no mail box, nothing of it drawn.
+    friend = env.phone()
+    friend.goto(share_path)
+    expect(friend.locator("#view-result")).to_be_visible()
+    expect(friend.locator("#print-box")).to_be_hidden()
+    expect(friend.locator("#mail-box")).to_be_hidden()
+    friend.wait_for_timeout(1000)
+    expect(friend.locator("#mail-box")).to_be_hidden()
+    expect(friend.locator("#mail-box *")).to_have_count(0)
+    expect(friend.locator("#mail-email")).to_have_count(0)
+
+
+def test_ops_mail_log(env):
+    """(acceptance) A mail the SMTP server refuses (550) shows FAILED on
+    /ops's Mail section with the server's answer, the address masked;
+    ticked, "Retry selected" sends it again and it becomes SENT (the SMTP
+    server has it). A viewer reads the log without the boxes or the
+    button. An admin edits the English subject on /ops, the next mail
+    carries it, and Reset goes back to the built-in words."""
+    mail_booth(env, "mailops", "Mail ops")
+    session_id, token = env.server.submit_as("mailops", "bounced", "a kite over the sea")
+    wait_completed(env, session_id, token)
+    offer = env.server.ok("GET", "/api/experiences/mailops")["mail"]
+    address = guest_address("bounce")
+    try:
+        env.smtp.control("reject")
+        status, answer = ask_mail(env, session_id, token, address, offer)
+        assert status == 202, (status, answer)
+        email_id = answer["email_id"]
+        failed = wait_for("the mail to fail", lambda: (lambda m: m if m and m["status"] == "FAILED" else None)(
+            admin_mail(env, email_id)), 30)
+        assert "550" in (failed["last_error"] or ""), failed
+        assert address not in json.dumps(failed), failed
+        env.smtp.control("accept")
+
+        ops = ops_page(env)
+        section = ops.locator("#mail-section")
+        expect(section.locator("h2")).to_have_text(EN["ops.mail"])
+        expect(ops.locator("#mail-unavailable")).to_be_hidden()
+        row = section.locator(f"#mail-log tbody tr[data-email-id='{email_id}']")
+        expect(row).to_have_attribute("data-status", "FAILED", timeout=15 * SECOND)
+        expect(row.locator("td.mail-status")).to_have_text(EN["ops.mail.status.FAILED"])
+        expect(row.locator("td.last-error")).to_contain_text("550")
+        expect(row.locator("td.address")).to_have_text(masked(address))
+        expect(row.locator("td.experience")).to_have_text("mailops")
+        expect(section).not_to_contain_text(address)
+        # The status filter: only failed ones.
+        ops.select_option("#mail-status-filter", "FAILED")
+        expect(row).to_be_visible()
+        expect(section.locator("#mail-log tbody tr:not([data-status=FAILED])")).to_have_count(0)
+        section.scroll_into_view_if_needed()
+        assert_fits(ops, "the mail log")
+        shot(ops, "ops-mail-log", full_page=True)
+
+        retry = ops.locator("#mail-retry")
+        expect(retry).to_be_visible()
+        expect(retry).to_be_disabled()
+        row.locator("input.mail-select").check()
+        expect(retry).to_be_enabled()
+        ops.select_option("#mail-status-filter", "")
+        expect(row.locator("input.mail-select")).to_be_checked()
+        with ops.expect_response(lambda r: r.url.endswith("/api/admin/mails/retry")) as asked:
+            retry.click()
+        assert asked.value.status == 202, f"{asked.value.status} {asked.value.text()}"
+        assert asked.value.json().get("retried") == [email_id], asked.value.json()
+        expect(ops.locator("#mail-note")).to_have_text(EN["ops.mail.retried"].format(n=1))
+        expect(row).to_have_attribute("data-status", "SENT", timeout=30 * SECOND)
+        expect(row.locator("td.mail-status")).to_have_text(EN["ops.mail.status.SENT"])
+        got = wait_for("the retried mail at the SMTP server", lambda: env.smtp.received(to=address), 30)
+        assert len(got) == 1, got
+        expect(retry).to_be_disabled()
+
+        # A viewer reads the log, and cannot retry or edit the words.
+        viewer_op = new_operator(env, "Mia Mailviewer", "viewer")
+        refused = []
+        viewer = ops_sign_in(env, viewer_op["token"], refused)
+        vrow = viewer.locator(f"#mail-log tbody tr[data-email-id='{email_id}']")
+        expect(vrow).to_have_attribute("data-status", "SENT", timeout=15 * SECOND)
+        expect(viewer.locator("#mail-retry")).to_be_hidden()
+        expect(viewer.locator("#mail-log input")).to_have_count(0)
+        expect(viewer.locator("#mail-templates-box")).to_be_hidden()
+        expect(viewer.locator("#mail-templates form")).to_have_count(0)
+        assert not refused, f"the viewer's page asked for what a viewer may not do: {refused}"
+
+        # The English subject, edited on /ops: the next mail carries it.
+        tpl = ops.locator("#mail-templates form.mail-template[data-locale=en]")
+        expect(tpl).to_be_visible()
+        subject = tpl.locator("input[name=subject]")
+        body = tpl.locator("textarea[name=body]")
+        expect(subject).to_have_value(EN["mail.subject"])
+        expect(body).to_have_value(EN["mail.body"])
+        built_in_body = body.input_value()
+        # A body without the link is refused (the page says why).
+        body.fill("No link here, {event}.")
+        tpl.locator("button.template-save").click()
+        expect(tpl.locator(".template-error")).to_have_text(EN["ops.mail.needsLink"])
+        body.fill(built_in_body)
+        subject.fill("Your {event} keepsake")
+        with ops.expect_response(lambda r: r.url.endswith("/api/admin/mail/templates/en")
+                                 and r.request.method == "PUT") as saved:
+            tpl.locator("button.template-save").click()
+        assert saved.value.status == 200, f"{saved.value.status} {saved.value.text()}"
+        expect(tpl.locator(".template-status")).to_have_text(EN["ops.mail.saved"])
+        expect(tpl.locator(".template-state")).not_to_have_text(EN["ops.mail.builtIn"])
+        templates = env.server.operator("GET", "/api/admin/mail/templates")["templates"]
+        en = next(t for t in templates if t["locale"] == "en")
+        assert en["subject"] == "Your {event} keepsake" and en["custom"] is True, en
+        second = guest_address("keepsake")
+        status, answer = ask_mail(env, session_id, token, second, offer)
+        assert status == 202, (status, answer)
+        got = wait_for("the mail with the new subject", lambda: env.smtp.received(to=second), 30)
+        assert got[0]["subject"] == "Your Mail ops keepsake", got[0]["subject"]
+        assert env.base + "/r/" in (got[0]["text"] or ""), got[0]["text"]
+        tpl.scroll_into_view_if_needed()
+        shot(ops, "ops-mail-templates")
+
+        # Reset: the built-in words again (after a confirm).
+        dialogs = []
+
+        def confirm(d):
+            dialogs.append(d.message)
+            d.accept()
+        ops.once("dialog", confirm)
+        with ops.expect_response(lambda r: r.url.endswith("/api/admin/mail/templates/en")
+                                 and r.request.method == "DELETE") as reset:
+            tpl.locator("button.template-reset").click()
+        assert reset.value.status == 200, f"{reset.value.status} {reset.value.text()}"
+        assert dialogs, "Reset asked nothing"
+        expect(subject).to_have_value(EN["mail.subject"])
+        expect(tpl.locator(".template-state")).to_have_text(EN["ops.mail.builtIn"])
+        expect(tpl.locator("button.template-reset")).to_be_disabled()
+        templates = env.server.operator("GET", "/api/admin/mail/templates")["templates"]
+        en = next(t for t in templates if t["locale"] == "en")
+        assert en["subject"] == EN["mail.subject"] and en["custom"] is False, en
+    finally:
+        env.smtp.control("accept")
+        env.server.api("DELETE", "/api/admin/mail/templates/en", token=OPERATOR_TOKEN)
+
+
+def test_mail_not_offered_without_smtp(env):
+    """A server without an SMTP server offers no mail: the experience says
+    "mail": null, the phone's result shows no mail box, and /ops's Mail
+    section says mail is not set up."""
+    server = Server()
+    try:
+        server.operator("POST", "/api/experiences", {
+            "slug": "nomail", "title": "No mail", "kind": "image", "locale": "en"})
+        assert server.ok("GET", "/api/experiences/nomail")["mail"] is None
+        phone = env.page_of(server, **PHONE)
+        phone.goto("/p/nomail")
+        participant_submit(phone, "nomailer", "a snowman in the desert")
+        expect(phone.locator("#view-result")).to_be_visible(timeout=RESULT_WAIT)
+        expect(phone.locator("#mail-box")).to_be_hidden()
+        expect(phone.locator("#mail-box *")).to_have_count(0)
+        ops = env.page_of(server, **SCREEN)
+        ops.goto("/ops")
+        ops.fill("#token", OPERATOR_TOKEN)
+        ops.click("#sign-in")
+        expect(ops.locator("#dashboard")).to_be_visible()
+        expect(ops.locator("#mail-unavailable")).to_be_visible(timeout=10 * SECOND)
+        expect(ops.locator("#mail-unavailable")).to_have_text(EN["ops.mail.unavailable"])
+        expect(ops.locator("#mail-empty")).to_be_visible()
+    finally:
+        server.stop()
+
+
 def test_no_page_errors(env):
     """No page threw an uncaught JavaScript error in any of the tests."""
     assert not env.console_errors, "\n".join(env.console_errors)
@@ -3331,6 +3799,10 @@ TESTS = [
     test_phone_print_button_and_printing_state,
     test_share_page_prints_on_the_guests_own_device,
     test_ops_webhook_log,
+    test_mail_on_the_phone,
+    test_mail_on_the_share_page,
+    test_ops_mail_log,
+    test_mail_not_offered_without_smtp,
     test_no_page_errors,
 ]
 
@@ -3344,16 +3816,27 @@ def main(argv):
     if not os.access(CHROMIUM, os.X_OK):
         print(f"no Chromium at {CHROMIUM}: {NEEDS}", file=sys.stderr)
         return 2
+    if importlib.util.find_spec("aiosmtpd") is None:
+        print(f"no aiosmtpd: {SMTP_NEEDS}", file=sys.stderr)
+        return 2
     SHOTS.mkdir(parents=True, exist_ok=True)
     for old in SHOTS.glob("*.png"):  # what is there is from this run
         old.unlink()
     passed, failed = 0, []
-    # Webhook endpoints on loopback (the tests' receiver) are allowed.
-    server = Server("--ai-timeout", "7m", "--webhook-allow-private", "true")
+    # A real SMTP server for the guests' mail, shared by every test.
+    smtp = SmtpServer()
+    try:
+        # Webhook endpoints on loopback (the tests' receiver) are allowed.
+        server = Server("--ai-timeout", "7m", "--webhook-allow-private", "true",
+                        "--smtp-url", smtp.url, "--mail-from", MAIL_FROM)
+    except Exception:
+        smtp.close()
+        raise
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             env = Env(server, browser)
+            env.smtp = smtp
             env.fixtures = {}
             try:
                 server.experience("comics", "Comic booth", kind="comic", locale="en")
@@ -3399,6 +3882,7 @@ def main(argv):
             print(f"---- the server logged {len(errors)} ERROR line(s) ----")
             print("\n".join(errors[:10]))
         server.stop()
+        smtp.close()
     print(f"screenshots: {SHOTS}")
     print(f"browser: {passed} passed, {len(failed)} failed")
     if failed:

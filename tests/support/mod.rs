@@ -7,6 +7,7 @@
 
 pub mod multipart;
 pub mod printer;
+pub mod smtp;
 pub mod webhooks;
 
 use std::fs::File;

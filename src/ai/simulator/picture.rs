@@ -10,6 +10,7 @@
 //! data, escaped ([`xml_text`]), and characters XML cannot hold at all are
 //! dropped, so no prompt can break the document or add markup to it.
 
+use crate::domain::markup::xml_text;
 use std::fmt::Write as _;
 
 /// The picture's size (its viewBox; the pages scale it).
@@ -392,26 +393,6 @@ fn wrap(words: &[String], room: usize, max_lines: usize) -> Vec<String> {
         }
     }
     lines
-}
-
-/// `text` as XML character data: `& < > " '` escaped, and characters XML 1.0
-/// cannot hold (controls, U+FFFE, U+FFFF) dropped, so that nothing in it is
-/// markup and the document stays well-formed.
-pub fn xml_text(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            '\t' | '\n' | '\r' => out.push(' '),
-            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => {}
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// Deterministic dice: splitmix64 seeded with FNV-1a of the parts (std's

@@ -78,6 +78,17 @@ pub struct Model {
     pub prints_per_guest: i32,
     /// Guests' prints wait for an operator's approval.
     pub print_review: bool,
+    /// The addresses one guest may have their result mailed to (0: guests
+    /// cannot ask for mail).
+    pub mails_per_guest: i32,
+    /// The mail carries the full file as an attachment.
+    pub mail_attach: bool,
+    /// The consent text shown with the mail field (JSON: locale to text);
+    /// None: the built-in one.
+    pub mail_consent: Option<String>,
+    /// The marketing opt-in's text (JSON: locale to text); None: no
+    /// opt-in is offered.
+    pub mail_marketing: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -5,6 +5,8 @@
 pub mod ai_calls;
 pub mod experiences;
 pub mod idempotency_records;
+pub mod mail_templates;
+pub mod mails;
 pub mod photos;
 pub mod printers;
 pub mod prints;
