@@ -104,17 +104,7 @@ async fn a_guest_gets_the_mail_in_their_language(backend: Backend) {
     let smtp = SmtpServer::start();
     let receiver = support::webhooks::WebhookReceiver::start();
     let app = TestApp::spawn_with(backend, support::fast_sim(), mail_to(&smtp)).await;
-    let resp = app
-        .http
-        .post(format!("{}/api/admin/webhooks", app.base))
-        .bearer_auth(OPERATOR)
-        .json(&json!({"url": receiver.url, "events": ["email.sent"]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
-    let hook: Value = resp.json().await.unwrap();
-    receiver.set_secret(hook["secret"].as_str().unwrap()).await;
+    hook_for(&app, &receiver, &["email.sent"]).await;
     let slug = experience(
         &app,
         json!({"locale": "ko", "mail_attach": true, "input": "photo",
@@ -439,10 +429,27 @@ async fn a_451_is_retried_and_delivered_once(backend: Backend) {
 }
 db_test!(a_451_is_retried_and_delivered_once);
 
+/// Adds an endpoint for `events` on `receiver` (asserted 201).
+async fn hook_for(app: &TestApp, receiver: &support::webhooks::WebhookReceiver, events: &[&str]) {
+    let resp = app
+        .http
+        .post(format!("{}/api/admin/webhooks", app.base))
+        .bearer_auth(OPERATOR)
+        .json(&json!({"url": receiver.url, "events": events}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let hook: Value = resp.json().await.unwrap();
+    receiver.set_secret(hook["secret"].as_str().unwrap()).await;
+}
+
 async fn a_550_fails_with_its_reason_and_retry_sends_it(backend: Backend) {
     let smtp = SmtpServer::start();
     smtp.mode("reject").await;
+    let receiver = support::webhooks::WebhookReceiver::start();
     let app = TestApp::spawn_with(backend, support::fast_sim(), mail_to(&smtp)).await;
+    hook_for(&app, &receiver, &["email.failed"]).await;
     let slug = experience(&app, json!({})).await;
     let (sid, token) = completed(&app, &slug).await;
     let (status, body) = ask(
@@ -468,6 +475,26 @@ async fn a_550_fails_with_its_reason_and_retry_sends_it(backend: Backend) {
         "{only_failed}"
     );
     assert_eq!(smtp.attempts().await.len(), 1, "a 5xx is not tried again");
+    let hooks = support::wait_for(WITHIN, || async {
+        let got = receiver.received().await;
+        (!got.is_empty()).then_some(got)
+    })
+    .await
+    .expect("email.failed was delivered");
+    let event = &hooks[0];
+    assert_eq!(event["verified"], true, "{event}");
+    assert_eq!(event["body"]["type"], "email.failed", "{event}");
+    assert!(
+        event["body"]["data"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("550"),
+        "{event}"
+    );
+    assert!(
+        !event.to_string().contains("nobody@"),
+        "no address in a webhook: {event}"
+    );
 
     smtp.mode("accept").await;
     let resp = app

@@ -202,6 +202,7 @@ pub async fn run(s: &Scenario) -> ScenarioResult {
         let database_url = match s.backend {
             Backend::Sqlite => {
                 let db_dir = s.dir.join(format!("db-{}", s.file_stem()));
+                fresh_dir(&db_dir)?;
                 std::fs::create_dir_all(&db_dir)
                     .map_err(|e| format!("create {}: {e}", db_dir.display()))?;
                 format!("sqlite://{}/bench.db?mode=rwc", db_dir.display())
@@ -1258,6 +1259,18 @@ fn strip_ansi(line: &str) -> String {
     out
 }
 
+/// Removes what an earlier run left in `dir`: each run starts on an empty
+/// SQLite file (a side-by-side sitting runs one scenario several times in
+/// one folder; a file that grew with every run, or that a newer build
+/// migrated past what an older one knows, would measure the file).
+fn fresh_dir(dir: &Path) -> Result<(), String> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("empty {}: {e}", dir.display())),
+    }
+}
+
 /// A server of its own on a fresh SQLite file under `dir` (`db-<name>`),
 /// with the instant simulator, its logs named after `name`, and a client
 /// of `pool` connections.
@@ -1270,6 +1283,7 @@ pub(crate) async fn sqlite_stack(
 ) -> Result<Stack, String> {
     let logs = crate::logs_dir(dir);
     let db_dir = dir.join(format!("db-{name}"));
+    fresh_dir(&db_dir)?;
     std::fs::create_dir_all(&db_dir).map_err(|e| format!("create {}: {e}", db_dir.display()))?;
     let database_url = format!("sqlite://{}/bench.db?mode=rwc", db_dir.display());
     start_stack(

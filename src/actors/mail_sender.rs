@@ -321,3 +321,17 @@ async fn read_part(
         filename: format!("{stem}.{ext}"),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_that_quotes_the_address_is_kept_with_it_masked() {
+        let answer = "permanent error (550): 5.1.1 <guest@example.com>: Recipient address rejected";
+        let kept = hide(answer, "guest@example.com");
+        assert!(!kept.contains("guest@example.com"), "{kept}");
+        assert!(kept.contains("g…@example.com"), "{kept}");
+        assert_eq!(hide("451 try later", ""), "451 try later");
+    }
+}
