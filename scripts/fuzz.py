@@ -246,7 +246,7 @@ values = {toml_list([OPERATOR])}
 values = {toml_list([seeded["terminal_token"]])}
 
 [dictionaries.assets]
-values = {toml_list(["app.css", "app.js", "participant.js", "terminal.js", "ops.js"])}
+values = {toml_list(["app.css", "app.js", "participant.js", "terminal.js", "ops-main.js"])}
 
 [dictionaries.languages]
 values = {toml_list(["en.json", "ko.json"])}

@@ -428,7 +428,7 @@ async fn the_pages_are_served(backend: Backend) {
         ("/".to_owned(), "text/html", "<html"),
         (format!("/p/{slug}"), "text/html", "participant.js"),
         ("/terminal/some-id".to_owned(), "text/html", "terminal.js"),
-        ("/ops".to_owned(), "text/html", "ops.js"),
+        ("/ops".to_owned(), "text/html", "ops-main.js"),
         ("/static/app.js".to_owned(), "text/javascript", "function"),
         ("/static/app.css".to_owned(), "text/css", "{"),
         ("/i18n/ko.json".to_owned(), "application/json", "{"),

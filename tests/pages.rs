@@ -20,7 +20,7 @@ const PATHS: &[&str] = &[
     "/static/index.js",
     "/static/participant.js",
     "/static/terminal.js",
-    "/static/ops.js",
+    "/static/ops-main.js",
     "/i18n/en.json",
     "/i18n/ko.json",
 ];

@@ -44,7 +44,7 @@ fn secured(mut answer: HttpResponseBuilder) -> HttpResponseBuilder {
 }
 
 /// Every embedded asset: its name under `/static/` or `/i18n/`, type, text.
-const ASSETS: [(&str, &str, &str); 13] = [
+const ASSETS: [(&str, &str, &str); 27] = [
     ("app.css", CSS, include_str!("../../static/app.css")),
     ("app.js", JS, include_str!("../../static/app.js")),
     ("index.js", JS, include_str!("../../static/index.js")),
@@ -54,7 +54,38 @@ const ASSETS: [(&str, &str, &str); 13] = [
         include_str!("../../static/participant.js"),
     ),
     ("terminal.js", JS, include_str!("../../static/terminal.js")),
-    ("ops.js", JS, include_str!("../../static/ops.js")),
+    ("ops-main.js", JS, include_str!("../../static/ops-main.js")),
+    (
+        "ops-state.js",
+        JS,
+        include_str!("../../static/ops-state.js"),
+    ),
+    ("ops-api.js", JS, include_str!("../../static/ops-api.js")),
+    (
+        "ops-roles.js",
+        JS,
+        include_str!("../../static/ops-roles.js"),
+    ),
+    (
+        "ops-socket.js",
+        JS,
+        include_str!("../../static/ops-socket.js"),
+    ),
+    (
+        "ops-figures.js",
+        JS,
+        include_str!("../../static/ops-figures.js"),
+    ),
+    (
+        "ops-review.js",
+        JS,
+        include_str!("../../static/ops-review.js"),
+    ),
+    (
+        "ops-providers.js",
+        JS,
+        include_str!("../../static/ops-providers.js"),
+    ),
     (
         "ops-print.js",
         JS,
@@ -66,6 +97,41 @@ const ASSETS: [(&str, &str, &str); 13] = [
         include_str!("../../static/ops-webhooks.js"),
     ),
     ("ops-mail.js", JS, include_str!("../../static/ops-mail.js")),
+    (
+        "ops-terminals.js",
+        JS,
+        include_str!("../../static/ops-terminals.js"),
+    ),
+    (
+        "ops-sagas.js",
+        JS,
+        include_str!("../../static/ops-sagas.js"),
+    ),
+    (
+        "ops-guests.js",
+        JS,
+        include_str!("../../static/ops-guests.js"),
+    ),
+    (
+        "ops-experiences.js",
+        JS,
+        include_str!("../../static/ops-experiences.js"),
+    ),
+    (
+        "ops-settings.js",
+        JS,
+        include_str!("../../static/ops-settings.js"),
+    ),
+    (
+        "ops-operators.js",
+        JS,
+        include_str!("../../static/ops-operators.js"),
+    ),
+    (
+        "ops-audit.js",
+        JS,
+        include_str!("../../static/ops-audit.js"),
+    ),
     ("result.js", JS, include_str!("../../static/result.js")),
     ("gallery.js", JS, include_str!("../../static/gallery.js")),
     ("en.json", JSON, include_str!("../../static/i18n/en.json")),
@@ -188,7 +254,7 @@ fn asset(name: &str, dir_is_i18n: bool) -> Result<HttpResponse, ApiError> {
     path = "/static/{name}",
     tag = "pages",
     summary = "A script or the style sheet of the pages.",
-    params(("name" = String, Path, description = "`app.css`, `app.js`, `index.js`, `participant.js`, `terminal.js` or `ops.js`.")),
+    params(("name" = String, Path, description = "`app.css`, `app.js`, `index.js`, `participant.js`, `terminal.js`, `result.js`, `gallery.js`, or one of the /ops modules (`ops-main.js`, `ops-api.js`, …).")),
     responses(
         (status = 200, description = "The file.", content(("text/css"), ("text/javascript"))),
         (status = 404, description = "`not_found`: no such file.", body = super::schema::ErrorBody),
