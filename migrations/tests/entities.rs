@@ -17,8 +17,9 @@ mod entities;
 
 use common::{err, on_postgres, on_sqlite, TestResult};
 use entities::{
-    experiences, idempotency_records, photos, printers, prints, results, sagas, score_attempts,
-    sessions, terminal_events, terminal_presence, terminals,
+    experiences, idempotency_records, mail_templates, mails, photos, printers, prints, results,
+    sagas, score_attempts, sessions, terminal_events, terminal_presence, terminals,
+    webhook_deliveries, webhooks,
 };
 use migration::{Migrator, MigratorTrait};
 use sea_orm::entity::prelude::*;
@@ -105,6 +106,10 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
     same_column_count::<photos::Entity>(db).await?;
     same_column_count::<printers::Entity>(db).await?;
     same_column_count::<prints::Entity>(db).await?;
+    same_column_count::<webhooks::Entity>(db).await?;
+    same_column_count::<webhook_deliveries::Entity>(db).await?;
+    same_column_count::<mails::Entity>(db).await?;
+    same_column_count::<mail_templates::Entity>(db).await?;
 
     // experiences
     let (exp_full, exp_min) = (uuid(1), uuid(2));
@@ -148,6 +153,10 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             brand_version: 7_000_000_000,
             prints_per_guest: 3,
             print_review: true,
+            mails_per_guest: 10,
+            mail_attach: true,
+            mail_consent: Some(r#"{"ko":"결과를 보내 주세요."}"#.into()),
+            mail_marketing: Some(r#"{"en":"News, please."}"#.into()),
         },
         exp_full.clone()
     );
@@ -191,6 +200,10 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             brand_version: 0,
             prints_per_guest: 1,
             print_review: false,
+            mails_per_guest: 3,
+            mail_attach: false,
+            mail_consent: None,
+            mail_marketing: None,
         },
         exp_min.clone()
     );
@@ -573,6 +586,86 @@ async fn entities_match_schema(db: DatabaseConnection) -> TestResult {
             uuid(n)
         );
     }
+
+    // webhooks, their deliveries, mails and mail templates
+    for (n, full) in [(80, true), (81, false)] {
+        round_trip!(
+            db,
+            webhooks,
+            webhooks::Model {
+                id: uuid(n),
+                url: "https://crm.example.com/hook".into(),
+                events: "session.completed,email.sent".into(),
+                secret: "sealed".into(),
+                enabled: !full,
+                disabled_reason: full.then(|| "kept failing".into()),
+                failing_since_ms: full.then_some(T0),
+                created_at_ms: T0,
+            },
+            uuid(n)
+        );
+        round_trip!(
+            db,
+            webhook_deliveries,
+            webhook_deliveries::Model {
+                id: format!("msg_{n}"),
+                webhook_id: uuid(n),
+                event_id: uuid(n + 10),
+                event: "session.completed".into(),
+                session_id: full.then(|| uuid(70)),
+                payload: "{}".into(),
+                status: "PENDING".into(),
+                attempts: 3,
+                last_status: full.then_some(503),
+                last_error: full.then(|| "answered 503".into()),
+                last_latency_ms: full.then_some(2_000_000_000),
+                lease_token: full.then(|| "instance:token".into()),
+                lease_until_ms: full.then_some(T0 + 60_000),
+                next_attempt_at_ms: T0,
+                created_at_ms: T0,
+                updated_at_ms: T0,
+                delivered_at_ms: full.then_some(T0 + 1),
+            },
+            format!("msg_{n}")
+        );
+        round_trip!(
+            db,
+            mails,
+            mails::Model {
+                id: uuid(n + 20),
+                session_id: uuid(70),
+                experience_id: exp_full.clone(),
+                address: full.then(|| "guest@example.com".into()),
+                address_key: full.then(|| "00112233445566778899aabbccddeeff".into()),
+                locale: "ko".into(),
+                consent_notice: "0011223344556677".into(),
+                consent_at_ms: T0,
+                marketing: full,
+                marketing_at_ms: full.then_some(T0),
+                status: if full { "FAILED" } else { "QUEUED" }.into(),
+                attempts: 2,
+                last_error: full.then(|| "permanent error (550)".into()),
+                lease_token: full.then(|| "instance:token".into()),
+                lease_until_ms: full.then_some(T0 + 60_000),
+                next_attempt_at_ms: T0,
+                created_at_ms: T0,
+                updated_at_ms: T0,
+                sent_at_ms: full.then_some(T0 + 1),
+            },
+            uuid(n + 20)
+        );
+    }
+    round_trip!(
+        db,
+        mail_templates,
+        mail_templates::Model {
+            locale: "ko".into(),
+            subject: "{event}에서 만든 사진".into(),
+            body: "{link}".into(),
+            updated_at_ms: T0,
+        },
+        "ko".to_owned()
+    );
 
     Ok(())
 }
