@@ -95,10 +95,16 @@ class Server:
             "--bind", f"127.0.0.1:{self.port}",
             "--database-url", f"sqlite://{workdir}/fuzz.db?mode=rwc",
             "--operator-token", OPERATOR,
+            # Mail is set up (to a port nothing listens on: each mail is
+            # tried and waits to be tried again), so the mail request is
+            # fuzzed past its 503 `mail_unavailable`.
+            "--smtp-url", f"smtp://127.0.0.1:{free_port()}",
+            "--mail-from", "fuzz@stagehand.test",
         ]
         # The seeded participant's submissions are the fuzzer's: a limit
         # of 30 a minute would leave most of them at 429.
-        env_limits = {"STAGEHAND_SUBMISSION_RATE_LIMIT": "6000/min"}
+        env_limits = {"STAGEHAND_SUBMISSION_RATE_LIMIT": "6000/min",
+                      "STAGEHAND_MAIL_RATE_LIMIT": "6000/min"}
         self.log = open(self.log_path, "w")
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info"), NO_COLOR="1", **env_limits)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir,

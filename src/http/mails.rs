@@ -294,6 +294,7 @@ pub(super) struct RetryBody {
     request_body = RetryBody,
     responses(
         (status = 202, description = "`{\"retried\": [ids]}`: the mails queued again.", body = Object),
+        (status = 400, description = "`invalid_json`: the body is not `{\"email_ids\": [...]}`.", body = super::schema::ErrorBody),
         (status = 401, description = "`unauthorized`.", body = super::schema::ErrorBody),
         (status = 403, description = "`forbidden`: a viewer cannot retry.", body = super::schema::ErrorBody),
         (status = 422, description = "`validation_failed`: no id, or more than 200.", body = super::schema::ErrorBody),
@@ -387,6 +388,7 @@ fn locale_of_path(text: &str) -> Result<Locale, ApiError> {
     request_body = TemplateBody,
     responses(
         (status = 200, description = "The template now in use.", body = Object),
+        (status = 400, description = "`invalid_json`: the body is not `{\"subject\", \"body\"}`.", body = super::schema::ErrorBody),
         (status = 401, description = "`unauthorized`.", body = super::schema::ErrorBody),
         (status = 403, description = "`forbidden`: only an admin edits templates.", body = super::schema::ErrorBody),
         (status = 422, description = "`validation_failed`: an unknown locale, a subject with a line break or past 200 characters, a body without `{link}`, an unknown placeholder.", body = super::schema::ErrorBody),
