@@ -367,26 +367,7 @@ async fn two_instances_send_each_delivery_once() {
         "the second instance learns of the endpoint"
     );
     let slug = support::create_experience(&http, &one.base, 20).await;
-    let mut sessions = Vec::new();
-    for i in 0..20 {
-        let base = if i % 2 == 0 { &one.base } else { &two.base };
-        let (sid, token) =
-            support::create_session(&http, base, &slug, None, &format!("g{i}")).await;
-        let resp = support::submit(
-            &http,
-            base,
-            &sid,
-            &token,
-            json!({"prompt": "a kite"}),
-            &uuid::Uuid::new_v4().to_string(),
-        )
-        .await;
-        assert_eq!(resp.status(), 202);
-        sessions.push((sid, token));
-    }
-    support::wait_all_final(&http, &one.base, &sessions, Duration::from_secs(60))
-        .await
-        .expect("every session ends");
+    support::sessions_across(&http, &[one.base.as_str(), two.base.as_str()], &slug, 20).await;
     let got = received(&receiver, 20).await;
     // Settle: a duplicate would come within a lease; none may.
     let again = support::wait_for(Duration::from_secs(3), || async {

@@ -358,6 +358,7 @@ async fn drop_swept_photos(store: &Store, report: &mut CleanupReport) {
 async fn forget_what_is_due(store: &Store, now: i64, report: &mut CleanupReport) {
     match store.sessions_due(now, BATCH).await {
         Ok(due) => {
+            let forgotten_before = report.forgotten_sessions;
             for id in due {
                 match store
                     .forget_session(&id, ForgottenBy::Retention, None, now)
@@ -373,6 +374,9 @@ async fn forget_what_is_due(store: &Store, now: i64, report: &mut CleanupReport)
                         tracing::error!(session_id = %id, error = %e, "cleanup: forgetting a session failed");
                     }
                 }
+            }
+            if report.forgotten_sessions > forgotten_before {
+                store.wipe_log().await;
             }
         }
         Err(e) => {

@@ -75,6 +75,15 @@ impl fmt::Display for Locale {
     }
 }
 
+/// Texts per locale as an experience stores them (a JSON object of
+/// locale to text: its notice, its mail consent), as the API shows them;
+/// null when there are none (or the stored text is not such an object).
+pub fn stored_texts(stored: Option<&str>) -> serde_json::Value {
+    stored
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
 impl FromStr for Locale {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

@@ -29,7 +29,7 @@ use super::error::ApiError;
 use super::idempotency::{key_of, respond, run_idempotent, Reply};
 use super::AppState;
 use crate::domain::audit::{AuditAction, AuditEntry};
-use crate::domain::locale::Locale;
+use crate::domain::locale::{stored_texts, Locale};
 use crate::domain::mail::{address_key, check_address, notice_version, MailStatus, Template};
 use crate::domain::session::SessionStatus;
 use crate::store::entities::experiences;
@@ -38,41 +38,38 @@ use crate::store::mails::{mail_json, MailAsk, MailRefused};
 /// The most mails the log lists.
 const LOG_LIMIT: u64 = 200;
 
-/// The consent text of an experience as shown (JSON of locale to text):
-/// the organiser's, or the built-in one.
-fn consent_texts(e: &experiences::Model) -> Value {
-    e.mail_consent
-        .as_deref()
-        .and_then(|text| serde_json::from_str(text).ok())
-        .unwrap_or_else(|| {
-            let texts: serde_json::Map<String, Value> = Locale::ALL
-                .iter()
-                .map(|l| (l.as_str().to_owned(), json!(l.text("mail.consent"))))
-                .collect();
-            Value::Object(texts)
-        })
+/// The texts a guest is shown with the field, as the API shows them:
+/// the consent (the organiser's, or the built-in one), the marketing
+/// opt-in's (null: none is offered), and their version.
+struct ConsentTexts {
+    consent: Value,
+    marketing: Value,
+    version: String,
 }
 
-/// The marketing opt-in's text (JSON of locale to text), or null: none is
-/// offered.
-fn marketing_texts(e: &experiences::Model) -> Value {
-    e.mail_marketing
-        .as_deref()
-        .and_then(|text| serde_json::from_str(text).ok())
-        .unwrap_or(Value::Null)
-}
-
-/// The version of the texts a guest agrees to.
-fn texts_version(e: &experiences::Model) -> String {
-    let marketing = marketing_texts(e);
-    notice_version(
-        &consent_texts(e).to_string(),
-        &if marketing.is_null() {
+impl ConsentTexts {
+    fn of(e: &experiences::Model) -> ConsentTexts {
+        let consent = match stored_texts(e.mail_consent.as_deref()) {
+            Value::Null => Value::Object(
+                Locale::ALL
+                    .iter()
+                    .map(|l| (l.as_str().to_owned(), json!(l.text("mail.consent"))))
+                    .collect(),
+            ),
+            texts => texts,
+        };
+        let marketing = stored_texts(e.mail_marketing.as_deref());
+        let marketing_text = if marketing.is_null() {
             String::new()
         } else {
             marketing.to_string()
-        },
-    )
+        };
+        ConsentTexts {
+            version: notice_version(&consent.to_string(), &marketing_text),
+            consent,
+            marketing,
+        }
+    }
 }
 
 /// What the pages offer of mail for `e`: null when this server has no
@@ -82,10 +79,11 @@ pub fn mail_offer(state: &AppState, e: &experiences::Model) -> Value {
     if state.mail.is_none() || e.mails_per_guest == 0 {
         return Value::Null;
     }
+    let texts = ConsentTexts::of(e);
     json!({
-        "consent": consent_texts(e),
-        "marketing": marketing_texts(e),
-        "notice_version": texts_version(e),
+        "consent": texts.consent,
+        "marketing": texts.marketing,
+        "notice_version": texts.version,
         "per_guest": e.mails_per_guest,
         "attach": e.mail_attach,
     })
@@ -173,7 +171,7 @@ pub async fn guest_email(
         if experience.mails_per_guest == 0 {
             return Err(ApiError::MailLimit(0));
         }
-        let version = texts_version(&experience);
+        let version = ConsentTexts::of(&experience).version;
         if asked.notice_version.as_ref().is_some_and(|v| *v != version) {
             return Err(ApiError::Conflict(
                 "the consent text changed since the page showed it; read it again".into(),

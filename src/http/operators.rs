@@ -600,14 +600,7 @@ fn locale_texts(
 
 /// The notice as the API shows it (an object of locale to text).
 fn notice_json(e: &experiences::Model) -> serde_json::Value {
-    texts_json(e.notice.as_deref())
-}
-
-/// Texts per locale as stored, as the API shows them (null: none).
-fn texts_json(stored: Option<&str>) -> serde_json::Value {
-    stored
-        .and_then(|text| serde_json::from_str(text).ok())
-        .unwrap_or(serde_json::Value::Null)
+    crate::domain::locale::stored_texts(e.notice.as_deref())
 }
 
 fn ms_text(ms: i64) -> String {
@@ -649,8 +642,8 @@ pub(super) fn experience_json(e: &experiences::Model) -> serde_json::Value {
         "print_review": e.print_review,
         "mails_per_guest": e.mails_per_guest,
         "mail_attach": e.mail_attach,
-        "mail_consent": texts_json(e.mail_consent.as_deref()),
-        "mail_marketing": texts_json(e.mail_marketing.as_deref()),
+        "mail_consent": crate::domain::locale::stored_texts(e.mail_consent.as_deref()),
+        "mail_marketing": crate::domain::locale::stored_texts(e.mail_marketing.as_deref()),
         "created_at": rfc3339(e.created_at_ms),
     })
 }

@@ -414,7 +414,9 @@ impl Store {
             super::audit::record(&*tx, &audit, now).await?;
         }
         tx.commit().await?;
-        self.wipe_log().await;
+        if by.is_erasure() {
+            self.wipe_log().await;
+        }
         // The ranking changed under the cache.
         self.invalidate_ranks(Some(std::slice::from_ref(&experience_id)))
             .await;
@@ -423,9 +425,10 @@ impl Store {
 
     /// SQLite: the write-ahead log copied into the file and cut to nothing,
     /// so the data a forgetting overwrote is not left in the log's older
-    /// frames. A checkpoint that readers hold back is left for the next
-    /// one (SQLite's own, or the next forgetting's).
-    async fn wipe_log(&self) {
+    /// frames: after each erasure, and once after a cleanup round's
+    /// forgettings (not once per session). A checkpoint that readers hold
+    /// back is left for the next one (SQLite's own, or the next wipe).
+    pub async fn wipe_log(&self) {
         if self.backend() != sea_orm::DbBackend::Sqlite {
             return;
         }

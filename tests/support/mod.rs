@@ -1030,6 +1030,33 @@ impl Instance {
     }
 }
 
+/// `count` sessions of `slug` made and submitted (a prompt) on `bases` in
+/// turn, then waited on until each ended: each one's base, id and token.
+pub async fn sessions_across(
+    http: &reqwest::Client,
+    bases: &[&str],
+    slug: &str,
+    count: usize,
+) -> Vec<(String, String, String)> {
+    let mut sessions = Vec::with_capacity(count);
+    for i in 0..count {
+        let base = bases[i % bases.len()];
+        let (sid, token) = create_session(http, base, slug, None, &format!("g{i}")).await;
+        let key = uuid::Uuid::new_v4().to_string();
+        let resp = submit(http, base, &sid, &token, json!({"prompt": "a kite"}), &key).await;
+        assert_eq!(resp.status(), 202);
+        sessions.push((base.to_owned(), sid, token));
+    }
+    let pairs: Vec<(String, String)> = sessions
+        .iter()
+        .map(|(_, s, t)| (s.clone(), t.clone()))
+        .collect();
+    wait_all_final(http, bases[0], &pairs, Duration::from_secs(60))
+        .await
+        .expect("every session ends");
+    sessions
+}
+
 /// Waits until every session is final (COMPLETED or ABORTED), checking them
 /// one after the other against one shared deadline. Err says how many were
 /// still not final when it passed.
